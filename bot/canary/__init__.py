@@ -1,0 +1,1 @@
+"""The canary: a streaming load generator that measures the four metrics and checks ADR gates."""

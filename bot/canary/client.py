@@ -1,0 +1,180 @@
+"""One streaming request to an OpenAI-compatible endpoint, timed chunk by chunk.
+
+The record is updated while the stream runs, so the sampler can see how many tokens each
+in-flight request holds at the moment it scrapes the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import httpx
+
+
+class Outcome(str, Enum):
+    """How a request ended, as the client saw it."""
+
+    OK = "ok"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+@dataclass
+class RequestRecord:
+    """Timings and token counts of one request (monotonic seconds)."""
+
+    sent_at: float
+    prompt_tokens: int | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    finished_at: float | None = None
+    output_tokens: int = 0
+    itl_s: list[float] = field(default_factory=list)
+    outcome: Outcome | None = None
+    error: str | None = None
+    planned_prompt_tokens: int = 0
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Request sent -> first chunk carrying a token."""
+        return None if self.first_token_at is None else self.first_token_at - self.sent_at
+
+    @property
+    def e2e_s(self) -> float | None:
+        """Request sent -> end of stream."""
+        return None if self.finished_at is None else self.finished_at - self.sent_at
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(e2e - TTFT) / (output tokens - 1); None for requests with one token or fewer."""
+        ttft, e2e = self.ttft_s, self.e2e_s
+        if ttft is None or e2e is None or self.output_tokens <= 1:
+            return None
+        return (e2e - ttft) / (self.output_tokens - 1)
+
+    @property
+    def in_flight(self) -> bool:
+        """Still streaming."""
+        return self.outcome is None
+
+
+class StreamError(Exception):
+    """The server ended the stream with an error event."""
+
+
+async def stream_request(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    record: RequestRecord,
+    *,
+    headers: dict[str, str] | None = None,
+    abandon_after_s: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> None:
+    """Send one streaming request, filling ``record`` as chunks arrive.
+
+    With ``abandon_after_s`` the client gives up after that long, closing the connection the
+    way an impatient user's browser would; the request then ends as cancelled.
+    """
+    try:
+        async with asyncio.timeout(abandon_after_s):
+            async with client.stream("POST", url, json=body, headers=headers) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread()).decode(errors="replace")[:300]
+                    record.finished_at = clock()
+                    record.outcome = Outcome.FAILED
+                    record.error = f"HTTP {response.status_code}: {_error_message(detail)}"
+                    return
+                await _read_events(response, record, clock)
+        record.finished_at = clock()
+        record.outcome = Outcome.OK
+    except TimeoutError:
+        record.finished_at = clock()
+        record.outcome = Outcome.CANCELLED
+    except StreamError as exc:
+        record.finished_at = clock()
+        record.outcome = Outcome.FAILED
+        record.error = str(exc)
+    except httpx.HTTPError as exc:
+        record.finished_at = clock()
+        record.outcome = Outcome.FAILED
+        record.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def _read_events(
+    response: httpx.Response, record: RequestRecord, clock: Callable[[], float]
+) -> None:
+    buffer = b""
+    async for data in response.aiter_bytes():
+        buffer += data
+        while True:
+            end = buffer.find(b"\n\n")
+            if end < 0:
+                break
+            event, buffer = buffer[:end], buffer[end + 2 :]
+            if _handle_event(event, record, clock()):
+                return
+
+
+def _handle_event(event: bytes, record: RequestRecord, now: float) -> bool:
+    """Account for one SSE event; return True at the end of the stream."""
+    for line in event.split(b"\n"):
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return True
+        try:
+            chunk = json.loads(payload)
+        except ValueError as exc:
+            raise StreamError(f"the stream carried a line that is not JSON: {payload[:80]!r}") from exc
+        if "error" in chunk:
+            raise StreamError(_error_message(json.dumps(chunk)))
+        _count_tokens(chunk, record, now)
+    return False
+
+
+def _count_tokens(chunk: dict[str, Any], record: RequestRecord, now: float) -> None:
+    usage = chunk.get("usage")
+    if usage:
+        record.prompt_tokens = usage.get("prompt_tokens", record.prompt_tokens)
+    choices = chunk.get("choices") or []
+    if usage and usage.get("completion_tokens") is not None:
+        total = int(usage["completion_tokens"])
+    elif any(_choice_text(c) for c in choices):
+        total = record.output_tokens + 1  # no usage per chunk: one chunk, one token
+    else:
+        total = record.output_tokens
+    if total > record.output_tokens and choices:
+        if record.first_token_at is None:
+            record.first_token_at = now
+        elif record.last_token_at is not None:
+            record.itl_s.append(now - record.last_token_at)
+        record.last_token_at = now
+    record.output_tokens = max(total, record.output_tokens)
+
+
+def _choice_text(choice: dict[str, Any]) -> str:
+    if "text" in choice:
+        return choice.get("text") or ""
+    delta = choice.get("delta") or {}
+    return delta.get("content") or ""
+
+
+def _error_message(text: str) -> str:
+    """The message of an OpenAI-shaped error body, else the text itself."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text.strip()
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict):
+        return str(error.get("message") or error)
+    return str(error)

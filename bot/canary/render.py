@@ -1,0 +1,72 @@
+"""Human-readable canary output: the progress line and the summary table."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bot.canary.runner import Progress
+
+
+def progress_line(p: Progress) -> str:
+    """One line: elapsed, done/target, in flight, failures, token rate."""
+    target = f"/{p.target}" if p.target else ""
+    rate = p.tokens / p.elapsed_s if p.elapsed_s > 0 else 0.0
+    return (
+        f"[{p.elapsed_s:6.1f}s] {p.done}{target} done, {p.in_flight} in flight, "
+        f"{p.cancelled} cancelled, {p.failed} failed, {rate:,.0f} tok/s"
+    )
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f} ms"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.1f}%"
+
+
+def summary_table(report: dict[str, Any]) -> str:
+    """The four metrics from both sides, request outcomes and gate verdicts, as aligned text."""
+    engine = report.get("engine") or {}
+    e_ttft = engine.get("ttft_ms") or {}
+    e_itl = engine.get("itl_ms") or {}
+    ttft, tpot = report["ttft_ms"], report["tpot_ms"]
+    frag = report["kv_fragmentation"]
+    req = report["requests"]
+    rows = [
+        ("metric", "client", "engine"),
+        ("TTFT p50", _ms(ttft["p50"]), _ms(e_ttft.get("p50"))),
+        ("TTFT p99", _ms(ttft["p99"]), _ms(e_ttft.get("p99"))),
+        ("TPOT p50", _ms(tpot["p50"]), "-"),
+        ("TPOT p99", _ms(tpot["p99"]), "-"),
+        ("ITL p99", _ms(report["itl_ms"]["p99"]), _ms(e_itl.get("p99"))),
+        ("goodput ratio", _pct(report["goodput_ratio"]), _pct(engine.get("goodput_ratio"))),
+        ("SLO attainment", _pct(report["slo_attainment"]), "-"),
+        ("KV frag. (observed)", _pct(frag["observed"]), "-"),
+        ("KV frag. (internal)", _pct(frag["internal"]), "-"),
+        ("wasted prefill tok", "-", _fmt_num(report["wasted_prefill_tokens"])),
+    ]
+    width = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["  ".join(cell.ljust(width[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in width))
+    lines.append("")
+    lines.append(
+        f"requests: {req['ok']} ok, {req['cancelled']} cancelled, {req['failed']} failed "
+        f"of {req['total']} in {report['throughput']['wall_s']:.1f} s "
+        f"({report['tokens']['streamed']:,} tokens streamed)"
+    )
+    for error in report.get("errors", []):
+        lines.append(f"  {error['count']} x {error['error']}")
+    if report["gates"]:
+        lines.append("gates:")
+        for gate in report["gates"]:
+            mark = "PASS" if gate["passed"] else "FAIL"
+            lines.append(f"  {mark}  {gate['name']}: {gate['reason']}")
+        lines.append("verdict: " + ("all gates passed" if report["passed"] else "GATE FAILED"))
+    else:
+        lines.append("gates: none given (pass --max-ttft-p99-ms etc. to gate)")
+    return "\n".join(lines)
+
+
+def _fmt_num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.0f}"

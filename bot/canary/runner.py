@@ -1,0 +1,328 @@
+"""Runs a canary: preflight, load at fixed concurrency or Poisson rate, in-flight sampling.
+
+The engine is scraped once before and once after the load (the window), and every
+``sample_interval_s`` during it, when the fragmentation samples are taken.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import httpx
+
+from bot.canary.client import Outcome, RequestRecord, stream_request
+from bot.canary.fragmentation import (
+    FragmentationSample,
+    internal_fragmentation,
+    observed_fragmentation,
+    resident_lengths,
+)
+from bot.canary.report import CanaryReport, Gates
+from bot.canary.workload import Api, CancelMode, PromptFactory, Workload
+from bot.errors import EndpointError
+from bot.probes.exposition import Exposition
+from bot.probes.vllm_metrics import (
+    KV_USAGE,
+    RUNNING,
+    WAITING,
+    CacheConfig,
+    MetricsScraper,
+    cache_config,
+    gauge,
+    read_window,
+)
+
+SETTLE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A snapshot for the progress line."""
+
+    elapsed_s: float
+    done: int
+    in_flight: int
+    failed: int
+    cancelled: int
+    target: int | None
+    tokens: int
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """Engine gauges at one in-flight scrape (for charts)."""
+
+    t_s: float
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    resident_tokens: int
+
+
+class CanaryRun:
+    """One canary run against one endpoint; ``run()`` returns the report."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        *,
+        gates: Gates | None = None,
+        metrics_url: str | None = None,
+        sample_interval_s: float = 0.5,
+        transport: httpx.AsyncBaseTransport | None = None,
+        on_progress: Callable[[Progress], None] | None = None,
+        progress_interval_s: float = 1.0,
+    ) -> None:
+        self.workload = workload
+        self.gates = gates or Gates()
+        self.metrics_url = metrics_url
+        self.sample_interval_s = sample_interval_s
+        self._transport = transport
+        self._on_progress = on_progress
+        self._progress_interval_s = progress_interval_s
+        self._rng = random.Random(workload.seed + 1)
+        self._prompts = PromptFactory(workload)
+        self.records: list[RequestRecord] = []
+        self.samples: list[FragmentationSample] = []
+        self.timeline: list[TimelinePoint] = []
+        self._cache: CacheConfig | None = None
+        self._started = 0.0
+
+    async def run(self) -> CanaryReport:
+        """Preflight, load, scrape; raise EndpointError when the endpoint cannot be used."""
+        w = self.workload
+        cap = None if w.request_rate is not None else w.concurrency + 4
+        limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
+        timeout = httpx.Timeout(w.timeout_s, connect=10.0)
+        async with httpx.AsyncClient(
+            limits=limits, timeout=timeout, transport=self._transport
+        ) as client:
+            model = await self._preflight(client)
+            scraper = (
+                MetricsScraper(self.metrics_url, client=client) if self.metrics_url else None
+            )
+            if w.api is Api.CHAT:
+                await self._calibrate_chat(client, model)
+            if w.warmup_requests:
+                await self._load(client, model, count=w.warmup_requests, duration_s=None, keep=False)
+            before = await scraper() if scraper else None
+            self._cache = cache_config(before) if before else None
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            self._started = wall0
+            sampler = asyncio.create_task(self._sample(scraper)) if scraper else None
+            ticker = asyncio.create_task(self._tick()) if self._on_progress else None
+            try:
+                await self._load(client, model, count=w.num_requests, duration_s=w.duration_s, keep=True)
+            finally:
+                for task in (sampler, ticker):
+                    if task:
+                        task.cancel()
+            wall_s, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
+            after = await self._settled(scraper) if scraper else None
+        self._fail_if_nothing_worked()
+        window = read_window(before, after) if before and after else None
+        workload = {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(w).items()}
+        workload["model"] = model
+        report = CanaryReport(
+            workload=workload,
+            records=self.records,
+            engine=window,
+            samples=self.samples,
+            gates=self.gates,
+            wall_s=wall_s,
+            client_cpu_s=cpu_s,
+        )
+        report.timeline = [asdict(p) for p in self.timeline]  # type: ignore[attr-defined]
+        return report
+
+    async def _preflight(self, client: httpx.AsyncClient) -> str:
+        """Check the endpoint speaks the OpenAI API and find the model to ask for."""
+        url = f"{self.workload.base_url}/v1/models"
+        try:
+            response = await client.get(url, timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise EndpointError(f"cannot reach {url}: {exc or type(exc).__name__}") from exc
+        try:
+            models = [m["id"] for m in response.json()["data"]]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EndpointError(
+                f"{url} answered HTTP {response.status_code} without an OpenAI model list; "
+                "is --endpoint an OpenAI-compatible server (vLLM, or a gateway in front of it)?"
+            ) from exc
+        if self.workload.model:
+            return self.workload.model
+        if not models:
+            raise EndpointError(f"{url} lists no models; pass --model")
+        return str(models[0])
+
+    async def _calibrate_chat(self, client: httpx.AsyncClient, model: str) -> None:
+        """Measure tokens per prompt word with vLLM's /tokenize so chat prompts hit the length."""
+        sample = " ".join("abcdefghij" * 10)
+        try:
+            response = await client.post(
+                f"{self.workload.base_url}/tokenize",
+                json={"model": model, "prompt": sample, "add_special_tokens": False},
+            )
+            count = int(response.json()["count"])
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return  # not vLLM: keep one token per word
+        self._prompts.tokens_per_word = max(count / 100, 0.1)
+
+    async def _load(
+        self,
+        client: httpx.AsyncClient,
+        model: str,
+        *,
+        count: int | None,
+        duration_s: float | None,
+        keep: bool,
+    ) -> None:
+        w = self.workload
+        deadline = None if duration_s is None else time.perf_counter() + duration_s
+        issued = 0
+
+        def take() -> bool:
+            nonlocal issued
+            if count is not None and issued >= count:
+                return False
+            if deadline is not None and time.perf_counter() >= deadline:
+                return False
+            issued += 1
+            return True
+
+        async def one() -> None:
+            await self._one(client, model, keep=keep)
+
+        if w.request_rate is None:
+
+            async def worker() -> None:
+                while take():
+                    await one()
+
+            await asyncio.gather(*(worker() for _ in range(w.concurrency)))
+            return
+        gate = asyncio.Semaphore(w.concurrency)
+        tasks = []
+
+        async def gated() -> None:
+            async with gate:
+                await one()
+
+        while take():
+            tasks.append(asyncio.create_task(gated()))
+            await asyncio.sleep(self._rng.expovariate(w.request_rate))
+        await asyncio.gather(*tasks)
+
+    async def _one(self, client: httpx.AsyncClient, model: str, *, keep: bool) -> None:
+        w = self.workload
+        body = self._prompts.body(model)
+        cancel = w.cancel_share > 0 and self._rng.random() < w.cancel_share
+        headers, abandon = None, None
+        if cancel and w.cancel_mode is CancelMode.HEADER:
+            headers = {"X-Request-Timeout": f"{w.cancel_after_ms:g}ms"}
+        elif cancel:
+            abandon = w.cancel_after_ms / 1000
+        planned = len(body["prompt"]) if isinstance(body.get("prompt"), list) else w.prompt_length  # type: ignore[arg-type]
+        record = RequestRecord(sent_at=time.perf_counter(), planned_prompt_tokens=planned)
+        if keep:
+            self.records.append(record)
+        await stream_request(
+            client, self._url(), body, record, headers=headers, abandon_after_s=abandon
+        )
+        if cancel and headers and record.outcome is Outcome.FAILED:
+            record.outcome = Outcome.CANCELLED  # the deadline we asked for did its job
+
+    def _url(self) -> str:
+        return self.workload.endpoint
+
+    async def _sample(self, scraper: MetricsScraper) -> None:
+        while True:
+            await asyncio.sleep(self.sample_interval_s)
+            try:
+                page = await scraper()
+            except EndpointError:
+                continue  # one missed sample is not worth failing the run
+            self._take_sample(page)
+
+    def _take_sample(self, page: Exposition) -> None:
+        kv = gauge(page, KV_USAGE)
+        # The newest sampled token has no KV yet: it is written when the next step feeds it in.
+        prefilled = [
+            (r.prompt_tokens or r.planned_prompt_tokens, max(r.output_tokens - 1, 0))
+            for r in self.records
+            if r.in_flight and r.first_token_at is not None
+        ]
+        cache = self._cache
+        shared = 0
+        if cache:
+            shared = self.workload.prefix_length // cache.block_size * cache.block_size
+        lengths, resident = resident_lengths(prefilled, shared_prefix=shared)
+        now = time.perf_counter() - self._started
+        self.timeline.append(
+            TimelinePoint(now, gauge(page, RUNNING), gauge(page, WAITING), kv, resident)
+        )
+        if cache is None or kv is None:
+            return
+        self.samples.append(
+            FragmentationSample(
+                at=now,
+                observed=observed_fragmentation(
+                    resident_tokens=resident,
+                    kv_usage=kv,
+                    num_blocks=cache.num_gpu_blocks,
+                    block_size=cache.block_size,
+                ),
+                internal=internal_fragmentation(lengths, cache.block_size),
+                resident_tokens=resident,
+                kv_usage=kv,
+            )
+        )
+
+    async def _settled(self, scraper: MetricsScraper) -> Exposition:
+        """Scrape until the engine has no request left, so aborted work is fully counted."""
+        deadline = time.perf_counter() + SETTLE_TIMEOUT_S
+        while True:
+            page = await scraper()
+            busy = (gauge(page, RUNNING) or 0) + (gauge(page, WAITING) or 0)
+            if busy == 0 or time.perf_counter() > deadline:
+                return page
+            await asyncio.sleep(0.1)
+
+    async def _tick(self) -> None:
+        assert self._on_progress is not None
+        while True:
+            await asyncio.sleep(self._progress_interval_s)
+            self._on_progress(self.progress())
+
+    def progress(self) -> Progress:
+        """Where the run stands now."""
+        counts = {o: 0 for o in Outcome}
+        in_flight = tokens = 0
+        for record in self.records:
+            tokens += record.output_tokens
+            if record.outcome is None:
+                in_flight += 1
+            else:
+                counts[record.outcome] += 1
+        return Progress(
+            elapsed_s=time.perf_counter() - self._started,
+            done=len(self.records) - in_flight,
+            in_flight=in_flight,
+            failed=counts[Outcome.FAILED],
+            cancelled=counts[Outcome.CANCELLED],
+            target=self.workload.num_requests,
+            tokens=tokens,
+        )
+
+    def _fail_if_nothing_worked(self) -> None:
+        if not self.records or any(r.outcome is not Outcome.FAILED for r in self.records):
+            return
+        errors = sorted({r.error or "unknown error" for r in self.records})
+        raise EndpointError(
+            f"all {len(self.records)} requests to {self.workload.endpoint} failed: {errors[0]}"
+            + (f" (and {len(errors) - 1} other errors)" if len(errors) > 1 else "")
+        )

@@ -1,0 +1,156 @@
+"""What the canary sends: the workload description and the prompts it builds.
+
+Prompts have an exact token length. On `/v1/completions` they are sent as token ids, which the
+OpenAI API accepts and vLLM counts exactly. Chat endpoints take text only, so chat prompts are
+single-letter words; the runner measures how many tokens a word costs with vLLM's /tokenize
+(byte-level: two, with the space; BPE: about one) so the length comes out close, and the report
+shows the prompt tokens the engine actually counted.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from dataclasses import dataclass
+from enum import Enum
+from urllib.parse import urlsplit, urlunsplit
+
+# Token ids drawn for prompts: low enough to exist in every vocabulary, above the special ids
+# that some tokenizers keep at the very bottom.
+PROMPT_ID_RANGE = (100, 250)
+
+
+class Api(str, Enum):
+    """The OpenAI-compatible API an endpoint speaks, from its path."""
+
+    COMPLETIONS = "completions"
+    CHAT = "chat"
+
+
+class CancelMode(str, Enum):
+    """How impatient clients give up: close the stream, or ask the gateway for a deadline."""
+
+    ABANDON = "abandon"
+    HEADER = "header"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One canary run: where to send, what, how much and how fast."""
+
+    endpoint: str
+    model: str | None = None
+    concurrency: int = 10
+    request_rate: float | None = None  # requests/s (Poisson); None means fixed concurrency
+    num_requests: int | None = 100
+    duration_s: float | None = None
+    prompt_length: int = 128
+    prefix_length: int = 0
+    output_length: int = 64
+    ignore_eos: bool = True
+    cancel_share: float = 0.0
+    cancel_after_ms: float = 500.0
+    cancel_mode: CancelMode = CancelMode.ABANDON
+    warmup_requests: int = 0
+    seed: int = 0
+    timeout_s: float = 600.0
+
+    @property
+    def api(self) -> Api:
+        """Chat when the endpoint path ends in chat/completions, else completions."""
+        return Api.CHAT if urlsplit(self.endpoint).path.rstrip("/").endswith("chat/completions") else Api.COMPLETIONS
+
+    @property
+    def base_url(self) -> str:
+        """Scheme and host of the endpoint, e.g. http://127.0.0.1:8000."""
+        parts = urlsplit(self.endpoint)
+        return urlunsplit((parts.scheme, parts.netloc, "", "", ""))
+
+
+def check(workload: Workload) -> list[str]:
+    """Everything wrong with a workload, as messages that say what to change (empty if fine)."""
+    problems = []
+    parts = urlsplit(workload.endpoint)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        problems.append(
+            f"--endpoint {workload.endpoint!r} is not an http(s) URL; "
+            "use e.g. http://127.0.0.1:8000/v1/completions"
+        )
+    elif not parts.path.rstrip("/").endswith("completions"):
+        problems.append(
+            f"--endpoint {workload.endpoint!r} must end in /v1/completions or /v1/chat/completions"
+        )
+    if workload.concurrency < 1:
+        problems.append(f"--concurrency must be at least 1 (got {workload.concurrency})")
+    if workload.request_rate is not None and workload.request_rate <= 0:
+        problems.append(f"--request-rate must be above 0 requests/s (got {workload.request_rate})")
+    if workload.num_requests is None and workload.duration_s is None:
+        problems.append("give --num-requests or --duration")
+    if workload.num_requests is not None and workload.num_requests < 1:
+        problems.append(f"--num-requests must be at least 1 (got {workload.num_requests})")
+    if workload.duration_s is not None and workload.duration_s <= 0:
+        problems.append(f"--duration must be above 0 seconds (got {workload.duration_s})")
+    if workload.prompt_length < 1:
+        problems.append(f"--prompt-length must be at least 1 token (got {workload.prompt_length})")
+    if not 0 <= workload.prefix_length < max(workload.prompt_length, 1):
+        problems.append(
+            f"--prefix-length must be between 0 and --prompt-length - 1 "
+            f"(got {workload.prefix_length} with --prompt-length {workload.prompt_length})"
+        )
+    if workload.output_length < 1:
+        problems.append(f"--output-length must be at least 1 token (got {workload.output_length})")
+    if not 0.0 <= workload.cancel_share <= 1.0:
+        problems.append(f"--cancel-share must be between 0 and 1 (got {workload.cancel_share})")
+    if workload.cancel_after_ms <= 0:
+        problems.append(f"--cancel-after-ms must be above 0 (got {workload.cancel_after_ms})")
+    if workload.warmup_requests < 0:
+        problems.append(f"--warmup must be 0 or more (got {workload.warmup_requests})")
+    return problems
+
+
+class PromptFactory:
+    """Builds distinct prompts of an exact length that share a common prefix."""
+
+    def __init__(self, workload: Workload) -> None:
+        self._rng = random.Random(workload.seed)
+        self._workload = workload
+        lo, hi = PROMPT_ID_RANGE
+        self._prefix_ids = [self._rng.randrange(lo, hi) for _ in range(workload.prefix_length)]
+        self.tokens_per_word = 1.0
+        self._prefix_text: list[str] | None = None
+
+    def token_ids(self) -> list[int]:
+        """A prompt as token ids: the shared prefix, then a random unique suffix."""
+        lo, hi = PROMPT_ID_RANGE
+        n = self._workload.prompt_length - self._workload.prefix_length
+        return self._prefix_ids + [self._rng.randrange(lo, hi) for _ in range(n)]
+
+    def text(self) -> str:
+        """A prompt as text: single-letter words, as many as the token length needs."""
+        w = self._workload
+        if self._prefix_text is None:
+            self._prefix_text = self._words(w.prefix_length)
+        return " ".join(self._prefix_text + self._words(w.prompt_length - w.prefix_length))
+
+    def _words(self, tokens: int) -> list[str]:
+        count = round(tokens / self.tokens_per_word) if tokens else 0
+        return [self._rng.choice(string.ascii_lowercase) for _ in range(count)]
+
+    def body(self, model: str) -> dict[str, object]:
+        """The JSON body of one streaming request."""
+        w = self._workload
+        body: dict[str, object] = {
+            "model": model,
+            "max_tokens": w.output_length,
+            "stream": True,
+            # vLLM: usage on every chunk, so we know exactly how many tokens each chunk carried.
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            "temperature": 0.0,
+        }
+        if w.ignore_eos:
+            body["ignore_eos"] = True
+        if w.api is Api.CHAT:
+            body["messages"] = [{"role": "user", "content": self.text()}]
+        else:
+            body["prompt"] = self.token_ids()
+        return body

@@ -1,0 +1,168 @@
+"""`ruleloop canary` and `python -m latency_checker`: one command, two names.
+
+Exit codes: 0 every gate passed, 1 a gate failed, 2 bad usage or an unusable endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import click
+
+from bot.canary.render import progress_line, summary_table
+from bot.canary.report import Gates
+from bot.canary.runner import CanaryRun, Progress
+from bot.canary.workload import CancelMode, Workload, check
+from bot.cli import Command
+from bot.errors import GateFailed, UsageError
+
+EPILOG = """\b
+Examples:
+  # the seed's CI gate
+  python -m latency_checker --endpoint http://canary:8000/v1/completions \\
+      --concurrency 150 --prompt-length 2048 \\
+      --max-ttft-p99-ms 350 --max-tpot-p99-ms 35 --min-goodput-ratio 0.95
+  # impatient clients: 20% abandon their stream after 300 ms
+  ruleloop canary --endpoint http://127.0.0.1:8000/v1/completions \\
+      --cancel-share 0.2 --cancel-after-ms 300 --output-json canary.json
+
+\b
+Exit codes: 0 all gates passed, 1 a gate failed, 2 bad usage or endpoint unusable.
+"""
+
+
+def default_metrics_url(endpoint: str) -> str:
+    """The endpoint's host with path /metrics."""
+    parts = urlsplit(endpoint)
+    return urlunsplit((parts.scheme, parts.netloc, "/metrics", "", ""))
+
+
+def run_canary(
+    workload: Workload,
+    *,
+    gates: Gates,
+    metrics_url: str | None,
+    sample_interval_s: float = 0.5,
+    progress: bool = False,
+) -> dict[str, object]:
+    """Run one canary and return its JSON report (raises on usage or endpoint errors)."""
+    problems = check(workload)
+    if problems:
+        raise UsageError("; ".join(problems))
+    interactive = sys.stderr.isatty()
+
+    def show(p: Progress) -> None:
+        line = progress_line(p)
+        if interactive:
+            click.echo("\r" + line, nl=False, err=True)
+        else:
+            click.echo(line, err=True)
+
+    run = CanaryRun(
+        workload,
+        gates=gates,
+        metrics_url=metrics_url,
+        sample_interval_s=sample_interval_s,
+        on_progress=show if progress else None,
+        progress_interval_s=1.0 if interactive else 5.0,
+    )
+    report = asyncio.run(run.run())
+    if progress and interactive:
+        click.echo("", err=True)
+    return report.as_dict() | {"timeline": report.timeline}  # type: ignore[attr-defined]
+
+
+@click.command(
+    "canary", cls=Command, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
+)
+@click.option("--endpoint", required=True, help="OpenAI-compatible URL ending in /v1/completions or /v1/chat/completions.")
+@click.option("--model", default=None, help="Model name [default: the first one /v1/models lists].")
+@click.option("--concurrency", type=click.IntRange(min=1), default=10, show_default=True, help="Streams in flight (fixed-concurrency mode), or the cap in --request-rate mode.")
+@click.option("--request-rate", type=click.FloatRange(min=0, min_open=True), default=None, help="Poisson arrivals at this many requests/s instead of fixed concurrency.")
+@click.option("--num-requests", type=click.IntRange(min=1), default=None, help="Requests to send [default: 100 unless --duration is given].")
+@click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True), default=None, help="Stop sending after this many seconds.")
+@click.option("--prompt-length", type=click.IntRange(min=1), default=128, show_default=True, help="Prompt tokens per request (exact on /v1/completions).")
+@click.option("--prefix-length", type=click.IntRange(min=0), default=0, show_default=True, help="Of those, tokens of a system-prompt prefix shared by all requests.")
+@click.option("--output-length", type=click.IntRange(min=1), default=64, show_default=True, help="Output tokens per request (max_tokens).")
+@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True, help="Ask vLLM to generate exactly --output-length tokens.")
+@click.option("--cancel-share", type=click.FloatRange(0, 1), default=0.0, show_default=True, help="Share of requests whose client gives up.")
+@click.option("--cancel-after-ms", type=click.FloatRange(min=0, min_open=True), default=500.0, show_default=True, help="When they give up.")
+@click.option("--cancel-mode", type=click.Choice([m.value for m in CancelMode]), default=CancelMode.ABANDON.value, show_default=True, help="abandon: close the stream; header: send X-Request-Timeout for a gateway to enforce.")
+@click.option("--warmup", "warmup_requests", type=click.IntRange(min=0), default=0, show_default=True, help="Unmeasured requests sent first.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-ttft-p99-ms", type=click.FloatRange(min=0), default=None, help="Gate: TTFT p99 at most this.")
+@click.option("--max-tpot-p99-ms", type=click.FloatRange(min=0), default=None, help="Gate: TPOT p99 at most this.")
+@click.option("--min-goodput-ratio", type=click.FloatRange(0, 1), default=None, help="Gate: goodput ratio at least this.")
+@click.option("--max-kv-fragmentation", type=click.FloatRange(0, 1), default=None, help="Gate: observed KV block fragmentation at most this.")
+@click.option("--metrics-url", default=None, help="The engine's /metrics [default: endpoint host + /metrics]; 'none' to skip.")
+@click.option("--sample-interval", "sample_interval_s", type=click.FloatRange(min=0.05), default=0.5, show_default=True, help="Seconds between in-flight /metrics samples.")
+@click.option("--output-json", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the full report here.")
+@click.option("--quiet", is_flag=True, help="No progress line.")
+def canary(
+    endpoint: str,
+    model: str | None,
+    concurrency: int,
+    request_rate: float | None,
+    num_requests: int | None,
+    duration_s: float | None,
+    prompt_length: int,
+    prefix_length: int,
+    output_length: int,
+    ignore_eos: bool,
+    cancel_share: float,
+    cancel_after_ms: float,
+    cancel_mode: str,
+    warmup_requests: int,
+    seed: int,
+    max_ttft_p99_ms: float | None,
+    max_tpot_p99_ms: float | None,
+    min_goodput_ratio: float | None,
+    max_kv_fragmentation: float | None,
+    metrics_url: str | None,
+    sample_interval_s: float,
+    output_json: Path | None,
+    quiet: bool,
+) -> None:
+    """Load an inference endpoint with streaming requests and check the four metrics.
+
+    Measures TTFT, TPOT, goodput ratio and KV-cache block fragmentation on the client side,
+    cross-checks them against the engine's /metrics over the same window, and checks each
+    gate you give. Prints a progress line while it runs and a summary table at the end.
+    """
+    if num_requests is None and duration_s is None:
+        num_requests = 100
+    workload = Workload(
+        endpoint=endpoint, model=model, concurrency=concurrency, request_rate=request_rate,
+        num_requests=num_requests, duration_s=duration_s, prompt_length=prompt_length,
+        prefix_length=prefix_length, output_length=output_length, ignore_eos=ignore_eos,
+        cancel_share=cancel_share, cancel_after_ms=cancel_after_ms,
+        cancel_mode=CancelMode(cancel_mode), warmup_requests=warmup_requests, seed=seed,
+    )  # fmt: skip
+    gates = Gates(
+        max_ttft_p99_ms=max_ttft_p99_ms, max_tpot_p99_ms=max_tpot_p99_ms,
+        min_goodput_ratio=min_goodput_ratio, max_kv_fragmentation=max_kv_fragmentation,
+    )  # fmt: skip
+    if metrics_url is None:
+        metrics_url = default_metrics_url(endpoint)
+    elif metrics_url.lower() == "none":
+        metrics_url = None
+    report = run_canary(
+        workload, gates=gates, metrics_url=metrics_url,
+        sample_interval_s=sample_interval_s, progress=not quiet,
+    )  # fmt: skip
+    if output_json is not None:
+        output_json.parent.mkdir(parents=True, exist_ok=True)
+        output_json.write_text(json.dumps(report, indent=2))
+    click.echo(summary_table(report))
+    if not report["passed"]:
+        failed = [g["name"] for g in report["gates"] if not g["passed"]]  # type: ignore[attr-defined]
+        raise GateFailed(f"gate failed: {', '.join(failed)}")
+
+
+def register(cli: click.Group) -> None:
+    """Add `canary` to the ruleloop command line."""
+    cli.add_command(canary)

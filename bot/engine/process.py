@@ -1,0 +1,279 @@
+"""Starts, finds and stops local vLLM engine processes.
+
+Each engine is one `python -m vllm.entrypoints.openai.api_server` process in its own session
+(so stopping it stops its engine-core child too), logging to a file, with a small JSON state
+file per port so that `ruleloop engine status|down` work from another shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bot.engine.model import SERVED_MODEL_NAME, write_model_dir
+from bot.errors import EngineError
+
+DEFAULT_PORT = 8000
+START_TIMEOUT_S = 300.0
+
+# Lines in vLLM's log that carry the reason it refused to start, most specific first.
+_REASON_PATTERNS = (
+    re.compile(r"error: (?P<reason>.+)$"),  # argparse: "api_server.py: error: argument ..."
+    re.compile(r"(?P<reason>\b\w*(?:Error|Exception): .+)$"),
+)
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """A running (or recorded) engine: where it listens and how it was started."""
+
+    port: int
+    pid: int
+    host: str
+    flags: list[str]
+    log_path: str
+    model: str = SERVED_MODEL_NAME
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def base_url(self) -> str:
+        """The engine's HTTP root, e.g. http://127.0.0.1:8000."""
+        return f"http://{self.host}:{self.port}"
+
+
+def default_state_dir() -> Path:
+    """Where engine state files, logs and the tiny model live unless told otherwise."""
+    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "ruleloop"
+
+
+def free_port() -> int:
+    """Ask the kernel for a free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def engine_command(
+    *, python: str, model_dir: Path, host: str, port: int, flags: Sequence[str]
+) -> list[str]:
+    """The argv that starts vLLM's OpenAI server on the tiny model (a list, never a shell string)."""
+    return [
+        python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--served-model-name", SERVED_MODEL_NAME,
+        "--load-format", "dummy",
+        "--host", host,
+        "--port", str(port),
+        "--disable-uvicorn-access-log",
+        *flags,
+    ]  # fmt: skip
+
+
+def engine_env(base: dict[str, str] | None = None, *, kv_cache_gib: int = 1) -> dict[str, str]:
+    """Environment for the engine: small CPU KV cache, no hub access."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+    env["HF_HUB_OFFLINE"] = "1"
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    return env
+
+
+def failure_reason(log_text: str) -> str:
+    """Pick vLLM's own error line out of its log (the last one that explains the failure)."""
+    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
+    for pattern in _REASON_PATTERNS:
+        for line in reversed(lines):
+            match = pattern.search(line)
+            if match:
+                return match.group("reason").strip()
+    return lines[-1] if lines else "the engine exited without output"
+
+
+class EngineManager:
+    """Starts and stops engines, keeping one state file per port under ``state_dir``."""
+
+    def __init__(self, *, state_dir: Path | None = None, python: str | None = None) -> None:
+        self.state_dir = state_dir or default_state_dir()
+        self.python = python or os.environ.get("RULELOOP_ENGINE_PYTHON") or sys.executable
+
+    def _state_path(self, port: int) -> Path:
+        return self.state_dir / f"engine-{port}.json"
+
+    def start(
+        self,
+        *,
+        port: int = DEFAULT_PORT,
+        host: str = "127.0.0.1",
+        flags: Sequence[str] = (),
+        timeout_s: float = START_TIMEOUT_S,
+        on_progress: Callable[[str], None] | None = None,
+    ) -> EngineInfo:
+        """Start an engine and wait until it serves; raise EngineError with vLLM's reason if not."""
+        existing = self.find(port)
+        if existing is not None:
+            raise EngineError(
+                f"an engine is already running on port {port} (pid {existing.pid}); "
+                f"stop it with `ruleloop engine down --port {port}` or pick another --port"
+            )
+        if _port_in_use(host, port):
+            raise EngineError(f"port {port} on {host} is already in use; pick another --port")
+        self._check_vllm_importable()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        model_dir = write_model_dir(self.state_dir / "tiny-llama")
+        log_path = self.state_dir / f"engine-{port}.log"
+        argv = engine_command(
+            python=self.python, model_dir=model_dir, host=host, port=port, flags=flags
+        )
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(  # noqa: S603 - argv is a list built above
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=engine_env(),
+                start_new_session=True,
+            )
+        info = EngineInfo(
+            port=port, pid=proc.pid, host=host, flags=list(flags), log_path=str(log_path)
+        )
+        self._state_path(port).write_text(json.dumps(asdict(info)))
+        try:
+            self._wait_ready(proc, info, timeout_s=timeout_s, on_progress=on_progress)
+        except BaseException:
+            self._kill(proc.pid)
+            self._state_path(port).unlink(missing_ok=True)
+            raise
+        return info
+
+    def _check_vllm_importable(self) -> None:
+        probe = subprocess.run(  # noqa: S603
+            [self.python, "-c", "import vllm"], capture_output=True, text=True, env=engine_env()
+        )
+        if probe.returncode != 0:
+            raise EngineError(
+                f"vLLM is not importable by {self.python} ({failure_reason(probe.stderr)}); "
+                "install the engine extra: pip install -e '.[engine]'"
+            )
+
+    def _wait_ready(
+        self,
+        proc: subprocess.Popen[bytes],
+        info: EngineInfo,
+        *,
+        timeout_s: float,
+        on_progress: Callable[[str], None] | None,
+    ) -> None:
+        started = time.monotonic()
+        last_note = 0.0
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = proc.poll()
+                if code is not None:
+                    reason = failure_reason(Path(info.log_path).read_text(errors="replace"))
+                    raise EngineError(
+                        f"vLLM exited with code {code} before serving: {reason} "
+                        f"(full log: {info.log_path})"
+                    )
+                try:
+                    if client.get(f"{info.base_url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                elapsed = time.monotonic() - started
+                if elapsed > timeout_s:
+                    raise EngineError(
+                        f"vLLM did not serve within {timeout_s:.0f} s (log: {info.log_path})"
+                    )
+                if on_progress and elapsed - last_note >= 10:
+                    last_note = elapsed
+                    on_progress(f"waiting for vLLM on port {info.port}: {elapsed:.0f} s")
+                time.sleep(0.5)
+
+    def find(self, port: int) -> EngineInfo | None:
+        """The engine recorded on ``port`` if its process is still alive, else None."""
+        path = self._state_path(port)
+        if not path.exists():
+            return None
+        info = EngineInfo(**json.loads(path.read_text()))
+        if not _alive(info.pid):
+            path.unlink(missing_ok=True)
+            return None
+        return info
+
+    def list(self) -> list[EngineInfo]:
+        """All live engines this state directory knows about."""
+        if not self.state_dir.exists():
+            return []
+        ports = sorted(int(p.stem.split("-")[1]) for p in self.state_dir.glob("engine-*.json"))
+        return [info for port in ports if (info := self.find(port)) is not None]
+
+    def stop(self, port: int, *, timeout_s: float = 20.0) -> EngineInfo | None:
+        """Stop the engine on ``port`` (TERM, then KILL); return what was stopped, or None."""
+        info = self.find(port)
+        if info is None:
+            return None
+        self._kill(info.pid, timeout_s=timeout_s)
+        self._state_path(port).unlink(missing_ok=True)
+        return info
+
+    @staticmethod
+    def _kill(pid: int, *, timeout_s: float = 20.0) -> None:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not _alive(pid):
+                return
+            time.sleep(0.2)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        while _alive(pid):
+            time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        # Reap it if it is our child and already exited, so it does not linger as a zombie.
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _not_zombie(pid)
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _port_in_use(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0

@@ -1,0 +1,42 @@
+"""The errors ruleloop raises on purpose, and the exit code each one means.
+
+    RuleloopError (exit 2)            anything the user can act on; message reads as advice
+    ├── UsageError (exit 2)           bad flags, bad values, bad files
+    ├── EndpointError (exit 2)        a server cannot be reached or does not speak the protocol
+    │   └── ProbeError (exit 2)       a /metrics page or other probe source is unusable
+    ├── EngineError (exit 2)          the local vLLM engine failed to start or stop
+    └── GateFailed (exit 1)           the canary measured numbers outside an ADR's gates
+
+Library errors (httpx, yaml, pydantic) are translated into these at one boundary per module
+(``raise EndpointError(...) from exc``); the CLI's ``main`` is the one place that prints them.
+"""
+
+from __future__ import annotations
+
+
+class RuleloopError(Exception):
+    """Base class: an error whose message is meant for the person running ruleloop."""
+
+    exit_code = 2
+
+
+class UsageError(RuleloopError):
+    """The command line, a value or an input file is wrong."""
+
+
+class EndpointError(RuleloopError):
+    """A server is unreachable or does not behave like the one expected."""
+
+
+class ProbeError(EndpointError):
+    """A probe source (a /metrics page, NVML) cannot be read or is not what it should be."""
+
+
+class EngineError(RuleloopError):
+    """The local vLLM engine could not be started, reached or stopped."""
+
+
+class GateFailed(RuleloopError):
+    """A canary gate was not met."""
+
+    exit_code = 1

@@ -1,0 +1,95 @@
+"""A parsed Prometheus exposition: samples by name, with helpers that sum across label sets.
+
+Parsing is prometheus_client's; this module only indexes the samples so that probes can ask
+"the value of counter X, summed over all engines" or "the buckets of histogram Y".
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from bot.errors import ProbeError
+
+Labels = Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Exposition:
+    """All samples of one scrape, indexed by sample name, stamped with the scrape time."""
+
+    at: float
+    samples: Mapping[str, list[tuple[Labels, float]]] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str, *, at: float) -> Exposition:
+        """Parse exposition text; raise ProbeError if it is not the Prometheus text format."""
+        index: dict[str, list[tuple[Labels, float]]] = defaultdict(list)
+        try:
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    index[sample.name].append((dict(sample.labels), float(sample.value)))
+        except (ValueError, TypeError, IndexError) as exc:
+            raise ProbeError(f"not a Prometheus exposition ({exc})") from exc
+        return cls(at=at, samples=dict(index))
+
+    def has(self, name: str) -> bool:
+        """Whether any sample of this name was exposed."""
+        return name in self.samples
+
+    def first_present(self, names: Iterable[str]) -> str | None:
+        """The first of ``names`` (current name first, then older ones) this page exposes."""
+        return next((n for n in names if n in self.samples), None)
+
+    def total(self, name: str, *, where: Labels | None = None) -> float | None:
+        """Sum of the samples named ``name`` whose labels include ``where``; None if absent."""
+        rows = self.samples.get(name)
+        if rows is None:
+            return None
+        picked = [v for labels, v in rows if _matches(labels, where)]
+        return math.fsum(picked) if picked else 0.0
+
+    def labels_of(self, name: str) -> list[Labels]:
+        """Label sets of the samples named ``name`` (for info metrics like cache_config_info)."""
+        return [labels for labels, _ in self.samples.get(name, [])]
+
+    def buckets(self, histogram: str) -> dict[float, float]:
+        """Cumulative bucket counts of ``histogram`` by upper bound, summed over label sets."""
+        out: dict[float, float] = defaultdict(float)
+        for labels, value in self.samples.get(f"{histogram}_bucket", []):
+            out[float(labels["le"])] += value
+        return dict(sorted(out.items()))
+
+
+def _matches(labels: Labels, where: Labels | None) -> bool:
+    return not where or all(labels.get(k) == v for k, v in where.items())
+
+
+def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None:
+    """Quantile from cumulative buckets, interpolated linearly inside a bucket (as Prometheus).
+
+    Returns None when the buckets hold no observation. A quantile that falls in the +Inf bucket
+    returns the largest finite bound, as Prometheus does.
+    """
+    if not buckets:
+        return None
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]]
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            if count == lower_count:
+                return bound
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+        lower_bound, lower_count = bound, count
+    return lower_bound

@@ -1,0 +1,1 @@
+"""`python -m latency_checker`: the seed's CI canary gate, backed by ruleloop's canary."""
