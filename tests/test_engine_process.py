@@ -1,0 +1,79 @@
+"""The local engine manager against a real vLLM process."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from bot.engine.process import EngineInfo, EngineManager, failure_reason, free_port
+from bot.errors import EngineError
+
+
+@pytest.mark.parametrize(
+    ("log", "reason"),
+    [
+        (
+            "INFO boot\napi_server.py: error: argument --block-size: invalid choice: 7 (choose from 8, 16)\n",
+            "argument --block-size: invalid choice: 7 (choose from 8, 16)",
+        ),
+        (
+            "INFO boot\nTraceback (most recent call last):\n  File x\nValueError: max_num_batched_tokens (16) is smaller than max_model_len\n",
+            "ValueError: max_num_batched_tokens (16) is smaller than max_model_len",
+        ),
+        ("only a line\n", "only a line"),
+        ("", "the engine exited without output"),
+    ],
+)
+def test_failure_reason_picks_vllms_own_error_line(log: str, reason: str) -> None:
+    assert failure_reason(log) == reason
+
+
+@pytest.mark.engine
+def test_engine_serves_completions_and_metrics(engine: EngineInfo) -> None:
+    response = httpx.post(
+        f"{engine.base_url}/v1/completions",
+        json={"model": engine.model, "prompt": [100, 101, 102], "max_tokens": 4, "ignore_eos": True},
+        timeout=60,
+    )
+    assert response.status_code == 200
+    usage = response.json()["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (3, 4)
+    assert "vllm:generation_tokens_total" in httpx.get(f"{engine.base_url}/metrics").text
+
+
+@pytest.mark.engine
+def test_engine_manager_records_and_finds_running_engine(
+    engine_manager: EngineManager, engine: EngineInfo
+) -> None:
+    found = engine_manager.find(engine.port)
+    assert found is not None and found.pid == engine.pid
+    assert engine.port in [info.port for info in engine_manager.list()]
+
+
+@pytest.mark.engine
+def test_engine_start_reports_vllms_reason_for_refusing_flags(engine_manager: EngineManager) -> None:
+    port = free_port()
+    with pytest.raises(EngineError, match="block size for 7"):
+        engine_manager.start(port=port, flags=["--enforce-eager", "--block-size", "7"], timeout_s=240)
+    assert engine_manager.find(port) is None
+
+
+def test_engine_start_without_vllm_says_how_to_install(tmp_path) -> None:
+    manager = EngineManager(state_dir=tmp_path, python="/usr/bin/python3")
+    with pytest.raises(EngineError, match=r"pip install -e '\.\[engine\]'"):
+        manager.start(port=free_port())
+
+
+@pytest.mark.engine
+def test_engine_stop_on_unknown_port_returns_none(engine_manager: EngineManager) -> None:
+    assert engine_manager.stop(free_port()) is None
+
+
+def test_failure_reason_prefers_root_cause_over_wrappers() -> None:
+    log = (
+        "(APIServer pid=1) WARNING 11-29 15:14:02 [system_utils.py:255] ulimit: `OSError: [Errno 24] Too many open files`\n"
+        "(Worker pid=3) ERROR 11-29 15:14:35 [multiproc_executor.py:1063] ValueError: No common block size for 7 (CPU_ATTN: [MultipleOf(32)]).\n"
+        "(EngineCore pid=2) ERROR 11-29 15:14:35 [core.py:1510] RuntimeError: Worker failed with error 'x', please check the stack trace above for the root cause\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}\n"
+    )
+    assert failure_reason(log) == "ValueError: No common block size for 7 (CPU_ATTN: [MultipleOf(32)])."
