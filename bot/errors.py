@@ -2,6 +2,7 @@
 
     RuleloopError (exit 2)            anything the user can act on; message reads as advice
     ├── UsageError (exit 2)           bad flags, bad values, bad files
+    │   └── AdrError (exit 2)         an ADR file breaks the format or a rule (file, field, why)
     ├── EndpointError (exit 2)        a server cannot be reached or does not speak the protocol
     │   └── ProbeError (exit 2)       a /metrics page or other probe source is unusable
     ├── EngineError (exit 2)          the local vLLM engine failed to start or stop
@@ -22,6 +23,15 @@ class RuleloopError(Exception):
 
 class UsageError(RuleloopError):
     """The command line, a value or an input file is wrong."""
+
+
+class AdrError(UsageError):
+    """An ADR is malformed or breaks a rule; the message names the file, the field and why."""
+
+    def __init__(self, why: str, *, file: str | None = None, field: str | None = None) -> None:
+        self.why, self.file, self.field = why, file, field
+        where = ": ".join(part for part in (file, field) if part)
+        super().__init__(f"{where}: {why}" if where else why)
 
 
 class EndpointError(RuleloopError):

@@ -76,15 +76,18 @@ async def stream_request(
     *,
     headers: dict[str, str] | None = None,
     abandon_after_s: float | None = None,
+    timeout_s: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> None:
     """Send one streaming request, filling ``record`` as chunks arrive.
 
     With ``abandon_after_s`` the client gives up after that long, closing the connection the
-    way an impatient user's browser would; the request then ends as cancelled.
+    way an impatient user's browser would; the request then ends as cancelled. ``timeout_s``
+    bounds the whole request (one timer per request: cheaper than httpx's per-read timeouts).
     """
+    limit = abandon_after_s if abandon_after_s is not None else timeout_s
     try:
-        async with asyncio.timeout(abandon_after_s):
+        async with asyncio.timeout(limit):
             async with client.stream("POST", url, json=body, headers=headers) as response:
                 if response.status_code != 200:
                     detail = (await response.aread()).decode(errors="replace")[:300]
@@ -97,7 +100,11 @@ async def stream_request(
         record.outcome = Outcome.OK
     except TimeoutError:
         record.finished_at = clock()
-        record.outcome = Outcome.CANCELLED
+        if abandon_after_s is not None:
+            record.outcome = Outcome.CANCELLED
+        else:
+            record.outcome = Outcome.FAILED
+            record.error = f"no complete response within {timeout_s:g} s"
     except StreamError as exc:
         record.finished_at = clock()
         record.outcome = Outcome.FAILED

@@ -2,6 +2,7 @@
 
 Two views (DESIGN.md):
 - observed: 1 - resident_tokens / (used_blocks * block_size), from the engine's KV usage gauge
+  (used_blocks = kv_cache_usage_perc * (num_gpu_blocks - 1): vLLM's pool excludes a null block)
   and the tokens the canary knows are resident at the moment of the scrape;
 - internal: the PagedAttention paper's definition over the in-flight sequences' lengths,
   sum(ceil(n/B)*B - n) / sum(ceil(n/B)*B): the waste inside each sequence's last block.
@@ -28,11 +29,19 @@ def internal_fragmentation(lengths: Iterable[int], block_size: int) -> float | N
     return None if allocated == 0 else (allocated - used) / allocated
 
 
+def used_blocks(kv_usage: float, num_gpu_blocks: int) -> int:
+    """Blocks in use, from vLLM's usage gauge.
+
+    vLLM keeps one null block out of the pool and reports used / (num_gpu_blocks - 1).
+    """
+    return round(kv_usage * (num_gpu_blocks - 1))
+
+
 def observed_fragmentation(
-    *, resident_tokens: int, kv_usage: float, num_blocks: int, block_size: int
+    *, resident_tokens: int, kv_usage: float, num_gpu_blocks: int, block_size: int
 ) -> float | None:
     """1 - resident / allocated slots, clamped to [0, 1]; None when nothing is allocated."""
-    allocated = kv_usage * num_blocks * block_size
+    allocated = used_blocks(kv_usage, num_gpu_blocks) * block_size
     if allocated <= 0 or resident_tokens <= 0:
         return None
     return min(max(1.0 - resident_tokens / allocated, 0.0), 1.0)

@@ -88,7 +88,7 @@ def fragmentation_summary(samples: Sequence[FragmentationSample]) -> dict[str, A
         "samples": len(samples),
         "samples_with_kv": len(observed),
         "definition": {
-            "observed": "1 - resident_tokens / (kv_cache_usage_perc * num_gpu_blocks * block_size), "
+            "observed": "1 - resident_tokens / (kv_cache_usage_perc * (num_gpu_blocks - 1) * block_size), "
             "mean over in-flight samples",
             "internal": "sum(ceil(n/B)*B - n) / sum(ceil(n/B)*B) over in-flight sequences, mean over samples",
         },

@@ -97,7 +97,8 @@ class CanaryRun:
         w = self.workload
         cap = None if w.request_rate is not None else w.concurrency + 4
         limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
-        timeout = httpx.Timeout(w.timeout_s, connect=10.0)
+        # Whole-request deadlines live in stream_request; per-read timers cost CPU on every chunk.
+        timeout = httpx.Timeout(None, connect=10.0)
         async with httpx.AsyncClient(
             limits=limits, timeout=timeout, transport=self._transport
         ) as client:
@@ -231,7 +232,8 @@ class CanaryRun:
         if keep:
             self.records.append(record)
         await stream_request(
-            client, self._url(), body, record, headers=headers, abandon_after_s=abandon
+            client, self._url(), body, record, headers=headers, abandon_after_s=abandon,
+            timeout_s=w.timeout_s,
         )
         if cancel and headers and record.outcome is Outcome.FAILED:
             record.outcome = Outcome.CANCELLED  # the deadline we asked for did its job
@@ -273,7 +275,7 @@ class CanaryRun:
                 observed=observed_fragmentation(
                     resident_tokens=resident,
                     kv_usage=kv,
-                    num_blocks=cache.num_gpu_blocks,
+                    num_gpu_blocks=cache.num_gpu_blocks,
                     block_size=cache.block_size,
                 ),
                 internal=internal_fragmentation(lengths, cache.block_size),

@@ -67,9 +67,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from bot.cli import canary, demo, engine
+    from bot.cli import canary, demo, engine, gateway
 
-    for module in (engine, canary, demo):
+    for module in (engine, canary, demo, gateway):
         module.register(cli)
 
 

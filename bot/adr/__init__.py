@@ -1,0 +1,1 @@
+"""ADRs as code: the record model, parser, renderer, validator, matcher and store."""

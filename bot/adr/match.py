@@ -1,0 +1,136 @@
+"""Evaluates an ADR's `match` conditions ({metric, op, value}) against a report, without eval.
+
+A report is a canary report (the JSON `ruleloop canary --output-json` writes) or a diagnosis
+report. Each metric name below reads one number: first from the report's flat ``metrics``
+mapping (how a diagnosis hands over its readings), else from the canary report's fields.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bot.adr.models import Adr, Condition
+
+OPS: dict[str, Callable[[float, float], bool]] = {
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+}
+
+
+def _cancelled_share(report: Mapping[str, Any]) -> object:
+    requests = report.get("requests") or {}
+    total = requests.get("total") if isinstance(requests, Mapping) else None
+    if not total:
+        return None
+    return requests.get("cancelled", 0) / total
+
+
+# name -> (where it is in a canary report, what it means)
+METRICS: dict[str, tuple[str | Callable[[Mapping[str, Any]], object], str]] = {
+    "ttft_p50_ms": ("ttft_ms.p50", "time to first token, median, client side"),
+    "ttft_p99_ms": ("ttft_ms.p99", "time to first token, p99, client side"),
+    "tpot_p50_ms": ("tpot_ms.p50", "time per output token, median, client side"),
+    "tpot_p99_ms": ("tpot_ms.p99", "time per output token, p99, client side"),
+    "itl_p99_ms": ("itl_ms.p99", "gap between streamed tokens, p99"),
+    "e2e_p99_ms": ("e2e_ms.p99", "request latency end to end, p99"),
+    "goodput_ratio": ("goodput_ratio", "delivered / engine-generated output tokens"),
+    "slo_attainment": ("slo_attainment", "share of requests within the TTFT and TPOT limits"),
+    "kv_fragmentation": ("kv_fragmentation.observed", "KV slots allocated but empty (observed)"),
+    "kv_fragmentation_internal": ("kv_fragmentation.internal", "KV fragmentation, PagedAttention definition"),
+    "wasted_prefill_tokens": ("wasted_prefill_tokens", "prefill tokens spent on aborted requests"),
+    "cancelled_share": (_cancelled_share, "share of requests the client gave up on"),
+    "engine_ttft_p99_ms": ("engine.ttft_ms.p99", "TTFT p99 from the engine's histogram"),
+    "engine_itl_p99_ms": ("engine.itl_ms.p99", "inter-token latency p99 from the engine"),
+    "queue_time_p99_ms": ("engine.queue_time_ms.p99", "time requests waited in vLLM's queue, p99"),
+    "kv_cache_usage": ("engine.kv_cache_usage", "share of KV-cache blocks in use (0-1)"),
+    "requests_waiting": ("engine.requests_waiting", "requests queued in the engine"),
+    "requests_running": ("engine.requests_running", "requests being decoded"),
+    "preemptions_per_s": ("engine.preemptions_per_s", "KV-cache preemptions (swaps/recomputes) per s"),
+    "prefix_cache_hit_rate": ("engine.prefix_cache_hit_rate", "prefix-cache hits / queries"),
+    "concurrency": ("workload.concurrency", "streams in flight"),
+    "prompt_length": ("workload.prompt_length", "prompt tokens per request"),
+    "prefix_length": ("workload.prefix_length", "shared system-prompt tokens per request"),
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ConditionResult:
+    """One condition checked against a report: the value found and whether it holds."""
+
+    metric: str
+    op: str
+    limit: float
+    value: float | None
+    holds: bool
+
+    def explain(self) -> str:
+        """E.g. 'ttft_p99_ms 1204.5 > 1000: holds' or 'goodput_ratio not in report'."""
+        if self.value is None:
+            return f"{self.metric} not in report"
+        return f"{self.metric} {self.value:g} {self.op} {self.limit:g}: " + (
+            "holds" if self.holds else "does not hold"
+        )
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """An ADR checked against a report: it matches when it has conditions and all hold."""
+
+    adr: Adr
+    conditions: tuple[ConditionResult, ...]
+
+    @property
+    def matches(self) -> bool:
+        """All conditions hold (an ADR without conditions never matches)."""
+        return bool(self.conditions) and all(c.holds for c in self.conditions)
+
+
+def read_metric(report: Mapping[str, Any], name: str) -> float | None:
+    """The number a report gives for a known metric name, or None when it has none."""
+    if name not in METRICS:
+        raise KeyError(name)
+    flat = report.get("metrics")
+    value: object = None
+    if isinstance(flat, Mapping) and name in flat:
+        value = flat[name]
+    else:
+        where, _ = METRICS[name]
+        value = where(report) if callable(where) else _dig(report, where.split("."))
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def _dig(data: object, path: Sequence[str]) -> object:
+    for key in path:
+        if not isinstance(data, Mapping):
+            return None
+        data = data.get(key)
+    return data
+
+
+def check(condition: Condition, report: Mapping[str, Any]) -> ConditionResult:
+    """Check one condition; a metric the report lacks does not hold."""
+    value = read_metric(report, condition.metric)
+    holds = value is not None and OPS[condition.op](value, condition.value)
+    return ConditionResult(condition.metric, condition.op, condition.value, value, holds)
+
+
+def match(adr: Adr, report: Mapping[str, Any]) -> MatchResult:
+    """Check all of an ADR's conditions against a report."""
+    return MatchResult(adr, tuple(check(c, report) for c in adr.match))
+
+
+def matching(adrs: Iterable[Adr], report: Mapping[str, Any]) -> list[MatchResult]:
+    """The accepted ADRs whose conditions all hold for the report, in the order given."""
+    results = (match(adr, report) for adr in adrs if adr.status == "accepted")
+    return [r for r in results if r.matches]

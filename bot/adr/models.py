@@ -1,0 +1,195 @@
+"""The ADR record: front matter (what machines read) and body (the seed's three sections).
+
+Front matter fields are the contract in DESIGN.md. The body is kept as structured parts (the
+context text, the Metrics Matrix rows, the solidified rules) so that rendering a record and
+parsing it back gives the same record. Matrix numbers are held at the precision the table
+shows (0.1 ms, 0.1 %), which is what makes that round trip exact.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from bot.adr.match import METRICS, OPS
+from bot.canary.report import Gates
+
+ID_PATTERN = r"^ADR-\d{8}-\d{2}$"
+Status = Literal["proposed", "accepted", "superseded", "rejected"]
+EngineValue = bool | int | float | str
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Condition(_Strict):
+    """A symptom: `metric op value`, e.g. ttft_p99_ms > 1000 (no expressions)."""
+
+    metric: str
+    op: str
+    value: float = Field(strict=True)
+
+    @field_validator("metric")
+    @classmethod
+    def _known_metric(cls, metric: str) -> str:
+        if metric not in METRICS:
+            raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
+        return metric
+
+    @field_validator("op")
+    @classmethod
+    def _known_op(cls, op: str) -> str:
+        if op not in OPS:
+            raise ValueError(f"unknown operator {op!r}; use one of {' '.join(OPS)}")
+        return op
+
+
+class GatewayRules(_Strict):
+    """What the inference gateway must enforce (the seed's Go gateway, as settings)."""
+
+    require_request_timeout: bool = False
+    timeout_header: str = "X-Request-Timeout"
+    drop_on_cancel: bool = False
+    max_in_flight_tokens: int | None = Field(default=None, ge=1)
+    upstream_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class Fix(_Strict):
+    """The pre-approved change: vLLM flags and gateway rules."""
+
+    engine_args: dict[str, EngineValue] = Field(default_factory=dict)
+    gateway: GatewayRules | None = None
+
+
+class AdrGates(_Strict):
+    """Canary limits a change must meet before it is promoted."""
+
+    max_ttft_p99_ms: float | None = Field(default=None, gt=0)
+    max_tpot_p99_ms: float | None = Field(default=None, gt=0)
+    min_goodput_ratio: float | None = Field(default=None, ge=0, le=1)
+    max_kv_fragmentation: float | None = Field(default=None, ge=0, le=1)
+
+    def is_empty(self) -> bool:
+        """No limit is set."""
+        return all(v is None for v in self.model_dump().values())
+
+    def to_canary(self) -> Gates:
+        """The canary's Gates with the same limits."""
+        return Gates(**self.model_dump())
+
+
+class FrontMatter(_Strict):
+    """The YAML front matter of an ADR file."""
+
+    id: str = Field(pattern=ID_PATTERN)
+    title: str = Field(min_length=1, max_length=200)
+    status: Status
+    date: dt.date
+    deciders: list[str] = Field(default_factory=list)
+    supersedes: list[str] = Field(default_factory=list)
+    match: list[Condition] = Field(default_factory=list)
+    fix: Fix = Field(default_factory=Fix)
+    gates: AdrGates | None = None
+
+    @field_validator("title")
+    @classmethod
+    def _one_line(cls, title: str) -> str:
+        if "\n" in title or title != title.strip():
+            raise ValueError("must be one line without leading or trailing spaces")
+        return title
+
+    @field_validator("supersedes", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("supersedes")
+    @classmethod
+    def _ids(cls, ids: list[str]) -> list[str]:
+        for adr_id in ids:
+            if not re.match(ID_PATTERN, adr_id):
+                raise ValueError(f"{adr_id!r} is not an ADR id like ADR-20260831-01")
+        return ids
+
+
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(float(value), digits)
+
+
+class MatrixRow(_Strict):
+    """One configuration tried: the four metrics (None: not measured) and the verdict."""
+
+    config: str = Field(min_length=1)
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    goodput_ratio: float | None = Field(default=None, ge=0, le=1)
+    kv_fragmentation: float | None = Field(default=None, ge=0, le=1)
+    verdict: str = ""
+
+    @field_validator("ttft_p99_ms", "tpot_p99_ms")
+    @classmethod
+    def _tenth_ms(cls, value: float | None) -> float | None:
+        return _round(value, 1)
+
+    @field_validator("goodput_ratio", "kv_fragmentation")
+    @classmethod
+    def _tenth_percent(cls, value: float | None) -> float | None:
+        return _round(value, 3)
+
+    @field_validator("config", "verdict")
+    @classmethod
+    def _cell(cls, text: str) -> str:
+        if "\n" in text:
+            raise ValueError("a table cell must be one line")
+        return text.strip()
+
+
+class Adr(FrontMatter):
+    """A whole ADR: front matter plus the body's structured parts."""
+
+    context: str = ""
+    matrix: list[MatrixRow] = Field(default_factory=list)
+    matrix_notes: str = ""
+    rules: list[str] = Field(default_factory=list)
+    notes: str = ""
+
+    @field_validator("context", "matrix_notes")
+    @classmethod
+    def _no_section_breaks(cls, text: str) -> str:
+        for line in text.splitlines():
+            if line.startswith("## "):
+                raise ValueError(f"the line {line!r} would start a new section; use ### or **bold**")
+        return text.strip()
+
+    @field_validator("matrix_notes")
+    @classmethod
+    def _no_rows(cls, text: str) -> str:
+        for line in text.splitlines():
+            if line.lstrip().startswith("|"):
+                raise ValueError(f"the line {line!r} would be read as a Metrics Matrix row")
+        return text
+
+    @field_validator("notes")
+    @classmethod
+    def _notes(cls, text: str) -> str:
+        text = text.strip()
+        if text and not text.startswith("## "):
+            raise ValueError("extra sections after section 3 must start with a '## ' heading")
+        return text
+
+    @field_validator("rules")
+    @classmethod
+    def _rules(cls, rules: list[str]) -> list[str]:
+        # One rule may span lines; blank lines and trailing spaces cannot survive a round trip.
+        lines = (("\n".join(ln.rstrip() for ln in r.strip().splitlines() if ln.strip())) for r in rules)
+        return [rule for rule in lines if rule]
+
+    def front_matter(self) -> dict[str, object]:
+        """The front matter as plain data, in contract order, unset optional parts left out."""
+        data = self.model_dump(mode="json", include=set(FrontMatter.model_fields), exclude_none=True)
+        data["date"] = self.date  # YAML has dates; as a string it would come out quoted
+        return data

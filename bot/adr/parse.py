@@ -1,0 +1,216 @@
+"""Parses an ADR file (YAML front matter + the seed's Markdown template) into a record.
+
+Every problem is reported with the file, the field (a front-matter path such as
+``fix.engine_args.block-size``, or a body place such as ``matrix row 2``) and why.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from bot.adr.models import Adr, FrontMatter, MatrixRow
+from bot.errors import AdrError
+
+SECTIONS = (
+    "## 1. 变更上下文 (Context)",
+    "## 2. 实验对比数据 (Metrics Matrix)",
+    "## 3. 固化的系统规则 (Solidified Rules)",
+)
+MATRIX_COLUMNS = ("配置参数", "TTFT (P99)", "TPOT (P99)", "Goodput", "显存碎片率", "结论")
+_SEPARATOR = re.compile(r"^\|(\s*:?-{3,}:?\s*\|)+$")
+_PIPE = re.compile(r"(?<!\\)\|")
+_LATENCY = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)$")
+_PERCENT = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*%$")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with an ADR: where (file, field) and why."""
+
+    file: str
+    field: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.field}: {self.why}"
+
+    def error(self) -> AdrError:
+        """This problem as the error the CLI prints."""
+        return AdrError(self.why, file=self.file, field=self.field)
+
+
+def load(path: Path) -> Adr:
+    """Read and parse one ADR file; raise AdrError naming file, field and why."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AdrError(f"cannot read: {exc}", file=str(path)) from exc
+    return parse(text, file=str(path))
+
+
+def parse(text: str, *, file: str = "<adr>") -> Adr:
+    """Parse ADR text; raise AdrError for the first problem."""
+    adr, problems = parse_with_problems(text, file=file)
+    if problems:
+        raise problems[0].error()
+    assert adr is not None
+    return adr
+
+
+def parse_with_problems(text: str, *, file: str = "<adr>") -> tuple[Adr | None, list[Problem]]:
+    """Parse ADR text into a record (None if impossible) and every problem found on the way."""
+    problems: list[Problem] = []
+    front_text, body = _split(text)
+    if front_text is None:
+        return None, [Problem(file, "front matter", "the file must start with a '---' line, "
+                              "YAML front matter, and a closing '---' line")]  # fmt: skip
+    try:
+        data = yaml.safe_load(front_text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 2}: " if mark is not None else ""
+        return None, [Problem(file, "front matter", f"{where}not valid YAML: {getattr(exc, 'problem', exc)}")]
+    if not isinstance(data, dict):
+        return None, [Problem(file, "front matter", "must be a YAML mapping (id: ..., title: ...)")]
+    try:
+        front = FrontMatter.model_validate(data)
+    except ValidationError as exc:
+        problems += [Problem(file, _loc(e["loc"]), _why(e)) for e in exc.errors()]
+        front = None
+    parts = _body(body, file, problems)
+    if front is None:
+        return None, problems
+    if parts.pop("heading") != f"# {front.id}: {front.title}":
+        problems.append(Problem(file, "heading", f"the first line of the body must be "
+                                f"'# {front.id}: {front.title}' (id and title from the front matter)"))  # fmt: skip
+    try:
+        return Adr.model_validate(front.model_dump() | parts), problems
+    except ValidationError as exc:
+        problems += [Problem(file, _loc(e["loc"]), _why(e)) for e in exc.errors()]
+        return None, problems
+
+
+def _split(text: str) -> tuple[str | None, str]:
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None, text
+    for i, line in enumerate(lines[1:], start=1):
+        if line.strip() == "---":
+            return "\n".join(lines[1:i]), "\n".join(lines[i + 1 :])
+    return None, text
+
+
+def _loc(loc: tuple[object, ...]) -> str:
+    return ".".join(str(part) for part in loc) or "front matter"
+
+
+def _why(error: dict[str, object]) -> str:
+    message = str(error["msg"]).removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        return "unknown field (check the spelling; DESIGN.md lists the ADR fields)"
+    if error["type"] == "missing":
+        return "required field is missing"
+    return message
+
+
+def _body(body: str, file: str, problems: list[Problem]) -> dict[str, object]:
+    lines = body.strip("\n").splitlines()
+    heading = lines[0].strip() if lines else ""
+    sections: list[tuple[str, list[str]]] = []
+    for line in lines[1:]:
+        if line.startswith("## "):
+            sections.append((line.strip(), []))
+        elif sections:
+            sections[-1][1].append(line)
+        elif line.strip():
+            problems.append(Problem(file, "body", f"text before {SECTIONS[0]!r}: {line.strip()!r}"))
+    found = [title for title, _ in sections[: len(SECTIONS)]]
+    if found != list(SECTIONS):
+        problems.append(Problem(file, "body", "the body needs the seed's sections, in order: "
+                                + "; ".join(SECTIONS) + f" (found: {'; '.join(found) or 'none'})"))  # fmt: skip
+        return {"heading": heading}
+    (_, context), (_, matrix), (_, rules) = sections[:3]
+    notes = "\n".join(f"{title}\n" + "\n".join(text) for title, text in sections[3:])
+    rows, matrix_notes = _matrix(matrix, file, problems)
+    return {
+        "heading": heading,
+        "context": "\n".join(context),
+        "matrix": rows,
+        "matrix_notes": matrix_notes,
+        "rules": _rules(rules, file, problems),
+        "notes": notes,
+    }
+
+
+def _cells(line: str) -> list[str]:
+    inner = line.strip().removeprefix("|").removesuffix("|")
+    return [cell.strip().replace("\\|", "|") for cell in _PIPE.split(inner)]
+
+
+def _matrix(lines: list[str], file: str, problems: list[Problem]) -> tuple[list[dict[str, object]], str]:
+    table = [i for i, line in enumerate(lines) if line.lstrip().startswith("|")]
+    if not table:
+        problems.append(Problem(file, "matrix", "section 2 has no Metrics Matrix table"))
+        return [], "\n".join(lines)
+    start, end = table[0], table[-1] + 1
+    if any(line.strip() for line in lines[:start]):
+        problems.append(Problem(file, "matrix", "section 2 must start with the table"))
+    if tuple(_cells(lines[start])) != MATRIX_COLUMNS:
+        problems.append(Problem(file, "matrix", "the table header must be | " + " | ".join(MATRIX_COLUMNS) + " |"))
+        return [], ""
+    if end - start < 2 or not _SEPARATOR.match(lines[start + 1].replace(" ", "")):
+        problems.append(Problem(file, "matrix", "the header row must be followed by | :--- | ... |"))
+        return [], ""
+    rows = []
+    for n, line in enumerate(lines[start + 2 : end], start=1):
+        cells = _cells(line)
+        if len(cells) != len(MATRIX_COLUMNS):
+            problems.append(Problem(file, f"matrix row {n}", f"has {len(cells)} cells, needs {len(MATRIX_COLUMNS)}"))
+            continue
+        config, ttft, tpot, goodput, frag, verdict = cells
+        values = [_number(cell, kind, f"matrix row {n}, {column}", file, problems)
+                  for cell, kind, column in ((ttft, "ms", "TTFT (P99)"), (tpot, "ms", "TPOT (P99)"),
+                                             (goodput, "%", "Goodput"), (frag, "%", "显存碎片率"))]  # fmt: skip
+        rows.append(dict(zip(MatrixRow.model_fields, [config, *values, verdict], strict=True)))
+    return rows, "\n".join(lines[end:])
+
+
+def _number(cell: str, kind: str, field: str, file: str, problems: list[Problem]) -> float | None:
+    if cell in ("-", ""):
+        return None
+    if kind == "ms" and (m := _LATENCY.match(cell)):
+        return float(m["n"]) * (1000 if m["unit"] == "s" else 1)
+    if kind == "%" and (m := _PERCENT.match(cell)):
+        return float(m["n"]) / 100
+    example = "350ms" if kind == "ms" else "95%"
+    problems.append(Problem(file, field, f"{cell!r} is not a value like {example} (or '-' if not measured)"))
+    return None
+
+
+def _rules(lines: list[str], file: str, problems: list[Problem]) -> list[str]:
+    rules: list[str] = []
+    for line in lines:
+        if line.startswith("- "):
+            rules.append(line[2:])
+        elif line.startswith("  ") and rules:
+            rules[-1] += "\n" + line[2:]
+        elif line.strip():
+            problems.append(Problem(file, "rules", f"each rule is a '- ' list item; got {line.strip()!r}"))
+    return rules
+
+
+def date_of_id(adr_id: str) -> dt.date | None:
+    """The date an ADR id carries (ADR-20260831-01 -> 2026-08-31), None if it has none."""
+    m = re.match(r"^ADR-(\d{4})(\d{2})(\d{2})-\d+$", adr_id)
+    if not m:
+        return None
+    try:
+        return dt.date(int(m[1]), int(m[2]), int(m[3]))
+    except ValueError:
+        return None

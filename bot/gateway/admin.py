@@ -1,0 +1,110 @@
+"""The admin endpoint: read and change limits while the gateway runs, behind a bearer token.
+
+  GET   /admin/limits                        the limits in force
+  PATCH /admin/limits  {"max_inflight_tokens": 4096, "default_timeout_s": "30s"}
+        (PUT is accepted as a synonym) applies the change at once; open streams keep running.
+
+With no token configured the endpoint answers 403 to everyone (fail closed).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Callable
+
+from bot.gateway.limits import Limits, LimitsError, updated
+from bot.gateway.relay import send_problem
+from bot.gateway.responses import HTTPProblem
+from bot.gateway.types import Receive, Scope, Send
+
+PATH = "/admin/limits"
+MAX_BODY = 64 * 1024
+
+
+class Admin:
+    """Serves /admin/limits; limits are read and replaced through the given callables."""
+
+    def __init__(
+        self,
+        *,
+        token: str | None,
+        get_limits: Callable[[], Limits],
+        set_limits: Callable[[Limits], None],
+    ) -> None:
+        self._token = token.encode() if token else None
+        self._get = get_limits
+        self._set = set_limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Handle one admin request."""
+        try:
+            await send_json(send, 200, await self._handle(scope, receive))
+        except HTTPProblem as problem:
+            await send_problem(send, problem)
+
+    async def _handle(self, scope: Scope, receive: Receive) -> dict[str, object]:
+        if scope["path"] != PATH:
+            raise HTTPProblem(404, f"no admin resource {scope['path']}; use {PATH}", code="not_found")
+        self._authorize(scope)
+        method = scope["method"]
+        if method == "GET":
+            return self._get().as_dict()
+        if method not in ("PATCH", "PUT"):
+            raise HTTPProblem(405, f"{PATH} takes GET or PATCH", code="method_not_allowed")
+        raw = await _read(receive)
+        try:
+            change = json.loads(raw or b"{}")
+        except ValueError:
+            raise HTTPProblem(400, "the limits change is not valid JSON", code="invalid_request") from None
+        if not isinstance(change, dict):
+            raise HTTPProblem(400, "the limits change must be a JSON object", code="invalid_request")
+        try:
+            new = updated(self._get(), change)
+        except LimitsError as exc:
+            raise HTTPProblem(400, f"limits not changed: {exc}", code="invalid_limits") from None
+        self._set(new)
+        return new.as_dict()
+
+    def _authorize(self, scope: Scope) -> None:
+        if self._token is None:
+            raise HTTPProblem(
+                403,
+                "the admin endpoint is disabled; start the gateway with --admin-token-file "
+                "(or RULELOOP_GATEWAY_ADMIN_TOKEN) to enable it",
+                type="permission_error",
+                code="admin_disabled",
+            )
+        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
+        scheme, _, token = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._token):
+            raise HTTPProblem(
+                401,
+                "missing or wrong admin token: send 'Authorization: Bearer <token>'",
+                type="authentication_error",
+                code="invalid_admin_token",
+                headers=[(b"www-authenticate", b"Bearer")],
+            )
+
+
+async def _read(receive: Receive) -> bytes:
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b""
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise HTTPProblem(413, "limits change too large", code="request_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+async def send_json(send: Send, status: int, data: object) -> None:
+    """Answer with a JSON body."""
+    body = json.dumps(data).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,209 @@
+"""The gateway as a raw ASGI app: routing, admission, and the bookkeeping around each exchange.
+
+  POST /v1/completions, /v1/chat/completions   costed, admitted against the token budget,
+                                               deadline-bound, counted in the metrics
+  GET  /metrics                                the gateway's own metrics (see metrics.py)
+  /admin/limits                                live limits (see admin.py)
+  anything else                                passed through to the engine unchanged
+
+Order of checks for an inference request: timeout header, body size, JSON, model and prompt,
+budget. A request refused at any of them is answered here and never reaches the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import httpx
+
+from bot.gateway import responses
+from bot.gateway.admin import Admin
+from bot.gateway.budget import TokenBudget
+from bot.gateway.costing import Cost, Costing, bad_request, parse_body
+from bot.gateway.deadlines import HEADER as TIMEOUT_HEADER
+from bot.gateway.deadlines import BadTimeout, request_timeout
+from bot.gateway.limits import Limits
+from bot.gateway.metrics import CONTENT_TYPE, GatewayMetrics, Outcome
+from bot.gateway.relay import Exchange, Relay, send_problem, upstream_headers
+from bot.gateway.responses import HTTPProblem
+from bot.gateway.types import Receive, Scope, Send
+
+INFERENCE_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> is chat
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived."""
+
+
+class Gateway:
+    """An ASGI reverse proxy for one OpenAI-compatible engine; the upstream client is injected."""
+
+    def __init__(
+        self,
+        *,
+        client: httpx.AsyncClient,
+        limits: Limits | None = None,
+        costing: Costing | None = None,
+        admin_token: str | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.budget = TokenBudget(self.limits.max_inflight_tokens)
+        self.metrics = GatewayMetrics(self.budget)
+        self.costing = costing or Costing()
+        self.relay = Relay(client, clock=clock)
+        self.admin = Admin(token=admin_token, get_limits=lambda: self.limits, set_limits=self.set_limits)
+        self._clock = clock
+
+    def set_limits(self, limits: Limits) -> None:
+        """Put new limits in force; admitted requests keep their admission."""
+        self.limits = limits
+        self.budget.limit = limits.max_inflight_tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry point."""
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        chat = INFERENCE_PATHS.get(path)
+        if chat is not None and scope["method"] == "POST":
+            await self._inference(scope, receive, send, chat=chat)
+        elif path == "/metrics" and scope["method"] == "GET":
+            body = self.metrics.exposition()
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", CONTENT_TYPE), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+            await send({"type": "http.response.body", "body": body})
+        elif path.startswith("/admin/"):
+            await self.admin(scope, receive, send)
+        else:
+            await self._passthrough(scope, receive, send)
+
+    async def _inference(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
+        loop = asyncio.get_running_loop()
+        arrived, arrived_s = loop.time(), self._clock()
+        limits = self.limits
+        try:
+            timeout_s, raw = await self._read_request(scope, receive, limits)
+            body = parse_body(raw)
+            cost = self.costing.estimate(body, chat=chat, default_max_tokens=limits.default_max_tokens)
+        except ClientGone:
+            return
+        except HTTPProblem as problem:
+            await self._refuse(send, problem, Outcome.INVALID)
+            return
+        try:
+            self._admit(cost, limits)
+        except HTTPProblem as problem:
+            await self._refuse(send, problem, Outcome.REJECTED)
+            return
+        self.metrics.admitted(cost.prompt_tokens)
+        ex: Exchange | None = None
+        try:
+            ex = await self.relay.run(
+                method="POST", target=_target(scope), headers=upstream_headers(scope["headers"]),
+                body=raw, receive=receive, send=send, stream=cost.stream,
+                deadline_s=timeout_s - (loop.time() - arrived),
+                role_events=(body.get("n") or 1) if chat else 0,
+            )  # fmt: skip
+        finally:
+            self.budget.release(cost.total)
+            self._account(ex, cost, arrived_s=arrived_s)
+
+    async def _refuse(self, send: Send, problem: HTTPProblem, outcome: Outcome) -> None:
+        self.metrics.refused(outcome)
+        await send_problem(send, problem)
+
+    def _admit(self, cost: Cost, limits: Limits) -> None:
+        if not self.budget.fits_at_all(cost.total):
+            raise responses.over_whole_budget(cost.total, self.budget.limit)
+        if not self.budget.try_admit(cost.total):
+            raise responses.budget_spent(
+                cost.total, self.budget.in_flight_tokens, self.budget.limit, limits.retry_after_s
+            )
+
+    def _account(self, ex: Exchange | None, cost: Cost, *, arrived_s: float) -> None:
+        if ex is None:  # cancelled from outside (server shutdown)
+            self.metrics.finished(Outcome.CLIENT_CANCEL, prompt_tokens=cost.prompt_tokens,
+                                  output_tokens=0, ttft_s=None, tpot_s=None)  # fmt: skip
+            return
+        ttft = tpot = None
+        if cost.stream and ex.first_byte_s is not None:
+            ttft = ex.first_byte_s - arrived_s
+            tokens = ex.output_tokens
+            if ex.last_byte_s is not None and tokens > 1:
+                tpot = (ex.last_byte_s - ex.first_byte_s) / (tokens - 1)
+        self.metrics.finished(ex.outcome, prompt_tokens=cost.prompt_tokens,
+                              output_tokens=ex.output_tokens, ttft_s=ttft, tpot_s=tpot)  # fmt: skip
+
+    async def _read_request(self, scope: Scope, receive: Receive, limits: Limits) -> tuple[float, bytes]:
+        timeout_header = declared = None
+        for key, value in scope["headers"]:
+            if key == TIMEOUT_HEADER:
+                timeout_header = value.decode("latin-1")
+            elif key == b"content-length":
+                declared = value
+        try:
+            timeout_s = request_timeout(
+                timeout_header, default_s=limits.default_timeout_s, max_s=limits.max_timeout_s
+            )
+        except BadTimeout as exc:
+            raise bad_request(str(exc), "X-Request-Timeout") from None
+        return timeout_s, await read_body(receive, limit=limits.max_body_bytes, declared=declared)
+
+    async def _passthrough(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            raw = await read_body(receive, limit=self.limits.max_body_bytes, declared=None)
+        except ClientGone:
+            return
+        except HTTPProblem as problem:
+            await send_problem(send, problem)
+            return
+        await self.relay.run(
+            method=scope["method"], target=_target(scope), headers=upstream_headers(scope["headers"]),
+            body=raw, receive=receive, send=send, deadline_s=self.limits.max_timeout_s, stream=True,
+        )  # fmt: skip
+
+
+def _target(scope: Scope) -> str:
+    path = scope.get("raw_path") or scope["path"].encode()
+    query = scope.get("query_string") or b""
+    return (path + b"?" + query if query else path).decode("latin-1")
+
+
+async def read_body(receive: Receive, *, limit: int, declared: bytes | None) -> bytes:
+    """The whole request body, refused with 413 past ``limit`` bytes (before reading, if declared)."""
+    if declared is not None:
+        try:
+            size = int(declared)
+        except ValueError:
+            raise bad_request("Content-Length is not a number") from None
+        if size > limit:
+            raise responses.body_too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise responses.body_too_large(limit)
+        chunks.append(chunk)
+        if not message.get("more_body"):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,99 @@
+"""The gateway's runtime limits, and how they change while it runs (admin endpoint, SIGHUP).
+
+A change is validated as a whole (pydantic, unknown keys refused) and swapped in at once; open
+streams keep the admission they had, so applying an ADR's ``fix.gateway`` rules drops nothing.
+Durations accept the X-Request-Timeout syntax (``30``, ``2.5s``, ``500ms``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from bot.gateway.deadlines import BadTimeout, parse_timeout
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Limits in force; ``max_inflight_tokens`` 0 means no token budget."""
+
+    max_inflight_tokens: int = 0
+    default_timeout_s: float = 600.0
+    max_timeout_s: float = 3600.0
+    max_body_bytes: int = 8 * MiB
+    retry_after_s: int = 1
+    default_max_tokens: int = 1024
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain dict (the admin endpoint's JSON)."""
+        return dataclasses.asdict(self)
+
+
+class LimitsUpdate(BaseModel):
+    """A partial change of limits, as the admin endpoint or a limits file gives it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_inflight_tokens: int | None = Field(default=None, ge=0)
+    default_timeout_s: float | None = None
+    max_timeout_s: float | None = None
+    max_body_bytes: int | None = Field(default=None, ge=1024)
+    retry_after_s: int | None = Field(default=None, ge=1)
+    default_max_tokens: int | None = Field(default=None, ge=1)
+
+    @field_validator("default_timeout_s", "max_timeout_s", mode="before")
+    @classmethod
+    def _duration(cls, value: object) -> object:
+        if isinstance(value, str):
+            try:
+                return parse_timeout(value)
+            except BadTimeout as exc:
+                raise ValueError(str(exc).replace("X-Request-Timeout", "duration")) from None
+        if isinstance(value, int | float) and not isinstance(value, bool) and value <= 0:
+            raise ValueError("must be a positive duration")
+        return value
+
+
+class LimitsError(ValueError):
+    """A limits change that cannot be applied; the message says what to fix."""
+
+
+def updated(limits: Limits, change: Mapping[str, Any]) -> Limits:
+    """``limits`` with ``change`` applied; raise LimitsError when the change is invalid."""
+    try:
+        update = LimitsUpdate.model_validate(dict(change))
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
+        )
+        raise LimitsError(problems) from None
+    new = dataclasses.replace(limits, **update.model_dump(exclude_none=True))
+    if new.default_timeout_s > new.max_timeout_s:
+        raise LimitsError(
+            f"default_timeout_s ({new.default_timeout_s:g}) is above max_timeout_s "
+            f"({new.max_timeout_s:g})"
+        )
+    return new
+
+
+def read_limits_file(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML or JSON limits file; raise LimitsError when unreadable."""
+    try:
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise LimitsError(f"cannot read limits file {path}: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise LimitsError(f"limits file {path} must hold a mapping of limit names to values")
+    return data

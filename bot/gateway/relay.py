@@ -1,0 +1,199 @@
+"""One proxied exchange with the engine: send upstream, stream back, enforce deadline and cancel.
+
+The whole exchange runs inside one ``asyncio.timeout``: the request's deadline, which a watcher
+of the client connection pulls in to "now" when the client goes away. Either way the task is
+cancelled at whatever it awaits, leaving the upstream response closes its connection, and vLLM
+aborts the request. The hot loop does no JSON parsing: tokens are read from the last
+``"completion_tokens":`` of each chunk when the client asked for usage, else counted as choice
+events (``"index":``, minus chat's role-only first event).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from bot.gateway import responses
+from bot.gateway.metrics import Outcome
+from bot.gateway.types import Headers, Receive, Send
+
+USAGE_KEY = b'"completion_tokens":'
+CHOICE_KEY = b'"index":'
+_NUMBER = re.compile(rb"\s*(\d+)")
+HOP_BY_HOP = frozenset(
+    (b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"te",
+     b"trailer", b"upgrade", b"host", b"content-length", b"expect", b"x-request-timeout")
+)  # fmt: skip
+RESPONSE_DROP = frozenset(
+    (b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"date", b"server")
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class Exchange:
+    """What happened in one exchange: how it ended, when bytes flowed, how many tokens."""
+
+    outcome: Outcome = Outcome.CLIENT_CANCEL
+    status: int | None = None
+    first_byte_s: float | None = None
+    last_byte_s: float | None = None
+    counted_tokens: int = 0
+    usage_tokens: int | None = None
+    role_events: int = 0
+    head_sent: bool = False
+    done: bool = False
+    client_gone: bool = False
+
+    @property
+    def output_tokens(self) -> int:
+        """Tokens the engine streamed to us (exact when the stream carried usage)."""
+        if self.usage_tokens is not None:
+            return self.usage_tokens
+        return max(self.counted_tokens - self.role_events, 0)
+
+
+def upstream_headers(headers: Headers) -> list[tuple[bytes, bytes]]:
+    """The client's headers minus hop-by-hop ones and our own deadline header."""
+    return [(k, v) for k, v in headers if k not in HOP_BY_HOP]
+
+
+def _response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in response.headers.raw if k.lower() not in RESPONSE_DROP]
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class Relay:
+    """Runs exchanges against one upstream client; time comes from an injected clock."""
+
+    def __init__(
+        self, client: httpx.AsyncClient, *, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        self.client = client
+        self.clock = clock
+
+    async def run(
+        self,
+        *,
+        method: str,
+        target: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes,
+        receive: Receive,
+        send: Send,
+        deadline_s: float,
+        stream: bool,
+        role_events: int = 0,
+    ) -> Exchange:
+        """Proxy one request until it ends; the client always gets a complete response."""
+        ex = Exchange(role_events=role_events)
+        loop = asyncio.get_running_loop()
+        watcher = loop.create_task(_wait_disconnect(receive))
+        try:
+            async with asyncio.timeout(deadline_s) as timeout:
+
+                def on_disconnect(task: asyncio.Task[None]) -> None:
+                    if task.cancelled() or ex.done:
+                        return
+                    ex.client_gone = True
+                    try:
+                        timeout.reschedule(loop.time())
+                    except RuntimeError:
+                        pass  # the deadline is already firing; it ends the exchange anyway
+
+                watcher.add_done_callback(on_disconnect)
+                request = self.client.build_request(method, target, headers=headers, content=body)
+                response = await self.client.send(request, stream=True)
+                try:
+                    ex.status = response.status_code
+                    if stream and response.status_code == 200:
+                        await self._stream(response, send, ex)
+                    else:
+                        payload = b"".join([c async for c in response.aiter_raw()])
+                        ex.first_byte_s = ex.last_byte_s = self.clock()
+                        _count(payload, ex)
+                        ex.done = True
+                        hdrs = _response_headers(response)
+                        hdrs.append((b"content-length", str(len(payload)).encode()))
+                        await send({"type": "http.response.start", "status": ex.status, "headers": hdrs})
+                        ex.head_sent = True
+                        await send({"type": "http.response.body", "body": payload})
+                finally:
+                    await response.aclose()
+            ex.outcome = _finished(ex)
+        except TimeoutError:
+            if ex.done:  # fired while closing a response that was already complete
+                ex.outcome = _finished(ex)
+            elif ex.client_gone:
+                ex.outcome = Outcome.CLIENT_CANCEL
+            else:
+                ex.outcome = Outcome.DEADLINE
+                await self._fail(send, ex, responses.deadline_mid_stream(deadline_s),
+                                 responses.deadline_before_output(deadline_s))  # fmt: skip
+        except httpx.HTTPError as exc:
+            ex.outcome = Outcome.UPSTREAM_ERROR
+            detail = str(exc) or type(exc).__name__
+            await self._fail(send, ex, responses.upstream_broke_mid_stream(detail),
+                             responses.upstream_unreachable(detail))  # fmt: skip
+        finally:
+            watcher.cancel()
+        return ex
+
+    async def _stream(self, response: httpx.Response, send: Send, ex: Exchange) -> None:
+        hdrs = _response_headers(response)
+        chunks = response.aiter_raw()
+        counted = 0
+        usage = None
+        async for chunk in chunks:
+            if not ex.head_sent:
+                # Headers go out with the first event, so a deadline hit during prefill is a 504.
+                ex.first_byte_s = self.clock()
+                await send({"type": "http.response.start", "status": 200, "headers": hdrs})
+                ex.head_sent = True
+            k = chunk.rfind(USAGE_KEY)
+            if k >= 0 and (m := _NUMBER.match(chunk, k + len(USAGE_KEY))) and m.end() < len(chunk):
+                usage = int(m.group(1))
+            counted += chunk.count(CHOICE_KEY)
+            ex.counted_tokens = counted
+            ex.usage_tokens = usage
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        ex.last_byte_s = self.clock()
+        ex.done = True
+        if not ex.head_sent:
+            await send({"type": "http.response.start", "status": 200, "headers": hdrs})
+            ex.head_sent = True
+        await send({"type": "http.response.body", "body": b""})
+
+    @staticmethod
+    async def _fail(send: Send, ex: Exchange, event: bytes, problem: responses.HTTPProblem) -> None:
+        if ex.head_sent:
+            await send({"type": "http.response.body", "body": event})
+        else:
+            await send_problem(send, problem)
+
+
+def _finished(ex: Exchange) -> Outcome:
+    return Outcome.OK if ex.status is not None and ex.status < 400 else Outcome.UPSTREAM_ERROR
+
+
+def _count(payload: bytes, ex: Exchange) -> None:
+    k = payload.rfind(USAGE_KEY)
+    if k >= 0 and (m := _NUMBER.match(payload, k + len(USAGE_KEY))):
+        ex.usage_tokens = int(m.group(1))
+    ex.counted_tokens = payload.count(CHOICE_KEY)
+
+
+async def send_problem(send: Send, problem: responses.HTTPProblem) -> None:
+    """Answer with an OpenAI-shaped JSON error."""
+    body = problem.body()
+    headers = [*responses.JSON_HEADERS, (b"content-length", str(len(body)).encode()), *problem.headers]
+    await send({"type": "http.response.start", "status": problem.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

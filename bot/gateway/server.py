@@ -1,0 +1,101 @@
+"""Serving the gateway: the default upstream client, uvicorn settings, and SIGHUP reload.
+
+``GatewayServer`` runs the app on uvicorn (uvloop + httptools) inside the running event loop, as
+an async context manager, so the CLI, the tests and the bench start it the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+import uvicorn
+
+from bot.gateway.app import Gateway
+from bot.gateway.limits import LimitsError, read_limits_file, updated
+
+log = logging.getLogger("ruleloop.gateway")
+
+
+def upstream_client(upstream: str, *, connect_timeout_s: float = 10.0) -> httpx.AsyncClient:
+    """The upstream client: no read timeout (deadlines are the gateway's), no connection cap."""
+    return httpx.AsyncClient(
+        base_url=upstream.rstrip("/"),
+        timeout=httpx.Timeout(None, connect=connect_timeout_s),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024),
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
+def reload_limits(gateway: Gateway, path: Path) -> bool:
+    """Apply the limits file to the running gateway; log and keep the old limits if it is bad."""
+    try:
+        gateway.set_limits(updated(gateway.limits, read_limits_file(path)))
+    except LimitsError as exc:
+        log.error("limits not reloaded: %s", exc)
+        return False
+    log.warning("limits reloaded from %s: %s", path, gateway.limits.as_dict())
+    return True
+
+
+class GatewayServer:
+    """Runs a Gateway on uvicorn in this event loop until the context exits."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        limits_file: Path | None = None,
+        log_level: str = "warning",
+    ) -> None:
+        self.gateway = gateway
+        self.limits_file = limits_file
+        config = uvicorn.Config(
+            gateway, host=host, port=port, loop="none", http="httptools", ws="none",
+            lifespan="off", access_log=False, server_header=False, date_header=False,
+            log_level=log_level, backlog=4096, timeout_keep_alive=30,
+        )  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def base_url(self) -> str:
+        """http://host:port the gateway listens on (the real port when 0 was asked for)."""
+        sock = self.server.servers[0].sockets[0]
+        host, port = sock.getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    async def __aenter__(self) -> GatewayServer:
+        self._task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            if self._task.done():
+                self._task.result()  # raises why it could not start
+                raise RuntimeError("the gateway server stopped before it started")
+            await asyncio.sleep(0.01)
+        if self.limits_file is not None:
+            path = self.limits_file
+            asyncio.get_running_loop().add_signal_handler(
+                signal.SIGHUP, lambda: reload_limits(self.gateway, path)
+            )
+        return self
+
+    async def wait(self) -> None:
+        """Serve until the server stops (Ctrl-C or SIGTERM in the CLI)."""
+        assert self._task is not None
+        await self._task
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.limits_file is not None:
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        self.server.should_exit = True
+        if self._task is not None:
+            await self._task

@@ -1,0 +1,1 @@
+"""`ruleloop tune`: measure vLLM configurations with the canary and draft the ADR."""

@@ -1,0 +1,100 @@
+"""Writes the proposed ADR a tune run ends with: its context, measured matrix and rules."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+from pathlib import Path
+
+from bot.adr import vllm_args
+from bot.adr.models import Adr, MatrixRow
+from bot.tune.matrix import Row, source_note
+from bot.tune.plan import TunePlan
+
+NO_PICK = "无配置达标 (no configuration met the gates): 保持现有配置，查明原因后再调优 (keep the current flags)."
+
+
+def build_draft(
+    plan: TunePlan, rows: list[Row], *, adr_id: str, day: dt.date, runs_dir: Path, base: Path
+) -> Adr:
+    """The proposed ADR for a finished run; the recommended row's flags become its fix."""
+    pick = next((row for row in rows if row.recommended), None)
+    return Adr(
+        id=adr_id,
+        title=plan.title,
+        status="proposed",
+        date=day,
+        deciders=plan.deciders,
+        match=plan.match,
+        fix={"engine_args": pick.config.engine_args if pick else {}, "gateway": plan.gateway},
+        gates=plan.gates,
+        context=_context(plan, rows),
+        matrix=[_matrix_row(row) for row in rows],
+        matrix_notes=_notes(plan, rows, runs_dir=runs_dir, base=base),
+        rules=_rules(plan, pick),
+    )
+
+
+def _matrix_row(row: Row) -> MatrixRow:
+    v = row.values
+    return MatrixRow(
+        config=row.config.label(),
+        ttft_p99_ms=v.ttft_p99_ms if v else None,
+        tpot_p99_ms=v.tpot_p99_ms if v else None,
+        goodput_ratio=v.goodput_ratio if v else None,
+        kv_fragmentation=v.kv_fragmentation if v else None,
+        verdict=row.verdict(),
+    )
+
+
+def _context(plan: TunePlan, rows: list[Row]) -> str:
+    lines = [plan.context.strip()] if plan.context.strip() else []
+    lines.append(
+        f"`ruleloop tune` measured {len(rows)} vLLM configurations one after another, each on a "
+        f"freshly started engine, under the same canary workload (vLLM {vllm_args.version()}, "
+        f"{platform.machine()} {platform.system()})."
+    )
+    lines.append("")
+    lines.append(f"- measured: {plan.workload.describe()}")
+    lines += [f"- background: {b.describe(background=True)}" for b in plan.background]
+    return "\n".join(lines)
+
+
+def _notes(plan: TunePlan, rows: list[Row], *, runs_dir: Path, base: Path) -> str:
+    notes = [source_note(mixed=bool(plan.background))]
+    cited = [Path(r.report_path) for r in rows if r.report_path]
+    if cited:
+        where = _relative(runs_dir, base)
+        notes.append(f"Canary JSON per row, in `{where}/`: " + ", ".join(f"`{p.name}`" for p in cited) + ".")
+    return "\n\n".join(notes)
+
+
+def _relative(path: Path, base: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(base.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _rules(plan: TunePlan, pick: Row | None) -> list[str]:
+    if pick is None:
+        return [NO_PICK]
+    argv = " ".join(pick.config.argv) or "(vLLM defaults)"
+    rules = [f"推荐配置 (recommended) `{pick.config.name}`: vLLM 启动参数 `{argv}` (front matter `fix.engine_args`)."]
+    gates = plan.gates
+    if gates is not None and not gates.is_empty():
+        parts = [
+            f"--max-ttft-p99-ms {gates.max_ttft_p99_ms:g}" if gates.max_ttft_p99_ms else "",
+            f"--max-tpot-p99-ms {gates.max_tpot_p99_ms:g}" if gates.max_tpot_p99_ms else "",
+            f"--min-goodput-ratio {gates.min_goodput_ratio:g}" if gates.min_goodput_ratio is not None else "",
+            f"--max-kv-fragmentation {gates.max_kv_fragmentation:g}" if gates.max_kv_fragmentation is not None else "",
+        ]
+        gate_flags = " ".join(p for p in parts if p)
+        rules.append(f"发布门禁 (release gate): `python3 -m latency_checker --endpoint <canary> {gate_flags}`.")
+    if plan.gateway is not None:
+        g = plan.gateway
+        if g.require_request_timeout:
+            rules.append(f"代理层必须校验 {g.timeout_header} (the gateway requires a request timeout).")
+        if g.drop_on_cancel:
+            rules.append("客户端 Cancel 时立即中止上游请求，丢弃残余计算 (drop work on cancel).")
+    return rules

@@ -1,0 +1,99 @@
+"""Runs the canary for one configuration, with optional background load competing with it.
+
+The measured canary scrapes the engine and computes the four metrics. Background classes (for
+example long shared-system-prompt requests beside short chats) load the same engine from the
+start until the measured canary is done, then are cancelled; their client-side numbers are
+kept in the report under ``background``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from bot.canary.report import CanaryReport, Gates
+from bot.canary.runner import CanaryRun, Progress
+from bot.canary.workload import Workload
+
+# Let background load reach its steady state before the measured window opens.
+BACKGROUND_LEAD_S = 2.0
+
+
+def measure(
+    workload: Workload,
+    *,
+    gates: Gates,
+    metrics_url: str | None,
+    background: Sequence[tuple[str, Workload]] = (),
+    sample_interval_s: float = 0.5,
+    on_progress: Callable[[Progress], None] | None = None,
+    progress_interval_s: float = 5.0,
+) -> dict[str, Any]:
+    """Run the canary (and its background load); return the canary JSON report."""
+    return asyncio.run(
+        _measure(
+            workload, gates=gates, metrics_url=metrics_url, background=background,
+            sample_interval_s=sample_interval_s, on_progress=on_progress,
+            progress_interval_s=progress_interval_s,
+        )  # fmt: skip
+    )
+
+
+async def _measure(
+    workload: Workload,
+    *,
+    gates: Gates,
+    metrics_url: str | None,
+    background: Sequence[tuple[str, Workload]],
+    sample_interval_s: float,
+    on_progress: Callable[[Progress], None] | None,
+    progress_interval_s: float,
+) -> dict[str, Any]:
+    runs = [(name, CanaryRun(w, metrics_url=None)) for name, w in background]
+    started = time.perf_counter()
+    tasks = [asyncio.create_task(run.run()) for _, run in runs]
+    try:
+        if tasks:
+            await asyncio.sleep(BACKGROUND_LEAD_S)
+            _raise_if_failed(tasks)
+        canary = CanaryRun(
+            workload, gates=gates, metrics_url=metrics_url, sample_interval_s=sample_interval_s,
+            on_progress=on_progress, progress_interval_s=progress_interval_s,
+        )  # fmt: skip
+        report = await canary.run()
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    out = report.as_dict() | {"timeline": report.timeline}  # type: ignore[attr-defined]
+    if runs:
+        wall = time.perf_counter() - started
+        out["background"] = [_client_side(name, run, wall) for name, run in runs]
+    return out
+
+
+def _raise_if_failed(tasks: Sequence[asyncio.Task[CanaryReport]]) -> None:
+    for task in tasks:
+        if task.done() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+
+def _client_side(name: str, run: CanaryRun, wall_s: float) -> dict[str, Any]:
+    """What a background class saw, from its finished requests (client side only)."""
+    finished = [r for r in run.records if r.outcome is not None]
+    report = CanaryReport(
+        workload={"name": name, **_plain(run.workload)}, records=finished, engine=None,
+        samples=[], gates=Gates(), wall_s=wall_s, client_cpu_s=0.0,
+    )  # fmt: skip
+    data = report.as_dict()
+    return {key: data[key] for key in ("workload", "ttft_ms", "tpot_ms", "requests", "tokens", "errors")}
+
+
+def _plain(workload: Workload) -> dict[str, Any]:
+    return {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(workload).items()}

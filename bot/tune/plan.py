@@ -1,0 +1,150 @@
+"""What `ruleloop tune` runs: a baseline flag set, named experiments, one canary workload.
+
+A plan comes from a YAML file or from command-line options. Every configuration's flags are
+checked against the tunable-flag allowlist before any engine starts, so a typo fails the run
+in the first second, not after the baseline has been measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bot.adr.flags import canonical, check_engine_args, to_argv
+from bot.adr.models import AdrGates, Condition, EngineValue, GatewayRules
+from bot.canary.workload import Workload, check
+from bot.errors import UsageError
+
+BASELINE = "baseline"
+# Background load runs until the measured canary is done, then it is cancelled.
+BACKGROUND_DURATION_S = 24 * 3600.0
+
+
+class WorkloadSpec(BaseModel):
+    """One canary workload (the measured one, or a background class competing with it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(default="canary", pattern=r"^[A-Za-z0-9._-]+$")
+    api: Literal["completions", "chat"] = "completions"
+    concurrency: int = Field(default=8, ge=1)
+    num_requests: int = Field(default=32, ge=1)
+    request_rate: float | None = Field(default=None, gt=0)
+    prompt_length: int = Field(default=128, ge=1)
+    prefix_length: int = Field(default=0, ge=0)
+    output_length: int = Field(default=32, ge=1)
+    warmup_requests: int = Field(default=0, ge=0)
+    cancel_share: float = Field(default=0.0, ge=0, le=1)
+    cancel_after_ms: float = Field(default=500.0, gt=0)
+    seed: int = 0
+
+    def workload(self, base_url: str, *, background: bool = False) -> Workload:
+        """The canary Workload against an engine at ``base_url``."""
+        path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
+        fields = self.model_dump(exclude={"name", "api"})
+        if background:
+            fields |= {"num_requests": None, "warmup_requests": 0}
+        workload = Workload(
+            endpoint=base_url + path,
+            duration_s=BACKGROUND_DURATION_S if background else None,
+            **fields,
+        )
+        problems = check(workload)
+        if problems:
+            raise UsageError(f"workload {self.name!r}: " + "; ".join(problems))
+        return workload
+
+    def describe(self, *, background: bool = False) -> str:
+        """One line, e.g. 'chat: 32 requests, 8 streams, 128 prompt (0 shared) + 32 output tokens'."""
+        count = "alongside until the canary ends" if background else f"{self.num_requests} requests"
+        rate = f", {self.request_rate:g} req/s" if self.request_rate else ""
+        cancel = f", {self.cancel_share:.0%} cancel after {self.cancel_after_ms:g} ms" if self.cancel_share else ""
+        return (
+            f"{self.name}: {count}, {self.concurrency} streams{rate}, {self.prompt_length} prompt "
+            f"({self.prefix_length} shared prefix) + {self.output_length} output tokens{cancel}"
+        )
+
+
+class Experiment(BaseModel):
+    """A named set of flag changes to the baseline (null removes a baseline flag)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9._=-]+$", max_length=40)
+    engine_args: dict[str, EngineValue | None] = Field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration to measure: its name, the flag changes and the full flags."""
+
+    name: str
+    changes: dict[str, EngineValue | None]
+    engine_args: dict[str, EngineValue]
+    argv: list[str]
+
+    def label(self) -> str:
+        """The matrix's 配置参数 cell: name and the flags that differ from the baseline."""
+        if self.name == BASELINE:
+            return f"{BASELINE}: `{' '.join(self.argv)}`" if self.argv else f"{BASELINE} (vLLM defaults)"
+        parts = [" ".join(to_argv({k: v})) if v is not None else f"no --{k}" for k, v in self.changes.items()]
+        return f"{self.name}: `{' '.join(parts)}`"
+
+
+class TunePlan(BaseModel):
+    """The whole experiment: configurations, workload, gates, and what the draft should say."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    title: str = Field(default="vLLM tuning experiment", min_length=1, max_length=200)
+    context: str = ""
+    deciders: list[str] = Field(default_factory=list)
+    baseline: dict[str, EngineValue] = Field(default_factory=dict)
+    experiments: list[Experiment] = Field(min_length=1)
+    workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
+    background: list[WorkloadSpec] = Field(default_factory=list)
+    gates: AdrGates | None = None
+    match: list[Condition] = Field(default_factory=list)
+    gateway: GatewayRules | None = None
+
+    def configs(self, *, source: str = "plan") -> list[Config]:
+        """Baseline first, then each experiment; UsageError on a flag the allowlist refuses."""
+        names = [BASELINE] + [e.name for e in self.experiments]
+        if len(set(names)) != len(names):
+            raise UsageError(f"{source}: experiment names must be unique and not {BASELINE!r}: {names}")
+        configs = [_config(BASELINE, {}, self.baseline, source=f"{source}: baseline")]
+        for exp in self.experiments:
+            merged: dict[str, EngineValue] = {canonical(k): v for k, v in self.baseline.items()}
+            for key, value in exp.engine_args.items():
+                if value is None:
+                    merged.pop(canonical(key), None)
+                else:
+                    merged[canonical(key)] = value
+            configs.append(_config(exp.name, exp.engine_args, merged, source=f"{source}: experiment {exp.name}"))
+        return configs
+
+
+def _config(name: str, changes: dict[str, EngineValue | None], args: dict[str, EngineValue], *, source: str) -> Config:
+    problems = check_engine_args({k: v for k, v in changes.items() if v is not None}) + check_engine_args(args)
+    if problems:
+        field, why = problems[0]
+        raise UsageError(f"{source}: {field.removeprefix('fix.engine_args.')}: {why}")
+    return Config(name=name, changes=dict(changes), engine_args=dict(args), argv=to_argv(args))
+
+
+def load_plan(path: Path) -> TunePlan:
+    """Read a YAML plan; UsageError naming the file, the field and why."""
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise UsageError(f"{path}: cannot read the plan: {exc}") from exc
+    try:
+        return TunePlan.model_validate(data)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        field = ".".join(str(part) for part in error["loc"]) or "plan"
+        raise UsageError(f"{path}: {field}: {error['msg']}") from exc

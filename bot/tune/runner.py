@@ -1,0 +1,122 @@
+"""The experiment runner: each configuration in turn on a fresh engine, the same canary each time.
+
+A configuration vLLM refuses becomes a row that says so, with vLLM's reason, and the run goes
+on; so does one whose canary cannot run. Each row's canary JSON is written as soon as it is
+measured, into the directory the draft's matrix cites.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from bot.adr.render import format_ms, format_pct
+from bot.canary.render import progress_line
+from bot.canary.report import Gates
+from bot.engine.process import START_TIMEOUT_S, EngineManager, free_port
+from bot.errors import EngineError, RuleloopError
+from bot.tune.matrix import Row, gate_failures, values_of
+from bot.tune.measure import measure
+from bot.tune.plan import Config, TunePlan
+
+Echo = Callable[[str], None]
+
+
+class TuneRunner:
+    """Measures every configuration of a plan on engines started by ``manager``."""
+
+    def __init__(
+        self,
+        *,
+        plan: TunePlan,
+        manager: EngineManager,
+        runs_dir: Path,
+        echo: Echo = lambda line: None,
+        start_timeout_s: float = START_TIMEOUT_S,
+        sample_interval_s: float = 0.5,
+    ) -> None:
+        self.plan = plan
+        self.manager = manager
+        self.runs_dir = runs_dir
+        self.echo = echo
+        self.start_timeout_s = start_timeout_s
+        self.sample_interval_s = sample_interval_s
+        self.configs = plan.configs()
+
+    @property
+    def mixed(self) -> bool:
+        """Whether background load shares the engine with the measured canary."""
+        return bool(self.plan.background)
+
+    def run(self) -> list[Row]:
+        """Measure each configuration in turn; one row per configuration, in plan order."""
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        rows = []
+        for index, config in enumerate(self.configs, start=1):
+            tag = f"[{index}/{len(self.configs)}] {config.name}"
+            row = self._one(config, tag)
+            row.report_path = str(self._write(index, config, row))
+            rows.append(row)
+        return rows
+
+    def _one(self, config: Config, tag: str) -> Row:
+        port = free_port()
+        flags = " ".join(config.argv) or "(vLLM defaults)"
+        self.echo(f"{tag}: starting vLLM on port {port}: {flags}")
+        try:
+            info = self.manager.start(
+                port=port, flags=config.argv, timeout_s=self.start_timeout_s,
+                on_progress=lambda line: self.echo(f"{tag}: {line}"),
+            )  # fmt: skip
+        except EngineError as exc:
+            self.echo(f"{tag}: refused: {exc}")
+            return Row(config, error=str(exc), refused=True)
+        try:
+            return self._measure(config, tag, info.base_url)
+        finally:
+            self.manager.stop(port)
+
+    def _measure(self, config: Config, tag: str, base_url: str) -> Row:
+        spec = self.plan.workload
+        self.echo(f"{tag}: canary {spec.describe()}")
+        try:
+            background = [(b.name, b.workload(base_url, background=True)) for b in self.plan.background]
+            report = measure(
+                spec.workload(base_url),
+                gates=self.plan.gates.to_canary() if self.plan.gates else Gates(),
+                metrics_url=f"{base_url}/metrics",
+                background=background,
+                sample_interval_s=self.sample_interval_s,
+                on_progress=lambda p: self.echo(f"{tag}: {progress_line(p)}"),
+            )
+        except RuleloopError as exc:
+            self.echo(f"{tag}: canary failed: {exc}")
+            return Row(config, error=str(exc))
+        values = values_of(report, mixed=self.mixed)
+        row = Row(config, values=values, failures=gate_failures(values, self.plan.gates), report=report)
+        self.echo(f"{tag}: {_summary(row)}")
+        return row
+
+    def _write(self, index: int, config: Config, row: Row) -> Path:
+        path = self.runs_dir / f"{index:02d}-{config.name}.json"
+        data = {
+            "config": config.name,
+            "engine_args": config.engine_args,
+            "argv": config.argv,
+            "refused": row.refused,
+            "error": row.error,
+            "report": row.report,
+        }
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+        return path
+
+
+def _summary(row: Row) -> str:
+    v = row.values
+    assert v is not None
+    verdict = "PASS" if not row.failures else "FAIL: " + "; ".join(row.failures)
+    return (
+        f"TTFT p99 {format_ms(v.ttft_p99_ms)}  TPOT p99 {format_ms(v.tpot_p99_ms)}  "
+        f"goodput {format_pct(v.goodput_ratio)}  frag {format_pct(v.kv_fragmentation)}  -> {verdict}"
+    )

@@ -1,0 +1,366 @@
+"""The gateway app on a real uvicorn server, in front of a scripted engine (httpx.MockTransport).
+
+The scripted engine streams SSE events when told to and records every request it got and every
+stream the gateway closed, so each test can check what reached the engine and what was dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from bot.gateway.app import Gateway
+from bot.gateway.limits import Limits
+from bot.gateway.server import GatewayServer
+from bot.probes.exposition import Exposition
+
+ADMIN_TOKEN = "s3cret"
+
+
+def event(i: int) -> bytes:
+    """One completions chunk as vLLM streams it (with continuous usage)."""
+    chunk = {"id": "cmpl-1", "object": "text_completion", "model": "m",
+             "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}],
+             "usage": {"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": i + 4}}  # fmt: skip
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+class Script(httpx.AsyncByteStream):
+    """A streamed body: ``tokens`` events, each released by the engine's ``step`` event."""
+
+    def __init__(self, engine: ScriptedEngine, tokens: int) -> None:
+        self.engine, self.tokens = engine, tokens
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for i in range(self.tokens):
+            if self.engine.gated:
+                await self.engine.step.get()
+            yield event(i)
+        yield b"data: [DONE]\n\n"
+
+    async def aclose(self) -> None:
+        self.engine.closed += 1
+
+
+class Body(httpx.AsyncByteStream):
+    """A whole body, streamed the way a real transport hands it over (not preloaded)."""
+
+    def __init__(self, data: object) -> None:
+        self.data = json.dumps(data).encode()
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self.data
+
+
+def json_response(status: int, data: object) -> httpx.Response:
+    """A JSON response as a real transport would produce it."""
+    return httpx.Response(status, headers={"content-type": "application/json"}, stream=Body(data))
+
+
+class ScriptedEngine:
+    """Stand-in for vLLM behind httpx.MockTransport."""
+
+    def __init__(self, *, gated: bool = False, stall: bool = False) -> None:
+        self.requests: list[httpx.Request] = []
+        self.closed = 0
+        self.gated = gated
+        self.stall = stall
+        self.step: asyncio.Queue[None] = asyncio.Queue()
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        if request.url.path == "/v1/models":
+            return json_response(200, {"object": "list", "data": [{"id": "m"}]})
+        if self.stall:
+            await asyncio.Event().wait()  # never answers: only a deadline or a cancel ends this
+        body = json.loads(request.content)
+        if body.get("model") != "m":
+            return json_response(404, {"error": {"message": "no such model", "code": 404}})
+        tokens = body.get("max_tokens", 4)
+        if body.get("stream"):
+            return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Script(self, tokens))
+        return json_response(200, {"choices": [{"index": 0, "text": "x" * tokens}],
+                                   "usage": {"completion_tokens": tokens}})  # fmt: skip
+
+
+@pytest.fixture
+async def make_gateway():
+    """Start a gateway (real uvicorn) in front of a scripted engine; stop it after the test."""
+    stack: list[tuple[GatewayServer, httpx.AsyncClient]] = []
+
+    async def start(engine: ScriptedEngine, **limits: object) -> tuple[str, Gateway]:
+        upstream = httpx.AsyncClient(transport=httpx.MockTransport(engine), base_url="http://engine")
+        app = Gateway(client=upstream, limits=Limits(**limits), admin_token=ADMIN_TOKEN)  # type: ignore[arg-type]
+        server = GatewayServer(app)
+        await server.__aenter__()
+        stack.append((server, upstream))
+        return server.base_url, app
+
+    yield start
+    for server, upstream in reversed(stack):
+        await server.__aexit__(None, None, None)
+        await upstream.aclose()
+
+
+async def scrape(client: httpx.AsyncClient, base: str) -> Exposition:
+    """The gateway's own /metrics, parsed."""
+    return Exposition.parse((await client.get(f"{base}/metrics")).text, at=0.0)
+
+
+def outcome(page: Exposition, name: str) -> float:
+    """requests_total for one outcome."""
+    return page.total("ruleloop_gateway_requests_total", where={"outcome": name}) or 0.0
+
+
+STREAM = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stream": True}
+
+
+async def test_gateway_streams_the_engines_bytes_unchanged(make_gateway) -> None:
+    base, _ = await make_gateway(ScriptedEngine())
+    async with httpx.AsyncClient() as client:
+        response = await client.post(f"{base}/v1/completions", json=STREAM)
+        page = await scrape(client, base)
+    assert response.status_code == 200
+    assert response.content == b"".join(event(i) for i in range(4)) + b"data: [DONE]\n\n"
+    assert outcome(page, "ok") == 1
+    assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "delivered"}) == 4
+    assert page.total("ruleloop_gateway_prompt_tokens_total", where={"kind": "admitted"}) == 3
+    assert page.total("ruleloop_gateway_ttft_seconds_count") == 1
+    assert page.total("ruleloop_gateway_tpot_seconds_count") == 1
+
+
+async def test_gateway_passes_other_paths_through(make_gateway) -> None:
+    engine = ScriptedEngine()
+    base, _ = await make_gateway(engine)
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"{base}/v1/models?x=1")
+        page = await scrape(client, base)
+    assert response.json()["data"][0]["id"] == "m"
+    assert str(engine.requests[0].url) == "http://engine/v1/models?x=1"
+    assert sum(outcome(page, o) for o in ("ok", "invalid", "rejected")) == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "param"),
+    [
+        (b"{not json", {}, None),
+        (b"[1, 2]", {}, None),
+        (json.dumps({"prompt": [1], "max_tokens": 2}).encode(), {}, "model"),
+        (json.dumps({"model": "m", "max_tokens": 2}).encode(), {}, "prompt"),
+        (json.dumps(STREAM).encode(), {"X-Request-Timeout": "soon"}, "X-Request-Timeout"),
+        (json.dumps(STREAM).encode(), {"X-Request-Timeout": "-5"}, "X-Request-Timeout"),
+    ],
+)
+async def test_gateway_refuses_bad_input_with_400_and_admits_nothing(
+    make_gateway, content: bytes, headers: dict[str, str], param: str | None
+) -> None:
+    engine = ScriptedEngine()
+    base, app = await make_gateway(engine)
+    async with httpx.AsyncClient() as client:
+        response = await client.post(
+            f"{base}/v1/completions", content=content, headers={"content-type": "application/json", **headers}
+        )
+        page = await scrape(client, base)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param and error["message"]
+    assert engine.requests == [] and app.budget.in_flight_tokens == 0
+    assert outcome(page, "invalid") == 1
+    assert page.total("ruleloop_gateway_prompt_tokens_total", where={"kind": "admitted"}) == 0
+
+
+@pytest.mark.parametrize("declared", [True, False])
+async def test_gateway_refuses_huge_bodies_with_413(make_gateway, declared: bool) -> None:
+    engine = ScriptedEngine()
+    base, _ = await make_gateway(engine, max_body_bytes=4096)
+    huge = json.dumps({"model": "m", "prompt": "x" * 10_000}).encode()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(huge), 1000):
+            yield huge[i : i + 1000]
+
+    async with httpx.AsyncClient() as client:
+        content = huge if declared else chunks()
+        response = await client.post(f"{base}/v1/completions", content=content)
+        page = await scrape(client, base)
+    assert response.status_code == 413
+    assert "4096 bytes" in response.json()["error"]["message"]
+    assert engine.requests == [] and outcome(page, "invalid") == 1
+
+
+async def test_gateway_answers_429_with_retry_after_when_the_budget_is_spent(make_gateway) -> None:
+    engine = ScriptedEngine(gated=True)
+    base, app = await make_gateway(engine, max_inflight_tokens=10, retry_after_s=3)
+    body = {"model": "m", "prompt": [1, 2], "max_tokens": 5, "stream": True}  # costs 7
+    async with httpx.AsyncClient() as client:
+        engine.step.put_nowait(None)  # headers go out with the first event
+        async with client.stream("POST", f"{base}/v1/completions", json=body) as first:
+            lines = first.aiter_lines()
+            assert (await anext(lines)).startswith("data: ")
+            assert app.budget.in_flight_tokens == 7
+            refused = await client.post(f"{base}/v1/completions", json=body)
+            for _ in range(4):
+                engine.step.put_nowait(None)
+            rest = [line async for line in lines if line]
+        page = await scrape(client, base)
+    assert rest[-1] == "data: [DONE]"
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "3"
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert refused.json()["error"]["type"] == "rate_limit_error"
+    assert len(engine.requests) == 1
+    assert outcome(page, "rejected") == 1 and outcome(page, "ok") == 1
+    assert page.total("ruleloop_gateway_inflight_tokens") == 0
+
+
+async def test_gateway_refuses_a_request_larger_than_the_whole_budget_with_413(make_gateway) -> None:
+    engine = ScriptedEngine()
+    base, _ = await make_gateway(engine, max_inflight_tokens=10)
+    async with httpx.AsyncClient() as client:
+        response = await client.post(f"{base}/v1/completions", json={"model": "m", "prompt": [1], "max_tokens": 50})
+    assert response.status_code == 413 and response.json()["error"]["param"] == "max_tokens"
+    assert engine.requests == []
+
+
+async def test_gateway_deadline_before_output_is_a_504_and_closes_upstream(make_gateway) -> None:
+    engine = ScriptedEngine(stall=True)
+    base, app = await make_gateway(engine)
+    async with httpx.AsyncClient() as client:
+        response = await client.post(f"{base}/v1/completions", json=STREAM, headers={"X-Request-Timeout": "50ms"})
+        page = await scrape(client, base)
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "deadline_exceeded"
+    assert "x-request-timeout" not in engine.requests[0].headers
+    assert outcome(page, "deadline") == 1 and app.budget.in_flight_tokens == 0
+    assert page.total("ruleloop_gateway_prompt_tokens_total", where={"kind": "wasted"}) == 3
+
+
+async def test_gateway_deadline_mid_stream_ends_with_an_sse_error_event(make_gateway) -> None:
+    engine = ScriptedEngine(gated=True)
+    base, app = await make_gateway(engine)
+    body = {**STREAM, "max_tokens": 100}
+    async with httpx.AsyncClient() as client:
+        engine.step.put_nowait(None)
+        engine.step.put_nowait(None)
+        response = await client.post(f"{base}/v1/completions", json=body, headers={"X-Request-Timeout": "0.2s"})
+        page = await scrape(client, base)
+    events = [e for e in response.text.split("\n\n") if e]
+    assert events[:2] == [event(0).decode().strip(), event(1).decode().strip()]
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["code"] == "deadline_exceeded" and events[-1] == "data: [DONE]"
+    assert engine.closed == 1 and app.budget.in_flight_tokens == 0
+    assert outcome(page, "deadline") == 1
+    assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "wasted"}) == 2
+
+
+async def test_gateway_client_disconnect_closes_the_upstream_stream(make_gateway) -> None:
+    engine = ScriptedEngine(gated=True)
+    base, app = await make_gateway(engine)
+    async with httpx.AsyncClient() as client:
+        engine.step.put_nowait(None)
+        async with client.stream("POST", f"{base}/v1/completions", json={**STREAM, "max_tokens": 100}) as r:
+            assert (await anext(r.aiter_lines())).startswith("data: ")
+        # the client is gone; the gateway must notice without the engine sending anything more
+        while engine.closed == 0:
+            await asyncio.sleep(0.01)
+        page = await scrape(client, base)
+    assert outcome(page, "client_cancel") == 1 and app.budget.in_flight_tokens == 0
+    assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "wasted"}) == 1
+
+
+async def test_gateway_client_disconnect_before_first_token_closes_upstream(make_gateway) -> None:
+    engine = ScriptedEngine(stall=True)
+    base, app = await make_gateway(engine)
+    async with httpx.AsyncClient() as client:
+        task = asyncio.create_task(client.post(f"{base}/v1/completions", json=STREAM))
+        while not engine.requests:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        while outcome(await scrape(client, base), "client_cancel") == 0:
+            await asyncio.sleep(0.01)
+    assert app.budget.in_flight_tokens == 0 and app.budget.in_flight_requests == 0
+
+
+async def test_gateway_upstream_errors_are_counted_and_passed_on(make_gateway) -> None:
+    base, app = await make_gateway(ScriptedEngine())
+    async with httpx.AsyncClient() as client:
+        response = await client.post(f"{base}/v1/completions", json={**STREAM, "model": "other"})
+        page = await scrape(client, base)
+    assert response.status_code == 404 and response.json()["error"]["message"] == "no such model"
+    assert outcome(page, "upstream_error") == 1 and app.budget.in_flight_tokens == 0
+
+
+async def test_gateway_unreachable_upstream_is_a_502() -> None:
+    from bot.engine.process import free_port
+    from bot.gateway.server import upstream_client
+
+    async with upstream_client(f"http://127.0.0.1:{free_port()}") as upstream:
+        app = Gateway(client=upstream)
+        async with GatewayServer(app) as server, httpx.AsyncClient() as client:
+            response = await client.post(f"{server.base_url}/v1/completions", json=STREAM)
+    assert response.status_code == 502 and response.json()["error"]["type"] == "upstream_error"
+    assert app.budget.in_flight_tokens == 0
+
+
+async def test_gateway_metrics_add_up_over_mixed_endings(make_gateway) -> None:
+    engine = ScriptedEngine()
+    base, _ = await make_gateway(engine, max_inflight_tokens=1000)
+    async with httpx.AsyncClient() as client:
+        for body in (STREAM, {**STREAM, "stream": False}, {**STREAM, "model": "other"}, {"model": "m"}):
+            await client.post(f"{base}/v1/completions", json=body)
+        await client.post(f"{base}/v1/completions", json={**STREAM, "max_tokens": 5000})
+        page = await scrape(client, base)
+    counts = {o: outcome(page, o) for o in ("ok", "upstream_error", "invalid", "rejected", "deadline", "client_cancel")}
+    assert counts == {"ok": 2, "upstream_error": 1, "invalid": 1, "rejected": 1, "deadline": 0, "client_cancel": 0}
+    admitted = counts["ok"] + counts["upstream_error"]
+    assert page.total("ruleloop_gateway_prompt_tokens_total", where={"kind": "admitted"}) == 3 * admitted
+    assert page.total("ruleloop_gateway_prompt_tokens_total", where={"kind": "wasted"}) == 3
+    assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "delivered"}) == 8
+    assert page.total("ruleloop_gateway_inflight_tokens") == 0
+    assert page.total("ruleloop_gateway_max_inflight_tokens") == 1000
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [({}, 401), ({"Authorization": "Bearer wrong"}, 401), ({"Authorization": f"Basic {ADMIN_TOKEN}"}, 401)],
+)
+async def test_admin_refuses_requests_without_the_token(make_gateway, headers: dict[str, str], status: int) -> None:
+    base, app = await make_gateway(ScriptedEngine())
+    async with httpx.AsyncClient() as client:
+        response = await client.patch(f"{base}/admin/limits", json={"max_inflight_tokens": 5}, headers=headers)
+    assert response.status_code == status and app.limits.max_inflight_tokens == 0
+
+
+async def test_admin_without_a_configured_token_is_disabled() -> None:
+    app = Gateway(client=httpx.AsyncClient(transport=httpx.MockTransport(ScriptedEngine())))
+    async with GatewayServer(app) as server, httpx.AsyncClient() as client:
+        response = await client.get(f"{server.base_url}/admin/limits", headers={"Authorization": "Bearer x"})
+    assert response.status_code == 403 and response.json()["error"]["code"] == "admin_disabled"
+
+
+async def test_admin_changes_limits_live_without_dropping_open_streams(make_gateway) -> None:
+    engine = ScriptedEngine(gated=True)
+    base, app = await make_gateway(engine)
+    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with httpx.AsyncClient() as client:
+        engine.step.put_nowait(None)
+        async with client.stream("POST", f"{base}/v1/completions", json=STREAM) as open_stream:
+            lines = open_stream.aiter_lines()
+            assert (await anext(lines)).startswith("data: ")
+            changed = await client.patch(
+                f"{base}/admin/limits", json={"max_inflight_tokens": 7, "default_timeout_s": "30s"}, headers=auth
+            )
+            refused = await client.post(f"{base}/v1/completions", json=STREAM)
+            for _ in range(3):
+                engine.step.put_nowait(None)
+            rest = [line async for line in lines if line]
+        shown = await client.get(f"{base}/admin/limits", headers=auth)
+        bad = await client.patch(f"{base}/admin/limits", json={"max_inflight_tokens": "lots"}, headers=auth)
+    assert changed.status_code == 200 and changed.json()["max_inflight_tokens"] == 7
+    assert refused.status_code == 429
+    assert rest[-1] == "data: [DONE]"
+    assert shown.json()["default_timeout_s"] == 30.0 and app.budget.limit == 7
+    assert bad.status_code == 400 and "max_inflight_tokens" in bad.json()["error"]["message"]
