@@ -52,22 +52,36 @@ TUNABLE: dict[str, FlagSpec] = {
         FlagSpec("enable-prefix-caching", "bool", "reuse KV blocks of shared prompt prefixes"),
         FlagSpec("enforce-eager", "bool", "no CUDA graphs (faster start, same kernels)"),
         FlagSpec("async-scheduling", "bool", "overlap scheduling with execution"),
-        FlagSpec("max-num-batched-tokens", "int", "token budget of one scheduler step", 16, 1_048_576),
+        FlagSpec(
+            "max-num-batched-tokens", "int", "token budget of one scheduler step", 16, 1_048_576
+        ),
         FlagSpec("max-num-seqs", "int", "sequences in one step", 1, 4096),
         FlagSpec("block-size", "int", "tokens per KV-cache block", 8, 512, multiple_of=8),
-        FlagSpec("gpu-memory-utilization", "float", "share of device memory vLLM may use", 0.05, 1.0),
-        FlagSpec("num-gpu-blocks-override", "int", "fixed number of KV-cache blocks", 1, 10_000_000),
+        FlagSpec(
+            "gpu-memory-utilization", "float", "share of device memory vLLM may use", 0.05, 1.0
+        ),
+        FlagSpec(
+            "num-gpu-blocks-override", "int", "fixed number of KV-cache blocks", 1, 10_000_000
+        ),
         FlagSpec("max-model-len", "int", "longest prompt + output accepted", 16, 1_048_576),
-        FlagSpec("long-prefill-token-threshold", "int", "prompt length counted as long", 0, 1_048_576),
+        FlagSpec(
+            "long-prefill-token-threshold", "int", "prompt length counted as long", 0, 1_048_576
+        ),
         FlagSpec("stream-interval", "int", "tokens per streamed chunk", 1, 64),
-        FlagSpec("kv-cache-dtype", "choice", "KV-cache element type",
-                 choices=("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2")),
+        FlagSpec(
+            "kv-cache-dtype",
+            "choice",
+            "KV-cache element type",
+            choices=("auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2"),
+        ),
         FlagSpec("scheduling-policy", "choice", "queue order", choices=("fcfs", "priority")),
         # Older vLLM only: kept so ADRs written for those fleets validate; the installed
         # vLLM's parser says whether it still takes them.
         FlagSpec("swap-space", "float", "CPU swap space per GPU, GiB (vLLM < 0.11)", 0, 1024),
-        FlagSpec("max-num-partial-prefills", "int", "concurrent partial prefills (vLLM < 0.11)", 1, 64),
-    )  # fmt: skip
+        FlagSpec(
+            "max-num-partial-prefills", "int", "concurrent partial prefills (vLLM < 0.11)", 1, 64
+        ),
+    )
 }
 
 
@@ -76,21 +90,29 @@ def canonical(name: str) -> str:
     return name.replace("_", "-")
 
 
-def check_engine_args(args: Mapping[str, object], *, field: str = "fix.engine_args") -> list[tuple[str, str]]:
+def check_engine_args(
+    args: Mapping[str, object], *, field: str = "fix.engine_args"
+) -> list[tuple[str, str]]:
     """Every problem with an engine_args mapping, as (field, why) pairs; empty when fine."""
     problems: list[tuple[str, str]] = []
     seen: dict[str, str] = {}
     for key, value in args.items():
         where = f"{field}.{key}"
         if not isinstance(key, str) or _UNSAFE.search(key) or not key:
-            problems.append((where, "flag names may not contain spaces, newlines or shell characters"))
+            problems.append(
+                (where, "flag names may not contain spaces, newlines or shell characters")
+            )
             continue
         if key.startswith("-"):
-            problems.append((where, f"write the flag name without dashes in front: {key.lstrip('-')!r}"))
+            problems.append(
+                (where, f"write the flag name without dashes in front: {key.lstrip('-')!r}")
+            )
             continue
         spec = TUNABLE.get(canonical(key))
         if spec is None:
-            problems.append((where, f"{key!r} is not a tunable flag; allowed: {', '.join(TUNABLE)}"))
+            problems.append(
+                (where, f"{key!r} is not a tunable flag; allowed: {', '.join(TUNABLE)}")
+            )
             continue
         if spec.name in seen:
             problems.append((where, f"set twice (also as {seen[spec.name]!r})"))

@@ -45,7 +45,10 @@ METRICS: dict[str, tuple[str | Callable[[Mapping[str, Any]], object], str]] = {
     "goodput_ratio": ("goodput_ratio", "delivered / engine-generated output tokens"),
     "slo_attainment": ("slo_attainment", "share of requests within the TTFT and TPOT limits"),
     "kv_fragmentation": ("kv_fragmentation.observed", "KV slots allocated but empty (observed)"),
-    "kv_fragmentation_internal": ("kv_fragmentation.internal", "KV fragmentation, PagedAttention definition"),
+    "kv_fragmentation_internal": (
+        "kv_fragmentation.internal",
+        "KV fragmentation, PagedAttention definition",
+    ),
     "wasted_prefill_tokens": ("wasted_prefill_tokens", "prefill tokens spent on aborted requests"),
     "cancelled_share": (_cancelled_share, "share of requests the client gave up on"),
     "engine_ttft_p99_ms": ("engine.ttft_ms.p99", "TTFT p99 from the engine's histogram"),
@@ -54,12 +57,15 @@ METRICS: dict[str, tuple[str | Callable[[Mapping[str, Any]], object], str]] = {
     "kv_cache_usage": ("engine.kv_cache_usage", "share of KV-cache blocks in use (0-1)"),
     "requests_waiting": ("engine.requests_waiting", "requests queued in the engine"),
     "requests_running": ("engine.requests_running", "requests being decoded"),
-    "preemptions_per_s": ("engine.preemptions_per_s", "KV-cache preemptions (swaps/recomputes) per s"),
+    "preemptions_per_s": (
+        "engine.preemptions_per_s",
+        "KV-cache preemptions (swaps/recomputes) per s",
+    ),
     "prefix_cache_hit_rate": ("engine.prefix_cache_hit_rate", "prefix-cache hits / queries"),
     "concurrency": ("workload.concurrency", "streams in flight"),
     "prompt_length": ("workload.prompt_length", "prompt tokens per request"),
     "prefix_length": ("workload.prefix_length", "shared system-prompt tokens per request"),
-}  # fmt: skip
+}
 
 
 @dataclass(frozen=True)

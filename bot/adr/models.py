@@ -162,7 +162,9 @@ class Adr(FrontMatter):
     def _no_section_breaks(cls, text: str) -> str:
         for line in text.splitlines():
             if line.startswith("## "):
-                raise ValueError(f"the line {line!r} would start a new section; use ### or **bold**")
+                raise ValueError(
+                    f"the line {line!r} would start a new section; use ### or **bold**"
+                )
         return text.strip()
 
     @field_validator("matrix_notes")
@@ -185,11 +187,15 @@ class Adr(FrontMatter):
     @classmethod
     def _rules(cls, rules: list[str]) -> list[str]:
         # One rule may span lines; blank lines and trailing spaces cannot survive a round trip.
-        lines = (("\n".join(ln.rstrip() for ln in r.strip().splitlines() if ln.strip())) for r in rules)
+        lines = (
+            ("\n".join(ln.rstrip() for ln in r.strip().splitlines() if ln.strip())) for r in rules
+        )
         return [rule for rule in lines if rule]
 
     def front_matter(self) -> dict[str, object]:
         """The front matter as plain data, in contract order, unset optional parts left out."""
-        data = self.model_dump(mode="json", include=set(FrontMatter.model_fields), exclude_none=True)
+        data = self.model_dump(
+            mode="json", include=set(FrontMatter.model_fields), exclude_none=True
+        )
         data["date"] = self.date  # YAML has dates; as a string it would come out quoted
         return data

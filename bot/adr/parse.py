@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from bot.adr.models import Adr, FrontMatter, MatrixRow
 from bot.errors import AdrError
@@ -68,14 +69,22 @@ def parse_with_problems(text: str, *, file: str = "<adr>") -> tuple[Adr | None, 
     problems: list[Problem] = []
     front_text, body = _split(text)
     if front_text is None:
-        return None, [Problem(file, "front matter", "the file must start with a '---' line, "
-                              "YAML front matter, and a closing '---' line")]  # fmt: skip
+        return None, [
+            Problem(
+                file,
+                "front matter",
+                "the file must start with a '---' line, "
+                "YAML front matter, and a closing '---' line",
+            )
+        ]
     try:
         data = yaml.safe_load(front_text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 2}: " if mark is not None else ""
-        return None, [Problem(file, "front matter", f"{where}not valid YAML: {getattr(exc, 'problem', exc)}")]
+        return None, [
+            Problem(file, "front matter", f"{where}not valid YAML: {getattr(exc, 'problem', exc)}")
+        ]
     if not isinstance(data, dict):
         return None, [Problem(file, "front matter", "must be a YAML mapping (id: ..., title: ...)")]
     try:
@@ -87,8 +96,14 @@ def parse_with_problems(text: str, *, file: str = "<adr>") -> tuple[Adr | None, 
     if front is None:
         return None, problems
     if parts.pop("heading") != f"# {front.id}: {front.title}":
-        problems.append(Problem(file, "heading", f"the first line of the body must be "
-                                f"'# {front.id}: {front.title}' (id and title from the front matter)"))  # fmt: skip
+        problems.append(
+            Problem(
+                file,
+                "heading",
+                f"the first line of the body must be "
+                f"'# {front.id}: {front.title}' (id and title from the front matter)",
+            )
+        )
     try:
         return Adr.model_validate(front.model_dump() | parts), problems
     except ValidationError as exc:
@@ -110,7 +125,7 @@ def _loc(loc: tuple[object, ...]) -> str:
     return ".".join(str(part) for part in loc) or "front matter"
 
 
-def _why(error: dict[str, object]) -> str:
+def _why(error: ErrorDetails) -> str:
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         return "unknown field (check the spelling; DESIGN.md lists the ADR fields)"
@@ -132,8 +147,15 @@ def _body(body: str, file: str, problems: list[Problem]) -> dict[str, object]:
             problems.append(Problem(file, "body", f"text before {SECTIONS[0]!r}: {line.strip()!r}"))
     found = [title for title, _ in sections[: len(SECTIONS)]]
     if found != list(SECTIONS):
-        problems.append(Problem(file, "body", "the body needs the seed's sections, in order: "
-                                + "; ".join(SECTIONS) + f" (found: {'; '.join(found) or 'none'})"))  # fmt: skip
+        problems.append(
+            Problem(
+                file,
+                "body",
+                "the body needs the seed's sections, in order: "
+                + "; ".join(SECTIONS)
+                + f" (found: {'; '.join(found) or 'none'})",
+            )
+        )
         return {"heading": heading}
     (_, context), (_, matrix), (_, rules) = sections[:3]
     notes = "\n".join(f"{title}\n" + "\n".join(text) for title, text in sections[3:])
@@ -153,7 +175,9 @@ def _cells(line: str) -> list[str]:
     return [cell.strip().replace("\\|", "|") for cell in _PIPE.split(inner)]
 
 
-def _matrix(lines: list[str], file: str, problems: list[Problem]) -> tuple[list[dict[str, object]], str]:
+def _matrix(
+    lines: list[str], file: str, problems: list[Problem]
+) -> tuple[list[dict[str, object]], str]:
     table = [i for i, line in enumerate(lines) if line.lstrip().startswith("|")]
     if not table:
         problems.append(Problem(file, "matrix", "section 2 has no Metrics Matrix table"))
@@ -162,21 +186,37 @@ def _matrix(lines: list[str], file: str, problems: list[Problem]) -> tuple[list[
     if any(line.strip() for line in lines[:start]):
         problems.append(Problem(file, "matrix", "section 2 must start with the table"))
     if tuple(_cells(lines[start])) != MATRIX_COLUMNS:
-        problems.append(Problem(file, "matrix", "the table header must be | " + " | ".join(MATRIX_COLUMNS) + " |"))
+        problems.append(
+            Problem(
+                file, "matrix", "the table header must be | " + " | ".join(MATRIX_COLUMNS) + " |"
+            )
+        )
         return [], ""
     if end - start < 2 or not _SEPARATOR.match(lines[start + 1].replace(" ", "")):
-        problems.append(Problem(file, "matrix", "the header row must be followed by | :--- | ... |"))
+        problems.append(
+            Problem(file, "matrix", "the header row must be followed by | :--- | ... |")
+        )
         return [], ""
-    rows = []
+    rows: list[dict[str, object]] = []
     for n, line in enumerate(lines[start + 2 : end], start=1):
         cells = _cells(line)
         if len(cells) != len(MATRIX_COLUMNS):
-            problems.append(Problem(file, f"matrix row {n}", f"has {len(cells)} cells, needs {len(MATRIX_COLUMNS)}"))
+            problems.append(
+                Problem(
+                    file, f"matrix row {n}", f"has {len(cells)} cells, needs {len(MATRIX_COLUMNS)}"
+                )
+            )
             continue
         config, ttft, tpot, goodput, frag, verdict = cells
-        values = [_number(cell, kind, f"matrix row {n}, {column}", file, problems)
-                  for cell, kind, column in ((ttft, "ms", "TTFT (P99)"), (tpot, "ms", "TPOT (P99)"),
-                                             (goodput, "%", "Goodput"), (frag, "%", "显存碎片率"))]  # fmt: skip
+        values = [
+            _number(cell, kind, f"matrix row {n}, {column}", file, problems)
+            for cell, kind, column in (
+                (ttft, "ms", "TTFT (P99)"),
+                (tpot, "ms", "TPOT (P99)"),
+                (goodput, "%", "Goodput"),
+                (frag, "%", "显存碎片率"),
+            )
+        ]
         rows.append(dict(zip(MatrixRow.model_fields, [config, *values, verdict], strict=True)))
     return rows, "\n".join(lines[end:])
 
@@ -189,7 +229,9 @@ def _number(cell: str, kind: str, field: str, file: str, problems: list[Problem]
     if kind == "%" and (m := _PERCENT.match(cell)):
         return float(m["n"]) / 100
     example = "350ms" if kind == "ms" else "95%"
-    problems.append(Problem(file, field, f"{cell!r} is not a value like {example} (or '-' if not measured)"))
+    problems.append(
+        Problem(file, field, f"{cell!r} is not a value like {example} (or '-' if not measured)")
+    )
     return None
 
 
@@ -201,7 +243,9 @@ def _rules(lines: list[str], file: str, problems: list[Problem]) -> list[str]:
         elif line.startswith("  ") and rules:
             rules[-1] += "\n" + line[2:]
         elif line.strip():
-            problems.append(Problem(file, "rules", f"each rule is a '- ' list item; got {line.strip()!r}"))
+            problems.append(
+                Problem(file, "rules", f"each rule is a '- ' list item; got {line.strip()!r}")
+            )
     return rules
 
 

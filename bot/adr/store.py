@@ -45,13 +45,13 @@ class AdrStore:
         """Each ADR file with its record; raise AdrError on the first file that does not parse."""
         return [(path, load(path)) for path in self.paths(include_drafts=include_drafts)]
 
-    def list(self, *, include_drafts: bool = False) -> list[Adr]:
+    def records(self, *, include_drafts: bool = False) -> list[Adr]:
         """The records, optionally with the drafts."""
         return [adr for _, adr in self.entries(include_drafts=include_drafts)]
 
     def accepted(self) -> list[Adr]:
         """The accepted records: the pre-approved fixes (drafts never are)."""
-        return [adr for adr in self.list() if adr.status == "accepted"]
+        return [adr for adr in self.records() if adr.status == "accepted"]
 
     def find(self, adr_id: str) -> tuple[Path, Adr] | None:
         """The file and record with this id (records before drafts), or None."""
@@ -71,7 +71,9 @@ class AdrStore:
     def next_id(self, day: dt.date) -> str:
         """The first free id for a day, counting records and drafts: ADR-YYYYMMDD-NN."""
         prefix = f"ADR-{day:%Y%m%d}-"
-        taken = {int(m[1]) for p in self.paths() if (m := re.match(re.escape(prefix) + r"(\d+)", p.name))}
+        taken = {
+            int(m[1]) for p in self.paths() if (m := re.match(re.escape(prefix) + r"(\d+)", p.name))
+        }
         number = 1
         while number in taken:
             number += 1
@@ -82,6 +84,8 @@ class AdrStore:
         self.drafts_dir.mkdir(parents=True, exist_ok=True)
         path = self.drafts_dir / file_name(adr, slug=slug)
         if path.exists():
-            raise AdrError("already exists; pick another id or remove the old draft", file=str(path))
+            raise AdrError(
+                "already exists; pick another id or remove the old draft", file=str(path)
+            )
         path.write_text(render(adr), encoding="utf-8")
         return path

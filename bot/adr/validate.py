@@ -69,15 +69,31 @@ def check_record(adr: Adr, *, path: Path, checker: ArgvChecker | None = None) ->
     file = str(path)
     problems: list[Problem] = []
     if path.name != f"{adr.id}.md" and not path.name.startswith(f"{adr.id}-"):
-        problems.append(Problem(file, "id", f"the file name must start with the id: {adr.id}-<slug>.md"))
+        problems.append(
+            Problem(file, "id", f"the file name must start with the id: {adr.id}-<slug>.md")
+        )
     if date_of_id(adr.id) != adr.date:
-        problems.append(Problem(file, "date", f"{adr.date} differs from the date in the id {adr.id}"))
+        problems.append(
+            Problem(file, "date", f"{adr.date} differs from the date in the id {adr.id}")
+        )
     if adr.status == "accepted" and (adr.gates is None or adr.gates.is_empty()):
-        problems.append(Problem(file, "gates", "an accepted ADR needs canary gates "
-                                "(max_ttft_p99_ms, max_tpot_p99_ms, min_goodput_ratio, max_kv_fragmentation)"))  # fmt: skip
+        problems.append(
+            Problem(
+                file,
+                "gates",
+                "an accepted ADR needs canary gates "
+                "(max_ttft_p99_ms, max_tpot_p99_ms, min_goodput_ratio, max_kv_fragmentation)",
+            )
+        )
     if path.parent.name == DRAFTS and adr.status != "proposed":
-        problems.append(Problem(file, "status", f"a draft must be 'proposed', not {adr.status!r}; "
-                                "move the file out of drafts/ when the decision is made"))  # fmt: skip
+        problems.append(
+            Problem(
+                file,
+                "status",
+                f"a draft must be 'proposed', not {adr.status!r}; "
+                "move the file out of drafts/ when the decision is made",
+            )
+        )
     if adr.id in adr.supersedes:
         problems.append(Problem(file, "supersedes", "an ADR cannot supersede itself"))
     flag_problems = check_engine_args(adr.fix.engine_args)
@@ -86,8 +102,13 @@ def check_record(adr: Adr, *, path: Path, checker: ArgvChecker | None = None) ->
         argv = to_argv(adr.fix.engine_args, file=file)
         reason = checker(argv)
         if reason is not None:
-            problems.append(Problem(file, "fix.engine_args", f"vLLM {vllm_args.version()} refuses "
-                                    f"{' '.join(argv)}: {reason}"))  # fmt: skip
+            problems.append(
+                Problem(
+                    file,
+                    "fix.engine_args",
+                    f"vLLM {vllm_args.version()} refuses {' '.join(argv)}: {reason}",
+                )
+            )
     return problems
 
 
@@ -102,16 +123,28 @@ def check_across(records: dict[Path, Adr], known: dict[Path, Adr]) -> list[Probl
     for path, adr in records.items():
         for target in adr.supersedes:
             if target not in by_id:
-                problems.append(Problem(str(path), "supersedes", f"{target} is not an ADR here "
-                                        f"(known: {', '.join(sorted(by_id)) or 'none'})"))  # fmt: skip
+                problems.append(
+                    Problem(
+                        str(path),
+                        "supersedes",
+                        f"{target} is not an ADR here "
+                        f"(known: {', '.join(sorted(by_id)) or 'none'})",
+                    )
+                )
     for path, adr in known.items():
         if adr.status != "accepted":
             continue
         for target in adr.supersedes:
             old_path = by_id.get(target)
             if old_path in records and known[old_path].status != "superseded":
-                problems.append(Problem(str(old_path), "status", f"{target} is superseded by accepted "
-                                        f"{adr.id} ({path.name}); set status: superseded"))  # fmt: skip
+                problems.append(
+                    Problem(
+                        str(old_path),
+                        "status",
+                        f"{target} is superseded by accepted "
+                        f"{adr.id} ({path.name}); set status: superseded",
+                    )
+                )
     return problems
 
 

@@ -11,6 +11,7 @@ import argparse
 import functools
 import importlib.metadata
 import importlib.util
+import logging
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -37,18 +38,26 @@ def version() -> str:
 
 @functools.cache
 def _parser() -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # vLLM and torch warn at import; not ours to fix
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    # vLLM and torch warn and log at import about this host (no Triton CPU backend, ...):
+    # true, and not what someone validating an ADR asked about.
+    vllm_log = logging.getLogger("vllm")
+    level = vllm_log.level
+    vllm_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from vllm.entrypoints.launchers.cli_args import make_arg_parser
+            from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-        parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+            parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    finally:
+        vllm_log.setLevel(level)
 
     def refuse(message: str) -> None:
         raise _Refused(message)
 
     # argparse reports through error(), which exits the process; make it raise instead.
-    parser.error = refuse
+    setattr(parser, "error", refuse)  # noqa: B010 - mypy forbids assigning to a method
     return parser
 
 

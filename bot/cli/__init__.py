@@ -67,9 +67,9 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from bot.cli import canary, demo, engine, gateway
+    from bot.cli import adr, canary, demo, engine, gateway, tune
 
-    for module in (engine, canary, demo, gateway):
+    for module in (engine, canary, demo, gateway, adr, tune):
         module.register(cli)
 
 

@@ -25,9 +25,12 @@ adr_dir_option = click.option(
     help="The decision store: ADRs here, drafts in its drafts/.",
 )
 date_option = click.option(
-    "--date", "day", type=click.DateTime(formats=["%Y-%m-%d"]), default=None,
+    "--date",
+    "day",
+    type=click.DateTime(formats=["%Y-%m-%d"]),
+    default=None,
     help="The ADR's date and id day [default: today].",
-)  # fmt: skip
+)
 
 
 def today(day: dt.datetime | None) -> dt.date:
@@ -50,13 +53,18 @@ def adr() -> None:
 
 
 @adr.command("list")
-@click.option("--status", type=click.Choice(["proposed", "accepted", "superseded", "rejected"]), default=None)
+@click.option(
+    "--status", type=click.Choice(["proposed", "accepted", "superseded", "rejected"]), default=None
+)
 @click.option("--drafts/--no-drafts", default=True, show_default=True, help="Include adr/drafts/.")
 @adr_dir_option
 def list_(status: str | None, drafts: bool, adr_dir: Path) -> None:
     """List the ADRs: id, status, date, title and file."""
-    entries = [(p, a) for p, a in AdrStore(root=adr_dir).entries(include_drafts=drafts)
-               if status is None or a.status == status]  # fmt: skip
+    entries = [
+        (p, a)
+        for p, a in AdrStore(root=adr_dir).entries(include_drafts=drafts)
+        if status is None or a.status == status
+    ]
     if not entries:
         click.echo(f"no ADRs under {adr_dir}" + (f" with status {status}" if status else ""))
         return
@@ -74,7 +82,11 @@ def show(adr_id: str, as_json: bool, adr_dir: Path) -> None:
     record = store.get_or_raise(adr_id)
     argv = to_argv(record.fix.engine_args)
     if as_json:
-        click.echo(json.dumps(record.model_dump(mode="json") | {"engine_argv": argv}, indent=2, ensure_ascii=False))
+        click.echo(
+            json.dumps(
+                record.model_dump(mode="json") | {"engine_argv": argv}, indent=2, ensure_ascii=False
+            )
+        )
         return
     found = store.find(adr_id)
     assert found is not None
@@ -84,31 +96,50 @@ def show(adr_id: str, as_json: bool, adr_dir: Path) -> None:
 
 @adr.command("new")
 @click.option("--title", required=True, help="One line: what is being decided.")
-@click.option("--slug", default=None, help="File-name slug [default: from the title's ASCII words].")
+@click.option(
+    "--slug", default=None, help="File-name slug [default: from the title's ASCII words]."
+)
 @click.option("--decider", "deciders", multiple=True, help="Who decides (repeat).")
 @click.option("--supersedes", multiple=True, help="An ADR id this one replaces (repeat).")
 @date_option
 @adr_dir_option
-def new(title: str, slug: str | None, deciders: tuple[str, ...], supersedes: tuple[str, ...],
-        day: dt.datetime | None, adr_dir: Path) -> None:  # fmt: skip
+def new(
+    title: str,
+    slug: str | None,
+    deciders: tuple[str, ...],
+    supersedes: tuple[str, ...],
+    day: dt.datetime | None,
+    adr_dir: Path,
+) -> None:
     """Write a proposed ADR skeleton into adr/drafts/ and print its path."""
     store = AdrStore(root=adr_dir)
     date = today(day)
     record = Adr(
-        id=store.next_id(date), title=title, status="proposed", date=date,
-        deciders=list(deciders), supersedes=list(supersedes),
+        id=store.next_id(date),
+        title=title,
+        status="proposed",
+        date=date,
+        deciders=list(deciders),
+        supersedes=list(supersedes),
         context="TODO: what happened, under which load, with numbers (P99, goodput, concurrency).",
         rules=["TODO: the rule, with the exact flag or gateway setting it fixes."],
-    )  # fmt: skip
+    )
     path = store.write_draft(record, slug=slug)
     click.echo(str(path))
-    click.echo("next: measure the configurations with `ruleloop tune`, or fill in the matrix by hand", err=True)
+    click.echo(
+        "next: measure the configurations with `ruleloop tune`, or fill in the matrix by hand",
+        err=True,
+    )
 
 
 @adr.command("validate")
 @click.argument("path", type=click.Path(path_type=Path), required=False)
-@click.option("--vllm/--no-vllm", "use_vllm", default=None,
-              help="Check engine flags with vLLM's own parser [default: when vLLM is installed].")  # fmt: skip
+@click.option(
+    "--vllm/--no-vllm",
+    "use_vllm",
+    default=None,
+    help="Check engine flags with vLLM's own parser [default: when vLLM is installed].",
+)
 @adr_dir_option
 def validate_cmd(path: Path | None, use_vllm: bool | None, adr_dir: Path) -> None:
     """Check ADR files (default: the whole store): schema, ids, supersedes, gates, engine flags."""
@@ -120,13 +151,17 @@ def validate_cmd(path: Path | None, use_vllm: bool | None, adr_dir: Path) -> Non
     for problem in problems:
         click.echo(str(problem), err=True)
     if problems:
-        raise AdrError(f"{len(problems)} problem(s) found; fix them and run again", file=str(target))
+        raise AdrError(
+            f"{len(problems)} problem(s) found; fix them and run again", file=str(target)
+        )
     how = f"vLLM {vllm_args.version()}'s parser" if checker else "the allowlist only"
     click.echo(f"ok: {target} is valid (engine flags checked against {how})")
 
 
 @adr.command("match")
-@click.argument("report_path", metavar="METRICS.json", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument(
+    "report_path", metavar="METRICS.json", type=click.Path(dir_okay=False, path_type=Path)
+)
 @click.option("--json", "as_json", is_flag=True, help="The matching ADRs as JSON.")
 @adr_dir_option
 def match_cmd(report_path: Path, as_json: bool, adr_dir: Path) -> None:
@@ -135,9 +170,21 @@ def match_cmd(report_path: Path, as_json: bool, adr_dir: Path) -> None:
     accepted = AdrStore(root=adr_dir).accepted()
     results = matching(accepted, report)
     if as_json:
-        click.echo(json.dumps([{"id": r.adr.id, "title": r.adr.title, "engine_argv": to_argv(r.adr.fix.engine_args),
-                                "conditions": [c.explain() for c in r.conditions]} for r in results],
-                              indent=2, ensure_ascii=False))  # fmt: skip
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "id": r.adr.id,
+                        "title": r.adr.title,
+                        "engine_argv": to_argv(r.adr.fix.engine_args),
+                        "conditions": [c.explain() for c in r.conditions],
+                    }
+                    for r in results
+                ],
+                indent=2,
+                ensure_ascii=False,
+            )
+        )
         return
     for result in results:
         click.echo(f"{result.adr.id}  {result.adr.title}")
@@ -158,8 +205,10 @@ def _read_report(path: Path) -> dict[str, object]:
     except (OSError, ValueError) as exc:
         raise UsageError(f"{path}: cannot read a JSON report: {exc}") from exc
     if not isinstance(data, dict):
-        raise UsageError(f"{path}: a report is a JSON object (canary --output-json, or a diagnosis with "
-                         f"'metrics': {{name: number}}; names: {', '.join(METRICS)})")  # fmt: skip
+        raise UsageError(
+            f"{path}: a report is a JSON object (canary --output-json, or a diagnosis with "
+            f"'metrics': {{name: number}}; names: {', '.join(METRICS)})"
+        )
     return data
 
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import click
 
 from bot.adr.flags import parse_flags
-from bot.adr.models import AdrGates
 from bot.adr.store import AdrStore
 from bot.cli.adr import adr_dir_option, date_option, today
 from bot.cli.engine import state_dir_option
@@ -37,25 +36,50 @@ Exit codes: 0 a configuration passed and is recommended, 1 none passed the gates
 (the draft is written anyway), 2 bad usage.
 """
 
-WORKLOAD_OPTIONS = ("api", "concurrency", "num_requests", "prompt_length", "prefix_length",
-                    "output_length", "warmup_requests", "cancel_share", "seed")  # fmt: skip
+WORKLOAD_OPTIONS = (
+    "api",
+    "concurrency",
+    "num_requests",
+    "prompt_length",
+    "prefix_length",
+    "output_length",
+    "warmup_requests",
+    "cancel_share",
+    "seed",
+)
 
 
 def _experiment(text: str) -> Experiment:
     name, sep, flags = text.partition("=")
     if not sep or not name:
-        raise UsageError(f"--exp {text!r}: write NAME=FLAGS, e.g. mnbt-512=\"--max-num-batched-tokens 512\"")
+        raise UsageError(
+            f'--exp {text!r}: write NAME=FLAGS, e.g. mnbt-512="--max-num-batched-tokens 512"'
+        )
     return Experiment(name=name.strip(), engine_args=dict(parse_flags(flags)))
 
 
 @click.command("tune", epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--plan", "plan_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="A YAML plan (baseline, experiments, workload, background, gates, title, context).")
-@click.option("--baseline", default=None, help='Baseline vLLM flags, e.g. "--enforce-eager --block-size 128".')
-@click.option("--exp", "experiments", multiple=True, metavar="NAME=FLAGS",
-              help="An experiment: flag changes to the baseline (repeat).")
+@click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A YAML plan (baseline, experiments, workload, background, gates, title, context).",
+)
+@click.option(
+    "--baseline", default=None, help='Baseline vLLM flags, e.g. "--enforce-eager --block-size 128".'
+)
+@click.option(
+    "--exp",
+    "experiments",
+    multiple=True,
+    metavar="NAME=FLAGS",
+    help="An experiment: flag changes to the baseline (repeat).",
+)
 @click.option("--title", default=None, help="The draft ADR's title.")
-@click.option("--context", default=None, help="Why this experiment: the incident, in a sentence or two.")
+@click.option(
+    "--context", default=None, help="Why this experiment: the incident, in a sentence or two."
+)
 @click.option("--api", type=click.Choice(["completions", "chat"]), default=None)
 @click.option("--concurrency", type=click.IntRange(min=1), default=None)
 @click.option("--num-requests", type=click.IntRange(min=1), default=None)
@@ -70,14 +94,30 @@ def _experiment(text: str) -> Experiment:
 @click.option("--min-goodput-ratio", type=click.FloatRange(0, 1), default=None)
 @click.option("--max-kv-fragmentation", type=click.FloatRange(0, 1), default=None)
 @click.option("--gates-from", default=None, metavar="ADR-ID", help="Use an ADR's gates.")
-@click.option("--start-timeout", "start_timeout_s", type=click.FloatRange(min=1), default=START_TIMEOUT_S,
-              show_default=True, help="Seconds to wait for each engine.")
+@click.option(
+    "--start-timeout",
+    "start_timeout_s",
+    type=click.FloatRange(min=1),
+    default=START_TIMEOUT_S,
+    show_default=True,
+    help="Seconds to wait for each engine.",
+)
 @date_option
 @adr_dir_option
 @state_dir_option
-def tune(plan_path: Path | None, baseline: str | None, experiments: tuple[str, ...], title: str | None,
-         context: str | None, gates_from: str | None, start_timeout_s: float, day: dt.datetime | None,
-         adr_dir: Path, state_dir: Path | None, **options: object) -> None:  # fmt: skip
+def tune(
+    plan_path: Path | None,
+    baseline: str | None,
+    experiments: tuple[str, ...],
+    title: str | None,
+    context: str | None,
+    gates_from: str | None,
+    start_timeout_s: float,
+    day: dt.datetime | None,
+    adr_dir: Path,
+    state_dir: Path | None,
+    **options: object,
+) -> None:
     """Start vLLM with each configuration in turn, run the same canary, draft the ADR.
 
     Each configuration is the baseline plus one experiment's flag changes. Rows get the four
@@ -93,9 +133,13 @@ def tune(plan_path: Path | None, baseline: str | None, experiments: tuple[str, .
         plan = plan.model_copy(update={"gates": gates})
     plan.configs()  # refuse bad flags before any engine starts
     result = run_tune(
-        plan, manager=EngineManager(state_dir=state_dir), store=store, day=today(day),
-        echo=lambda line: click.echo(line, err=True), start_timeout_s=start_timeout_s,
-    )  # fmt: skip
+        plan,
+        manager=EngineManager(state_dir=state_dir),
+        store=store,
+        day=today(day),
+        echo=lambda line: click.echo(line, err=True),
+        start_timeout_s=start_timeout_s,
+    )
     click.echo("")
     click.echo(_matrix_text(result.draft_path))
     click.echo(f"\ndraft: {result.draft_path}")
@@ -105,15 +149,23 @@ def tune(plan_path: Path | None, baseline: str | None, experiments: tuple[str, .
     click.echo(f"recommended: {result.pick.config.name} ({' '.join(result.pick.config.argv)})")
 
 
-def _plan(plan_path: Path | None, baseline: str | None, experiments: tuple[str, ...], title: str | None,
-          context: str | None, options: dict[str, object]) -> TunePlan:  # fmt: skip
+def _plan(
+    plan_path: Path | None,
+    baseline: str | None,
+    experiments: tuple[str, ...],
+    title: str | None,
+    context: str | None,
+    options: dict[str, object],
+) -> TunePlan:
     data = load_plan(plan_path).model_dump(exclude_unset=True) if plan_path else {}
     if baseline is not None:
         data["baseline"] = parse_flags(baseline)
     if experiments:
         data["experiments"] = [_experiment(text).model_dump() for text in experiments]
     if not data.get("experiments"):
-        raise UsageError("give at least one experiment: --exp NAME=FLAGS, or experiments: in --plan")
+        raise UsageError(
+            "give at least one experiment: --exp NAME=FLAGS, or experiments: in --plan"
+        )
     for key, value in (("title", title), ("context", context)):
         if value is not None:
             data[key] = value
@@ -123,7 +175,9 @@ def _plan(plan_path: Path | None, baseline: str | None, experiments: tuple[str, 
     if gates:
         data["gates"] = {**(data.get("gates") or {}), **gates}
     try:
-        return TunePlan.model_validate(data | {"workload": WorkloadSpec.model_validate(data["workload"])})
+        return TunePlan.model_validate(
+            data | {"workload": WorkloadSpec.model_validate(data["workload"])}
+        )
     except ValueError as exc:
         raise UsageError(f"tune: {exc}") from exc
 

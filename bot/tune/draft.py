@@ -7,11 +7,14 @@ import platform
 from pathlib import Path
 
 from bot.adr import vllm_args
-from bot.adr.models import Adr, MatrixRow
+from bot.adr.models import Adr, Fix, MatrixRow
 from bot.tune.matrix import Row, source_note
 from bot.tune.plan import TunePlan
 
-NO_PICK = "无配置达标 (no configuration met the gates): 保持现有配置，查明原因后再调优 (keep the current flags)."
+NO_PICK = (
+    "无配置达标 (no configuration met the gates): 保持现有配置，查明原因后再调优 "
+    "(keep the current flags)."
+)
 
 
 def build_draft(
@@ -26,7 +29,7 @@ def build_draft(
         date=day,
         deciders=plan.deciders,
         match=plan.match,
-        fix={"engine_args": pick.config.engine_args if pick else {}, "gateway": plan.gateway},
+        fix=Fix(engine_args=pick.config.engine_args if pick else {}, gateway=plan.gateway),
         gates=plan.gates,
         context=_context(plan, rows),
         matrix=[_matrix_row(row) for row in rows],
@@ -65,7 +68,9 @@ def _notes(plan: TunePlan, rows: list[Row], *, runs_dir: Path, base: Path) -> st
     cited = [Path(r.report_path) for r in rows if r.report_path]
     if cited:
         where = _relative(runs_dir, base)
-        notes.append(f"Canary JSON per row, in `{where}/`: " + ", ".join(f"`{p.name}`" for p in cited) + ".")
+        notes.append(
+            f"Canary JSON per row, in `{where}/`: " + ", ".join(f"`{p.name}`" for p in cited) + "."
+        )
     return "\n\n".join(notes)
 
 
@@ -80,21 +85,33 @@ def _rules(plan: TunePlan, pick: Row | None) -> list[str]:
     if pick is None:
         return [NO_PICK]
     argv = " ".join(pick.config.argv) or "(vLLM defaults)"
-    rules = [f"推荐配置 (recommended) `{pick.config.name}`: vLLM 启动参数 `{argv}` (front matter `fix.engine_args`)."]
+    rules = [
+        f"推荐配置 (recommended) `{pick.config.name}`: vLLM 启动参数 `{argv}` "
+        "(front matter `fix.engine_args`)."
+    ]
     gates = plan.gates
     if gates is not None and not gates.is_empty():
         parts = [
             f"--max-ttft-p99-ms {gates.max_ttft_p99_ms:g}" if gates.max_ttft_p99_ms else "",
             f"--max-tpot-p99-ms {gates.max_tpot_p99_ms:g}" if gates.max_tpot_p99_ms else "",
-            f"--min-goodput-ratio {gates.min_goodput_ratio:g}" if gates.min_goodput_ratio is not None else "",
-            f"--max-kv-fragmentation {gates.max_kv_fragmentation:g}" if gates.max_kv_fragmentation is not None else "",
+            f"--min-goodput-ratio {gates.min_goodput_ratio:g}"
+            if gates.min_goodput_ratio is not None
+            else "",
+            f"--max-kv-fragmentation {gates.max_kv_fragmentation:g}"
+            if gates.max_kv_fragmentation is not None
+            else "",
         ]
         gate_flags = " ".join(p for p in parts if p)
-        rules.append(f"发布门禁 (release gate): `python3 -m latency_checker --endpoint <canary> {gate_flags}`.")
+        rules.append(
+            "发布门禁 (release gate): "
+            f"`python3 -m latency_checker --endpoint <canary> {gate_flags}`."
+        )
     if plan.gateway is not None:
         g = plan.gateway
         if g.require_request_timeout:
-            rules.append(f"代理层必须校验 {g.timeout_header} (the gateway requires a request timeout).")
+            rules.append(
+                f"代理层必须校验 {g.timeout_header} (the gateway requires a request timeout)."
+            )
         if g.drop_on_cancel:
             rules.append("客户端 Cancel 时立即中止上游请求，丢弃残余计算 (drop work on cancel).")
     return rules

@@ -36,10 +36,14 @@ def measure(
     """Run the canary (and its background load); return the canary JSON report."""
     return asyncio.run(
         _measure(
-            workload, gates=gates, metrics_url=metrics_url, background=background,
-            sample_interval_s=sample_interval_s, on_progress=on_progress,
+            workload,
+            gates=gates,
+            metrics_url=metrics_url,
+            background=background,
+            sample_interval_s=sample_interval_s,
+            on_progress=on_progress,
             progress_interval_s=progress_interval_s,
-        )  # fmt: skip
+        )
     )
 
 
@@ -61,9 +65,13 @@ async def _measure(
             await asyncio.sleep(BACKGROUND_LEAD_S)
             _raise_if_failed(tasks)
         canary = CanaryRun(
-            workload, gates=gates, metrics_url=metrics_url, sample_interval_s=sample_interval_s,
-            on_progress=on_progress, progress_interval_s=progress_interval_s,
-        )  # fmt: skip
+            workload,
+            gates=gates,
+            metrics_url=metrics_url,
+            sample_interval_s=sample_interval_s,
+            on_progress=on_progress,
+            progress_interval_s=progress_interval_s,
+        )
         report = await canary.run()
     finally:
         for task in tasks:
@@ -88,11 +96,18 @@ def _client_side(name: str, run: CanaryRun, wall_s: float) -> dict[str, Any]:
     """What a background class saw, from its finished requests (client side only)."""
     finished = [r for r in run.records if r.outcome is not None]
     report = CanaryReport(
-        workload={"name": name, **_plain(run.workload)}, records=finished, engine=None,
-        samples=[], gates=Gates(), wall_s=wall_s, client_cpu_s=0.0,
-    )  # fmt: skip
+        workload={"name": name, **_plain(run.workload)},
+        records=finished,
+        engine=None,
+        samples=[],
+        gates=Gates(),
+        wall_s=wall_s,
+        client_cpu_s=0.0,
+    )
     data = report.as_dict()
-    return {key: data[key] for key in ("workload", "ttft_ms", "tpot_ms", "requests", "tokens", "errors")}
+    return {
+        key: data[key] for key in ("workload", "ttft_ms", "tpot_ms", "requests", "tokens", "errors")
+    }
 
 
 def _plain(workload: Workload) -> dict[str, Any]:

@@ -59,10 +59,14 @@ class WorkloadSpec(BaseModel):
         return workload
 
     def describe(self, *, background: bool = False) -> str:
-        """One line, e.g. 'chat: 32 requests, 8 streams, 128 prompt (0 shared) + 32 output tokens'."""
+        """The workload in one line: name, requests, streams, prompt and output tokens."""
         count = "alongside until the canary ends" if background else f"{self.num_requests} requests"
         rate = f", {self.request_rate:g} req/s" if self.request_rate else ""
-        cancel = f", {self.cancel_share:.0%} cancel after {self.cancel_after_ms:g} ms" if self.cancel_share else ""
+        cancel = (
+            f", {self.cancel_share:.0%} cancel after {self.cancel_after_ms:g} ms"
+            if self.cancel_share
+            else ""
+        )
         return (
             f"{self.name}: {count}, {self.concurrency} streams{rate}, {self.prompt_length} prompt "
             f"({self.prefix_length} shared prefix) + {self.output_length} output tokens{cancel}"
@@ -90,8 +94,15 @@ class Config:
     def label(self) -> str:
         """The matrix's 配置参数 cell: name and the flags that differ from the baseline."""
         if self.name == BASELINE:
-            return f"{BASELINE}: `{' '.join(self.argv)}`" if self.argv else f"{BASELINE} (vLLM defaults)"
-        parts = [" ".join(to_argv({k: v})) if v is not None else f"no --{k}" for k, v in self.changes.items()]
+            return (
+                f"{BASELINE}: `{' '.join(self.argv)}`"
+                if self.argv
+                else f"{BASELINE} (vLLM defaults)"
+            )
+        parts = [
+            " ".join(to_argv({k: v})) if v is not None else f"no --{k}"
+            for k, v in self.changes.items()
+        ]
         return f"{self.name}: `{' '.join(parts)}`"
 
 
@@ -115,7 +126,9 @@ class TunePlan(BaseModel):
         """Baseline first, then each experiment; UsageError on a flag the allowlist refuses."""
         names = [BASELINE] + [e.name for e in self.experiments]
         if len(set(names)) != len(names):
-            raise UsageError(f"{source}: experiment names must be unique and not {BASELINE!r}: {names}")
+            raise UsageError(
+                f"{source}: experiment names must be unique and not {BASELINE!r}: {names}"
+            )
         configs = [_config(BASELINE, {}, self.baseline, source=f"{source}: baseline")]
         for exp in self.experiments:
             merged: dict[str, EngineValue] = {canonical(k): v for k, v in self.baseline.items()}
@@ -124,12 +137,20 @@ class TunePlan(BaseModel):
                     merged.pop(canonical(key), None)
                 else:
                     merged[canonical(key)] = value
-            configs.append(_config(exp.name, exp.engine_args, merged, source=f"{source}: experiment {exp.name}"))
+            configs.append(
+                _config(
+                    exp.name, exp.engine_args, merged, source=f"{source}: experiment {exp.name}"
+                )
+            )
         return configs
 
 
-def _config(name: str, changes: dict[str, EngineValue | None], args: dict[str, EngineValue], *, source: str) -> Config:
-    problems = check_engine_args({k: v for k, v in changes.items() if v is not None}) + check_engine_args(args)
+def _config(
+    name: str, changes: dict[str, EngineValue | None], args: dict[str, EngineValue], *, source: str
+) -> Config:
+    problems = check_engine_args(
+        {k: v for k, v in changes.items() if v is not None}
+    ) + check_engine_args(args)
     if problems:
         field, why = problems[0]
         raise UsageError(f"{source}: {field.removeprefix('fix.engine_args.')}: {why}")

@@ -66,9 +66,11 @@ class TuneRunner:
         self.echo(f"{tag}: starting vLLM on port {port}: {flags}")
         try:
             info = self.manager.start(
-                port=port, flags=config.argv, timeout_s=self.start_timeout_s,
+                port=port,
+                flags=config.argv,
+                timeout_s=self.start_timeout_s,
                 on_progress=lambda line: self.echo(f"{tag}: {line}"),
-            )  # fmt: skip
+            )
         except EngineError as exc:
             self.echo(f"{tag}: refused: {exc}")
             return Row(config, error=str(exc), refused=True)
@@ -81,7 +83,9 @@ class TuneRunner:
         spec = self.plan.workload
         self.echo(f"{tag}: canary {spec.describe()}")
         try:
-            background = [(b.name, b.workload(base_url, background=True)) for b in self.plan.background]
+            background = [
+                (b.name, b.workload(base_url, background=True)) for b in self.plan.background
+            ]
             report = measure(
                 spec.workload(base_url),
                 gates=self.plan.gates.to_canary() if self.plan.gates else Gates(),
@@ -94,7 +98,9 @@ class TuneRunner:
             self.echo(f"{tag}: canary failed: {exc}")
             return Row(config, error=str(exc))
         values = values_of(report, mixed=self.mixed)
-        row = Row(config, values=values, failures=gate_failures(values, self.plan.gates), report=report)
+        row = Row(
+            config, values=values, failures=gate_failures(values, self.plan.gates), report=report
+        )
         self.echo(f"{tag}: {_summary(row)}")
         return row
 
@@ -118,5 +124,6 @@ def _summary(row: Row) -> str:
     verdict = "PASS" if not row.failures else "FAIL: " + "; ".join(row.failures)
     return (
         f"TTFT p99 {format_ms(v.ttft_p99_ms)}  TPOT p99 {format_ms(v.tpot_p99_ms)}  "
-        f"goodput {format_pct(v.goodput_ratio)}  frag {format_pct(v.kv_fragmentation)}  -> {verdict}"
+        f"goodput {format_pct(v.goodput_ratio)}  frag {format_pct(v.kv_fragmentation)}  "
+        f"-> {verdict}"
     )

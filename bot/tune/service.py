@@ -44,6 +44,8 @@ def run_tune(
     )
     rows = runner.run()
     pick = recommend(rows, plan.gates)
-    draft = build_draft(plan, rows, adr_id=adr_id, day=day, runs_dir=runs_dir, base=store.drafts_dir)
+    draft = build_draft(
+        plan, rows, adr_id=adr_id, day=day, runs_dir=runs_dir, base=store.drafts_dir
+    )
     path = store.write_draft(draft, slug=slug)
     return TuneResult(rows=rows, pick=pick, draft=draft, draft_path=path, runs_dir=runs_dir)
