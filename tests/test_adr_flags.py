@@ -11,14 +11,18 @@ from bot.errors import AdrError, UsageError
 @pytest.mark.parametrize(
     ("args", "argv"),
     [
-        ({"enable-chunked-prefill": True, "max-num-batched-tokens": 2048, "block-size": 32},
-         ["--enable-chunked-prefill", "--max-num-batched-tokens", "2048", "--block-size", "32"]),
+        (
+            {"enable-chunked-prefill": True, "max-num-batched-tokens": 2048, "block-size": 32},
+            ["--enable-chunked-prefill", "--max-num-batched-tokens", "2048", "--block-size", "32"],
+        ),
         ({"enable_prefix_caching": False}, ["--no-enable-prefix-caching"]),
-        ({"gpu-memory-utilization": 0.9, "kv-cache-dtype": "fp8"},
-         ["--gpu-memory-utilization", "0.9", "--kv-cache-dtype", "fp8"]),
+        (
+            {"gpu-memory-utilization": 0.9, "kv-cache-dtype": "fp8"},
+            ["--gpu-memory-utilization", "0.9", "--kv-cache-dtype", "fp8"],
+        ),
         ({}, []),
     ],
-)  # fmt: skip
+)
 def test_to_argv_turns_validated_args_into_a_list(args: dict[str, object], argv: list[str]) -> None:
     assert to_argv(args) == argv  # type: ignore[arg-type]
 
@@ -70,13 +74,17 @@ def test_every_tunable_flag_describes_its_values() -> None:
 @pytest.mark.parametrize(
     ("text", "args"),
     [
-        ("--enable-chunked-prefill --max-num-batched-tokens 2048 --block-size=32",
-         {"enable-chunked-prefill": True, "max-num-batched-tokens": 2048, "block-size": 32}),
-        ("--no-enable-prefix-caching --gpu_memory_utilization 0.8",
-         {"enable-prefix-caching": False, "gpu-memory-utilization": 0.8}),
+        (
+            "--enable-chunked-prefill --max-num-batched-tokens 2048 --block-size=32",
+            {"enable-chunked-prefill": True, "max-num-batched-tokens": 2048, "block-size": 32},
+        ),
+        (
+            "--no-enable-prefix-caching --gpu_memory_utilization 0.8",
+            {"enable-prefix-caching": False, "gpu-memory-utilization": 0.8},
+        ),
         ("", {}),
     ],
-)  # fmt: skip
+)
 def test_parse_flags_reads_command_line_text(text: str, args: dict[str, object]) -> None:
     assert parse_flags(text) == args
 

@@ -73,8 +73,15 @@ def test_every_metric_name_has_a_description() -> None:
 
 @pytest.mark.parametrize(
     ("op", "value", "holds"),
-    [(">", 1000, True), (">=", 1200, True), ("<", 1200, False), ("<=", 1200, True), ("==", 1200, True), ("!=", 1200, False)],
-)  # fmt: skip
+    [
+        (">", 1000, True),
+        (">=", 1200, True),
+        ("<", 1200, False),
+        ("<=", 1200, True),
+        ("==", 1200, True),
+        ("!=", 1200, False),
+    ],
+)
 def test_condition_operators(op: str, value: float, holds: bool) -> None:
     from bot.adr.match import check
 
@@ -177,8 +184,18 @@ def test_cli_list_and_show(store: Path) -> None:
 
 
 def test_cli_new_writes_a_valid_numbered_draft(store: Path) -> None:
-    args = ["adr", "new", "--title", "Prefix caching for agent prompts", "--date", "2026-08-31",
-            "--supersedes", "ADR-20260831-01", "--adr-dir", str(store)]  # fmt: skip
+    args = [
+        "adr",
+        "new",
+        "--title",
+        "Prefix caching for agent prompts",
+        "--date",
+        "2026-08-31",
+        "--supersedes",
+        "ADR-20260831-01",
+        "--adr-dir",
+        str(store),
+    ]
     first = CliRunner().invoke(cli, args)
     second = CliRunner().invoke(cli, args + ["--slug", "again"])
     assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
@@ -197,7 +214,11 @@ def test_cli_new_writes_a_valid_numbered_draft(store: Path) -> None:
 
 @pytest.mark.parametrize(
     ("title", "slug"),
-    [("vLLM 推理引擎 KV Cache 换页与吞吐调优决策", "vllm-kv-cache"), ("调优", "decision"), ("A/B: 512 vs 8192!", "a-b-512-vs-8192")],
-)  # fmt: skip
+    [
+        ("vLLM 推理引擎 KV Cache 换页与吞吐调优决策", "vllm-kv-cache"),
+        ("调优", "decision"),
+        ("A/B: 512 vs 8192!", "a-b-512-vs-8192"),
+    ],
+)
 def test_slugify_keeps_ascii_words(title: str, slug: str) -> None:
     assert slugify(title) == slug

@@ -49,7 +49,7 @@ def _record(**changes: object) -> Adr:
                 tpot_p99_ms=None,
                 verdict="引擎拒绝 (refused by vLLM): ValueError: No common block size for 48",
             ),
-        ],  # fmt: skip
+        ],
         "matrix_notes": "TTFT / TPOT: client-side p99.",
         "rules": ["First rule.", "A rule\nover two lines."],
         "notes": "## 4. Follow-ups\n\n- measure on a GPU",
@@ -128,24 +128,56 @@ SEED_TEXT = SEED.read_text(encoding="utf-8")
     ("text", "field", "why"),
     [
         ("no front matter\n", "front matter", "must start with a '---' line"),
-        (_break(SEED_TEXT, "status: accepted", "status: [accepted"), "front matter", "not valid YAML"),
+        (
+            _break(SEED_TEXT, "status: accepted", "status: [accepted"),
+            "front matter",
+            "not valid YAML",
+        ),
         (_break(SEED_TEXT, "status: accepted", "status: approved"), "status", "Input should be"),
         (_break(SEED_TEXT, "id: ADR-20260831-01", "id: ADR-1"), "id", "should match pattern"),
         (_break(SEED_TEXT, "deciders:", "owners:"), "owners", "unknown field"),
-        (_break(SEED_TEXT, "metric: ttft_p99_ms", "metric: ttft"), "match.0.metric", "unknown metric 'ttft'"),
+        (
+            _break(SEED_TEXT, "metric: ttft_p99_ms", "metric: ttft"),
+            "match.0.metric",
+            "unknown metric 'ttft'",
+        ),
         (_break(SEED_TEXT, "op: '>'", "op: '=~'"), "match.0.op", "unknown operator '=~'"),
-        (_break(SEED_TEXT, "value: 1000.0", "value: 'ttft > 1000'"), "match.0.value", "valid number"),
-        (_break(SEED_TEXT, "min_goodput_ratio: 0.95", "min_goodput_ratio: 95"), "gates.min_goodput_ratio", "less than or equal to 1"),
-        (_break(SEED_TEXT, "# ADR-20260831-01: vLLM", "# ADR-20260831-02: vLLM"), "heading", "first line of the body"),
-        (_break(SEED_TEXT, "## 2. 实验对比数据 (Metrics Matrix)", "## 2. Metrics"), "body", "the seed's sections"),
-        (_break(SEED_TEXT, "| 1200ms |", "| 1200 |"), "matrix row 1, TTFT (P99)", "'1200' is not a value like 350ms"),
-        (_break(SEED_TEXT, "| 62% |", "| 162% |"), "matrix.0.goodput_ratio", "less than or equal to 1"),
+        (
+            _break(SEED_TEXT, "value: 1000.0", "value: 'ttft > 1000'"),
+            "match.0.value",
+            "valid number",
+        ),
+        (
+            _break(SEED_TEXT, "min_goodput_ratio: 0.95", "min_goodput_ratio: 95"),
+            "gates.min_goodput_ratio",
+            "less than or equal to 1",
+        ),
+        (
+            _break(SEED_TEXT, "# ADR-20260831-01: vLLM", "# ADR-20260831-02: vLLM"),
+            "heading",
+            "first line of the body",
+        ),
+        (
+            _break(SEED_TEXT, "## 2. 实验对比数据 (Metrics Matrix)", "## 2. Metrics"),
+            "body",
+            "the seed's sections",
+        ),
+        (
+            _break(SEED_TEXT, "| 1200ms |", "| 1200 |"),
+            "matrix row 1, TTFT (P99)",
+            "'1200' is not a value like 350ms",
+        ),
+        (
+            _break(SEED_TEXT, "| 62% |", "| 162% |"),
+            "matrix.0.goodput_ratio",
+            "less than or equal to 1",
+        ),
         (_break(SEED_TEXT, "| 45ms | 62% |", "| 45ms |"), "matrix row 1", "has 5 cells, needs 6"),
         (_break(SEED_TEXT, "| 结论 |", "| Verdict |"), "matrix", "the table header must be"),
         (_break(SEED_TEXT, "- 强制启用", "强制启用"), "rules", "each rule is a '- ' list item"),
     ],
     ids=lambda v: v if isinstance(v, str) and len(v) < 40 else None,
-)  # fmt: skip
+)
 def test_parse_refuses_broken_adr_naming_field_and_why(text: str, field: str, why: str) -> None:
     with pytest.raises(AdrError) as caught:
         parse(text, file="adr/broken.md")

@@ -55,56 +55,67 @@ def test_cli_validate_passes_on_repository_store() -> None:
     assert "is valid" in result.output
 
 
+NEW = "ADR-20261129-01"
+GATES = "gates:\n  max_ttft_p99_ms: 350.0\n  max_tpot_p99_ms: 35.0\n  min_goodput_ratio: 0.95\n"
+NEWLINE_VALUE = 'kv-cache-dtype: "fp8\\n--trust-remote-code"'
+
+# (file to write, id it gets (None: the seed's own), replacements, field, why)
 BROKEN = [
-    # (file to write, its text from the seed copy, field, why)
-    ("ADR-20260831-01-copy.md", lambda r: _seed(r), "id", "is already the id of"),
-    ("ADR-20261129-01-x.md", lambda r: _as_new_id(r, "ADR-20261129-01", ("supersedes: []", "supersedes: [ADR-20250101-01]")),
+    ("ADR-20260831-01-copy.md", None, [], "id", "is already the id of"),
+    ("x", NEW, [("supersedes: []", "supersedes: [ADR-20250101-01]")],
      "supersedes", "ADR-20250101-01 is not an ADR here"),
-    ("ADR-20261129-01-x.md", lambda r: _as_new_id(r, "ADR-20261129-01", ("supersedes: []", "supersedes: ADR-20261129-01")),
-     "supersedes", "cannot supersede itself"),
-    ("ADR-20261129-01-x.md", lambda r: _as_new_id(r, "ADR-20261129-01", ("gates:\n  max_ttft_p99_ms: 350.0\n  max_tpot_p99_ms: 35.0\n  min_goodput_ratio: 0.95\n", "")),
-     "gates", "an accepted ADR needs canary gates"),
-    ("ADR-20261129-02-x.md", lambda r: _as_new_id(r, "ADR-20261129-01"), "id", "file name must start with the id"),
-    ("ADR-20261129-01-x.md", lambda r: _as_new_id(r, "ADR-20261129-01", ("date: 2026-11-29", "date: 2026-11-30")),
-     "date", "differs from the date in the id"),
-    ("drafts/ADR-20261129-01-x.md", lambda r: _as_new_id(r, "ADR-20261129-01"), "status", "a draft must be 'proposed'"),
-    ("ADR-20261129-01-x.md", lambda r: _as_new_id(r, "ADR-20261129-01", ("block-size: 32", "tensor-parallel-size: 8")),
+    ("x", NEW, [("supersedes: []", f"supersedes: {NEW}")], "supersedes", "cannot supersede itself"),
+    ("x", NEW, [(GATES, "")], "gates", "an accepted ADR needs canary gates"),
+    ("ADR-20261129-02-x.md", NEW, [], "id", "file name must start with the id"),
+    ("x", NEW, [("date: 2026-11-29", "date: 2026-11-30")], "date", "differs from the date in"),
+    ("drafts/ADR-20261129-01-x.md", NEW, [], "status", "a draft must be 'proposed'"),
+    ("x", NEW, [("block-size: 32", "tensor-parallel-size: 8")],
      "fix.engine_args.tensor-parallel-size", "is not a tunable flag"),
-    ("ADR-20261129-01-x.md", lambda r: _as_new_id(r, "ADR-20261129-01", ("block-size: 32", "block-size: 7")),
-     "fix.engine_args.block-size", "a multiple of 8"),
-    ("ADR-20261129-01-x.md", lambda r: _as_new_id(r, "ADR-20261129-01", ("block-size: 32", "kv-cache-dtype: \"fp8\\n--trust-remote-code\"")),
-     "fix.engine_args.kv-cache-dtype", "a newline"),
-    ("ADR-20261129-01-x.md", lambda r: _as_new_id(r, "ADR-20261129-01", ("block-size: 32", "kv-cache-dtype: fp8;reboot")),
+    ("x", NEW, [("block-size: 32", "block-size: 7")], "fix.engine_args.block-size", "multiple of"),
+    ("x", NEW, [("block-size: 32", NEWLINE_VALUE)], "fix.engine_args.kv-cache-dtype", "a newline"),
+    ("x", NEW, [("block-size: 32", "kv-cache-dtype: fp8;reboot")],
      "fix.engine_args.kv-cache-dtype", "shell metacharacter"),
-    ("ADR-20261129-01-x.md", lambda r: _as_new_id(r, "ADR-20261129-01", ("supersedes: []", "supersedes: [ADR-20260831-01]")),
-     "status", "superseded by accepted ADR-20261129-01"),
-    ("ADR-20261129-01-x.md", lambda r: _as_new_id(r, "ADR-20261129-01", ("metric: goodput_ratio", "metric: goodput")),
-     "match.1.metric", "unknown metric 'goodput'"),
+    ("x", NEW, [("supersedes: []", "supersedes: [ADR-20260831-01]")],
+     "status", f"superseded by accepted {NEW}"),
+    ("x", NEW, [("metric: goodput_ratio", "metric: goodput")], "match.1.metric", "unknown metric"),
 ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
-    ("name", "make", "field", "why"), BROKEN, ids=[f"{b[2]}: {b[3]}" for b in BROKEN]
+    ("name", "adr_id", "replacements", "field", "why"),
+    BROKEN,
+    ids=[f"{b[3]}: {b[4]}" for b in BROKEN],
 )
 def test_validate_names_file_field_and_why_on_broken_copy(
-    store: Path, name: str, make, field: str, why: str
-) -> None:  # type: ignore[no-untyped-def]
-    _write(store / name, make(store))
+    store: Path,
+    name: str,
+    adr_id: str | None,
+    replacements: list[tuple[str, str]],
+    field: str,
+    why: str,
+) -> None:
+    text = _as_new_id(store, adr_id, *replacements) if adr_id else _seed(store, *replacements)
+    _write(store / (f"{adr_id}-x.md" if name == "x" else name), text)
     problems = validate(store)
     assert any(p.field == field and why in p.why for p in problems), [str(p) for p in problems]
     # The CLI prints the same problem, names the file, and exits 2.
     result = CliRunner().invoke(cli, ["adr", "validate", str(store), "--no-vllm"])
     assert result.exit_code == 2
-    assert any(
-        field in line and why in line and line.startswith(str(store))
-        for line in result.stderr.splitlines()
-    )
+    lines = result.stderr.splitlines()
+    assert any(field in line and why in line and line.startswith(str(store)) for line in lines)
     assert "problem(s) found" in result.stderr
 
 
 def test_validate_single_file_checks_ids_against_its_store(store: Path) -> None:
-    broken = _write(store / "drafts" / "ADR-20261129-01-x.md", _as_new_id(store, "ADR-20261129-01",
-                    ("status: accepted", "status: proposed"), ("supersedes: []", "supersedes: [ADR-20260831-02]")))  # fmt: skip
+    broken = _write(
+        store / "drafts" / "ADR-20261129-01-x.md",
+        _as_new_id(
+            store,
+            "ADR-20261129-01",
+            ("status: accepted", "status: proposed"),
+            ("supersedes: []", "supersedes: [ADR-20260831-02]"),
+        ),
+    )
     problems = validate(broken)
     assert [(p.file, p.field) for p in problems] == [(str(broken), "supersedes")]
     assert "known: ADR-20260831-01, ADR-20261129-01" in problems[0].why
