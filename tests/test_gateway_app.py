@@ -23,9 +23,11 @@ ADMIN_TOKEN = "s3cret"
 
 def event(i: int) -> bytes:
     """One completions chunk as vLLM streams it (with continuous usage)."""
-    chunk = {"id": "cmpl-1", "object": "text_completion", "model": "m",
-             "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}],
-             "usage": {"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": i + 4}}  # fmt: skip
+    chunk = {
+        "id": "cmpl-1", "object": "text_completion", "model": "m",
+        "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": i + 4},
+    }  # fmt: skip
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
@@ -82,7 +84,9 @@ class ScriptedEngine:
             return json_response(404, {"error": {"message": "no such model", "code": 404}})
         tokens = body.get("max_tokens", 4)
         if body.get("stream"):
-            return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Script(self, tokens))
+            return httpx.Response(
+                200, headers={"content-type": "text/event-stream"}, stream=Script(self, tokens)
+            )
         return json_response(200, {"choices": [{"index": 0, "text": "x" * tokens}],
                                    "usage": {"completion_tokens": tokens}})  # fmt: skip
 
@@ -93,7 +97,9 @@ async def make_gateway():
     stack: list[tuple[GatewayServer, httpx.AsyncClient]] = []
 
     async def start(engine: ScriptedEngine, **limits: object) -> tuple[str, Gateway]:
-        upstream = httpx.AsyncClient(transport=httpx.MockTransport(engine), base_url="http://engine")
+        upstream = httpx.AsyncClient(
+            transport=httpx.MockTransport(engine), base_url="http://engine"
+        )
         app = Gateway(client=upstream, limits=Limits(**limits), admin_token=ADMIN_TOKEN)  # type: ignore[arg-type]
         server = GatewayServer(app)
         await server.__aenter__()
@@ -162,7 +168,9 @@ async def test_gateway_refuses_bad_input_with_400_and_admits_nothing(
     base, app = await make_gateway(engine)
     async with httpx.AsyncClient() as client:
         response = await client.post(
-            f"{base}/v1/completions", content=content, headers={"content-type": "application/json", **headers}
+            f"{base}/v1/completions",
+            content=content,
+            headers={"content-type": "application/json", **headers},
         )
         page = await scrape(client, base)
     assert response.status_code == 400
@@ -216,11 +224,15 @@ async def test_gateway_answers_429_with_retry_after_when_the_budget_is_spent(mak
     assert page.total("ruleloop_gateway_inflight_tokens") == 0
 
 
-async def test_gateway_refuses_a_request_larger_than_the_whole_budget_with_413(make_gateway) -> None:
+async def test_gateway_refuses_a_request_larger_than_the_whole_budget_with_413(
+    make_gateway,
+) -> None:
     engine = ScriptedEngine()
     base, _ = await make_gateway(engine, max_inflight_tokens=10)
     async with httpx.AsyncClient() as client:
-        response = await client.post(f"{base}/v1/completions", json={"model": "m", "prompt": [1], "max_tokens": 50})
+        response = await client.post(
+            f"{base}/v1/completions", json={"model": "m", "prompt": [1], "max_tokens": 50}
+        )
     assert response.status_code == 413 and response.json()["error"]["param"] == "max_tokens"
     assert engine.requests == []
 
@@ -229,7 +241,9 @@ async def test_gateway_deadline_before_output_is_a_504_and_closes_upstream(make_
     engine = ScriptedEngine(stall=True)
     base, app = await make_gateway(engine)
     async with httpx.AsyncClient() as client:
-        response = await client.post(f"{base}/v1/completions", json=STREAM, headers={"X-Request-Timeout": "50ms"})
+        response = await client.post(
+            f"{base}/v1/completions", json=STREAM, headers={"X-Request-Timeout": "50ms"}
+        )
         page = await scrape(client, base)
     assert response.status_code == 504
     assert response.json()["error"]["code"] == "deadline_exceeded"
@@ -245,7 +259,9 @@ async def test_gateway_deadline_mid_stream_ends_with_an_sse_error_event(make_gat
     async with httpx.AsyncClient() as client:
         engine.step.put_nowait(None)
         engine.step.put_nowait(None)
-        response = await client.post(f"{base}/v1/completions", json=body, headers={"X-Request-Timeout": "0.2s"})
+        response = await client.post(
+            f"{base}/v1/completions", json=body, headers={"X-Request-Timeout": "0.2s"}
+        )
         page = await scrape(client, base)
     events = [e for e in response.text.split("\n\n") if e]
     assert events[:2] == [event(0).decode().strip(), event(1).decode().strip()]
@@ -261,7 +277,9 @@ async def test_gateway_client_disconnect_closes_the_upstream_stream(make_gateway
     base, app = await make_gateway(engine)
     async with httpx.AsyncClient() as client:
         engine.step.put_nowait(None)
-        async with client.stream("POST", f"{base}/v1/completions", json={**STREAM, "max_tokens": 100}) as r:
+        async with client.stream(
+            "POST", f"{base}/v1/completions", json={**STREAM, "max_tokens": 100}
+        ) as r:
             assert (await anext(r.aiter_lines())).startswith("data: ")
         # the client is gone; the gateway must notice without the engine sending anything more
         while engine.closed == 0:
@@ -309,14 +327,32 @@ async def test_gateway_metrics_add_up_over_mixed_endings(make_gateway) -> None:
     engine = ScriptedEngine()
     base, _ = await make_gateway(engine, max_inflight_tokens=1000)
     async with httpx.AsyncClient() as client:
-        for body in (STREAM, {**STREAM, "stream": False}, {**STREAM, "model": "other"}, {"model": "m"}):
+        for body in (
+            STREAM,
+            {**STREAM, "stream": False},
+            {**STREAM, "model": "other"},
+            {"model": "m"},
+        ):
             await client.post(f"{base}/v1/completions", json=body)
         await client.post(f"{base}/v1/completions", json={**STREAM, "max_tokens": 5000})
         page = await scrape(client, base)
-    counts = {o: outcome(page, o) for o in ("ok", "upstream_error", "invalid", "rejected", "deadline", "client_cancel")}
-    assert counts == {"ok": 2, "upstream_error": 1, "invalid": 1, "rejected": 1, "deadline": 0, "client_cancel": 0}
+    counts = {
+        o: outcome(page, o)
+        for o in ("ok", "upstream_error", "invalid", "rejected", "deadline", "client_cancel")
+    }
+    assert counts == {
+        "ok": 2,
+        "upstream_error": 1,
+        "invalid": 1,
+        "rejected": 1,
+        "deadline": 0,
+        "client_cancel": 0,
+    }
     admitted = counts["ok"] + counts["upstream_error"]
-    assert page.total("ruleloop_gateway_prompt_tokens_total", where={"kind": "admitted"}) == 3 * admitted
+    assert (
+        page.total("ruleloop_gateway_prompt_tokens_total", where={"kind": "admitted"})
+        == 3 * admitted
+    )
     assert page.total("ruleloop_gateway_prompt_tokens_total", where={"kind": "wasted"}) == 3
     assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "delivered"}) == 8
     assert page.total("ruleloop_gateway_inflight_tokens") == 0
@@ -325,19 +361,29 @@ async def test_gateway_metrics_add_up_over_mixed_endings(make_gateway) -> None:
 
 @pytest.mark.parametrize(
     ("headers", "status"),
-    [({}, 401), ({"Authorization": "Bearer wrong"}, 401), ({"Authorization": f"Basic {ADMIN_TOKEN}"}, 401)],
+    [
+        ({}, 401),
+        ({"Authorization": "Bearer wrong"}, 401),
+        ({"Authorization": f"Basic {ADMIN_TOKEN}"}, 401),
+    ],
 )
-async def test_admin_refuses_requests_without_the_token(make_gateway, headers: dict[str, str], status: int) -> None:
+async def test_admin_refuses_requests_without_the_token(
+    make_gateway, headers: dict[str, str], status: int
+) -> None:
     base, app = await make_gateway(ScriptedEngine())
     async with httpx.AsyncClient() as client:
-        response = await client.patch(f"{base}/admin/limits", json={"max_inflight_tokens": 5}, headers=headers)
+        response = await client.patch(
+            f"{base}/admin/limits", json={"max_inflight_tokens": 5}, headers=headers
+        )
     assert response.status_code == status and app.limits.max_inflight_tokens == 0
 
 
 async def test_admin_without_a_configured_token_is_disabled() -> None:
     app = Gateway(client=httpx.AsyncClient(transport=httpx.MockTransport(ScriptedEngine())))
     async with GatewayServer(app) as server, httpx.AsyncClient() as client:
-        response = await client.get(f"{server.base_url}/admin/limits", headers={"Authorization": "Bearer x"})
+        response = await client.get(
+            f"{server.base_url}/admin/limits", headers={"Authorization": "Bearer x"}
+        )
     assert response.status_code == 403 and response.json()["error"]["code"] == "admin_disabled"
 
 
@@ -351,14 +397,18 @@ async def test_admin_changes_limits_live_without_dropping_open_streams(make_gate
             lines = open_stream.aiter_lines()
             assert (await anext(lines)).startswith("data: ")
             changed = await client.patch(
-                f"{base}/admin/limits", json={"max_inflight_tokens": 7, "default_timeout_s": "30s"}, headers=auth
+                f"{base}/admin/limits",
+                json={"max_inflight_tokens": 7, "default_timeout_s": "30s"},
+                headers=auth,
             )
             refused = await client.post(f"{base}/v1/completions", json=STREAM)
             for _ in range(3):
                 engine.step.put_nowait(None)
             rest = [line async for line in lines if line]
         shown = await client.get(f"{base}/admin/limits", headers=auth)
-        bad = await client.patch(f"{base}/admin/limits", json={"max_inflight_tokens": "lots"}, headers=auth)
+        bad = await client.patch(
+            f"{base}/admin/limits", json={"max_inflight_tokens": "lots"}, headers=auth
+        )
     assert changed.status_code == 200 and changed.json()["max_inflight_tokens"] == 7
     assert refused.status_code == 429
     assert rest[-1] == "data: [DONE]"

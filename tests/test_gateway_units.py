@@ -39,6 +39,11 @@ def test_request_timeout_caps_the_default_too() -> None:
     assert request_timeout(None, default_s=120.0, max_s=60.0) == 60.0
 
 
+def user(content: object) -> dict[str, object]:
+    """A chat message."""
+    return {"role": "user", "content": content}
+
+
 @pytest.mark.parametrize(
     ("body", "chat", "prompt", "output"),
     [
@@ -48,21 +53,27 @@ def test_request_timeout_caps_the_default_too() -> None:
         ({"model": "m", "prompt": ["abcd", "abcde"], "max_tokens": 4}, False, 3, 4),
         ({"model": "m", "prompt": [1], "max_tokens": 5, "n": 3}, False, 1, 15),
         ({"model": "m", "prompt": [1]}, False, 1, 100),
-        ({"model": "m", "messages": [{"role": "user", "content": "abcd"}], "max_completion_tokens": 7}, True, 5, 7),
-        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "abcdefgh"}]}]}, True, 6, 100),
-        ({"model": "m", "messages": [{"role": "assistant", "content": None}], "max_tokens": 1}, True, 4, 1),
+        ({"model": "m", "messages": [user("abcd")], "max_completion_tokens": 7}, True, 5, 7),
+        ({"model": "m", "messages": [user([{"type": "text", "text": "abcdefgh"}])]}, True, 6, 100),
+        ({"model": "m", "messages": [user(None)], "max_tokens": 1}, True, 4, 1),
     ],
 )  # fmt: skip
 def test_costing_estimates_prompt_and_output_tokens(
     body: dict[str, object], chat: bool, prompt: int, output: int
 ) -> None:
     cost = Costing().estimate(body, chat=chat, default_max_tokens=100)
-    assert (cost.prompt_tokens, cost.max_output_tokens, cost.total) == (prompt, output, prompt + output)
+    assert (cost.prompt_tokens, cost.max_output_tokens, cost.total) == (
+        prompt,
+        output,
+        prompt + output,
+    )
 
 
 def test_costing_uses_the_injected_tokenizer_for_text() -> None:
     costing = Costing(count_tokens=len)  # one token per character
-    cost = costing.estimate({"model": "m", "prompt": "abcdefgh", "max_tokens": 1}, chat=False, default_max_tokens=1)
+    cost = costing.estimate(
+        {"model": "m", "prompt": "abcdefgh", "max_tokens": 1}, chat=False, default_max_tokens=1
+    )
     assert cost.prompt_tokens == 8
 
 
@@ -87,7 +98,9 @@ def test_costing_uses_the_injected_tokenizer_for_text() -> None:
         ({"model": "m", "messages": [{"content": 5}]}, True, "messages"),
     ],
 )
-def test_costing_refuses_bodies_it_cannot_cost(body: dict[str, object], chat: bool, param: str) -> None:
+def test_costing_refuses_bodies_it_cannot_cost(
+    body: dict[str, object], chat: bool, param: str
+) -> None:
     with pytest.raises(HTTPProblem) as caught:
         Costing().estimate(body, chat=chat, default_max_tokens=16)
     assert (caught.value.status, caught.value.param) == (400, param)
@@ -131,7 +144,9 @@ def test_budget_lowered_below_in_flight_admits_nothing_until_drained() -> None:
 
 
 def test_limits_update_accepts_durations_in_timeout_syntax() -> None:
-    new = updated(Limits(), {"default_timeout_s": "500ms", "max_timeout_s": 30, "max_inflight_tokens": 64})
+    new = updated(
+        Limits(), {"default_timeout_s": "500ms", "max_timeout_s": 30, "max_inflight_tokens": 64}
+    )
     assert (new.default_timeout_s, new.max_timeout_s, new.max_inflight_tokens) == (0.5, 30, 64)
 
 

@@ -73,15 +73,57 @@ def build_limits(
 @click.command(
     "gateway", cls=Command, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
 )
-@click.option("--upstream", required=True, help="The engine's HTTP root, e.g. http://127.0.0.1:8000.")
-@click.option("--listen", default="127.0.0.1:9000", show_default=True, help="HOST:PORT to serve on.")
-@click.option("--max-inflight-tokens", type=click.IntRange(min=0), default=0, show_default=True, help="Token budget: prompt + max_tokens of admitted requests in flight; 0 = no budget.")
-@click.option("--default-timeout", default="600s", show_default=True, help="Deadline for requests without X-Request-Timeout.")
-@click.option("--max-timeout", default="3600s", show_default=True, help="Longest deadline a client may ask for.")
-@click.option("--max-body-bytes", type=click.IntRange(min=1024), default=8 * 1024 * 1024, show_default=True, help="Larger request bodies get 413.")
-@click.option("--tokenizer", "tokenizer_path", type=click.Path(exists=True, dir_okay=False), default=None, help="tokenizer.json to count text prompts exactly [default: ~4 bytes per token].")
-@click.option("--limits-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help="YAML/JSON limits, applied at start and re-read on SIGHUP.")
-@click.option("--admin-token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None, help=f"Bearer token for /admin/limits [or ${ADMIN_TOKEN_ENV}]; none: admin disabled.")
+@click.option(
+    "--upstream", required=True, help="The engine's HTTP root, e.g. http://127.0.0.1:8000."
+)
+@click.option(
+    "--listen", default="127.0.0.1:9000", show_default=True, help="HOST:PORT to serve on."
+)
+@click.option(
+    "--max-inflight-tokens",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Token budget: prompt + max_tokens of admitted requests in flight; 0 = no budget.",
+)
+@click.option(
+    "--default-timeout",
+    default="600s",
+    show_default=True,
+    help="Deadline for requests without X-Request-Timeout.",
+)
+@click.option(
+    "--max-timeout",
+    default="3600s",
+    show_default=True,
+    help="Longest deadline a client may ask for.",
+)
+@click.option(
+    "--max-body-bytes",
+    type=click.IntRange(min=1024),
+    default=8 * 1024 * 1024,
+    show_default=True,
+    help="Larger request bodies get 413.",
+)
+@click.option(
+    "--tokenizer",
+    "tokenizer_path",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="tokenizer.json to count text prompts exactly [default: ~4 bytes per token].",
+)
+@click.option(
+    "--limits-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="YAML/JSON limits, applied at start and re-read on SIGHUP.",
+)
+@click.option(
+    "--admin-token-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help=f"Bearer token for /admin/limits [or ${ADMIN_TOKEN_ENV}]; none: admin disabled.",
+)
 def gateway(
     upstream: str, listen: str, max_inflight_tokens: int, default_timeout: str, max_timeout: str,
     max_body_bytes: int, tokenizer_path: str | None, limits_file: Path | None,
@@ -95,7 +137,9 @@ def gateway(
     its own /metrics (ruleloop_gateway_*).
     """
     if not upstream.startswith(("http://", "https://")):
-        raise UsageError(f"--upstream {upstream!r} must be an http(s) URL, e.g. http://127.0.0.1:8000")
+        raise UsageError(
+            f"--upstream {upstream!r} must be an http(s) URL, e.g. http://127.0.0.1:8000"
+        )
     host, port = _listen(listen)
     limits = build_limits(
         max_inflight_tokens=max_inflight_tokens, default_timeout=default_timeout,
@@ -111,14 +155,26 @@ def gateway(
             costing = Costing(count_tokens=tokenizer_counter(tokenizer_path))
         except Exception as exc:  # tokenizers raises its own exception types
             raise UsageError(f"cannot load --tokenizer {tokenizer_path}: {exc}") from exc
-    asyncio.run(_serve(upstream, host, port, limits, costing, token, limits_file))
+    run = asyncio.run
+    try:
+        import uvloop  # faster event loop where installed (Linux, macOS)
+
+        run = uvloop.run
+    except ImportError:
+        pass
+    run(_serve(upstream, host, port, limits, costing, token, limits_file))
 
 
-async def _serve(upstream, host, port, limits, costing, token, limits_file) -> None:  # type: ignore[no-untyped-def]
+async def _serve(
+    upstream: str, host: str, port: int, limits: Limits, costing: Costing, token: str | None,
+    limits_file: Path | None,
+) -> None:  # fmt: skip
     async with upstream_client(upstream) as client:
         app = Gateway(client=client, limits=limits, costing=costing, admin_token=token)
         try:
-            server = GatewayServer(app, host=host, port=port, limits_file=limits_file)
+            server = GatewayServer(
+                app, host=host, port=port, limits_file=limits_file, handle_signals=True
+            )
             async with server:
                 click.echo(f"gateway on {server.base_url} -> {upstream} "
                            f"(budget {limits.max_inflight_tokens or 'off'})", err=True)  # fmt: skip

@@ -45,7 +45,9 @@ class Admin:
 
     async def _handle(self, scope: Scope, receive: Receive) -> dict[str, object]:
         if scope["path"] != PATH:
-            raise HTTPProblem(404, f"no admin resource {scope['path']}; use {PATH}", code="not_found")
+            raise HTTPProblem(
+                404, f"no admin resource {scope['path']}; use {PATH}", code="not_found"
+            )
         self._authorize(scope)
         method = scope["method"]
         if method == "GET":
@@ -56,9 +58,13 @@ class Admin:
         try:
             change = json.loads(raw or b"{}")
         except ValueError:
-            raise HTTPProblem(400, "the limits change is not valid JSON", code="invalid_request") from None
+            raise HTTPProblem(
+                400, "the limits change is not valid JSON", code="invalid_request"
+            ) from None
         if not isinstance(change, dict):
-            raise HTTPProblem(400, "the limits change must be a JSON object", code="invalid_request")
+            raise HTTPProblem(
+                400, "the limits change must be a JSON object", code="invalid_request"
+            )
         try:
             new = updated(self._get(), change)
         except LimitsError as exc:

@@ -54,7 +54,9 @@ class Gateway:
         self.metrics = GatewayMetrics(self.budget)
         self.costing = costing or Costing()
         self.relay = Relay(client, clock=clock)
-        self.admin = Admin(token=admin_token, get_limits=lambda: self.limits, set_limits=self.set_limits)
+        self.admin = Admin(
+            token=admin_token, get_limits=lambda: self.limits, set_limits=self.set_limits
+        )
         self._clock = clock
 
     def set_limits(self, limits: Limits) -> None:
@@ -75,8 +77,9 @@ class Gateway:
             await self._inference(scope, receive, send, chat=chat)
         elif path == "/metrics" and scope["method"] == "GET":
             body = self.metrics.exposition()
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", CONTENT_TYPE), (b"content-length", str(len(body)).encode())]})  # fmt: skip
+            length = str(len(body)).encode()
+            headers = [(b"content-type", CONTENT_TYPE), (b"content-length", length)]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": body})
         elif path.startswith("/admin/"):
             await self.admin(scope, receive, send)
@@ -90,7 +93,9 @@ class Gateway:
         try:
             timeout_s, raw = await self._read_request(scope, receive, limits)
             body = parse_body(raw)
-            cost = self.costing.estimate(body, chat=chat, default_max_tokens=limits.default_max_tokens)
+            cost = self.costing.estimate(
+                body, chat=chat, default_max_tokens=limits.default_max_tokens
+            )
         except ClientGone:
             return
         except HTTPProblem as problem:
@@ -140,7 +145,9 @@ class Gateway:
         self.metrics.finished(ex.outcome, prompt_tokens=cost.prompt_tokens,
                               output_tokens=ex.output_tokens, ttft_s=ttft, tpot_s=tpot)  # fmt: skip
 
-    async def _read_request(self, scope: Scope, receive: Receive, limits: Limits) -> tuple[float, bytes]:
+    async def _read_request(
+        self, scope: Scope, receive: Receive, limits: Limits
+    ) -> tuple[float, bytes]:
         timeout_header = declared = None
         for key, value in scope["headers"]:
             if key == TIMEOUT_HEADER:
@@ -164,8 +171,9 @@ class Gateway:
             await send_problem(send, problem)
             return
         await self.relay.run(
-            method=scope["method"], target=_target(scope), headers=upstream_headers(scope["headers"]),
-            body=raw, receive=receive, send=send, deadline_s=self.limits.max_timeout_s, stream=True,
+            method=scope["method"], target=_target(scope), body=raw, receive=receive, send=send,
+            headers=upstream_headers(scope["headers"]), deadline_s=self.limits.max_timeout_s,
+            stream=True,
         )  # fmt: skip
 
 
@@ -176,7 +184,7 @@ def _target(scope: Scope) -> str:
 
 
 async def read_body(receive: Receive, *, limit: int, declared: bytes | None) -> bytes:
-    """The whole request body, refused with 413 past ``limit`` bytes (before reading, if declared)."""
+    """The whole request body; 413 past ``limit`` bytes (before reading, when declared)."""
     if declared is not None:
         try:
             size = int(declared)

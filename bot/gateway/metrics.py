@@ -28,7 +28,7 @@ when the client asked for it, else one token per streamed choice event.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -41,7 +41,7 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05
                 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)  # fmt: skip
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """How an inference request ended, as the gateway counts it."""
 
     OK = "ok"
@@ -75,7 +75,10 @@ class GatewayMetrics:
             ["kind"],
             registry=r,
         )
-        self._admitted_prompt, self._wasted_prompt = prompt.labels("admitted"), prompt.labels("wasted")
+        self._admitted_prompt, self._wasted_prompt = (
+            prompt.labels("admitted"),
+            prompt.labels("wasted"),
+        )
         self._ttft = Histogram(
             "ruleloop_gateway_ttft_seconds", "Arrival to first streamed byte.",
             buckets=TTFT_BUCKETS, registry=r,
@@ -91,7 +94,9 @@ class GatewayMetrics:
             "ruleloop_gateway_inflight_requests", "Admitted requests not yet finished.", registry=r
         ).set_function(lambda: budget.in_flight_requests)
         Gauge(
-            "ruleloop_gateway_max_inflight_tokens", "The token budget's limit (0: none).", registry=r
+            "ruleloop_gateway_max_inflight_tokens",
+            "The token budget's limit (0: none).",
+            registry=r,
         ).set_function(lambda: budget.limit)
 
     def refused(self, outcome: Outcome) -> None:

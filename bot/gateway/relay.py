@@ -11,6 +11,7 @@ events (``"index":``, minus chat's role-only first event).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -104,10 +105,9 @@ class Relay:
                     if task.cancelled() or ex.done:
                         return
                     ex.client_gone = True
-                    try:
+                    # RuntimeError: the deadline is already firing; it ends the exchange anyway.
+                    with contextlib.suppress(RuntimeError):
                         timeout.reschedule(loop.time())
-                    except RuntimeError:
-                        pass  # the deadline is already firing; it ends the exchange anyway
 
                 watcher.add_done_callback(on_disconnect)
                 request = self.client.build_request(method, target, headers=headers, content=body)
@@ -123,7 +123,9 @@ class Relay:
                         ex.done = True
                         hdrs = _response_headers(response)
                         hdrs.append((b"content-length", str(len(payload)).encode()))
-                        await send({"type": "http.response.start", "status": ex.status, "headers": hdrs})
+                        await send(
+                            {"type": "http.response.start", "status": ex.status, "headers": hdrs}
+                        )
                         ex.head_sent = True
                         await send({"type": "http.response.body", "body": payload})
                 finally:
@@ -194,6 +196,10 @@ def _count(payload: bytes, ex: Exchange) -> None:
 async def send_problem(send: Send, problem: responses.HTTPProblem) -> None:
     """Answer with an OpenAI-shaped JSON error."""
     body = problem.body()
-    headers = [*responses.JSON_HEADERS, (b"content-length", str(len(body)).encode()), *problem.headers]
+    headers = [
+        *responses.JSON_HEADERS,
+        (b"content-length", str(len(body)).encode()),
+        *problem.headers,
+    ]
     await send({"type": "http.response.start", "status": problem.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -39,7 +39,11 @@ class HTTPProblem(Exception):
 
 
 def error_body(
-    message: str, *, type: str, param: str | None = None, code: str | None = None  # noqa: A002
+    message: str,
+    *,
+    type: str,
+    param: str | None = None,
+    code: str | None = None,  # noqa: A002
 ) -> bytes:
     """An OpenAI-shaped JSON error body."""
     error = {"message": message, "type": type, "param": param, "code": code}

@@ -7,8 +7,10 @@ an async context manager, so the CLI, the tests and the bench start it the same 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
 
@@ -43,8 +45,20 @@ def reload_limits(gateway: Gateway, path: Path) -> bool:
     return True
 
 
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture: the owner decides which signals stop it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 class GatewayServer:
-    """Runs a Gateway on uvicorn in this event loop until the context exits."""
+    """Runs a Gateway on uvicorn in this event loop until the context exits.
+
+    With ``handle_signals`` (the CLI) SIGINT and SIGTERM stop it cleanly (exit 0) and SIGHUP
+    re-reads ``limits_file``; without (tests, the bench) it installs no signal handler at all.
+    """
 
     def __init__(
         self,
@@ -53,16 +67,18 @@ class GatewayServer:
         host: str = "127.0.0.1",
         port: int = 0,
         limits_file: Path | None = None,
+        handle_signals: bool = False,
         log_level: str = "warning",
     ) -> None:
         self.gateway = gateway
         self.limits_file = limits_file
+        self.handle_signals = handle_signals
         config = uvicorn.Config(
-            gateway, host=host, port=port, loop="none", http="httptools", ws="none",
+            gateway, host=host, port=port, loop="none", http="auto", ws="none",
             lifespan="off", access_log=False, server_header=False, date_header=False,
-            log_level=log_level, backlog=4096, timeout_keep_alive=30,
+            log_level=log_level, backlog=4096, timeout_keep_alive=30, timeout_graceful_shutdown=30,
         )  # fmt: skip
-        self.server = uvicorn.Server(config)
+        self.server = _Server(config)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -79,12 +95,18 @@ class GatewayServer:
                 self._task.result()  # raises why it could not start
                 raise RuntimeError("the gateway server stopped before it started")
             await asyncio.sleep(0.01)
-        if self.limits_file is not None:
-            path = self.limits_file
-            asyncio.get_running_loop().add_signal_handler(
-                signal.SIGHUP, lambda: reload_limits(self.gateway, path)
-            )
+        if self.handle_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.stop)
+            if self.limits_file is not None:
+                path = self.limits_file
+                loop.add_signal_handler(signal.SIGHUP, lambda: reload_limits(self.gateway, path))
         return self
+
+    def stop(self) -> None:
+        """Ask the server to finish: stop accepting, let open responses end, return."""
+        self.server.should_exit = True
 
     async def wait(self) -> None:
         """Serve until the server stops (Ctrl-C or SIGTERM in the CLI)."""
@@ -92,10 +114,15 @@ class GatewayServer:
         await self._task
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
-        if self.limits_file is not None:
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+        if self.handle_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
         self.server.should_exit = True
         if self._task is not None:
             await self._task
