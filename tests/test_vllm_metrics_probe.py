@@ -144,3 +144,16 @@ async def test_scraper_unreachable_is_an_endpoint_error() -> None:
     async with httpx.AsyncClient(transport=httpx.MockTransport(refuse)) as client:
         with pytest.raises(EndpointError, match="cannot scrape http://engine/metrics"):
             await MetricsScraper("http://engine/metrics", client=client)()
+
+
+def test_parsing_only_window_metrics_reads_the_same_window() -> None:
+    from bot.probes.vllm_metrics import WINDOW_METRICS
+
+    def page(name: str, at: float, only=None) -> Exposition:
+        text = (FIXTURES / "vllm-0.32.0" / f"{name}.prom").read_text()
+        return Exposition.parse(text, at=at, only=only)
+
+    full = read_window(page("before", 0), page("after", 4))
+    lean = read_window(page("before", 0, WINDOW_METRICS), page("after", 4, WINDOW_METRICS))
+    assert lean == full
+    assert len(page("after", 4, WINDOW_METRICS).samples) < len(page("after", 4).samples)

@@ -19,6 +19,15 @@ from bot.canary.fragmentation import FragmentationSample
 from bot.probes.vllm_metrics import EngineWindow
 
 PERCENTILES = {"p50": 50, "p90": 90, "p99": 99}
+UNMEASURED_HINTS = {
+    "max_ttft_p99_ms": ": no request finished normally",
+    "max_tpot_p99_ms": ": no request finished normally with more than one token",
+    "min_goodput_ratio": ": no tokens streamed",
+    "max_kv_fragmentation": (
+        ": no in-flight /metrics sample saw KV usage (check --metrics-url, lower "
+        "--sample-interval or send more requests)"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -170,7 +179,10 @@ class CanaryReport:
             if limit is None:
                 continue
             if value is None or math.isnan(value):
-                results.append(GateResult(name, limit, None, False, "could not be measured in this run"))
+                hint = UNMEASURED_HINTS.get(name, "")
+                results.append(
+                    GateResult(name, limit, None, False, f"could not be measured in this run{hint}")
+                )
             elif kind == "max":
                 ok = value <= limit
                 results.append(GateResult(name, limit, value, ok, f"{value:.4g} {'<=' if ok else '>'} {limit:.4g}"))

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+import aiohttp
 import httpx
 
 from bot.canary.client import Outcome, RequestRecord, stream_request
@@ -28,6 +29,7 @@ from bot.probes.exposition import Exposition
 from bot.probes.vllm_metrics import (
     KV_USAGE,
     RUNNING,
+    SAMPLE_METRICS,
     WAITING,
     CacheConfig,
     MetricsScraper,
@@ -73,7 +75,6 @@ class CanaryRun:
         gates: Gates | None = None,
         metrics_url: str | None = None,
         sample_interval_s: float = 0.5,
-        transport: httpx.AsyncBaseTransport | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         progress_interval_s: float = 1.0,
     ) -> None:
@@ -81,7 +82,6 @@ class CanaryRun:
         self.gates = gates or Gates()
         self.metrics_url = metrics_url
         self.sample_interval_s = sample_interval_s
-        self._transport = transport
         self._on_progress = on_progress
         self._progress_interval_s = progress_interval_s
         self._rng = random.Random(workload.seed + 1)
@@ -95,13 +95,14 @@ class CanaryRun:
     async def run(self) -> CanaryReport:
         """Preflight, load, scrape; raise EndpointError when the endpoint cannot be used."""
         w = self.workload
-        cap = None if w.request_rate is not None else w.concurrency + 4
-        limits = httpx.Limits(max_connections=cap, max_keepalive_connections=cap)
-        # Whole-request deadlines live in stream_request; per-read timers cost CPU on every chunk.
-        timeout = httpx.Timeout(None, connect=10.0)
-        async with httpx.AsyncClient(
-            limits=limits, timeout=timeout, transport=self._transport
-        ) as client:
+        # httpx for the few control calls (preflight, /tokenize, /metrics); aiohttp for the
+        # streams (see bot.canary.client). Whole-request deadlines live in stream_request.
+        connector = aiohttp.TCPConnector(limit=0 if w.request_rate else w.concurrency + 4)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
+        async with (
+            httpx.AsyncClient(timeout=10.0) as client,
+            aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
+        ):
             model = await self._preflight(client)
             scraper = (
                 MetricsScraper(self.metrics_url, client=client) if self.metrics_url else None
@@ -109,7 +110,7 @@ class CanaryRun:
             if w.api is Api.CHAT:
                 await self._calibrate_chat(client, model)
             if w.warmup_requests:
-                await self._load(client, model, count=w.warmup_requests, duration_s=None, keep=False)
+                await self._load(session, model, count=w.warmup_requests, duration_s=None, keep=False)
             before = await scraper() if scraper else None
             self._cache = cache_config(before) if before else None
             cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -117,7 +118,7 @@ class CanaryRun:
             sampler = asyncio.create_task(self._sample(scraper)) if scraper else None
             ticker = asyncio.create_task(self._tick()) if self._on_progress else None
             try:
-                await self._load(client, model, count=w.num_requests, duration_s=w.duration_s, keep=True)
+                await self._load(session, model, count=w.num_requests, duration_s=w.duration_s, keep=True)
             finally:
                 for task in (sampler, ticker):
                     if task:
@@ -175,7 +176,7 @@ class CanaryRun:
 
     async def _load(
         self,
-        client: httpx.AsyncClient,
+        session: aiohttp.ClientSession,
         model: str,
         *,
         count: int | None,
@@ -196,7 +197,7 @@ class CanaryRun:
             return True
 
         async def one() -> None:
-            await self._one(client, model, keep=keep)
+            await self._one(session, model, keep=keep)
 
         if w.request_rate is None:
 
@@ -218,7 +219,7 @@ class CanaryRun:
             await asyncio.sleep(self._rng.expovariate(w.request_rate))
         await asyncio.gather(*tasks)
 
-    async def _one(self, client: httpx.AsyncClient, model: str, *, keep: bool) -> None:
+    async def _one(self, session: aiohttp.ClientSession, model: str, *, keep: bool) -> None:
         w = self.workload
         body = self._prompts.body(model)
         cancel = w.cancel_share > 0 and self._rng.random() < w.cancel_share
@@ -232,20 +233,17 @@ class CanaryRun:
         if keep:
             self.records.append(record)
         await stream_request(
-            client, self._url(), body, record, headers=headers, abandon_after_s=abandon,
+            session, self.workload.endpoint, body, record, headers=headers, abandon_after_s=abandon,
             timeout_s=w.timeout_s,
         )
         if cancel and headers and record.outcome is Outcome.FAILED:
             record.outcome = Outcome.CANCELLED  # the deadline we asked for did its job
 
-    def _url(self) -> str:
-        return self.workload.endpoint
-
     async def _sample(self, scraper: MetricsScraper) -> None:
         while True:
             await asyncio.sleep(self.sample_interval_s)
             try:
-                page = await scraper()
+                page = await scraper(only=SAMPLE_METRICS)
             except EndpointError:
                 continue  # one missed sample is not worth failing the run
             self._take_sample(page)

@@ -114,16 +114,15 @@ class PromptFactory:
     def __init__(self, workload: Workload) -> None:
         self._rng = random.Random(workload.seed)
         self._workload = workload
-        lo, hi = PROMPT_ID_RANGE
-        self._prefix_ids = [self._rng.randrange(lo, hi) for _ in range(workload.prefix_length)]
+        self._ids = range(*PROMPT_ID_RANGE)
+        self._prefix_ids = self._rng.choices(self._ids, k=workload.prefix_length)
         self.tokens_per_word = 1.0
         self._prefix_text: list[str] | None = None
 
     def token_ids(self) -> list[int]:
         """A prompt as token ids: the shared prefix, then a random unique suffix."""
-        lo, hi = PROMPT_ID_RANGE
         n = self._workload.prompt_length - self._workload.prefix_length
-        return self._prefix_ids + [self._rng.randrange(lo, hi) for _ in range(n)]
+        return self._prefix_ids + self._rng.choices(self._ids, k=n)
 
     def text(self) -> str:
         """A prompt as text: single-letter words, as many as the token length needs."""

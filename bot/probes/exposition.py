@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,8 +26,14 @@ class Exposition:
     samples: Mapping[str, list[tuple[Labels, float]]] = field(default_factory=dict)
 
     @classmethod
-    def parse(cls, text: str, *, at: float) -> Exposition:
-        """Parse exposition text; raise ProbeError if it is not the Prometheus text format."""
+    def parse(cls, text: str, *, at: float, only: Collection[str] | None = None) -> Exposition:
+        """Parse exposition text; raise ProbeError if it is not the Prometheus text format.
+
+        With ``only``, lines of other metrics are dropped before parsing: a vLLM page is ~700
+        lines, and a sampler that needs three gauges should not pay for all of them.
+        """
+        if only is not None:
+            text = select_metrics(text, only)
         index: dict[str, list[tuple[Labels, float]]] = defaultdict(list)
         try:
             for family in text_string_to_metric_families(text):
@@ -63,6 +69,31 @@ class Exposition:
         for labels, value in self.samples.get(f"{histogram}_bucket", []):
             out[float(labels["le"])] += value
         return dict(sorted(out.items()))
+
+
+_SUFFIXES = ("", "_total", "_created", "_bucket", "_sum", "_count", "_info")
+
+
+def select_metrics(text: str, names: Collection[str]) -> str:
+    """The lines of ``text`` that belong to the metric families ``names`` (comments included)."""
+    wanted = {name + suffix for name in names for suffix in _SUFFIXES}
+    for name in names:  # counters are often listed by their sample name, x_total
+        wanted.add(name.removesuffix("_total"))
+    kept = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            parts = line.split(" ", 3)
+            name = parts[2] if len(parts) > 2 else ""
+        else:
+            cut = len(line)
+            for sep in ("{", " "):
+                pos = line.find(sep)
+                if 0 <= pos < cut:
+                    cut = pos
+            name = line[:cut]
+        if name in wanted:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
 
 
 def _matches(labels: Labels, where: Labels | None) -> bool:

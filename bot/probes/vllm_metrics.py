@@ -35,6 +35,18 @@ REQUEST_GENERATION_TOKENS_SUM = ("vllm:request_generation_tokens_sum",)
 REQUEST_SUCCESS = ("vllm:request_success_total",)
 CACHE_CONFIG = ("vllm:cache_config_info",)
 
+# What a window needs, and what an in-flight sample needs: scrapes parse only these.
+WINDOW_METRICS = frozenset(
+    name
+    for names in (
+        TTFT, ITL, QUEUE_TIME, E2E, RUNNING, WAITING, KV_USAGE, PREEMPTIONS, PREFIX_QUERIES,
+        PREFIX_HITS, PREFIX_HIT_RATE, GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_PROMPT_TOKENS_SUM,
+        REQUEST_GENERATION_TOKENS_SUM, REQUEST_SUCCESS, CACHE_CONFIG,
+    )
+    for name in names
+)  # fmt: skip
+SAMPLE_METRICS = frozenset((*RUNNING, *WAITING, *KV_USAGE, *GENERATION_TOKENS))
+
 @dataclass(frozen=True)
 class Quantiles:
     """Latency quantiles in milliseconds (None where there was no observation)."""
@@ -205,21 +217,30 @@ class MetricsScraper:
         self._clock = clock
         self._require_vllm = require_vllm
 
-    async def __call__(self) -> Exposition:
-        """Fetch and parse the page once."""
+    async def __call__(self, *, only: frozenset[str] | None = WINDOW_METRICS) -> Exposition:
+        """Fetch and parse the page once, keeping the metrics in ``only`` (None: all)."""
         try:
             response = await self._client.get(self.url)
         except httpx.HTTPError as exc:
             raise EndpointError(f"cannot scrape {self.url}: {exc}") from exc
         if response.status_code != 200:
             raise ProbeError(f"{self.url} answered HTTP {response.status_code}, not a metrics page")
-        return parse_page(response.text, url=self.url, at=self._clock(), require_vllm=self._require_vllm)
+        return parse_page(
+            response.text, url=self.url, at=self._clock(), require_vllm=self._require_vllm, only=only
+        )
 
 
-def parse_page(text: str, *, url: str, at: float, require_vllm: bool = True) -> Exposition:
+def parse_page(
+    text: str,
+    *,
+    url: str,
+    at: float,
+    require_vllm: bool = True,
+    only: frozenset[str] | None = None,
+) -> Exposition:
     """Parse a scraped page, refusing one that is not a vLLM engine's when that is required."""
     try:
-        page = Exposition.parse(text, at=at)
+        page = Exposition.parse(text, at=at, only=only)
     except ProbeError as exc:
         raise ProbeError(f"{url} is not a Prometheus metrics page: {exc}") from exc
     if require_vllm and not is_vllm(page):
