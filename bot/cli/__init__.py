@@ -7,6 +7,7 @@ the log, never a traceback.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import uuid
 
@@ -30,25 +31,69 @@ class ErrorBoundary:
             raise
         except Exception:
             error_id = uuid.uuid4().hex[:8]
-            log.exception("unexpected error %s", error_id)
+            where = _record_unexpected(error_id)
             click.secho(
-                f"error: unexpected failure (id {error_id}); rerun with RULELOOP_DEBUG=1 "
-                "for details and report the id",
+                f"error: unexpected failure (id {error_id}); the details are in {where}",
                 err=True,
                 fg="red",
             )
             ctx.exit(2)
 
 
+def _record_unexpected(error_id: str) -> str:
+    """Append the current traceback to the error log under its id; return the log's path."""
+    import traceback
+
+    from bot.engine.process import default_state_dir
+
+    path = default_state_dir() / "errors.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as fh:
+            fh.write(f"--- {error_id}\n{traceback.format_exc()}\n")
+    except OSError:
+        log.error("unexpected error %s", error_id, exc_info=True)
+        return "the log (stderr)"
+    return str(path)
+
+
 class Group(ErrorBoundary, click.Group):
-    """A click group behind the error boundary."""
+    """A click group behind the error boundary that imports subcommand modules on first use.
+
+    `python -m latency_checker` and `ruleloop canary` should not pay for importing the bot,
+    the gateway or vLLM's argument parser. Each module in ``lazy`` has ``register(group)``.
+    """
+
+    def __init__(self, *args: object, lazy: dict[str, str] | None = None, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = self.lazy.pop(cmd_name, None)
+        if module is not None:
+            importlib.import_module(module).register(self)
+        return super().get_command(ctx, cmd_name)
 
 
 class Command(ErrorBoundary, click.Command):
     """A click command behind the error boundary (for standalone entry points)."""
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+# Subcommand name -> the module that registers it.
+COMMANDS = {
+    "engine": "bot.cli.engine",
+    "canary": "bot.cli.canary",
+    "demo": "bot.cli.demo",
+    "gateway": "bot.cli.gateway",
+    "adr": "bot.cli.adr",
+    "tune": "bot.cli.tune",
+}
+
+
+@click.group(cls=Group, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ruleloop")
 def cli() -> None:
     """ruleloop: diagnose vLLM latency incidents, apply pre-approved ADR fixes behind a canary,
@@ -64,16 +109,6 @@ def cli() -> None:
 
     level = logging.DEBUG if os.environ.get("RULELOOP_DEBUG") else logging.WARNING
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-
-def _register() -> None:
-    from bot.cli import adr, canary, demo, engine, gateway, tune
-
-    for module in (engine, canary, demo, gateway, adr, tune):
-        module.register(cli)
-
-
-_register()
 
 
 def main() -> None:
