@@ -11,6 +11,7 @@ Column sources (said again under the matrix in every draft):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,7 +124,8 @@ class Row:
 
 
 def _short(text: str) -> str:
-    text = " ".join(text.split())
+    # The log path is in the row's JSON; in the table it is noise.
+    text = re.sub(r"\s*\(full log: [^)]*\)\s*$", "", " ".join(text.split()))
     return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 1] + "…"
 
 
