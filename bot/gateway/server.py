@@ -19,16 +19,17 @@ import uvicorn
 
 from bot.gateway.app import Gateway
 from bot.gateway.limits import LimitsError, read_limits_file, updated
+from bot.gateway.transport import UpstreamTransport
 
 log = logging.getLogger("ruleloop.gateway")
 
 
 def upstream_client(upstream: str, *, connect_timeout_s: float = 10.0) -> httpx.AsyncClient:
-    """The upstream client: no read timeout (deadlines are the gateway's), no connection cap."""
+    """The upstream client: the lean transport, no read timeout (deadlines are the gateway's)."""
     return httpx.AsyncClient(
+        transport=UpstreamTransport(),
         base_url=upstream.rstrip("/"),
         timeout=httpx.Timeout(None, connect=connect_timeout_s),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=1024),
         follow_redirects=False,
         trust_env=False,
     )
