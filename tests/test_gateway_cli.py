@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -83,3 +84,14 @@ def test_gateway_process_reloads_limits_on_sighup_and_stops_on_sigterm(tmp_path:
         proc.wait()
         if proc.stderr:
             proc.stderr.close()
+
+
+def test_gateway_cli_reports_a_busy_port_with_exit_2() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = CliRunner().invoke(
+            cli, ["gateway", "--upstream", "http://127.0.0.1:1", "--listen", f"127.0.0.1:{port}"]
+        )
+    assert result.exit_code == 2 and "cannot listen on" in result.output

@@ -179,7 +179,7 @@ async def _serve(
                 click.echo(f"gateway on {server.base_url} -> {upstream} "
                            f"(budget {limits.max_inflight_tokens or 'off'})", err=True)  # fmt: skip
                 await server.wait()
-        except (OSError, SystemExit) as exc:
+        except OSError as exc:
             raise UsageError(f"cannot listen on {host}:{port}: {exc}") from exc
 
 

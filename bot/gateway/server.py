@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -90,7 +91,17 @@ class GatewayServer:
         return f"http://{host}:{port}"
 
     async def __aenter__(self) -> GatewayServer:
-        self._task = asyncio.create_task(self.server.serve())
+        # Bind here, not in uvicorn: a busy port is then an OSError we can report, not sys.exit.
+        config = self.server.config
+        family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((config.host, config.port))
+        except OSError:
+            sock.close()
+            raise
+        self._task = asyncio.create_task(self.server.serve(sockets=[sock]))
         while not self.server.started:
             if self._task.done():
                 self._task.result()  # raises why it could not start
