@@ -68,7 +68,7 @@ def free_port() -> int:
 def engine_command(
     *, python: str, model_dir: Path, host: str, port: int, flags: Sequence[str]
 ) -> list[str]:
-    """The argv that starts vLLM's OpenAI server on the tiny model (a list, never a shell string)."""
+    """The argv that starts vLLM's OpenAI server on the tiny model (a list, not a shell line)."""
     return [
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
@@ -123,8 +123,6 @@ class EngineManager:
     def __init__(self, *, state_dir: Path | None = None, python: str | None = None) -> None:
         self.state_dir = state_dir or default_state_dir()
         self.python = python or os.environ.get("RULELOOP_ENGINE_PYTHON") or sys.executable
-        # Engines this manager started, kept so they are reaped (and not reported as leaked).
-        self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     def _state_path(self, port: int) -> Path:
         return self.state_dir / f"engine-{port}.json"
@@ -154,24 +152,15 @@ class EngineManager:
         argv = engine_command(
             python=self.python, model_dir=model_dir, host=host, port=port, flags=flags
         )
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(  # noqa: S603 - argv is a list built above
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=engine_env(),
-                start_new_session=True,
-            )
-        self._children[port] = proc
+        pid = _spawn_detached(argv, log_path=log_path, env=engine_env())
         info = EngineInfo(
-            port=port, pid=proc.pid, host=host, flags=list(flags), log_path=str(log_path)
+            port=port, pid=pid, host=host, flags=list(flags), log_path=str(log_path)
         )
         self._state_path(port).write_text(json.dumps(asdict(info)))
         try:
-            self._wait_ready(proc, info, timeout_s=timeout_s, on_progress=on_progress)
+            self._wait_ready(info, timeout_s=timeout_s, on_progress=on_progress)
         except BaseException:
-            self._kill(proc.pid)
+            self._kill(pid)
             self._forget(port)
             raise
         return info
@@ -188,7 +177,6 @@ class EngineManager:
 
     def _wait_ready(
         self,
-        proc: subprocess.Popen[bytes],
         info: EngineInfo,
         *,
         timeout_s: float,
@@ -198,7 +186,7 @@ class EngineManager:
         last_note = 0.0
         with httpx.Client(timeout=2.0) as client:
             while True:
-                code = proc.poll()
+                code = _exit_code(info.pid)
                 if code is not None:
                     reason = failure_reason(Path(info.log_path).read_text(errors="replace"))
                     raise EngineError(
@@ -249,9 +237,6 @@ class EngineManager:
 
     def _forget(self, port: int) -> None:
         self._state_path(port).unlink(missing_ok=True)
-        child = self._children.pop(port, None)
-        if child is not None:
-            child.wait()
 
     @staticmethod
     def _kill(pid: int, *, timeout_s: float = 20.0) -> None:
@@ -272,9 +257,33 @@ class EngineManager:
             time.sleep(0.1)
 
 
-def _alive(pid: int) -> bool:
+def _spawn_detached(argv: list[str], *, log_path: Path, env: dict[str, str]) -> int:
+    """Start ``argv`` in its own session, output to ``log_path``; return its pid.
+
+    posix_spawn rather than Popen: an engine outlives the command that started it
+    (`ruleloop engine up` returns while vLLM serves), and nothing here holds a handle to it;
+    ``_exit_code`` reaps it when this process is the one that stops it.
+    """
+    actions = [
+        (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+        (os.POSIX_SPAWN_OPEN, 1, str(log_path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644),
+        (os.POSIX_SPAWN_DUP2, 1, 2),
+    ]
+    return os.posix_spawnp(argv[0], argv, env, file_actions=actions, setsid=True)
+
+
+def _exit_code(pid: int) -> int | None:
+    """The exit code of our child ``pid`` if it has ended (reaping it), else None."""
     try:
-        # Reap it if it is our child and already exited, so it does not linger as a zombie.
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not our child: started by another `ruleloop` process
+        return None if _alive(pid) else 0
+    return os.waitstatus_to_exitcode(status) if done == pid else None
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is running (a zombie is not; our own zombies are reaped on the way)."""
+    try:
         done, _ = os.waitpid(pid, os.WNOHANG)
         if done == pid:
             return False
@@ -286,10 +295,6 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return _not_zombie(pid)
-
-
-def _not_zombie(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
