@@ -29,7 +29,10 @@ def engine_factory(engine_manager: EngineManager) -> Iterator[EngineFactory]:
     def get(flags: Sequence[str] = ()) -> EngineInfo:
         key = tuple(flags)
         if key not in started:
-            started[key] = engine_manager.start(port=free_port(), flags=[*TEST_FLAGS, *key])
+            # Generous: on a loaded 2-core box vLLM has taken over 5 minutes to become ready.
+            started[key] = engine_manager.start(
+                port=free_port(), flags=[*TEST_FLAGS, *key], timeout_s=600
+            )
         return started[key]
 
     try:
