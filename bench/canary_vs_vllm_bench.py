@@ -42,7 +42,9 @@ def run_canary(base_url: str, args: argparse.Namespace, out: Path) -> dict[str, 
     }  # fmt: skip
 
 
-def run_peer(base_url: str, model_dir: Path, args: argparse.Namespace, out: Path) -> dict[str, float]:
+def run_peer(
+    base_url: str, model_dir: Path, args: argparse.Namespace, out: Path
+) -> dict[str, float]:
     """One `vllm bench serve` run on the same workload."""
     host, port = base_url.removeprefix("http://").split(":")
     subprocess.run(
@@ -71,7 +73,9 @@ def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def main() -> None:
     """Run the comparison and print a table."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--concurrency", type=int, default=150)
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--prompt-length", type=int, default=512)
@@ -94,7 +98,9 @@ def main() -> None:
                     if name == "canary":
                         runs.append(run_canary(info.base_url, args, out))
                     else:
-                        runs.append(run_peer(info.base_url, manager.state_dir / "tiny-llama", args, out))
+                        runs.append(
+                            run_peer(info.base_url, manager.state_dir / "tiny-llama", args, out)
+                        )
                     print("   ", {k: round(v, 2) for k, v in runs[-1].items()}, flush=True)
     finally:
         manager.stop(port)
@@ -110,8 +116,15 @@ def main() -> None:
         print(f"{key:<22}{ours[key]:>12.2f}{peer[key]:>12.2f}{ours[key] / peer[key]:>8.3f}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "canary_vs_vllm_bench.json").write_text(
-        json.dumps({"args": vars(args), "canary": canary_runs, "peer": peer_runs,
-                    "median": {"canary": ours, "peer": peer}}, indent=2)  # fmt: skip
+        json.dumps(
+            {
+                "args": vars(args),
+                "canary": canary_runs,
+                "peer": peer_runs,
+                "median": {"canary": ours, "peer": peer},
+            },
+            indent=2,
+        )  # fmt: skip
     )
 
 

@@ -12,14 +12,36 @@ from bot.cli.canary import canary, default_metrics_url
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--endpoint", "http://x/v1/completions", "--concurrency", "-3"], "Invalid value for '--concurrency'"),
+        (
+            ["--endpoint", "http://x/v1/completions", "--concurrency", "-3"],
+            "Invalid value for '--concurrency'",
+        ),
         (["--endpoint", "http://x/v1/completions", "--bogus"], "No such option '--bogus'"),
         ([], "Missing option '--endpoint'"),
         (["--endpoint", "ftp://x/v1/completions"], "is not an http(s) URL"),
-        (["--endpoint", "http://x/v1/models"], "must end in /v1/completions or /v1/chat/completions"),
-        (["--endpoint", "http://x/v1/completions", "--prompt-length", "8", "--prefix-length", "8"], "--prefix-length must be between 0"),
-        (["--endpoint", "http://x/v1/completions", "--min-goodput-ratio", "1.5"], "Invalid value for '--min-goodput-ratio'"),
-        (["--endpoint", "http://x/v1/completions", "--cancel-mode", "sometimes"], "Invalid value for '--cancel-mode'"),
+        (
+            ["--endpoint", "http://x/v1/models"],
+            "must end in /v1/completions or /v1/chat/completions",
+        ),
+        (
+            [
+                "--endpoint",
+                "http://x/v1/completions",
+                "--prompt-length",
+                "8",
+                "--prefix-length",
+                "8",
+            ],
+            "--prefix-length must be between 0",
+        ),
+        (
+            ["--endpoint", "http://x/v1/completions", "--min-goodput-ratio", "1.5"],
+            "Invalid value for '--min-goodput-ratio'",
+        ),
+        (
+            ["--endpoint", "http://x/v1/completions", "--cancel-mode", "sometimes"],
+            "Invalid value for '--cancel-mode'",
+        ),
     ],
 )
 def test_bad_usage_exits_2_with_a_clear_message(args: list[str], message: str) -> None:
@@ -32,7 +54,12 @@ def test_bad_usage_exits_2_with_a_clear_message(args: list[str], message: str) -
 def test_help_teaches_the_seed_command_and_exit_codes() -> None:
     result = CliRunner().invoke(canary, ["--help"])
     assert result.exit_code == 0
-    for text in ("--max-ttft-p99-ms", "--min-goodput-ratio", "--prompt-length", "Exit codes: 0 all gates passed"):
+    for text in (
+        "--max-ttft-p99-ms",
+        "--min-goodput-ratio",
+        "--prompt-length",
+        "Exit codes: 0 all gates passed",
+    ):
         assert text in result.output
 
 

@@ -16,14 +16,26 @@ from bot.engine.process import EngineInfo, free_port
 
 pytestmark = pytest.mark.engine
 
-SMALL = ["--num-requests", "16", "--concurrency", "4", "--prompt-length", "64", "--output-length", "16", "--quiet"]
+SMALL = [
+    "--num-requests",
+    "16",
+    "--concurrency",
+    "4",
+    "--prompt-length",
+    "64",
+    "--output-length",
+    "16",
+    "--quiet",
+]
 
 
 def run(args: list[str]) -> tuple[int, str, dict | None, str]:
     """Invoke the canary command; return exit code, stdout, JSON report, stderr."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "report.json"
-        result = CliRunner().invoke(canary, [*args, "--output-json", str(path)], catch_exceptions=False)
+        result = CliRunner().invoke(
+            canary, [*args, "--output-json", str(path)], catch_exceptions=False
+        )
         report = json.loads(path.read_text()) if path.exists() else None
     return result.exit_code, result.stdout, report, result.stderr
 
@@ -52,7 +64,9 @@ def test_loose_gates_pass_with_exit_0(engine: EngineInfo) -> None:
 
 
 def test_impossible_gate_fails_with_exit_1_and_names_it(engine: EngineInfo) -> None:
-    code, out, report, err = run(["--endpoint", endpoint(engine), *SMALL, "--max-ttft-p99-ms", "0.001"])
+    code, out, report, err = run(
+        ["--endpoint", endpoint(engine), *SMALL, "--max-ttft-p99-ms", "0.001"]
+    )
     assert code == 1
     assert "FAIL  max_ttft_p99_ms" in out
     assert "gate failed: max_ttft_p99_ms" in err
@@ -60,7 +74,9 @@ def test_impossible_gate_fails_with_exit_1_and_names_it(engine: EngineInfo) -> N
 
 
 def test_unreachable_endpoint_exits_2_with_one_line_reason() -> None:
-    code, out, report, err = run(["--endpoint", f"http://127.0.0.1:{free_port()}/v1/completions", *SMALL])
+    code, out, report, err = run(
+        ["--endpoint", f"http://127.0.0.1:{free_port()}/v1/completions", *SMALL]
+    )
     assert code == 2
     assert err.startswith("error: cannot reach http://127.0.0.1:")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
@@ -116,9 +132,7 @@ def test_fragmentation_is_sampled_in_flight_and_lies_in_unit_interval(engine: En
 
 
 def test_chat_endpoint_streams_and_measures(engine: EngineInfo) -> None:
-    code, _, report, _ = run(
-        ["--endpoint", f"{engine.base_url}/v1/chat/completions", *SMALL]
-    )
+    code, _, report, _ = run(["--endpoint", f"{engine.base_url}/v1/chat/completions", *SMALL])
     assert code == 0 and report
     assert report["requests"]["ok"] == 16
     assert report["ttft_ms"]["p50"] is not None and report["tpot_ms"]["p50"] is not None
@@ -154,7 +168,13 @@ def test_metrics_page_that_is_not_vllms_is_refused(engine: EngineInfo, tmp_path:
     try:
         _wait_for_port(port)
         code, _, _, err = run(
-            ["--endpoint", endpoint(engine), *SMALL, "--metrics-url", f"http://127.0.0.1:{port}/metrics"]
+            [
+                "--endpoint",
+                endpoint(engine),
+                *SMALL,
+                "--metrics-url",
+                f"http://127.0.0.1:{port}/metrics",
+            ]
         )
         assert code == 2
         assert "not a vLLM engine's" in err

@@ -77,7 +77,9 @@ def test_summarize_uses_linear_interpolation_like_numpy() -> None:
     assert summarize([]) == {"p50": None, "p90": None, "p99": None, "mean": None}
 
 
-def record(ttft_s: float, e2e_s: float, tokens: int, outcome: Outcome = Outcome.OK) -> RequestRecord:
+def record(
+    ttft_s: float, e2e_s: float, tokens: int, outcome: Outcome = Outcome.OK
+) -> RequestRecord:
     r = RequestRecord(sent_at=10.0, first_token_at=10.0 + ttft_s, finished_at=10.0 + e2e_s)
     r.output_tokens, r.outcome = tokens, outcome
     return r
@@ -136,10 +138,22 @@ def test_gate_on_unmeasurable_value_fails_with_reason() -> None:
 
 
 def test_report_json_has_the_contract_keys() -> None:
-    sample = FragmentationSample(at=0.1, observed=0.2, internal=0.1, resident_tokens=10, kv_usage=0.1)
+    sample = FragmentationSample(
+        at=0.1, observed=0.2, internal=0.1, resident_tokens=10, kv_usage=0.1
+    )
     data = make_report([record(0.1, 1.1, 11)], Gates(max_ttft_p99_ms=500), [sample]).as_dict()
-    for key in ("ttft_ms", "tpot_ms", "goodput_ratio", "slo_attainment", "kv_fragmentation",
-                "wasted_prefill_tokens", "requests", "engine", "gates", "passed"):
+    for key in (
+        "ttft_ms",
+        "tpot_ms",
+        "goodput_ratio",
+        "slo_attainment",
+        "kv_fragmentation",
+        "wasted_prefill_tokens",
+        "requests",
+        "engine",
+        "gates",
+        "passed",
+    ):
         assert key in data
     assert set(data["ttft_ms"]) == {"p50", "p90", "p99", "mean"}
     assert data["kv_fragmentation"]["observed"] == pytest.approx(0.2)

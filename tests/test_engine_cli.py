@@ -22,7 +22,10 @@ def invoke(args: list[str], state_dir: Path):
 
 def test_engine_up_status_down(tmp_path: Path) -> None:
     port = free_port()
-    up = invoke(["engine", "up", "--port", str(port), "--", "--enforce-eager", "--max-num-seqs", "8"], tmp_path)
+    up = invoke(
+        ["engine", "up", "--port", str(port), "--", "--enforce-eager", "--max-num-seqs", "8"],
+        tmp_path,
+    )
     try:
         assert up.exit_code == 0, up.output
         assert f"vLLM serving at http://127.0.0.1:{port}" in up.stdout
@@ -38,7 +41,10 @@ def test_engine_up_status_down(tmp_path: Path) -> None:
 
 
 def test_engine_up_with_flags_vllm_refuses_exits_2_with_its_reason(tmp_path: Path) -> None:
-    result = invoke(["engine", "up", "--port", str(free_port()), "--", "--enforce-eager", "--no-such-flag"], tmp_path)
+    result = invoke(
+        ["engine", "up", "--port", str(free_port()), "--", "--enforce-eager", "--no-such-flag"],
+        tmp_path,
+    )
     assert result.exit_code == 2
     assert "unrecognized arguments: --no-such-flag" in result.stderr
     assert "Traceback" not in result.output
@@ -46,7 +52,17 @@ def test_engine_up_with_flags_vllm_refuses_exits_2_with_its_reason(tmp_path: Pat
 
 def test_demo_prints_the_four_metric_baseline_and_stops_its_engine(tmp_path: Path) -> None:
     result = invoke(
-        ["demo", "--num-requests", "8", "--concurrency", "4", "--prompt-length", "64", "--output-length", "16"],
+        [
+            "demo",
+            "--num-requests",
+            "8",
+            "--concurrency",
+            "4",
+            "--prompt-length",
+            "64",
+            "--output-length",
+            "16",
+        ],
         tmp_path,
     )
     assert result.exit_code == 0, result.output

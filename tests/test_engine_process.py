@@ -32,7 +32,12 @@ def test_failure_reason_picks_vllms_own_error_line(log: str, reason: str) -> Non
 def test_engine_serves_completions_and_metrics(engine: EngineInfo) -> None:
     response = httpx.post(
         f"{engine.base_url}/v1/completions",
-        json={"model": engine.model, "prompt": [100, 101, 102], "max_tokens": 4, "ignore_eos": True},
+        json={
+            "model": engine.model,
+            "prompt": [100, 101, 102],
+            "max_tokens": 4,
+            "ignore_eos": True,
+        },
         timeout=60,
     )
     assert response.status_code == 200
@@ -51,10 +56,14 @@ def test_engine_manager_records_and_finds_running_engine(
 
 
 @pytest.mark.engine
-def test_engine_start_reports_vllms_reason_for_refusing_flags(engine_manager: EngineManager) -> None:
+def test_engine_start_reports_vllms_reason_for_refusing_flags(
+    engine_manager: EngineManager,
+) -> None:
     port = free_port()
     with pytest.raises(EngineError, match="block size for 7"):
-        engine_manager.start(port=port, flags=["--enforce-eager", "--block-size", "7"], timeout_s=240)
+        engine_manager.start(
+            port=port, flags=["--enforce-eager", "--block-size", "7"], timeout_s=240
+        )
     assert engine_manager.find(port) is None
 
 
@@ -76,4 +85,7 @@ def test_failure_reason_prefers_root_cause_over_wrappers() -> None:
         "(EngineCore pid=2) ERROR 11-29 15:14:35 [core.py:1510] RuntimeError: Worker failed with error 'x', please check the stack trace above for the root cause\n"
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}\n"
     )
-    assert failure_reason(log) == "ValueError: No common block size for 7 (CPU_ATTN: [MultipleOf(32)])."
+    assert (
+        failure_reason(log)
+        == "ValueError: No common block size for 7 (CPU_ATTN: [MultipleOf(32)])."
+    )

@@ -15,13 +15,13 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import aiohttp
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """How a request ended, as the client saw it."""
 
     OK = "ok"
@@ -145,7 +145,9 @@ def _handle_event(event: bytes, record: RequestRecord, now: float) -> bool:
         try:
             chunk = json.loads(payload)
         except ValueError as exc:
-            raise StreamError(f"the stream carried a line that is not JSON: {payload[:80]!r}") from exc
+            raise StreamError(
+                f"the stream carried a line that is not JSON: {payload[:80]!r}"
+            ) from exc
         if "error" in chunk:
             raise StreamError(_error_message(json.dumps(chunk)))
         _count_tokens(chunk, record, now)

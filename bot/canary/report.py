@@ -19,6 +19,12 @@ from bot.canary.fragmentation import FragmentationSample
 from bot.probes.vllm_metrics import EngineWindow
 
 PERCENTILES = {"p50": 50, "p90": 90, "p99": 99}
+FRAGMENTATION_DEFINITIONS = {
+    "observed": "1 - resident_tokens / (kv_cache_usage_perc * (num_gpu_blocks - 1) * block_size),"
+    " mean over in-flight samples",
+    "internal": "sum(ceil(n/B)*B - n) / sum(ceil(n/B)*B) over in-flight sequences,"
+    " mean over samples",
+}
 UNMEASURED_HINTS = {
     "max_ttft_p99_ms": ": no request finished normally",
     "max_tpot_p99_ms": ": no request finished normally with more than one token",
@@ -96,11 +102,7 @@ def fragmentation_summary(samples: Sequence[FragmentationSample]) -> dict[str, A
         "observed_max": float(np.max(observed)) if observed else None,
         "samples": len(samples),
         "samples_with_kv": len(observed),
-        "definition": {
-            "observed": "1 - resident_tokens / (kv_cache_usage_perc * (num_gpu_blocks - 1) * block_size), "
-            "mean over in-flight samples",
-            "internal": "sum(ceil(n/B)*B - n) / sum(ceil(n/B)*B) over in-flight sequences, mean over samples",
-        },
+        "definition": FRAGMENTATION_DEFINITIONS,
     }
 
 
@@ -115,6 +117,7 @@ class CanaryReport:
     gates: Gates
     wall_s: float
     client_cpu_s: float
+    timeline: list[dict[str, Any]] = field(default_factory=list)  # engine gauges per sample
     gate_results: list[GateResult] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -185,10 +188,18 @@ class CanaryReport:
                 )
             elif kind == "max":
                 ok = value <= limit
-                results.append(GateResult(name, limit, value, ok, f"{value:.4g} {'<=' if ok else '>'} {limit:.4g}"))
+                results.append(
+                    GateResult(
+                        name, limit, value, ok, f"{value:.4g} {'<=' if ok else '>'} {limit:.4g}"
+                    )
+                )
             else:
                 ok = value >= limit
-                results.append(GateResult(name, limit, value, ok, f"{value:.4g} {'>=' if ok else '<'} {limit:.4g}"))
+                results.append(
+                    GateResult(
+                        name, limit, value, ok, f"{value:.4g} {'>=' if ok else '<'} {limit:.4g}"
+                    )
+                )
         return results
 
     @property
@@ -223,7 +234,9 @@ class CanaryReport:
                 "delivered": self.delivered_tokens(),
                 "streamed": streamed,
                 "engine_generated": self.engine.generation_tokens if self.engine else None,
-                "prompt_sent": sum(r.prompt_tokens or r.planned_prompt_tokens for r in self.records),
+                "prompt_sent": sum(
+                    r.prompt_tokens or r.planned_prompt_tokens for r in self.records
+                ),
             },
             "throughput": {
                 "wall_s": self.wall_s,
@@ -238,6 +251,7 @@ class CanaryReport:
             "engine": engine,
             "gates": [asdict(g) for g in self.gate_results],
             "workload": self.workload,
+            "timeline": self.timeline,
         }
 
 

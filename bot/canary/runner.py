@@ -104,13 +104,13 @@ class CanaryRun:
             aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
         ):
             model = await self._preflight(client)
-            scraper = (
-                MetricsScraper(self.metrics_url, client=client) if self.metrics_url else None
-            )
+            scraper = MetricsScraper(self.metrics_url, client=client) if self.metrics_url else None
             if w.api is Api.CHAT:
                 await self._calibrate_chat(client, model)
             if w.warmup_requests:
-                await self._load(session, model, count=w.warmup_requests, duration_s=None, keep=False)
+                await self._load(
+                    session, model, count=w.warmup_requests, duration_s=None, keep=False
+                )
             before = await scraper() if scraper else None
             self._cache = cache_config(before) if before else None
             cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -118,7 +118,9 @@ class CanaryRun:
             sampler = asyncio.create_task(self._sample(scraper)) if scraper else None
             ticker = asyncio.create_task(self._tick()) if self._on_progress else None
             try:
-                await self._load(session, model, count=w.num_requests, duration_s=w.duration_s, keep=True)
+                await self._load(
+                    session, model, count=w.num_requests, duration_s=w.duration_s, keep=True
+                )
             finally:
                 for task in (sampler, ticker):
                     if task:
@@ -137,8 +139,8 @@ class CanaryRun:
             gates=self.gates,
             wall_s=wall_s,
             client_cpu_s=cpu_s,
+            timeline=[asdict(p) for p in self.timeline],
         )
-        report.timeline = [asdict(p) for p in self.timeline]  # type: ignore[attr-defined]
         return report
 
     async def _preflight(self, client: httpx.AsyncClient) -> str:
@@ -233,7 +235,12 @@ class CanaryRun:
         if keep:
             self.records.append(record)
         await stream_request(
-            session, self.workload.endpoint, body, record, headers=headers, abandon_after_s=abandon,
+            session,
+            self.workload.endpoint,
+            body,
+            record,
+            headers=headers,
+            abandon_after_s=abandon,
             timeout_s=w.timeout_s,
         )
         if cancel and headers and record.outcome is Outcome.FAILED:

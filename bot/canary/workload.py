@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import string
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from urllib.parse import urlsplit, urlunsplit
 
 # Token ids drawn for prompts: low enough to exist in every vocabulary, above the special ids
@@ -20,14 +20,14 @@ from urllib.parse import urlsplit, urlunsplit
 PROMPT_ID_RANGE = (100, 250)
 
 
-class Api(str, Enum):
+class Api(StrEnum):
     """The OpenAI-compatible API an endpoint speaks, from its path."""
 
     COMPLETIONS = "completions"
     CHAT = "chat"
 
 
-class CancelMode(str, Enum):
+class CancelMode(StrEnum):
     """How impatient clients give up: close the stream, or ask the gateway for a deadline."""
 
     ABANDON = "abandon"
@@ -58,7 +58,11 @@ class Workload:
     @property
     def api(self) -> Api:
         """Chat when the endpoint path ends in chat/completions, else completions."""
-        return Api.CHAT if urlsplit(self.endpoint).path.rstrip("/").endswith("chat/completions") else Api.COMPLETIONS
+        return (
+            Api.CHAT
+            if urlsplit(self.endpoint).path.rstrip("/").endswith("chat/completions")
+            else Api.COMPLETIONS
+        )
 
     @property
     def base_url(self) -> str:

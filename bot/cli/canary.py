@@ -73,34 +73,144 @@ def run_canary(
     report = asyncio.run(run.run())
     if progress and interactive:
         click.echo("", err=True)
-    return report.as_dict() | {"timeline": report.timeline}  # type: ignore[attr-defined]
+    return report.as_dict()
 
 
 @click.command(
     "canary", cls=Command, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
 )
-@click.option("--endpoint", required=True, help="OpenAI-compatible URL ending in /v1/completions or /v1/chat/completions.")
+@click.option(
+    "--endpoint",
+    required=True,
+    help="OpenAI-compatible URL ending in /v1/completions or /v1/chat/completions.",
+)
 @click.option("--model", default=None, help="Model name [default: the first one /v1/models lists].")
-@click.option("--concurrency", type=click.IntRange(min=1), default=10, show_default=True, help="Streams in flight (fixed-concurrency mode), or the cap in --request-rate mode.")
-@click.option("--request-rate", type=click.FloatRange(min=0, min_open=True), default=None, help="Poisson arrivals at this many requests/s instead of fixed concurrency.")
-@click.option("--num-requests", type=click.IntRange(min=1), default=None, help="Requests to send [default: 100 unless --duration is given].")
-@click.option("--duration", "duration_s", type=click.FloatRange(min=0, min_open=True), default=None, help="Stop sending after this many seconds.")
-@click.option("--prompt-length", type=click.IntRange(min=1), default=128, show_default=True, help="Prompt tokens per request (exact on /v1/completions).")
-@click.option("--prefix-length", type=click.IntRange(min=0), default=0, show_default=True, help="Of those, tokens of a system-prompt prefix shared by all requests.")
-@click.option("--output-length", type=click.IntRange(min=1), default=64, show_default=True, help="Output tokens per request (max_tokens).")
-@click.option("--ignore-eos/--no-ignore-eos", default=True, show_default=True, help="Ask vLLM to generate exactly --output-length tokens.")
-@click.option("--cancel-share", type=click.FloatRange(0, 1), default=0.0, show_default=True, help="Share of requests whose client gives up.")
-@click.option("--cancel-after-ms", type=click.FloatRange(min=0, min_open=True), default=500.0, show_default=True, help="When they give up.")
-@click.option("--cancel-mode", type=click.Choice([m.value for m in CancelMode]), default=CancelMode.ABANDON.value, show_default=True, help="abandon: close the stream; header: send X-Request-Timeout for a gateway to enforce.")
-@click.option("--warmup", "warmup_requests", type=click.IntRange(min=0), default=0, show_default=True, help="Unmeasured requests sent first.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Streams in flight (fixed-concurrency mode), or the cap in --request-rate mode.",
+)
+@click.option(
+    "--request-rate",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Poisson arrivals at this many requests/s instead of fixed concurrency.",
+)
+@click.option(
+    "--num-requests",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Requests to send [default: 100 unless --duration is given].",
+)
+@click.option(
+    "--duration",
+    "duration_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop sending after this many seconds.",
+)
+@click.option(
+    "--prompt-length",
+    type=click.IntRange(min=1),
+    default=128,
+    show_default=True,
+    help="Prompt tokens per request (exact on /v1/completions).",
+)
+@click.option(
+    "--prefix-length",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Of those, tokens of a system-prompt prefix shared by all requests.",
+)
+@click.option(
+    "--output-length",
+    type=click.IntRange(min=1),
+    default=64,
+    show_default=True,
+    help="Output tokens per request (max_tokens).",
+)
+@click.option(
+    "--ignore-eos/--no-ignore-eos",
+    default=True,
+    show_default=True,
+    help="Ask vLLM to generate exactly --output-length tokens.",
+)
+@click.option(
+    "--cancel-share",
+    type=click.FloatRange(0, 1),
+    default=0.0,
+    show_default=True,
+    help="Share of requests whose client gives up.",
+)
+@click.option(
+    "--cancel-after-ms",
+    type=click.FloatRange(min=0, min_open=True),
+    default=500.0,
+    show_default=True,
+    help="When they give up.",
+)
+@click.option(
+    "--cancel-mode",
+    type=click.Choice([m.value for m in CancelMode]),
+    default=CancelMode.ABANDON.value,
+    show_default=True,
+    help="abandon: close the stream; header: send X-Request-Timeout for a gateway to enforce.",
+)
+@click.option(
+    "--warmup",
+    "warmup_requests",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="Unmeasured requests sent first.",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--max-ttft-p99-ms", type=click.FloatRange(min=0), default=None, help="Gate: TTFT p99 at most this.")
-@click.option("--max-tpot-p99-ms", type=click.FloatRange(min=0), default=None, help="Gate: TPOT p99 at most this.")
-@click.option("--min-goodput-ratio", type=click.FloatRange(0, 1), default=None, help="Gate: goodput ratio at least this.")
-@click.option("--max-kv-fragmentation", type=click.FloatRange(0, 1), default=None, help="Gate: observed KV block fragmentation at most this.")
-@click.option("--metrics-url", default=None, help="The engine's /metrics [default: endpoint host + /metrics]; 'none' to skip.")
-@click.option("--sample-interval", "sample_interval_s", type=click.FloatRange(min=0.05), default=0.5, show_default=True, help="Seconds between in-flight /metrics samples.")
-@click.option("--output-json", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Write the full report here.")
+@click.option(
+    "--max-ttft-p99-ms",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Gate: TTFT p99 at most this.",
+)
+@click.option(
+    "--max-tpot-p99-ms",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Gate: TPOT p99 at most this.",
+)
+@click.option(
+    "--min-goodput-ratio",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Gate: goodput ratio at least this.",
+)
+@click.option(
+    "--max-kv-fragmentation",
+    type=click.FloatRange(0, 1),
+    default=None,
+    help="Gate: observed KV block fragmentation at most this.",
+)
+@click.option(
+    "--metrics-url",
+    default=None,
+    help="The engine's /metrics [default: endpoint host + /metrics]; 'none' to skip.",
+)
+@click.option(
+    "--sample-interval",
+    "sample_interval_s",
+    type=click.FloatRange(min=0.05),
+    default=0.5,
+    show_default=True,
+    help="Seconds between in-flight /metrics samples.",
+)
+@click.option(
+    "--output-json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the full report here.",
+)
 @click.option("--quiet", is_flag=True, help="No progress line.")
 def canary(
     endpoint: str,

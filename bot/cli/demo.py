@@ -41,7 +41,9 @@ def demo(
     port = free_port()
     flags = ["--enforce-eager"]
     click.echo(f"1/3 starting vLLM (CPU, tiny dummy-weight model) on port {port} ...", err=True)
-    info = manager.start(port=port, flags=flags, on_progress=lambda s: click.echo(f"    {s}", err=True))
+    info = manager.start(
+        port=port, flags=flags, on_progress=lambda s: click.echo(f"    {s}", err=True)
+    )
     try:
         click.echo(
             f"2/3 canary: {num_requests} requests, {concurrency} streams, "
@@ -67,7 +69,9 @@ def demo(
     if output_json:
         output_json.write_text(json.dumps(report, indent=2))
     if keep:
-        click.echo(f"\nengine left running at {info.base_url}; stop: ruleloop engine down --port {port}")
+        click.echo(
+            f"\nengine left running at {info.base_url}; stop: ruleloop engine down --port {port}"
+        )
 
 
 def register(cli: click.Group) -> None:

@@ -33,17 +33,26 @@ def engine() -> None:
 @click.option("--port", type=click.IntRange(1, 65535), default=DEFAULT_PORT, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option(
-    "--timeout", "timeout_s", type=click.FloatRange(min=1), default=START_TIMEOUT_S,
-    show_default=True, help="Seconds to wait for the engine to serve.",
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=1),
+    default=START_TIMEOUT_S,
+    show_default=True,
+    help="Seconds to wait for the engine to serve.",
 )
 @state_dir_option
 @click.argument("vllm_flags", nargs=-1, type=click.UNPROCESSED)
-def up(port: int, host: str, timeout_s: float, state_dir: Path | None, vllm_flags: tuple[str, ...]) -> None:
+def up(
+    port: int, host: str, timeout_s: float, state_dir: Path | None, vllm_flags: tuple[str, ...]
+) -> None:
     """Start the engine and wait until it serves. Flags after `--` go to vLLM unchanged."""
     manager = EngineManager(state_dir=state_dir)
     click.echo(f"starting vLLM on {host}:{port} {' '.join(vllm_flags)}".rstrip(), err=True)
     info = manager.start(
-        port=port, host=host, flags=list(vllm_flags), timeout_s=timeout_s,
+        port=port,
+        host=host,
+        flags=list(vllm_flags),
+        timeout_s=timeout_s,
         on_progress=lambda line: click.echo(line, err=True),
     )
     click.echo(f"vLLM serving at {info.base_url} (pid {info.pid}, model {info.model})")

@@ -153,9 +153,7 @@ class EngineManager:
             python=self.python, model_dir=model_dir, host=host, port=port, flags=flags
         )
         pid = _spawn_detached(argv, log_path=log_path, env=engine_env())
-        info = EngineInfo(
-            port=port, pid=pid, host=host, flags=list(flags), log_path=str(log_path)
-        )
+        info = EngineInfo(port=port, pid=pid, host=host, flags=list(flags), log_path=str(log_path))
         self._state_path(port).write_text(json.dumps(asdict(info)))
         try:
             self._wait_ready(info, timeout_s=timeout_s, on_progress=on_progress)

@@ -121,6 +121,8 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None
                 return lower_bound
             if count == lower_count:
                 return bound
-            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (count - lower_count)
+            return lower_bound + (bound - lower_bound) * (rank - lower_count) / (
+                count - lower_count
+            )
         lower_bound, lower_count = bound, count
     return lower_bound

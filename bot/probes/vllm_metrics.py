@@ -47,6 +47,7 @@ WINDOW_METRICS = frozenset(
 )  # fmt: skip
 SAMPLE_METRICS = frozenset((*RUNNING, *WAITING, *KV_USAGE, *GENERATION_TOKENS))
 
+
 @dataclass(frozen=True)
 class Quantiles:
     """Latency quantiles in milliseconds (None where there was no observation)."""
@@ -58,7 +59,9 @@ class Quantiles:
     count: int
 
     @classmethod
-    def from_histogram(cls, before: Exposition, after: Exposition, names: Sequence[str]) -> Quantiles:
+    def from_histogram(
+        cls, before: Exposition, after: Exposition, names: Sequence[str]
+    ) -> Quantiles:
         """Quantiles of the observations a histogram gained between two scrapes."""
         name = after.first_present(f"{n}_bucket" for n in names)
         if name is None:
@@ -226,7 +229,11 @@ class MetricsScraper:
         if response.status_code != 200:
             raise ProbeError(f"{self.url} answered HTTP {response.status_code}, not a metrics page")
         return parse_page(
-            response.text, url=self.url, at=self._clock(), require_vllm=self._require_vllm, only=only
+            response.text,
+            url=self.url,
+            at=self._clock(),
+            require_vllm=self._require_vllm,
+            only=only,
         )
 
 
