@@ -208,3 +208,14 @@ def _wait_for_port(port: int) -> None:
                 return
         time.sleep(0.05)
     raise AssertionError(f"server on port {port} did not start")
+
+
+def test_shared_system_prompt_prefix_hits_the_prefix_cache(engine: EngineInfo) -> None:
+    code, _, report, _ = run(
+        ["--endpoint", endpoint(engine), "--num-requests", "12", "--concurrency", "2",
+         "--prompt-length", "300", "--prefix-length", "256", "--output-length", "4", "--quiet"]
+    )  # fmt: skip
+    assert code == 0 and report
+    # 256 shared tokens are two full 128-token blocks: every request after the first reuses them.
+    assert report["engine"]["prefix_cache_hit_rate"] > 0.5
+    assert report["tokens"]["prompt_sent"] == 12 * 300
