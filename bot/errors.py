@@ -2,7 +2,8 @@
 
     RuleloopError (exit 2)            anything the user can act on; message reads as advice
     ├── UsageError (exit 2)           bad flags, bad values, bad files
-    │   └── AdrError (exit 2)         an ADR file breaks the format or a rule (file, field, why)
+    │   ├── AdrError (exit 2)         an ADR file breaks the format or a rule (file, field, why)
+    │   └── RequestRejected (exit 2)  an inbound webhook is refused (carries its HTTP status)
     ├── EndpointError (exit 2)        a server cannot be reached or does not speak the protocol
     │   └── ProbeError (exit 2)       a /metrics page or other probe source is unusable
     ├── EngineError (exit 2)          the local vLLM engine failed to start or stop
@@ -50,3 +51,11 @@ class GateFailed(RuleloopError):
     """A canary gate was not met."""
 
     exit_code = 1
+
+
+class RequestRejected(UsageError):
+    """An inbound request (a webhook) is refused; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, why: str, *, status: int = 400) -> None:
+        self.status = status
+        super().__init__(why)

@@ -1,0 +1,204 @@
+"""The bot's settings: one object, built once at startup from the environment and a TOML file.
+
+The TOML file holds what a team reviews (channel, access lists, targets); the environment holds
+secrets and deployment overrides. Environment wins over the file. Business code receives a
+``Settings`` and never reads ``os.environ``.
+
+    [slack]
+    channel = "#inference-incidents"
+    [access]
+    diagnose = ["U012ABCDEF", "*"]      # "*" = every member of the workspace
+    apply = ["U012ABCDEF"]              # empty or missing: nobody (fail closed)
+    [targets.prod-a]
+    vllm_url = "http://10.0.0.5:8000"
+    gateway_url = "http://10.0.0.5:9000"
+    prometheus_url = "http://prometheus:9090"
+    node = "gpu-node-7"
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+
+from bot.errors import UsageError
+
+CONFIG_ENV = "RULELOOP_CONFIG"
+# environment variable -> (section, key) in the TOML layout
+ENV_KEYS: dict[str, tuple[str, str]] = {
+    "SLACK_BOT_TOKEN": ("slack", "bot_token"),
+    "SLACK_SIGNING_SECRET": ("slack", "signing_secret"),
+    "SLACK_APP_TOKEN": ("slack", "app_token"),
+    "SLACK_API_URL": ("slack", "api_url"),
+    "RULELOOP_CHANNEL": ("slack", "channel"),
+    "RULELOOP_ALERTMANAGER_TOKEN": ("alertmanager", "token"),
+    "RULELOOP_DATABASE_URL": ("store", "url"),
+    "RULELOOP_RUNBOOKS_DIR": ("paths", "runbooks"),
+    "RULELOOP_ADR_DIR": ("paths", "adr"),
+}
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SlackSettings(_Section):
+    """Slack credentials and where incidents are posted."""
+
+    bot_token: SecretStr | None = None
+    signing_secret: SecretStr | None = None
+    app_token: SecretStr | None = None  # set: Socket Mode instead of HTTP
+    api_url: str = "https://slack.com/api/"
+    channel: str = "#incidents"
+
+    @property
+    def enabled(self) -> bool:
+        """Whether there is enough to talk to Slack (else the console transport is used)."""
+        return self.bot_token is not None and (
+            self.signing_secret is not None or self.app_token is not None
+        )
+
+
+class AccessSettings(_Section):
+    """Who may run what: Slack user IDs, or "*" for everyone. Empty means nobody."""
+
+    diagnose: list[str] = Field(default_factory=list)
+    apply: list[str] = Field(default_factory=list)
+    approve: list[str] = Field(default_factory=list)
+
+    def allows(self, action: str, user_id: str) -> bool:
+        """Whether ``user_id`` may perform ``action`` (fail closed on an empty list)."""
+        allowed: list[str] = getattr(self, action)
+        return "*" in allowed or user_id in allowed
+
+
+class Target(_Section):
+    """One inference deployment the bot can diagnose."""
+
+    vllm_url: str
+    gateway_url: str | None = None
+    prometheus_url: str | None = None
+    node: str | None = None
+
+    @field_validator("vllm_url", "gateway_url", "prometheus_url")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{url!r} is not an http(s) URL like http://10.0.0.5:8000")
+        return url.rstrip("/")
+
+    @property
+    def metrics_url(self) -> str:
+        """The engine's /metrics page."""
+        return f"{self.vllm_url}/metrics"
+
+    @property
+    def hostport(self) -> str:
+        """host:port of the engine, as Prometheus writes it in the `instance` label."""
+        return urlsplit(self.vllm_url).netloc
+
+
+class StoreSettings(_Section):
+    """Where incidents live: a SQLAlchemy URL (SQLite file by default, PostgreSQL by URL)."""
+
+    url: str | None = None
+
+
+class PathSettings(_Section):
+    """Directories the bot reads at startup."""
+
+    runbooks: Path = Path("runbooks")
+    adr: Path = Path("adr")
+    state: Path | None = None
+
+
+class AlertmanagerSettings(_Section):
+    """The webhook's bearer token; unset means every webhook is refused."""
+
+    token: SecretStr | None = None
+
+
+class ServerSettings(_Section):
+    """Where `ruleloop serve` listens."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=3000, ge=0, lt=65536)
+
+
+class Settings(_Section):
+    """Everything the bot is configured with."""
+
+    slack: SlackSettings = Field(default_factory=SlackSettings)
+    access: AccessSettings = Field(default_factory=AccessSettings)
+    targets: dict[str, Target] = Field(default_factory=dict)
+    default_target: str | None = None
+    store: StoreSettings = Field(default_factory=StoreSettings)
+    paths: PathSettings = Field(default_factory=PathSettings)
+    alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
+    server: ServerSettings = Field(default_factory=ServerSettings)
+
+    @field_validator("default_target")
+    @classmethod
+    def _no_blank(cls, name: str | None) -> str | None:
+        return name or None
+
+    def database_url(self, *, fallback_dir: Path) -> str:
+        """The store URL: the configured one, else a SQLite file in the state directory."""
+        if self.store.url:
+            return self.store.url
+        state = self.paths.state or fallback_dir
+        return f"sqlite:///{state / 'ruleloop.db'}"
+
+    def target(self, name: str | None) -> tuple[str, Target]:
+        """The named target (or the default one); UsageError that lists the known names."""
+        chosen = name or self.default_target or (next(iter(self.targets)) if self.targets else None)
+        if chosen is None or chosen not in self.targets:
+            known = ", ".join(sorted(self.targets)) or "none configured"
+            what = f"unknown target {chosen!r}" if chosen else "no target given"
+            raise UsageError(f"{what}; known targets: {known}")
+        return chosen, self.targets[chosen]
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str], *, path: Path | None = None) -> Settings:
+        """Settings from a TOML file (``path`` or $RULELOOP_CONFIG), then the environment on top."""
+        file = path or (Path(environ[CONFIG_ENV]) if environ.get(CONFIG_ENV) else None)
+        data: dict[str, Any] = read_toml(file) if file is not None else {}
+        for var, (section, key) in ENV_KEYS.items():
+            if environ.get(var):
+                data.setdefault(section, {})[key] = environ[var]
+        try:
+            settings = cls.model_validate(data)
+        except ValidationError as exc:
+            raise UsageError(
+                f"bad configuration{f' in {file}' if file else ''}: {_why(exc)}"
+            ) from None
+        if settings.default_target and settings.default_target not in settings.targets:
+            raise UsageError(f"default_target {settings.default_target!r} is not in [targets]")
+        return settings
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """Parse a TOML file; UsageError naming the file when it is missing or malformed."""
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise UsageError(f"cannot read config {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"config {path} is not valid TOML: {exc}") from None
+
+
+def _why(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where}: {first['msg']}" + (
+        f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    )

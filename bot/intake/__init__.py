@@ -1,0 +1,1 @@
+"""Alertmanager intake: the webhook's payload model and the deduplicating incident service."""

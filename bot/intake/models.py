@@ -1,0 +1,111 @@
+"""Alertmanager's webhook payload, version 4 (unknown fields are tolerated and ignored).
+
+https://prometheus.io/docs/alerting/latest/configuration/#webhook_config
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from bot.errors import RequestRejected
+
+Status = Literal["firing", "resolved"]
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+
+class WebhookAlert(_Lenient):
+    """One alert of a notification."""
+
+    status: Status
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    starts_at: str = Field(alias="startsAt", min_length=1)
+    ends_at: str | None = Field(default=None, alias="endsAt")
+    generator_url: str | None = Field(default=None, alias="generatorURL")
+    fingerprint: str = ""
+
+    @field_validator("starts_at")
+    @classmethod
+    def _timestamp(cls, value: str) -> str:
+        parse_time(value)  # kept as sent (it is half of the dedupe key) but must be a time
+        return value
+
+    def key(self) -> tuple[str, str]:
+        """The alert instance: fingerprint (derived from labels if missing) and startsAt."""
+        return (self.fingerprint or label_fingerprint(self.labels), self.starts_at)
+
+    @property
+    def started(self) -> dt.datetime:
+        """startsAt as an aware datetime."""
+        return parse_time(self.starts_at)
+
+
+class Webhook(_Lenient):
+    """A notification: one alert group at one moment."""
+
+    version: Literal["4"]
+    group_key: str = Field(alias="groupKey", min_length=1)
+    status: Status
+    receiver: str = ""
+    group_labels: dict[str, str] = Field(default_factory=dict, alias="groupLabels")
+    common_labels: dict[str, str] = Field(default_factory=dict, alias="commonLabels")
+    common_annotations: dict[str, str] = Field(default_factory=dict, alias="commonAnnotations")
+    external_url: str = Field(default="", alias="externalURL")
+    truncated_alerts: int = Field(default=0, alias="truncatedAlerts")
+    alerts: list[WebhookAlert] = Field(min_length=1)
+
+    @property
+    def title(self) -> str:
+        """A one-line title: the alert name and the group's labels."""
+        name = self.common_labels.get("alertname") or self.group_labels.get("alertname") or "alert"
+        rest = ", ".join(
+            f"{k}={v}" for k, v in sorted(self.group_labels.items()) if k != "alertname"
+        )
+        return f"{name} ({rest})" if rest else name
+
+
+def parse_time(value: str) -> dt.datetime:
+    """An RFC 3339 time as Alertmanager writes it (nanoseconds allowed) -> aware datetime."""
+    text = value.strip().replace("Z", "+00:00")
+    head, dot, tail = text.partition(".")
+    if dot:  # Python takes at most 6 fractional digits
+        digits = len(tail) - len(tail.lstrip("0123456789"))
+        tail = tail[: min(digits, 6)] + tail[digits:]
+        text = f"{head}.{tail}"
+    try:
+        parsed = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{value!r} is not an RFC 3339 time") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+def label_fingerprint(labels: dict[str, str]) -> str:
+    """A stable fingerprint from labels, for senders that omit Alertmanager's own."""
+    canonical = json.dumps(sorted(labels.items()), separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def parse_webhook(body: bytes) -> Webhook:
+    """Parse a request body; RequestRejected (400 or 422) that says what is wrong."""
+    try:
+        data = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RequestRejected(f"body is not JSON: {exc}", status=400) from None
+    if not isinstance(data, dict):
+        raise RequestRejected("body must be a JSON object (Alertmanager webhook v4)", status=400)
+    try:
+        return Webhook.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "payload"
+        raise RequestRejected(
+            f"not an Alertmanager webhook v4 payload: {where}: {first['msg']}", status=422
+        ) from None

@@ -1,0 +1,175 @@
+"""Turns Alertmanager notifications into incidents: one per group episode, never a duplicate.
+
+Rules (DESIGN.md, issue 5):
+- an alert instance is (fingerprint, startsAt); an instance already stored never adds anything,
+  whatever Alertmanager retries, repeats or delivers out of order;
+- a group key has at most one open incident; new firing instances join it;
+- a resolved notification closes the incident, creating it closed if its firing was never seen;
+- everything one notification changes commits in one transaction, audit entry included.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from bot.config import Target
+from bot.intake.models import Webhook, WebhookAlert
+from bot.store import service as store
+from bot.store.db import Database
+from bot.store.models import Incident
+
+TARGET_LABEL = "ruleloop_target"
+
+
+class Outcome(StrEnum):
+    """What a notification did."""
+
+    OPENED = "opened"  # a new incident: diagnose it
+    UPDATED = "updated"  # new alert instances joined an open incident
+    RESOLVED = "resolved"  # the incident is closed: update its root message
+    DUPLICATE = "duplicate"  # nothing new (a retry, a repeat, or a late out-of-order copy)
+
+
+@dataclass(frozen=True)
+class IntakeResult:
+    """The outcome, the incident concerned, and a reason a person can read."""
+
+    outcome: Outcome
+    incident_id: int
+    reason: str
+
+
+class Intake:
+    """Receives parsed webhooks into the incident store."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        targets: Mapping[str, Target],
+        clock: Callable[[], dt.datetime],
+    ) -> None:
+        self._db = db
+        self._targets = targets
+        self._clock = clock
+
+    def receive(self, webhook: Webhook) -> IntakeResult:
+        """Record one notification; a concurrent twin that wins the race makes this a duplicate."""
+        try:
+            return self._receive(webhook)
+        except IntegrityError:
+            # Another request stored the same instance or opened the same group first.
+            return self._receive(webhook)
+
+    def _receive(self, webhook: Webhook) -> IntakeResult:
+        now = self._clock()
+        with self._db.transaction() as session:
+            incident = store.find_open(session, key=webhook.group_key)
+            new = [a for a in webhook.alerts if store.find_alert(session, **_key(a)) is None]
+            known = [a for a in webhook.alerts if a not in new]
+            if incident is None:
+                if not new:
+                    old = store.find_alert(session, **_key(known[0]))
+                    assert old is not None
+                    return IntakeResult(
+                        Outcome.DUPLICATE,
+                        old.incident_id,
+                        f"already recorded in incident {old.incident_id} "
+                        f"({old.incident.status}); nothing changed",
+                    )
+                incident = store.create(
+                    session,
+                    key=webhook.group_key,
+                    source="alertmanager",
+                    title=webhook.title,
+                    target=self.target_for(webhook),
+                    labels=webhook.common_labels,
+                    at=now,
+                    status=webhook.status,
+                )
+                opened = True
+            else:
+                opened = False
+            for alert in new:
+                store.add_alert(
+                    session, incident, **_key(alert), status=alert.status, ends_at=alert.ends_at,
+                    labels=alert.labels, annotations=alert.annotations,
+                )  # fmt: skip
+            changed = self._update_known(session, incident, known)
+            return self._conclude(
+                session, incident, webhook, opened=opened, new=len(new), changed=changed, now=now
+            )
+
+    def _update_known(self, session: Session, incident: Incident, known: list[WebhookAlert]) -> int:
+        changed = 0
+        for alert in known:
+            row = store.find_alert(session, **_key(alert))
+            if row is not None and row.incident_id == incident.id and row.status != alert.status:
+                row.status, row.ends_at = alert.status, alert.ends_at
+                changed += 1
+        session.flush()
+        return changed
+
+    def _conclude(
+        self, session: Session, incident: Incident, webhook: Webhook, *, opened: bool, new: int,
+        changed: int, now: dt.datetime,
+    ) -> IntakeResult:  # fmt: skip
+        detail: dict[str, object] = {
+            "group_key": webhook.group_key, "status": webhook.status, "new_alerts": new,
+        }  # fmt: skip
+        if webhook.status == "resolved":
+            store.close(session, incident, at=now)
+            detail["firing_seen"] = not opened
+            self._audit(session, incident, "incident.resolved", detail, now)
+            why = "resolved (its firing notification was never seen)" if opened else "resolved"
+            return IntakeResult(Outcome.RESOLVED, incident.id, f"incident {incident.id} {why}")
+        if opened:
+            detail["target"] = incident.target
+            self._audit(session, incident, "incident.opened", detail, now)
+            return IntakeResult(Outcome.OPENED, incident.id, f"incident {incident.id} opened")
+        if new or changed:
+            detail["changed"] = changed
+            self._audit(session, incident, "incident.alerts_changed", detail, now)
+            return IntakeResult(
+                Outcome.UPDATED, incident.id, f"incident {incident.id}: {new} new alert(s)"
+            )
+        return IntakeResult(
+            Outcome.DUPLICATE,
+            incident.id,
+            f"repeat of open incident {incident.id}; nothing changed",
+        )
+
+    @staticmethod
+    def _audit(
+        session: Session, incident: Incident, action: str, detail: dict[str, object],
+        now: dt.datetime,
+    ) -> None:  # fmt: skip
+        store.audit(
+            session, at=now, actor="alertmanager", action=action, incident=incident, detail=detail
+        )
+
+    def target_for(self, webhook: Webhook) -> str | None:
+        """The configured target an alert group is about: its label, else its instance."""
+        labels = {**webhook.common_labels}
+        for alert in webhook.alerts:
+            for key, value in alert.labels.items():
+                labels.setdefault(key, value)
+        named = labels.get(TARGET_LABEL)
+        if named in self._targets:
+            return named
+        instance = labels.get("instance")
+        for name, target in self._targets.items():
+            if instance and instance == target.hostport:
+                return name
+        return None
+
+
+def _key(alert: WebhookAlert) -> dict[str, str]:
+    fingerprint, starts_at = alert.key()
+    return {"fingerprint": fingerprint, "starts_at": starts_at}

@@ -1,0 +1,125 @@
+"""Tables of the incident store (SQLAlchemy 2.x declarative models).
+
+An incident is one Alertmanager group episode (or one /diagnose run). ``open_key`` holds the
+group key while the incident is open and NULL once closed: its unique constraint is what keeps
+two replicas, or two racing webhooks, from opening the same group twice. An alert instance is
+(fingerprint, startsAt): unique, so a retried or repeated notification can never add it twice.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    DateTime,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class UTCDateTime(TypeDecorator[dt.datetime]):
+    """Timezone-aware UTC datetimes on every backend (SQLite drops the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store; pass an aware UTC time")
+        return value.astimezone(dt.UTC)
+
+    def process_result_value(
+        self, value: dt.datetime | None, dialect: Dialect
+    ) -> dt.datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the store's tables."""
+
+    type_annotation_map = {dt.datetime: UTCDateTime, dict[str, Any]: JSON}
+
+
+class Incident(Base):
+    """One incident: an alert group's firing episode, or a manual /diagnose."""
+
+    __tablename__ = "incidents"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(512), index=True)
+    open_key: Mapped[str | None] = mapped_column(String(512), unique=True)
+    source: Mapped[str] = mapped_column(String(32))  # alertmanager | slash
+    status: Mapped[str] = mapped_column(String(16))  # firing | resolved
+    title: Mapped[str] = mapped_column(String(300))
+    target: Mapped[str | None] = mapped_column(String(200))
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    opened_at: Mapped[dt.datetime]
+    closed_at: Mapped[dt.datetime | None]
+    summary: Mapped[dict[str, Any]] = mapped_column(
+        default=dict
+    )  # the last diagnosis, for re-renders
+
+    alerts: Mapped[list[Alert]] = relationship(back_populates="incident", order_by="Alert.id")
+    messages: Mapped[list[SlackMessage]] = relationship(
+        back_populates="incident", order_by="SlackMessage.id"
+    )
+
+
+class Alert(Base):
+    """One alert instance of an incident, as Alertmanager identifies it."""
+
+    __tablename__ = "alerts"
+    __table_args__ = (UniqueConstraint("fingerprint", "starts_at", name="uq_alert_instance"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    starts_at: Mapped[str] = mapped_column(String(64))  # exactly as Alertmanager sent it
+    status: Mapped[str] = mapped_column(String(16))
+    ends_at: Mapped[str | None] = mapped_column(String(64))
+    labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    annotations: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+    incident: Mapped[Incident] = relationship(back_populates="alerts")
+
+
+class SlackMessage(Base):
+    """A message the bot posted for an incident; the root one carries the thread."""
+
+    __tablename__ = "slack_messages"
+    __table_args__ = (UniqueConstraint("channel", "ts", name="uq_slack_message"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # root | reply | chart
+    channel: Mapped[str] = mapped_column(String(64))
+    ts: Mapped[str] = mapped_column(String(32))
+    thread_ts: Mapped[str | None] = mapped_column(String(32))
+
+    incident: Mapped[Incident] = relationship(back_populates="messages")
+
+
+class AuditEntry(Base):
+    """One action, written before the next step starts; rows are never updated or deleted."""
+
+    __tablename__ = "audit_log"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    at: Mapped[dt.datetime]
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id"), index=True)
+    actor: Mapped[str] = mapped_column(String(200))
+    action: Mapped[str] = mapped_column(String(64))
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    note: Mapped[str] = mapped_column(Text, default="")

@@ -1,0 +1,166 @@
+"""Store operations on one session: find, create and update incidents; append to the audit log.
+
+Callers open the session with ``Database.transaction()`` so that everything one webhook or one
+action changes commits together, or not at all.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from bot.store.models import Alert, AuditEntry, Incident, SlackMessage
+
+FIRING, RESOLVED = "firing", "resolved"
+
+
+def get(session: Session, incident_id: int) -> Incident | None:
+    """The incident with this id, or None."""
+    return session.get(Incident, incident_id)
+
+
+def find_open(session: Session, *, key: str) -> Incident | None:
+    """The open incident of a group key, if any."""
+    return session.scalars(select(Incident).where(Incident.open_key == key)).one_or_none()
+
+
+def find_alert(session: Session, *, fingerprint: str, starts_at: str) -> Alert | None:
+    """An alert instance already recorded, if any."""
+    query = select(Alert).where(Alert.fingerprint == fingerprint, Alert.starts_at == starts_at)
+    return session.scalars(query).one_or_none()
+
+
+def create(
+    session: Session,
+    *,
+    key: str,
+    source: str,
+    title: str,
+    target: str | None,
+    labels: Mapping[str, Any],
+    at: dt.datetime,
+    status: str = FIRING,
+) -> Incident:
+    """A new incident; open (holding its key) unless created already resolved."""
+    incident = Incident(
+        key=key,
+        open_key=key if status == FIRING else None,
+        source=source,
+        status=status,
+        title=title[:300],
+        target=target,
+        labels=dict(labels),
+        opened_at=at,
+        closed_at=None if status == FIRING else at,
+    )
+    session.add(incident)
+    session.flush()
+    return incident
+
+
+def add_alert(
+    session: Session,
+    incident: Incident,
+    *,
+    fingerprint: str,
+    starts_at: str,
+    status: str,
+    ends_at: str | None,
+    labels: Mapping[str, Any],
+    annotations: Mapping[str, Any],
+) -> Alert:
+    """Record an alert instance under an incident."""
+    alert = Alert(
+        incident=incident,
+        fingerprint=fingerprint,
+        starts_at=starts_at,
+        status=status,
+        ends_at=ends_at,
+        labels=dict(labels),
+        annotations=dict(annotations),
+    )
+    session.add(alert)
+    session.flush()
+    return alert
+
+
+def close(session: Session, incident: Incident, *, at: dt.datetime) -> None:
+    """Mark an incident resolved and free its group key for the next episode."""
+    incident.status = RESOLVED
+    incident.open_key = None
+    incident.closed_at = incident.closed_at or at
+    session.flush()
+
+
+def set_target(session: Session, incident: Incident, *, target: str | None) -> None:
+    """Record which configured target the incident is about."""
+    incident.target = target
+    session.flush()
+
+
+def set_summary(session: Session, incident: Incident, *, summary: Mapping[str, Any]) -> None:
+    """Keep the last diagnosis's headline numbers, so the root message can be re-rendered."""
+    incident.summary = dict(summary)
+    session.flush()
+
+
+def add_message(
+    session: Session, incident: Incident, *, kind: str, channel: str, ts: str,
+    thread_ts: str | None = None,
+) -> SlackMessage:  # fmt: skip
+    """Remember a Slack message posted for an incident."""
+    message = SlackMessage(
+        incident=incident, kind=kind, channel=channel, ts=ts, thread_ts=thread_ts
+    )
+    session.add(message)
+    session.flush()
+    return message
+
+
+def root_message(session: Session, incident: Incident) -> SlackMessage | None:
+    """The incident's root message (its thread), if one was posted."""
+    query = select(SlackMessage).where(
+        SlackMessage.incident_id == incident.id, SlackMessage.kind == "root"
+    )
+    return session.scalars(query).first()
+
+
+def audit(
+    session: Session,
+    *,
+    at: dt.datetime,
+    actor: str,
+    action: str,
+    incident: Incident | None = None,
+    detail: Mapping[str, Any] | None = None,
+    note: str = "",
+) -> AuditEntry:
+    """Append one entry to the audit log."""
+    entry = AuditEntry(
+        at=at,
+        incident_id=None if incident is None else incident.id,
+        actor=actor,
+        action=action,
+        detail=dict(detail or {}),
+        note=note,
+    )
+    session.add(entry)
+    session.flush()
+    return entry
+
+
+def audit_trail(session: Session, *, incident_id: int | None = None) -> Sequence[AuditEntry]:
+    """Audit entries in the order written, optionally those of one incident."""
+    query = select(AuditEntry).order_by(AuditEntry.id)
+    if incident_id is not None:
+        query = query.where(AuditEntry.incident_id == incident_id)
+    return session.scalars(query).all()
+
+
+def incidents(session: Session) -> Sequence[Incident]:
+    """All incidents, oldest first."""
+    return session.scalars(select(Incident).order_by(Incident.id)).all()

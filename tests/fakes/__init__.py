@@ -1,0 +1,1 @@
+"""Fakes of outside systems, at the wire: the Slack Web API; payload builders for Alertmanager."""

@@ -1,0 +1,143 @@
+"""Alertmanager intake: payload parsing and dedupe (retries, repeats, out-of-order, resolved)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import pytest
+
+from bot.config import Target
+from bot.errors import RequestRejected
+from bot.intake.models import parse_time, parse_webhook
+from bot.intake.service import Intake, Outcome
+from bot.store import service as store
+from bot.store.db import Database
+from tests.fakes.alerts import alert, body, payload
+
+T0 = dt.datetime(2026, 9, 1, 2, 13, tzinfo=dt.UTC)
+TARGETS = {
+    "prod-a": Target(vllm_url="http://10.0.0.5:8000"),
+    "prod-b": Target(vllm_url="http://10.0.0.6:8000"),
+}
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Database:
+    database = Database(f"sqlite:///{tmp_path / 'incidents.db'}")
+    database.create_schema()
+    return database
+
+
+@pytest.fixture
+def intake(db: Database) -> Intake:
+    return Intake(db=db, targets=TARGETS, clock=lambda: T0)
+
+
+def receive(intake: Intake, *alerts: dict, **kwargs: object):  # type: ignore[no-untyped-def]
+    return intake.receive(parse_webhook(body(*alerts, **kwargs)))
+
+
+def test_parse_tolerates_unknown_fields() -> None:
+    hook = parse_webhook(body(alert(), futureField={"x": 1}))
+    assert hook.group_key.startswith("{}:") and hook.alerts[0].fingerprint == "4f1e0c55a3b2d9e1"
+    assert hook.title == "VLLMTimeToFirstTokenP99High"
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "message"),
+    [
+        (b"{not json", 400, "body is not JSON"),
+        (b"[]", 400, "must be a JSON object"),
+        (json.dumps(payload(version="3")).encode(), 422, "version"),
+        (json.dumps(payload(alerts=[])).encode(), 422, "alerts"),
+        (json.dumps(payload(alert(starts_at="yesterday"))).encode(), 422, "startsAt"),
+        (json.dumps({**payload(), "groupKey": ""}).encode(), 422, "groupKey"),
+    ],
+)
+def test_parse_refuses_with_reason(raw: bytes, status: int, message: str) -> None:
+    with pytest.raises(RequestRejected, match=message) as info:
+        parse_webhook(raw)
+    assert info.value.status == status
+
+
+def test_parse_time_nanoseconds() -> None:
+    assert parse_time("2026-09-01T02:13:07.861234567Z") == dt.datetime(
+        2026, 9, 1, 2, 13, 7, 861234, tzinfo=dt.UTC
+    )
+
+
+def test_intake_opens_once_whatever_is_retried(intake: Intake, db: Database) -> None:
+    first = receive(intake, alert())
+    assert first.outcome is Outcome.OPENED
+    for _ in range(3):  # Alertmanager retries and repeat_interval re-sends
+        again = receive(intake, alert())
+        assert (again.outcome, again.incident_id) == (Outcome.DUPLICATE, first.incident_id)
+    with db.transaction() as s:
+        (incident,) = store.incidents(s)
+        assert incident.target == "prod-a" and len(incident.alerts) == 1
+        assert [e.action for e in store.audit_trail(s)] == ["incident.opened"]
+
+
+def test_intake_new_instance_joins_open_incident(intake: Intake, db: Database) -> None:
+    first = receive(intake, alert())
+    second = receive(intake, alert(), alert(fingerprint="aa", instance="10.0.0.6:8000"))
+    assert (second.outcome, second.incident_id) == (Outcome.UPDATED, first.incident_id)
+    with db.transaction() as s:
+        assert len(store.get(s, first.incident_id).alerts) == 2  # type: ignore[union-attr]
+
+
+def test_intake_resolved_closes_and_late_firing_is_stale(intake: Intake, db: Database) -> None:
+    opened = receive(intake, alert())
+    resolved = receive(intake, alert(status="resolved"))
+    assert (resolved.outcome, resolved.incident_id) == (Outcome.RESOLVED, opened.incident_id)
+    assert receive(intake, alert(status="resolved")).outcome is Outcome.DUPLICATE
+    late = receive(intake, alert())  # the firing retry arrives after the resolution
+    assert (late.outcome, late.incident_id) == (Outcome.DUPLICATE, opened.incident_id)
+    assert "resolved" in late.reason
+    with db.transaction() as s:
+        (incident,) = store.incidents(s)
+        assert incident.status == "resolved" and incident.closed_at == T0
+
+
+def test_intake_resolved_without_firing_creates_closed(intake: Intake, db: Database) -> None:
+    result = receive(intake, alert(status="resolved"))
+    assert result.outcome is Outcome.RESOLVED and "never seen" in result.reason
+    assert receive(intake, alert()).outcome is Outcome.DUPLICATE  # the firing one, out of order
+    with db.transaction() as s:
+        (incident,) = store.incidents(s)
+        assert incident.status == "resolved"
+        assert store.audit_trail(s)[0].detail["firing_seen"] is False
+
+
+def test_intake_next_episode_is_a_new_incident(intake: Intake) -> None:
+    first = receive(intake, alert())
+    receive(intake, alert(status="resolved"))
+    again = receive(intake, alert(starts_at="2026-09-01T05:00:00Z"))
+    assert again.outcome is Outcome.OPENED and again.incident_id != first.incident_id
+
+
+@pytest.mark.parametrize(
+    ("labels", "target"),
+    [
+        ({"instance": "10.0.0.6:8000"}, "prod-b"),
+        ({"instance": "10.0.0.9:8000", "ruleloop_target": "prod-a"}, "prod-a"),
+        ({"instance": "10.0.0.9:8000"}, None),
+    ],
+)
+def test_intake_target_from_labels(intake: Intake, labels: dict, target: str | None) -> None:
+    hook = parse_webhook(body(alert(**labels)))
+    assert intake.target_for(hook) == target
+
+
+def test_intake_racing_twins_make_one_incident(intake: Intake, db: Database) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    hook = parse_webhook(body(alert()))
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: intake.receive(hook), range(8)))
+    assert sorted(r.outcome for r in results).count(Outcome.OPENED) == 1
+    assert len({r.incident_id for r in results}) == 1
+    with db.transaction() as s:
+        assert len(store.incidents(s)) == 1
