@@ -245,7 +245,7 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
 
 async def _serialize(request: httpx.Request) -> bytes:
     """Request line, headers and body as bytes (a streamed body is sent chunked)."""
-    body = b"".join([part async for part in request.stream])
+    body = await request.aread()  # the whole body: inference requests are small JSON
     chunked = request.headers.get("transfer-encoding", "").lower() == "chunked"
     lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode(), request.url.raw_path)]
     lines += [b"%s: %s\r\n" % (k, v) for k, v in request.headers.raw]
