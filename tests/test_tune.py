@@ -231,6 +231,7 @@ def test_tune_on_real_engine_writes_draft_with_measured_matrix(
         assert report["requests"]["ok"] == 16
         assert report["engine"]["cache"]["block_size"] == 128  # the engine ran with its own flags
 
+    assert "- mnbt-512: ITL p99 " in draft.matrix_notes  # the supplementary numbers, per row
     picked = [row for row in draft.matrix if row.verdict == RECOMMENDED]
     assert len(picked) == 1
     picked_config = json.loads(runs[draft.matrix.index(picked[0])].read_text())["engine_args"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bot.adr import vllm_args
 from bot.adr.models import Adr, Fix, MatrixRow
+from bot.adr.render import format_ms
 from bot.tune.matrix import Row, source_note
 from bot.tune.plan import TunePlan
 
@@ -65,6 +66,9 @@ def _context(plan: TunePlan, rows: list[Row]) -> str:
 
 def _notes(plan: TunePlan, rows: list[Row], *, runs_dir: Path, base: Path) -> str:
     notes = [source_note(mixed=bool(plan.background))]
+    also = [line for row in rows if (line := _also(row))]
+    if also:
+        notes.append("Also measured (same runs):\n" + "\n".join(also))
     cited = [Path(r.report_path) for r in rows if r.report_path]
     if cited:
         where = _relative(runs_dir, base)
@@ -72,6 +76,23 @@ def _notes(plan: TunePlan, rows: list[Row], *, runs_dir: Path, base: Path) -> st
             f"Canary JSON per row, in `{where}/`: " + ", ".join(f"`{p.name}`" for p in cited) + "."
         )
     return "\n\n".join(notes)
+
+
+def _also(row: Row) -> str | None:
+    """Token gaps, queueing and the other classes' TTFT: what step budgets move besides TPOT."""
+    report = row.report
+    if not report:
+        return None
+    engine = report.get("engine") or {}
+    parts = [
+        f"ITL p99 {format_ms((report.get('itl_ms') or {}).get('p99'))}",
+        f"engine queue p99 {format_ms((engine.get('queue_time_ms') or {}).get('p99'))}",
+    ]
+    for other in report.get("background", []):
+        done = (other.get("requests") or {}).get("ok", 0)
+        ttft = format_ms((other.get("ttft_ms") or {}).get("p99"))
+        parts.append(f"{other['workload']['name']} TTFT p99 {ttft} ({done} requests)")
+    return f"- {row.config.name}: " + ", ".join(parts)
 
 
 def _relative(path: Path, base: Path) -> str:
