@@ -218,6 +218,10 @@ def test_cli_new_writes_a_valid_numbered_draft(store: Path) -> None:
         ("vLLM 推理引擎 KV Cache 换页与吞吐调优决策", "vllm-kv-cache"),
         ("调优", "decision"),
         ("A/B: 512 vs 8192!", "a-b-512-vs-8192"),
+        (
+            "Chats beside long agent prompts - scheduler step token budget",
+            "chats-beside-long-agent-prompts-scheduler-step",
+        ),
     ],
 )
 def test_slugify_keeps_ascii_words(title: str, slug: str) -> None:

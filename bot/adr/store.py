@@ -17,8 +17,12 @@ DRAFTS = "drafts"
 
 def slugify(title: str, *, limit: int = 48) -> str:
     """A file-name slug from a title's ASCII words ('vLLM KV Cache 调优' -> 'vllm-kv-cache')."""
-    words = re.findall(r"[a-z0-9]+", title.lower())
-    slug = "-".join(words)[:limit].strip("-")
+    slug = ""
+    for word in re.findall(r"[a-z0-9]+", title.lower()):
+        longer = f"{slug}-{word}" if slug else word
+        if len(longer) > limit:
+            break
+        slug = longer
     return slug or "decision"
 
 
