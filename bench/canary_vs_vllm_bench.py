@@ -2,10 +2,11 @@
 
     python bench/canary_vs_vllm_bench.py [--concurrency 150] [--requests 300] [--rounds 2]
 
-Starts a local engine, then alternates the two clients (A B B A ...) so that drift on this
-noisy 2-core box hits both alike. Reports TTFT p50/p99 and TPOT p50/p99 from each, their
-ratios, and client CPU seconds per 1,000 streamed tokens (load phase only). Results land in
-bench/results/canary_vs_vllm_bench.json.
+Starts a local engine, then runs the clients in a rotating order (A B C, B C A, ...) so that
+drift on this noisy 2-core box hits each alike: the canary, the canary without in-flight
+/metrics sampling (to show what sampling costs the engine), and the peer. Reports TTFT p50/p99
+and TPOT p50/p99 from each, their ratios, and client CPU seconds per 1,000 streamed tokens
+(load phase only). Results land in bench/results/canary_vs_vllm_bench.json.
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
 
-def run_canary(base_url: str, args: argparse.Namespace, out: Path) -> dict[str, float]:
+def run_canary(
+    base_url: str, args: argparse.Namespace, out: Path, *, sampling: bool = True
+) -> dict[str, float]:
     """One canary run through the real CLI; returns the comparable numbers."""
+    extra = [] if sampling else ["--metrics-url", "none"]
     subprocess.run(
         [sys.executable, "-m", "latency_checker", "--endpoint", f"{base_url}/v1/completions",
          "--concurrency", str(args.concurrency), "--num-requests", str(args.requests),
          "--prompt-length", str(args.prompt_length), "--output-length", str(args.output_length),
-         "--warmup", "4", "--quiet", "--output-json", str(out)],
+         "--warmup", "4", "--quiet", "--output-json", str(out), *extra],
         check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     r = json.loads(out.read_text())
@@ -87,44 +91,44 @@ def main() -> None:
     port = free_port()
     print(f"starting vLLM on port {port} ...", flush=True)
     info = manager.start(port=port, flags=["--enforce-eager"], on_progress=print)
-    canary_runs, peer_runs = [], []
+    model_dir = manager.state_dir / "tiny-llama"
+    clients = {
+        "canary": lambda out: run_canary(info.base_url, args, out),
+        "canary, no sampling": lambda out: run_canary(info.base_url, args, out, sampling=False),
+        "vllm bench serve": lambda out: run_peer(info.base_url, model_dir, args, out),
+    }
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in clients}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for i in range(args.rounds):
-                order = [("canary", canary_runs), ("vllm bench serve", peer_runs)]
-                for name, runs in order if i % 2 == 0 else reversed(order):
+                names = list(clients)
+                names = names[i % len(names) :] + names[: i % len(names)]  # rotate the order
+                for name in names:
                     print(f"round {i + 1}/{args.rounds}: {name} ...", flush=True)
-                    out = Path(tmp) / f"{name.split()[0]}-{i}.json"
-                    if name == "canary":
-                        runs.append(run_canary(info.base_url, args, out))
-                    else:
-                        runs.append(
-                            run_peer(info.base_url, manager.state_dir / "tiny-llama", args, out)
-                        )
-                    print("   ", {k: round(v, 2) for k, v in runs[-1].items()}, flush=True)
+                    runs[name].append(clients[name](Path(tmp) / f"{i}-{name[:6]}.json"))
+                    print("   ", {k: round(v, 2) for k, v in runs[name][-1].items()}, flush=True)
     finally:
         manager.stop(port)
 
-    ours, peer = median_of(canary_runs), median_of(peer_runs)
-    for side in (ours, peer):
+    medians = {name: median_of(r) for name, r in runs.items()}
+    for side in medians.values():
         side["cpu_per_1000_tokens"] = side["cpu_s"] / side["tokens"] * 1000
+    ours, bare = medians["canary"], medians["canary, no sampling"]
+    peer = medians["vllm bench serve"]
     rows = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "cpu_per_1000_tokens", "wall_s"]
     print(f"\n{args.concurrency} streams, {args.requests} requests, {args.prompt_length} prompt + "
           f"{args.output_length} output tokens, median of {args.rounds} rounds")  # fmt: skip
-    print(f"{'metric':<22}{'canary':>12}{'vllm bench':>12}{'ratio':>8}")
+    header = ("metric", "canary", "no-sample", "vllm bench", "ratio", "ratio*")
+    print("{:<22}{:>10}{:>11}{:>12}{:>7}{:>8}".format(*header))
     for key in rows:
-        print(f"{key:<22}{ours[key]:>12.2f}{peer[key]:>12.2f}{ours[key] / peer[key]:>8.3f}")
+        print(
+            f"{key:<22}{ours[key]:>10.2f}{bare[key]:>11.2f}{peer[key]:>12.2f}"
+            f"{ours[key] / peer[key]:>7.3f}{bare[key] / peer[key]:>8.3f}"
+        )
+    print("ratio = canary / vllm bench serve; ratio* = canary without /metrics sampling / peer")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "canary_vs_vllm_bench.json").write_text(
-        json.dumps(
-            {
-                "args": vars(args),
-                "canary": canary_runs,
-                "peer": peer_runs,
-                "median": {"canary": ours, "peer": peer},
-            },
-            indent=2,
-        )  # fmt: skip
+        json.dumps({"args": vars(args), "runs": runs, "median": medians}, indent=2)
     )
 
 

@@ -74,7 +74,7 @@ class CanaryRun:
         *,
         gates: Gates | None = None,
         metrics_url: str | None = None,
-        sample_interval_s: float = 0.5,
+        sample_interval_s: float = 1.0,
         on_progress: Callable[[Progress], None] | None = None,
         progress_interval_s: float = 1.0,
     ) -> None:

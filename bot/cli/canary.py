@@ -46,7 +46,7 @@ def run_canary(
     *,
     gates: Gates,
     metrics_url: str | None,
-    sample_interval_s: float = 0.5,
+    sample_interval_s: float = 1.0,
     progress: bool = False,
 ) -> dict[str, object]:
     """Run one canary and return its JSON report (raises on usage or endpoint errors)."""
@@ -201,9 +201,9 @@ def run_canary(
     "--sample-interval",
     "sample_interval_s",
     type=click.FloatRange(min=0.05),
-    default=0.5,
+    default=1.0,
     show_default=True,
-    help="Seconds between in-flight /metrics samples.",
+    help="Seconds between in-flight /metrics samples (each costs the engine a page render).",
 )
 @click.option(
     "--output-json",
