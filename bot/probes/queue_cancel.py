@@ -1,0 +1,120 @@
+"""The queue/cancel probe: how long requests wait, and how much work cancelled requests waste.
+
+Engine side (vLLM /metrics over the sampling window): queue time, queue depth, prefill tokens
+spent on aborted requests (prompt_tokens_total grows for them, request_prompt_tokens_sum
+does not) and decode tokens that finished requests never delivered. Gateway side, when the
+target has a gateway: its request outcomes and wasted tokens (names in bot/gateway/metrics.py).
+Requests still running when the window closes count as not (yet) finished on both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from bot.probes.exposition import Exposition
+from bot.probes.vllm_metrics import MetricsScraper
+from bot.runbooks.builtin import WindowParams
+from bot.runbooks.context import ProbeContext, TargetRef
+from bot.runbooks.types import Params, ProbeResult
+
+GATEWAY_REQUESTS = "ruleloop_gateway_requests_total"
+GATEWAY_OUTPUT = "ruleloop_gateway_output_tokens_total"
+GATEWAY_PROMPT = "ruleloop_gateway_prompt_tokens_total"
+GATEWAY_METRICS = frozenset({GATEWAY_REQUESTS, GATEWAY_OUTPUT, GATEWAY_PROMPT})
+ADMITTED = ("ok", "client_cancel", "deadline", "upstream_error")
+CANCELLED = ("client_cancel", "deadline")
+
+READINGS = {
+    "queue_time_p99_ms": "time requests waited in vLLM's queue, p99",
+    "queue_time_p50_ms": "time requests waited in vLLM's queue, median",
+    "requests_waiting": "peak requests queued in the engine",
+    "waiting_share": "peak share of the engine's requests that were queued, not running",
+    "wasted_prefill_tokens": "prefill tokens spent on aborted requests (engine)",
+    "wasted_prefill_share": "share of all prefill tokens spent on aborted requests",
+    "wasted_decode_tokens": "generated tokens no finished request delivered (engine)",
+    "wasted_decode_share": "share of generated tokens no finished request delivered",
+    "cancelled_share": "share of admitted requests cancelled or timed out (gateway)",
+    "gateway_wasted_output_tokens": "output tokens streamed to requests that did not end ok",
+    "gateway_rejected": "requests the gateway refused for its token budget",
+}
+
+
+def _share(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else part / whole
+
+
+class QueueCancelProbe:
+    """Queue and cancellation readings for one target."""
+
+    name: ClassVar[str] = "queue_cancel"
+    params_model: ClassVar[type[Params]] = WindowParams
+
+    def readings(self, params: Params) -> Mapping[str, str]:
+        """Always the same readings (gateway ones are None without a gateway)."""
+        return READINGS
+
+    async def run(self, *, target: TargetRef, params: Params, ctx: ProbeContext) -> ProbeResult:
+        """Read the engine window, bracketed by two gateway scrapes when there is a gateway."""
+        assert isinstance(params, WindowParams)
+        gateway = None
+        if target.target.gateway_url:
+            gateway = MetricsScraper(
+                f"{target.target.gateway_url}/metrics", client=ctx.http, clock=ctx.clock,
+                require_vllm=False,
+            )  # fmt: skip
+        g0 = await gateway(only=GATEWAY_METRICS) if gateway else None
+        window = await ctx.window(
+            target.target.metrics_url, seconds=params.window_s, interval_s=params.interval_s
+        )
+        g1 = await gateway(only=GATEWAY_METRICS) if gateway else None
+        engine = window.engine
+        peak_share = max(
+            (
+                _share(p.requests_waiting, (p.requests_waiting or 0) + (p.requests_running or 0))
+                or 0.0
+                for p in window.points
+            ),
+            default=None,
+        )
+        wasted_decode = None
+        if engine.generation_tokens is not None and engine.finished_generation_tokens is not None:
+            wasted_decode = max(engine.generation_tokens - engine.finished_generation_tokens, 0.0)
+        readings: dict[str, float | None] = {
+            "queue_time_p99_ms": engine.queue_time_ms.p99,
+            "queue_time_p50_ms": engine.queue_time_ms.p50,
+            "requests_waiting": window.peak("requests_waiting"),
+            "waiting_share": peak_share,
+            "wasted_prefill_tokens": engine.wasted_prefill_tokens,
+            "wasted_prefill_share": _share(engine.wasted_prefill_tokens, engine.prompt_tokens),
+            "wasted_decode_tokens": wasted_decode,
+            "wasted_decode_share": _share(wasted_decode, engine.generation_tokens),
+            **gateway_readings(g0, g1),
+        }
+        return ProbeResult(readings=readings, details={"gateway": target.target.gateway_url})
+
+
+def gateway_readings(
+    before: Exposition | None, after: Exposition | None
+) -> dict[str, float | None]:
+    """Cancelled share, wasted output and budget rejections between two gateway scrapes."""
+    if before is None or after is None:
+        return {
+            "cancelled_share": None,
+            "gateway_wasted_output_tokens": None,
+            "gateway_rejected": None,
+        }
+
+    def delta(name: str, label: str, value: str) -> float:
+        where = {label: value}
+        return max(
+            (after.total(name, where=where) or 0.0) - (before.total(name, where=where) or 0.0), 0.0
+        )
+
+    admitted = sum(delta(GATEWAY_REQUESTS, "outcome", o) for o in ADMITTED)
+    cancelled = sum(delta(GATEWAY_REQUESTS, "outcome", o) for o in CANCELLED)
+    return {
+        "cancelled_share": _share(cancelled, admitted),
+        "gateway_wasted_output_tokens": delta(GATEWAY_OUTPUT, "kind", "wasted"),
+        "gateway_rejected": delta(GATEWAY_REQUESTS, "outcome", "rejected"),
+    }

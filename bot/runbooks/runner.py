@@ -1,0 +1,100 @@
+"""Runs a runbook: its probes concurrently, then its finding rules over the readings.
+
+A probe that fails does not stop the others: a known error becomes a warning finding that
+reads as advice; an unknown one becomes a finding with a correlation id that is also logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.adr.match import OPS
+from bot.errors import RuleloopError
+from bot.runbooks.context import ProbeContext, TargetRef
+from bot.runbooks.loader import LoadedRunbook
+from bot.runbooks.registry import ProbeRegistry
+from bot.runbooks.types import Finding, ProbeResult, Severity
+
+log = logging.getLogger("ruleloop.runbooks")
+
+
+@dataclass
+class RunbookResult:
+    """Every reading as `probe.reading`, every finding (worst first), and probe details."""
+
+    runbook: str
+    readings: dict[str, float | None] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    details: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def reading(self, name: str) -> float | None:
+        """One reading by its dotted name, None when absent or unmeasured."""
+        return self.readings.get(name)
+
+
+class RunbookRunner:
+    """Runs loaded runbooks with the probes of one registry."""
+
+    def __init__(self, *, registry: ProbeRegistry) -> None:
+        self._registry = registry
+
+    async def run(
+        self, loaded: LoadedRunbook, *, target: TargetRef, ctx: ProbeContext
+    ) -> RunbookResult:
+        """Run every probe, then apply the finding rules."""
+        steps = list(zip(loaded.runbook.probes, loaded.params, strict=True))
+        outcomes = await asyncio.gather(
+            *(
+                self._registry.get(step.probe).run(target=target, params=params, ctx=ctx)
+                for step, params in steps
+            ),
+            return_exceptions=True,
+        )
+        result = RunbookResult(runbook=loaded.name)
+        for (step, _), outcome in zip(steps, outcomes, strict=True):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # cancellation and the like are not probe failures
+            probe_result = (
+                outcome if isinstance(outcome, ProbeResult) else _failed(step.probe, outcome)
+            )
+            for name, value in probe_result.readings.items():
+                result.readings[f"{step.probe}.{name}"] = value
+            result.findings.extend(probe_result.findings)
+            if probe_result.details:
+                result.details[step.probe] = probe_result.details
+        result.findings.extend(evaluate(loaded, result.readings))
+        result.findings.sort(key=lambda f: -f.severity)
+        return result
+
+
+def evaluate(loaded: LoadedRunbook, readings: dict[str, float | None]) -> list[Finding]:
+    """The findings whose rule holds for the readings (an unmeasured reading never holds)."""
+    found = []
+    for rule in loaded.runbook.findings:
+        probe, reading, op, limit = rule.parts
+        value = readings.get(f"{probe}.{reading}")
+        if value is not None and OPS[op](value, limit):
+            found.append(
+                Finding(
+                    severity=Severity.parse(rule.severity),
+                    message=rule.message.format(value=value, limit=limit),
+                    source=f"{loaded.name}: {rule.when.strip()}",
+                    value=value,
+                )
+            )
+    return found
+
+
+def _failed(probe: str, exc: BaseException) -> ProbeResult:
+    if isinstance(exc, RuleloopError):
+        return ProbeResult(
+            findings=[Finding(Severity.WARNING, f"{probe} could not run: {exc}", probe)]
+        )
+    error_id = uuid.uuid4().hex[:8]
+    log.error("probe %s failed unexpectedly (id %s)", probe, error_id, exc_info=exc)
+    message = f"{probe} failed unexpectedly (id {error_id}; details in the bot's log)"
+    return ProbeResult(findings=[Finding(Severity.WARNING, message, probe)])

@@ -1,0 +1,132 @@
+"""A sampled engine window: scrapes of one vLLM /metrics page every few seconds over a window.
+
+The first and last scrapes bracket the window (counters and histograms as deltas, via the
+foundation's ``read_window``); the ones between give a timeline: TTFT p99 per interval, queue
+depth, running requests and KV usage, for the chart and for peaks that a single scrape misses.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from bot.canary.fragmentation import observed_fragmentation
+from bot.probes.exposition import Exposition
+from bot.probes.vllm_metrics import (
+    KV_USAGE,
+    RUNNING,
+    TTFT,
+    WAITING,
+    WINDOW_METRICS,
+    EngineWindow,
+    MetricsScraper,
+    Quantiles,
+    cache_config,
+    gauge,
+    read_window,
+)
+
+TPOT = ("vllm:request_time_per_output_token_seconds",)
+PROMPT_LEN = "vllm:request_prompt_tokens"
+OUTPUT_LEN = "vllm:request_generation_tokens"
+SAMPLED_METRICS = WINDOW_METRICS | {*TPOT, PROMPT_LEN, OUTPUT_LEN}
+
+
+@dataclass(frozen=True)
+class SamplePoint:
+    """One scrape inside the window: seconds from its start and what the gauges said."""
+
+    t: float
+    ttft_p99_ms: float | None  # over the interval since the previous scrape
+    requests_waiting: float | None
+    requests_running: float | None
+    kv_cache_usage: float | None
+
+
+@dataclass(frozen=True)
+class SampledWindow:
+    """All scrapes of one window, first and last bracketing it."""
+
+    pages: Sequence[Exposition]
+
+    @cached_property
+    def engine(self) -> EngineWindow:
+        """The foundation's engine-side reading of the whole window."""
+        return read_window(self.pages[0], self.pages[-1])
+
+    @cached_property
+    def tpot_ms(self) -> Quantiles:
+        """Per-request time per output token (vLLM's own TPOT histogram), ITL when absent."""
+        tpot = Quantiles.from_histogram(self.pages[0], self.pages[-1], TPOT)
+        return tpot if tpot.count else self.engine.itl_ms
+
+    @cached_property
+    def points(self) -> list[SamplePoint]:
+        """The timeline: one point per scrape after the first."""
+        start = self.pages[0].at
+        return [
+            SamplePoint(
+                t=page.at - start,
+                ttft_p99_ms=Quantiles.from_histogram(prev, page, TTFT).p99,
+                requests_waiting=gauge(page, WAITING),
+                requests_running=gauge(page, RUNNING),
+                kv_cache_usage=gauge(page, KV_USAGE),
+            )
+            for prev, page in zip(self.pages, self.pages[1:], strict=False)
+        ]
+
+    def peak(self, field: str) -> float | None:
+        """The largest value a gauge took at any scrape of the window."""
+        values = [getattr(p, field) for p in self.points if getattr(p, field) is not None]
+        return max(values) if values else None
+
+    def mean_length(self, histogram: str) -> float | None:
+        """Mean tokens per finished request over the window (a request-length histogram)."""
+        first, last = self.pages[0], self.pages[-1]
+        count = (last.total(f"{histogram}_count") or 0.0) - (
+            first.total(f"{histogram}_count") or 0.0
+        )
+        total = (last.total(f"{histogram}_sum") or 0.0) - (first.total(f"{histogram}_sum") or 0.0)
+        return total / count if count > 0 else None
+
+    def kv_fragmentation_estimate(self) -> float | None:
+        """Observed-view fragmentation, with resident tokens estimated from mean request lengths.
+
+        A passive observer does not know which tokens are in flight; it assumes each running
+        request holds its mean prompt plus half its mean output. The canary measures it exactly.
+        """
+        cache = cache_config(self.pages[-1])
+        prompt, output = self.mean_length(PROMPT_LEN), self.mean_length(OUTPUT_LEN)
+        if cache is None or prompt is None or output is None:
+            return None
+        estimates = []
+        for point in self.points:
+            if not point.requests_running or not point.kv_cache_usage:
+                continue
+            resident = round(point.requests_running * (prompt + output / 2))
+            value = observed_fragmentation(
+                resident_tokens=resident,
+                kv_usage=point.kv_cache_usage,
+                num_gpu_blocks=cache.num_gpu_blocks,
+                block_size=cache.block_size,
+            )
+            if value is not None:
+                estimates.append(value)
+        return statistics.median(estimates) if estimates else None
+
+
+async def sample_window(
+    scraper: MetricsScraper,
+    *,
+    seconds: float,
+    interval_s: float,
+    sleep: Callable[[float], Awaitable[None]],
+) -> SampledWindow:
+    """Scrape now, then every ``interval_s`` until ``seconds`` have passed (by the scrape clock)."""
+    pages = [await scraper(only=SAMPLED_METRICS)]
+    while pages[-1].at - pages[0].at < seconds:
+        await sleep(min(interval_s, seconds - (pages[-1].at - pages[0].at)))
+        pages.append(await scraper(only=SAMPLED_METRICS))
+    return SampledWindow(pages=tuple(pages))
