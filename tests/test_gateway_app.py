@@ -181,6 +181,18 @@ async def test_gateway_refuses_bad_input_with_400_and_admits_nothing(
     assert page.total("ruleloop_gateway_prompt_tokens_total", where={"kind": "admitted"}) == 0
 
 
+async def test_gateway_can_require_the_timeout_header(make_gateway) -> None:
+    engine = ScriptedEngine()
+    base, _ = await make_gateway(engine, require_timeout_header=True)
+    async with httpx.AsyncClient() as client:
+        without = await client.post(f"{base}/v1/completions", json=STREAM)
+        with_it = await client.post(
+            f"{base}/v1/completions", json=STREAM, headers={"X-Request-Timeout": "30s"}
+        )
+    assert without.status_code == 400 and without.json()["error"]["param"] == "X-Request-Timeout"
+    assert with_it.status_code == 200 and len(engine.requests) == 1
+
+
 @pytest.mark.parametrize("declared", [True, False])
 async def test_gateway_refuses_huge_bodies_with_413(make_gateway, declared: bool) -> None:
     engine = ScriptedEngine()

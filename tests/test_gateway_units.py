@@ -174,3 +174,29 @@ def test_read_limits_file_reads_yaml_and_refuses_lists(tmp_path) -> None:
     bad.write_text("- 1\n- 2\n")
     with pytest.raises(LimitsError, match="mapping"):
         read_limits_file(bad)
+
+
+def test_limits_update_applies_an_adrs_gateway_block_as_written() -> None:
+    rules = {"require_request_timeout": True, "timeout_header": "X-Request-Timeout",
+             "drop_on_cancel": True, "upstream_timeout_s": 30.0, "max_in_flight_tokens": None}  # fmt: skip
+    new = updated(Limits(), rules)
+    assert (new.require_timeout_header, new.default_timeout_s, new.max_inflight_tokens) == (
+        True,
+        30.0,
+        0,
+    )
+    assert updated(Limits(), {"max_in_flight_tokens": 4096}).max_inflight_tokens == 4096
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        ({"timeout_header": "X-Deadline"}, "X-Request-Timeout only"),
+        ({"drop_on_cancel": False}, "drop_on_cancel"),
+    ],
+)
+def test_limits_update_refuses_adr_rules_it_cannot_honour(
+    rules: dict[str, object], message: str
+) -> None:
+    with pytest.raises(LimitsError, match=message):
+        updated(Limits(), rules)

@@ -154,6 +154,8 @@ class Gateway:
                 timeout_header = value.decode("latin-1")
             elif key == b"content-length":
                 declared = value
+        if timeout_header is None and limits.require_timeout_header:
+            raise responses.timeout_header_required()
         try:
             timeout_s = request_timeout(
                 timeout_header, default_s=limits.default_timeout_s, max_s=limits.max_timeout_s

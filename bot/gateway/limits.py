@@ -2,7 +2,8 @@
 
 A change is validated as a whole (pydantic, unknown keys refused) and swapped in at once; open
 streams keep the admission they had, so applying an ADR's ``fix.gateway`` rules drops nothing.
-Durations accept the X-Request-Timeout syntax (``30``, ``2.5s``, ``500ms``).
+Durations accept the X-Request-Timeout syntax (``30``, ``2.5s``, ``500ms``). An ADR's
+``fix.gateway`` block can be applied as it is written: its keys are translated (``ADR_KEYS``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class Limits:
     max_body_bytes: int = 8 * MiB
     retry_after_s: int = 1
     default_max_tokens: int = 1024
+    require_timeout_header: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         """Plain dict (the admin endpoint's JSON)."""
@@ -49,6 +51,7 @@ class LimitsUpdate(BaseModel):
     max_body_bytes: int | None = Field(default=None, ge=1024)
     retry_after_s: int | None = Field(default=None, ge=1)
     default_max_tokens: int | None = Field(default=None, ge=1)
+    require_timeout_header: bool | None = None
 
     @field_validator("default_timeout_s", "max_timeout_s", mode="before")
     @classmethod
@@ -67,10 +70,37 @@ class LimitsError(ValueError):
     """A limits change that cannot be applied; the message says what to fix."""
 
 
+# An ADR's fix.gateway keys (bot.adr.models.GatewayRules) -> the limit each one sets.
+ADR_KEYS = {
+    "max_in_flight_tokens": "max_inflight_tokens",
+    "upstream_timeout_s": "default_timeout_s",
+    "require_request_timeout": "require_timeout_header",
+}
+
+
+def from_adr(change: Mapping[str, Any]) -> dict[str, Any]:
+    """Translate ADR ``fix.gateway`` keys; refuse rules this gateway cannot honour as written."""
+    out: dict[str, Any] = {}
+    for key, value in change.items():
+        if key == "timeout_header":
+            if str(value).lower() != "x-request-timeout":
+                raise LimitsError(
+                    f"timeout_header {value!r}: this gateway reads X-Request-Timeout only"
+                )
+        elif key == "drop_on_cancel":
+            if value is not True:
+                raise LimitsError(
+                    "drop_on_cancel must be true: this gateway always drops cancelled work"
+                )
+        elif value is not None or key not in ADR_KEYS:
+            out[ADR_KEYS.get(key, key)] = value
+    return out
+
+
 def updated(limits: Limits, change: Mapping[str, Any]) -> Limits:
     """``limits`` with ``change`` applied; raise LimitsError when the change is invalid."""
     try:
-        update = LimitsUpdate.model_validate(dict(change))
+        update = LimitsUpdate.model_validate(from_adr(change))
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()

@@ -79,6 +79,17 @@ def over_whole_budget(cost: int, limit: int) -> HTTPProblem:
     )
 
 
+def timeout_header_required() -> HTTPProblem:
+    """400: the limits require every request to say its deadline."""
+    return HTTPProblem(
+        400,
+        "X-Request-Timeout is required by this gateway: send e.g. 'X-Request-Timeout: 30s' "
+        "or '500ms' (a plain number is seconds)",
+        param="X-Request-Timeout",
+        code="invalid_request",
+    )
+
+
 def body_too_large(limit: int) -> HTTPProblem:
     """413: the body is larger than the gateway accepts."""
     return HTTPProblem(
