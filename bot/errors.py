@@ -3,7 +3,8 @@
     RuleloopError (exit 2)            anything the user can act on; message reads as advice
     ├── UsageError (exit 2)           bad flags, bad values, bad files
     │   ├── AdrError (exit 2)         an ADR file breaks the format or a rule (file, field, why)
-    │   └── RequestRejected (exit 2)  an inbound webhook is refused (carries its HTTP status)
+    │   ├── RequestRejected (exit 2)  an inbound webhook is refused (carries its HTTP status)
+    │   └── NotAllowed (exit 2)       a Slack user may not do this; says who may
     ├── EndpointError (exit 2)        a server cannot be reached or does not speak the protocol
     │   └── ProbeError (exit 2)       a /metrics page or other probe source is unusable
     ├── EngineError (exit 2)          the local vLLM engine failed to start or stop
@@ -59,3 +60,7 @@ class RequestRejected(UsageError):
     def __init__(self, why: str, *, status: int = 400) -> None:
         self.status = status
         super().__init__(why)
+
+
+class NotAllowed(UsageError):
+    """The person asking is not configured to do this; the message says who is."""

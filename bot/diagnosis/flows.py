@@ -1,0 +1,328 @@
+"""The incident flows: what happens after a webhook, a /diagnose or an Apply click.
+
+Each step is written to the audit log before the next one starts. Root-message changes for one
+incident are serialized, and every re-render reads the incident's current state from the store,
+so a resolution that overtakes a running diagnosis is never painted over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+
+from bot.config import Settings
+from bot.diagnosis.metrics import BotMetrics
+from bot.diagnosis.ports import IncidentView, MessageRef, Notifier
+from bot.diagnosis.service import Diagnoser
+from bot.diagnosis.tasks import TaskSupervisor
+from bot.errors import NotAllowed, RuleloopError, UsageError
+from bot.intake.service import IntakeResult, Outcome
+from bot.runbooks.context import TargetRef
+from bot.store import service as store
+from bot.store.db import Database
+from bot.store.models import Incident
+
+log = logging.getLogger("ruleloop.flows")
+
+
+def who_may(allowed: list[str]) -> str:
+    """'<@U1>, <@U2>' / 'everyone' / 'nobody (configure [access] in the bot's config)'."""
+    if "*" in allowed:
+        return "everyone"
+    return ", ".join(f"<@{u}>" for u in allowed) or "nobody yet (set [access] in the bot's config)"
+
+
+class IncidentFlows:
+    """Drives incidents from intake to a posted diagnosis, and answers Slack requests."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        db: Database,
+        notifier: Notifier,
+        diagnoser: Diagnoser,
+        clock: Callable[[], dt.datetime],
+        monotonic: Callable[[], float] = time.monotonic,
+        metrics: BotMetrics | None = None,
+        tasks: TaskSupervisor | None = None,
+    ) -> None:
+        self.settings = settings
+        self._db = db
+        self._notifier = notifier
+        self._diagnoser = diagnoser
+        self._clock = clock
+        self._monotonic = monotonic
+        self.metrics = metrics or BotMetrics()
+        self.tasks = tasks or TaskSupervisor()
+        self._locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+
+    # --- Alertmanager ---------------------------------------------------------------------
+    def after_intake(self, result: IntakeResult, *, received: float) -> None:
+        """Start what an intake outcome calls for, in the background."""
+        self.metrics.webhooks.labels(result.outcome.value).inc()
+        if result.outcome is Outcome.OPENED:
+            self.tasks.spawn(
+                self.diagnose_incident(result.incident_id, received=received),
+                name=f"diagnose-{result.incident_id}",
+            )
+        elif result.outcome is Outcome.RESOLVED:
+            self.tasks.spawn(
+                self.show_resolved(result.incident_id), name=f"resolve-{result.incident_id}"
+            )
+
+    async def diagnose_incident(
+        self, incident_id: int, *, received: float, channel: str | None = None
+    ) -> None:
+        """Post the root message, run the diagnosis, post it in the thread, update the root."""
+        ref = await self._ensure_root(incident_id, state="diagnosing", channel=channel)
+        incident = await self._load(incident_id)
+        try:
+            if incident.target is None:
+                raise UsageError(self._no_target_advice(incident))
+            target = TargetRef(incident.target, self.settings.targets[incident.target])
+            diagnosis = await self._diagnoser.diagnose(target, labels=incident.labels)
+        except Exception as exc:
+            await self._failed(incident_id, ref, exc)
+            return
+        async with self._locks[incident_id]:
+            await self._write(
+                incident_id,
+                "diagnosis.finished",
+                detail=diagnosis.summary(),
+                summary=diagnosis.summary(),
+            )
+            await self._notifier.post_diagnosis(ref, diagnosis=diagnosis, incident_id=incident_id)
+            await self._notifier.update_root(ref, view=await self._view(incident_id, "diagnosed"))
+            latency = self._monotonic() - received - diagnosis.sampling_s
+            self.metrics.latency.observe(latency)
+            self.metrics.diagnoses.labels("posted").inc()
+            await self._write(
+                incident_id,
+                "diagnosis.posted",
+                detail={
+                    "latency_s": round(latency, 4),
+                    "sampling_s": round(diagnosis.sampling_s, 3),
+                },
+            )
+
+    async def show_resolved(self, incident_id: int) -> None:
+        """Update the root message to resolved (posting one if the firing was never seen)."""
+        incident = await self._load(incident_id)
+        state = incident.summary and "diagnosed" or "waiting"
+        async with self._locks[incident_id]:
+            ref = await self._root(incident_id)
+            if ref is None:
+                await self._post_root(incident_id, state=state, channel=None)
+            else:
+                await self._notifier.update_root(ref, view=await self._view(incident_id, state))
+                await self._write(incident_id, "slack.root_updated", detail={"status": "resolved"})
+
+    # --- Slack requests -------------------------------------------------------------------
+    def request_diagnosis(self, *, user_id: str, text: str, channel_id: str) -> str:
+        """Check a /diagnose request and start it; the returned text acknowledges it."""
+        if not self.settings.access.allows("diagnose", user_id):
+            raise NotAllowed(
+                f"You may not run /diagnose. Allowed: {who_may(self.settings.access.diagnose)}."
+            )
+        words = text.split()
+        if len(words) > 1:
+            known = ", ".join(sorted(self.settings.targets))
+            raise UsageError(f"Usage: /diagnose [target]. Known targets: {known}")
+        name, _ = self.settings.target(words[0] if words else None)
+        self.tasks.spawn(
+            self.manual(name, user_id=user_id, channel_id=channel_id), name=f"manual-{name}"
+        )
+        return f"Diagnosing *{name}*: the result will be posted in this channel."
+
+    async def manual(self, name: str, *, user_id: str, channel_id: str) -> None:
+        """A /diagnose run: an incident of its own, closed once its diagnosis is posted."""
+        received = self._monotonic()
+        now = self._clock()
+
+        def create() -> int:
+            with self._db.transaction() as s:
+                incident = store.create(
+                    s,
+                    key=f"diagnose:{name}:{uuid.uuid4().hex[:12]}",
+                    source="slash",
+                    title=f"/diagnose {name}",
+                    target=name,
+                    labels={"requested_by": user_id},
+                    at=now,
+                )
+                store.audit(
+                    s,
+                    at=now,
+                    actor=user_id,
+                    action="diagnose.requested",
+                    incident=incident,
+                    detail={"target": name, "channel": channel_id},
+                )
+                return incident.id
+
+        incident_id = await asyncio.to_thread(create)
+        await self.diagnose_incident(incident_id, received=received, channel=channel_id)
+
+        def close() -> None:
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                assert incident is not None
+                store.close(s, incident, at=self._clock())
+
+        await asyncio.to_thread(close)
+
+    async def explain_apply(self, *, user_id: str, adr_id: str, incident_id: int) -> None:
+        """The Apply button: check who clicked, then say in the thread what applying would do."""
+        if not self.settings.access.allows("apply", user_id):
+            raise NotAllowed(
+                f"You may not apply ADRs. Allowed: {who_may(self.settings.access.apply)}."
+            )
+        from bot.adr.store import AdrStore
+
+        adr = await asyncio.to_thread(AdrStore(root=self.settings.paths.adr).get_or_raise, adr_id)
+        ref = await self._root(incident_id)
+        if ref is None:
+            raise UsageError(f"incident {incident_id} has no Slack thread to answer in")
+        incident = await self._load(incident_id)
+        await self._write(
+            incident_id,
+            "adr.apply_requested",
+            actor=user_id,
+            detail={"adr": adr_id, "target": incident.target},
+        )
+        from bot.slack.views import apply_preview_text
+
+        await self._notifier.post_reply(
+            ref, text=apply_preview_text(adr, target=incident.target, user_id=user_id)
+        )
+
+    # --- helpers ----------------------------------------------------------------------------
+    async def _failed(self, incident_id: int, ref: MessageRef, exc: BaseException) -> None:
+        if isinstance(exc, RuleloopError):
+            text = f"Diagnosis failed: {exc}"
+            detail = {"error": str(exc)}
+        else:
+            error_id = uuid.uuid4().hex[:8]
+            log.error(
+                "diagnosis of incident %s failed (id %s)", incident_id, error_id, exc_info=exc
+            )
+            text = (
+                f"Diagnosis failed unexpectedly (id {error_id}; the details are in the bot's log)."
+            )
+            detail = {"error_id": error_id}
+        self.metrics.diagnoses.labels("failed").inc()
+        async with self._locks[incident_id]:
+            await self._write(incident_id, "diagnosis.failed", detail=detail)
+            await self._notifier.post_reply(ref, text=text)
+            await self._notifier.update_root(ref, view=await self._view(incident_id, "failed"))
+
+    def _no_target_advice(self, incident: Incident) -> str:
+        known = ", ".join(sorted(self.settings.targets)) or "none configured"
+        instance = incident.labels.get("instance", "?")
+        return (
+            f"no configured target matches this alert (instance={instance}); give the alert a "
+            f"`ruleloop_target` label or set a target's vllm_url to that host:port. "
+            f"Targets: {known}"
+        )
+
+    async def _ensure_root(
+        self, incident_id: int, *, state: str, channel: str | None
+    ) -> MessageRef:
+        async with self._locks[incident_id]:
+            ref = await self._root(incident_id)
+            return (
+                ref
+                if ref is not None
+                else await self._post_root(incident_id, state=state, channel=channel)
+            )
+
+    async def _post_root(self, incident_id: int, *, state: str, channel: str | None) -> MessageRef:
+        view = await self._view(incident_id, state)
+        ref = await self._notifier.post_root(
+            channel=channel or self.settings.slack.channel, view=view
+        )
+
+        def remember() -> None:
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                assert incident is not None
+                store.add_message(
+                    s, incident, kind="root", channel=ref.channel, ts=ref.ts, thread_ts=ref.ts
+                )
+                store.audit(
+                    s,
+                    at=self._clock(),
+                    actor="ruleloop",
+                    action="slack.root_posted",
+                    incident=incident,
+                    detail={"channel": ref.channel, "ts": ref.ts},
+                )
+
+        await asyncio.to_thread(remember)
+        return ref
+
+    async def _root(self, incident_id: int) -> MessageRef | None:
+        def read() -> MessageRef | None:
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                message = None if incident is None else store.root_message(s, incident)
+                return None if message is None else MessageRef(message.channel, message.ts)
+
+        return await asyncio.to_thread(read)
+
+    async def _load(self, incident_id: int) -> Incident:
+        def read() -> Incident:
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                if incident is None:
+                    raise UsageError(f"no incident {incident_id}")
+                return incident
+
+        return await asyncio.to_thread(read)
+
+    async def _view(self, incident_id: int, state: str) -> IncidentView:
+        i = await self._load(incident_id)
+        return IncidentView(
+            id=i.id,
+            title=i.title,
+            status=i.status,
+            source=i.source,
+            target=i.target,
+            opened_at=i.opened_at,
+            closed_at=i.closed_at,
+            state=state,
+            summary=dict(i.summary or {}),
+            requested_by=i.labels.get("requested_by") if i.source == "slash" else None,
+        )
+
+    async def _write(
+        self,
+        incident_id: int,
+        action: str,
+        *,
+        detail: dict[str, object],
+        actor: str = "ruleloop",
+        summary: dict[str, object] | None = None,
+    ) -> None:
+        def write() -> None:
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                assert incident is not None
+                if summary is not None:
+                    store.set_summary(s, incident, summary=summary)
+                store.audit(
+                    s,
+                    at=self._clock(),
+                    actor=actor,
+                    action=action,
+                    incident=incident,
+                    detail=detail,
+                )
+
+        await asyncio.to_thread(write)

@@ -1,0 +1,94 @@
+"""What a diagnosis is made of: the four numbers, the baseline the accepted ADRs set, findings."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.adr.match import MatchResult
+from bot.adr.models import Adr
+from bot.runbooks.types import Finding
+
+# The four numbers: key, label, unit, and whether bigger is worse.
+FOUR = (
+    ("ttft_p99_ms", "TTFT p99", "ms", True),
+    ("tpot_p99_ms", "TPOT p99", "ms", True),
+    ("goodput_ratio", "Goodput", "ratio", False),
+    ("kv_fragmentation", "KV fragmentation", "ratio", True),
+)
+GATE_OF = {
+    "ttft_p99_ms": "max_ttft_p99_ms",
+    "tpot_p99_ms": "max_tpot_p99_ms",
+    "goodput_ratio": "min_goodput_ratio",
+    "kv_fragmentation": "max_kv_fragmentation",
+}
+
+
+@dataclass(frozen=True)
+class Limit:
+    """One baseline number and the ADR that set it."""
+
+    value: float
+    adr_id: str
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The strictest gate each accepted ADR sets for each of the four numbers."""
+
+    limits: Mapping[str, Limit] = field(default_factory=dict)
+
+    @classmethod
+    def from_adrs(cls, adrs: Iterable[Adr]) -> Baseline:
+        """Strictest limit per number over the accepted ADRs' gates (lowest max, highest min)."""
+        limits: dict[str, Limit] = {}
+        for adr in adrs:
+            if adr.status != "accepted" or adr.gates is None:
+                continue
+            for key, _, _, worse_up in FOUR:
+                value = getattr(adr.gates, GATE_OF[key])
+                if value is None:
+                    continue
+                held = limits.get(key)
+                stricter = held is None or (value < held.value if worse_up else value > held.value)
+                if stricter:
+                    limits[key] = Limit(float(value), adr.id)
+        return cls(limits)
+
+    def verdict(self, key: str, value: float | None) -> bool | None:
+        """True within the baseline, False outside it, None when unknown or unmeasured."""
+        limit = self.limits.get(key)
+        if limit is None or value is None:
+            return None
+        worse_up = next(w for k, _, _, w in FOUR if k == key)
+        return value <= limit.value if worse_up else value >= limit.value
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """One finished diagnosis of one target."""
+
+    target: str
+    runbook: str
+    headline: Mapping[str, float | None]
+    baseline: Baseline
+    findings: list[Finding]
+    matches: list[MatchResult]
+    readings: Mapping[str, float | None]
+    details: Mapping[str, Any]
+    sampling_s: float
+    at: dt.datetime
+    chart_png: bytes | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """The headline, JSON-ready, for the store (root-message re-renders)."""
+        return {
+            "target": self.target,
+            "runbook": self.runbook,
+            "headline": dict(self.headline),
+            "baseline": {k: [v.value, v.adr_id] for k, v in self.baseline.limits.items()},
+            "worst": str(max((f.severity for f in self.findings), default="ok")),
+            "matches": [m.adr.id for m in self.matches],
+        }

@@ -1,0 +1,56 @@
+"""The role the diagnosis flows talk to Slack (or the console) through, and what it is given."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from bot.diagnosis.models import Diagnosis
+
+
+@dataclass(frozen=True)
+class MessageRef:
+    """A posted message: its channel (an ID once posted) and timestamp (its thread)."""
+
+    channel: str
+    ts: str
+
+
+@dataclass(frozen=True)
+class IncidentView:
+    """What the root message shows: the incident, its state, the last diagnosis's numbers."""
+
+    id: int
+    title: str
+    status: str  # firing | resolved
+    source: str  # alertmanager | slash
+    target: str | None
+    opened_at: dt.datetime
+    closed_at: dt.datetime | None
+    state: str  # diagnosing | diagnosed | failed | waiting
+    summary: dict[str, Any] = field(default_factory=dict)
+    requested_by: str | None = None
+
+
+class Notifier(Protocol):
+    """Posts an incident's root message and thread; Slack and the console implement it."""
+
+    async def post_root(self, *, channel: str, view: IncidentView) -> MessageRef:
+        """Post the root message of an incident; its ts is the thread."""
+        ...
+
+    async def update_root(self, ref: MessageRef, *, view: IncidentView) -> None:
+        """Re-render the root message in place (chat.update)."""
+        ...
+
+    async def post_diagnosis(
+        self, ref: MessageRef, *, diagnosis: Diagnosis, incident_id: int
+    ) -> None:
+        """Post findings, the chart and the matching ADRs in the incident's thread."""
+        ...
+
+    async def post_reply(self, ref: MessageRef, *, text: str) -> None:
+        """Post one plain message in the incident's thread."""
+        ...

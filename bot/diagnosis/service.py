@@ -1,0 +1,107 @@
+"""The diagnoser: picks the runbook for an alert, runs it on a target, and reads the result.
+
+It turns the runbook's readings into the four numbers, a flat metrics report for ADR
+matching (names from ``bot.adr.match.METRICS``), the baseline the accepted ADRs set, and a chart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from bot.adr.match import matching
+from bot.adr.store import AdrStore
+from bot.diagnosis.chart import render_chart
+from bot.diagnosis.models import FOUR, Baseline, Diagnosis
+from bot.errors import UsageError
+from bot.runbooks.context import ProbeContext, TargetRef
+from bot.runbooks.loader import RunbookSet
+from bot.runbooks.runner import RunbookRunner
+
+log = logging.getLogger("ruleloop.diagnosis")
+
+# ADR match metric name -> the runbook reading that gives it.
+MATCH_READINGS = {
+    "ttft_p99_ms": "vllm_metrics.ttft_p99_ms",
+    "tpot_p99_ms": "vllm_metrics.tpot_p99_ms",
+    "goodput_ratio": "vllm_metrics.goodput_ratio",
+    "kv_fragmentation": "vllm_metrics.kv_fragmentation",
+    "itl_p99_ms": "vllm_metrics.itl_p99_ms",
+    "e2e_p99_ms": "vllm_metrics.e2e_p99_ms",
+    "engine_ttft_p99_ms": "vllm_metrics.ttft_p99_ms",
+    "engine_itl_p99_ms": "vllm_metrics.itl_p99_ms",
+    "kv_cache_usage": "vllm_metrics.kv_cache_usage",
+    "requests_waiting": "vllm_metrics.requests_waiting",
+    "requests_running": "vllm_metrics.requests_running",
+    "preemptions_per_s": "vllm_metrics.preemptions_per_s",
+    "prefix_cache_hit_rate": "vllm_metrics.prefix_cache_hit_rate",
+    "queue_time_p99_ms": "queue_cancel.queue_time_p99_ms",
+    "wasted_prefill_tokens": "queue_cancel.wasted_prefill_tokens",
+    "cancelled_share": "queue_cancel.cancelled_share",
+}
+
+
+def match_report(readings: Mapping[str, float | None]) -> dict[str, Any]:
+    """The report ADR matching reads: a flat ``metrics`` mapping of measured values."""
+    metrics = {name: readings.get(source) for name, source in MATCH_READINGS.items()}
+    return {"metrics": {k: v for k, v in metrics.items() if v is not None}}
+
+
+class Diagnoser:
+    """Runs runbooks for incidents; every outside seam comes in through the constructor."""
+
+    def __init__(
+        self,
+        *,
+        runbooks: RunbookSet,
+        runner: RunbookRunner,
+        adrs: AdrStore,
+        context: Callable[[], ProbeContext],
+        clock: Callable[[], dt.datetime],
+    ) -> None:
+        self._runbooks = runbooks
+        self._runner = runner
+        self._adrs = adrs
+        self._context = context
+        self._clock = clock
+
+    async def diagnose(self, target: TargetRef, *, labels: Mapping[str, str]) -> Diagnosis:
+        """Run the runbook that fits ``labels`` on ``target`` and read the result."""
+        loaded = self._runbooks.select(labels)
+        if loaded is None:
+            raise UsageError(
+                f"no runbook matches {dict(labels)}; add one with an empty `match` as a default"
+            )
+        ctx = self._context()
+        result = await self._runner.run(loaded, target=target, ctx=ctx)
+        accepted = await asyncio.to_thread(self._adrs.accepted)
+        baseline = Baseline.from_adrs(accepted)
+        headline = {key: result.reading(f"vllm_metrics.{key}") for key, *_ in FOUR}
+        matches = matching(accepted, match_report(result.readings))
+        windows = ctx.sampled()
+        chart = None
+        if windows and windows[0].points:
+            ttft_limit = baseline.limits.get("ttft_p99_ms")
+            chart = await asyncio.to_thread(
+                render_chart,
+                windows[0],
+                title=f"{target.name}: TTFT p99 and queue depth",
+                ttft_limit_ms=None if ttft_limit is None else ttft_limit.value,
+            )
+        sampling = max((w.pages[-1].at - w.pages[0].at for w in windows), default=0.0)
+        return Diagnosis(
+            target=target.name,
+            runbook=loaded.name,
+            headline=headline,
+            baseline=baseline,
+            findings=result.findings,
+            matches=matches,
+            readings=result.readings,
+            details=result.details,
+            sampling_s=sampling,
+            at=self._clock(),
+            chart_png=chart,
+        )

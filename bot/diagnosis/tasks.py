@@ -1,0 +1,51 @@
+"""Background work with an owner: tasks are kept until done, failures are logged under an id."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Coroutine
+from typing import Any
+
+log = logging.getLogger("ruleloop.tasks")
+
+
+class TaskSupervisor:
+    """Starts tasks, keeps references so none is garbage-collected mid-flight, drains on stop."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], *, name: str) -> asyncio.Task[Any]:
+        """Run ``coro`` in the background."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            error_id = uuid.uuid4().hex[:8]
+            log.error(
+                "background task %s failed (id %s)",
+                task.get_name(),
+                error_id,
+                exc_info=task.exception(),
+            )
+
+    @property
+    def pending(self) -> int:
+        """Tasks not finished yet."""
+        return len(self._tasks)
+
+    async def drain(self, *, timeout_s: float = 30.0) -> None:
+        """Wait for running tasks; cancel what is still running after ``timeout_s``."""
+        if not self._tasks:
+            return
+        _, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)

@@ -1,0 +1,281 @@
+"""`ruleloop serve`'s ASGI app: /slack/events, /alertmanager, /healthz and /metrics.
+
+``create_bot`` wires the parts from one ``Settings``; every outside seam (Slack's Web API client,
+the HTTP client for probes, clocks, the NVML module, the console stream) can be passed in.
+Errors become HTTP answers in one place per route family: webhooks answer JSON with a reason;
+anything unexpected answers 500 with an id that is also in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import hmac
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+from slack_bolt.adapter.starlette.async_handler import AsyncSlackRequestHandler
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.signature import Clock, SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from bot.adr.store import AdrStore
+from bot.config import Settings
+from bot.diagnosis.flows import IncidentFlows
+from bot.diagnosis.metrics import BotMetrics
+from bot.diagnosis.ports import Notifier
+from bot.diagnosis.service import Diagnoser
+from bot.errors import RequestRejected
+from bot.intake.models import parse_webhook
+from bot.intake.service import Intake, Outcome
+from bot.runbooks.builtin import default_registry
+from bot.runbooks.context import ProbeContext
+from bot.runbooks.loader import load_dir
+from bot.runbooks.runner import RunbookRunner
+from bot.slack.app import build_app, web_client
+from bot.slack.console import ConsoleNotifier
+from bot.slack.notifier import SlackNotifier
+from bot.slack.replay import ReplayGuard
+from bot.store.db import Database
+
+log = logging.getLogger("ruleloop.server")
+MAX_WEBHOOK_BYTES = 1 << 20
+STATUS = {Outcome.OPENED: 202, Outcome.RESOLVED: 202, Outcome.UPDATED: 200, Outcome.DUPLICATE: 200}
+
+
+def utcnow() -> dt.datetime:
+    """The wall clock, as an aware UTC datetime."""
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass
+class Bot:
+    """The wired bot: the ASGI app and the parts tests and the CLI reach for."""
+
+    app: Starlette
+    flows: IncidentFlows
+    db: Database
+    slack: AsyncApp | None
+    http: httpx.AsyncClient
+
+
+def create_bot(
+    settings: Settings,
+    *,
+    state_dir: Path,
+    slack_client: AsyncWebClient | None = None,
+    http: httpx.AsyncClient | None = None,
+    clock: Callable[[], dt.datetime] = utcnow,
+    monotonic: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+    probe_clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    nvml: Any | None = None,
+    console: TextIO | None = None,
+) -> Bot:
+    """Load runbooks (refusing bad ones now), open the store, and wire Slack or the console."""
+    registry = default_registry()
+    runbooks = load_dir(settings.paths.runbooks, registry)
+    db = Database(settings.database_url(fallback_dir=state_dir))
+    db.create_schema()
+    http = http or httpx.AsyncClient(timeout=httpx.Timeout(10.0))
+    diagnoser = Diagnoser(
+        runbooks=runbooks,
+        runner=RunbookRunner(registry=registry),
+        adrs=AdrStore(root=settings.paths.adr),
+        context=lambda: ProbeContext(
+            http=http, clock=probe_clock or monotonic, wall_clock=wall_clock, sleep=sleep, nvml=nvml
+        ),
+        clock=clock,
+    )
+    notifier: Notifier
+    slack_app = None
+    if settings.slack.enabled:
+        client = slack_client or web_client(settings.slack)
+        notifier = SlackNotifier(client)
+    else:
+        client = None
+        notifier = ConsoleNotifier(stream=console, chart_dir=state_dir / "charts")
+    metrics = BotMetrics()
+    flows = IncidentFlows(
+        settings=settings,
+        db=db,
+        notifier=notifier,
+        diagnoser=diagnoser,
+        clock=clock,
+        monotonic=monotonic,
+        metrics=metrics,
+    )
+    if client is not None:
+        slack_app = build_app(settings=settings.slack, flows=flows, client=client)
+    intake = Intake(db=db, targets=settings.targets, clock=clock)
+    routes = Routes(
+        settings=settings,
+        intake=intake,
+        flows=flows,
+        db=db,
+        slack=slack_app,
+        monotonic=monotonic,
+        wall_clock=wall_clock,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await flows.tasks.drain()
+            await http.aclose()
+            db.dispose()
+
+    app = Starlette(
+        routes=[
+            Route("/slack/events", routes.slack_events, methods=["POST"]),
+            Route("/alertmanager", routes.alertmanager, methods=["POST"]),
+            Route("/healthz", routes.healthz, methods=["GET"]),
+            Route("/metrics", routes.metrics, methods=["GET"]),
+        ],
+        exception_handlers={Exception: _unexpected},
+        lifespan=lifespan,
+    )
+    return Bot(app=app, flows=flows, db=db, slack=slack_app, http=http)
+
+
+class _Clock(Clock):
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now()
+
+
+class Routes:
+    """The HTTP endpoints."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        intake: Intake,
+        flows: IncidentFlows,
+        db: Database,
+        slack: AsyncApp | None,
+        monotonic: Callable[[], float],
+        wall_clock: Callable[[], float],
+    ) -> None:
+        self._settings = settings
+        self._intake = intake
+        self._flows = flows
+        self._db = db
+        self._monotonic = monotonic
+        self._slack = AsyncSlackRequestHandler(slack) if slack is not None else None
+        secret = settings.slack.signing_secret
+        self._verifier = (
+            SignatureVerifier(secret.get_secret_value(), clock=_Clock(wall_clock))
+            if secret
+            else None
+        )
+        self._replays = ReplayGuard(clock=wall_clock)
+
+    async def slack_events(self, request: Request) -> Response:
+        """Slash commands and button clicks: signature and replay checks, then bolt."""
+        metrics = self._flows.metrics.slack_requests
+        if self._slack is None:
+            metrics.labels("no_slack").inc()
+            return _reason(
+                404, "Slack is not configured (no SLACK_BOT_TOKEN); the console transport is in use"
+            )
+        body = await request.body()
+        timestamp = request.headers.get("x-slack-request-timestamp", "")
+        signature = request.headers.get("x-slack-signature", "")
+        if self._verifier is not None:
+            try:
+                valid = self._verifier.is_valid(body=body, timestamp=timestamp, signature=signature)
+            except ValueError:
+                valid = False
+            if not valid:
+                metrics.labels("bad_signature").inc()
+                return _reason(401, "missing, stale or wrong Slack signature")
+            if not self._replays.first_time(timestamp=timestamp, signature=signature):
+                metrics.labels("replayed").inc()
+                return _reason(401, "this signed request was already received (replay)")
+        metrics.labels("accepted").inc()
+        return await self._slack.handle(request)
+
+    async def alertmanager(self, request: Request) -> Response:
+        """Alertmanager webhook v4: bearer token, then parse, dedupe, store, then act."""
+        received = self._monotonic()
+        token = self._settings.alertmanager.token
+        if token is None:
+            return _reason(503, "the webhook token is not configured (RULELOOP_ALERTMANAGER_TOKEN)")
+        given = request.headers.get("authorization", "")
+        expected = f"Bearer {token.get_secret_value()}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            self._flows.metrics.webhooks.labels("unauthorized").inc()
+            return _reason(
+                401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+            )
+        body = await request.body()
+        try:
+            if len(body) > MAX_WEBHOOK_BYTES:
+                raise RequestRejected(f"body over {MAX_WEBHOOK_BYTES} bytes", status=413)
+            webhook = parse_webhook(body)
+            result = await asyncio.to_thread(self._intake.receive, webhook)
+        except RequestRejected as exc:
+            self._flows.metrics.webhooks.labels("rejected").inc()
+            return _reason(exc.status, str(exc))
+        except SQLAlchemyError:
+            error_id = uuid.uuid4().hex[:8]
+            log.error("incident store unavailable (id %s)", error_id, exc_info=True)
+            return _reason(503, f"the incident store is unavailable (id {error_id}); retry later")
+        self._flows.after_intake(result, received=received)
+        return JSONResponse(
+            {
+                "outcome": result.outcome.value,
+                "incident": result.incident_id,
+                "reason": result.reason,
+            },
+            status_code=STATUS[result.outcome],
+        )
+
+    async def healthz(self, request: Request) -> Response:
+        """Up, with the store reachable."""
+        try:
+            await asyncio.to_thread(self._ping)
+        except SQLAlchemyError:
+            return _reason(503, "the incident store does not answer")
+        mode = "slack" if self._slack is not None else "console"
+        return JSONResponse(
+            {"status": "ok", "transport": mode, "background": self._flows.tasks.pending}
+        )
+
+    def _ping(self) -> None:
+        with self._db.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+
+    async def metrics(self, request: Request) -> Response:
+        """The bot's own metrics."""
+        return Response(self._flows.metrics.exposition(), media_type="text/plain; version=0.0.4")
+
+
+def _reason(status: int, why: str, *, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": why}, status_code=status, headers=headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    error_id = uuid.uuid4().hex[:8]
+    log.error("unexpected error on %s (id %s)", request.url.path, error_id, exc_info=exc)
+    return _reason(500, f"unexpected error (id {error_id}; details in the bot's log)")

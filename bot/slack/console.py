@@ -1,0 +1,81 @@
+"""The console transport: with no Slack tokens, each message is printed as readable text.
+
+Charts are written as PNG files next to the store and their path is printed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+from typing import TextIO
+
+from bot.diagnosis.models import FOUR, Diagnosis
+from bot.diagnosis.ports import IncidentView, MessageRef
+from bot.slack.views import NO_MATCH, STATE_TEXT, finding_line, fmt
+
+
+class ConsoleNotifier:
+    """Prints what the Slack notifier would post."""
+
+    def __init__(self, *, stream: TextIO | None = None, chart_dir: Path) -> None:
+        self._stream = stream
+        self._chart_dir = chart_dir
+        self._ts = itertools.count(1)
+
+    def _print(self, text: str) -> None:
+        stream = self._stream or sys.stdout
+        stream.write(text.rstrip() + "\n")
+        stream.flush()
+
+    async def post_root(self, *, channel: str, view: IncidentView) -> MessageRef:
+        """Print the root message; the ts is a counter."""
+        ref = MessageRef(channel=channel, ts=f"console.{next(self._ts)}")
+        self._print(f"[{channel} {ref.ts}] " + render_root(view))
+        return ref
+
+    async def update_root(self, ref: MessageRef, *, view: IncidentView) -> None:
+        """Print the root message again, marked as an update."""
+        self._print(f"[{ref.channel} {ref.ts} updated] " + render_root(view))
+
+    async def post_diagnosis(
+        self, ref: MessageRef, *, diagnosis: Diagnosis, incident_id: int
+    ) -> None:
+        """Print findings, the chart's path and the matching ADRs under the thread."""
+        lines = [
+            f"[{ref.channel} {ref.ts} thread] findings on {diagnosis.target} "
+            f"(runbook {diagnosis.runbook}, {diagnosis.sampling_s:.0f} s window):"
+        ]
+        lines += [f"  {finding_line(f)}" for f in diagnosis.findings] or ["  no finding"]
+        if diagnosis.chart_png is not None:
+            self._chart_dir.mkdir(parents=True, exist_ok=True)
+            path = self._chart_dir / f"incident-{incident_id}-ttft-queue.png"
+            path.write_bytes(diagnosis.chart_png)
+            lines.append(f"  chart: {path}")
+        if diagnosis.matches:
+            for m in diagnosis.matches:
+                why = "; ".join(c.explain() for c in m.conditions)
+                lines.append(f"  matching ADR {m.adr.id}: {m.adr.title} ({why}) [Apply]")
+        else:
+            lines.append(f"  {NO_MATCH}")
+        self._print("\n".join(lines))
+
+    async def post_reply(self, ref: MessageRef, *, text: str) -> None:
+        """Print a thread message."""
+        self._print(f"[{ref.channel} {ref.ts} thread] {text}")
+
+
+def render_root(view: IncidentView) -> str:
+    """The root message as text: title, status, and the four numbers against their gates."""
+    status = view.status if view.source == "alertmanager" else "on demand"
+    lines = [
+        f"{view.title} | {status}, {STATE_TEXT.get(view.state, view.state)} | "
+        f"target {view.target or 'unknown'} | incident #{view.id}"
+    ]
+    headline = view.summary.get("headline") or {}
+    baseline = view.summary.get("baseline") or {}
+    for key, label, _, _ in FOUR if headline else ():
+        gate = baseline.get(key)
+        suffix = f" (gate {fmt(key, gate[0])}, {gate[1]})" if gate else ""
+        lines.append(f"    {label}: {fmt(key, headline.get(key))}{suffix}")
+    return "\n".join(lines)

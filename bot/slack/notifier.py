@@ -1,0 +1,87 @@
+"""Posts incidents to Slack through the Web API (chat.postMessage, chat.update, files upload v2).
+
+The ``AsyncWebClient`` is injected: production points it at slack.com, tests at a local fake.
+Slack API errors become ``EndpointError`` here, the one boundary for this client.
+"""
+
+from __future__ import annotations
+
+from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.diagnosis.models import Diagnosis
+from bot.diagnosis.ports import IncidentView, MessageRef
+from bot.errors import EndpointError
+from bot.slack.views import adr_message, findings_message, root_message
+
+
+class SlackNotifier:
+    """The Slack implementation of the Notifier role."""
+
+    def __init__(self, client: AsyncWebClient) -> None:
+        self._client = client
+
+    async def post_root(self, *, channel: str, view: IncidentView) -> MessageRef:
+        """chat.postMessage in the channel; the answer's channel ID and ts name the thread."""
+        text, blocks = root_message(view)
+        try:
+            response = await self._client.chat_postMessage(
+                channel=channel, text=text, blocks=blocks
+            )
+        except (SlackApiError, SlackClientError) as exc:
+            raise EndpointError(
+                f"Slack refused the incident message in {channel}: {_why(exc)}"
+            ) from exc
+        return MessageRef(channel=str(response["channel"]), ts=str(response["ts"]))
+
+    async def update_root(self, ref: MessageRef, *, view: IncidentView) -> None:
+        """chat.update of the root message."""
+        text, blocks = root_message(view)
+        try:
+            await self._client.chat_update(channel=ref.channel, ts=ref.ts, text=text, blocks=blocks)
+        except (SlackApiError, SlackClientError) as exc:
+            raise EndpointError(
+                f"Slack refused to update the incident message: {_why(exc)}"
+            ) from exc
+
+    async def post_diagnosis(
+        self, ref: MessageRef, *, diagnosis: Diagnosis, incident_id: int
+    ) -> None:
+        """Findings, then the chart, then the matching ADRs, in the thread."""
+        text, blocks = findings_message(diagnosis)
+        await self._reply(ref, text=text, blocks=blocks)
+        if diagnosis.chart_png is not None:
+            try:
+                await self._client.files_upload_v2(
+                    channel=ref.channel,
+                    thread_ts=ref.ts,
+                    content=diagnosis.chart_png,
+                    filename=f"incident-{incident_id}-ttft-queue.png",
+                    title=f"{diagnosis.target}: TTFT p99 and queue depth",
+                )
+            except (SlackApiError, SlackClientError) as exc:
+                raise EndpointError(f"Slack refused the chart upload: {_why(exc)}") from exc
+        text, blocks = adr_message(
+            diagnosis.matches, incident_id=incident_id, target=diagnosis.target
+        )
+        await self._reply(ref, text=text, blocks=blocks)
+
+    async def post_reply(self, ref: MessageRef, *, text: str) -> None:
+        """A plain message in the thread."""
+        await self._reply(ref, text=text, blocks=None)
+
+    async def _reply(
+        self, ref: MessageRef, *, text: str, blocks: list[dict[str, object]] | None
+    ) -> None:
+        try:
+            await self._client.chat_postMessage(
+                channel=ref.channel, thread_ts=ref.ts, text=text, blocks=blocks
+            )
+        except (SlackApiError, SlackClientError) as exc:
+            raise EndpointError(f"Slack refused a thread message: {_why(exc)}") from exc
+
+
+def _why(exc: Exception) -> str:
+    if isinstance(exc, SlackApiError):
+        return str(exc.response.get("error", exc.response.status_code))
+    return str(exc)

@@ -1,0 +1,197 @@
+"""Block Kit views and the prose they carry (kept together so the wording can be read as a whole).
+
+Built with ``slack_sdk.models.blocks``, whose ``to_dict`` refuses what Slack would reject
+(lengths, counts) before anything is sent.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from slack_sdk.models.blocks import (
+    Block,
+    ButtonElement,
+    ContextBlock,
+    DividerBlock,
+    HeaderBlock,
+    MarkdownTextObject,
+    SectionBlock,
+)
+
+from bot.adr.match import MatchResult
+from bot.adr.models import Adr
+from bot.diagnosis.models import FOUR, Diagnosis
+from bot.diagnosis.ports import IncidentView
+from bot.runbooks.types import Finding, Severity
+
+APPLY_ACTION = "apply_adr"
+MAX_FINDINGS = 15
+SEVERITY_MARK = {
+    Severity.CRITICAL: ":red_circle:",
+    Severity.WARNING: ":large_orange_circle:",
+    Severity.INFO: ":information_source:",
+}
+STATE_TEXT = {
+    "diagnosing": "diagnosing…",
+    "diagnosed": "diagnosed (details in the thread)",
+    "failed": "diagnosis failed (see the thread)",
+    "waiting": "no diagnosis",
+}
+NO_MATCH = (
+    "No accepted ADR matches these numbers. When this incident is fixed, record the fix "
+    "(`ruleloop tune` drafts the ADR from measured numbers) so the next one has a rule."
+)
+APPLY_PREVIEW = (
+    "<@{user}> asked to apply *{adr}* to *{target}*. Applying is not wired yet (the remediation "
+    "issue adds it); when it is, this will:\n{steps}"
+)
+
+
+def fmt(key: str, value: float | None) -> str:
+    """A number as people read it: '2,431 ms', '61.9 %', 'n/a'."""
+    if value is None:
+        return "n/a"
+    unit = next((u for k, _, u, _ in FOUR if k == key), "")
+    return (
+        f"{value:,.0f} ms"
+        if unit == "ms" and value >= 100
+        else (f"{value:.1f} ms" if unit == "ms" else f"{value * 100:.1f} %")
+    )
+
+
+def _number_field(key: str, label: str, summary: dict[str, Any]) -> MarkdownTextObject:
+    value = summary.get("headline", {}).get(key)
+    limit = summary.get("baseline", {}).get(key)
+    text = f"*{label}*\n{fmt(key, value)}"
+    if limit is not None:
+        worse_up = next(w for k, _, _, w in FOUR if k == key)
+        bound, adr = limit
+        ok = None if value is None else (value <= bound if worse_up else value >= bound)
+        mark = "" if ok is None else (" :white_check_mark:" if ok else " :x:")
+        text += f"{mark}  (gate {'≤' if worse_up else '≥'} {fmt(key, bound)}, {adr})"
+    return MarkdownTextObject(text=text)
+
+
+def root_message(view: IncidentView) -> tuple[str, list[dict[str, Any]]]:
+    """The incident's root message: status and the four numbers against the baseline."""
+    resolved = view.status == "resolved" and view.source == "alertmanager"
+    mark = (
+        ":white_check_mark: Resolved:"
+        if resolved
+        else (":mag:" if view.source == "slash" else ":rotating_light:")
+    )
+    title = f"{mark} {view.title}"[:150]
+    status = (
+        "resolved" if resolved else ("firing" if view.source == "alertmanager" else "on demand")
+    )
+    line = (
+        f"*Status:* {status} · {STATE_TEXT.get(view.state, view.state)}   "
+        f"*Target:* {view.target or 'unknown'}   "
+        f"*Incident* #{view.id} · opened {view.opened_at:%Y-%m-%d %H:%M} UTC"
+    )
+    if view.requested_by:
+        line += f"   *Requested by* <@{view.requested_by}>"
+    if resolved and view.closed_at:
+        line += f" · resolved {view.closed_at:%H:%M} UTC"
+    blocks: list[Block] = [
+        HeaderBlock(text=title),
+        SectionBlock(text=MarkdownTextObject(text=line)),
+    ]
+    if view.summary.get("headline"):
+        fields = [_number_field(key, label, view.summary) for key, label, _, _ in FOUR]
+        blocks.append(SectionBlock(fields=fields))
+        blocks.append(
+            ContextBlock(
+                elements=[
+                    MarkdownTextObject(
+                        text=(
+                            "Engine-side numbers over the sampling window (runbook "
+                            f"`{view.summary.get('runbook')}`); gates from the accepted ADRs. "
+                            "KV fragmentation is estimated from mean request lengths; "
+                            "a canary measures it exactly."
+                        )
+                    )
+                ]
+            )
+        )
+    text = f"{title} · {status} · target {view.target or 'unknown'}"
+    return text, [b.to_dict() for b in blocks]
+
+
+def finding_line(finding: Finding) -> str:
+    """One finding as a bullet."""
+    return f"{SEVERITY_MARK[finding.severity]} {finding.message}  _({finding.source})_"
+
+
+def findings_message(diagnosis: Diagnosis) -> tuple[str, list[dict[str, Any]]]:
+    """The findings, worst first, in the thread."""
+    shown = diagnosis.findings[:MAX_FINDINGS]
+    lines = [finding_line(f) for f in shown] or [
+        ":white_check_mark: No finding: every reading is within its runbook limits."
+    ]
+    if len(diagnosis.findings) > MAX_FINDINGS:
+        lines.append(f"…and {len(diagnosis.findings) - MAX_FINDINGS} more (see the audit log).")
+    head = (
+        f"*Findings* on *{diagnosis.target}* "
+        f"(runbook `{diagnosis.runbook}`, {diagnosis.sampling_s:.0f} s window)"
+    )
+    blocks = [SectionBlock(text=MarkdownTextObject(text=head))]
+    chunk: list[str] = []
+    for line in lines:  # one section holds at most 3000 characters
+        if sum(len(x) + 1 for x in chunk) + len(line) > 2900:
+            blocks.append(SectionBlock(text=MarkdownTextObject(text="\n".join(chunk))))
+            chunk = []
+        chunk.append(line)
+    blocks.append(SectionBlock(text=MarkdownTextObject(text="\n".join(chunk))))
+    return f"{len(diagnosis.findings)} finding(s) on {diagnosis.target}", [
+        b.to_dict() for b in blocks
+    ]
+
+
+def adr_message(
+    matches: list[MatchResult], *, incident_id: int, target: str
+) -> tuple[str, list[dict[str, Any]]]:
+    """The accepted ADRs whose `match` holds, each with an Apply button."""
+    if not matches:
+        return NO_MATCH, [SectionBlock(text=MarkdownTextObject(text=NO_MATCH)).to_dict()]
+    blocks: list[Block] = [
+        SectionBlock(text=MarkdownTextObject(text="*Accepted ADRs whose conditions hold*"))
+    ]
+    for result in matches[:10]:
+        adr = result.adr
+        why = "; ".join(c.explain() for c in result.conditions)
+        value = json.dumps({"adr": adr.id, "incident": incident_id, "target": target})
+        blocks.append(
+            SectionBlock(
+                text=MarkdownTextObject(text=f"*{adr.id}*: {adr.title}\n{why}"[:2900]),
+                accessory=ButtonElement(
+                    text="Apply", action_id=APPLY_ACTION, value=value, style="primary"
+                ),
+            )
+        )
+        blocks.append(DividerBlock())
+    ids = ", ".join(m.adr.id for m in matches)
+    return f"Matching accepted ADRs: {ids}", [b.to_dict() for b in blocks[:-1]]
+
+
+def apply_preview_text(adr: Adr, *, target: str | None, user_id: str) -> str:
+    """What the Apply button would do, step by step."""
+    steps = []
+    if adr.fix.engine_args:
+        flags = " ".join(f"--{k}={v}" for k, v in adr.fix.engine_args.items())
+        steps.append(f"1. restart the engine with `{flags}` (flags checked against the allowlist)")
+    if adr.fix.gateway:
+        rules = ", ".join(
+            f"{k}={v}" for k, v in adr.fix.gateway.model_dump(exclude_none=True).items()
+        )
+        steps.append(f"{len(steps) + 1}. set the gateway rules {rules}")
+    gates = adr.gates.model_dump(exclude_none=True) if adr.gates else {}
+    gate_text = ", ".join(f"{k}={v:g}" for k, v in gates.items()) or "no gates"
+    steps.append(
+        f"{len(steps) + 1}. run the canary against the gates ({gate_text}); "
+        "promote on pass, roll back automatically on fail"
+    )
+    return APPLY_PREVIEW.format(
+        user=user_id, adr=adr.id, target=target or "its target", steps="\n".join(steps)
+    )

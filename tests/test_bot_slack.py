@@ -1,0 +1,194 @@
+"""The real bolt app behind /slack/events, against the fake Slack Web API, with signed requests."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from bot.errors import UsageError
+from bot.slack.errors import error_text
+from bot.store import service as store
+from tests.fakes.bot import Harness, harness
+from tests.fakes.slack_api import FakeSlack, signed_headers
+
+
+@pytest.fixture
+def slack() -> Iterator[FakeSlack]:
+    with FakeSlack() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def h(tmp_path: Path, slack: FakeSlack) -> AsyncIterator[Harness]:
+    harness_ = harness(tmp_path, slack=slack, matching_adr=True)
+    yield harness_
+    await harness_.close()
+
+
+def texts(blocks: list[dict]) -> str:
+    return json.dumps(blocks, ensure_ascii=False)
+
+
+async def test_diagnose_posts_one_thread_with_numbers_chart_and_adr(
+    h: Harness, slack: FakeSlack
+) -> None:
+    response = await h.slash("prod-a")
+    assert response.status_code == 200
+    assert response.text == "Diagnosing *prod-a*: the result will be posted in this channel."
+    await slack.until("chat.update")
+    await h.bot.flows.tasks.drain()
+    root, findings, adrs = slack.of("chat.postMessage")
+    assert root.args["channel"] == "C0INCIDENTS" and "thread_ts" not in root.args
+    root_ts = slack.messages[("C0INCIDENTS", "1790000000.000001")]["ts"]
+    assert findings.args["thread_ts"] == adrs.args["thread_ts"] == root_ts
+    # the four numbers from the recorded engine pages, against the seed ADR's gates
+    (update,) = slack.of("chat.update")
+    shown = texts(update.args["blocks"])
+    assert "*Goodput*\\n99.5 % :white_check_mark:  (gate ≥ 95.0 %, ADR-20260831-01)" in shown
+    assert "*TTFT p99*" in shown and "gate ≤ 350 ms" in shown and "diagnosed" in shown
+    assert "TTFT p99" in texts(findings.args["blocks"]) and ":red_circle:" in texts(
+        findings.args["blocks"]
+    )
+    assert "no GPU visible" in texts(findings.args["blocks"])
+    # the chart: files upload v2 into the thread
+    (url,) = slack.of("files.getUploadURLExternal")
+    (upload,) = slack.of("upload")
+    (complete,) = slack.of("files.completeUploadExternal")
+    assert upload.body.startswith(b"\x89PNG") and int(url.args["length"]) == len(upload.body)
+    assert complete.args["thread_ts"] == root_ts and complete.args["channel_id"] == "C0INCIDENTS"
+    # the matching ADR with its Apply button
+    button = adrs.args["blocks"][1]["accessory"]
+    assert button["action_id"] == "apply_adr"
+    assert json.loads(button["value"]) == {
+        "adr": "ADR-20260831-01",
+        "incident": 1,
+        "target": "prod-a",
+    }
+    with h.bot.db.transaction() as s:
+        (incident,) = store.incidents(s)
+        assert incident.status == "resolved" and incident.source == "slash"
+        actions = [e.action for e in store.audit_trail(s)]
+    assert actions == [
+        "diagnose.requested",
+        "slack.root_posted",
+        "diagnosis.finished",
+        "diagnosis.posted",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("user", "text", "answer"),
+    [
+        ("U9", "prod-a", "You may not run /diagnose. Allowed: <@U1>."),
+        ("U1", "nope", "unknown target 'nope'; known targets: prod-a"),
+        ("U1", "a b", "Usage: /diagnose [target]. Known targets: prod-a"),
+    ],
+)
+async def test_diagnose_refusals_are_ephemeral(
+    h: Harness, slack: FakeSlack, user: str, text: str, answer: str
+) -> None:
+    response = await h.slash(text, user=user)
+    assert response.status_code == 200
+    (reply,) = await slack.until("response_url")
+    assert (reply.args["text"], reply.args["response_type"]) == (answer, "ephemeral")
+    await h.bot.flows.tasks.drain()
+    assert slack.of("chat.postMessage") == []
+
+
+async def test_unsigned_bad_stale_and_replayed_requests_are_refused(
+    h: Harness, slack: FakeSlack
+) -> None:
+    body = b"command=%2Fdiagnose&text=prod-a&user_id=U1&channel_id=C0INCIDENTS"
+    cases = [
+        {},
+        {**signed_headers(body), "X-Slack-Signature": "v0=" + "0" * 64},
+        signed_headers(body, secret="another-secret"),
+        signed_headers(body, timestamp=int(time.time()) - 600),
+        {**signed_headers(body), "X-Slack-Request-Timestamp": "not-a-number"},
+    ]
+    for headers in cases:
+        response = await h.client.post("/slack/events", content=body, headers=headers)
+        assert response.status_code == 401, headers
+        assert "signature" in response.json()["error"]
+    headers = signed_headers(b"command=%2Fdiagnose&text=nope&user_id=U1&channel_id=C0&response_url=" +
+                             slack.response_url().encode())  # fmt: skip
+    replay_body = (
+        b"command=%2Fdiagnose&text=nope&user_id=U1&channel_id=C0&response_url="
+        + slack.response_url().encode()
+    )
+    first = await h.client.post(
+        "/slack/events", content=replay_body, headers=headers
+    )  # refused: nope
+    again = await h.client.post("/slack/events", content=replay_body, headers=headers)
+    assert first.status_code == 200
+    assert (again.status_code, again.json()["error"]) == (
+        401,
+        "this signed request was already received (replay)",
+    )
+    await h.bot.flows.tasks.drain()
+    assert len(slack.of("response_url")) == 1  # only the first one was handled
+    assert slack.of("chat.postMessage") == []
+
+
+async def _diagnosed(h: Harness, slack: FakeSlack) -> str:
+    await h.slash("prod-a")
+    await slack.until("chat.update")
+    await h.bot.flows.tasks.drain()
+    return slack.of("chat.postMessage")[-1].args["blocks"][1]["accessory"]["value"]
+
+
+async def test_apply_button_explains_the_fix_in_the_thread(h: Harness, slack: FakeSlack) -> None:
+    value = await _diagnosed(h, slack)
+    root_ts = slack.of("chat.postMessage")[0].args.get("ts") or "1790000000.000001"
+    assert (await h.click(value)).status_code == 200
+    reply = (await slack.until("chat.postMessage", 4))[-1]
+    assert reply.args["thread_ts"] == root_ts
+    text = reply.args["text"]
+    assert text.startswith("<@U1> asked to apply *ADR-20260831-01* to *prod-a*")
+    assert "--enable-chunked-prefill=True" in text and "--block-size=32" in text
+    assert "max_ttft_p99_ms=350" in text and "roll back automatically" in text
+    with h.bot.db.transaction() as s:
+        assert store.audit_trail(s)[-1].action == "adr.apply_requested"
+        assert store.audit_trail(s)[-1].actor == "U1"
+
+
+async def test_apply_button_refuses_who_may_not(h: Harness, slack: FakeSlack) -> None:
+    value = await _diagnosed(h, slack)
+    await h.click(value, user="U9")
+    reply = [c for c in await slack.until("response_url", 1) if c.args["name"] == "btn"][0]
+    assert reply.args["text"] == "You may not apply ADRs. Allowed: <@U1>."
+    assert reply.args["response_type"] == "ephemeral" and reply.args["replace_original"] is False
+    assert len(slack.of("chat.postMessage")) == 3  # nothing new in the thread
+
+
+async def test_unexpected_error_shows_an_id_not_a_trace(
+    h: Harness, slack: FakeSlack, caplog: pytest.LogCaptureFixture
+) -> None:
+    await h.click('{"adr": "ADR-20260831-01", "incident": 1e999}')  # int(inf): a bug, not advice
+    (reply,) = await slack.until("response_url")
+    match = re.fullmatch(
+        r"Something went wrong on the bot's side \(error id `([0-9a-f]{8})`\)\. .*",
+        reply.args["text"],
+    )
+    assert match is not None and "Traceback" not in reply.args["text"]
+    assert match[1] in caplog.text and "OverflowError" in caplog.text
+
+
+async def test_slack_429_is_retried(h: Harness, slack: FakeSlack) -> None:
+    slack.rate_limit("chat.postMessage", times=1, retry_after=0)
+    await h.slash("prod-a")
+    await slack.until("chat.update")
+    await h.bot.flows.tasks.drain()
+    statuses = [c.status for c in slack.calls if c.method == "chat.postMessage"]
+    assert statuses == [429, 200, 200, 200]
+
+
+def test_error_text_known_and_unknown(caplog: pytest.LogCaptureFixture) -> None:
+    assert error_text(UsageError("try prod-b")) == "try prod-b"
+    text = error_text(KeyError("secret internals"))
+    assert "secret internals" not in text and re.search(r"`[0-9a-f]{8}`", text)
