@@ -193,25 +193,26 @@ class Routes:
     async def slack_events(self, request: Request) -> Response:
         """Slash commands and button clicks: signature and replay checks, then bolt."""
         metrics = self._flows.metrics.slack_requests
-        if self._slack is None:
+        if self._slack is None or self._verifier is None:
             metrics.labels("no_slack").inc()
             return _reason(
-                404, "Slack is not configured (no SLACK_BOT_TOKEN); the console transport is in use"
+                404,
+                "Slack events over HTTP are off: no SLACK_BOT_TOKEN and "
+                "SLACK_SIGNING_SECRET (console transport, or Socket Mode)",
             )
         body = await request.body()
         timestamp = request.headers.get("x-slack-request-timestamp", "")
         signature = request.headers.get("x-slack-signature", "")
-        if self._verifier is not None:
-            try:
-                valid = self._verifier.is_valid(body=body, timestamp=timestamp, signature=signature)
-            except ValueError:
-                valid = False
-            if not valid:
-                metrics.labels("bad_signature").inc()
-                return _reason(401, "missing, stale or wrong Slack signature")
-            if not self._replays.first_time(timestamp=timestamp, signature=signature):
-                metrics.labels("replayed").inc()
-                return _reason(401, "this signed request was already received (replay)")
+        try:
+            valid = self._verifier.is_valid(body=body, timestamp=timestamp, signature=signature)
+        except ValueError:  # a timestamp that is not a number
+            valid = False
+        if not valid:
+            metrics.labels("bad_signature").inc()
+            return _reason(401, "missing, stale or wrong Slack signature")
+        if not self._replays.first_time(timestamp=timestamp, signature=signature):
+            metrics.labels("replayed").inc()
+            return _reason(401, "this signed request was already received (replay)")
         metrics.labels("accepted").inc()
         return await self._slack.handle(request)
 

@@ -90,6 +90,7 @@ COMMANDS = {
     "gateway": "bot.cli.gateway",
     "adr": "bot.cli.adr",
     "tune": "bot.cli.tune",
+    "serve": "bot.cli.serve",
 }
 
 

@@ -1,0 +1,122 @@
+"""`ruleloop serve`: the bot (Slack app, Alertmanager webhook, /healthz, /metrics) in one process.
+
+Exit codes: 0 stopped cleanly, 2 bad configuration, bad runbook, unusable store, or busy port.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import uvicorn
+
+from bot.cli import Command
+from bot.config import Settings
+from bot.errors import UsageError
+
+EPILOG = """\b
+Configuration: a TOML file (--config or $RULELOOP_CONFIG) plus the environment:
+  SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET   Slack over HTTP (events at /slack/events)
+  SLACK_APP_TOKEN                         Slack over Socket Mode instead
+  RULELOOP_ALERTMANAGER_TOKEN             bearer token Alertmanager must send to /alertmanager
+  RULELOOP_DATABASE_URL                   incident store (default: SQLite in the state dir)
+With no Slack tokens, messages are printed on stdout (console transport).
+
+\b
+Example:
+  RULELOOP_ALERTMANAGER_TOKEN=s3cret ruleloop serve --config ruleloop.toml --port 3000
+"""
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind the listening socket here, so a busy port is a clear usage error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(128)
+    sock.setblocking(False)
+    return sock
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture (it re-raises SIGTERM after shutdown: exit -15)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def run(settings: Settings, *, state_dir: Path, sock: socket.socket) -> None:
+    """Serve until SIGINT/SIGTERM; Socket Mode runs beside HTTP when an app token is set."""
+    from bot.server import create_bot
+
+    bot = create_bot(settings, state_dir=state_dir)
+    server = _Server(uvicorn.Config(bot.app, log_level="warning", lifespan="on"))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stop cleanly: drain diagnoses, exit 0
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    socket_mode = None
+    if settings.slack.app_token is not None and bot.slack is not None:
+        from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
+
+        socket_mode = AsyncSocketModeHandler(bot.slack, settings.slack.app_token.get_secret_value())
+        await socket_mode.connect_async()
+    host, port = sock.getsockname()[:2]
+    transport = "Socket Mode" if socket_mode else ("Slack" if bot.slack else "console")
+    targets = ", ".join(sorted(settings.targets)) or "none"
+    click.echo(f"ruleloop serve: http://{host}:{port} (transport: {transport}; targets: {targets})")
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        if socket_mode is not None:
+            await socket_mode.close_async()
+
+
+@click.command(
+    "serve", cls=Command, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
+)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="TOML settings file (default: $RULELOOP_CONFIG).",
+)
+@click.option(
+    "--host", default=None, help="Address to listen on (default: [server] host, 127.0.0.1)."
+)
+@click.option("--port", type=int, default=None, help="Port (default: [server] port, 3000).")
+@click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where the SQLite store and console charts go (default: ~/.local/state/ruleloop).",
+)
+def serve(
+    config_path: Path | None, host: str | None, port: int | None, state_dir: Path | None
+) -> None:
+    """Run the bot: Slack app, Alertmanager intake, runbooks and diagnosis."""
+    from bot.engine.process import default_state_dir
+
+    settings = Settings.load(os.environ, path=config_path)
+    sock = bind(host or settings.server.host, settings.server.port if port is None else port)
+    try:
+        asyncio.run(run(settings, state_dir=state_dir or default_state_dir(), sock=sock))
+    finally:
+        sock.close()
+
+
+def register(group: click.Group) -> None:
+    """Add `serve` to the CLI."""
+    group.add_command(serve)
