@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.ruleloop-installed
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean system-deps
 
 venv: $(STAMP)
 
@@ -21,7 +21,19 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/ruleloop demo
 
-test: $(STAMP)
+# Real Prometheus and Alertmanager (and promtool, amtool) for the bot's tests: Debian packages,
+# installed only when a binary is missing (CI runs as root; elsewhere sudo is used).
+SYSTEM_BINARIES = prometheus promtool prometheus-alertmanager amtool
+system-deps:
+	@for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$sudo apt-get update && \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends \
+	    prometheus prometheus-alertmanager; \
+	fi
+
+test: $(STAMP) system-deps
 	$(BIN)/pytest
 
 lint: $(STAMP)
