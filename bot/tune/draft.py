@@ -52,7 +52,7 @@ def _matrix_row(row: Row) -> MatrixRow:
 
 
 def _context(plan: TunePlan, rows: list[Row]) -> str:
-    lines = [plan.context.strip()] if plan.context.strip() else []
+    lines = [plan.context.strip(), ""] if plan.context.strip() else []
     lines.append(
         f"`ruleloop tune` measured {len(rows)} vLLM configurations one after another, each on a "
         f"freshly started engine, under the same canary workload (vLLM {vllm_args.version()}, "
