@@ -141,3 +141,20 @@ def test_intake_racing_twins_make_one_incident(intake: Intake, db: Database) -> 
     assert len({r.incident_id for r in results}) == 1
     with db.transaction() as s:
         assert len(store.incidents(s)) == 1
+
+
+def test_group_of_several_alerts_title_and_labels() -> None:
+    hook = parse_webhook(
+        body(
+            alert(name="VLLMQueueTimeP99High"),
+            alert(fingerprint="b2", name="VLLMPreemptions"),
+            group_key='{}:{instance="10.0.0.5:8000"}',
+        )  # fmt: skip
+    )
+    hook = hook.model_copy(update={"common_labels": {"instance": "10.0.0.5:8000", "job": "vllm"}})
+    assert hook.title == "VLLMPreemptions + VLLMQueueTimeP99High"
+    assert hook.labels == {
+        "instance": "10.0.0.5:8000",
+        "job": "vllm",
+        "alertname": "VLLMQueueTimeP99High",
+    }

@@ -154,7 +154,7 @@ async def test_console_transport_prints_the_diagnosis(tmp_path: Path) -> None:
     assert "[#incidents console.1] VLLMTimeToFirstTokenP99High | firing, diagnosing…" in out
     assert "    Goodput: 99.5 % (gate 95.0 %, ADR-20260831-01)" in out
     assert (
-        "chart: " in out and (tmp_path / "state" / "charts" / "incident-1-ttft-queue.png").exists()
+        "thread] chart (prod-a: TTFT p99 and queue depth): " in out and (tmp_path / "state" / "charts" / "incident-1-ttft-queue.png").exists()
     )
     assert "[#incidents console.1 updated] VLLMTimeToFirstTokenP99High | resolved" in out
 

@@ -78,6 +78,7 @@ async def test_diagnose_posts_one_thread_with_numbers_chart_and_adr(
         "slack.root_posted",
         "diagnosis.finished",
         "diagnosis.posted",
+        "diagnosis.chart_posted",
     ]
 
 

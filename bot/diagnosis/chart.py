@@ -35,7 +35,7 @@ def render_chart(window: SampledWindow, *, title: str, ttft_limit_ms: float | No
     handles = ax.get_legend_handles_labels()[0] + queue.get_legend_handles_labels()[0]
     ax.legend(handles=handles, loc="upper left", fontsize="small")
     ax.set_title(title, fontsize="medium")
-    figure.tight_layout()
+    figure.subplots_adjust(left=0.09, right=0.91, top=0.9, bottom=0.14)  # tight_layout: 2x the cost
     out = io.BytesIO()
     figure.savefig(out, format="png")
     return out.getvalue()

@@ -17,13 +17,14 @@ from collections.abc import Callable
 
 from bot.config import Settings
 from bot.diagnosis.metrics import BotMetrics
-from bot.diagnosis.ports import IncidentView, MessageRef, Notifier
+from bot.diagnosis.models import Diagnosis
+from bot.diagnosis.ports import MessageRef, Notifier
+from bot.diagnosis.records import IncidentRecords
 from bot.diagnosis.service import Diagnoser
 from bot.diagnosis.tasks import TaskSupervisor
 from bot.errors import NotAllowed, RuleloopError, UsageError
 from bot.intake.service import IntakeResult, Outcome
 from bot.runbooks.context import TargetRef
-from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import Incident
 
@@ -53,13 +54,12 @@ class IncidentFlows:
         tasks: TaskSupervisor | None = None,
     ) -> None:
         self.settings = settings
-        self._db = db
         self._notifier = notifier
         self._diagnoser = diagnoser
-        self._clock = clock
         self._monotonic = monotonic
         self.metrics = metrics or BotMetrics()
         self.tasks = tasks or TaskSupervisor()
+        self._records = IncidentRecords(db=db, clock=clock)
         self._locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     # --- Alertmanager ---------------------------------------------------------------------
@@ -81,7 +81,7 @@ class IncidentFlows:
     ) -> None:
         """Post the root message, run the diagnosis, post it in the thread, update the root."""
         ref = await self._ensure_root(incident_id, state="diagnosing", channel=channel)
-        incident = await self._load(incident_id)
+        incident = await self._records.load(incident_id)
         try:
             if incident.target is None:
                 raise UsageError(self._no_target_advice(incident))
@@ -91,18 +91,20 @@ class IncidentFlows:
             await self._failed(incident_id, ref, exc)
             return
         async with self._locks[incident_id]:
-            await self._write(
+            await self._records.write(
                 incident_id,
                 "diagnosis.finished",
                 detail=diagnosis.summary(),
                 summary=diagnosis.summary(),
             )
             await self._notifier.post_diagnosis(ref, diagnosis=diagnosis, incident_id=incident_id)
-            await self._notifier.update_root(ref, view=await self._view(incident_id, "diagnosed"))
+            await self._notifier.update_root(
+                ref, view=await self._records.view(incident_id, "diagnosed")
+            )
             latency = self._monotonic() - received - diagnosis.sampling_s
             self.metrics.latency.observe(latency)
             self.metrics.diagnoses.labels("posted").inc()
-            await self._write(
+            await self._records.write(
                 incident_id,
                 "diagnosis.posted",
                 detail={
@@ -110,18 +112,46 @@ class IncidentFlows:
                     "sampling_s": round(diagnosis.sampling_s, 3),
                 },
             )
+        await self._post_chart(incident_id, ref, diagnosis)
+
+    async def _post_chart(self, incident_id: int, ref: MessageRef, diagnosis: Diagnosis) -> None:
+        """The chart follows the numbers: drawing it costs about half a second of CPU."""
+        try:
+            png = await self._diagnoser.chart(diagnosis)
+            if png is None:
+                return
+            async with self._locks[incident_id]:
+                await self._notifier.post_chart(
+                    ref,
+                    png=png,
+                    title=f"{diagnosis.target}: TTFT p99 and queue depth",
+                    filename=f"incident-{incident_id}-ttft-queue.png",
+                )
+                await self._records.write(
+                    incident_id, "diagnosis.chart_posted", detail={"bytes": len(png)}
+                )
+        except Exception as exc:
+            error_id = uuid.uuid4().hex[:8]
+            log.error("chart for incident %s failed (id %s)", incident_id, error_id, exc_info=exc)
+            await self._notifier.post_reply(
+                ref, text=f"The chart could not be posted (id {error_id})."
+            )
 
     async def show_resolved(self, incident_id: int) -> None:
         """Update the root message to resolved (posting one if the firing was never seen)."""
-        incident = await self._load(incident_id)
+        incident = await self._records.load(incident_id)
         state = incident.summary and "diagnosed" or "waiting"
         async with self._locks[incident_id]:
-            ref = await self._root(incident_id)
+            ref = await self._records.root(incident_id)
             if ref is None:
                 await self._post_root(incident_id, state=state, channel=None)
             else:
-                await self._notifier.update_root(ref, view=await self._view(incident_id, state))
-                await self._write(incident_id, "slack.root_updated", detail={"status": "resolved"})
+                await self._notifier.update_root(
+                    ref, view=await self._records.view(incident_id, state)
+                )
+                await self._records.write(
+                    incident_id, "slack.root_updated", detail={"status": "resolved"}
+                )
 
     # --- Slack requests -------------------------------------------------------------------
     def request_diagnosis(self, *, user_id: str, text: str, channel_id: str) -> str:
@@ -143,39 +173,11 @@ class IncidentFlows:
     async def manual(self, name: str, *, user_id: str, channel_id: str) -> None:
         """A /diagnose run: an incident of its own, closed once its diagnosis is posted."""
         received = self._monotonic()
-        now = self._clock()
-
-        def create() -> int:
-            with self._db.transaction() as s:
-                incident = store.create(
-                    s,
-                    key=f"diagnose:{name}:{uuid.uuid4().hex[:12]}",
-                    source="slash",
-                    title=f"/diagnose {name}",
-                    target=name,
-                    labels={"requested_by": user_id},
-                    at=now,
-                )
-                store.audit(
-                    s,
-                    at=now,
-                    actor=user_id,
-                    action="diagnose.requested",
-                    incident=incident,
-                    detail={"target": name, "channel": channel_id},
-                )
-                return incident.id
-
-        incident_id = await asyncio.to_thread(create)
+        incident_id = await self._records.open_manual(
+            target=name, user_id=user_id, channel_id=channel_id
+        )
         await self.diagnose_incident(incident_id, received=received, channel=channel_id)
-
-        def close() -> None:
-            with self._db.transaction() as s:
-                incident = store.get(s, incident_id)
-                assert incident is not None
-                store.close(s, incident, at=self._clock())
-
-        await asyncio.to_thread(close)
+        await self._records.close(incident_id)
 
     async def explain_apply(self, *, user_id: str, adr_id: str, incident_id: int) -> None:
         """The Apply button: check who clicked, then say in the thread what applying would do."""
@@ -186,11 +188,11 @@ class IncidentFlows:
         from bot.adr.store import AdrStore
 
         adr = await asyncio.to_thread(AdrStore(root=self.settings.paths.adr).get_or_raise, adr_id)
-        ref = await self._root(incident_id)
+        ref = await self._records.root(incident_id)
         if ref is None:
             raise UsageError(f"incident {incident_id} has no Slack thread to answer in")
-        incident = await self._load(incident_id)
-        await self._write(
+        incident = await self._records.load(incident_id)
+        await self._records.write(
             incident_id,
             "adr.apply_requested",
             actor=user_id,
@@ -218,9 +220,11 @@ class IncidentFlows:
             detail = {"error_id": error_id}
         self.metrics.diagnoses.labels("failed").inc()
         async with self._locks[incident_id]:
-            await self._write(incident_id, "diagnosis.failed", detail=detail)
+            await self._records.write(incident_id, "diagnosis.failed", detail=detail)
             await self._notifier.post_reply(ref, text=text)
-            await self._notifier.update_root(ref, view=await self._view(incident_id, "failed"))
+            await self._notifier.update_root(
+                ref, view=await self._records.view(incident_id, "failed")
+            )
 
     def _no_target_advice(self, incident: Incident) -> str:
         known = ", ".join(sorted(self.settings.targets)) or "none configured"
@@ -235,7 +239,7 @@ class IncidentFlows:
         self, incident_id: int, *, state: str, channel: str | None
     ) -> MessageRef:
         async with self._locks[incident_id]:
-            ref = await self._root(incident_id)
+            ref = await self._records.root(incident_id)
             return (
                 ref
                 if ref is not None
@@ -243,86 +247,8 @@ class IncidentFlows:
             )
 
     async def _post_root(self, incident_id: int, *, state: str, channel: str | None) -> MessageRef:
-        view = await self._view(incident_id, state)
-        ref = await self._notifier.post_root(
-            channel=channel or self.settings.slack.channel, view=view
-        )
-
-        def remember() -> None:
-            with self._db.transaction() as s:
-                incident = store.get(s, incident_id)
-                assert incident is not None
-                store.add_message(
-                    s, incident, kind="root", channel=ref.channel, ts=ref.ts, thread_ts=ref.ts
-                )
-                store.audit(
-                    s,
-                    at=self._clock(),
-                    actor="ruleloop",
-                    action="slack.root_posted",
-                    incident=incident,
-                    detail={"channel": ref.channel, "ts": ref.ts},
-                )
-
-        await asyncio.to_thread(remember)
+        view = await self._records.view(incident_id, state)
+        channel = channel or self.settings.slack.channel
+        ref = await self._notifier.post_root(channel=channel, view=view)
+        await self._records.remember_root(incident_id, ref)
         return ref
-
-    async def _root(self, incident_id: int) -> MessageRef | None:
-        def read() -> MessageRef | None:
-            with self._db.transaction() as s:
-                incident = store.get(s, incident_id)
-                message = None if incident is None else store.root_message(s, incident)
-                return None if message is None else MessageRef(message.channel, message.ts)
-
-        return await asyncio.to_thread(read)
-
-    async def _load(self, incident_id: int) -> Incident:
-        def read() -> Incident:
-            with self._db.transaction() as s:
-                incident = store.get(s, incident_id)
-                if incident is None:
-                    raise UsageError(f"no incident {incident_id}")
-                return incident
-
-        return await asyncio.to_thread(read)
-
-    async def _view(self, incident_id: int, state: str) -> IncidentView:
-        i = await self._load(incident_id)
-        return IncidentView(
-            id=i.id,
-            title=i.title,
-            status=i.status,
-            source=i.source,
-            target=i.target,
-            opened_at=i.opened_at,
-            closed_at=i.closed_at,
-            state=state,
-            summary=dict(i.summary or {}),
-            requested_by=i.labels.get("requested_by") if i.source == "slash" else None,
-        )
-
-    async def _write(
-        self,
-        incident_id: int,
-        action: str,
-        *,
-        detail: dict[str, object],
-        actor: str = "ruleloop",
-        summary: dict[str, object] | None = None,
-    ) -> None:
-        def write() -> None:
-            with self._db.transaction() as s:
-                incident = store.get(s, incident_id)
-                assert incident is not None
-                if summary is not None:
-                    store.set_summary(s, incident, summary=summary)
-                store.audit(
-                    s,
-                    at=self._clock(),
-                    actor=actor,
-                    action=action,
-                    incident=incident,
-                    detail=detail,
-                )
-
-        await asyncio.to_thread(write)

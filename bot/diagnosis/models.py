@@ -9,6 +9,7 @@ from typing import Any
 
 from bot.adr.match import MatchResult
 from bot.adr.models import Adr
+from bot.runbooks.sampling import SampledWindow
 from bot.runbooks.types import Finding
 
 # The four numbers: key, label, unit, and whether bigger is worse.
@@ -80,7 +81,8 @@ class Diagnosis:
     details: Mapping[str, Any]
     sampling_s: float
     at: dt.datetime
-    chart_png: bytes | None = None
+    window: SampledWindow | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         """The headline, JSON-ready, for the store (root-message re-renders)."""
@@ -91,4 +93,5 @@ class Diagnosis:
             "baseline": {k: [v.value, v.adr_id] for k, v in self.baseline.limits.items()},
             "worst": str(max((f.severity for f in self.findings), default="ok")),
             "matches": [m.adr.id for m in self.matches],
+            "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
         }

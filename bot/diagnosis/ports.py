@@ -48,7 +48,11 @@ class Notifier(Protocol):
     async def post_diagnosis(
         self, ref: MessageRef, *, diagnosis: Diagnosis, incident_id: int
     ) -> None:
-        """Post findings, the chart and the matching ADRs in the incident's thread."""
+        """Post the findings and the matching ADRs in the incident's thread."""
+        ...
+
+    async def post_chart(self, ref: MessageRef, *, png: bytes, title: str, filename: str) -> None:
+        """Upload a chart into the incident's thread."""
         ...
 
     async def post_reply(self, ref: MessageRef, *, text: str) -> None:

@@ -1,7 +1,8 @@
 """The diagnoser: picks the runbook for an alert, runs it on a target, and reads the result.
 
 It turns the runbook's readings into the four numbers, a flat metrics report for ADR
-matching (names from ``bot.adr.match.METRICS``), the baseline the accepted ADRs set, and a chart.
+matching (names from ``bot.adr.match.METRICS``) and the baseline the accepted ADRs set; the chart
+is drawn separately, after the numbers are posted (it costs about half a second of CPU).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -61,12 +63,14 @@ class Diagnoser:
         adrs: AdrStore,
         context: Callable[[], ProbeContext],
         clock: Callable[[], dt.datetime],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._runbooks = runbooks
         self._runner = runner
         self._adrs = adrs
         self._context = context
         self._clock = clock
+        self._monotonic = monotonic
 
     async def diagnose(self, target: TargetRef, *, labels: Mapping[str, str]) -> Diagnosis:
         """Run the runbook that fits ``labels`` on ``target`` and read the result."""
@@ -76,21 +80,15 @@ class Diagnoser:
                 f"no runbook matches {dict(labels)}; add one with an empty `match` as a default"
             )
         ctx = self._context()
+        t0 = self._monotonic()
         result = await self._runner.run(loaded, target=target, ctx=ctx)
+        t1 = self._monotonic()
         accepted = await asyncio.to_thread(self._adrs.accepted)
         baseline = Baseline.from_adrs(accepted)
         headline = {key: result.reading(f"vllm_metrics.{key}") for key, *_ in FOUR}
         matches = matching(accepted, match_report(result.readings))
         windows = ctx.sampled()
-        chart = None
-        if windows and windows[0].points:
-            ttft_limit = baseline.limits.get("ttft_p99_ms")
-            chart = await asyncio.to_thread(
-                render_chart,
-                windows[0],
-                title=f"{target.name}: TTFT p99 and queue depth",
-                ttft_limit_ms=None if ttft_limit is None else ttft_limit.value,
-            )
+        t2 = self._monotonic()
         sampling = max((w.pages[-1].at - w.pages[0].at for w in windows), default=0.0)
         return Diagnosis(
             target=target.name,
@@ -103,5 +101,18 @@ class Diagnoser:
             details=result.details,
             sampling_s=sampling,
             at=self._clock(),
-            chart_png=chart,
+            window=windows[0] if windows else None,
+            timings={"runbook_s": t1 - t0, "adrs_s": t2 - t1},
+        )
+
+    async def chart(self, diagnosis: Diagnosis) -> bytes | None:
+        """The PNG of TTFT p99 and queue depth over the window (drawn in a worker thread)."""
+        if diagnosis.window is None or not diagnosis.window.points:
+            return None
+        limit = diagnosis.baseline.limits.get("ttft_p99_ms")
+        return await asyncio.to_thread(
+            render_chart,
+            diagnosis.window,
+            title=f"{diagnosis.target}: TTFT p99 and queue depth",
+            ttft_limit_ms=None if limit is None else limit.value,
         )

@@ -63,9 +63,17 @@ class Webhook(_Lenient):
     alerts: list[WebhookAlert] = Field(min_length=1)
 
     @property
+    def labels(self) -> dict[str, str]:
+        """The group's labels for runbook selection: the common ones, and an alert name always."""
+        first = next((a for a in self.alerts if a.status == "firing"), self.alerts[0])
+        name = self.common_labels.get("alertname") or first.labels.get("alertname")
+        return {**self.common_labels, **({"alertname": name} if name else {})}
+
+    @property
     def title(self) -> str:
         """A one-line title: the alert name and the group's labels."""
-        name = self.common_labels.get("alertname") or self.group_labels.get("alertname") or "alert"
+        names = sorted({a.labels.get("alertname", "") for a in self.alerts} - {""})
+        name = " + ".join(names) or "alert"
         rest = ", ".join(
             f"{k}={v}" for k, v in sorted(self.group_labels.items()) if k != "alertname"
         )

@@ -89,7 +89,7 @@ class Intake:
                     source="alertmanager",
                     title=webhook.title,
                     target=self.target_for(webhook),
-                    labels=webhook.common_labels,
+                    labels=webhook.labels,
                     at=now,
                     status=webhook.status,
                 )

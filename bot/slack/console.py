@@ -41,17 +41,12 @@ class ConsoleNotifier:
     async def post_diagnosis(
         self, ref: MessageRef, *, diagnosis: Diagnosis, incident_id: int
     ) -> None:
-        """Print findings, the chart's path and the matching ADRs under the thread."""
+        """Print findings and the matching ADRs under the thread."""
         lines = [
             f"[{ref.channel} {ref.ts} thread] findings on {diagnosis.target} "
             f"(runbook {diagnosis.runbook}, {diagnosis.sampling_s:.0f} s window):"
         ]
         lines += [f"  {finding_line(f)}" for f in diagnosis.findings] or ["  no finding"]
-        if diagnosis.chart_png is not None:
-            self._chart_dir.mkdir(parents=True, exist_ok=True)
-            path = self._chart_dir / f"incident-{incident_id}-ttft-queue.png"
-            path.write_bytes(diagnosis.chart_png)
-            lines.append(f"  chart: {path}")
         if diagnosis.matches:
             for m in diagnosis.matches:
                 why = "; ".join(c.explain() for c in m.conditions)
@@ -59,6 +54,13 @@ class ConsoleNotifier:
         else:
             lines.append(f"  {NO_MATCH}")
         self._print("\n".join(lines))
+
+    async def post_chart(self, ref: MessageRef, *, png: bytes, title: str, filename: str) -> None:
+        """Write the chart under the chart directory and print its path."""
+        self._chart_dir.mkdir(parents=True, exist_ok=True)
+        path = self._chart_dir / filename
+        path.write_bytes(png)
+        self._print(f"[{ref.channel} {ref.ts} thread] chart ({title}): {path}")
 
     async def post_reply(self, ref: MessageRef, *, text: str) -> None:
         """Print a thread message."""

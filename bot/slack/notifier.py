@@ -47,24 +47,22 @@ class SlackNotifier:
     async def post_diagnosis(
         self, ref: MessageRef, *, diagnosis: Diagnosis, incident_id: int
     ) -> None:
-        """Findings, then the chart, then the matching ADRs, in the thread."""
+        """Findings, then the matching ADRs, in the thread."""
         text, blocks = findings_message(diagnosis)
         await self._reply(ref, text=text, blocks=blocks)
-        if diagnosis.chart_png is not None:
-            try:
-                await self._client.files_upload_v2(
-                    channel=ref.channel,
-                    thread_ts=ref.ts,
-                    content=diagnosis.chart_png,
-                    filename=f"incident-{incident_id}-ttft-queue.png",
-                    title=f"{diagnosis.target}: TTFT p99 and queue depth",
-                )
-            except (SlackApiError, SlackClientError) as exc:
-                raise EndpointError(f"Slack refused the chart upload: {_why(exc)}") from exc
         text, blocks = adr_message(
             diagnosis.matches, incident_id=incident_id, target=diagnosis.target
         )
         await self._reply(ref, text=text, blocks=blocks)
+
+    async def post_chart(self, ref: MessageRef, *, png: bytes, title: str, filename: str) -> None:
+        """files upload v2 (get URL, upload, complete) into the thread."""
+        try:
+            await self._client.files_upload_v2(
+                channel=ref.channel, thread_ts=ref.ts, content=png, filename=filename, title=title
+            )
+        except (SlackApiError, SlackClientError) as exc:
+            raise EndpointError(f"Slack refused the chart upload: {_why(exc)}") from exc
 
     async def post_reply(self, ref: MessageRef, *, text: str) -> None:
         """A plain message in the thread."""
