@@ -18,9 +18,9 @@ SEED_NAME = "ADR-20260831-01-kv-cache-paging-throughput.md"
 
 @pytest.fixture
 def store(tmp_path: Path) -> Path:
-    """A copy of the repository's adr/ to break."""
+    """A copy of the repository's accepted ADRs (no drafts) to break."""
     root = tmp_path / "adr"
-    shutil.copytree(ADR_DIR, root, ignore=shutil.ignore_patterns("*.runs"))
+    shutil.copytree(ADR_DIR, root, ignore=shutil.ignore_patterns("drafts"))
     return root
 
 
