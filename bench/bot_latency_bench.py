@@ -106,6 +106,8 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
                 assert response.status_code == 202, response.text
                 await slack.until("chat.update", i + 1, timeout=120)
                 client_side.append(time.monotonic() - started)
+                # the chart follows the numbers; let it finish so incidents do not overlap
+                await slack.until("files.completeUploadExternal", i + 1, timeout=120)
         server.should_exit = True
         await serving
         with bot.db.transaction() as s:
@@ -129,7 +131,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "runbook_beyond_sampling_ms_p50": statistics.median(
             (t["runbook_s"] - w) * 1000 for t, w in zip(timings, sampling, strict=True)
         ),
-        "adrs_and_chart_ms_p50": statistics.median(t["adrs_and_chart_s"] * 1000 for t in timings),
+        "adrs_ms_p50": statistics.median(t["adrs_s"] * 1000 for t in timings),
         "slack_calls_per_incident": len(slack.calls) / args.incidents,
     }
     return result
