@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from bot.diagnosis.ports import IncidentView, MessageRef
 from bot.errors import UsageError
@@ -86,9 +86,9 @@ class IncidentRecords:
         incident_id: int,
         action: str,
         *,
-        detail: dict[str, object],
+        detail: Mapping[str, object],
         actor: str = "ruleloop",
-        summary: dict[str, object] | None = None,
+        summary: Mapping[str, object] | None = None,
     ) -> None:
         """Append an audit entry (and keep the diagnosis summary, when given)."""
 
