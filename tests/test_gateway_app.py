@@ -1,128 +1,31 @@
-"""The gateway app on a real uvicorn server, in front of a scripted engine (httpx.MockTransport).
-
-The scripted engine streams SSE events when told to and records every request it got and every
-stream the gateway closed, so each test can check what reached the engine and what was dropped.
-"""
+"""The gateway app on a real uvicorn server, in front of a scripted engine (tests/gateway_scripted.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
 
 from bot.gateway.app import Gateway
-from bot.gateway.limits import Limits
 from bot.gateway.server import GatewayServer
-from bot.probes.exposition import Exposition
-
-ADMIN_TOKEN = "s3cret"
-
-
-def event(i: int) -> bytes:
-    """One completions chunk as vLLM streams it (with continuous usage)."""
-    chunk = {
-        "id": "cmpl-1", "object": "text_completion", "model": "m",
-        "choices": [{"index": 0, "text": f"t{i}", "finish_reason": None}],
-        "usage": {"prompt_tokens": 3, "completion_tokens": i + 1, "total_tokens": i + 4},
-    }  # fmt: skip
-    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
-
-
-class Script(httpx.AsyncByteStream):
-    """A streamed body: ``tokens`` events, each released by the engine's ``step`` event."""
-
-    def __init__(self, engine: ScriptedEngine, tokens: int) -> None:
-        self.engine, self.tokens = engine, tokens
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for i in range(self.tokens):
-            if self.engine.gated:
-                await self.engine.step.get()
-            yield event(i)
-        yield b"data: [DONE]\n\n"
-
-    async def aclose(self) -> None:
-        self.engine.closed += 1
-
-
-class Body(httpx.AsyncByteStream):
-    """A whole body, streamed the way a real transport hands it over (not preloaded)."""
-
-    def __init__(self, data: object) -> None:
-        self.data = json.dumps(data).encode()
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        yield self.data
-
-
-def json_response(status: int, data: object) -> httpx.Response:
-    """A JSON response as a real transport would produce it."""
-    return httpx.Response(status, headers={"content-type": "application/json"}, stream=Body(data))
-
-
-class ScriptedEngine:
-    """Stand-in for vLLM behind httpx.MockTransport."""
-
-    def __init__(self, *, gated: bool = False, stall: bool = False) -> None:
-        self.requests: list[httpx.Request] = []
-        self.closed = 0
-        self.gated = gated
-        self.stall = stall
-        self.step: asyncio.Queue[None] = asyncio.Queue()
-
-    async def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        if request.url.path == "/v1/models":
-            return json_response(200, {"object": "list", "data": [{"id": "m"}]})
-        if self.stall:
-            await asyncio.Event().wait()  # never answers: only a deadline or a cancel ends this
-        body = json.loads(request.content)
-        if body.get("model") != "m":
-            return json_response(404, {"error": {"message": "no such model", "code": 404}})
-        tokens = body.get("max_tokens", 4)
-        if body.get("stream"):
-            return httpx.Response(
-                200, headers={"content-type": "text/event-stream"}, stream=Script(self, tokens)
-            )
-        return json_response(200, {"choices": [{"index": 0, "text": "x" * tokens}],
-                                   "usage": {"completion_tokens": tokens}})  # fmt: skip
+from tests.gateway_scripted import (
+    STREAM,
+    Gateways,
+    ScriptedEngine,
+    event,
+    outcome,
+    scrape,
+)
 
 
 @pytest.fixture
-async def make_gateway():
-    """Start a gateway (real uvicorn) in front of a scripted engine; stop it after the test."""
-    stack: list[tuple[GatewayServer, httpx.AsyncClient]] = []
-
-    async def start(engine: ScriptedEngine, **limits: object) -> tuple[str, Gateway]:
-        upstream = httpx.AsyncClient(
-            transport=httpx.MockTransport(engine), base_url="http://engine"
-        )
-        app = Gateway(client=upstream, limits=Limits(**limits), admin_token=ADMIN_TOKEN)  # type: ignore[arg-type]
-        server = GatewayServer(app)
-        await server.__aenter__()
-        stack.append((server, upstream))
-        return server.base_url, app
-
-    yield start
-    for server, upstream in reversed(stack):
-        await server.__aexit__(None, None, None)
-        await upstream.aclose()
-
-
-async def scrape(client: httpx.AsyncClient, base: str) -> Exposition:
-    """The gateway's own /metrics, parsed."""
-    return Exposition.parse((await client.get(f"{base}/metrics")).text, at=0.0)
-
-
-def outcome(page: Exposition, name: str) -> float:
-    """requests_total for one outcome."""
-    return page.total("ruleloop_gateway_requests_total", where={"outcome": name}) or 0.0
-
-
-STREAM = {"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stream": True}
+async def make_gateway() -> AsyncIterator[Callable[..., Awaitable[tuple[str, Gateway]]]]:
+    """Start gateways in front of scripted engines; stop them after the test."""
+    async with Gateways() as gateways:
+        yield gateways.start
 
 
 async def test_gateway_streams_the_engines_bytes_unchanged(make_gateway) -> None:
@@ -369,60 +272,3 @@ async def test_gateway_metrics_add_up_over_mixed_endings(make_gateway) -> None:
     assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "delivered"}) == 8
     assert page.total("ruleloop_gateway_inflight_tokens") == 0
     assert page.total("ruleloop_gateway_max_inflight_tokens") == 1000
-
-
-@pytest.mark.parametrize(
-    ("headers", "status"),
-    [
-        ({}, 401),
-        ({"Authorization": "Bearer wrong"}, 401),
-        ({"Authorization": f"Basic {ADMIN_TOKEN}"}, 401),
-    ],
-)
-async def test_admin_refuses_requests_without_the_token(
-    make_gateway, headers: dict[str, str], status: int
-) -> None:
-    base, app = await make_gateway(ScriptedEngine())
-    async with httpx.AsyncClient() as client:
-        response = await client.patch(
-            f"{base}/admin/limits", json={"max_inflight_tokens": 5}, headers=headers
-        )
-    assert response.status_code == status and app.limits.max_inflight_tokens == 0
-
-
-async def test_admin_without_a_configured_token_is_disabled() -> None:
-    app = Gateway(client=httpx.AsyncClient(transport=httpx.MockTransport(ScriptedEngine())))
-    async with GatewayServer(app) as server, httpx.AsyncClient() as client:
-        response = await client.get(
-            f"{server.base_url}/admin/limits", headers={"Authorization": "Bearer x"}
-        )
-    assert response.status_code == 403 and response.json()["error"]["code"] == "admin_disabled"
-
-
-async def test_admin_changes_limits_live_without_dropping_open_streams(make_gateway) -> None:
-    engine = ScriptedEngine(gated=True)
-    base, app = await make_gateway(engine)
-    auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    async with httpx.AsyncClient() as client:
-        engine.step.put_nowait(None)
-        async with client.stream("POST", f"{base}/v1/completions", json=STREAM) as open_stream:
-            lines = open_stream.aiter_lines()
-            assert (await anext(lines)).startswith("data: ")
-            changed = await client.patch(
-                f"{base}/admin/limits",
-                json={"max_inflight_tokens": 7, "default_timeout_s": "30s"},
-                headers=auth,
-            )
-            refused = await client.post(f"{base}/v1/completions", json=STREAM)
-            for _ in range(3):
-                engine.step.put_nowait(None)
-            rest = [line async for line in lines if line]
-        shown = await client.get(f"{base}/admin/limits", headers=auth)
-        bad = await client.patch(
-            f"{base}/admin/limits", json={"max_inflight_tokens": "lots"}, headers=auth
-        )
-    assert changed.status_code == 200 and changed.json()["max_inflight_tokens"] == 7
-    assert refused.status_code == 429
-    assert rest[-1] == "data: [DONE]"
-    assert shown.json()["default_timeout_s"] == 30.0 and app.budget.limit == 7
-    assert bad.status_code == 400 and "max_inflight_tokens" in bad.json()["error"]["message"]
