@@ -21,16 +21,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/ruleloop demo
 
-# Real Prometheus and Alertmanager (and promtool, amtool) for the bot's tests: Debian packages,
-# installed only when a binary is missing (CI runs as root; elsewhere sudo is used).
-SYSTEM_BINARIES = prometheus promtool prometheus-alertmanager amtool
+# Real Prometheus, Alertmanager (with promtool, amtool) and PostgreSQL for the bot's tests: Debian
+# packages, installed only when a binary is missing (CI runs as root; elsewhere sudo is used).
+SYSTEM_BINARIES = prometheus promtool prometheus-alertmanager amtool pg_ctlcluster
 system-deps:
 	@for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$sudo apt-get update && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends \
-	    prometheus prometheus-alertmanager; \
+	    prometheus prometheus-alertmanager postgresql; \
 	fi
 
 test: $(STAMP) system-deps

@@ -3,30 +3,99 @@
 from __future__ import annotations
 
 import datetime as dt
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
+from bot.config import Target
+from bot.engine.process import free_port
 from bot.errors import UsageError
+from bot.intake.models import parse_webhook
+from bot.intake.service import Intake, Outcome
 from bot.store import service as store
 from bot.store.db import AppendOnlyError, Database
 
 T0 = dt.datetime(2026, 9, 1, 2, 13, tzinfo=dt.UTC)
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> Database:
-    database = Database(f"sqlite:///{tmp_path / 'state' / 'incidents.db'}")
+PG_BIN = max(Path("/usr/lib/postgresql").glob("*/bin"), default=Path("/nonexistent"))
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[str]:
+    """A throwaway PostgreSQL server (Debian's package) on a free loopback port."""
+    if not (PG_BIN / "initdb").exists():
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    import pwd
+
+    root = Path(tempfile.mkdtemp(prefix="ruleloop-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses to run as root
+        user = pwd.getpwnam("postgres")
+        os.chown(root, user.pw_uid, user.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    port = free_port()
+    data = root / "data"
+    run = functools.partial(subprocess.run, check=True, capture_output=True, timeout=120)
+    run([*as_user, str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"])
+    options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off"
+    run(
+        [
+            *as_user,
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(data),
+            "-o",
+            options,
+            "-l",
+            str(root / "log"),
+            "-w",
+            "start",
+        ]
+    )
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}"
+    finally:
+        subprocess.run(
+            [*as_user, str(PG_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+            capture_output=True,
+            timeout=120,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    """A fresh, empty store on each backend."""
+    if request.param == "sqlite":
+        database = Database(f"sqlite:///{tmp_path / 'state' / 'incidents.db'}")
+    else:
+        server = request.getfixturevalue("postgres")
+        name = f"t_{uuid.uuid4().hex[:12]}"
+        admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+        with admin.connect() as connection:
+            connection.execute(text(f"CREATE DATABASE {name}"))
+        admin.dispose()
+        database = Database(f"{server}/{name}")
     database.create_schema()
-    return database
+    yield database
+    database.dispose()
 
 
 def _incident(db: Database, key: str = "g1") -> int:
     with db.transaction() as s:
-        incident = store.create(s, key=key, source="alertmanager", title="t", target=None,
-                                labels={"a": "b"}, at=T0)  # fmt: skip
+        incident = store.create(
+            s, key=key, source="alertmanager", title="t", target=None, labels={"a": "b"}, at=T0
+        )
         return incident.id
 
 
@@ -87,3 +156,17 @@ def test_store_unusable_url_is_usage_error(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(UsageError, match="cannot open the incident store"):
         Database(f"sqlite:///{blocker}/x.db").create_schema()
+
+
+def test_intake_racing_twins_on_each_backend(db: Database) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.fakes.alerts import alert, body
+
+    intake = Intake(db=db, targets={"a": Target(vllm_url="http://10.0.0.5:8000")}, clock=lambda: T0)
+    hook = parse_webhook(body(alert()))
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: intake.receive(hook), range(8)))
+    assert [r.outcome for r in results].count(Outcome.OPENED) == 1
+    with db.transaction() as s:
+        assert len(store.incidents(s)) == 1
