@@ -110,12 +110,12 @@ def _rows(plan: TunePlan, *values: Values | None) -> list[Row]:
                 Row(
                     config,
                     error="vLLM exited: ValueError: No common block size for 48 (full log: /x.log)",
-                    refused=True,
+                    failed_at="refused",
                 )
             )
         else:
             rows.append(Row(config, values=v, failures=gate_failures(v, plan.gates)))
-    return rows  # fmt: skip
+    return rows
 
 
 def test_recommend_picks_most_headroom_on_tightest_gate() -> None:
@@ -150,6 +150,20 @@ def test_recommend_returns_none_when_nothing_passes_and_draft_says_so(tmp_path: 
     assert draft.matrix[1].verdict == (
         "引擎拒绝 (refused by vLLM): vLLM exited: ValueError: No common block size for 48"
     )
+
+
+@pytest.mark.parametrize(
+    ("failed_at", "label"),
+    [
+        ("refused", "引擎拒绝 (refused by vLLM): "),
+        ("start", "引擎未启动 (engine did not start): "),
+        ("canary", "测量失败 (canary failed): "),
+    ],
+)
+def test_rows_without_numbers_say_why(failed_at: str, label: str) -> None:
+    row = Row(_plan().configs()[0], error="it broke (full log: /tmp/x.log)", failed_at=failed_at)  # type: ignore[arg-type]
+    assert row.verdict() == label + "it broke"
+    assert not row.passed
 
 
 def test_values_of_uses_engine_goodput_and_internal_fragmentation_under_background_load() -> None:
@@ -199,7 +213,7 @@ def test_tune_on_real_engine_writes_draft_with_measured_matrix(
         "--exp", "bs48=--block-size 48",  # CPU attention needs multiples of 32: vLLM refuses it
         "--prompt-length", "48", "--output-length", "8",
         "--num-requests", "16", "--concurrency", "8",
-        "--max-ttft-p99-ms", "60000",
+        "--max-ttft-p99-ms", "60000", "--start-timeout", "600",  # a loaded 2-core box is slow
         "--adr-dir", str(adr_dir), "--state-dir", str(engine_manager.state_dir),
     ])  # fmt: skip
     assert result.exit_code == 0, result.output + result.stderr

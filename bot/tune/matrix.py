@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from bot.adr.models import AdrGates
 from bot.adr.render import format_ms, format_pct
@@ -21,6 +21,13 @@ from bot.tune.plan import BASELINE, Config
 
 RECOMMENDED = "生产推荐配置 (recommended)"
 PASSED = "达标 (pass)"
+# Why a row has no numbers: vLLM refused the flags, the engine did not start, the canary failed.
+FailedAt = Literal["refused", "start", "canary"]
+FAILURE_LABELS: dict[str, str] = {
+    "refused": "引擎拒绝 (refused by vLLM)",
+    "start": "引擎未启动 (engine did not start)",
+    "canary": "测量失败 (canary failed)",
+}
 REASON_LIMIT = 200
 
 
@@ -102,7 +109,7 @@ class Row:
     config: Config
     values: Values | None = None
     error: str | None = None
-    refused: bool = False
+    failed_at: FailedAt | None = None
     failures: list[str] = field(default_factory=list)
     report: dict[str, Any] | None = field(default=None, repr=False)
     report_path: str | None = None
@@ -116,7 +123,7 @@ class Row:
     def verdict(self) -> str:
         """The matrix's 结论 cell."""
         if self.values is None:
-            kind = "引擎拒绝 (refused by vLLM)" if self.refused else "测量失败 (canary failed)"
+            kind = FAILURE_LABELS[self.failed_at or "canary"]
             return f"{kind}: {_short(self.error or 'unknown reason')}"
         if self.failures:
             return f"不达标 (fail: {'; '.join(self.failures)})"

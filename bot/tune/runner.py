@@ -21,6 +21,8 @@ from bot.tune.measure import measure
 from bot.tune.plan import Config, TunePlan
 
 Echo = Callable[[str], None]
+# EngineManager.start says this when vLLM exited on its own, with vLLM's reason after it.
+REFUSAL_HINT = "before serving"
 
 
 class TuneRunner:
@@ -72,8 +74,10 @@ class TuneRunner:
                 on_progress=lambda line: self.echo(f"{tag}: {line}"),
             )
         except EngineError as exc:
-            self.echo(f"{tag}: refused: {exc}")
-            return Row(config, error=str(exc), refused=True)
+            # vLLM exiting before it serves is its verdict on the flags; a timeout is not.
+            refused = REFUSAL_HINT in str(exc)
+            self.echo(f"{tag}: {'refused' if refused else 'did not start'}: {exc}")
+            return Row(config, error=str(exc), failed_at="refused" if refused else "start")
         try:
             return self._measure(config, tag, info.base_url)
         finally:
@@ -96,7 +100,7 @@ class TuneRunner:
             )
         except RuleloopError as exc:
             self.echo(f"{tag}: canary failed: {exc}")
-            return Row(config, error=str(exc))
+            return Row(config, error=str(exc), failed_at="canary")
         values = values_of(report, mixed=self.mixed)
         row = Row(
             config, values=values, failures=gate_failures(values, self.plan.gates), report=report
@@ -110,7 +114,8 @@ class TuneRunner:
             "config": config.name,
             "engine_args": config.engine_args,
             "argv": config.argv,
-            "refused": row.refused,
+            "refused": row.failed_at == "refused",
+            "failed_at": row.failed_at,
             "error": row.error,
             "report": row.report,
         }
