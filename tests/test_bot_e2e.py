@@ -235,6 +235,11 @@ async def test_alert_to_diagnosis_thread_and_resolution(stack: dict[str, object]
     assert headline["ttft_p99_ms"] is not None and headline["ttft_p99_ms"] > 1000
     assert headline["goodput_ratio"] is not None and 0 < headline["goodput_ratio"] <= 1
     finished = next(e for e in trail if e.action == "diagnosis.finished")
+    readings = finished.detail["readings"]
+    assert readings["vllm_metrics.requests_finished"] > 0
+    assert readings["queue_cancel.queue_time_p99_ms"] > 0  # requests queued behind 2 sequences
+    assert readings["prometheus.ttft_p99_s_max"] > 1  # the real Prometheus saw what fired
+    assert readings["nvml.gpu_count"] == 0  # no GPU here: a finding, not a failure
     posted = next(e for e in trail if e.action == "diagnosis.posted")
     print(
         f"\nwebhook -> diagnosis posted, excluding the {posted.detail['sampling_s']} s window: "

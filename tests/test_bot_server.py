@@ -154,7 +154,8 @@ async def test_console_transport_prints_the_diagnosis(tmp_path: Path) -> None:
     assert "[#incidents console.1] VLLMTimeToFirstTokenP99High | firing, diagnosing…" in out
     assert "    Goodput: 99.5 % (gate 95.0 %, ADR-20260831-01)" in out
     assert (
-        "thread] chart (prod-a: TTFT p99 and queue depth): " in out and (tmp_path / "state" / "charts" / "incident-1-ttft-queue.png").exists()
+        "thread] chart (prod-a: TTFT p99 and queue depth): " in out
+        and (tmp_path / "state" / "charts" / "incident-1-ttft-queue.png").exists()
     )
     assert "[#incidents console.1 updated] VLLMTimeToFirstTokenP99High | resolved" in out
 
@@ -166,3 +167,40 @@ def test_bad_runbook_fails_at_startup(tmp_path: Path) -> None:
     )
     with pytest.raises(UsageError, match="unknown probe 'gpu_magic'"):
         create_bot(config, state_dir=tmp_path / "state")
+
+
+async def test_resolution_overtaking_the_diagnosis_is_not_painted_over(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    import asyncio
+
+    import httpx
+
+    from tests.fakes.bot import PAGES
+
+    release = asyncio.Event()
+    scrapes: list[str] = []
+
+    async def engine(request: httpx.Request) -> httpx.Response:
+        scrapes.append(request.url.path)
+        if len(scrapes) == 2:
+            await release.wait()  # the diagnosis is stuck mid-window
+        return httpx.Response(200, text=PAGES[min(len(scrapes) - 1, 2)])
+
+    h = harness(tmp_path, slack=slack, transport=httpx.MockTransport(engine))
+    try:
+        await h.webhook(body(alert()))
+        await slack.until("chat.postMessage")  # root: diagnosing
+        await h.webhook(body(alert(status="resolved")))
+        (first,) = await slack.until("chat.update")
+        assert first.args["text"].startswith(":white_check_mark: Resolved:")
+        assert "diagnosing" in json.dumps(first.args["blocks"], ensure_ascii=False)
+        release.set()
+        await h.bot.flows.tasks.drain()
+        last = slack.of("chat.update")[-1]
+        shown = json.dumps(last.args["blocks"], ensure_ascii=False)
+        assert last.args["text"].startswith(":white_check_mark: Resolved:")  # still resolved
+        assert "diagnosed" in shown and "*TTFT p99*" in shown
+    finally:
+        release.set()
+        await h.close()

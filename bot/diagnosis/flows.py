@@ -139,10 +139,16 @@ class IncidentFlows:
 
     async def show_resolved(self, incident_id: int) -> None:
         """Update the root message to resolved (posting one if the firing was never seen)."""
-        incident = await self._records.load(incident_id)
-        state = incident.summary and "diagnosed" or "waiting"
         async with self._locks[incident_id]:
+            incident = await self._records.load(incident_id)
             ref = await self._records.root(incident_id)
+            # a diagnosis still running re-renders the root when it ends
+            summary = incident.summary or {}
+            state = (
+                "diagnosed" if summary.get("headline") else
+                "failed" if summary.get("failed") else
+                "diagnosing" if ref else "waiting"
+            )  # fmt: skip
             if ref is None:
                 await self._post_root(incident_id, state=state, channel=None)
             else:
@@ -220,7 +226,9 @@ class IncidentFlows:
             detail = {"error_id": error_id}
         self.metrics.diagnoses.labels("failed").inc()
         async with self._locks[incident_id]:
-            await self._records.write(incident_id, "diagnosis.failed", detail=detail)
+            await self._records.write(
+                incident_id, "diagnosis.failed", detail=detail, summary={"failed": True}
+            )
             await self._notifier.post_reply(ref, text=text)
             await self._notifier.update_root(
                 ref, view=await self._records.view(incident_id, "failed")

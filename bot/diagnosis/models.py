@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -85,13 +86,19 @@ class Diagnosis:
     timings: Mapping[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        """The headline, JSON-ready, for the store (root-message re-renders)."""
+        """The headline and every reading, JSON-ready, for the store and the audit log."""
         return {
             "target": self.target,
             "runbook": self.runbook,
-            "headline": dict(self.headline),
+            "headline": {k: _finite(v) for k, v in self.headline.items()},
             "baseline": {k: [v.value, v.adr_id] for k, v in self.baseline.limits.items()},
             "worst": str(max((f.severity for f in self.findings), default="ok")),
             "matches": [m.adr.id for m in self.matches],
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
+            "readings": {k: _finite(v) for k, v in self.readings.items()},
         }
+
+
+def _finite(value: float | None) -> float | None:
+    """JSON has no NaN or infinity (PostgreSQL's json refuses them): those become None."""
+    return value if value is None or math.isfinite(value) else None

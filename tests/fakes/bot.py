@@ -140,7 +140,12 @@ def settings(
 
 
 def harness(
-    tmp_path: Path, *, slack: FakeSlack | None, matching_adr: bool = False, **extra: Any
+    tmp_path: Path,
+    *,
+    slack: FakeSlack | None,
+    matching_adr: bool = False,
+    transport: httpx.AsyncBaseTransport | None = None,
+    **extra: Any,
 ) -> Harness:
     """A wired bot whose probes read recorded pages on a fake clock."""
     time = FakeTime()
@@ -148,7 +153,7 @@ def harness(
     bot = create_bot(
         settings(tmp_path, slack=slack, matching_adr=matching_adr, **extra),
         state_dir=tmp_path / "state",
-        http=httpx.AsyncClient(transport=engine_transport()),
+        http=httpx.AsyncClient(transport=transport or engine_transport()),
         probe_clock=time.clock,
         sleep=time.sleep,
         nvml=FakeNvml.no_driver(),
