@@ -32,6 +32,7 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
     cache_ok = True
 
     def process_bind_param(self, value: dt.datetime | None, dialect: Dialect) -> dt.datetime | None:
+        """Refuse naive datetimes; store UTC."""
         if value is None:
             return None
         if value.tzinfo is None:
@@ -41,6 +42,7 @@ class UTCDateTime(TypeDecorator[dt.datetime]):
     def process_result_value(
         self, value: dt.datetime | None, dialect: Dialect
     ) -> dt.datetime | None:
+        """Read back as aware UTC (SQLite returns naive values)."""
         if value is None:
             return None
         return value.replace(tzinfo=dt.UTC) if value.tzinfo is None else value.astimezone(dt.UTC)
