@@ -17,5 +17,7 @@ COPY adr ./adr
 COPY runbooks ./runbooks
 
 USER ruleloop
+EXPOSE 3000
+HEALTHCHECK --interval=30s --timeout=3s CMD python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:3000/healthz').status != 200)"
 ENTRYPOINT ["ruleloop"]
-CMD ["--help"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "3000"]
