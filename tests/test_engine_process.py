@@ -89,3 +89,15 @@ def test_failure_reason_prefers_root_cause_over_wrappers() -> None:
         failure_reason(log)
         == "ValueError: No common block size for 7 (CPU_ATTN: [MultipleOf(32)])."
     )
+
+
+def test_failure_reason_keeps_the_detail_of_a_pydantic_validation_error() -> None:
+    log = (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig\n"
+        "  Value error, max_num_batched_tokens (512) is smaller than max_model_len (16384).\n"
+        "    For further information visit https://errors.pydantic.dev/2.14/v/value_error\n"
+    )
+    assert failure_reason(log) == (
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig: "
+        "max_num_batched_tokens (512) is smaller than max_model_len (16384)."
+    )

@@ -31,6 +31,7 @@ START_TIMEOUT_S = 300.0
 _LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(?P<level>[A-Z]+)\s+\S+\s+\S+\s+\[[^\]]*\]\s?")
 _ARGPARSE_ERROR = re.compile(r"^\S+: error: (?P<reason>.+)$")
 _EXCEPTION = re.compile(r"^(?P<reason>[A-Za-z_.]*(?:Error|Exception): .+)$")
+_PYDANTIC_HEADER = re.compile(r"\d+ validation errors? for \w+$")
 # Wrappers that only point elsewhere; the root cause is the exception they wrap.
 _WRAPPER_HINTS = ("root cause above", "stack trace above", "initialization failed")
 
@@ -96,7 +97,8 @@ def failure_reason(log_text: str) -> str:
     """Pick vLLM's own reason for failing out of its log: the root-cause exception line."""
     exceptions: list[str] = []
     last = ""
-    for raw in log_text.splitlines():
+    lines = log_text.splitlines()
+    for i, raw in enumerate(lines):
         line = raw.strip()
         if not line:
             continue
@@ -108,7 +110,12 @@ def failure_reason(log_text: str) -> str:
         if argparse_error := _ARGPARSE_ERROR.match(message):
             return argparse_error.group("reason").strip()
         if exception := _EXCEPTION.match(message):
-            exceptions.append(exception.group("reason").strip())
+            reason = exception.group("reason").strip()
+            if _PYDANTIC_HEADER.search(reason) and i + 1 < len(lines):
+                # pydantic puts the actual complaint on the next line
+                detail = lines[i + 1].strip().removeprefix("Value error, ")
+                reason = f"{reason}: {detail}"
+            exceptions.append(reason)
     roots = [e for e in exceptions if not any(h in e for h in _WRAPPER_HINTS)]
     if roots:
         return roots[0]
