@@ -45,7 +45,16 @@ class ProbeError(EndpointError):
 
 
 class EngineError(RuleloopError):
-    """The local vLLM engine could not be started, reached or stopped."""
+    """The local vLLM engine could not be started, reached or stopped.
+
+    ``refused`` is True when vLLM itself exited before serving (its verdict on the flags, with
+    its own ``reason``), False when it merely did not become ready in time or was not there.
+    """
+
+    def __init__(self, message: str, *, refused: bool = False, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.refused = refused
+        self.reason = reason
 
 
 class GateFailed(RuleloopError):

@@ -60,10 +60,12 @@ def test_engine_start_reports_vllms_reason_for_refusing_flags(
     engine_manager: EngineManager,
 ) -> None:
     port = free_port()
-    with pytest.raises(EngineError, match="block size for 7"):
+    with pytest.raises(EngineError, match="block size for 7") as refused:
         engine_manager.start(
             port=port, flags=["--enforce-eager", "--block-size", "7"], timeout_s=240
         )
+    assert refused.value.refused is True
+    assert refused.value.reason is not None and refused.value.reason.startswith("ValueError")
     assert engine_manager.find(port) is None
 
 

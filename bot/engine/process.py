@@ -196,7 +196,9 @@ class EngineManager:
                     reason = failure_reason(Path(info.log_path).read_text(errors="replace"))
                     raise EngineError(
                         f"vLLM exited with code {code} before serving: {reason} "
-                        f"(full log: {info.log_path})"
+                        f"(full log: {info.log_path})",
+                        refused=True,
+                        reason=reason,
                     )
                 try:
                     if client.get(f"{info.base_url}/health").status_code == 200:

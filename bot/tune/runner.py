@@ -21,8 +21,6 @@ from bot.tune.measure import measure
 from bot.tune.plan import Config, TunePlan
 
 Echo = Callable[[str], None]
-# EngineManager.start says this when vLLM exited on its own, with vLLM's reason after it.
-REFUSAL_HINT = "before serving"
 
 
 class TuneRunner:
@@ -75,7 +73,7 @@ class TuneRunner:
             )
         except EngineError as exc:
             # vLLM exiting before it serves is its verdict on the flags; a timeout is not.
-            refused = REFUSAL_HINT in str(exc)
+            refused = exc.refused
             self.echo(f"{tag}: {'refused' if refused else 'did not start'}: {exc}")
             return Row(config, error=str(exc), failed_at="refused" if refused else "start")
         try:
