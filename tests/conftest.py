@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from bot.engine.process import EngineInfo, EngineManager, free_port
+from tests.fakes.slack_api import FakeSlack
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TEST_FLAGS = ("--enforce-eager",)  # same throughput on this tiny model, ready in ~25 s not ~75 s
@@ -46,3 +47,10 @@ def engine_factory(engine_manager: EngineManager) -> Iterator[EngineFactory]:
 def engine(engine_factory: EngineFactory) -> EngineInfo:
     """The default test engine (vLLM defaults plus --enforce-eager)."""
     return engine_factory(())
+
+
+@pytest.fixture
+def slack() -> Iterator[FakeSlack]:
+    """A local fake of the Slack Web API, recording every call."""
+    with FakeSlack() as fake:
+        yield fake

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +14,6 @@ from bot.store import service as store
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import Harness, harness, settings
 from tests.fakes.slack_api import FakeSlack
-
-
-@pytest.fixture
-def slack() -> Iterator[FakeSlack]:
-    with FakeSlack() as fake:
-        yield fake
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -15,12 +15,6 @@ from bot.slack.errors import error_text
 from bot.store import service as store
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack, signed_headers
-
-
-@pytest.fixture
-def slack() -> Iterator[FakeSlack]:
-    with FakeSlack() as fake:
-        yield fake
 
 
 @pytest.fixture
