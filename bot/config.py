@@ -21,10 +21,18 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from bot.errors import UsageError
 
@@ -70,6 +78,7 @@ class AccessSettings(_Section):
     diagnose: list[str] = Field(default_factory=list)
     apply: list[str] = Field(default_factory=list)
     approve: list[str] = Field(default_factory=list)
+    review: list[str] = Field(default_factory=list)  # accept or reject ADR drafts
 
     def allows(self, action: str, user_id: str) -> bool:
         """Whether ``user_id`` may perform ``action`` (fail closed on an empty list)."""
@@ -77,13 +86,77 @@ class AccessSettings(_Section):
         return "*" in allowed or user_id in allowed
 
 
+class LocalActuatorSpec(_Section):
+    """Restart the local engine (`ruleloop engine`) on the target's vllm_url port with new flags.
+
+    ``flags`` is the engine's full launch command line besides the model; the ADR's flags are
+    merged into it (the previous line is kept for rollback).
+    """
+
+    kind: Literal["local"]
+    flags: list[str] = Field(default_factory=lambda: ["--enforce-eager"])
+    state_dir: Path | None = None
+    start_timeout_s: float = Field(default=300.0, gt=0)
+
+
+class KubernetesActuatorSpec(_Section):
+    """Patch the container args of a Deployment (optionally a canary Deployment first)."""
+
+    kind: Literal["kubernetes"]
+    api_url: str = "https://kubernetes.default.svc"
+    namespace: str = Field(min_length=1)
+    deployment: str = Field(min_length=1)
+    container: str | None = None  # unset: the Deployment's first container
+    canary_deployment: str | None = None
+    canary_url: str | None = None  # where the canary Deployment serves; required with it
+    token_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    ca_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+    rollout_timeout_s: float = Field(default=600.0, gt=0)
+    poll_interval_s: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _canary_needs_url(self) -> KubernetesActuatorSpec:
+        if self.canary_deployment and not self.canary_url:
+            raise ValueError("canary_deployment needs canary_url (where the canary serves)")
+        return self
+
+
+class DryRunActuatorSpec(_Section):
+    """Change nothing: say exactly what would change."""
+
+    kind: Literal["dry-run"]
+
+
+ActuatorSpec = Annotated[
+    LocalActuatorSpec | KubernetesActuatorSpec | DryRunActuatorSpec, Field(discriminator="kind")
+]
+
+
+class CanarySpec(_Section):
+    """The load the canary gate puts on a target after a change (short chats by default)."""
+
+    concurrency: int = Field(default=8, ge=1)
+    num_requests: int = Field(default=48, ge=1)
+    prompt_length: int = Field(default=256, ge=1)
+    output_length: int = Field(default=48, ge=2)
+    shared_prefix_length: int = Field(default=0, ge=0)
+    # long requests beside the chats (0: none), e.g. agents with long system prompts
+    background_concurrency: int = Field(default=0, ge=0)
+    background_prompt_length: int = Field(default=2048, ge=1)
+    background_output_length: int = Field(default=16, ge=1)
+    timeout_s: float = Field(default=300.0, gt=0)
+
+
 class Target(_Section):
-    """One inference deployment the bot can diagnose."""
+    """One inference deployment the bot can diagnose (and, with an actuator, change)."""
 
     vllm_url: str
     gateway_url: str | None = None
     prometheus_url: str | None = None
     node: str | None = None
+    actuator: ActuatorSpec | None = None
+    canary: CanarySpec = Field(default_factory=CanarySpec)
+    two_person: bool = False  # changes need a second approver who is not the requester
 
     @field_validator("vllm_url", "gateway_url", "prometheus_url")
     @classmethod
@@ -104,6 +177,13 @@ class Target(_Section):
     def hostport(self) -> str:
         """host:port of the engine, as Prometheus writes it in the `instance` label."""
         return urlsplit(self.vllm_url).netloc
+
+
+class RemediationSettings(_Section):
+    """How /apply-adr is approved."""
+
+    approval_ttl_s: float = Field(default=900.0, gt=0)  # approval buttons expire after this
+    two_person_adrs: list[str] = Field(default_factory=list)  # these ADRs always need two people
 
 
 class StoreSettings(_Section):
@@ -144,6 +224,7 @@ class Settings(_Section):
     paths: PathSettings = Field(default_factory=PathSettings)
     alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
+    remediation: RemediationSettings = Field(default_factory=RemediationSettings)
 
     @field_validator("default_target")
     @classmethod

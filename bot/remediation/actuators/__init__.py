@@ -1,0 +1,1 @@
+"""Actuators: local engine processes, a Kubernetes Deployment, or a dry run."""

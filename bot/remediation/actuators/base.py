@@ -1,0 +1,69 @@
+"""The one interface every actuator implements, and what it reports back.
+
+An actuator changes the tunable vLLM flags of one target and can put them back:
+
+    current()          what serves now (flags, URL the canary should load, opaque details)
+    apply(flags)       set these tunable flags (the merged set, not a delta) on the canary stage
+                       (the whole target when there is no separate canary), wait until healthy
+    promote(flags)     roll the same flags out to the rest of the target (no-op without a stage)
+    rollback(before)   restore exactly what ``before`` recorded, wait until healthy again
+
+All methods are async and raise ``ActuatorError`` with a message fit for Slack when the change
+cannot be made or the engine does not come back healthy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from bot.errors import RuleloopError
+from bot.remediation.argv import FlagValues
+
+
+class ActuatorError(RuleloopError):
+    """A change could not be applied, or the engine did not become healthy after it."""
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """What serves on a target: its tunable flags, where to send canary load, and the details
+    the actuator needs to restore it exactly (argv, generation, ...; JSON-serialisable)."""
+
+    flags: FlagValues
+    base_url: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for the store and the audit log."""
+        return {"flags": dict(self.flags), "base_url": self.base_url, "detail": dict(self.detail)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Deployed:
+        """The inverse of ``to_json``."""
+        return cls(
+            flags=dict(data["flags"]), base_url=str(data["base_url"]), detail=dict(data["detail"])
+        )
+
+
+class Actuator(Protocol):
+    """Changes one target's vLLM flags; see the module docstring for the contract."""
+
+    kind: str
+
+    async def current(self) -> Deployed:
+        """What serves now."""
+        ...
+
+    async def apply(self, flags: FlagValues) -> Deployed:
+        """Serve with these tunable flags (on the canary stage); wait until healthy."""
+        ...
+
+    async def promote(self, flags: FlagValues) -> Deployed:
+        """Roll the applied flags out beyond the canary stage (no-op when there is none)."""
+        ...
+
+    async def rollback(self, before: Deployed) -> Deployed:
+        """Restore ``before`` exactly; wait until healthy."""
+        ...

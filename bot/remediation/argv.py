@@ -1,0 +1,102 @@
+"""Reading and rewriting the tunable vLLM flags inside a command line (a list, never a string).
+
+Only allowlisted flags (``bot.adr.flags.TUNABLE``) are read or written; every other argument
+(the model, the port, flags the ADRs do not govern) passes through untouched and in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from bot.adr.flags import TUNABLE, EngineArgs, canonical, to_argv
+
+FlagValues = dict[str, bool | int | float | str]
+
+
+def _spec_of(token: str) -> tuple[str, bool, str | None] | None:
+    """For '--flag', '--no-flag' or '--flag=v': (canonical name, negated, inline value)."""
+    if not token.startswith("--"):
+        return None
+    name, eq, inline = token[2:].partition("=")
+    name = canonical(name)
+    if name.startswith("no-") and name[3:] in TUNABLE and TUNABLE[name[3:]].kind == "bool":
+        return name[3:], True, None
+    if name in TUNABLE:
+        return name, False, inline if eq else None
+    return None
+
+
+def _convert(name: str, raw: str) -> bool | int | float | str:
+    kind = TUNABLE[name].kind
+    try:
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        return raw
+    if kind == "bool":
+        return raw.lower() in ("1", "true", "yes")
+    return raw
+
+
+def read_flags(argv: Sequence[str]) -> FlagValues:
+    """The tunable flags set in ``argv`` (the last occurrence wins, as with argparse)."""
+    flags: FlagValues = {}
+    i = 0
+    while i < len(argv):
+        found = _spec_of(argv[i])
+        if found is None:
+            i += 1
+            continue
+        name, negated, inline = found
+        if TUNABLE[name].kind == "bool":
+            flags[name] = not negated if inline is None else _convert(name, inline)
+            i += 1
+        elif inline is not None:
+            flags[name] = _convert(name, inline)
+            i += 1
+        else:
+            if i + 1 < len(argv):
+                flags[name] = _convert(name, argv[i + 1])
+            i += 2
+    return flags
+
+
+def without_flags(argv: Sequence[str], names: set[str]) -> list[str]:
+    """``argv`` with every occurrence of the named tunable flags (and their values) removed."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        found = _spec_of(argv[i])
+        if found is None or found[0] not in names:
+            out.append(argv[i])
+            i += 1
+            continue
+        name, _, inline = found
+        takes_value = (
+            TUNABLE[name].kind != "bool" and inline is None and not argv[i].startswith("--no-")
+        )
+        i += 2 if takes_value else 1
+    return out
+
+
+def with_flags(argv: Sequence[str], flags: EngineArgs) -> list[str]:
+    """``argv`` with ``flags`` set: old occurrences removed, the new ones appended at the end."""
+    names = {canonical(k) for k in flags}
+    return [*without_flags(argv, names), *to_argv(flags)]
+
+
+def merge(current: Mapping[str, object], change: EngineArgs) -> FlagValues:
+    """The flags after applying ``change`` on top of ``current`` (canonical names)."""
+    merged: FlagValues = {canonical(k): v for k, v in current.items()}  # type: ignore[misc]
+    merged.update({canonical(k): v for k, v in change.items()})
+    return merged
+
+
+def diff(
+    before: Mapping[str, object], after: Mapping[str, object]
+) -> list[tuple[str, object, object]]:
+    """(flag, old, new) for every flag whose value changes; None means 'not set'."""
+    names = sorted(set(before) | set(after))
+    return [(n, before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)]
