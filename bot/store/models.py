@@ -125,3 +125,82 @@ class AuditEntry(Base):
     action: Mapped[str] = mapped_column(String(64))
     detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
     note: Mapped[str] = mapped_column(Text, default="")
+
+
+class Remediation(Base):
+    """One /apply-adr request and where it stands; the audit log holds each step's history.
+
+    ``state`` moves pending -> approved -> applying -> canary -> (promoted | rolling_back ->
+    rolled_back) or ends refused / expired / failed. ``before`` is what served before the change
+    (the actuator's record, enough to restore it exactly); ``after`` the flags it asked for.
+    """
+
+    __tablename__ = "remediations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
+    adr_id: Mapped[str] = mapped_column(String(32))
+    target: Mapped[str] = mapped_column(String(200))
+    requested_by: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    approvals_needed: Mapped[int] = mapped_column(Integer)
+    approved_by: Mapped[list[str]] = mapped_column(JSON, default=list)
+    change: Mapped[dict[str, Any]] = mapped_column(default=dict)  # ADR flags asked for
+    before: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    after: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    result: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    channel: Mapped[str | None] = mapped_column(String(64))  # the progress message
+    ts: Mapped[str | None] = mapped_column(String(32))
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+
+
+class ActionToken(Base):
+    """A single-use button: approve, deny, accept or reject; used at most once, until it expires.
+
+    Claiming is one conditional UPDATE (``used_at IS NULL AND expires_at > now``), so a double
+    click, or the same click delivered to two replicas, acts once.
+    """
+
+    __tablename__ = "action_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))  # approve | deny | accept | reject
+    subject: Mapped[str] = mapped_column(String(64))  # "remediation:12" | "draft:ADR-..."
+    incident_id: Mapped[int | None] = mapped_column(ForeignKey("incidents.id"), index=True)
+    created_at: Mapped[dt.datetime]
+    expires_at: Mapped[dt.datetime | None]
+    used_at: Mapped[dt.datetime | None]
+    used_by: Mapped[str | None] = mapped_column(String(64))
+
+
+class CanaryResult(Base):
+    """One canary run of an incident (baseline or after a change): its full JSON report."""
+
+    __tablename__ = "canary_results"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
+    remediation_id: Mapped[int | None] = mapped_column(ForeignKey("remediations.id"))
+    label: Mapped[str] = mapped_column(String(200))  # the matrix row's config cell
+    passed: Mapped[bool]
+    report: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    at: Mapped[dt.datetime]
+
+
+class AdrDraft(Base):
+    """A post-incident ADR draft posted for review; ``state`` proposed -> accepted | rejected."""
+
+    __tablename__ = "adr_drafts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    adr_id: Mapped[str] = mapped_column(String(32), unique=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
+    path: Mapped[str] = mapped_column(String(500))
+    author: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    created_at: Mapped[dt.datetime]
+    reviewed_at: Mapped[dt.datetime | None]
+    reviewed_by: Mapped[str | None] = mapped_column(String(64))
+    reminded_at: Mapped[dt.datetime | None]
