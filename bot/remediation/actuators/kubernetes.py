@@ -1,0 +1,419 @@
+"""The Kubernetes actuator: rewrite the vLLM flags in a Deployment's container args, then wait.
+
+    current()   GET the Deployment; flags are read from the container's ``args``
+    apply()     PATCH the canary Deployment (the main one when there is no canary) and wait
+    promote()   PATCH the main Deployment with the same change and wait (no-op without canary)
+    rollback()  PATCH back exactly the recorded args (and pod-template annotation), wait, verify
+
+Only ``args`` is rewritten: vLLM images run the server as their entrypoint and take flags in
+``args``. A container whose ``command`` carries tunable flags is refused (rewriting ``args``
+would not change them and reading ``args`` would misreport them).
+
+Patches are strategic merge patches (``application/strategic-merge-patch+json``): containers
+merge by name, so the patch names one container and sets its ``args`` and leaves the rest of
+the pod template alone. Each also sets the pod-template annotation ``ruleloop.dev/applied-flags``
+(the tunable flags, as JSON), so the rollout is traceable to ruleloop. apply and promote carry
+``metadata.resourceVersion`` as a precondition: the new args were computed from what was read,
+and someone else's edit in between answers 409, after which the Deployment is read again and
+the patch retried once. A rollback writes fixed recorded values and needs no precondition.
+
+Waiting reads the Deployment the way ``kubectl rollout status`` does (``rollout_waiting``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Generator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bot.adr.flags import canonical
+from bot.config import KubernetesActuatorSpec
+from bot.errors import AdrError
+from bot.remediation.actuators.base import ActuatorError, Deployed
+from bot.remediation.argv import FlagValues, read_flags, with_flags
+
+ANNOTATION = "ruleloop.dev/applied-flags"
+PATCH_TYPE = "application/strategic-merge-patch+json"
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class _Read:
+    """What one GET of a Deployment told: the container to change and its pod template."""
+
+    deployment: str
+    container: str
+    args: list[str]
+    generation: int
+    resource_version: str
+    annotation: str | None  # the current ruleloop.dev/applied-flags value, None when unset
+
+
+class _Conflict(Exception):
+    """The API answered 409: the Deployment changed since it was read."""
+
+
+class _TokenFile(httpx.Auth):
+    """Bearer auth from a service-account token file, read on every request: the kubelet
+    rotates projected tokens in place, so a token read once would expire after about an hour."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        try:
+            token = self.path.read_text().strip()
+        except OSError as exc:
+            raise ActuatorError(
+                f"cannot read the Kubernetes service-account token {self.path}: {exc.strerror}"
+            ) from exc
+        request.headers["Authorization"] = f"Bearer {token}"
+        yield request
+
+
+def build_client(
+    spec: KubernetesActuatorSpec, *, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """The API client production uses: base_url=api_url, the bearer token from token_file
+    (none when unset, e.g. behind ``kubectl proxy``), the cluster CA from ca_file when it exists."""
+    verify: ssl.SSLContext | bool = True
+    if spec.ca_file is not None and spec.ca_file.exists():
+        try:
+            verify = ssl.create_default_context(cafile=str(spec.ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise ActuatorError(f"cannot load the cluster CA from {spec.ca_file}: {exc}") from exc
+    return httpx.AsyncClient(
+        base_url=spec.api_url,
+        auth=_TokenFile(spec.token_file) if spec.token_file is not None else None,
+        verify=verify,
+        transport=transport,
+        timeout=httpx.Timeout(30.0),
+    )
+
+
+def rollout_waiting(deployment: Mapping[str, Any], generation: int) -> str | None:
+    """What the rollout of ``generation`` still waits for (None: complete), read as
+    ``kubectl rollout status`` reads it. Raises ActuatorError when the controller gave up."""
+    meta, spec = deployment.get("metadata", {}), deployment.get("spec", {})
+    status = deployment.get("status", {})
+    name = f"{meta.get('namespace')}/{meta.get('name')}"
+    generation = max(generation, int(meta.get("generation", 0)))
+    observed = int(status.get("observedGeneration", 0))
+    if observed < generation:
+        return f"the controller to see generation {generation} (it has seen {observed})"
+    # The API omits zero counts, so every count defaults to 0 (and spec.replicas to 1).
+    want = int(spec.get("replicas", 1))
+    total = int(status.get("replicas", 0))
+    updated = int(status.get("updatedReplicas", 0))
+    available = int(status.get("availableReplicas", 0))
+    counts = f"(wanted {want}, updated {updated}, total {total}, available {available})"
+    for condition in status.get("conditions", []):
+        if condition.get("type") == "Progressing" and (
+            condition.get("reason") == "ProgressDeadlineExceeded"
+        ):
+            raise ActuatorError(
+                f"the rollout of Deployment {name} exceeded its progress deadline "
+                f"(ProgressDeadlineExceeded: {condition.get('message', 'no message')}) {counts}; "
+                "its new pods did not become available, see `kubectl describe deployment` "
+                "and the pods' logs"
+            )
+    if updated < want:
+        return f"{updated} of {want} new replicas to be updated {counts}"
+    if total > updated:
+        return f"{total - updated} old replicas to terminate {counts}"
+    if available < updated:
+        return f"{available} of {updated} updated replicas to become available {counts}"
+    return None
+
+
+class KubernetesActuator:
+    """Changes the vLLM flags of one Deployment (after a canary Deployment, when configured)."""
+
+    kind = "kubernetes"
+
+    def __init__(
+        self,
+        spec: KubernetesActuatorSpec,
+        *,
+        vllm_url: str,
+        http: httpx.AsyncClient | None = None,
+        sleep: Sleep = asyncio.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.spec = spec
+        self.vllm_url = vllm_url
+        self._owns_http = http is None
+        self._http = http if http is not None else build_client(spec)
+        self._sleep = sleep
+        self._monotonic = monotonic
+
+    async def aclose(self) -> None:
+        """Close the API client when this actuator built it."""
+        if self._owns_http:
+            await self._http.aclose()
+
+    # --- the Actuator contract ----------------------------------------------------------------
+
+    async def current(self) -> Deployed:
+        """What serves now: the main Deployment's flags; canary load goes to the canary."""
+        main = await self._read(self.spec.deployment)
+        canary = await self._read_canary()
+        return self._deployed(main, canary, flags=read_flags(main.args))
+
+    async def apply(self, flags: FlagValues) -> Deployed:
+        """Set ``flags`` on the canary Deployment (the main one without canary); wait."""
+        stage = self.spec.canary_deployment or self.spec.deployment
+        await self._change(stage, flags)
+        main = await self._read(self.spec.deployment)
+        canary = await self._read_canary()
+        return self._deployed(main, canary, flags=read_flags((canary or main).args))
+
+    async def promote(self, flags: FlagValues) -> Deployed:
+        """Set ``flags`` on the main Deployment too; without a canary there is nothing to do."""
+        if self.spec.canary_deployment:
+            await self._change(self.spec.deployment, flags)
+        return await self.current()
+
+    async def rollback(self, before: Deployed) -> Deployed:
+        """Restore the recorded args (and annotation) of every Deployment; wait; verify."""
+        recorded = before.detail.get("deployment")
+        if recorded != self.spec.deployment:
+            raise ActuatorError(
+                f"cannot roll back: the record is for Deployment {recorded!r}, "
+                f"this target's actuator changes {self.spec.deployment!r}"
+            )
+        wanted: list[tuple[str, list[str], str | None]] = []
+        if self.spec.canary_deployment and "canary_args" in before.detail:
+            wanted.append(self._recorded(before, self.spec.canary_deployment, "canary_"))
+        wanted.append(self._recorded(before, self.spec.deployment, ""))
+        patched: list[tuple[str, int]] = []
+        for name, args, annotation in wanted:  # patch all first: they roll out side by side
+            read = await self._read(name)
+            if read.args != args or read.annotation != annotation:
+                patched.append(
+                    (name, await self._patch(read, args, annotation, precondition=False))
+                )
+        for name, generation in patched:
+            await self._wait(name, generation)
+        for name, args, _ in wanted:
+            now = (await self._read(name)).args
+            if now != args:
+                raise ActuatorError(
+                    f"rolled back Deployment {self._where(name)}, but its container args are "
+                    f"now {now} instead of the recorded {args}: someone else changed it; "
+                    "check `kubectl rollout history`"
+                )
+        return await self.current()
+
+    # --- steps --------------------------------------------------------------------------------
+
+    async def _change(self, name: str, flags: FlagValues) -> None:
+        """Rewrite the changed tunable flags in ``name``'s args and wait for the rollout."""
+        for attempt in (1, 2):
+            read = await self._read(name)
+            now = read_flags(read.args)
+            changes = {canonical(k): v for k, v in flags.items() if now.get(canonical(k)) != v}
+            if not changes:
+                return
+            try:
+                args = with_flags(read.args, changes)
+            except AdrError as exc:
+                raise ActuatorError(
+                    f"cannot set these flags on {self._where(name)}: {exc}"
+                ) from exc
+            annotation = json.dumps(read_flags(args), sort_keys=True)
+            try:
+                generation = await self._patch(read, args, annotation, precondition=True)
+            except _Conflict as exc:
+                if attempt == 2:
+                    raise ActuatorError(
+                        f"Deployment {self._where(name)} kept changing while ruleloop patched it "
+                        f"(409 twice: {exc}); someone else is editing it, try again later"
+                    ) from exc
+                continue
+            await self._wait(name, generation)
+            return
+
+    async def _patch(
+        self, read: _Read, args: list[str], annotation: str | None, *, precondition: bool
+    ) -> int:
+        """Set one container's args and the annotation; the generation to wait for."""
+        metadata: dict[str, Any] = {}
+        if precondition:
+            metadata["resourceVersion"] = read.resource_version
+        body: dict[str, Any] = {
+            "spec": {
+                "template": {
+                    "metadata": {"annotations": {ANNOTATION: annotation}},
+                    "spec": {"containers": [{"name": read.container, "args": args}]},
+                }
+            }
+        }
+        if metadata:
+            body["metadata"] = metadata
+        obj = await self._call("PATCH", read.deployment, body)
+        return int(obj.get("metadata", {}).get("generation", 0))
+
+    async def _wait(self, name: str, generation: int) -> None:
+        """Poll until the rollout of ``generation`` completes, fails, or rollout_timeout_s."""
+        deadline = self._monotonic() + self.spec.rollout_timeout_s
+        while True:
+            waiting = rollout_waiting(await self._call("GET", name), generation)
+            if waiting is None:
+                return
+            if self._monotonic() >= deadline:
+                raise ActuatorError(
+                    f"Deployment {self._where(name)} did not finish rolling out within "
+                    f"{self.spec.rollout_timeout_s:g} s: still waiting for {waiting}"
+                )
+            await self._sleep(self.spec.poll_interval_s)
+
+    async def _read_canary(self) -> _Read | None:
+        if not self.spec.canary_deployment:
+            return None
+        return await self._read(self.spec.canary_deployment)
+
+    async def _read(self, name: str) -> _Read:
+        obj = await self._call("GET", name)
+        try:
+            meta = obj["metadata"]
+            template = obj["spec"]["template"]
+            containers = template["spec"]["containers"]
+        except (KeyError, TypeError) as exc:
+            raise ActuatorError(
+                f"the Kubernetes API answered for Deployment {self._where(name)} without a pod "
+                f"template ({exc!r} missing): is api_url really the Kubernetes API?"
+            ) from exc
+        names = [str(c.get("name")) for c in containers]
+        wanted = self.spec.container
+        found = next((c for c in containers if c.get("name") == wanted), None) if wanted else None
+        if wanted is None and containers:
+            found = containers[0]
+        if found is None:
+            raise ActuatorError(
+                f"Deployment {self._where(name)} has no container {wanted!r}; its containers: "
+                f"{', '.join(names) or 'none'}. Set `container` in the target's actuator settings"
+            )
+        command = [str(a) for a in found.get("command") or []]
+        if read_flags(command):
+            raise ActuatorError(
+                f"container {found['name']!r} of Deployment {self._where(name)} sets tunable "
+                f"vLLM flags in `command` ({', '.join(read_flags(command))}); ruleloop rewrites "
+                "only `args`: move the flags there"
+            )
+        annotations = template.get("metadata", {}).get("annotations") or {}
+        return _Read(
+            deployment=name,
+            container=str(found["name"]),
+            args=[str(a) for a in found.get("args") or []],
+            generation=int(meta.get("generation", 0)),
+            resource_version=str(meta.get("resourceVersion", "")),
+            annotation=annotations.get(ANNOTATION),
+        )
+
+    def _deployed(self, main: _Read, canary: _Read | None, *, flags: FlagValues) -> Deployed:
+        detail: dict[str, Any] = {
+            "deployment": main.deployment,
+            "container": main.container,
+            "args": main.args,
+            "generation": main.generation,
+            "annotation": main.annotation,
+        }
+        if canary is not None:
+            detail.update(
+                canary_deployment=canary.deployment,
+                canary_args=canary.args,
+                canary_generation=canary.generation,
+                canary_annotation=canary.annotation,
+            )
+        base_url = self.spec.canary_url if canary is not None and self.spec.canary_url else None
+        return Deployed(flags=flags, base_url=base_url or self.vllm_url, detail=detail)
+
+    @staticmethod
+    def _recorded(before: Deployed, name: str, prefix: str) -> tuple[str, list[str], str | None]:
+        args = [str(a) for a in before.detail[f"{prefix}args"]]
+        key = f"{prefix}annotation"
+        if key in before.detail:
+            annotation = before.detail[key]
+        else:  # a record without it: label the restored pods with their flags
+            annotation = json.dumps(read_flags(args), sort_keys=True)
+        return name, args, annotation
+
+    # --- HTTP -----------------------------------------------------------------------------------
+
+    def _where(self, name: str) -> str:
+        return f"{self.spec.namespace}/{name}"
+
+    async def _call(self, method: str, name: str, body: Any = None) -> dict[str, Any]:
+        """One request on the Deployment ``name``; API errors become ActuatorError (409:
+        _Conflict) with the API's own message."""
+        path = f"/apis/apps/v1/namespaces/{self.spec.namespace}/deployments/{name}"
+        content = None if body is None else json.dumps(body).encode()
+        headers = {"Accept": "application/json"}
+        if content is not None:
+            headers["Content-Type"] = PATCH_TYPE
+        try:
+            response = await self._http.request(method, path, content=content, headers=headers)
+        except httpx.HTTPError as exc:
+            raise ActuatorError(
+                f"cannot reach the Kubernetes API at {self._http.base_url}: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        if response.status_code == 409:
+            raise _Conflict(_status_message(response))
+        if response.is_error:
+            raise ActuatorError(self._error_text(method, name, response))
+        try:
+            obj = response.json()
+        except ValueError as exc:
+            raise ActuatorError(
+                f"the Kubernetes API at {self._http.base_url} answered {method} Deployment "
+                f"{self._where(name)} with something that is not JSON"
+            ) from exc
+        if not isinstance(obj, dict):
+            raise ActuatorError(f"the Kubernetes API answered {method} with {type(obj).__name__}")
+        return obj
+
+    def _error_text(self, method: str, name: str, response: httpx.Response) -> str:
+        code, message = response.status_code, _status_message(response)
+        verb = "patch" if method == "PATCH" else "get"
+        where = self._where(name)
+        if code == 401:
+            source = self.spec.token_file or "no token_file set"
+            return (
+                f"the Kubernetes API at {self._http.base_url} refused ruleloop's credentials "
+                f"(401 {message}): check the service-account token ({source})"
+            )
+        if code == 403:
+            return (
+                f"the service account lacks RBAC permission to {verb} deployments in namespace "
+                f"{self.spec.namespace} (403 on Deployment {where}: {message}); grant get and "
+                "patch on deployments.apps, see docs/remediation-kubernetes.md"
+            )
+        if code == 404:
+            return (
+                f"Deployment {name} does not exist in namespace {self.spec.namespace} "
+                f"(404: {message}); check namespace and deployment/canary_deployment in the "
+                "target's actuator settings"
+            )
+        return f"the Kubernetes API answered {code} to {method} Deployment {where}: {message}"
+
+
+def _status_message(response: httpx.Response) -> str:
+    """The ``message`` of a ``kind: Status`` body, else the start of the body."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    text = response.text.strip()
+    return text[:200] if text else response.reason_phrase
