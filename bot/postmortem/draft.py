@@ -1,0 +1,479 @@
+"""Builds the post-incident ADR draft from an incident's plain facts.
+
+The facts are plain data (no store rows): the alert and the diagnosis summary of the incident,
+each canary run with its full JSON report, and the fix that was applied, if any. The draft
+follows the seed's template: context, a Metrics Matrix whose first row is the incident as the
+diagnosis saw it and whose other rows are the canary runs (numbers exactly as `ruleloop tune`
+reads them, `bot.tune.matrix.values_of`), and the rules the outcome supports.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.adr.flags import canonical
+from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
+from bot.adr.parse import date_of_id
+from bot.adr.render import format_ms, format_pct
+from bot.diagnosis.models import FOUR, GATE_OF
+from bot.errors import UsageError
+from bot.tune.matrix import PASSED, Values, gate_failures, source_note, values_of
+
+KEPT = "promoted"
+ROLLED_BACK = "rolled_back"
+INCIDENT_ROW = "Incident (diagnosis, engine view)"
+TITLE_LIMIT = 200
+ANNOTATION_LIMIT = 300
+ANNOTATIONS_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class IncidentFacts:
+    """The incident: its alert, when it ran, and the diagnosis summary (`Diagnosis.summary()`)."""
+
+    id: int
+    title: str
+    target: str | None
+    opened_at: dt.datetime
+    closed_at: dt.datetime | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Sequence[str] = ()  # the alerts' summary / description texts
+    diagnosis: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class CanaryFacts:
+    """One canary run of the incident: its matrix label and full JSON report."""
+
+    label: str
+    passed: bool
+    report: Mapping[str, Any]
+    at: dt.datetime
+    mixed: bool = False  # measured beside background load (see bot.tune.matrix)
+
+    @classmethod
+    def from_report(cls, *, label: str, report: Mapping[str, Any], at: dt.datetime) -> CanaryFacts:
+        """Facts of a stored report; mixed when the report carries background classes."""
+        return cls(
+            label=label,
+            passed=bool(report.get("passed")),
+            report=report,
+            at=at,
+            mixed=bool(report.get("background")),
+        )
+
+    def values(self) -> Values:
+        """The four matrix numbers of this run."""
+        return values_of(dict(self.report), mixed=self.mixed)
+
+
+@dataclass(frozen=True)
+class AppliedFix:
+    """The ADR applied during the incident and how it ended (a remediation, as plain data)."""
+
+    adr: Adr
+    state: str  # promoted | rolled_back | failed | refused | expired | ...
+    before_flags: Mapping[str, object] = field(default_factory=dict)
+    after_flags: Mapping[str, object] = field(default_factory=dict)
+    requested_by: str = ""
+    approved_by: Sequence[str] = ()
+    failed_gates: Sequence[str] = ()
+
+    @property
+    def kept(self) -> bool:
+        """The change passed its canary and was promoted."""
+        return self.state == KEPT
+
+
+def build_postmortem(
+    *,
+    adr_id: str,
+    day: dt.date,
+    incident: IncidentFacts,
+    canaries: Sequence[CanaryFacts],
+    applied: AppliedFix | None,
+    deciders: Sequence[str],
+) -> Adr:
+    """The proposed ADR recording an incident: context, measured matrix and rules."""
+    if date_of_id(adr_id) != day:
+        raise UsageError(f"the ADR id {adr_id} must carry the draft's date {day:%Y%m%d}")
+    runs = sorted(canaries, key=lambda run: _utc(run.at))
+    summary = incident.diagnosis or {}
+    headline: Mapping[str, Any] = summary.get("headline") or {}
+    gates = applied.adr.gates if applied is not None else _baseline_gates(summary)
+    symptoms = _symptoms(headline, gates)
+    kept = applied is not None and applied.kept
+    return Adr(
+        id=adr_id,
+        title=_title(incident, applied),
+        status="proposed",
+        date=day,
+        deciders=list(dict.fromkeys(deciders)),
+        match=symptoms or (list(applied.adr.match) if applied is not None else []),
+        fix=applied.adr.fix if kept and applied is not None else Fix(),
+        gates=gates,
+        context=_context(incident, runs, applied, gates),
+        matrix=[_incident_row(headline, gates), *(_canary_row(run, gates) for run in runs)],
+        matrix_notes=_notes(incident, runs),
+        rules=_rules(incident, applied, gates, symptoms, runs),
+    )
+
+
+# --- front matter -------------------------------------------------------------------------
+def _baseline_gates(summary: Mapping[str, Any]) -> AdrGates | None:
+    """Without an applied ADR: the strictest gates of the accepted ADRs (the diagnosis baseline)."""
+    limits = {
+        GATE_OF[key]: float(limit[0])
+        for key, limit in (summary.get("baseline") or {}).items()
+        if key in GATE_OF and limit
+    }
+    return AdrGates(**limits) if limits else None
+
+
+def _symptoms(headline: Mapping[str, Any], gates: AdrGates | None) -> list[Condition]:
+    """One condition per headline number that was outside its gate, at the gate's value."""
+    if gates is None:
+        return []
+    found = []
+    for key, _, _, worse_up in FOUR:
+        value, limit = headline.get(key), getattr(gates, GATE_OF[key])
+        if value is None or limit is None:
+            continue
+        if worse_up and value > limit:
+            found.append(Condition(metric=key, op=">", value=float(limit)))
+        elif not worse_up and value < limit:
+            found.append(Condition(metric=key, op="<", value=float(limit)))
+    return found
+
+
+def _title(incident: IncidentFacts, applied: AppliedFix | None) -> str:
+    if applied is None:
+        outcome = "diagnosed, no fix applied yet"
+    elif applied.kept:
+        outcome = f"{applied.adr.id} kept ({_flags(applied.adr.fix.engine_args) or 'gateway only'})"
+    elif applied.state == ROLLED_BACK:
+        outcome = f"{applied.adr.id} rolled back"
+    else:
+        outcome = f"{applied.adr.id} {applied.state}"
+    title = _one_line(f"{incident.target or 'unknown target'}: {incident.title} — {outcome}")
+    return _clip(title, TITLE_LIMIT)
+
+
+# --- section 1: context -------------------------------------------------------------------
+def _context(
+    incident: IncidentFacts,
+    runs: Sequence[CanaryFacts],
+    applied: AppliedFix | None,
+    gates: AdrGates | None,
+) -> str:
+    closed = (
+        f"closed {_when(incident.closed_at)}"
+        if incident.closed_at is not None
+        else "still open when this draft was written"
+    )
+    lines = [
+        f"Incident #{incident.id} on `{incident.target or 'unknown target'}`: "
+        f"{_one_line(incident.title)}. Opened {_when(incident.opened_at)}, {closed}.",
+        "",
+    ]
+    if incident.labels:
+        labels = ", ".join(f"{k}={_one_line(str(v))}" for k, v in sorted(incident.labels.items()))
+        lines.append(f"- 告警 (alert labels): `{labels}`")
+    for text in list(incident.annotations)[:ANNOTATIONS_SHOWN]:
+        lines.append(f"- 告警说明 (alert): {_clip(_one_line(text), ANNOTATION_LIMIT)}")
+    lines += _diagnosis_lines(incident.diagnosis)
+    if applied is not None:
+        lines += _applied_lines(incident, applied, runs, gates)
+    if runs:
+        listed = "; ".join(f"{_when(run.at)} {_one_line(run.label)}" for run in runs)
+        lines.append(f"- 金丝雀 (canary runs, in the matrix in time order): {listed}")
+    return "\n".join(lines)
+
+
+def _diagnosis_lines(summary: Mapping[str, Any] | None) -> list[str]:
+    if not summary or not summary.get("headline"):
+        return ["- 诊断 (diagnosis): none recorded for this incident."]
+    headline, baseline = summary["headline"], summary.get("baseline") or {}
+    numbers = []
+    for key, label, _, worse_up in FOUR:
+        text = f"{label} {_number(key, headline.get(key))}"
+        if limit := baseline.get(key):
+            text += f" (gate {'≤' if worse_up else '≥'} {_number(key, limit[0])}, {limit[1]})"
+        numbers.append(text)
+    lines = [
+        f"- 诊断 (diagnosis, engine side, runbook `{summary.get('runbook', '?')}`): "
+        + ", ".join(numbers)
+        + f"; worst finding: {summary.get('worst', 'ok')}."
+    ]
+    matches = summary.get("matches") or []
+    lines.append(
+        f"- 匹配的 ADR (accepted ADRs matching): {', '.join(matches)}"
+        if matches
+        else "- 匹配的 ADR (accepted ADRs matching): none."
+    )
+    return lines
+
+
+def _applied_lines(
+    incident: IncidentFacts,
+    applied: AppliedFix,
+    runs: Sequence[CanaryFacts],
+    gates: AdrGates | None,
+) -> list[str]:
+    adr = applied.adr
+    approved = ", ".join(applied.approved_by) or "nobody recorded"
+    lines = [
+        f"- 处置 (applied): {adr.id} `{_flags(adr.fix.engine_args) or 'no engine flags'}` on "
+        f"`{incident.target or 'unknown target'}`, requested by {applied.requested_by or '?'}, "
+        f"approved by {approved}. This draft records how {adr.id} did here; it supersedes "
+        "nothing (decide that in review)."
+    ]
+    last = runs[-1].values() if runs else None
+    if applied.kept:
+        numbers = f" Last canary ({_one_line(runs[-1].label)}): {_four(last)}." if last else ""
+        lines.append(f"- 结果 (outcome): kept — promoted.{numbers}")
+    else:
+        failed = _failed(applied, last, gates)
+        state = "rolled back" if applied.state == ROLLED_BACK else applied.state
+        before = _flags(applied.before_flags) or "vLLM defaults"
+        lines.append(
+            f"- 结果 (outcome): {state} — {failed or 'no canary verdict recorded'}. "
+            f"Serving flags before the change: `{before}`."
+        )
+    return lines
+
+
+def _failed(applied: AppliedFix, last: Values | None, gates: AdrGates | None) -> str:
+    if applied.failed_gates:
+        return "failed gates: " + "; ".join(applied.failed_gates)
+    missed = gate_failures(last, gates) if last is not None else []
+    return "failed gates: " + "; ".join(missed) if missed else ""
+
+
+# --- section 2: metrics matrix ------------------------------------------------------------
+def _incident_row(headline: Mapping[str, Any], gates: AdrGates | None) -> MatrixRow:
+    values = Values(
+        ttft_p99_ms=headline.get("ttft_p99_ms"),
+        tpot_p99_ms=headline.get("tpot_p99_ms"),
+        goodput_ratio=headline.get("goodput_ratio"),
+        kv_fragmentation=headline.get("kv_fragmentation"),
+    )
+    if not headline:
+        verdict = "事故现场 (incident: not diagnosed)"
+    elif gates is None:
+        verdict = "事故现场 (incident)"
+    else:
+        # A number the diagnosis could not read is not a symptom: gate only what was measured.
+        measured = AdrGates(
+            **{
+                GATE_OF[key]: getattr(gates, GATE_OF[key])
+                for key, *_ in FOUR
+                if getattr(values, key) is not None
+            }
+        )
+        missed = gate_failures(values, measured)
+        verdict = f"事故现场 (incident: {'; '.join(missed) if missed else 'within the gates'})"
+    return _row(INCIDENT_ROW, values, verdict)
+
+
+def _canary_row(run: CanaryFacts, gates: AdrGates | None) -> MatrixRow:
+    values = run.values()
+    if gates is None or gates.is_empty():
+        verdict = f"canary {'passed' if run.passed else 'failed'} (no ADR gates)"
+    else:
+        missed = gate_failures(values, gates)
+        verdict = f"不达标 (fail: {'; '.join(missed)})" if missed else PASSED
+    return _row(_one_line(run.label) or "canary", values, verdict)
+
+
+def _row(config: str, values: Values, verdict: str) -> MatrixRow:
+    return MatrixRow(
+        config=config,
+        ttft_p99_ms=values.ttft_p99_ms,
+        tpot_p99_ms=values.tpot_p99_ms,
+        goodput_ratio=_ratio(values.goodput_ratio),
+        kv_fragmentation=_ratio(values.kv_fragmentation),
+        verdict=verdict,
+    )
+
+
+def _notes(incident: IncidentFacts, runs: Sequence[CanaryFacts]) -> str:
+    runbook = (incident.diagnosis or {}).get("runbook")
+    notes = [
+        f"{INCIDENT_ROW}: the diagnosis's numbers from vLLM's own /metrics over its sampling "
+        f"window{f' (runbook `{runbook}`)' if runbook else ''}, not a canary run."
+    ]
+    kinds = sorted({run.mixed for run in runs})
+    for mixed in kinds:
+        prefix = (
+            ("Rows with background load: " if mixed else "Rows without: ") if len(kinds) > 1 else ""
+        )
+        notes.append(prefix + source_note(mixed=mixed))
+    if runs:
+        notes.append(
+            f"Canary JSON: stored with incident #{incident.id} (one report per canary row, "
+            "as `ruleloop canary --output-json` writes it)."
+        )
+    return "\n\n".join(notes)
+
+
+# --- section 3: solidified rules ----------------------------------------------------------
+def _rules(
+    incident: IncidentFacts,
+    applied: AppliedFix | None,
+    gates: AdrGates | None,
+    symptoms: Sequence[Condition],
+    runs: Sequence[CanaryFacts],
+) -> list[str]:
+    target = f"`{incident.target or 'unknown target'}`"
+    gate = [gate_rule(gates)] if gates is not None and not gates.is_empty() else []
+    if applied is None:
+        return [*_known(incident, symptoms, target), *gate]
+    adr, flags = applied.adr, _flags(applied.adr.fix.engine_args) or "its gateway rules"
+    if applied.kept:
+        return [*_flag_rules(applied), *_gateway_rules(adr.fix), *gate]
+    last = runs[-1].values() if runs else None
+    failed = _failed(applied, last, gates) or "no canary verdict recorded"
+    if applied.state == ROLLED_BACK:
+        return [
+            f"不要对此症状应用 (do not apply) `{flags}` ({adr.id}) on {target} without new "
+            f"evidence: its canary here missed the gates ({failed}) and it was rolled back. "
+            "Measure alternatives with `ruleloop tune` first.",
+            *gate,
+        ]
+    return [
+        f"{adr.id} did not complete on {target} (state {applied.state}; {failed}): nothing "
+        f"measured says whether `{flags}` helps this symptom. Find why before applying it again.",
+        *gate,
+    ]
+
+
+def _known(incident: IncidentFacts, symptoms: Sequence[Condition], target: str) -> list[str]:
+    summary = incident.diagnosis or {}
+    if symptoms:
+        seen = "; ".join(
+            f"{_metric_label(c.metric)} {c.op} {_number(c.metric, c.value)}" for c in symptoms
+        )
+        rules = [
+            f"已知 (known): on {target} the engine showed {seen}; no fix has been applied yet."
+        ]
+    elif summary.get("headline"):
+        rules = [f"已知 (known): on {target} the diagnosis numbers stayed within the gates."]
+    else:
+        rules = [f"已知 (known): no diagnosis numbers were recorded for {target}."]
+    matches = summary.get("matches") or []
+    if matches:
+        rules.append(
+            f"Accepted ADRs match these numbers ({', '.join(matches)}): apply one with "
+            f"`/apply-adr {matches[0]} {incident.target or ''}`".rstrip()
+            + " and record the outcome."
+        )
+    else:
+        rules.append(
+            "No accepted ADR matches these numbers: measure candidate flags with "
+            "`ruleloop tune` before deciding."
+        )
+    return rules
+
+
+def _flag_rules(applied: AppliedFix) -> list[str]:
+    before = {canonical(k): v for k, v in applied.before_flags.items()}
+    rules = []
+    for key, value in applied.adr.fix.engine_args.items():
+        name = canonical(key)
+        rules.append(
+            f"固化引擎参数 (engine flag): `{_flag(name, value)}` ({_was(before.get(name))})."
+        )
+    return rules
+
+
+def _gateway_rules(fix: Fix) -> list[str]:
+    g = fix.gateway
+    if g is None:
+        return []
+    rules = []
+    if g.require_request_timeout:
+        rules.append(f"代理层必须校验 {g.timeout_header} (the gateway requires a request timeout).")
+    if g.drop_on_cancel:
+        rules.append("客户端 Cancel 时立即中止上游请求，丢弃残余计算 (drop work on cancel).")
+    if g.max_in_flight_tokens is not None:
+        rules.append(f"网关在途 token 上限 (gateway in-flight tokens): {g.max_in_flight_tokens}.")
+    if g.upstream_timeout_s is not None:
+        rules.append(f"上游超时 (gateway upstream timeout): {g.upstream_timeout_s:g} s.")
+    return rules
+
+
+def gate_rule(gates: AdrGates) -> str:
+    """The seed's release-gate rule: the latency_checker command line for these gates."""
+    parts = [
+        f"--max-ttft-p99-ms {gates.max_ttft_p99_ms:g}" if gates.max_ttft_p99_ms is not None else "",
+        f"--max-tpot-p99-ms {gates.max_tpot_p99_ms:g}" if gates.max_tpot_p99_ms is not None else "",
+        f"--min-goodput-ratio {gates.min_goodput_ratio:g}"
+        if gates.min_goodput_ratio is not None
+        else "",
+        f"--max-kv-fragmentation {gates.max_kv_fragmentation:g}"
+        if gates.max_kv_fragmentation is not None
+        else "",
+    ]
+    return (
+        f"发布门禁 (release gate): `python -m latency_checker {' '.join(p for p in parts if p)}`，"
+        "不达标则终止发布并回滚 (a failed gate stops the release and rolls back)."
+    )
+
+
+# --- small formatting helpers -------------------------------------------------------------
+def _flag(name: str, value: object) -> str:
+    if isinstance(value, bool):
+        return f"--{name}" if value else f"--no-{name}"
+    return f"--{name} {value}"
+
+
+def _flags(flags: Mapping[str, object]) -> str:
+    return " ".join(_flag(canonical(k), v) for k, v in flags.items())
+
+
+def _was(value: object) -> str:
+    if value is None:
+        return "was unset: vLLM default"
+    if isinstance(value, bool):
+        return f"was {'on' if value else 'off'}"
+    return f"was {value}"
+
+
+def _number(key: str, value: float | None) -> str:
+    if value is None:
+        return "n/a"
+    unit = next((u for k, _, u, _ in FOUR if k == key), "ms")
+    return format_ms(value) if unit == "ms" else format_pct(value)
+
+
+def _metric_label(key: str) -> str:
+    return next((label for k, label, _, _ in FOUR if k == key), key)
+
+
+def _four(values: Values) -> str:
+    return ", ".join(f"{label} {_number(key, getattr(values, key))}" for key, label, _, _ in FOUR)
+
+
+def _ratio(value: float | None) -> float | None:
+    # A ratio outside 0-1 is a broken reading; the matrix cannot hold it.
+    return value if value is None or 0 <= value <= 1 else None
+
+
+def _utc(at: dt.datetime) -> dt.datetime:
+    return at.replace(tzinfo=dt.UTC) if at.tzinfo is None else at.astimezone(dt.UTC)
+
+
+def _when(at: dt.datetime) -> str:
+    return f"{_utc(at):%Y-%m-%d %H:%M} UTC"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
