@@ -58,11 +58,15 @@ class _Section(BaseModel):
 class SlackSettings(_Section):
     """Slack credentials and where incidents are posted."""
 
-    bot_token: SecretStr | None = None
-    signing_secret: SecretStr | None = None
+    bot_token: SecretStr | None = Field(default=None, description="the bot token (xoxb-...)")
+    signing_secret: SecretStr | None = Field(
+        default=None, description="checks that requests to /slack/events come from Slack"
+    )
     app_token: SecretStr | None = None  # set: Socket Mode instead of HTTP
-    api_url: str = "https://slack.com/api/"
-    channel: str = "#incidents"
+    api_url: str = Field(
+        default="https://slack.com/api/", description="the Web API base URL (tests: a local fake)"
+    )
+    channel: str = Field(default="#incidents", description="where alert incidents are posted")
 
     @property
     def enabled(self) -> bool:
@@ -75,9 +79,11 @@ class SlackSettings(_Section):
 class AccessSettings(_Section):
     """Who may run what: Slack user IDs, or "*" for everyone. Empty means nobody."""
 
-    diagnose: list[str] = Field(default_factory=list)
-    apply: list[str] = Field(default_factory=list)
-    approve: list[str] = Field(default_factory=list)
+    diagnose: list[str] = Field(default_factory=list, description="may run /diagnose")
+    apply: list[str] = Field(
+        default_factory=list, description="may apply an ADR (/apply-adr, Apply buttons)"
+    )
+    approve: list[str] = Field(default_factory=list, description="may approve a requested change")
     review: list[str] = Field(default_factory=list)  # accept or reject ADR drafts
 
     def allows(self, action: str, user_id: str) -> bool:
@@ -150,10 +156,16 @@ class CanarySpec(_Section):
 class Target(_Section):
     """One inference deployment the bot can diagnose (and, with an actuator, change)."""
 
-    vllm_url: str
-    gateway_url: str | None = None
-    prometheus_url: str | None = None
-    node: str | None = None
+    vllm_url: str = Field(description="the engine's base URL (its /metrics is scraped)")
+    gateway_url: str | None = Field(
+        default=None, description="the inference gateway: its counters join queue_cancel"
+    )
+    prometheus_url: str | None = Field(
+        default=None, description="a Prometheus with the engine's history (prometheus probe)"
+    )
+    node: str | None = Field(
+        default=None, description="the GPU node (NVML reads only the bot's own host)"
+    )
     actuator: ActuatorSpec | None = None
     canary: CanarySpec = Field(default_factory=CanarySpec)
     two_person: bool = False  # changes need a second approver who is not the requester
@@ -189,28 +201,34 @@ class RemediationSettings(_Section):
 class StoreSettings(_Section):
     """Where incidents live: a SQLAlchemy URL (SQLite file by default, PostgreSQL by URL)."""
 
-    url: str | None = None
+    url: str | None = Field(
+        default=None, description="e.g. postgresql+psycopg://user@db/ruleloop; unset: SQLite"
+    )
 
 
 class PathSettings(_Section):
     """Directories the bot reads at startup."""
 
-    runbooks: Path = Path("runbooks")
-    adr: Path = Path("adr")
-    state: Path | None = None
+    runbooks: Path = Field(default=Path("runbooks"), description="the YAML runbooks")
+    adr: Path = Field(default=Path("adr"), description="the ADRs; drafts go to its drafts/")
+    state: Path | None = Field(
+        default=None, description="where the SQLite store goes; unset: serve's --state-dir"
+    )
 
 
 class AlertmanagerSettings(_Section):
     """The webhook's bearer token; unset means every webhook is refused."""
 
-    token: SecretStr | None = None
+    token: SecretStr | None = Field(
+        default=None, description="Alertmanager sends it as Authorization: Bearer <token>"
+    )
 
 
 class ServerSettings(_Section):
     """Where `ruleloop serve` listens."""
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=3000, ge=0, lt=65536)
+    host: str = Field(default="127.0.0.1", description="0.0.0.0 in a container")
+    port: int = Field(default=3000, ge=0, lt=65536, description="0: any free port")
 
 
 class Settings(_Section):
@@ -219,7 +237,9 @@ class Settings(_Section):
     slack: SlackSettings = Field(default_factory=SlackSettings)
     access: AccessSettings = Field(default_factory=AccessSettings)
     targets: dict[str, Target] = Field(default_factory=dict)
-    default_target: str | None = None
+    default_target: str | None = Field(
+        default=None, description="the target when none is named; unset: the first one"
+    )
     store: StoreSettings = Field(default_factory=StoreSettings)
     paths: PathSettings = Field(default_factory=PathSettings)
     alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
