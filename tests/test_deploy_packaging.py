@@ -513,6 +513,12 @@ def test_deployment_runs_serve_as_non_root_with_probes_and_secrets(rendered: lis
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
     assert "emptyDir" in mounts["/var/lib/ruleloop"] and "emptyDir" in mounts["/tmp"]
+    # the ADR store is writable (drafts, accepted ADRs), seeded from the image's adr/
+    (seed,) = pod["initContainers"]
+    assert seed["image"] == container["image"] and seed["command"][:2] == ["cp", "-R"]
+    (seed_mount,) = seed["volumeMounts"]
+    assert mounts["/app/adr"] is volumes[seed_mount["name"]]
+    assert seed["command"][2:] == ["/app/adr/.", seed_mount["mountPath"] + "/"]
     assert "--state-dir" in container["args"]
     assert container["args"][container["args"].index("--state-dir") + 1] == "/var/lib/ruleloop"
 
