@@ -14,8 +14,9 @@ Faithful where the actuator depends on it:
 - ``metadata.generation`` rises only when the spec changes; ``resourceVersion`` on every write;
 - a deployment controller that moves one step on each GET of that Deployment, before the
   answer: first a step where it has not yet seen the new generation (observedGeneration
-  lags), then it observes it, then per replica one surge step (a new pod, not yet available)
-  and one settle step (it becomes available, an old pod goes), and old pods go last, so
+  lags), then it observes it, then per replica one surge step (a new pod, not yet available;
+  an old pod goes too when ``maxUnavailable`` allows) and one settle step (the new pod becomes
+  available; an old pod goes if none went at the surge), and old pods go last, so
   callers see every intermediate state ``kubectl rollout status`` waits through. Status
   writes bump resourceVersion, as in the real API.
   ``stall(name)`` makes the next rollout hang after one new pod and, after some polls, report
@@ -126,7 +127,10 @@ class FakeKube:
         self.deployments: dict[tuple[str, str], dict[str, Any]] = {}
         self.requests: list[Recorded] = []
         self.forbidden: set[str] = set()  # verbs ("get", "patch") the service account lacks
-        self.before_patch: list[Callable[[dict[str, Any]], None]] = []  # someone else's edits
+        # someone else's edits: each lands on the stored object just before one PATCH
+        self.before_patch: list[Callable[[dict[str, Any]], None]] = []
+        # mutating admission webhooks: each may change every object a PATCH is about to store
+        self.admission: list[Callable[[dict[str, Any]], None]] = []
         self._rollouts: dict[tuple[str, str], _Rollout] = {}
         self._stall: dict[tuple[str, str], int | None] = {}
         self._versions = itertools.count(1000)
@@ -289,10 +293,9 @@ class FakeKube:
             )
         if not isinstance(body, dict):
             return _error(400, "BadRequest", "the request body is not a JSON object")
-        for edit in self.before_patch:
-            edit(self.deployments[key])
+        if self.before_patch:  # someone else's edit lands just before this PATCH
+            self.before_patch.pop(0)(self.deployments[key])
             self._bump(key, spec_changed=True)
-        self.before_patch.clear()
         obj = self.deployments[key]
         wanted = body.get("metadata", {}).get("resourceVersion")
         if wanted is not None and wanted != obj["metadata"]["resourceVersion"]:
@@ -306,6 +309,8 @@ class FakeKube:
         patch.get("metadata", {}).pop("resourceVersion", None)
         merged = strategic_merge(obj, patch)
         merged["status"] = obj["status"]
+        for webhook in self.admission:
+            webhook(merged)
         spec_changed = merged["spec"] != obj["spec"]
         if merged != obj:
             self.deployments[key] = merged
@@ -337,17 +342,24 @@ class FakeKube:
                 roll.stalled, roll.deadline_after = True, self._stall.pop(key)
             self._write_status(key, observed=obj["metadata"]["generation"])
             return
+        spare = _max_unavailable(obj)
         if roll.stalled:
-            roll.new = max(roll.new, 1)  # one pod that never becomes ready
+            if roll.new == 0:  # one pod that never becomes ready
+                roll.new = 1
+                if spare and roll.old:
+                    roll.old -= 1
             roll.polls += 1
             deadline = roll.deadline_after is not None and roll.polls > roll.deadline_after
             self._write_status(key, observed=observed, deadline_exceeded=deadline)
             return
-        if roll.new > roll.new_available:  # settle: the new pod is ready, an old one goes
+        if roll.new > roll.new_available:  # settle: the new pod is ready (an old one goes)
             roll.new_available += 1
-            roll.old = max(0, roll.old - 1)
-        elif roll.new < want:  # surge: one more pod of the new template
+            if not spare and roll.old:
+                roll.old -= 1
+        elif roll.new < want:  # surge: one more new pod; an old one goes if one may be missing
             roll.new += 1
+            if spare and roll.old:
+                roll.old -= 1
         elif roll.old > 0:
             roll.old -= 1
         else:
@@ -409,6 +421,14 @@ class FakeKube:
 
 def _replicas(obj: dict[str, Any]) -> int:
     return int(obj["spec"].get("replicas", 1))
+
+
+def _max_unavailable(obj: dict[str, Any]) -> int:
+    """rollingUpdate.maxUnavailable in pods (a percentage rounds down, as the controller does)."""
+    value = obj["spec"].get("strategy", {}).get("rollingUpdate", {}).get("maxUnavailable", "25%")
+    if isinstance(value, str) and value.endswith("%"):
+        return _replicas(obj) * int(value[:-1]) // 100
+    return int(value)
 
 
 def _error(code: int, reason: str, message: str) -> httpx.Response:

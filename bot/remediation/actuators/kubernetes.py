@@ -165,22 +165,27 @@ class KubernetesActuator:
     async def current(self) -> Deployed:
         """What serves now: the main Deployment's flags; canary load goes to the canary."""
         main = await self._read(self.spec.deployment)
-        canary = await self._read_canary()
+        stage = self.spec.canary_deployment
+        canary = await self._read(stage) if stage else None
         return self._deployed(main, canary, flags=read_flags(main.args))
 
     async def apply(self, flags: FlagValues) -> Deployed:
-        """Set ``flags`` on the canary Deployment (the main one without canary); wait."""
-        stage = self.spec.canary_deployment or self.spec.deployment
-        await self._change(stage, flags)
+        """Set ``flags`` on the canary Deployment (the main one without canary); wait.
+        The result reports the flags the stage now runs, read when its rollout completed."""
+        if not self.spec.canary_deployment:
+            main = await self._change(self.spec.deployment, flags)
+            return self._deployed(main, None, flags=read_flags(main.args))
+        canary = await self._change(self.spec.canary_deployment, flags)
         main = await self._read(self.spec.deployment)
-        canary = await self._read_canary()
-        return self._deployed(main, canary, flags=read_flags((canary or main).args))
+        return self._deployed(main, canary, flags=read_flags(canary.args))
 
     async def promote(self, flags: FlagValues) -> Deployed:
         """Set ``flags`` on the main Deployment too; without a canary there is nothing to do."""
-        if self.spec.canary_deployment:
-            await self._change(self.spec.deployment, flags)
-        return await self.current()
+        if not self.spec.canary_deployment:
+            return await self.current()
+        main = await self._change(self.spec.deployment, flags)
+        canary = await self._read(self.spec.canary_deployment)
+        return self._deployed(main, canary, flags=read_flags(main.args))
 
     async def rollback(self, before: Deployed) -> Deployed:
         """Restore the recorded args (and annotation) of every Deployment; wait; verify."""
@@ -215,14 +220,15 @@ class KubernetesActuator:
 
     # --- steps --------------------------------------------------------------------------------
 
-    async def _change(self, name: str, flags: FlagValues) -> None:
-        """Rewrite the changed tunable flags in ``name``'s args and wait for the rollout."""
+    async def _change(self, name: str, flags: FlagValues) -> _Read:
+        """Rewrite the changed tunable flags in ``name``'s args and wait for the rollout;
+        the Deployment as the completed rollout left it."""
         for attempt in (1, 2):
             read = await self._read(name)
             now = read_flags(read.args)
             changes = {canonical(k): v for k, v in flags.items() if now.get(canonical(k)) != v}
             if not changes:
-                return
+                return read
             try:
                 args = with_flags(read.args, changes)
             except AdrError as exc:
@@ -239,8 +245,8 @@ class KubernetesActuator:
                         f"(409 twice: {exc}); someone else is editing it, try again later"
                     ) from exc
                 continue
-            await self._wait(name, generation)
-            return
+            return await self._wait(name, generation)
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def _patch(
         self, read: _Read, args: list[str], annotation: str | None, *, precondition: bool
@@ -262,13 +268,15 @@ class KubernetesActuator:
         obj = await self._call("PATCH", read.deployment, body)
         return int(obj.get("metadata", {}).get("generation", 0))
 
-    async def _wait(self, name: str, generation: int) -> None:
-        """Poll until the rollout of ``generation`` completes, fails, or rollout_timeout_s."""
+    async def _wait(self, name: str, generation: int) -> _Read:
+        """Poll until the rollout of ``generation`` completes (the Deployment then), fails, or
+        rollout_timeout_s passes."""
         deadline = self._monotonic() + self.spec.rollout_timeout_s
         while True:
-            waiting = rollout_waiting(await self._call("GET", name), generation)
+            obj = await self._call("GET", name)
+            waiting = rollout_waiting(obj, generation)
             if waiting is None:
-                return
+                return self._parse(name, obj)
             if self._monotonic() >= deadline:
                 raise ActuatorError(
                     f"Deployment {self._where(name)} did not finish rolling out within "
@@ -276,13 +284,11 @@ class KubernetesActuator:
                 )
             await self._sleep(self.spec.poll_interval_s)
 
-    async def _read_canary(self) -> _Read | None:
-        if not self.spec.canary_deployment:
-            return None
-        return await self._read(self.spec.canary_deployment)
-
     async def _read(self, name: str) -> _Read:
-        obj = await self._call("GET", name)
+        return self._parse(name, await self._call("GET", name))
+
+    def _parse(self, name: str, obj: dict[str, Any]) -> _Read:
+        """The container to change, found in a Deployment object."""
         try:
             meta = obj["metadata"]
             template = obj["spec"]["template"]
