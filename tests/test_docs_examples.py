@@ -116,3 +116,16 @@ def test_adr_guide_lists_every_tunable_flag() -> None:
     doc = ADR_GUIDE.read_text()
     for name in TUNABLE:
         assert f"`{name}`" in doc, name
+
+
+def test_deploy_guide_names_real_files_and_the_secret_keys() -> None:
+    import yaml
+
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    paths = set(re.findall(r"`((?:deploy|docs)/[\w./-]+|Dockerfile)`", doc))
+    assert "deploy/slack/manifest.yml" in paths
+    for path in paths:
+        assert (ROOT / path).exists(), path
+    secret = yaml.safe_load((ROOT / "deploy/kubernetes/base/secret.example.yaml").read_text())
+    keys = re.findall(r"--from-literal=(\w+)=", doc)
+    assert sorted(keys) == sorted(secret["stringData"])
