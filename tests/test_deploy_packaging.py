@@ -246,6 +246,38 @@ def test_dockerignore_negation_brings_a_path_back() -> None:
     assert ignored("docs/adr.md", ["docs", "!docs/deploy.md"])
 
 
+def test_build_stage_makes_a_wheel_with_every_package_file(tmp_path: Path) -> None:
+    """What the build stage does, here: copy its COPY sources (less .dockerignore), build."""
+    import sys
+    import zipfile
+
+    pytest.importorskip("setuptools", reason="building the wheel offline needs setuptools")
+    stages = parse_dockerfile(DOCKERFILE.read_text())
+    patterns = dockerignore_patterns(DOCKERIGNORE.read_text())
+    context = tmp_path / "src"
+    for source in copy_sources(stages[0]):
+        for path in context_files(source):
+            if not ignored(path, patterns):
+                (context / path).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / path, context / path)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "--wheel-dir", str(tmp_path / "wheels"), str(context)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stdout + built.stderr
+    (wheel,) = (tmp_path / "wheels").glob("ruleloop-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    shipped = [
+        p
+        for p in context_files("bot") + context_files("latency_checker")
+        if not ignored(p, patterns)
+    ]
+    missing = [p for p in shipped if p not in names]
+    assert not missing, f"not in the wheel (add them to package-data in pyproject.toml): {missing}"
+    assert "bot/templates/adr.md.j2" in names
+
+
 # --- Slack app manifest ------------------------------------------------------------------------
 
 SLACK_MANIFEST = ROOT / "deploy" / "slack" / "manifest.yml"
