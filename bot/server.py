@@ -18,7 +18,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import httpx
 from slack_bolt.adapter.starlette.async_handler import AsyncSlackRequestHandler
@@ -41,6 +41,11 @@ from bot.diagnosis.service import Diagnoser
 from bot.errors import RequestRejected
 from bot.intake.models import parse_webhook
 from bot.intake.service import Intake, Outcome
+from bot.remediation import actuators
+from bot.remediation.drafting import DraftService
+from bot.remediation.gate import run_gate
+from bot.remediation.ports import RemediationNotifier
+from bot.remediation.service import ActuatorFactory, GateRunner, RemediationService
 from bot.runbooks.builtin import default_registry
 from bot.runbooks.context import ProbeContext
 from bot.runbooks.loader import load_dir
@@ -70,6 +75,8 @@ class Bot:
     db: Database
     slack: AsyncApp | None
     http: httpx.AsyncClient
+    remediation: RemediationService
+    drafts: DraftService
 
 
 def create_bot(
@@ -85,6 +92,8 @@ def create_bot(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     nvml: Any | None = None,
     console: TextIO | None = None,
+    actuator_for: ActuatorFactory = actuators.build,
+    gate: GateRunner = run_gate,
 ) -> Bot:
     """Load runbooks (refusing bad ones now), open the store, and wire Slack or the console."""
     registry = default_registry()
@@ -101,7 +110,7 @@ def create_bot(
         ),
         clock=clock,
     )
-    notifier: Notifier
+    notifier: BotNotifier
     slack_app = None
     if settings.slack.enabled:
         client = slack_client or web_client(settings.slack)
@@ -119,8 +128,27 @@ def create_bot(
         monotonic=monotonic,
         metrics=metrics,
     )
+    drafts = DraftService(
+        settings=settings, db=db, notifier=notifier, threads=flows.ensure_thread, clock=clock
+    )
+    remediation = RemediationService(
+        settings=settings,
+        db=db,
+        notifier=notifier,
+        threads=flows.ensure_thread,
+        clock=clock,
+        tasks=flows.tasks,
+        actuator_for=actuator_for,
+        gate=gate,
+        after_change=lambda incident_id, author: _draft_quietly(drafts, incident_id, author),
+    )
     if client is not None:
-        slack_app = build_app(settings=settings.slack, flows=flows, client=client)
+        slack_app = build_app(
+            settings=settings.slack,
+            flows=flows,
+            client=client,
+            services={"remediation": remediation, "drafts": drafts},
+        )
     intake = Intake(db=db, targets=settings.targets, clock=clock)
     routes = Routes(
         settings=settings,
@@ -134,6 +162,8 @@ def create_bot(
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        # a change a previous run of the bot left half done is rolled back now
+        flows.tasks.spawn(remediation.resume(), name="remediation-resume")
         try:
             yield
         finally:
@@ -151,7 +181,24 @@ def create_bot(
         exception_handlers={Exception: _unexpected},
         lifespan=lifespan,
     )
-    return Bot(app=app, flows=flows, db=db, slack=slack_app, http=http)
+    return Bot(
+        app=app,
+        flows=flows,
+        db=db,
+        slack=slack_app,
+        http=http,
+        remediation=remediation,
+        drafts=drafts,
+    )
+
+
+async def _draft_quietly(drafts: DraftService, incident_id: int, author: str) -> None:
+    """The post-incident draft when a remediation ends (the service logs a failure)."""
+    await drafts.draft(incident_id, author=author)
+
+
+class BotNotifier(Notifier, RemediationNotifier, Protocol):
+    """Everything the bot posts: incidents, diagnoses, remediation cards, drafts."""
 
 
 class _Clock(Clock):

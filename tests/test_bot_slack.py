@@ -137,26 +137,31 @@ async def _diagnosed(h: Harness, slack: FakeSlack) -> str:
     return slack.of("chat.postMessage")[-1].args["blocks"][1]["accessory"]["value"]
 
 
-async def test_apply_button_explains_the_fix_in_the_thread(h: Harness, slack: FakeSlack) -> None:
+async def test_apply_button_posts_the_confirmation_card(h: Harness, slack: FakeSlack) -> None:
     value = await _diagnosed(h, slack)
     root_ts = slack.of("chat.postMessage")[0].args.get("ts") or "1790000000.000001"
     assert (await h.click(value)).status_code == 200
-    reply = (await slack.until("chat.postMessage", 4))[-1]
-    assert reply.args["thread_ts"] == root_ts
-    text = reply.args["text"]
-    assert text.startswith("<@U1> asked to apply *ADR-20260831-01* to *prod-a*")
-    assert "--enable-chunked-prefill=True" in text and "--block-size=32" in text
-    assert "max_ttft_p99_ms=350" in text and "roll back automatically" in text
+    card = (await slack.until("chat.postMessage", 4))[-1]
+    assert card.args["thread_ts"] == root_ts
+    assert card.args["text"] == "ADR-20260831-01 on prod-a: waiting for approval"
+    blocks = json.dumps(card.args["blocks"])
+    assert "--block-size: (unset) \u2192 32" in blocks and "TTFT p99 \u2264 350.0 ms" in blocks
     with h.bot.db.transaction() as s:
-        assert store.audit_trail(s)[-1].action == "adr.apply_requested"
-        assert store.audit_trail(s)[-1].actor == "U1"
+        entry = store.audit_trail(s)[-1]
+    assert (entry.action, entry.actor, entry.detail["adr"]) == (
+        "remediation.requested",
+        "U1",
+        "ADR-20260831-01",
+    )
 
 
 async def test_apply_button_refuses_who_may_not(h: Harness, slack: FakeSlack) -> None:
     value = await _diagnosed(h, slack)
     await h.click(value, user="U9")
     reply = [c for c in await slack.until("response_url", 1) if c.args["name"] == "btn"][0]
-    assert reply.args["text"] == "You may not apply ADRs. Allowed: <@U1>."
+    assert reply.args["text"] == (
+        "You may not request ADR changes. Allowed: <@U1>. Nothing was changed."
+    )
     assert reply.args["response_type"] == "ephemeral" and reply.args["replace_original"] is False
     assert len(slack.of("chat.postMessage")) == 3  # nothing new in the thread
 

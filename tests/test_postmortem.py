@@ -420,7 +420,7 @@ def test_reject_needs_a_reason(tmp_path: Path) -> None:
         ("U0LEAD", "U0ONCALL", ["*"], None),
         ("U0ONCALL", "U0ONCALL", ["U0ONCALL", "U0LEAD"], "You wrote this draft \\(U0ONCALL\\)"),
         ("U0ONCALL", "U0ONCALL", ["*"], "another reviewer must"),
-        ("U0OTHER", "U0ONCALL", ["U0LEAD", "U0SRE"], "Allowed: U0LEAD, U0SRE"),
+        ("U0OTHER", "U0ONCALL", ["U0LEAD", "U0SRE"], "Allowed: <@U0LEAD>, <@U0SRE>"),
         ("U0LEAD", "U0ONCALL", [], "set `review = \\[...\\]` under \\[access\\]"),
     ],
 )

@@ -24,18 +24,12 @@ from bot.diagnosis.service import Diagnoser
 from bot.diagnosis.tasks import TaskSupervisor
 from bot.errors import NotAllowed, RuleloopError, UsageError
 from bot.intake.service import IntakeResult, Outcome
+from bot.remediation.policy import who_may
 from bot.runbooks.context import TargetRef
 from bot.store.db import Database
 from bot.store.models import Incident
 
 log = logging.getLogger("ruleloop.flows")
-
-
-def who_may(allowed: list[str]) -> str:
-    """'<@U1>, <@U2>' / 'everyone' / 'nobody (configure [access] in the bot's config)'."""
-    if "*" in allowed:
-        return "everyone"
-    return ", ".join(f"<@{u}>" for u in allowed) or "nobody yet (set [access] in the bot's config)"
 
 
 class IncidentFlows:
@@ -185,30 +179,9 @@ class IncidentFlows:
         await self.diagnose_incident(incident_id, received=received, channel=channel_id)
         await self._records.close(incident_id)
 
-    async def explain_apply(self, *, user_id: str, adr_id: str, incident_id: int) -> None:
-        """The Apply button: check who clicked, then say in the thread what applying would do."""
-        if not self.settings.access.allows("apply", user_id):
-            raise NotAllowed(
-                f"You may not apply ADRs. Allowed: {who_may(self.settings.access.apply)}."
-            )
-        from bot.adr.store import AdrStore
-
-        adr = await asyncio.to_thread(AdrStore(root=self.settings.paths.adr).get_or_raise, adr_id)
-        ref = await self._records.root(incident_id)
-        if ref is None:
-            raise UsageError(f"incident {incident_id} has no Slack thread to answer in")
-        incident = await self._records.load(incident_id)
-        await self._records.write(
-            incident_id,
-            "adr.apply_requested",
-            actor=user_id,
-            detail={"adr": adr_id, "target": incident.target},
-        )
-        from bot.slack.views import apply_preview_text
-
-        await self._notifier.post_reply(
-            ref, text=apply_preview_text(adr, target=incident.target, user_id=user_id)
-        )
+    async def ensure_thread(self, incident_id: int, channel: str | None) -> MessageRef:
+        """The incident's thread, posting its root message first when there is none."""
+        return await self._ensure_root(incident_id, state="waiting", channel=channel)
 
     # --- helpers ----------------------------------------------------------------------------
     async def _failed(self, incident_id: int, ref: MessageRef, exc: BaseException) -> None:

@@ -36,7 +36,7 @@ def check_reviewer(*, reviewer: str, author: str, reviewers: list[str]) -> None:
     if not reviewers:
         raise NotAllowed(NOBODY)
     if "*" not in reviewers and reviewer not in reviewers:
-        raise NotAllowed(NOT_LISTED.format(allowed=", ".join(reviewers)))
+        raise NotAllowed(NOT_LISTED.format(allowed=", ".join(f"<@{r}>" for r in reviewers)))
     if reviewer == author:
         raise NotAllowed(SELF_REVIEW.format(author=author))
 

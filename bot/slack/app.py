@@ -1,6 +1,7 @@
 """The bolt app: one AsyncApp, its listeners (one per file), and its one error handler.
 
-Listeners reach the services through ``context["flows"]``, put there by a middleware, so
+Listeners reach the services through the context (``context["flows"]``, ``["remediation"]``,
+``["drafts"]``), put there by a middleware, so
 that they stay thin and the services never import slack_bolt.
 """
 
@@ -31,7 +32,13 @@ def web_client(settings: SlackSettings) -> AsyncWebClient:
     return client
 
 
-def build_app(*, settings: SlackSettings, flows: IncidentFlows, client: AsyncWebClient) -> AsyncApp:
+def build_app(
+    *,
+    settings: SlackSettings,
+    flows: IncidentFlows,
+    client: AsyncWebClient,
+    services: dict[str, Any] | None = None,
+) -> AsyncApp:
     """The bolt app with every listener registered and requests verified by signing secret."""
     secret = settings.signing_secret.get_secret_value() if settings.signing_secret else None
     app = AsyncApp(
@@ -46,6 +53,8 @@ def build_app(*, settings: SlackSettings, flows: IncidentFlows, client: AsyncWeb
 
     async def inject(context: AsyncBoltContext, next: Callable[[], Awaitable[Any]]) -> Any:
         context["flows"] = flows
+        for name, service in (services or {}).items():
+            context[name] = service
         return await next()
 
     app.middleware(inject)

@@ -12,6 +12,8 @@ from typing import TextIO
 
 from bot.diagnosis.models import FOUR, Diagnosis
 from bot.diagnosis.ports import IncidentView, MessageRef
+from bot.remediation.ports import DraftView, RemediationView
+from bot.slack.remediation_views import card_text, draft_text
 from bot.slack.views import NO_MATCH, STATE_TEXT, finding_line, fmt
 
 
@@ -65,6 +67,33 @@ class ConsoleNotifier:
     async def post_reply(self, ref: MessageRef, *, text: str) -> None:
         """Print a thread message."""
         self._print(f"[{ref.channel} {ref.ts} thread] {text}")
+
+    async def post_remediation(self, thread: MessageRef, *, view: RemediationView) -> MessageRef:
+        """Print the card; its ts is a counter."""
+        ref = MessageRef(channel=thread.channel, ts=f"console.{next(self._ts)}")
+        self._print(f"[{thread.channel} {thread.ts} thread] " + _indent(card_text(view)))
+        return ref
+
+    async def update_remediation(self, ref: MessageRef, *, view: RemediationView) -> None:
+        """Print the card's new state."""
+        self._print(f"[{ref.channel} {ref.ts} updated] " + _indent(card_text(view)))
+
+    async def post_draft(
+        self, thread: MessageRef, *, view: DraftView, markdown: str, filename: str
+    ) -> MessageRef:
+        """Print the draft's summary and where its file is."""
+        ref = MessageRef(channel=thread.channel, ts=f"console.{next(self._ts)}")
+        self._print(f"[{thread.channel} {thread.ts} thread] " + _indent(draft_text(view)))
+        return ref
+
+    async def update_draft(self, ref: MessageRef, *, view: DraftView) -> None:
+        """Print the draft's new state."""
+        self._print(f"[{ref.channel} {ref.ts} updated] " + _indent(draft_text(view)))
+
+
+def _indent(text: str) -> str:
+    first, *rest = text.splitlines() or [""]
+    return "\n".join([first, *(f"    {line}" for line in rest)])
 
 
 def render_root(view: IncidentView) -> str:

@@ -12,6 +12,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.diagnosis.models import Diagnosis
 from bot.diagnosis.ports import IncidentView, MessageRef
 from bot.errors import EndpointError
+from bot.remediation.ports import DraftView, RemediationView
+from bot.slack.remediation_views import draft_message, remediation_card
 from bot.slack.views import adr_message, findings_message, root_message
 
 
@@ -68,15 +70,55 @@ class SlackNotifier:
         """A plain message in the thread."""
         await self._reply(ref, text=text, blocks=None)
 
+    async def post_remediation(self, thread: MessageRef, *, view: RemediationView) -> MessageRef:
+        """The confirmation card in the thread; later steps update it."""
+        text, blocks = remediation_card(view)
+        return await self._reply(thread, text=text, blocks=blocks)
+
+    async def update_remediation(self, ref: MessageRef, *, view: RemediationView) -> None:
+        """chat.update of the card."""
+        text, blocks = remediation_card(view)
+        await self._update(ref, text=text, blocks=blocks)
+
+    async def post_draft(
+        self, thread: MessageRef, *, view: DraftView, markdown: str, filename: str
+    ) -> MessageRef:
+        """The draft's summary with review buttons, then the Markdown file, in the thread."""
+        text, blocks = draft_message(view)
+        ref = await self._reply(thread, text=text, blocks=blocks)
+        try:
+            await self._client.files_upload_v2(
+                channel=thread.channel,
+                thread_ts=thread.ts,
+                content=markdown.encode(),
+                filename=filename,
+                title=f"{view.adr_id} (draft)",
+            )
+        except (SlackApiError, SlackClientError) as exc:
+            raise EndpointError(f"Slack refused the ADR draft upload: {_why(exc)}") from exc
+        return ref
+
+    async def update_draft(self, ref: MessageRef, *, view: DraftView) -> None:
+        """chat.update of the draft's summary."""
+        text, blocks = draft_message(view)
+        await self._update(ref, text=text, blocks=blocks)
+
+    async def _update(self, ref: MessageRef, *, text: str, blocks: list[dict[str, object]]) -> None:
+        try:
+            await self._client.chat_update(channel=ref.channel, ts=ref.ts, text=text, blocks=blocks)
+        except (SlackApiError, SlackClientError) as exc:
+            raise EndpointError(f"Slack refused to update a message: {_why(exc)}") from exc
+
     async def _reply(
         self, ref: MessageRef, *, text: str, blocks: list[dict[str, object]] | None
-    ) -> None:
+    ) -> MessageRef:
         try:
-            await self._client.chat_postMessage(
+            response = await self._client.chat_postMessage(
                 channel=ref.channel, thread_ts=ref.ts, text=text, blocks=blocks
             )
         except (SlackApiError, SlackClientError) as exc:
             raise EndpointError(f"Slack refused a thread message: {_why(exc)}") from exc
+        return MessageRef(channel=str(response["channel"]), ts=str(response["ts"]))
 
 
 def _why(exc: Exception) -> str:

@@ -20,7 +20,6 @@ from slack_sdk.models.blocks import (
 )
 
 from bot.adr.match import MatchResult
-from bot.adr.models import Adr
 from bot.diagnosis.models import FOUR, Diagnosis
 from bot.diagnosis.ports import IncidentView
 from bot.runbooks.types import Finding, Severity
@@ -41,10 +40,6 @@ STATE_TEXT = {
 NO_MATCH = (
     "No accepted ADR matches these numbers. When this incident is fixed, record the fix "
     "(`ruleloop tune` drafts the ADR from measured numbers) so the next one has a rule."
-)
-APPLY_PREVIEW = (
-    "<@{user}> asked to apply *{adr}* to *{target}*. Applying is not wired yet (the remediation "
-    "issue adds it); when it is, this will:\n{steps}"
 )
 
 
@@ -173,25 +168,3 @@ def adr_message(
         blocks.append(DividerBlock())
     ids = ", ".join(m.adr.id for m in matches)
     return f"Matching accepted ADRs: {ids}", [b.to_dict() for b in blocks[:-1]]
-
-
-def apply_preview_text(adr: Adr, *, target: str | None, user_id: str) -> str:
-    """What the Apply button would do, step by step."""
-    steps = []
-    if adr.fix.engine_args:
-        flags = " ".join(f"--{k}={v}" for k, v in adr.fix.engine_args.items())
-        steps.append(f"1. restart the engine with `{flags}` (flags checked against the allowlist)")
-    if adr.fix.gateway:
-        rules = ", ".join(
-            f"{k}={v}" for k, v in adr.fix.gateway.model_dump(exclude_none=True).items()
-        )
-        steps.append(f"{len(steps) + 1}. set the gateway rules {rules}")
-    gates = adr.gates.model_dump(exclude_none=True) if adr.gates else {}
-    gate_text = ", ".join(f"{k}={v:g}" for k, v in gates.items()) or "no gates"
-    steps.append(
-        f"{len(steps) + 1}. run the canary against the gates ({gate_text}); "
-        "promote on pass, roll back automatically on fail"
-    )
-    return APPLY_PREVIEW.format(
-        user=user_id, adr=adr.id, target=target or "its target", steps="\n".join(steps)
-    )

@@ -15,6 +15,7 @@ from sqlalchemy import (
     JSON,
     DateTime,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -204,3 +205,44 @@ class AdrDraft(Base):
     reviewed_at: Mapped[dt.datetime | None]
     reviewed_by: Mapped[str | None] = mapped_column(String(64))
     reminded_at: Mapped[dt.datetime | None]
+    channel: Mapped[str | None] = mapped_column(String(64))  # the posted summary
+    ts: Mapped[str | None] = mapped_column(String(32))
+
+
+class MetricSnapshot(Base):
+    """The four numbers of a target at one time, taken by the scheduler ("normal" in diagnoses)."""
+
+    __tablename__ = "metric_snapshots"
+    __table_args__ = (Index("ix_metric_snapshots_target_at", "target", "at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target: Mapped[str] = mapped_column(String(200))
+    at: Mapped[dt.datetime]
+    ttft_p99_ms: Mapped[float | None]
+    tpot_p99_ms: Mapped[float | None]
+    goodput_ratio: Mapped[float | None]
+    kv_fragmentation: Mapped[float | None]
+    source: Mapped[str] = mapped_column(String(64))  # what measured it: "vllm_metrics 10s"
+
+
+class JobRun(Base):
+    """One period of one scheduled job, and the replica that holds (or held) its lease.
+
+    (job, period) is unique, so only one replica can claim a period. A running row whose
+    ``expires_at`` passed belongs to a replica that died (or stalled): another takes it over.
+    ``finished_at`` set means the period is done and is never run again.
+    """
+
+    __tablename__ = "job_runs"
+    __table_args__ = (UniqueConstraint("job", "period", name="uq_job_run_period"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job: Mapped[str] = mapped_column(String(200))
+    period: Mapped[dt.datetime]
+    owner: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16))  # running | done | failed | abandoned
+    attempts: Mapped[int] = mapped_column(Integer, default=1)
+    claimed_at: Mapped[dt.datetime]
+    expires_at: Mapped[dt.datetime]
+    finished_at: Mapped[dt.datetime | None]
+    detail: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -35,7 +35,7 @@ def measure(
 ) -> dict[str, Any]:
     """Run the canary (and its background load); return the canary JSON report."""
     return asyncio.run(
-        _measure(
+        measure_async(
             workload,
             gates=gates,
             metrics_url=metrics_url,
@@ -47,7 +47,7 @@ def measure(
     )
 
 
-async def _measure(
+async def measure_async(
     workload: Workload,
     *,
     gates: Gates,
@@ -57,6 +57,7 @@ async def _measure(
     on_progress: Callable[[Progress], None] | None,
     progress_interval_s: float,
 ) -> dict[str, Any]:
+    """``measure`` inside a running event loop."""
     runs = [(name, CanaryRun(w, metrics_url=None)) for name, w in background]
     started = time.perf_counter()
     tasks = [asyncio.create_task(run.run()) for _, run in runs]

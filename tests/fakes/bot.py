@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import io
+import itertools
 import shutil
 import urllib.parse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import httpx
 from bot.config import Settings
 from bot.server import Bot, create_bot
 from tests.conftest import FIXTURES
-from tests.fakes.clock import FakeTime
+from tests.fakes.clock import FakeTime, WallClock
 from tests.fakes.nvml import FakeNvml
 from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack, signed_headers
 
@@ -75,13 +76,20 @@ class Harness:
     client: httpx.AsyncClient
     console: io.StringIO
     time: FakeTime
+    wall: WallClock
+    _clicks: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     async def slash(
-        self, text: str, *, user: str = "U1", timestamp: int | None = None
+        self,
+        text: str,
+        *,
+        user: str = "U1",
+        timestamp: int | None = None,
+        command: str = "/diagnose",
     ) -> httpx.Response:
-        """POST a signed /diagnose."""
+        """POST a signed slash command (/diagnose unless told)."""
         assert self.slack is not None
-        form = {"command": "/diagnose", "text": text, "user_id": user, "channel_id": "C0INCIDENTS",
+        form = {"command": command, "text": text, "user_id": user, "channel_id": "C0INCIDENTS",
                 "team_id": "T0FAKE", "response_url": self.slack.response_url("cmd"),
                 "trigger_id": "1.2.3", "token": "legacy"}  # fmt: skip
         body = urllib.parse.urlencode(form).encode()
@@ -89,14 +97,16 @@ class Harness:
             "/slack/events", content=body, headers=signed_headers(body, timestamp=timestamp)
         )
 
-    async def click(self, value: str, *, user: str = "U1") -> httpx.Response:
-        """POST a signed click on an Apply button."""
+    async def click(
+        self, value: str, *, user: str = "U1", action_id: str = "apply_adr"
+    ) -> httpx.Response:
+        """POST a signed button click (the Apply button unless told)."""
         assert self.slack is not None
         payload = {"type": "block_actions", "user": {"id": user}, "team": {"id": "T0FAKE"},
                    "api_app_id": "A0", "trigger_id": "1.2.3", "response_url": self.slack.response_url("btn"),
                    "channel": {"id": "C0INCIDENTS"}, "container": {"type": "message"},
-                   "actions": [{"type": "button", "action_id": "apply_adr", "block_id": "b", "value": value,
-                                "action_ts": "1"}]}  # fmt: skip
+                   "actions": [{"type": "button", "action_id": action_id, "block_id": "b", "value": value,
+                                "action_ts": f"{next(self._clicks)}"}]}  # fmt: skip
         import json
 
         body = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
@@ -120,14 +130,17 @@ class Harness:
 def settings(
     tmp_path: Path, *, slack: FakeSlack | None, matching_adr: bool = False, **extra: Any
 ) -> Settings:
-    """Settings for a test bot: one target, U1 may diagnose and apply."""
+    """Settings for a test bot: one target (dry-run actuator); U1 may diagnose and apply, U1 and
+    U2 may approve, U2 may review drafts."""
     runbooks = tmp_path / "runbooks"
     runbooks.mkdir(exist_ok=True)
     (runbooks / "test.yaml").write_text(RUNBOOK)
     data: dict[str, Any] = {
         "slack": {"channel": "#incidents"},
-        "access": {"diagnose": ["U1"], "apply": ["U1"]},
-        "targets": {"prod-a": {"vllm_url": "http://10.0.0.5:8000"}},
+        "access": {"diagnose": ["U1"], "apply": ["U1"], "approve": ["U1", "U2"], "review": ["U2"]},
+        "targets": {
+            "prod-a": {"vllm_url": "http://10.0.0.5:8000", "actuator": {"kind": "dry-run"}}
+        },
         "alertmanager": {"token": AM_TOKEN},
         "paths": {"runbooks": str(runbooks), "adr": str(adr_dir(tmp_path, matching=matching_adr))},
         **extra,
@@ -145,10 +158,12 @@ def harness(
     slack: FakeSlack | None,
     matching_adr: bool = False,
     transport: httpx.AsyncBaseTransport | None = None,
+    bot_options: dict[str, Any] | None = None,
     **extra: Any,
 ) -> Harness:
-    """A wired bot whose probes read recorded pages on a fake clock."""
+    """A wired bot whose probes read recorded pages on fake clocks (``extra``: settings)."""
     time = FakeTime()
+    wall = WallClock()
     console = io.StringIO()
     bot = create_bot(
         settings(tmp_path, slack=slack, matching_adr=matching_adr, **extra),
@@ -158,9 +173,11 @@ def harness(
         sleep=time.sleep,
         nvml=FakeNvml.no_driver(),
         console=console,
+        clock=wall.now,
+        **(bot_options or {}),
     )
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=bot.app), base_url="http://bot")
-    return Harness(bot=bot, slack=slack, client=client, console=console, time=time)
+    return Harness(bot=bot, slack=slack, client=client, console=console, time=time, wall=wall)
 
 
 def copy_runbooks(tmp_path: Path) -> Path:

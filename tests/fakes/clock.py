@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 
 class FakeTime:
     """``clock()`` returns the fake time; ``await sleep(d)`` advances it by d at once."""
@@ -16,3 +18,16 @@ class FakeTime:
     async def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
         self.now += seconds
+
+
+class WallClock:
+    """An aware UTC wall clock that moves only when told (``advance``)."""
+
+    def __init__(self, start: dt.datetime | None = None) -> None:
+        self.at = start or dt.datetime(2026, 11, 29, 2, 0, tzinfo=dt.UTC)
+
+    def now(self) -> dt.datetime:
+        return self.at
+
+    def advance(self, seconds: float) -> None:
+        self.at += dt.timedelta(seconds=seconds)

@@ -1,1 +1,28 @@
-"""Actuators: local engine processes, a Kubernetes Deployment, or a dry run."""
+"""Actuators: local engine processes, a Kubernetes Deployment, or a dry run (``build``)."""
+
+from __future__ import annotations
+
+from bot.config import DryRunActuatorSpec, KubernetesActuatorSpec, LocalActuatorSpec, Target
+from bot.errors import UsageError
+from bot.remediation.actuators.base import Actuator
+
+
+def build(name: str, target: Target) -> Actuator:
+    """The actuator configured for a target; UsageError when it has none."""
+    spec = target.actuator
+    if isinstance(spec, LocalActuatorSpec):
+        from bot.remediation.actuators.local import LocalActuator
+
+        return LocalActuator(spec, vllm_url=target.vllm_url)
+    if isinstance(spec, KubernetesActuatorSpec):
+        from bot.remediation.actuators.kubernetes import KubernetesActuator
+
+        return KubernetesActuator(spec, vllm_url=target.vllm_url)
+    if isinstance(spec, DryRunActuatorSpec):
+        from bot.remediation.actuators.dry_run import DryRunActuator
+
+        return DryRunActuator(vllm_url=target.vllm_url)
+    raise UsageError(
+        f"target {name!r} has no actuator, so ruleloop cannot change it; configure "
+        f'[targets.{name}.actuator] kind = "local" | "kubernetes" | "dry-run"'
+    )

@@ -1,13 +1,21 @@
-"""Block actions (buttons)."""
+"""Block actions (buttons): ``ACTIONS`` maps each action_id to its handler."""
 
 from __future__ import annotations
 
 from slack_bolt.async_app import AsyncApp
 
-from bot.slack.listeners.actions import apply_adr
+from bot.slack.listeners.actions import apply_adr, decide, review_draft
+from bot.slack.remediation_views import DECIDE_ACTIONS, REVIEW_ACTIONS
 from bot.slack.views import APPLY_ACTION
+
+ACTIONS = {
+    APPLY_ACTION: apply_adr.handle,
+    **dict.fromkeys(DECIDE_ACTIONS, decide.handle),
+    **dict.fromkeys(REVIEW_ACTIONS, review_draft.handle),
+}
 
 
 def register(app: AsyncApp) -> None:
     """Register the button handlers."""
-    app.action(APPLY_ACTION)(apply_adr.handle)
+    for action_id, handler in ACTIONS.items():
+        app.action(action_id)(handler)

@@ -1,4 +1,4 @@
-"""The Apply button under a matching ADR: says in the thread what applying would do."""
+"""The Apply button under a matching ADR: the same request as `/apply-adr`, in that incident."""
 
 from __future__ import annotations
 
@@ -14,15 +14,20 @@ from bot.errors import UsageError
 async def handle(
     ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], context: AsyncBoltContext
 ) -> None:
-    """Ack, then check the clicker and explain the fix (errors go to the error handler)."""
+    """Ack, then request the change; the confirmation card appears in the thread."""
     await ack()
     try:
         value = json.loads(action["value"])
         adr_id, incident_id = str(value["adr"]), int(value["incident"])
+        target = value.get("target")
     except (KeyError, TypeError, ValueError):
         raise UsageError(
             "this button carries no ADR; it may be from an older bot version"
         ) from None
-    await context["flows"].explain_apply(
-        user_id=body["user"]["id"], adr_id=adr_id, incident_id=incident_id
+    await context["remediation"].request(
+        user_id=body["user"]["id"],
+        adr_id=adr_id,
+        target=str(target) if target else None,
+        incident_id=incident_id,
+        channel_id=(body.get("channel") or {}).get("id"),
     )

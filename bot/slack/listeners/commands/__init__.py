@@ -1,12 +1,19 @@
-"""Slash commands."""
+"""Slash commands: ``COMMANDS`` maps each name to its handler (the Slack manifest must agree)."""
 
 from __future__ import annotations
 
 from slack_bolt.async_app import AsyncApp
 
-from bot.slack.listeners.commands import diagnose
+from bot.slack.listeners.commands import adr_draft, apply_adr, diagnose
+
+COMMANDS = {
+    "/diagnose": diagnose.handle,
+    "/apply-adr": apply_adr.handle,
+    "/adr-draft": adr_draft.handle,
+}
 
 
 def register(app: AsyncApp) -> None:
     """Register the slash commands."""
-    app.command("/diagnose")(diagnose.handle)
+    for name, handler in COMMANDS.items():
+        app.command(name)(handler)

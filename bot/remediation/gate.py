@@ -1,0 +1,114 @@
+"""The canary gate after a change: the target's canary workload against the ADR's gates.
+
+The workload comes from the target's ``[targets.X.canary]`` settings (short chats by default;
+optional long requests beside them). The verdict uses the same values and wording as the
+Metrics Matrix (``bot.tune.matrix``), so what the thread says and what the drafted ADR says agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from bot.adr.models import AdrGates
+from bot.canary.report import Gates
+from bot.canary.runner import Progress
+from bot.canary.workload import Workload
+from bot.config import CanarySpec
+from bot.errors import EndpointError
+from bot.tune.matrix import Values, gate_failures, values_of
+from bot.tune.measure import measure_async
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """A finished canary: its JSON report, the matrix values and the failed gates (in words)."""
+
+    report: dict[str, Any]
+    mixed: bool
+    values: Values
+    failures: list[str]
+
+    @property
+    def passed(self) -> bool:
+        """All gates met."""
+        return not self.failures
+
+
+GateRunner = Callable[[str, CanarySpec, AdrGates], Awaitable[GateResult]]
+
+
+def workloads(base_url: str, spec: CanarySpec) -> tuple[Workload, list[tuple[str, Workload]]]:
+    """The measured canary and its background load for one target."""
+    endpoint = f"{base_url}/v1/completions"
+    canary = Workload(
+        endpoint=endpoint,
+        concurrency=spec.concurrency,
+        num_requests=spec.num_requests,
+        prompt_length=spec.prompt_length,
+        prefix_length=spec.shared_prefix_length,
+        output_length=spec.output_length,
+        warmup_requests=min(spec.concurrency, 4),
+        timeout_s=spec.timeout_s,
+    )
+    background = []
+    if spec.background_concurrency:
+        background.append(
+            (
+                "long prompts",
+                Workload(
+                    endpoint=endpoint,
+                    concurrency=spec.background_concurrency,
+                    num_requests=None,
+                    duration_s=spec.timeout_s,
+                    prompt_length=spec.background_prompt_length,
+                    output_length=spec.background_output_length,
+                    seed=1,
+                    timeout_s=spec.timeout_s,
+                ),
+            )
+        )
+    return canary, background
+
+
+async def run_gate(
+    base_url: str,
+    spec: CanarySpec,
+    gates: AdrGates,
+    *,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> GateResult:
+    """Run the canary against ``base_url`` and judge it by ``gates``."""
+    canary, background = workloads(base_url, spec)
+    report = await measure_async(
+        canary,
+        gates=Gates(),  # judged below, with the matrix's values
+        metrics_url=f"{base_url}/metrics",
+        background=background,
+        sample_interval_s=0.5,
+        on_progress=on_progress,
+        progress_interval_s=10.0,
+    )
+    mixed = bool(background)
+    values = values_of(report, mixed=mixed)
+    return GateResult(
+        report=report, mixed=mixed, values=values, failures=gate_failures(values, gates)
+    )
+
+
+async def verify_serving(base_url: str, *, timeout_s: float = 60.0) -> None:
+    """One short completion must succeed: the engine serves, not just answers /health."""
+    try:
+        async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as client:
+            models = (await client.get("/v1/models")).raise_for_status().json()
+            model = models["data"][0]["id"]
+            response = await client.post(
+                "/v1/completions",
+                json={"model": model, "prompt": [100, 101, 102], "max_tokens": 2},
+            )
+            response.raise_for_status()
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise EndpointError(f"{base_url} does not serve completions: {exc}") from exc

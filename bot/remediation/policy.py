@@ -1,0 +1,96 @@
+"""Who may request and approve a change, and which changes may be requested at all.
+
+Fail closed: an empty access list means nobody. Only an `accepted` ADR is a pre-approved fix,
+and only flags that pass the allowlist check reach an actuator. The two-person rule (per target,
+or per ADR) means the approver must be someone other than the requester.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bot.adr.flags import canonical, check_engine_args
+from bot.adr.models import Adr
+from bot.config import Settings
+from bot.errors import NotAllowed, UsageError
+from bot.remediation.argv import FlagValues
+
+
+def who_may(allowed: list[str]) -> str:
+    """'<@U1>, <@U2>' / 'everyone' / 'nobody (configure [access] in the bot's config)'."""
+    if "*" in allowed:
+        return "everyone"
+    return ", ".join(f"<@{u}>" for u in allowed) or "nobody yet (set [access] in the bot's config)"
+
+
+@dataclass(frozen=True)
+class ChangePlan:
+    """A request that passed the policy: the ADR, the target and the flags to set."""
+
+    adr: Adr
+    target: str
+    change: FlagValues
+    two_person: bool
+
+
+class Policy:
+    """The checks every request and every approval passes before anything happens."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+
+    def check_request(self, *, user_id: str, adr: Adr, target: str) -> ChangePlan:
+        """The plan for applying ``adr`` to ``target``; NotAllowed/UsageError says why not."""
+        access = self._settings.access
+        if not access.allows("apply", user_id):
+            raise NotAllowed(
+                f"You may not request ADR changes. Allowed: {who_may(access.apply)}. "
+                "Nothing was changed."
+            )
+        if adr.status != "accepted":
+            raise UsageError(
+                f"{adr.id} is {adr.status}, not accepted: only accepted ADRs are pre-approved "
+                "fixes. Review it first (its Accept button, or set `status: accepted` in git). "
+                "Nothing was changed."
+            )
+        problems = check_engine_args(adr.fix.engine_args)
+        if problems:
+            field, why = problems[0]
+            raise UsageError(f"{adr.id} cannot be applied: {field}: {why}. Nothing was changed.")
+        if not adr.fix.engine_args:
+            raise UsageError(
+                f"{adr.id} sets no engine flags, so there is nothing to apply to {target}."
+            )
+        if adr.gates is None or adr.gates.is_empty():
+            raise UsageError(
+                f"{adr.id} has no gates, so a canary could not judge the change; add `gates:` "
+                "to its front matter. Nothing was changed."
+            )
+        spec = self._settings.targets[target]
+        two_person = spec.two_person or adr.id in self._settings.remediation.two_person_adrs
+        change = {canonical(k): v for k, v in adr.fix.engine_args.items()}
+        return ChangePlan(adr=adr, target=target, change=change, two_person=two_person)
+
+    def check_approval(
+        self, *, user_id: str, requested_by: str, two_person: bool, adr_id: str
+    ) -> None:
+        """NotAllowed when ``user_id`` may not approve this request."""
+        access = self._settings.access
+        if not access.allows("approve", user_id):
+            raise NotAllowed(
+                f"You may not approve changes. Approvers: {who_may(access.approve)}. "
+                "Nothing was changed; the buttons still work for them."
+            )
+        if two_person and user_id == requested_by:
+            raise NotAllowed(
+                f"{adr_id} needs a second person: the requester cannot approve it "
+                f"(two-person rule). Ask one of {who_may(access.approve)}. Nothing was changed."
+            )
+
+    def check_cancel(self, *, user_id: str, requested_by: str) -> None:
+        """The requester or any approver may cancel a pending request."""
+        access = self._settings.access
+        if user_id != requested_by and not access.allows("approve", user_id):
+            raise NotAllowed(
+                "Only the requester or an approver may cancel this request. Nothing was changed."
+            )

@@ -1,0 +1,93 @@
+"""What the remediation flow shows, and the role that shows it (Slack or the console)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from bot.diagnosis.ports import MessageRef
+
+# state -> what the card says it is doing (one message, updated in place)
+STATES = {
+    "pending": "waiting for approval",
+    "approved": "approved, starting",
+    "applying": "applying the flags (restarting the engine)…",
+    "canary": "canary running against the ADR's gates…",
+    "promoting": "canary passed, rolling out…",
+    "promoted": "applied: the canary met every gate",
+    "rolling_back": "rolling back to the previous flags…",
+    "rolled_back": "rolled back: the previous flags serve again",
+    "failed": "FAILED: manual action needed",
+    "cancelled": "cancelled, nothing was changed",
+    "expired": "expired, nothing was changed",
+    "interrupted": "interrupted by a bot restart",
+    "dry_run": "dry run: nothing was changed",
+}
+TERMINAL = {"promoted", "rolled_back", "failed", "cancelled", "expired", "dry_run", "interrupted"}
+ACTIVE = {"approved", "applying", "canary", "promoting", "rolling_back"}
+
+
+@dataclass(frozen=True)
+class RemediationView:
+    """The confirmation card and, later, the progress and outcome of one change."""
+
+    id: int
+    adr_id: str
+    adr_title: str
+    target: str
+    actuator: str
+    requested_by: str
+    state: str
+    diff: list[tuple[str, Any, Any]]
+    gates: dict[str, float]
+    two_person: bool
+    approved_by: list[str] = field(default_factory=list)
+    expires_at: dt.datetime | None = None
+    tokens: dict[str, str] = field(default_factory=dict)  # approve/deny -> token, while pending
+    note: str = ""  # the latest step, or why it ended
+    numbers: dict[str, float | None] = field(default_factory=dict)  # canary matrix values
+    failures: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DraftView:
+    """A post-incident ADR draft posted for review."""
+
+    adr_id: str
+    title: str
+    incident_id: int
+    path: str
+    state: str  # proposed | accepted | rejected
+    matrix: list[dict[str, Any]]
+    reviewers: list[str]
+    author: str
+    tokens: dict[str, str] = field(default_factory=dict)  # accept/reject -> token
+    reviewed_by: str | None = None
+    note: str = ""
+
+
+class RemediationNotifier(Protocol):
+    """Posts and updates the remediation card and the draft in an incident's thread."""
+
+    async def post_remediation(self, thread: MessageRef, *, view: RemediationView) -> MessageRef:
+        """Post the card in the thread; its ref is where progress is shown."""
+        ...
+
+    async def update_remediation(self, ref: MessageRef, *, view: RemediationView) -> None:
+        """Re-render the card in place."""
+        ...
+
+    async def post_draft(
+        self, thread: MessageRef, *, view: DraftView, markdown: str, filename: str
+    ) -> MessageRef:
+        """Post the draft's summary (with review buttons) and its Markdown file in the thread."""
+        ...
+
+    async def update_draft(self, ref: MessageRef, *, view: DraftView) -> None:
+        """Re-render the draft's summary in place (after review)."""
+        ...
+
+    async def post_reply(self, ref: MessageRef, *, text: str) -> None:
+        """A plain message in the thread."""
+        ...

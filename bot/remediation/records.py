@@ -1,0 +1,295 @@
+"""Store operations of the remediation flow, each one transaction with its audit entry.
+
+State changes are conditional updates (``WHERE state IN (...)``): of two replicas, or two
+clicks, racing for the same transition exactly one wins; the loser changes nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, cast
+
+from sqlalchemy import Executable, select, update
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.orm import Session
+
+from bot.store import service as store
+from bot.store.db import Database
+from bot.store.models import ActionToken, CanaryResult, Incident, Remediation
+
+
+def _rows(session: Session, statement: Executable) -> int:
+    """Rows an UPDATE changed."""
+    return cast(CursorResult[Any], session.execute(statement)).rowcount
+
+
+def new_token() -> str:
+    """An unguessable button value."""
+    return secrets.token_urlsafe(24)
+
+
+class RemediationRecords:
+    """Remediations, their single-use buttons and canary results, on one database."""
+
+    def __init__(self, *, db: Database, clock: Callable[[], dt.datetime]) -> None:
+        self._db = db
+        self._clock = clock
+
+    def incident_for(
+        self, *, target: str, user_id: str, channel_id: str | None, adr_id: str
+    ) -> int:
+        """The open incident of a target (newest), or a new one for this request."""
+        now = self._clock()
+        with self._db.transaction() as s:
+            query = (
+                select(Incident)
+                .where(Incident.target == target, Incident.open_key.is_not(None))
+                .order_by(Incident.id.desc())
+            )
+            incident = s.scalars(query).first()
+            if incident is not None:
+                return incident.id
+            incident = store.create(
+                s,
+                key=f"apply:{target}:{uuid.uuid4().hex[:12]}",
+                source="slash",
+                title=f"/apply-adr {adr_id} {target}",
+                target=target,
+                labels={"requested_by": user_id, **({"channel": channel_id} if channel_id else {})},
+                at=now,
+            )
+            return incident.id
+
+    def create(
+        self,
+        *,
+        incident_id: int,
+        adr_id: str,
+        target: str,
+        user_id: str,
+        two_person: bool,
+        change: Mapping[str, Any],
+        before: Mapping[str, Any],
+        after_flags: Mapping[str, Any],
+        ttl_s: float,
+    ) -> tuple[Remediation, dict[str, str]]:
+        """A pending remediation with its approve/deny buttons, audited as requested."""
+        now = self._clock()
+        expires = now + dt.timedelta(seconds=ttl_s)
+        with self._db.transaction() as s:
+            incident = store.get(s, incident_id)
+            rem = Remediation(
+                incident_id=incident_id,
+                adr_id=adr_id,
+                target=target,
+                requested_by=user_id,
+                state="pending",
+                approvals_needed=2 if two_person else 1,
+                approved_by=[],
+                change=dict(change),
+                before=dict(before),
+                after={"flags": dict(after_flags)},
+                result={},
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(rem)
+            s.flush()
+            tokens = {kind: new_token() for kind in ("approve", "deny")}
+            for kind, token in tokens.items():
+                s.add(
+                    ActionToken(
+                        token=token,
+                        kind=kind,
+                        subject=f"remediation:{rem.id}",
+                        incident_id=incident_id,
+                        created_at=now,
+                        expires_at=expires,
+                    )
+                )
+            store.audit(
+                s,
+                at=now,
+                actor=user_id,
+                action="remediation.requested",
+                incident=incident,
+                detail={
+                    "remediation": rem.id,
+                    "adr": adr_id,
+                    "target": target,
+                    "change": dict(change),
+                    "before": dict(before),
+                    "two_person": two_person,
+                    "expires_at": expires.isoformat(),
+                },
+            )
+            return rem, tokens
+
+    def get(self, remediation_id: int) -> Remediation:
+        """One remediation (it must exist)."""
+        with self._db.transaction() as s:
+            rem = s.get(Remediation, remediation_id)
+            assert rem is not None, remediation_id
+            return rem
+
+    def token(self, value: str) -> ActionToken | None:
+        """The button with this value, if any."""
+        with self._db.transaction() as s:
+            return s.scalars(select(ActionToken).where(ActionToken.token == value)).one_or_none()
+
+    def tokens(self, subject: str) -> dict[str, str]:
+        """The unused buttons of a subject, kind -> value."""
+        with self._db.transaction() as s:
+            rows = s.scalars(
+                select(ActionToken).where(
+                    ActionToken.subject == subject, ActionToken.used_at.is_(None)
+                )
+            ).all()
+            return {row.kind: row.token for row in rows}
+
+    def expires_at(self, subject: str) -> dt.datetime | None:
+        """When a subject's buttons expire."""
+        with self._db.transaction() as s:
+            query = select(ActionToken.expires_at).where(ActionToken.subject == subject)
+            return s.scalars(query).first()
+
+    def claim(
+        self,
+        *,
+        token: str,
+        user_id: str,
+        remediation_id: int,
+        to_state: str,
+        action: str,
+        detail: Mapping[str, Any],
+    ) -> bool:
+        """Use a button: the pending remediation moves to ``to_state`` and all its buttons are
+        spent, with the audit entry, in one transaction; False when someone else was first."""
+        now = self._clock()
+        with self._db.transaction() as s:
+            moved = _rows(
+                s,
+                update(Remediation)
+                .where(Remediation.id == remediation_id, Remediation.state == "pending")
+                .values(
+                    state=to_state,
+                    updated_at=now,
+                    approved_by=[user_id] if to_state == "approved" else [],
+                ),
+            )
+            if moved != 1:
+                return False
+            s.execute(
+                update(ActionToken)
+                .where(
+                    ActionToken.subject == f"remediation:{remediation_id}",
+                    ActionToken.used_at.is_(None),
+                )
+                .values(used_at=now, used_by=user_id)
+            )
+            rem = s.get(Remediation, remediation_id)
+            assert rem is not None
+            store.audit(
+                s,
+                at=now,
+                actor=user_id,
+                action=action,
+                incident=store.get(s, rem.incident_id),
+                detail={"remediation": remediation_id, "token": token[:6], **detail},
+            )
+            return True
+
+    def step(
+        self,
+        remediation_id: int,
+        *,
+        to_state: str,
+        action: str,
+        detail: Mapping[str, Any],
+        from_states: Iterable[str] | None = None,
+        actor: str = "ruleloop",
+        **fields: Any,
+    ) -> bool:
+        """Audit a step, then move the remediation to ``to_state`` (one transaction)."""
+        now = self._clock()
+        with self._db.transaction() as s:
+            query = update(Remediation).where(Remediation.id == remediation_id)
+            if from_states is not None:
+                query = query.where(Remediation.state.in_(list(from_states)))
+            moved = _rows(s, query.values(state=to_state, updated_at=now, **fields))
+            if moved != 1:
+                return False
+            rem = s.get(Remediation, remediation_id)
+            assert rem is not None
+            store.audit(
+                s,
+                at=now,
+                actor=actor,
+                action=action,
+                incident=store.get(s, rem.incident_id),
+                detail={"remediation": remediation_id, "state": to_state, **detail},
+            )
+            return True
+
+    def heartbeat(self, remediation_id: int) -> None:
+        """Mark a running remediation as alive (a restart resumes only stale ones)."""
+        with self._db.transaction() as s:
+            s.execute(
+                update(Remediation)
+                .where(Remediation.id == remediation_id)
+                .values(updated_at=self._clock())
+            )
+
+    def remember_card(self, remediation_id: int, *, channel: str, ts: str) -> None:
+        """Where the card is, so every step updates that one message."""
+        with self._db.transaction() as s:
+            s.execute(
+                update(Remediation)
+                .where(Remediation.id == remediation_id)
+                .values(channel=channel, ts=ts)
+            )
+
+    def add_canary(
+        self, *, incident_id: int, remediation_id: int | None, label: str, passed: bool,
+        report: Mapping[str, Any],
+    ) -> int:  # fmt: skip
+        """Keep a canary's full JSON report with the incident (the draft's matrix reads it)."""
+        with self._db.transaction() as s:
+            row = CanaryResult(
+                incident_id=incident_id,
+                remediation_id=remediation_id,
+                label=label,
+                passed=passed,
+                report=dict(report),
+                at=self._clock(),
+            )
+            s.add(row)
+            s.flush()
+            return row.id
+
+    def stale(self, *, older_than_s: float, states: Iterable[str]) -> list[Remediation]:
+        """Remediations in ``states`` whose last step or heartbeat is older than the limit."""
+        cutoff = self._clock() - dt.timedelta(seconds=older_than_s)
+        with self._db.transaction() as s:
+            query = select(Remediation).where(
+                Remediation.state.in_(list(states)), Remediation.updated_at < cutoff
+            )
+            return list(s.scalars(query.order_by(Remediation.id)).all())
+
+    def expired_pending(self) -> list[Remediation]:
+        """Pending remediations whose buttons have expired."""
+        now = self._clock()
+        with self._db.transaction() as s:
+            subjects = select(ActionToken.subject).where(
+                ActionToken.subject.like("remediation:%"), ActionToken.expires_at <= now
+            )
+            ids = {int(subject.split(":")[1]) for subject in s.scalars(subjects)}
+            if not ids:
+                return []
+            query = select(Remediation).where(
+                Remediation.id.in_(ids), Remediation.state == "pending"
+            )
+            return list(s.scalars(query).all())

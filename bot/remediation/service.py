@@ -1,0 +1,447 @@
+"""The remediation flow: /apply-adr or an Apply click -> approval -> apply -> canary -> keep or
+roll back, shown by updating one card in the incident's thread.
+
+Every step is written to the audit log (with the remediation's new state, in one transaction)
+before it starts. A bot that restarts mid-flow finds the unfinished remediation (its state and
+a stale heartbeat) and rolls it back to the flags recorded before the change, or says it could
+not. Nothing here imports Slack: the notifier renders the views.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from bot.adr.store import AdrStore
+from bot.config import Settings, Target
+from bot.diagnosis.ports import MessageRef
+from bot.diagnosis.tasks import TaskSupervisor
+from bot.errors import RuleloopError, UsageError
+from bot.remediation import actuators
+from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
+from bot.remediation.argv import diff, merge
+from bot.remediation.gate import GateResult, run_gate, verify_serving
+from bot.remediation.policy import Policy
+from bot.remediation.ports import ACTIVE, RemediationNotifier, RemediationView
+from bot.remediation.records import RemediationRecords
+from bot.store.db import Database
+from bot.store.models import Remediation
+
+log = logging.getLogger("ruleloop.remediation")
+HEARTBEAT_S = 20.0
+STALE_S = 90.0  # no step or heartbeat for this long: the replica running it is gone
+
+ThreadFinder = Callable[[int, str | None], Awaitable[MessageRef]]
+ActuatorFactory = Callable[[str, Target], Actuator]
+GateRunner = Callable[..., Awaitable[GateResult]]
+AfterChange = Callable[[int, str], Awaitable[None]]
+
+
+class RemediationService:
+    """Requests, approvals, the apply/canary/rollback run, expiry and resume after a restart."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        db: Database,
+        notifier: RemediationNotifier,
+        threads: ThreadFinder,
+        clock: Callable[[], dt.datetime],
+        tasks: TaskSupervisor,
+        actuator_for: ActuatorFactory = actuators.build,
+        gate: GateRunner = run_gate,
+        after_change: AfterChange | None = None,
+    ) -> None:
+        self.settings = settings
+        self.records = RemediationRecords(db=db, clock=clock)
+        self.policy = Policy(settings)
+        self._notifier = notifier
+        self._threads = threads
+        self._clock = clock
+        self._tasks = tasks
+        self._actuator_for = actuator_for
+        self._gate = gate
+        self._after_change = after_change
+
+    # --- request ------------------------------------------------------------------------
+    async def request(
+        self,
+        *,
+        user_id: str,
+        adr_id: str,
+        target: str | None = None,
+        incident_id: int | None = None,
+        channel_id: str | None = None,
+    ) -> str:
+        """Check a request, post its confirmation card; the returned text acknowledges it."""
+        adrs = AdrStore(root=self.settings.paths.adr)
+        adr = await asyncio.to_thread(adrs.get_or_raise, adr_id)
+        if target is None and incident_id is not None:
+            target = await asyncio.to_thread(self._incident_target, incident_id)
+        name, spec = self.settings.target(target)
+        plan = self.policy.check_request(user_id=user_id, adr=adr, target=name)
+        actuator = self._actuator_for(name, spec)
+        before = await actuator.current()
+        after = merge(before.flags, plan.change)
+        changes = diff(before.flags, after)
+        if not changes:
+            raise UsageError(
+                f"{name} already runs with {adr.id}'s flags; there is nothing to apply."
+            )
+        if incident_id is None:
+            incident_id = await asyncio.to_thread(
+                self.records.incident_for,
+                target=name,
+                user_id=user_id,
+                channel_id=channel_id,
+                adr_id=adr.id,
+            )
+        rem, tokens = await asyncio.to_thread(
+            self.records.create,
+            incident_id=incident_id,
+            adr_id=adr.id,
+            target=name,
+            user_id=user_id,
+            two_person=plan.two_person,
+            change=plan.change,
+            before=before.to_json(),
+            after_flags=after,
+            ttl_s=self.settings.remediation.approval_ttl_s,
+        )
+        thread = await self._threads(incident_id, channel_id)
+        ref = await self._notifier.post_remediation(
+            thread, view=await self._view(rem.id, tokens=tokens)
+        )
+        await asyncio.to_thread(self.records.remember_card, rem.id, channel=ref.channel, ts=ref.ts)
+        who = "another approver" if plan.two_person else "an approver"
+        return (
+            f"{adr.id} on {name}: the confirmation card is in the incident thread; "
+            f"{who} must approve it within "
+            f"{self.settings.remediation.approval_ttl_s / 60:.0f} minutes."
+        )
+
+    def _incident_target(self, incident_id: int) -> str | None:
+        from bot.store import service as store
+
+        with self.records._db.transaction() as s:  # noqa: SLF001 - same package
+            incident = store.get(s, incident_id)
+            if incident is None:
+                raise UsageError(f"there is no incident {incident_id}")
+            return incident.target
+
+    # --- buttons ------------------------------------------------------------------------
+    async def click(self, *, user_id: str, token: str) -> None:
+        """An Approve or Cancel click on a card: checked, then acted on exactly once."""
+        row = await asyncio.to_thread(self.records.token, token)
+        if row is None or not row.subject.startswith("remediation:"):
+            raise UsageError(
+                "This button is not one this bot issued (or its request was removed). "
+                "Nothing was changed."
+            )
+        rem = await asyncio.to_thread(self.records.get, int(row.subject.split(":")[1]))
+        if row.used_at is not None:
+            raise UsageError(
+                f"This button was already used by <@{row.used_by}> at "
+                f"{row.used_at:%H:%M:%S} UTC ({rem.adr_id} is now {rem.state}). "
+                "Nothing was changed."
+            )
+        if row.expires_at is not None and row.expires_at <= self._clock():
+            raise UsageError(
+                f"This button expired at {row.expires_at:%H:%M} UTC (approval buttons last "
+                f"{self.settings.remediation.approval_ttl_s / 60:.0f} minutes). Nothing was "
+                f"changed; ask again with `/apply-adr {rem.adr_id} {rem.target}`."
+            )
+        if rem.state != "pending":
+            raise UsageError(f"{rem.adr_id} on {rem.target} is already {rem.state}.")
+        if row.kind == "approve":
+            self.policy.check_approval(
+                user_id=user_id,
+                requested_by=rem.requested_by,
+                two_person=rem.approvals_needed > 1,
+                adr_id=rem.adr_id,
+            )
+            to_state, action = "approved", "remediation.approved"
+        else:
+            self.policy.check_cancel(user_id=user_id, requested_by=rem.requested_by)
+            to_state, action = "cancelled", "remediation.cancelled"
+        won = await asyncio.to_thread(
+            self.records.claim,
+            token=token,
+            user_id=user_id,
+            remediation_id=rem.id,
+            to_state=to_state,
+            action=action,
+            detail={"adr": rem.adr_id, "target": rem.target},
+        )
+        if not won:
+            raise UsageError("Someone else answered this request first. Nothing was changed.")
+        note = (
+            f"approved by <@{user_id}>"
+            if to_state == "approved"
+            else f"cancelled by <@{user_id}>; nothing was changed"
+        )
+        await self._show(rem.id, note=note)
+        if to_state == "approved":
+            self._tasks.spawn(self.execute(rem.id), name=f"remediation-{rem.id}")
+
+    # --- the run --------------------------------------------------------------------------
+    async def execute(self, remediation_id: int) -> None:
+        """Apply, canary, then keep or roll back; every step audited before it starts."""
+        heart = asyncio.create_task(self._heartbeat(remediation_id))
+        try:
+            await self._run(remediation_id)
+        except Exception as exc:
+            await self._crashed(remediation_id, exc)
+        finally:
+            heart.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heart
+        rem = await asyncio.to_thread(self.records.get, remediation_id)
+        if self._after_change is not None and rem.state in ("promoted", "rolled_back"):
+            try:
+                await self._after_change(rem.incident_id, rem.requested_by)
+            except Exception:
+                log.exception("post-incident draft for remediation %s failed", remediation_id)
+
+    async def _run(self, remediation_id: int) -> None:
+        rem = await asyncio.to_thread(self.records.get, remediation_id)
+        adr = AdrStore(root=self.settings.paths.adr).get_or_raise(rem.adr_id)
+        name, spec = self.settings.target(rem.target)
+        actuator = self._actuator_for(name, spec)
+        before = Deployed.from_json(rem.before)
+        flags = dict(rem.after["flags"])
+        if actuator.kind == "dry-run":
+            await self._step(
+                rem.id, "dry_run", "remediation.dry_run", {"flags": flags},
+                note="dry run: the flags above would be set; nothing was changed",
+            )  # fmt: skip
+            return
+        await self._step(
+            rem.id, "applying", "remediation.applying", {"flags": flags, "before": rem.before},
+            note=f"applying with the {actuator.kind} actuator…",
+        )  # fmt: skip
+        try:
+            deployed = await actuator.apply(flags)
+        except ActuatorError as exc:
+            await self._roll_back(rem, actuator, before, reason=f"the change failed: {exc}")
+            return
+        await self._step(
+            rem.id, "canary", "remediation.canary_started",
+            {"base_url": deployed.base_url, "flags": deployed.flags,
+             "workload": spec.canary.model_dump()},
+            note=f"canary: {spec.canary.num_requests} requests, {spec.canary.concurrency} "
+            f"streams against {deployed.base_url}…",
+            after=deployed.to_json(),
+        )  # fmt: skip
+        assert adr.gates is not None  # the policy refused ADRs without gates
+        try:
+            result = await self._gate(deployed.base_url, spec.canary, adr.gates)
+        except RuleloopError as exc:
+            await self._roll_back(rem, actuator, before, reason=f"the canary could not run: {exc}")
+            return
+        numbers = _numbers(result)
+        await asyncio.to_thread(
+            self.records.add_canary,
+            incident_id=rem.incident_id,
+            remediation_id=rem.id,
+            label=f"{adr.id} on {name}: " + " ".join(f"--{k}={v}" for k, v in rem.change.items()),
+            passed=result.passed,
+            report=result.report,
+        )
+        if not result.passed:
+            await self._roll_back(
+                rem, actuator, before,
+                reason="canary failed the gates: " + "; ".join(result.failures),
+                numbers=numbers, failures=result.failures,
+            )  # fmt: skip
+            return
+        await self._step(
+            rem.id, "promoting", "remediation.canary_passed", {"numbers": numbers},
+            note="canary passed; rolling out…", result={"numbers": numbers, "failures": []},
+        )  # fmt: skip
+        try:
+            await actuator.promote(flags)
+        except ActuatorError as exc:
+            await self._roll_back(rem, actuator, before, reason=f"the rollout failed: {exc}")
+            return
+        await self._step(
+            rem.id, "promoted", "remediation.promoted", {"numbers": numbers, "flags": flags},
+            note="kept: the canary met every gate",
+        )  # fmt: skip
+
+    async def _roll_back(
+        self,
+        rem: Remediation,
+        actuator: Actuator,
+        before: Deployed,
+        *,
+        reason: str,
+        numbers: dict[str, float | None] | None = None,
+        failures: list[str] | None = None,
+    ) -> None:
+        result = {"numbers": numbers or {}, "failures": failures or [], "reason": reason}
+        await self._step(
+            rem.id, "rolling_back", "remediation.rolling_back", {"reason": reason},
+            note=f"{reason}; rolling back…", result=result,
+        )  # fmt: skip
+        try:
+            restored = await actuator.rollback(before)
+            await verify_serving(restored.base_url)
+        except Exception as exc:
+            error = (
+                str(exc) if isinstance(exc, RuleloopError) else f"unexpected {type(exc).__name__}"
+            )
+            log.error("rollback of remediation %s failed", rem.id, exc_info=exc)
+            await self._step(
+                rem.id, "failed", "remediation.rollback_failed", {"error": error},
+                note=f"{reason}; the ROLLBACK FAILED: {error}. Manual action needed: restore "
+                f"{_flags_text(before.flags)} on {rem.target}.",
+            )  # fmt: skip
+            return
+        await self._step(
+            rem.id, "rolled_back", "remediation.rolled_back", {"flags": restored.flags},
+            note=f"{reason}. Rolled back: {_flags_text(restored.flags)} serve again.",
+        )  # fmt: skip
+
+    async def _crashed(self, remediation_id: int, exc: BaseException) -> None:
+        error_id = uuid.uuid4().hex[:8]
+        log.error("remediation %s failed (id %s)", remediation_id, error_id, exc_info=exc)
+        text = str(exc) if isinstance(exc, RuleloopError) else f"unexpected error (id {error_id})"
+        with contextlib.suppress(Exception):
+            await self._step(
+                remediation_id, "failed", "remediation.failed", {"error": text},
+                note=f"stopped: {text}. Check the target's flags by hand.",
+            )  # fmt: skip
+
+    async def _heartbeat(self, remediation_id: int) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            await asyncio.to_thread(self.records.heartbeat, remediation_id)
+
+    # --- housekeeping (at startup and on a schedule) ----------------------------------------
+    async def resume(self, *, stale_s: float = STALE_S) -> int:
+        """Finish what a stopped bot left half done: roll back to the recorded flags."""
+        stale = await asyncio.to_thread(self.records.stale, older_than_s=stale_s, states=ACTIVE)
+        for rem in stale:
+            won = await asyncio.to_thread(
+                self.records.step,
+                rem.id,
+                to_state="rolling_back" if rem.state != "approved" else "interrupted",
+                action="remediation.resumed",
+                detail={"found_in": rem.state},
+                from_states=[rem.state],
+            )
+            if not won:
+                continue  # another replica took it
+            if rem.state == "approved":  # nothing was applied yet
+                await self._show(
+                    rem.id, note="the bot restarted before applying; nothing was changed"
+                )
+                continue
+            name, spec = self.settings.target(rem.target)
+            await self._roll_back(
+                rem,
+                self._actuator_for(name, spec),
+                Deployed.from_json(rem.before),
+                reason=f"the bot restarted while this change was {rem.state}",
+            )
+        return len(stale)
+
+    async def expire_due(self) -> int:
+        """Pending requests whose buttons expired: mark them expired and say so on the card."""
+        expired = await asyncio.to_thread(self.records.expired_pending)
+        count = 0
+        for rem in expired:
+            if await asyncio.to_thread(
+                self.records.step,
+                rem.id,
+                to_state="expired",
+                action="remediation.expired",
+                detail={},
+                from_states=["pending"],
+            ):
+                count += 1
+                await self._show(rem.id, note="nobody approved in time; nothing was changed")
+        return count
+
+    # --- showing ---------------------------------------------------------------------------
+    async def _step(
+        self,
+        remediation_id: int,
+        state: str,
+        action: str,
+        detail: dict[str, Any],
+        *,
+        note: str,
+        **fields: Any,
+    ) -> None:
+        await asyncio.to_thread(
+            self.records.step, remediation_id, to_state=state, action=action,
+            detail=detail, **fields,
+        )  # fmt: skip
+        await self._show(remediation_id, note=note)
+
+    async def _show(self, remediation_id: int, *, note: str) -> None:
+        rem = await asyncio.to_thread(self.records.get, remediation_id)
+        if rem.channel is None or rem.ts is None:
+            return
+        view = await self._view(remediation_id, note=note)
+        try:
+            await self._notifier.update_remediation(
+                MessageRef(channel=rem.channel, ts=rem.ts), view=view
+            )
+        except RuleloopError:
+            log.warning("could not update the card of remediation %s", remediation_id)
+
+    async def _view(
+        self, remediation_id: int, *, tokens: dict[str, str] | None = None, note: str = ""
+    ) -> RemediationView:
+        rem = await asyncio.to_thread(self.records.get, remediation_id)
+        subject = f"remediation:{rem.id}"
+        if tokens is None:
+            tokens = (
+                await asyncio.to_thread(self.records.tokens, subject)
+                if rem.state == "pending"
+                else {}
+            )
+        adr = AdrStore(root=self.settings.paths.adr).find(rem.adr_id)
+        gates = adr[1].gates.model_dump(exclude_none=True) if adr and adr[1].gates else {}
+        spec = self.settings.targets.get(rem.target)
+        return RemediationView(
+            id=rem.id,
+            adr_id=rem.adr_id,
+            adr_title=adr[1].title if adr else "",
+            target=rem.target,
+            actuator=spec.actuator.kind if spec and spec.actuator else "none",
+            requested_by=rem.requested_by,
+            state=rem.state,
+            diff=diff(rem.before.get("flags", {}), rem.after.get("flags", {})),
+            gates=gates,
+            two_person=rem.approvals_needed > 1,
+            approved_by=list(rem.approved_by),
+            expires_at=await asyncio.to_thread(self.records.expires_at, subject),
+            tokens=tokens,
+            note=note,
+            numbers=dict(rem.result.get("numbers", {})),
+            failures=list(rem.result.get("failures", [])),
+        )
+
+
+def _numbers(result: GateResult) -> dict[str, float | None]:
+    v = result.values
+    return {
+        "ttft_p99_ms": v.ttft_p99_ms,
+        "tpot_p99_ms": v.tpot_p99_ms,
+        "goodput_ratio": v.goodput_ratio,
+        "kv_fragmentation": v.kv_fragmentation,
+    }
+
+
+def _flags_text(flags: dict[str, Any]) -> str:
+    return " ".join(f"--{k}={v}" for k, v in sorted(flags.items())) or "the previous flags"

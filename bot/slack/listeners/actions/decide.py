@@ -1,0 +1,16 @@
+"""Approve / Cancel on a remediation card: single-use buttons, checked, acted on once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.context.async_context import AsyncBoltContext
+
+
+async def handle(
+    ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], context: AsyncBoltContext
+) -> None:
+    """Ack, then act; a refusal is answered (only to the clicker) by the error handler."""
+    await ack()
+    await context["remediation"].click(user_id=body["user"]["id"], token=str(action["value"]))

@@ -1,0 +1,240 @@
+"""Block Kit views of the remediation card and the ADR draft, and their console text.
+
+The card is one message, updated in place at every step: the exact flag diff and the gates
+first (what is being approved), then where it stands, then the numbers and the verdict.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slack_sdk.models.blocks import (
+    ActionsBlock,
+    Block,
+    ButtonElement,
+    ContextBlock,
+    HeaderBlock,
+    MarkdownTextObject,
+    SectionBlock,
+)
+
+from bot.remediation.ports import STATES, DraftView, RemediationView
+
+DECIDE_ACTIONS = ("remediation_approve", "remediation_deny")
+REVIEW_ACTIONS = ("adr_draft_accept", "adr_draft_reject")
+STATE_MARK = {
+    "promoted": ":white_check_mark:",
+    "rolled_back": ":leftwards_arrow_with_hook:",
+    "failed": ":rotating_light:",
+    "cancelled": ":no_entry_sign:",
+    "expired": ":hourglass:",
+    "dry_run": ":memo:",
+}
+GATE_LABELS = {
+    "max_ttft_p99_ms": ("TTFT p99", "≤", "ms"),
+    "max_tpot_p99_ms": ("TPOT p99", "≤", "ms"),
+    "min_goodput_ratio": ("goodput", "≥", "ratio"),
+    "max_kv_fragmentation": ("KV fragmentation", "≤", "ratio"),
+}
+NUMBER_LABELS = {
+    "ttft_p99_ms": ("TTFT p99", "ms"),
+    "tpot_p99_ms": ("TPOT p99", "ms"),
+    "goodput_ratio": ("goodput", "ratio"),
+    "kv_fragmentation": ("KV fragmentation", "ratio"),
+}
+
+
+def _value(value: float | None, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    return f"{value:,.1f} ms" if unit == "ms" else f"{value * 100:.1f} %"
+
+
+def _flag(value: object) -> str:
+    if value is None:
+        return "(unset)"
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    return str(value)
+
+
+def diff_lines(view: RemediationView) -> list[str]:
+    """'--max-num-batched-tokens: 8192 -> 2048', one per changed flag."""
+    return [f"--{name}: {_flag(old)} → {_flag(new)}" for name, old, new in view.diff]
+
+
+def gate_lines(gates: dict[str, float]) -> list[str]:
+    """'TTFT p99 ≤ 350.0 ms', one per gate."""
+    out = []
+    for key, limit in gates.items():
+        label, op, unit = GATE_LABELS[key]
+        out.append(f"{label} {op} {_value(limit, unit)}")
+    return out
+
+
+def number_lines(numbers: dict[str, float | None]) -> list[str]:
+    """'TTFT p99 212.4 ms', one per measured number."""
+    return [
+        f"{label} {_value(numbers.get(key), unit)}"
+        for key, (label, unit) in NUMBER_LABELS.items()
+        if key in numbers
+    ]
+
+
+def card_text(view: RemediationView) -> str:
+    """The card as plain text (notification text, and the console)."""
+    mark = STATE_MARK.get(view.state, ":gear:")
+    lines = [
+        f"{mark} {view.adr_id} on {view.target}: {STATES.get(view.state, view.state)}",
+        f"requested by <@{view.requested_by}> · actuator {view.actuator}"
+        + (" · two-person rule" if view.two_person else ""),
+        "flags: " + "; ".join(diff_lines(view)),
+        "gates: " + ("; ".join(gate_lines(view.gates)) or "none"),
+    ]
+    if view.approved_by:
+        lines.append("approved by " + ", ".join(f"<@{u}>" for u in view.approved_by))
+    if view.numbers:
+        lines.append("canary: " + "; ".join(number_lines(view.numbers)))
+    if view.failures:
+        lines.append("failed gates: " + "; ".join(view.failures))
+    if view.note:
+        lines.append(view.note)
+    if view.state == "pending" and view.expires_at is not None:
+        lines.append(f"buttons expire at {view.expires_at:%H:%M} UTC")
+    return "\n".join(lines)
+
+
+def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
+    """The card's blocks: header, diff, gates, state, numbers, and the buttons while pending."""
+    mark = STATE_MARK.get(view.state, ":gear:")
+    summary = f"{view.adr_id} on {view.target}: {STATES.get(view.state, view.state)}"
+    blocks: list[Block] = [
+        HeaderBlock(text=f"Apply {view.adr_id} to {view.target}"[:150]),
+        SectionBlock(
+            text=MarkdownTextObject(
+                text=(f"*{view.adr_title}*\n" if view.adr_title else "")
+                + "*Flag changes* (only these):\n```"
+                + "\n".join(diff_lines(view))
+                + "```"
+            ),
+        ),
+        SectionBlock(
+            text=MarkdownTextObject(
+                text="*Canary gates* (all must hold, else automatic rollback):\n"
+                + ("\n".join(f"• {g}" for g in gate_lines(view.gates)) or "none")
+            )
+        ),
+        SectionBlock(text=MarkdownTextObject(text=f"{mark} *{summary}*"[:3000])),
+    ]
+    details = []
+    if view.numbers:
+        details.append("*Canary:* " + " · ".join(number_lines(view.numbers)))
+    if view.failures:
+        details.append("*Failed gates:* " + "; ".join(view.failures))
+    if view.note:
+        details.append(view.note)
+    if details:
+        blocks.append(SectionBlock(text=MarkdownTextObject(text="\n".join(details)[:3000])))
+    who = f"Requested by <@{view.requested_by}> · actuator `{view.actuator}`"
+    if view.two_person:
+        who += " · two-person rule: the approver must be someone else"
+    if view.approved_by:
+        who += " · approved by " + ", ".join(f"<@{u}>" for u in view.approved_by)
+    if view.state == "pending" and view.expires_at is not None:
+        who += f" · buttons expire {view.expires_at:%H:%M} UTC"
+    blocks.append(ContextBlock(elements=[MarkdownTextObject(text=who[:3000])]))
+    if view.state == "pending" and view.tokens:
+        blocks.append(
+            ActionsBlock(
+                elements=[
+                    ButtonElement(
+                        text="Approve and apply",
+                        action_id=DECIDE_ACTIONS[0],
+                        value=view.tokens["approve"],
+                        style="primary",
+                    ),
+                    ButtonElement(
+                        text="Cancel",
+                        action_id=DECIDE_ACTIONS[1],
+                        value=view.tokens["deny"],
+                        style="danger",
+                    ),
+                ]
+            )
+        )
+    return summary, [b.to_dict() for b in blocks]
+
+
+def matrix_lines(view: DraftView) -> list[str]:
+    """The Metrics Matrix rows as short lines."""
+    out = []
+    for row in view.matrix:
+        numbers = " · ".join(
+            f"{label} {_value(row.get(key), unit)}" for key, (label, unit) in NUMBER_LABELS.items()
+        )
+        out.append(
+            f"{row['config']}: {numbers}" + (f" → {row['verdict']}" if row["verdict"] else "")
+        )
+    return out
+
+
+def draft_text(view: DraftView) -> str:
+    """The draft's summary as plain text."""
+    lines = [f"ADR draft {view.adr_id} ({view.state}): {view.title}", *matrix_lines(view)]
+    lines.append(f"file: {view.path}")
+    if view.reviewed_by:
+        lines.append(f"{view.state} by <@{view.reviewed_by}>")
+    if view.note:
+        lines.append(view.note)
+    return "\n".join(lines)
+
+
+def draft_message(view: DraftView) -> tuple[str, list[dict[str, Any]]]:
+    """The draft's summary with Accept / Reject while it is proposed."""
+    text = f"Post-incident ADR draft {view.adr_id}: {view.title}"
+    rows = "\n".join(f"• {line}" for line in matrix_lines(view)) or "no measurements"
+    reviewers = (
+        "anyone" if "*" in view.reviewers else ", ".join(f"<@{u}>" for u in view.reviewers)
+    ) or "nobody yet (set [access] review)"
+    blocks: list[Block] = [
+        SectionBlock(text=MarkdownTextObject(text=f"*{text}*"[:3000])),
+        SectionBlock(text=MarkdownTextObject(text=f"*Metrics Matrix*\n{rows}"[:3000])),
+        ContextBlock(
+            elements=[
+                MarkdownTextObject(
+                    text=f"State: *{view.state}* · file `{view.path}` · author <@{view.author}> · "
+                    f"reviewers: {reviewers} (not the author)"[:3000]
+                )
+            ]
+        ),
+    ]
+    if view.reviewed_by:
+        blocks.append(
+            SectionBlock(
+                text=MarkdownTextObject(
+                    text=f"{view.state.capitalize()} by <@{view.reviewed_by}>. {view.note}"[:3000]
+                )
+            )
+        )
+    if view.state == "proposed" and view.tokens:
+        blocks.append(
+            ActionsBlock(
+                elements=[
+                    ButtonElement(
+                        text="Accept",
+                        action_id=REVIEW_ACTIONS[0],
+                        value=view.tokens["accept"],
+                        style="primary",
+                    ),
+                    ButtonElement(
+                        text="Reject",
+                        action_id=REVIEW_ACTIONS[1],
+                        value=view.tokens["reject"],
+                        style="danger",
+                    ),
+                ]
+            )
+        )
+    return text, [b.to_dict() for b in blocks]
