@@ -1,77 +1,69 @@
-"""`ruleloop demo`: the main job on embedded defaults.
+"""`ruleloop demo`: the main job on embedded defaults, no Slack workspace and no GPU needed.
 
-Starts the local engine, runs a canary against it and prints the four-metric baseline. Needs no
-Slack workspace and no GPU.
+Replays the article's incident in miniature on the local CPU engine (see bot/demo/scenario.py):
+a badly configured engine under mixed load, an alert, the diagnosis, the matching ADR applied
+behind its canary gates, and the post-incident ADR drafted. The transcript (what the bot would
+post in Slack) goes to stdout; progress to stderr.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
+import sys
 from pathlib import Path
 
 import click
 
-from bot.canary.render import summary_table
-from bot.canary.report import Gates
-from bot.canary.workload import Workload
-from bot.cli.canary import run_canary
 from bot.cli.engine import state_dir_option
-from bot.engine.process import EngineManager, free_port
+from bot.demo.scenario import BAD_FLAGS, Demo, workspace
+from bot.engine.process import EngineManager, default_state_dir, free_port
 
 
 @click.command("demo")
-@click.option("--concurrency", type=click.IntRange(min=1), default=32, show_default=True)
-@click.option("--num-requests", type=click.IntRange(min=1), default=128, show_default=True)
-@click.option("--prompt-length", type=click.IntRange(min=1), default=512, show_default=True)
-@click.option("--output-length", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--output-json", type=click.Path(dir_okay=False, path_type=Path), default=None)
 @click.option("--keep", is_flag=True, help="Leave the engine running afterwards.")
+@click.option(
+    "--adr-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("adr"),
+    show_default=True,
+    help="ADRs to start from (copied; the demo never changes them).",
+)
 @state_dir_option
-def demo(
-    concurrency: int,
-    num_requests: int,
-    prompt_length: int,
-    output_length: int,
-    output_json: Path | None,
-    keep: bool,
-    state_dir: Path | None,
-) -> None:
-    """Start a local vLLM engine and print its four-metric baseline from a canary run."""
-    manager = EngineManager(state_dir=state_dir)
+def demo(keep: bool, adr_dir: Path, state_dir: Path | None) -> None:
+    """Replay a latency incident on a local vLLM engine: alert, diagnosis, ADR fix, draft.
+
+    \b
+    1. a workspace with copies of the ADRs (plus one for the CPU engine) and a runbook
+    2. vLLM on the CPU with a bad flag (--max-num-batched-tokens 8192)
+    3. chats, impatient clients and long shared system prompts load it
+    4. an Alertmanager alert goes to the bot's webhook; the bot diagnoses
+    5. the matching ADR is requested and approved by a second person
+    6. the engine restarts with the fix; a canary checks the ADR's gates (rollback if not met)
+    7. the post-incident ADR is drafted; it is printed at the end
+    Takes a few minutes; nothing outside the workspace is changed.
+    """
+    say = lambda text: click.echo(text, err=True)  # noqa: E731
+    root = state_dir or default_state_dir()
+    ws = workspace(root, adr_dir)
+    say(f"1/7 workspace {ws}")
+    manager = EngineManager(state_dir=root)
     port = free_port()
-    flags = ["--enforce-eager"]
-    click.echo(f"1/3 starting vLLM (CPU, tiny dummy-weight model) on port {port} ...", err=True)
-    info = manager.start(
-        port=port, flags=flags, on_progress=lambda s: click.echo(f"    {s}", err=True)
-    )
+    say(f"2/7 starting vLLM (CPU, tiny model) on port {port} with {' '.join(BAD_FLAGS)} ...")
+    info = manager.start(port=port, flags=BAD_FLAGS, on_progress=lambda s: say(f"    {s}"))
     try:
-        click.echo(
-            f"2/3 canary: {num_requests} requests, {concurrency} streams, "
-            f"{prompt_length} prompt + {output_length} output tokens ...",
-            err=True,
+        scenario = Demo(
+            ws=ws, base_url=info.base_url, manager=manager, say=say, transcript=sys.stdout
         )
-        workload = Workload(
-            endpoint=f"{info.base_url}/v1/completions",
-            concurrency=concurrency,
-            num_requests=num_requests,
-            prompt_length=prompt_length,
-            output_length=output_length,
-            warmup_requests=min(concurrency, 8),
-        )
-        report = run_canary(
-            workload, gates=Gates(), metrics_url=f"{info.base_url}/metrics", progress=True
-        )
+        draft = asyncio.run(scenario.run())
     finally:
         if not keep:
             manager.stop(port)
-    click.echo("3/3 baseline (flags: " + " ".join(flags) + ")\n")
-    click.echo(summary_table(report))
-    if output_json:
-        output_json.write_text(json.dumps(report, indent=2))
+    if draft is not None:
+        click.echo(f"\n----- {draft} -----\n")
+        click.echo(draft.read_text(encoding="utf-8"))
+    say(f"\ntranscript above; the workspace (store, ADRs, drafts) is {ws}")
     if keep:
-        click.echo(
-            f"\nengine left running at {info.base_url}; stop: ruleloop engine down --port {port}"
-        )
+        say(f"engine left running at {info.base_url}; stop: ruleloop engine down --port {port}")
 
 
 def register(cli: click.Group) -> None:
