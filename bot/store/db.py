@@ -1,7 +1,12 @@
-"""The database: engine, transactions, schema creation, and the audit log's append-only guard.
+"""The database: engine, transactions, schema migrations, and the audit log's append-only guard.
+
+The schema is Alembic's (``bot/store/migrations``): ``create_schema`` upgrades any database to
+the newest revision, an empty one included. On PostgreSQL the upgrade holds an advisory lock, so
+replicas starting at once migrate one after the other (the later ones find nothing to do).
 
 The audit log is append-only twice over: the ORM refuses to flush an update or delete of an
-``AuditEntry``, and on SQLite and PostgreSQL a trigger refuses it in the database itself.
+``AuditEntry``, and on SQLite and PostgreSQL a trigger (made by the first migration) refuses it
+in the database itself.
 """
 
 from __future__ import annotations
@@ -9,35 +14,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import DDL, create_engine, event
+from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from bot.errors import UsageError
-from bot.store.models import AuditEntry, Base
+from bot.store.models import AuditEntry
 
-_SQLITE_GUARD = """
-CREATE TRIGGER IF NOT EXISTS audit_log_append_only_{op} BEFORE {op} ON audit_log
-BEGIN SELECT RAISE(ABORT, 'audit_log is append-only'); END
-"""
-_PG_GUARD = """
-CREATE OR REPLACE FUNCTION audit_log_append_only() RETURNS trigger AS $$
-BEGIN RAISE EXCEPTION 'audit_log is append-only'; END $$ LANGUAGE plpgsql;
-DROP TRIGGER IF EXISTS audit_log_append_only ON audit_log;
-CREATE TRIGGER audit_log_append_only BEFORE UPDATE OR DELETE ON audit_log
-FOR EACH ROW EXECUTE FUNCTION audit_log_append_only();
-"""
+if TYPE_CHECKING:
+    from alembic.config import Config
 
-for _op in ("UPDATE", "DELETE"):
-    event.listen(
-        AuditEntry.__table__,
-        "after_create",
-        DDL(_SQLITE_GUARD.format(op=_op)).execute_if(dialect="sqlite"),
-    )
-event.listen(AuditEntry.__table__, "after_create", DDL(_PG_GUARD).execute_if(dialect="postgresql"))
+MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATION_LOCK = 0x72756C65  # pg_advisory_xact_lock key of schema upgrades ("rule")
 
 
 class AppendOnlyError(RuntimeError):
@@ -73,7 +64,10 @@ class Database:
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     def create_schema(self) -> None:
-        """Create missing tables (and the audit guard); UsageError when the database is unusable."""
+        """Upgrade the schema to the newest migration (an empty database gets all of it).
+
+        UsageError when the database cannot be opened.
+        """
         where = self.url.render_as_string(hide_password=True)
         try:
             if self.url.get_backend_name() == "sqlite" and self.url.database not in (
@@ -82,11 +76,38 @@ class Database:
                 ":memory:",
             ):
                 Path(self.url.database).parent.mkdir(parents=True, exist_ok=True)
-            Base.metadata.create_all(self.engine)
+            self.migrate("head")
         except OSError as exc:
             raise UsageError(f"cannot open the incident store {where}: {exc}") from None
         except OperationalError as exc:
             raise UsageError(f"cannot open the incident store {where}: {exc.orig}") from None
+
+    def migrate(self, revision: str = "head") -> None:
+        """Upgrade to ``revision`` in one transaction (serialized across replicas on PostgreSQL)."""
+        from alembic import command
+
+        with self.engine.begin() as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execute(
+                    text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK}
+                )
+            command.upgrade(self.alembic_config(connection), revision)
+
+    def revision(self) -> str | None:
+        """The schema revision the database is at (None: never migrated)."""
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+
+    def alembic_config(self, connection: Connection) -> Config:
+        """An Alembic config that migrates ``connection`` with the package's migrations."""
+        from alembic.config import Config
+
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS).replace("%", "%%"))
+        config.attributes["connection"] = connection
+        return config
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:

@@ -1,0 +1,93 @@
+"""Schema migrations (Alembic) on SQLite and a real PostgreSQL: the models and the migrated schema
+agree, replicas starting at once migrate safely, and the package ships its migrations."""
+
+from __future__ import annotations
+
+import tomllib
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect, text
+
+from bot.store.db import MIGRATIONS, Database
+from bot.store.models import Base
+from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
+
+ROOT = Path(__file__).parent.parent
+
+
+def new_url(request: pytest.FixtureRequest, tmp_path: Path, backend: str) -> str:
+    """The URL of a new, empty database on ``backend``."""
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'state' / 'ruleloop.db'}"
+    server = request.getfixturevalue("postgres")
+    name = f"m_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    return f"{server}/{name}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
+    """A new database with no schema yet, on each backend."""
+    database = Database(new_url(request, tmp_path, request.param))
+    yield database
+    database.dispose()
+
+
+def head() -> str:
+    """The newest revision of the shipped migrations."""
+    heads = ScriptDirectory(str(MIGRATIONS)).get_heads()
+    assert len(heads) == 1, f"the migrations branch: heads {heads}"
+    return heads[0]
+
+
+def test_migrations_match_the_models(empty: Database) -> None:
+    empty.create_schema()
+    with empty.engine.connect() as connection:
+        diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
+    assert diff == [], (
+        "the models and the migrations disagree: add a revision under bot/store/migrations/"
+        f"versions (`ruleloop db revision -m '...'` writes one from the models): {diff}"
+    )
+    assert empty.revision() == head()
+
+
+def test_migrations_upgrade_is_idempotent_and_downgrades(empty: Database) -> None:
+    empty.create_schema()
+    empty.create_schema()
+    assert empty.revision() == head()
+    with empty.engine.begin() as connection:
+        command.downgrade(empty.alembic_config(connection), "base")
+    assert set(inspect(empty.engine).get_table_names()) <= {"alembic_version"}
+    empty.create_schema()
+    assert set(Base.metadata.tables) <= set(inspect(empty.engine).get_table_names())
+
+
+def test_migrations_replicas_starting_at_once(empty: Database) -> None:
+    """Four replicas (own engines) upgrade one empty database at the same moment: none fails."""
+    replicas = [Database(str(empty.url.render_as_string(hide_password=False))) for _ in range(4)]
+    try:
+        with ThreadPoolExecutor(len(replicas)) as pool:
+            list(pool.map(lambda db: db.create_schema(), replicas))
+        assert {db.revision() for db in replicas} == {head()}
+    finally:
+        for db in replicas:
+            db.dispose()
+
+
+def test_migrations_ship_with_the_package() -> None:
+    versions = MIGRATIONS / "versions"
+    assert (MIGRATIONS / "__init__.py").exists() and (versions / "__init__.py").exists()
+    assert (MIGRATIONS / "env.py").exists() and any(versions.glob("0001_*.py"))
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "store/migrations/script.py.mako" in config["tool"]["setuptools"]["package-data"]["bot"]
