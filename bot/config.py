@@ -231,6 +231,29 @@ class ServerSettings(_Section):
     port: int = Field(default=3000, ge=0, lt=65536, description="0: any free port")
 
 
+class ScheduledTarget(_Section):
+    """One target's overrides of the scheduler (intervals in seconds; 0 turns the job off)."""
+
+    baseline_every_s: float | None = Field(default=None, ge=0)
+    snapshot_every_s: float | None = Field(default=None, ge=0)
+    adrs: list[str] = Field(default_factory=list)  # in force here while none was promoted here
+
+
+class SchedulerSettings(_Section):
+    """Scheduled jobs (intervals in seconds, 0 turns a job off); replicas share them by lease."""
+
+    enabled: bool = True
+    baseline_every_s: float = Field(default=3600.0, ge=0)  # canary vs the ADRs in force
+    snapshot_every_s: float = Field(default=300.0, ge=0)  # the four numbers, kept as "normal"
+    snapshot_window_s: float = Field(default=10.0, gt=0, le=600)
+    normal_of_last: int = Field(default=12, ge=1)  # "normal" is the median of these snapshots
+    draft_reminder_after_s: float = Field(default=86400.0, gt=0)
+    draft_reminder_every_s: float = Field(default=900.0, ge=0)
+    approval_sweep_every_s: float = Field(default=30.0, ge=0)
+    lease_ttl_s: float = Field(default=60.0, gt=0)  # a silent replica's job is taken over after
+    targets: dict[str, ScheduledTarget] = Field(default_factory=dict)
+
+
 class Settings(_Section):
     """Everything the bot is configured with."""
 
@@ -245,6 +268,7 @@ class Settings(_Section):
     alertmanager: AlertmanagerSettings = Field(default_factory=AlertmanagerSettings)
     server: ServerSettings = Field(default_factory=ServerSettings)
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
+    scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
 
     @field_validator("default_target")
     @classmethod
