@@ -151,6 +151,8 @@ class CanarySpec(_Section):
     background_prompt_length: int = Field(default=2048, ge=1)
     background_output_length: int = Field(default=16, ge=1)
     timeout_s: float = Field(default=300.0, gt=0)
+    # also measure the flags serving now, before the change: the matrix then compares both
+    baseline: bool = False
 
 
 class Target(_Section):
@@ -169,6 +171,8 @@ class Target(_Section):
     actuator: ActuatorSpec | None = None
     canary: CanarySpec = Field(default_factory=CanarySpec)
     two_person: bool = False  # changes need a second approver who is not the requester
+    # bearer token of the gateway's /admin/limits, for ADRs with `fix.gateway` rules
+    gateway_admin_token_file: Path | None = None
 
     @field_validator("vllm_url", "gateway_url", "prometheus_url")
     @classmethod

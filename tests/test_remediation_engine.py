@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,11 @@ import pytest
 from sqlalchemy import select
 
 from bot.adr.store import AdrStore
+from bot.engine.model import SERVED_MODEL_NAME
 from bot.engine.process import EngineManager, free_port
+from bot.gateway.app import Gateway
+from bot.gateway.limits import Limits
+from bot.gateway.server import GatewayServer, upstream_client
 from bot.probes.exposition import Exposition
 from bot.remediation.actuators.local import process_argv
 from bot.remediation.argv import read_flags
@@ -34,11 +38,13 @@ LAUNCH = ["--enforce-eager", "--max-num-seqs", "16"]
 KEEP = "ADR-20261129-11"  # gates this engine meets
 FAIL = "ADR-20261129-12"  # a TPOT gate no engine meets
 HANG = "ADR-20261129-13"
+ADMIN_TOKEN = "gateway-admin-secret"
 CANARY = {"concurrency": 4, "num_requests": 12, "prompt_length": 128, "output_length": 16}
 
 
-def adr_text(adr_id: str, flags: dict[str, Any], gates: str) -> str:
+def adr_text(adr_id: str, flags: dict[str, Any], gates: str, gateway: str = "") -> str:
     engine_args = "".join(f"    {k}: {json.dumps(v)}\n" for k, v in flags.items())
+    engine_args += f"  gateway:\n{gateway}" if gateway else ""
     return (
         f"---\nid: {adr_id}\ntitle: Test fix {adr_id}\nstatus: accepted\ndate: 2026-11-29\n"
         f"deciders:\n- test\nmatch: []\nfix:\n  engine_args:\n{engine_args}gates:\n{gates}---\n\n"
@@ -48,6 +54,16 @@ def adr_text(adr_id: str, flags: dict[str, Any], gates: str) -> str:
         "| :--- | :--- | :--- | :--- | :--- | :--- |\n\n"
         "## 3. 固化的系统规则 (Solidified Rules)\n\n- test\n"
     )
+
+
+@pytest.fixture
+async def gateway(local_engine: tuple[EngineManager, int]) -> AsyncIterator[tuple[str, Gateway]]:
+    """A real gateway (uvicorn, in this loop) in front of the engine, admin endpoint on."""
+    client = upstream_client(f"http://127.0.0.1:{local_engine[1]}")
+    app = Gateway(client=client, limits=Limits(), admin_token=ADMIN_TOKEN)
+    async with GatewayServer(app) as server:
+        yield server.base_url, app
+    await client.aclose()
 
 
 @pytest.fixture(scope="module")
@@ -61,24 +77,31 @@ def local_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Eng
         manager.stop(port)
 
 
-def make_harness(tmp_path: Path, slack: FakeSlack, manager: EngineManager, port: int) -> Harness:
-    target = {
+def make_harness(
+    tmp_path: Path, slack: FakeSlack, manager: EngineManager, port: int, gateway: str | None = None
+) -> Harness:
+    token_file = tmp_path / "gateway-admin-token"
+    token_file.write_text(ADMIN_TOKEN)
+    target: dict[str, Any] = {
         "vllm_url": f"http://127.0.0.1:{port}",
         "actuator": {"kind": "local", "flags": LAUNCH, "state_dir": str(manager.state_dir),
                      "start_timeout_s": 600},
         "canary": CANARY,
     }  # fmt: skip
+    if gateway is not None:
+        target |= {"gateway_url": gateway, "gateway_admin_token_file": str(token_file)}
     h = harness(tmp_path, slack=slack, targets={"local": target})
     adr_dir = tmp_path / "adr"
     generous = "  max_ttft_p99_ms: 60000\n  max_tpot_p99_ms: 5000\n  min_goodput_ratio: 0.5\n"
     flags = {"max-num-batched-tokens": 1024, "num-gpu-blocks-override": 512}
-    for adr_id, change, gates in (
-        (KEEP, flags, generous),
-        (FAIL, {"max-num-batched-tokens": 512}, "  max_tpot_p99_ms: 0.001\n"),
-        (HANG, {"max-num-batched-tokens": 768}, generous),
-    ):
+    for adr_id, change, gates, rules in (
+        (KEEP, flags, generous, "    require_request_timeout: true\n    upstream_timeout_s: 30.0\n"),
+        (FAIL, {"max-num-batched-tokens": 512}, "  max_tpot_p99_ms: 0.001\n",
+         "    max_in_flight_tokens: 4096\n"),
+        (HANG, {"max-num-batched-tokens": 768}, generous, ""),
+    ):  # fmt: skip
         if not (adr_dir / f"{adr_id}-t.md").exists():
-            (adr_dir / f"{adr_id}-t.md").write_text(adr_text(adr_id, change, gates))
+            (adr_dir / f"{adr_id}-t.md").write_text(adr_text(adr_id, change, gates, rules))
     return h
 
 
@@ -124,10 +147,13 @@ async def finished(h: Harness, remediation_id: int, *, timeout_s: float = 900) -
 
 
 async def test_an_accepted_adr_is_applied_kept_and_drafted(
-    tmp_path: Path, slack: FakeSlack, local_engine: tuple[EngineManager, int]
+    tmp_path: Path,
+    slack: FakeSlack,
+    local_engine: tuple[EngineManager, int],
+    gateway: tuple[str, Gateway],
 ) -> None:
     manager, port = local_engine
-    h = make_harness(tmp_path, slack, manager, port)
+    h = make_harness(tmp_path, slack, manager, port, gateway=gateway[0])
     try:
         old_pid = manager.find(port).pid  # type: ignore[union-attr]
         rem = await finished(h, (await approve(h, slack, KEEP)).id)
@@ -137,6 +163,9 @@ async def test_an_accepted_adr_is_applied_kept_and_drafted(
         assert flags["max-num-batched-tokens"] == 1024 and flags["num-gpu-blocks-override"] == 512
         assert manager.find(port).pid != old_pid  # type: ignore[union-attr]
         assert cache_config(port)["num_gpu_blocks_override"] == "512"
+        # the ADR's gateway rules are in force on the live gateway
+        limits = gateway[1].limits
+        assert (limits.require_timeout_header, limits.default_timeout_s) == (True, 30.0)
         # the card shows the canary's numbers; the draft's matrix equals the canary JSON
         with h.bot.db.transaction() as s:
             (canary,) = s.scalars(select(CanaryResult)).all()
@@ -166,15 +195,21 @@ async def test_an_accepted_adr_is_applied_kept_and_drafted(
 
 
 async def test_a_failing_gate_rolls_back_and_the_old_flags_serve_again(
-    tmp_path: Path, slack: FakeSlack, local_engine: tuple[EngineManager, int]
+    tmp_path: Path,
+    slack: FakeSlack,
+    local_engine: tuple[EngineManager, int],
+    gateway: tuple[str, Gateway],
 ) -> None:
     manager, port = local_engine
-    h = make_harness(tmp_path, slack, manager, port)
+    h = make_harness(tmp_path, slack, manager, port, gateway=gateway[0])
     try:
         before = engine_flags(manager, port)
+        limits_before = gateway[1].limits
         rem = await finished(h, (await approve(h, slack, FAIL)).id)
         assert rem.state == "rolled_back", rem.result
         assert engine_flags(manager, port) == before
+        assert gateway[1].limits == limits_before  # the budget of 4096 was undone too
+        assert rem.before["gateway"]["max_inflight_tokens"] == 0
         assert rem.result["failures"][0].startswith("TPOT p99 ")
         last = slack.of("chat.update")[-1].args
         assert last["text"] == f"{FAIL} on local: rolled back: the previous flags serve again"
@@ -182,7 +217,7 @@ async def test_a_failing_gate_rolls_back_and_the_old_flags_serve_again(
         assert "canary failed the gates: TPOT p99 " in shown and "Rolled back:" in shown
         reply = httpx.post(
             f"http://127.0.0.1:{port}/v1/completions",
-            json={"model": "ruleloop-tiny", "prompt": [100, 101], "max_tokens": 2},
+            json={"model": SERVED_MODEL_NAME, "prompt": [100, 101], "max_tokens": 2},
             timeout=60,
         )
         assert reply.status_code == 200, reply.text

@@ -64,7 +64,8 @@ def settings(ws: Path, *, base_url: str, state_dir: Path) -> Settings:
                                  "state_dir": str(state_dir), "start_timeout_s": 600},
                     "canary": {"concurrency": 4, "num_requests": 32, "prompt_length": 128,
                                "output_length": 48, "background_concurrency": 2,
-                               "background_prompt_length": 2048, "background_output_length": 16},
+                               "background_prompt_length": 2048, "background_output_length": 16,
+                               "baseline": True},
                     "two_person": True,
                 }
             },

@@ -57,9 +57,9 @@ class Policy:
         if problems:
             field, why = problems[0]
             raise UsageError(f"{adr.id} cannot be applied: {field}: {why}. Nothing was changed.")
-        if not adr.fix.engine_args:
+        if not adr.fix.engine_args and adr.fix.gateway is None:
             raise UsageError(
-                f"{adr.id} sets no engine flags, so there is nothing to apply to {target}."
+                f"{adr.id} sets no engine flags and no gateway rules: nothing to apply to {target}."
             )
         if adr.gates is None or adr.gates.is_empty():
             raise UsageError(

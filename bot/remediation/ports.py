@@ -46,6 +46,7 @@ class RemediationView:
     expires_at: dt.datetime | None = None
     tokens: dict[str, str] = field(default_factory=dict)  # approve/deny -> token, while pending
     note: str = ""  # the latest step, or why it ended
+    gateway: dict[str, Any] = field(default_factory=dict)  # ADR gateway rules to set
     numbers: dict[str, float | None] = field(default_factory=dict)  # canary matrix values
     failures: list[str] = field(default_factory=list)
 

@@ -74,6 +74,7 @@ class RemediationRecords:
         change: Mapping[str, Any],
         before: Mapping[str, Any],
         after_flags: Mapping[str, Any],
+        gateway_rules: Mapping[str, Any] | None,
         ttl_s: float,
     ) -> tuple[Remediation, dict[str, str]]:
         """A pending remediation with its approve/deny buttons, audited as requested."""
@@ -91,7 +92,7 @@ class RemediationRecords:
                 approved_by=[],
                 change=dict(change),
                 before=dict(before),
-                after={"flags": dict(after_flags)},
+                after={"flags": dict(after_flags), "gateway": gateway_rules},
                 result={},
                 created_at=now,
                 updated_at=now,

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bot.adr.models import AdrGates, GatewayRules
 from bot.adr.store import AdrStore
 from bot.config import Settings, Target
 from bot.diagnosis.ports import MessageRef
@@ -26,6 +27,7 @@ from bot.remediation import actuators
 from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
 from bot.remediation.argv import diff, merge
 from bot.remediation.gate import GateResult, run_gate, verify_serving
+from bot.remediation.gateway_rules import GatewayAdmin
 from bot.remediation.policy import Policy
 from bot.remediation.ports import ACTIVE, RemediationNotifier, RemediationView
 from bot.remediation.records import RemediationRecords
@@ -89,8 +91,11 @@ class RemediationService:
         actuator = self._actuator_for(name, spec)
         before = await actuator.current()
         after = merge(before.flags, plan.change)
-        changes = diff(before.flags, after)
-        if not changes:
+        recorded, rules = before.to_json(), None
+        if adr.fix.gateway is not None and spec.gateway_url is not None:
+            rules = adr.fix.gateway.model_dump(exclude_none=True)
+            recorded["gateway"] = await self._gateway(name, spec).limits()
+        if not diff(before.flags, after) and rules is None:
             raise UsageError(
                 f"{name} already runs with {adr.id}'s flags; there is nothing to apply."
             )
@@ -110,8 +115,9 @@ class RemediationService:
             user_id=user_id,
             two_person=plan.two_person,
             change=plan.change,
-            before=before.to_json(),
+            before=recorded,
             after_flags=after,
+            gateway_rules=rules,
             ttl_s=self.settings.remediation.approval_ttl_s,
         )
         thread = await self._threads(incident_id, channel_id)
@@ -182,7 +188,7 @@ class RemediationService:
         if not won:
             raise UsageError("Someone else answered this request first. Nothing was changed.")
         note = (
-            f"approved by <@{user_id}>"
+            f"approved by <@{user_id}>; starting"
             if to_state == "approved"
             else f"cancelled by <@{user_id}>; nothing was changed"
         )
@@ -222,13 +228,17 @@ class RemediationService:
                 note="dry run: the flags above would be set; nothing was changed",
             )  # fmt: skip
             return
+        if spec.canary.baseline and adr.gates is not None:
+            await self._baseline(rem, spec, before, adr.gates)
         await self._step(
             rem.id, "applying", "remediation.applying", {"flags": flags, "before": rem.before},
             note=f"applying with the {actuator.kind} actuator…",
         )  # fmt: skip
         try:
             deployed = await actuator.apply(flags)
-        except ActuatorError as exc:
+            if rem.after.get("gateway") is not None:
+                await self._gateway(name, spec).apply(GatewayRules(**rem.after["gateway"]))
+        except (ActuatorError, UsageError) as exc:
             await self._roll_back(rem, actuator, before, reason=f"the change failed: {exc}")
             return
         await self._step(
@@ -275,6 +285,28 @@ class RemediationService:
             note="kept: the canary met every gate",
         )  # fmt: skip
 
+    async def _baseline(
+        self, rem: Remediation, spec: Target, before: Deployed, gates: AdrGates
+    ) -> None:
+        """The same canary on the flags serving now: the matrix's "before" row."""
+        await self._step(
+            rem.id, "approved", "remediation.baseline_started", {"flags": before.flags},
+            note="measuring the current flags with the same canary first…",
+        )  # fmt: skip
+        try:
+            result = await self._gate(before.base_url, spec.canary, gates)
+        except RuleloopError as exc:
+            log.warning("baseline canary of remediation %s failed: %s", rem.id, exc)
+            return
+        await asyncio.to_thread(
+            self.records.add_canary,
+            incident_id=rem.incident_id,
+            remediation_id=rem.id,
+            label="before: " + (_flags_text(before.flags) or "current flags"),
+            passed=result.passed,
+            report=result.report,
+        )
+
     async def _roll_back(
         self,
         rem: Remediation,
@@ -291,6 +323,9 @@ class RemediationService:
             note=f"{reason}; rolling back…", result=result,
         )  # fmt: skip
         try:
+            if rem.before.get("gateway") is not None:
+                name, spec = self.settings.target(rem.target)
+                await self._gateway(name, spec).restore(rem.before["gateway"])
             restored = await actuator.rollback(before)
             await verify_serving(restored.base_url)
         except Exception as exc:
@@ -323,6 +358,14 @@ class RemediationService:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             await asyncio.to_thread(self.records.heartbeat, remediation_id)
+
+    def _gateway(self, name: str, spec: Target) -> GatewayAdmin:
+        if spec.gateway_url is None or spec.gateway_admin_token_file is None:
+            raise UsageError(
+                f"the ADR has gateway rules but target {name!r} has no gateway_url and "
+                "gateway_admin_token_file to apply them with"
+            )
+        return GatewayAdmin(url=spec.gateway_url, token_file=spec.gateway_admin_token_file)
 
     # --- housekeeping (at startup and on a schedule) ----------------------------------------
     async def resume(self, *, stale_s: float = STALE_S) -> int:
@@ -428,6 +471,7 @@ class RemediationService:
             expires_at=await asyncio.to_thread(self.records.expires_at, subject),
             tokens=tokens,
             note=note,
+            gateway=dict(rem.after.get("gateway") or {}),
             numbers=dict(rem.result.get("numbers", {})),
             failures=list(rem.result.get("failures", [])),
         )

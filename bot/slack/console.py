@@ -13,7 +13,7 @@ from typing import TextIO
 from bot.diagnosis.models import FOUR, Diagnosis
 from bot.diagnosis.ports import IncidentView, MessageRef
 from bot.remediation.ports import DraftView, RemediationView
-from bot.slack.remediation_views import card_text, draft_text
+from bot.slack.remediation_views import card_text, card_update_text, draft_text
 from bot.slack.views import NO_MATCH, STATE_TEXT, finding_line, fmt
 
 
@@ -75,8 +75,8 @@ class ConsoleNotifier:
         return ref
 
     async def update_remediation(self, ref: MessageRef, *, view: RemediationView) -> None:
-        """Print the card's new state."""
-        self._print(f"[{ref.channel} {ref.ts} updated] " + _indent(card_text(view)))
+        """Print the card's new state in a line or two (the diff and gates do not change)."""
+        self._print(f"[{ref.channel} {ref.ts} updated] " + _indent(card_update_text(view)))
 
     async def post_draft(
         self, thread: MessageRef, *, view: DraftView, markdown: str, filename: str

@@ -61,8 +61,10 @@ def _flag(value: object) -> str:
 
 
 def diff_lines(view: RemediationView) -> list[str]:
-    """'--max-num-batched-tokens: 8192 -> 2048', one per changed flag."""
-    return [f"--{name}: {_flag(old)} → {_flag(new)}" for name, old, new in view.diff]
+    """'--max-num-batched-tokens: 8192 → 2048' per changed flag, then 'gateway: key = value'."""
+    return [f"--{name}: {_flag(old)} → {_flag(new)}" for name, old, new in view.diff] + [
+        f"gateway: {key} = {_flag(value)}" for key, value in view.gateway.items()
+    ]
 
 
 def gate_lines(gates: dict[str, float]) -> list[str]:
@@ -103,6 +105,17 @@ def card_text(view: RemediationView) -> str:
         lines.append(view.note)
     if view.state == "pending" and view.expires_at is not None:
         lines.append(f"buttons expire at {view.expires_at:%H:%M} UTC")
+    return "\n".join(lines)
+
+
+def card_update_text(view: RemediationView) -> str:
+    """What changed on the card: its state, the note, the numbers once there are some."""
+    mark = STATE_MARK.get(view.state, ":gear:")
+    lines = [f"{mark} {view.adr_id} on {view.target}: {STATES.get(view.state, view.state)}"]
+    if view.note:
+        lines.append(view.note)
+    if view.numbers and view.state in ("promoting", "promoted", "rolled_back", "failed"):
+        lines.append("canary: " + "; ".join(number_lines(view.numbers)))
     return "\n".join(lines)
 
 
