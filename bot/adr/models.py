@@ -77,6 +77,14 @@ class AdrGates(_Strict):
         """No limit is set."""
         return all(v is None for v in self.model_dump().values())
 
+    def cli_flags(self) -> str:
+        """The same limits as `python -m latency_checker` flags ('--max-ttft-p99-ms 350 ...')."""
+        return " ".join(
+            f"--{key.replace('_', '-')} {value:g}"
+            for key, value in self.model_dump().items()
+            if value is not None
+        )
+
     def to_canary(self) -> Gates:
         """The canary's Gates with the same limits."""
         return Gates(**self.model_dump())

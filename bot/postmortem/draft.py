@@ -408,18 +408,8 @@ def _gateway_rules(fix: Fix) -> list[str]:
 
 def gate_rule(gates: AdrGates) -> str:
     """The seed's release-gate rule: the latency_checker command line for these gates."""
-    parts = [
-        f"--max-ttft-p99-ms {gates.max_ttft_p99_ms:g}" if gates.max_ttft_p99_ms is not None else "",
-        f"--max-tpot-p99-ms {gates.max_tpot_p99_ms:g}" if gates.max_tpot_p99_ms is not None else "",
-        f"--min-goodput-ratio {gates.min_goodput_ratio:g}"
-        if gates.min_goodput_ratio is not None
-        else "",
-        f"--max-kv-fragmentation {gates.max_kv_fragmentation:g}"
-        if gates.max_kv_fragmentation is not None
-        else "",
-    ]
     return (
-        f"发布门禁 (release gate): `python -m latency_checker {' '.join(p for p in parts if p)}`，"
+        f"发布门禁 (release gate): `python -m latency_checker {gates.cli_flags()}`，"
         "不达标则终止发布并回滚 (a failed gate stops the release and rolls back)."
     )
 

@@ -44,6 +44,16 @@ NUMBER_LABELS = {
 }
 
 
+def _yes_no(yes: tuple[str, str, str], no: tuple[str, str, str]) -> ActionsBlock:
+    """A primary and a danger button: (label, action_id, single-use token) each."""
+    return ActionsBlock(
+        elements=[
+            ButtonElement(text=text, action_id=action_id, value=value, style=style)
+            for (text, action_id, value), style in ((yes, "primary"), (no, "danger"))
+        ]
+    )
+
+
 def _value(value: float | None, unit: str) -> str:
     if value is None:
         return "n/a"
@@ -160,21 +170,9 @@ def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
     blocks.append(ContextBlock(elements=[MarkdownTextObject(text=who[:3000])]))
     if view.state == "pending" and view.tokens:
         blocks.append(
-            ActionsBlock(
-                elements=[
-                    ButtonElement(
-                        text="Approve and apply",
-                        action_id=DECIDE_ACTIONS[0],
-                        value=view.tokens["approve"],
-                        style="primary",
-                    ),
-                    ButtonElement(
-                        text="Cancel",
-                        action_id=DECIDE_ACTIONS[1],
-                        value=view.tokens["deny"],
-                        style="danger",
-                    ),
-                ]
+            _yes_no(
+                ("Approve and apply", DECIDE_ACTIONS[0], view.tokens["approve"]),
+                ("Cancel", DECIDE_ACTIONS[1], view.tokens["deny"]),
             )
         )
     return summary, [b.to_dict() for b in blocks]
@@ -233,21 +231,9 @@ def draft_message(view: DraftView) -> tuple[str, list[dict[str, Any]]]:
         )
     if view.state == "proposed" and view.tokens:
         blocks.append(
-            ActionsBlock(
-                elements=[
-                    ButtonElement(
-                        text="Accept",
-                        action_id=REVIEW_ACTIONS[0],
-                        value=view.tokens["accept"],
-                        style="primary",
-                    ),
-                    ButtonElement(
-                        text="Reject",
-                        action_id=REVIEW_ACTIONS[1],
-                        value=view.tokens["reject"],
-                        style="danger",
-                    ),
-                ]
+            _yes_no(
+                ("Accept", REVIEW_ACTIONS[0], view.tokens["accept"]),
+                ("Reject", REVIEW_ACTIONS[1], view.tokens["reject"]),
             )
         )
     return text, [b.to_dict() for b in blocks]

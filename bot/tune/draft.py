@@ -112,17 +112,7 @@ def _rules(plan: TunePlan, pick: Row | None) -> list[str]:
     ]
     gates = plan.gates
     if gates is not None and not gates.is_empty():
-        parts = [
-            f"--max-ttft-p99-ms {gates.max_ttft_p99_ms:g}" if gates.max_ttft_p99_ms else "",
-            f"--max-tpot-p99-ms {gates.max_tpot_p99_ms:g}" if gates.max_tpot_p99_ms else "",
-            f"--min-goodput-ratio {gates.min_goodput_ratio:g}"
-            if gates.min_goodput_ratio is not None
-            else "",
-            f"--max-kv-fragmentation {gates.max_kv_fragmentation:g}"
-            if gates.max_kv_fragmentation is not None
-            else "",
-        ]
-        gate_flags = " ".join(p for p in parts if p)
+        gate_flags = gates.cli_flags()
         rules.append(
             "发布门禁 (release gate): "
             f"`python3 -m latency_checker --endpoint <canary> {gate_flags}`."
