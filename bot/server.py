@@ -50,6 +50,9 @@ from bot.runbooks.builtin import default_registry
 from bot.runbooks.context import ProbeContext
 from bot.runbooks.loader import load_dir
 from bot.runbooks.runner import RunbookRunner
+from bot.scheduler.jobs import build_jobs, create_scheduler
+from bot.scheduler.scheduler import Scheduler
+from bot.scheduler.snapshots import NormalReader
 from bot.slack.app import build_app, web_client
 from bot.slack.console import ConsoleNotifier
 from bot.slack.notifier import SlackNotifier
@@ -77,6 +80,7 @@ class Bot:
     http: httpx.AsyncClient
     remediation: RemediationService
     drafts: DraftService
+    scheduler: Scheduler | None = None
 
 
 def create_bot(
@@ -109,6 +113,7 @@ def create_bot(
             http=http, clock=probe_clock or monotonic, wall_clock=wall_clock, sleep=sleep, nvml=nvml
         ),
         clock=clock,
+        normal=NormalReader(db=db, last=settings.scheduler.normal_of_last),
     )
     notifier: BotNotifier
     slack_app = None
@@ -149,6 +154,19 @@ def create_bot(
             client=client,
             services={"remediation": remediation, "drafts": drafts},
         )
+    jobs = build_jobs(
+        settings,
+        db=db,
+        flows=flows,
+        notifier=notifier,
+        http=http,
+        gate=gate,
+        remediation=remediation,
+        probe_clock=probe_clock or monotonic,
+        sleep=sleep,
+        monotonic=monotonic,
+    )
+    scheduler = create_scheduler(settings, db=db, jobs=jobs, clock=clock)
     intake = Intake(db=db, targets=settings.targets, clock=clock)
     routes = Routes(
         settings=settings,
@@ -164,9 +182,13 @@ def create_bot(
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
         # a change a previous run of the bot left half done is rolled back now
         flows.tasks.spawn(remediation.resume(), name="remediation-resume")
+        if scheduler is not None:
+            scheduler.start()
         try:
             yield
         finally:
+            if scheduler is not None:  # a period running here is handed back to the others
+                await scheduler.stop()
             await flows.tasks.drain()
             await http.aclose()
             db.dispose()
@@ -189,6 +211,7 @@ def create_bot(
         http=http,
         remediation=remediation,
         drafts=drafts,
+        scheduler=scheduler,
     )
 
 

@@ -84,6 +84,7 @@ class Diagnosis:
     at: dt.datetime
     window: SampledWindow | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
+    normal: Mapping[str, float | None] = field(default_factory=dict)  # median of snapshots
 
     def summary(self) -> dict[str, Any]:
         """The headline and every reading, JSON-ready, for the store and the audit log."""
@@ -96,6 +97,7 @@ class Diagnosis:
             "matches": [m.adr.id for m in self.matches],
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
             "readings": {k: _finite(v) for k, v in self.readings.items()},
+            "normal": {k: _finite(v) for k, v in self.normal.items()},
         }
 
 

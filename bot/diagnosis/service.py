@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from bot.adr.match import matching
@@ -24,6 +24,8 @@ from bot.runbooks.loader import RunbookSet
 from bot.runbooks.runner import RunbookRunner
 
 log = logging.getLogger("ruleloop.diagnosis")
+# A target's "normal" four numbers (the scheduler's snapshots), shown next to "now".
+NormalReader = Callable[[str], Awaitable[Mapping[str, float | None]]]
 
 # ADR match metric name -> the runbook reading that gives it.
 MATCH_READINGS = {
@@ -64,7 +66,9 @@ class Diagnoser:
         context: Callable[[], ProbeContext],
         clock: Callable[[], dt.datetime],
         monotonic: Callable[[], float] = time.monotonic,
+        normal: NormalReader | None = None,
     ) -> None:
+        self._normal = normal
         self._runbooks = runbooks
         self._runner = runner
         self._adrs = adrs
@@ -88,6 +92,7 @@ class Diagnoser:
         headline = {key: result.reading(f"vllm_metrics.{key}") for key, *_ in FOUR}
         matches = matching(accepted, match_report(result.readings))
         windows = ctx.sampled()
+        normal = await self._read_normal(target.name)
         t2 = self._monotonic()
         sampling = max((w.pages[-1].at - w.pages[0].at for w in windows), default=0.0)
         return Diagnosis(
@@ -103,7 +108,18 @@ class Diagnoser:
             at=self._clock(),
             window=windows[0] if windows else None,
             timings={"runbook_s": t1 - t0, "adrs_s": t2 - t1},
+            normal=normal,
         )
+
+    async def _read_normal(self, target: str) -> Mapping[str, float | None]:
+        """The target's "normal" numbers; none (not a failed diagnosis) when they cannot be read."""
+        if self._normal is None:
+            return {}
+        try:
+            return await self._normal(target)
+        except Exception:
+            log.warning("could not read the normal numbers of %s", target, exc_info=True)
+            return {}
 
     async def chart(self, diagnosis: Diagnosis) -> bytes | None:
         """The PNG of TTFT p99 and queue depth over the window (drawn in a worker thread)."""

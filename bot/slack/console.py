@@ -98,7 +98,7 @@ def _indent(text: str) -> str:
 
 def render_root(view: IncidentView) -> str:
     """The root message as text: title, status, and the four numbers against their gates."""
-    status = view.status if view.source == "alertmanager" else "on demand"
+    status = view.status if view.source != "slash" else "on demand"
     lines = [
         f"{view.title} | {status}, {STATE_TEXT.get(view.state, view.state)} | "
         f"target {view.target or 'unknown'} | incident #{view.id}"
@@ -108,5 +108,7 @@ def render_root(view: IncidentView) -> str:
     for key, label, _, _ in FOUR if headline else ():
         gate = baseline.get(key)
         suffix = f" (gate {fmt(key, gate[0])}, {gate[1]})" if gate else ""
+        normal = (view.summary.get("normal") or {}).get(key)
+        suffix += f" (normal {fmt(key, normal)})" if normal is not None else ""
         lines.append(f"    {label}: {fmt(key, headline.get(key))}{suffix}")
     return "\n".join(lines)

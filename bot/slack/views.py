@@ -37,6 +37,7 @@ STATE_TEXT = {
     "failed": "diagnosis failed (see the thread)",
     "waiting": "no diagnosis",
 }
+NORMAL_NOTE = " *normal*: the median of the scheduler's recent snapshots of this target."
 NO_MATCH = (
     "No accepted ADR matches these numbers. When this incident is fixed, record the fix "
     "(`ruleloop tune` drafts the ADR from measured numbers) so the next one has a rule."
@@ -65,21 +66,23 @@ def _number_field(key: str, label: str, summary: dict[str, Any]) -> MarkdownText
         ok = None if value is None else (value <= bound if worse_up else value >= bound)
         mark = "" if ok is None else (" :white_check_mark:" if ok else " :x:")
         text += f"{mark}  (gate {'≤' if worse_up else '≥'} {fmt(key, bound)}, {adr})"
+    normal = summary.get("normal", {}).get(key)
+    if normal is not None:
+        text += f"\nnormal {fmt(key, normal)}"
     return MarkdownTextObject(text=text)
 
 
 def root_message(view: IncidentView) -> tuple[str, list[dict[str, Any]]]:
     """The incident's root message: status and the four numbers against the baseline."""
-    resolved = view.status == "resolved" and view.source == "alertmanager"
+    alerted = view.source != "slash"  # Alertmanager, or the scheduler's baseline canary
+    resolved = view.status == "resolved" and alerted
     mark = (
         ":white_check_mark: Resolved:"
         if resolved
         else (":mag:" if view.source == "slash" else ":rotating_light:")
     )
     title = f"{mark} {view.title}"[:150]
-    status = (
-        "resolved" if resolved else ("firing" if view.source == "alertmanager" else "on demand")
-    )
+    status = "resolved" if resolved else ("firing" if alerted else "on demand")
     line = (
         f"*Status:* {status} · {STATE_TEXT.get(view.state, view.state)}   "
         f"*Target:* {view.target or 'unknown'}   "
@@ -105,6 +108,7 @@ def root_message(view: IncidentView) -> tuple[str, list[dict[str, Any]]]:
                             f"`{view.summary.get('runbook')}`); gates from the accepted ADRs. "
                             "KV fragmentation is estimated from mean request lengths; "
                             "a canary measures it exactly."
+                            + (NORMAL_NOTE if view.summary.get("normal") else "")
                         )
                     )
                 ]

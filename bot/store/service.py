@@ -10,10 +10,18 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from bot.store.models import Alert, AuditEntry, Incident, SlackMessage
+from bot.store.models import (
+    AdrDraft,
+    Alert,
+    AuditEntry,
+    Incident,
+    MetricSnapshot,
+    Remediation,
+    SlackMessage,
+)
 
 FIRING, RESOLVED = "firing", "resolved"
 
@@ -164,3 +172,81 @@ def audit_trail(session: Session, *, incident_id: int | None = None) -> Sequence
 def incidents(session: Session) -> Sequence[Incident]:
     """All incidents, oldest first."""
     return session.scalars(select(Incident).order_by(Incident.id)).all()
+
+
+# --- scheduler: snapshots, ADRs in force, draft reminders ---------------------------------
+def add_snapshot(
+    session: Session,
+    *,
+    target: str,
+    at: dt.datetime,
+    source: str,
+    numbers: Mapping[str, float | None],
+) -> MetricSnapshot:
+    """Keep the four numbers of a target (keys as in ``MetricSnapshot``; missing ones None)."""
+    snapshot = MetricSnapshot(
+        target=target,
+        at=at,
+        source=source,
+        ttft_p99_ms=numbers.get("ttft_p99_ms"),
+        tpot_p99_ms=numbers.get("tpot_p99_ms"),
+        goodput_ratio=numbers.get("goodput_ratio"),
+        kv_fragmentation=numbers.get("kv_fragmentation"),
+    )
+    session.add(snapshot)
+    session.flush()
+    return snapshot
+
+
+def recent_snapshots(session: Session, *, target: str, limit: int) -> Sequence[MetricSnapshot]:
+    """A target's newest snapshots, newest first."""
+    query = (
+        select(MetricSnapshot)
+        .where(MetricSnapshot.target == target)
+        .order_by(MetricSnapshot.at.desc(), MetricSnapshot.id.desc())
+        .limit(limit)
+    )
+    return session.scalars(query).all()
+
+
+def prune_snapshots(session: Session, *, target: str, before: dt.datetime) -> int:
+    """Forget a target's snapshots older than ``before``; how many went."""
+    result = session.execute(
+        delete(MetricSnapshot).where(MetricSnapshot.target == target, MetricSnapshot.at < before)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
+
+
+def promoted_adr(session: Session, *, target: str) -> str | None:
+    """The ADR of the newest remediation promoted on a target (what it runs now), if any."""
+    query = (
+        select(Remediation.adr_id)
+        .where(Remediation.target == target, Remediation.state == "promoted")
+        .order_by(Remediation.updated_at.desc(), Remediation.id.desc())
+        .limit(1)
+    )
+    return session.scalars(query).first()
+
+
+def drafts_to_remind(session: Session, *, created_before: dt.datetime) -> Sequence[AdrDraft]:
+    """Drafts still proposed, posted before ``created_before``, never reminded about."""
+    query = (
+        select(AdrDraft)
+        .where(
+            AdrDraft.state == "proposed",
+            AdrDraft.reminded_at.is_(None),
+            AdrDraft.created_at < created_before,
+        )
+        .order_by(AdrDraft.id)
+    )
+    return session.scalars(query).all()
+
+
+def mark_reminded(session: Session, *, draft_id: int, at: dt.datetime) -> bool:
+    """Record a draft's reminder, once: False when it was already reminded about."""
+    result = session.execute(
+        update(AdrDraft)
+        .where(AdrDraft.id == draft_id, AdrDraft.reminded_at.is_(None))
+        .values(reminded_at=at)
+    )
+    return bool(getattr(result, "rowcount", 0))

@@ -1,0 +1,13 @@
+"""Scheduled jobs: baseline canary, four-metric snapshots, ADR draft reminders, approval expiry.
+
+Every replica runs APScheduler 3.x and fires every job's tick; which replica does a period's
+work is decided in the store, by a lease row per (job, period): see ``leases``.
+
+    leases.py     claim, renew, finish and take over a period (``job_runs``)
+    runner.py     ``Job`` and ``JobRunner.tick``: one period under its lease, with a heartbeat
+    scheduler.py  APScheduler wiring: one interval trigger per job, aligned to its periods
+    baseline.py   canary against the gates of the ADRs in force; a drift opens an incident
+    snapshots.py  the four numbers every few minutes; "normal" for diagnoses
+    reminders.py  one reminder in the thread for an ADR draft nobody reviewed
+    jobs.py       the jobs a bot's settings ask for
+"""

@@ -1,0 +1,183 @@
+"""The baseline canary: a target's canary workload against the gates of the ADRs in force there.
+
+The ADRs *in force* on a target are the ADR of the newest remediation promoted on it (what it
+runs now); while none was promoted there, the ADRs its ``[scheduler.targets.X] adrs`` lists.
+Only accepted ADRs count; the strictest gate of each number wins (as the diagnosis baseline).
+
+A canary that misses a gate opens an incident (source ``scheduler``, title naming the gates
+with the numbers) and posts it like an alert would: root message, diagnosis, then the canary's
+numbers in the thread. While that incident is open a drift adds a line to its thread, never a
+second incident (its ``open_key`` is unique); a canary that meets the gates again resolves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+
+from bot.adr.models import Adr, AdrGates
+from bot.adr.store import AdrStore
+from bot.config import Target
+from bot.diagnosis.flows import IncidentFlows
+from bot.diagnosis.models import GATE_OF, Baseline
+from bot.diagnosis.ports import Notifier
+from bot.remediation.gate import GateResult
+from bot.remediation.service import GateRunner
+from bot.scheduler import messages
+from bot.scheduler.runner import Outcome, json_safe
+from bot.store import service as store
+from bot.store.db import Database
+from bot.store.models import CanaryResult
+
+log = logging.getLogger("ruleloop.scheduler")
+SOURCE = "scheduler"
+ALERTNAME = "RuleloopBaselineDrift"
+
+
+def drift_key(target: str) -> str:
+    """The open_key of a target's drift incident: one open at a time."""
+    return f"baseline-drift:{target}"
+
+
+def strictest(adrs: Sequence[Adr]) -> tuple[AdrGates, dict[str, str]]:
+    """The strictest gate per number over ``adrs``, and which ADR set each."""
+    limits = Baseline.from_adrs(adrs).limits
+    gates = AdrGates(**{GATE_OF[key]: limit.value for key, limit in limits.items()})
+    return gates, {GATE_OF[key]: limit.adr_id for key, limit in limits.items()}
+
+
+class BaselineCanary:
+    """The baseline job of one target: ``await job(now)`` runs one period."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        target: Target,
+        listed: Sequence[str],
+        db: Database,
+        adrs: AdrStore,
+        gate: GateRunner,
+        flows: IncidentFlows,
+        notifier: Notifier,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self._target = target
+        self._listed = list(listed)
+        self._db = db
+        self._adrs = adrs
+        self._gate = gate
+        self._flows = flows
+        self._notifier = notifier
+        self._monotonic = monotonic
+
+    async def __call__(self, now: dt.datetime) -> Outcome:
+        """Run the canary; open, update or resolve the drift incident."""
+        in_force, missing = await asyncio.to_thread(self.in_force)
+        if not in_force:
+            return Outcome({"skipped": "no accepted ADR in force here", "missing": missing})
+        gates, setters = strictest(in_force)
+        if gates.is_empty():
+            return Outcome({"skipped": "the ADRs in force set no gate", "adrs": _ids(in_force)})
+        result = await self._gate(self._target.vllm_url, self._target.canary, gates)
+        detail: dict[str, Any] = {
+            "adrs": _ids(in_force),
+            "missing": missing,
+            "values": asdict(result.values),
+            "failures": result.failures,
+        }
+        lines = messages.gate_lines(result.values, gates, setters)
+        spec = self._target.canary
+        load = messages.load_text(spec.concurrency, spec.num_requests, spec.prompt_length)
+        if result.passed:
+            resolved = await asyncio.to_thread(self._resolve, now, detail)
+            if resolved is not None:
+                await self._flows.show_resolved(resolved)
+                ref = await self._flows.ensure_thread(resolved, None)
+                text = messages.RECOVERED.format(target=self.name, load=load, lines=lines)
+                await self._notifier.post_reply(ref, text=text)
+            return Outcome(detail | {"resolved": resolved})
+        incident_id, opened = await asyncio.to_thread(self._open, now, result, detail)
+        if opened:
+            await self._flows.diagnose_incident(incident_id, received=self._monotonic())
+            text = messages.DRIFT_NUMBERS.format(
+                target=self.name, load=load, adrs=", ".join(_ids(in_force)), lines=lines
+            )
+        else:
+            text = messages.still_drifting(now, load, lines)
+        ref = await self._flows.ensure_thread(incident_id, None)
+        await self._notifier.post_reply(ref, text=text)
+        return Outcome(detail | {"incident": incident_id, "opened": opened})
+
+    def in_force(self) -> tuple[list[Adr], list[str]]:
+        """The accepted ADRs in force on this target, and the ids that name no accepted ADR."""
+        with self._db.transaction() as s:
+            promoted = store.promoted_adr(s, target=self.name)
+        ids = [promoted] if promoted else self._listed
+        found, missing = [], []
+        for adr_id in ids:
+            entry = self._adrs.find(adr_id)
+            if entry is not None and entry[1].status == "accepted":
+                found.append(entry[1])
+            else:
+                missing.append(adr_id)
+        if missing:
+            log.warning("%s: not accepted ADRs, left out of the baseline: %s", self.name, missing)
+        return found, missing
+
+    def _open(
+        self, now: dt.datetime, result: GateResult, detail: dict[str, Any]
+    ) -> tuple[int, bool]:
+        """The drift incident: (id, True) when opened now, (id, False) when one was open."""
+        key = drift_key(self.name)
+        try:
+            with self._db.transaction() as s:
+                held = store.find_open(s, key=key)
+                if held is not None:
+                    store.audit(s, at=now, actor="ruleloop", action="baseline.drifting",
+                                incident=held, detail=detail)  # fmt: skip
+                    return held.id, False
+                incident = store.create(
+                    s,
+                    key=key,
+                    source=SOURCE,
+                    title=messages.drift_title(self.name, result.failures),
+                    target=self.name,
+                    labels={"alertname": ALERTNAME, "ruleloop_target": self.name,
+                            "severity": "warning"},
+                    at=now,
+                )  # fmt: skip
+                s.add(CanaryResult(incident_id=incident.id, remediation_id=None,
+                                   label="baseline canary", passed=False,
+                                   report=json_safe(result.report), at=now))  # fmt: skip
+                store.audit(s, at=now, actor="ruleloop", action="baseline.drift",
+                            incident=incident, detail=detail)  # fmt: skip
+                return incident.id, True
+        except IntegrityError:  # another replica opened it between our read and our write
+            with self._db.transaction() as s:
+                held = store.find_open(s, key=key)
+                assert held is not None
+                return held.id, False
+
+    def _resolve(self, now: dt.datetime, detail: dict[str, Any]) -> int | None:
+        """Close the open drift incident, if any; its id."""
+        with self._db.transaction() as s:
+            held = store.find_open(s, key=drift_key(self.name))
+            if held is None:
+                return None
+            store.close(s, held, at=now)
+            store.audit(s, at=now, actor="ruleloop", action="baseline.recovered",
+                        incident=held, detail=detail)  # fmt: skip
+            return held.id
+
+
+def _ids(adrs: Sequence[Adr]) -> list[str]:
+    return [adr.id for adr in adrs]

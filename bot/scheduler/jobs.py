@@ -1,0 +1,112 @@
+"""The jobs a bot's settings ask for, and the scheduler that runs them.
+
+``create_bot`` calls ``build_jobs`` and ``create_scheduler``; a part of the bot with periodic
+work of its own appends a ``Job`` to the list before the scheduler is created (or calls
+``Scheduler.add`` before it starts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
+
+import httpx
+
+from bot.adr.store import AdrStore
+from bot.config import ScheduledTarget, Settings
+from bot.diagnosis.flows import IncidentFlows
+from bot.diagnosis.ports import Notifier
+from bot.errors import UsageError
+from bot.remediation.service import GateRunner
+from bot.scheduler.baseline import BaselineCanary
+from bot.scheduler.leases import Leases, default_owner
+from bot.scheduler.reminders import DraftReminders
+from bot.scheduler.runner import Job, JobRunner, Outcome
+from bot.scheduler.scheduler import Scheduler
+from bot.scheduler.snapshots import MetricsSampler, Sampler, SnapshotJob
+from bot.store.db import Database
+
+
+class ExpiresApprovals(Protocol):
+    """What the approval-expiry job needs (``RemediationService`` has it)."""
+
+    async def expire_due(self) -> int:
+        """Expire requests whose approval buttons expired; how many."""
+        ...
+
+
+def approval_expiry(service: ExpiresApprovals, *, every_s: float) -> Job:
+    """The job that expires approval requests nobody approved in time."""
+
+    async def run(now: dt.datetime) -> Outcome:
+        return Outcome({"expired": await service.expire_due()})
+
+    return Job("approval_expiry", every_s, run)
+
+
+def build_jobs(
+    settings: Settings,
+    *,
+    db: Database,
+    flows: IncidentFlows,
+    notifier: Notifier,
+    http: httpx.AsyncClient,
+    gate: GateRunner,
+    remediation: ExpiresApprovals | None = None,
+    sampler: Sampler | None = None,
+    probe_clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> list[Job]:
+    """Snapshot and baseline jobs per target, the draft reminder, and approval expiry."""
+    config = settings.scheduler
+    unknown = sorted(set(config.targets) - set(settings.targets))
+    if unknown:
+        known = ", ".join(sorted(settings.targets)) or "none configured"
+        raise UsageError(f"[scheduler.targets] names unknown targets {unknown}; targets: {known}")
+    window = config.snapshot_window_s
+    sample = sampler or MetricsSampler(http=http, window_s=window, clock=probe_clock, sleep=sleep)
+    adrs = AdrStore(root=settings.paths.adr)
+    jobs = []
+    for name, target in settings.targets.items():
+        own = config.targets.get(name, ScheduledTarget())
+        every = _either(own.snapshot_every_s, config.snapshot_every_s)
+        if every:
+            source = f"vllm_metrics {window:g}s"
+            run = SnapshotJob(name=name, target=target, sample=sample, source=source)
+            jobs.append(Job(f"snapshot:{name}", every, run))
+        every = _either(own.baseline_every_s, config.baseline_every_s)
+        if every:
+            baseline = BaselineCanary(name=name, target=target, listed=own.adrs, db=db, adrs=adrs,
+                                      gate=gate, flows=flows, notifier=notifier,
+                                      monotonic=monotonic)  # fmt: skip
+            jobs.append(Job(f"baseline:{name}", every, baseline))
+    if config.draft_reminder_every_s:
+        reminders = DraftReminders(db=db, notifier=notifier, after_s=config.draft_reminder_after_s,
+                                   reviewers=settings.access.review)  # fmt: skip
+        jobs.append(Job("draft_reminder", config.draft_reminder_every_s, reminders))
+    if remediation is not None and config.approval_sweep_every_s:
+        jobs.append(approval_expiry(remediation, every_s=config.approval_sweep_every_s))
+    return jobs
+
+
+def create_scheduler(
+    settings: Settings,
+    *,
+    db: Database,
+    jobs: Iterable[Job],
+    clock: Callable[[], dt.datetime],
+    owner: str | None = None,
+) -> Scheduler | None:
+    """The scheduler of this replica (None when ``[scheduler] enabled = false``)."""
+    if not settings.scheduler.enabled:
+        return None
+    leases = Leases(db=db, owner=owner or default_owner(), ttl_s=settings.scheduler.lease_ttl_s)
+    return Scheduler(runner=JobRunner(leases=leases, clock=clock), jobs=jobs, clock=clock)
+
+
+def _either(own: float | None, default: float) -> float:
+    return default if own is None else own
