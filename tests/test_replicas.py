@@ -1,0 +1,232 @@
+"""Two real `ruleloop serve` replicas sharing one real PostgreSQL (Debian's), the fake Slack and a
+recorded-/metrics engine: a scheduled job runs once per period across both, the same webhook
+delivered to both makes one incident, and a replica killed mid-job loses no period and repeats
+none. No vLLM engine: snapshots and diagnoses read recorded /metrics pages over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, select, text
+
+from bot.engine.process import free_port
+from bot.store import service as store
+from bot.store.db import Database
+from bot.store.models import JobRun, MetricSnapshot
+from tests.fakes.alerts import alert, body
+from tests.fakes.bot import AM_TOKEN, PAGES, RUNBOOK
+from tests.fakes.metrics_server import RecordedMetrics
+from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack
+from tests.test_bot_e2e import Process
+from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
+
+pytestmark = pytest.mark.slow
+SNAPSHOT = "snapshot:tiny"
+
+
+class Replicas:
+    """N `ruleloop serve` processes on one PostgreSQL database."""
+
+    def __init__(self, tmp_path: Path, *, url: str, slack: FakeSlack, engine: str,
+                 scheduler: dict[str, Any], count: int = 2) -> None:  # fmt: skip
+        runbooks = tmp_path / "runbooks"
+        runbooks.mkdir()
+        (runbooks / "test.yaml").write_text(RUNBOOK)
+        config = tmp_path / "ruleloop.toml"
+        lines = [
+            '[slack]\nchannel = "#incidents"',
+            f'[paths]\nrunbooks = "{runbooks}"\nadr = "{Path(__file__).parent.parent / "adr"}"',
+            f'[targets.tiny]\nvllm_url = "{engine}"',
+            "[scheduler]",
+            *(f"{key} = {value}" for key, value in scheduler.items()),
+        ]
+        config.write_text("\n".join(lines) + "\n")
+        env = {**os.environ, "RULELOOP_CONFIG": str(config), "RULELOOP_DATABASE_URL": url,
+               "SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+               "SLACK_API_URL": slack.api_url, "RULELOOP_ALERTMANAGER_TOKEN": AM_TOKEN}  # fmt: skip
+        env.pop("SLACK_APP_TOKEN", None)
+        self.ports = [free_port() for _ in range(count)]
+        self.procs = [
+            Process(
+                [
+                    sys.executable,
+                    "-c",
+                    "from bot.cli import main; main()",
+                    "serve",
+                    "--port",
+                    str(port),
+                    "--state-dir",
+                    str(tmp_path / f"state-{n}"),
+                ],
+                log=tmp_path / f"serve-{n}.log",
+                env=env,
+            )  # fmt: skip
+            for n, port in enumerate(self.ports)
+        ]
+        for proc, port in zip(self.procs, self.ports, strict=True):
+            proc.wait_ready(f"http://127.0.0.1:{port}/healthz", timeout=120)
+
+    def url(self, n: int, path: str) -> str:
+        return f"http://127.0.0.1:{self.ports[n]}{path}"
+
+    def owner_pid(self, owner: str) -> int:
+        """The pid in a job_runs owner (host:pid:random)."""
+        return int(owner.split(":")[1])
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            proc.stop()
+
+
+@pytest.fixture
+def pg_url(postgres: str) -> Iterator[str]:  # noqa: F811
+    """A new, empty database on the PostgreSQL server (the replicas migrate it at start)."""
+    name = f"r_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(f"{postgres}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    yield f"{postgres}/{name}"
+
+
+@pytest.fixture
+def engine() -> Iterator[RecordedMetrics]:
+    with RecordedMetrics(PAGES) as server:
+        yield server
+
+
+@pytest.fixture
+def db(pg_url: str) -> Iterator[Database]:
+    database = Database(pg_url)
+    yield database
+    database.dispose()
+
+
+def wait_for(check: Callable[[], Any], *, timeout: float = 60, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or check}")
+        time.sleep(0.1)
+
+
+def job_runs(db: Database, job: str = SNAPSHOT) -> list[JobRun]:
+    with db.transaction() as s:
+        return list(s.scalars(select(JobRun).where(JobRun.job == job).order_by(JobRun.period)))
+
+
+def snapshot_count(db: Database) -> int:
+    with db.transaction() as s:
+        return len(s.scalars(select(MetricSnapshot.id)).all())
+
+
+def assert_each_period_once(runs: list[JobRun], every_s: float, snapshots: int) -> None:
+    """Consecutive periods, each finished once, each with exactly one snapshot kept."""
+    done = [r for r in runs if r.finished_at is not None]
+    assert all(r.state == "done" for r in done), [(r.period, r.state, r.detail) for r in done]
+    periods = [r.period.timestamp() for r in done]
+    assert len(periods) == len(set(periods))
+    steps = {round(b - a, 3) for a, b in zip(periods, periods[1:], strict=False)}
+    assert steps <= {every_s}, f"a period was lost: steps {steps}"
+    assert snapshots == len(done)
+
+
+def test_replicas_run_each_scheduled_period_once(
+    tmp_path: Path, pg_url: str, db: Database, slack: FakeSlack, engine: RecordedMetrics
+) -> None:
+    scheduler = {"snapshot_every_s": 1, "snapshot_window_s": 0.3, "baseline_every_s": 0,
+                 "draft_reminder_every_s": 0, "lease_ttl_s": 3}  # fmt: skip
+    replicas = Replicas(tmp_path, url=pg_url, slack=slack, engine=engine.base_url,
+                        scheduler=scheduler)  # fmt: skip
+    try:
+        wait_for(lambda: sum(r.state == "done" for r in job_runs(db)) >= 6, what="6 periods")
+    finally:
+        replicas.stop()
+    runs = job_runs(db)
+    assert_each_period_once(runs, 1, snapshot_count(db))
+    assert all(r.attempts == 1 for r in runs)  # nobody died: no takeover
+    assert len({r.owner for r in runs}) in (1, 2)  # whichever replica claimed first
+    assert db.revision() is not None  # both migrated the empty database at once
+
+
+async def test_replicas_same_webhook_to_both_makes_one_incident(
+    tmp_path: Path, pg_url: str, db: Database, slack: FakeSlack, engine: RecordedMetrics
+) -> None:
+    scheduler = {"enabled": "false"}
+    replicas = Replicas(tmp_path, url=pg_url, slack=slack, engine=engine.base_url,
+                        scheduler=scheduler)  # fmt: skip
+    try:
+        headers = {"Authorization": f"Bearer {AM_TOKEN}", "Content-Type": "application/json"}
+        groups = [
+            body(alert(fingerprint=f"{n:016x}", ruleloop_target="tiny"),
+                 group_key=f'{{}}:{{instance="engine-{n}"}}')
+            for n in range(4)
+        ]  # fmt: skip
+        async with httpx.AsyncClient(timeout=30) as client:
+            answers = await asyncio.gather(
+                *(client.post(replicas.url(n, "/alertmanager"), content=group, headers=headers)
+                  for group in groups for n in (0, 1))
+            )  # fmt: skip
+        outcomes = sorted(a.json()["outcome"] for a in answers)
+        assert outcomes == ["duplicate"] * 4 + ["opened"] * 4, [a.text for a in answers]
+        await slack.until("chat.update", 4, timeout=60)  # every incident diagnosed once
+        await asyncio.sleep(1)  # anything posted twice would have arrived by now
+    finally:
+        replicas.stop()
+    with db.transaction() as s:
+        incidents = store.incidents(s)
+        opened = [e for e in store.audit_trail(s) if e.action == "incident.opened"]
+    assert len(incidents) == 4 and len(opened) == 4
+    roots = [c for c in slack.of("chat.postMessage") if not c.args.get("thread_ts")]
+    assert len(roots) == 4 and len(slack.of("chat.update")) == 4
+
+
+def test_replicas_killed_mid_job_loses_no_period_and_repeats_none(
+    tmp_path: Path, pg_url: str, db: Database, slack: FakeSlack, engine: RecordedMetrics
+) -> None:
+    every = 3  # the survivor's next tick does the dead one's period and its own in 2.4 s
+    scheduler = {"snapshot_every_s": every, "snapshot_window_s": 1.2, "baseline_every_s": 0,
+                 "draft_reminder_every_s": 0, "lease_ttl_s": 1}  # fmt: skip
+    replicas = Replicas(tmp_path, url=pg_url, slack=slack, engine=engine.base_url,
+                        scheduler=scheduler)  # fmt: skip
+    try:
+        # wait for a period some replica is in the middle of, and kill that replica (-9)
+        running = wait_for(
+            lambda: next((r for r in job_runs(db) if r.finished_at is None), None),
+            what="a running period",
+        )
+        victim = next(p for p in replicas.procs if p.proc.pid == replicas.owner_pid(running.owner))
+        victim.proc.kill()
+        victim.proc.wait()
+        survivor_pid = next(p.proc.pid for p in replicas.procs if p is not victim)
+
+        def taken_over() -> JobRun | None:
+            row = next(r for r in job_runs(db) if r.period == running.period)
+            return row if row.finished_at is not None else None
+
+        finished = wait_for(taken_over, timeout=30, what="the takeover")
+        assert finished.state == "done" and finished.attempts == 2
+        assert replicas.owner_pid(finished.owner) == survivor_pid
+
+        def later_periods_done() -> bool:
+            later = [r for r in job_runs(db) if r.period > finished.period]
+            return sum(r.finished_at is not None for r in later) >= 2
+
+        wait_for(later_periods_done, timeout=30, what="two later periods")
+    finally:
+        replicas.stop()
+    runs = job_runs(db)
+    assert_each_period_once(runs, every, snapshot_count(db))
+    assert [r.period for r in runs if r.attempts > 1] == [running.period]
