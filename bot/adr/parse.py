@@ -105,7 +105,7 @@ def parse_with_problems(text: str, *, file: str = "<adr>") -> tuple[Adr | None, 
             )
         )
     try:
-        return Adr.model_validate(front.model_dump() | parts), problems
+        return Adr.model_validate(front.model_dump(exclude_unset=True) | parts), problems
     except ValidationError as exc:
         problems += [Problem(file, _loc(e["loc"]), _why(e)) for e in exc.errors()]
         return None, problems

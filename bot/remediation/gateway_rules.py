@@ -38,8 +38,8 @@ class GatewayAdmin:
         return await self._call("GET", None)
 
     async def apply(self, rules: GatewayRules) -> dict[str, Any]:
-        """Set the ADR's rules; the limits in force afterwards."""
-        return await self._call("PATCH", rules.model_dump(exclude_none=True))
+        """Set the rules the ADR writes (not the model's defaults); the limits afterwards."""
+        return await self._call("PATCH", rules.model_dump(exclude_none=True, exclude_unset=True))
 
     async def restore(self, limits: dict[str, Any]) -> dict[str, Any]:
         """Put back limits recorded by ``limits()``."""

@@ -93,7 +93,7 @@ class RemediationService:
         after = merge(before.flags, plan.change)
         recorded, rules = before.to_json(), None
         if adr.fix.gateway is not None and spec.gateway_url is not None:
-            rules = adr.fix.gateway.model_dump(exclude_none=True)
+            rules = adr.fix.gateway.model_dump(exclude_none=True, exclude_unset=True)
             recorded["gateway"] = await self._gateway(name, spec).limits()
         if not diff(before.flags, after) and rules is None:
             raise UsageError(
