@@ -3,6 +3,7 @@ agree, replicas starting at once migrate safely, and the package ships its migra
 
 from __future__ import annotations
 
+import shutil
 import tomllib
 import uuid
 from collections.abc import Iterator
@@ -14,8 +15,10 @@ from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from click.testing import CliRunner
 from sqlalchemy import create_engine, inspect, text
 
+from bot.cli import cli
 from bot.store.db import MIGRATIONS, Database
 from bot.store.models import Base
 from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
@@ -91,3 +94,42 @@ def test_migrations_ship_with_the_package() -> None:
     assert (MIGRATIONS / "env.py").exists() and any(versions.glob("0001_*.py"))
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "store/migrations/script.py.mako" in config["tool"]["setuptools"]["package-data"]["bot"]
+
+
+def test_db_cli_upgrades_and_reports_the_revision(tmp_path: Path) -> None:
+    def run(*args: str) -> tuple[int, str]:
+        env: dict[str, str | None] = {"RULELOOP_CONFIG": None, "RULELOOP_DATABASE_URL": None}
+        result = CliRunner().invoke(cli, ["db", *args, "--state-dir", str(tmp_path)], env=env)
+        return result.exit_code, result.output
+
+    where = f"sqlite:///{tmp_path / 'ruleloop.db'}"
+    assert run("current") == (
+        0,
+        f"{where}: revision none, newest {head()} (needs `ruleloop db upgrade`)\n",
+    )
+    assert run("upgrade") == (0, f"{where}: upgraded from an empty database to {head()}\n")
+    assert run("upgrade") == (0, f"{where}: already at revision {head()}\n")
+    assert run("current") == (0, f"{where}: revision {head()}, newest {head()} (up to date)\n")
+    result = CliRunner().invoke(
+        cli,
+        ["db", "current"],
+        env={"RULELOOP_DATABASE_URL": "postgresql+psycopg://x@127.0.0.1:1/y"},
+    )
+    assert result.exit_code == 2 and "cannot open the incident store" in result.output
+
+
+def test_db_cli_revision_writes_a_migration_from_the_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = tmp_path / "migrations"
+    shutil.copytree(MIGRATIONS, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr("bot.store.db.MIGRATIONS", copy)
+    result = CliRunner().invoke(cli, ["db", "revision", "-m", "nothing changed"])
+    assert result.exit_code == 0, result.output
+    (written,) = [
+        p
+        for p in (copy / "versions").glob("*.py")
+        if not (MIGRATIONS / "versions" / p.name).exists()
+    ]
+    source = written.read_text()
+    assert f"down_revision: str | None = {head()!r}" in source and "pass" in source

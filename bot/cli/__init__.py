@@ -91,6 +91,7 @@ COMMANDS = {
     "adr": "bot.cli.adr",
     "tune": "bot.cli.tune",
     "serve": "bot.cli.serve",
+    "db": "bot.cli.db",
     "config": "bot.cli.config",
 }
 

@@ -1,0 +1,136 @@
+"""`ruleloop db`: the incident store's schema (Alembic migrations shipped in the package).
+
+`ruleloop serve` upgrades the store itself when it starts (replicas take turns on PostgreSQL);
+these commands do it ahead of a deployment, say where a database stands, and (for developers)
+write a new migration from the models.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from bot.errors import UsageError
+
+if TYPE_CHECKING:
+    from bot.store.db import Database
+
+CONFIG = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="TOML settings file (default: $RULELOOP_CONFIG); the store is [store] url or "
+    "$RULELOOP_DATABASE_URL.",
+)
+STATE = click.option(
+    "--state-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where the default SQLite store lives (as for `ruleloop serve`).",
+)
+
+
+def _database(config_path: Path | None, state_dir: Path | None) -> Database:
+    from bot.config import Settings
+    from bot.engine.process import default_state_dir
+    from bot.store.db import Database
+
+    settings = Settings.load(os.environ, path=config_path)
+    return Database(settings.database_url(fallback_dir=state_dir or default_state_dir()))
+
+
+def _where(database: Database) -> str:
+    return database.url.render_as_string(hide_password=True)
+
+
+@click.group("db")
+def db() -> None:
+    """The incident store's schema: upgrade it, show its revision, write a migration.
+
+    \b
+    Examples:
+      RULELOOP_DATABASE_URL=postgresql+psycopg://ruleloop@db/ruleloop ruleloop db upgrade
+      ruleloop db current --config ruleloop.toml
+    """
+
+
+@db.command("upgrade")
+@CONFIG
+@STATE
+def upgrade(config_path: Path | None, state_dir: Path | None) -> None:
+    """Upgrade the store to the newest schema (what `ruleloop serve` does when it starts)."""
+    database = _database(config_path, state_dir)
+    try:
+        before = _revision(database)
+        database.create_schema()
+        after = database.revision()
+    finally:
+        database.dispose()
+    if before == after:
+        click.echo(f"{_where(database)}: already at revision {after}")
+    else:
+        click.echo(f"{_where(database)}: upgraded from {before or 'an empty database'} to {after}")
+
+
+@db.command("current")
+@CONFIG
+@STATE
+def current(config_path: Path | None, state_dir: Path | None) -> None:
+    """Print the store's schema revision and the newest one this version ships."""
+    database = _database(config_path, state_dir)
+    try:
+        revision = _revision(database)
+    finally:
+        database.dispose()
+    head = _head()
+    state = "up to date" if revision == head else "needs `ruleloop db upgrade`"
+    click.echo(f"{_where(database)}: revision {revision or 'none'}, newest {head} ({state})")
+
+
+@db.command("revision")
+@click.option("-m", "--message", required=True, help="What the migration changes, in words.")
+def revision(message: str) -> None:
+    """(Developers) Write a migration for what the models changed since the newest one."""
+    from alembic import command
+
+    from bot.store.db import Database
+
+    with tempfile.TemporaryDirectory() as scratch:
+        database = Database(f"sqlite:///{Path(scratch) / 'head.db'}")
+        try:
+            database.create_schema()
+            with database.engine.begin() as connection:
+                script = command.revision(
+                    database.alembic_config(connection), message, autogenerate=True
+                )
+        finally:
+            database.dispose()
+    path = getattr(script, "path", script)
+    click.echo(f"wrote {path}: read it, adjust it, and commit it with the model change")
+
+
+def _revision(database: Database) -> str | None:
+    from sqlalchemy.exc import OperationalError
+
+    try:
+        return database.revision()
+    except OperationalError as exc:
+        raise UsageError(f"cannot open the incident store {_where(database)}: {exc.orig}") from None
+
+
+def _head() -> str | None:
+    from alembic.script import ScriptDirectory
+
+    from bot.store.db import MIGRATIONS
+
+    return ScriptDirectory(str(MIGRATIONS)).get_current_head()
+
+
+def register(group: click.Group) -> None:
+    """Add `db` to the CLI."""
+    group.add_command(db)
