@@ -250,3 +250,20 @@ async def test_snapshots_are_kept_and_shown_as_normal_next_to_now(
     shown = json.dumps(slack.of("chat.update")[-1].args["blocks"], ensure_ascii=False)
     assert "*TTFT p99*" in shown and "\\nnormal " in shown
     assert "*normal*: the median of the scheduler's recent snapshots" in shown
+
+
+async def test_baseline_posts_a_drift_incident_a_dead_replica_opened_but_never_posted(
+    h: Harness, slack: FakeSlack, canary: FakeCanary
+) -> None:
+    from bot.scheduler.baseline import drift_key
+
+    with h.bot.db.transaction() as s:  # opened, then the replica was killed before posting
+        store.create(s, key=drift_key("prod-a"), source="scheduler", target="prod-a", labels={},
+                     title="Baseline drift on prod-a: TTFT p99 412ms > 350ms", at=h.wall.now())  # fmt: skip
+    canary.ttft_p99_ms = 412.0
+    (result,) = await tick(h, "baseline:prod-a")
+    assert not result.detail["opened"] and len(incidents(h)) == 1
+    root = slack.of("chat.postMessage")[0]
+    assert root.args["text"].startswith(":rotating_light: Baseline drift on prod-a")
+    assert slack.of("chat.postMessage")[-1].args["text"].startswith(":straight_ruler: *Baseline")
+    assert "diagnosis.posted" in actions(h)

@@ -105,8 +105,8 @@ class BaselineCanary:
                 text = messages.RECOVERED.format(target=self.name, load=load, lines=lines)
                 await self._notifier.post_reply(ref, text=text)
             return Outcome(detail | {"resolved": resolved})
-        incident_id, opened = await asyncio.to_thread(self._open, now, result, detail)
-        if opened:
+        incident_id, opened, posted = await asyncio.to_thread(self._open, now, result, detail)
+        if not posted:  # new, or opened by a replica that died before posting it
             await self._flows.diagnose_incident(incident_id, received=self._monotonic())
             text = messages.DRIFT_NUMBERS.format(
                 target=self.name, load=load, adrs=", ".join(_ids(in_force)), lines=lines
@@ -135,8 +135,8 @@ class BaselineCanary:
 
     def _open(
         self, now: dt.datetime, result: GateResult, detail: dict[str, Any]
-    ) -> tuple[int, bool]:
-        """The drift incident: (id, True) when opened now, (id, False) when one was open."""
+    ) -> tuple[int, bool, bool]:
+        """The drift incident: its id, whether it was opened now, whether it was posted."""
         key = drift_key(self.name)
         try:
             with self._db.transaction() as s:
@@ -144,7 +144,7 @@ class BaselineCanary:
                 if held is not None:
                     store.audit(s, at=now, actor="ruleloop", action="baseline.drifting",
                                 incident=held, detail=detail)  # fmt: skip
-                    return held.id, False
+                    return held.id, False, store.root_message(s, held) is not None
                 incident = store.create(
                     s,
                     key=key,
@@ -160,12 +160,12 @@ class BaselineCanary:
                                    report=json_safe(result.report), at=now))  # fmt: skip
                 store.audit(s, at=now, actor="ruleloop", action="baseline.drift",
                             incident=incident, detail=detail)  # fmt: skip
-                return incident.id, True
+                return incident.id, True, False
         except IntegrityError:  # another replica opened it between our read and our write
             with self._db.transaction() as s:
                 held = store.find_open(s, key=key)
                 assert held is not None
-                return held.id, False
+                return held.id, False, True  # the replica that opened it posts it
 
     def _resolve(self, now: dt.datetime, detail: dict[str, Any]) -> int | None:
         """Close the open drift incident, if any; its id."""
