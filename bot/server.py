@@ -57,6 +57,7 @@ from bot.slack.app import build_app, web_client
 from bot.slack.console import ConsoleNotifier
 from bot.slack.notifier import SlackNotifier
 from bot.slack.replay import ReplayGuard
+from bot.slack.usergroups import SlackUserGroups
 from bot.store.db import Database
 
 log = logging.getLogger("ruleloop.server")
@@ -133,9 +134,7 @@ def create_bot(
         monotonic=monotonic,
         metrics=metrics,
     )
-    drafts = DraftService(
-        settings=settings, db=db, notifier=notifier, threads=flows.ensure_thread, clock=clock
-    )
+    groups = SlackUserGroups(client) if client is not None else None
     remediation = RemediationService(
         settings=settings,
         db=db,
@@ -146,6 +145,15 @@ def create_bot(
         actuator_for=actuator_for,
         gate=gate,
         after_change=lambda incident_id, author: _draft_quietly(drafts, incident_id, author),
+        groups=groups,
+    )
+    drafts = DraftService(
+        settings=settings,
+        db=db,
+        notifier=notifier,
+        threads=flows.ensure_thread,
+        clock=clock,
+        members=remediation.members,
     )
     if client is not None:
         slack_app = build_app(

@@ -229,3 +229,29 @@ async def test_adr_draft_is_posted_and_reviewed_by_someone_else(
         and buttons(slack.of("chat.update")[-1]) == {}
     )
     assert actions(h)[-1] == "adr_draft.accepted"
+
+
+async def test_user_groups_in_access_lists_stand_for_their_members(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    slack.usergroups["S0ONCALL1"] = ["U5"]
+    access = {"diagnose": ["U1"], "apply": ["S0ONCALL1"], "approve": ["S0LEADS99"], "review": []}
+    h = harness(tmp_path, slack=slack, access=access)
+    try:
+        tokens = await request(h, slack, user="U5")  # a member of the on-call group
+        await h.slash(f"{ADR} prod-a", user="U1", command="/apply-adr")  # not a member
+        await h.click(tokens["remediation_approve"], user="U2", action_id="remediation_approve")
+        not_member, unreadable = await answers(slack, 2)
+        assert not_member.startswith(
+            "You may not request ADR changes. Allowed: <!subteam^S0ONCALL1>."
+        )
+        # a group Slack will not list grants nothing (fail closed)
+        assert unreadable.startswith(
+            "You may not approve changes. Approvers: <!subteam^S0LEADS99>."
+        )
+        asked = [c.args["usergroup"] for c in slack.calls if c.method == "usergroups.users.list"]
+        assert asked[0] == "S0ONCALL1" and set(asked) == {"S0ONCALL1", "S0LEADS99"}
+        assert asked.count("S0ONCALL1") == 1  # members are kept for a few minutes
+        assert remediations(h)[0].state == "pending"
+    finally:
+        await h.close()

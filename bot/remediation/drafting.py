@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from sqlalchemy import select, update
 
 from bot.adr.store import AdrStore
-from bot.config import Settings
+from bot.config import AccessSettings, Settings
 from bot.diagnosis.ports import MessageRef
 from bot.errors import NotAllowed, UsageError
 from bot.postmortem.draft import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
@@ -41,8 +41,10 @@ class DraftService:
         notifier: RemediationNotifier,
         threads: Callable[[int, str | None], Awaitable[MessageRef]],
         clock: Callable[[], dt.datetime],
+        members: Callable[[], Awaitable[AccessSettings]] | None = None,
     ) -> None:
         self.settings = settings
+        self._members = members
         self._db = db
         self._notifier = notifier
         self._threads = threads
@@ -53,7 +55,8 @@ class DraftService:
     async def request(self, *, user_id: str, incident_id: int | None) -> str:
         """`/adr-draft`: who may diagnose or apply may draft; the summary goes to the thread."""
         access = self.settings.access
-        if not (access.allows("diagnose", user_id) or access.allows("apply", user_id)):
+        expanded = await self._expanded()
+        if not (expanded.allows("diagnose", user_id) or expanded.allows("apply", user_id)):
             raise NotAllowed(
                 f"You may not draft ADRs. Allowed: {who_may(access.diagnose + access.apply)}."
             )
@@ -64,6 +67,9 @@ class DraftService:
         )
         adr_id = await self.draft(chosen, author=user_id)
         return f"Drafted {adr_id} for incident #{chosen}; it is in the incident's thread."
+
+    async def _expanded(self) -> AccessSettings:
+        return self.settings.access if self._members is None else await self._members()
 
     def _newest_incident(self) -> int:
         with self._db.transaction() as s:
@@ -109,7 +115,8 @@ class DraftService:
             )
         adr_id = row.subject.split(":", 1)[1]
         draft = await asyncio.to_thread(self._draft, adr_id)
-        check_reviewer(reviewer=user_id, author=draft.author, reviewers=self.settings.access.review)
+        reviewers = (await self._expanded()).review
+        check_reviewer(reviewer=user_id, author=draft.author, reviewers=reviewers)
         today = self._clock().date()
         if row.kind == "accept":
             path = await asyncio.to_thread(

@@ -7,20 +7,38 @@ or per ADR) means the approver must be someone other than the requester.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Protocol
 
 from bot.adr.flags import canonical, check_engine_args
 from bot.adr.models import Adr
-from bot.config import Settings
+from bot.config import AccessSettings, Settings
 from bot.errors import NotAllowed, UsageError
 from bot.remediation.argv import FlagValues
 
+GROUP_ID = re.compile(r"^S[A-Z0-9]{6,}$")
+
 
 def who_may(allowed: list[str]) -> str:
-    """'<@U1>, <@U2>' / 'everyone' / 'nobody (configure [access] in the bot's config)'."""
+    """'<@U1>, <!subteam^S1>' / 'everyone' / 'nobody yet (set [access] in the bot's config)'."""
     if "*" in allowed:
         return "everyone"
-    return ", ".join(f"<@{u}>" for u in allowed) or "nobody yet (set [access] in the bot's config)"
+    names = (f"<!subteam^{e}>" if is_group(e) else f"<@{e}>" for e in allowed)
+    return ", ".join(names) or "nobody yet (set [access] in the bot's config)"
+
+
+def is_group(entry: str) -> bool:
+    """A Slack user group (subteam) ID such as S0123ABCD, rather than a user ID."""
+    return bool(GROUP_ID.match(entry))
+
+
+class AccessExpander(Protocol):
+    """Replaces user-group IDs in access lists by their members (Slack: usergroups.users.list)."""
+
+    async def expand(self, access: AccessSettings) -> AccessSettings:
+        """``access`` with groups replaced by their members."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -39,10 +57,15 @@ class Policy:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
 
-    def check_request(self, *, user_id: str, adr: Adr, target: str) -> ChangePlan:
-        """The plan for applying ``adr`` to ``target``; NotAllowed/UsageError says why not."""
+    def check_request(
+        self, *, user_id: str, adr: Adr, target: str, members: AccessSettings | None = None
+    ) -> ChangePlan:
+        """The plan for applying ``adr`` to ``target``; NotAllowed/UsageError says why not.
+
+        ``members``: the access lists with user groups expanded (default: as configured).
+        """
         access = self._settings.access
-        if not access.allows("apply", user_id):
+        if not (members or access).allows("apply", user_id):
             raise NotAllowed(
                 f"You may not request ADR changes. Allowed: {who_may(access.apply)}. "
                 "Nothing was changed."
@@ -72,11 +95,17 @@ class Policy:
         return ChangePlan(adr=adr, target=target, change=change, two_person=two_person)
 
     def check_approval(
-        self, *, user_id: str, requested_by: str, two_person: bool, adr_id: str
+        self,
+        *,
+        user_id: str,
+        requested_by: str,
+        two_person: bool,
+        adr_id: str,
+        members: AccessSettings | None = None,
     ) -> None:
         """NotAllowed when ``user_id`` may not approve this request."""
         access = self._settings.access
-        if not access.allows("approve", user_id):
+        if not (members or access).allows("approve", user_id):
             raise NotAllowed(
                 f"You may not approve changes. Approvers: {who_may(access.approve)}. "
                 "Nothing was changed; the buttons still work for them."
@@ -87,9 +116,11 @@ class Policy:
                 f"(two-person rule). Ask one of {who_may(access.approve)}. Nothing was changed."
             )
 
-    def check_cancel(self, *, user_id: str, requested_by: str) -> None:
+    def check_cancel(
+        self, *, user_id: str, requested_by: str, members: AccessSettings | None = None
+    ) -> None:
         """The requester or any approver may cancel a pending request."""
-        access = self._settings.access
+        access = members or self._settings.access
         if user_id != requested_by and not access.allows("approve", user_id):
             raise NotAllowed(
                 "Only the requester or an approver may cancel this request. Nothing was changed."

@@ -19,7 +19,7 @@ from typing import Any
 
 from bot.adr.models import AdrGates, GatewayRules
 from bot.adr.store import AdrStore
-from bot.config import Settings, Target
+from bot.config import AccessSettings, Settings, Target
 from bot.diagnosis.ports import MessageRef
 from bot.diagnosis.tasks import TaskSupervisor
 from bot.errors import RuleloopError, UsageError
@@ -28,7 +28,7 @@ from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
 from bot.remediation.argv import diff, merge
 from bot.remediation.gate import GateResult, run_gate, verify_serving
 from bot.remediation.gateway_rules import GatewayAdmin
-from bot.remediation.policy import Policy
+from bot.remediation.policy import AccessExpander, Policy
 from bot.remediation.ports import ACTIVE, RemediationNotifier, RemediationView
 from bot.remediation.records import RemediationRecords
 from bot.store.db import Database
@@ -59,6 +59,7 @@ class RemediationService:
         actuator_for: ActuatorFactory = actuators.build,
         gate: GateRunner = run_gate,
         after_change: AfterChange | None = None,
+        groups: AccessExpander | None = None,
     ) -> None:
         self.settings = settings
         self.records = RemediationRecords(db=db, clock=clock)
@@ -70,6 +71,12 @@ class RemediationService:
         self._actuator_for = actuator_for
         self._gate = gate
         self._after_change = after_change
+        self._groups = groups
+
+    async def members(self) -> AccessSettings:
+        """The access lists with Slack user groups replaced by their members."""
+        access = self.settings.access
+        return access if self._groups is None else await self._groups.expand(access)
 
     # --- request ------------------------------------------------------------------------
     async def request(
@@ -87,7 +94,9 @@ class RemediationService:
         if target is None and incident_id is not None:
             target = await asyncio.to_thread(self._incident_target, incident_id)
         name, spec = self.settings.target(target)
-        plan = self.policy.check_request(user_id=user_id, adr=adr, target=name)
+        plan = self.policy.check_request(
+            user_id=user_id, adr=adr, target=name, members=await self.members()
+        )
         actuator = self._actuator_for(name, spec)
         before = await actuator.current()
         after = merge(before.flags, plan.change)
@@ -171,10 +180,13 @@ class RemediationService:
                 requested_by=rem.requested_by,
                 two_person=rem.approvals_needed > 1,
                 adr_id=rem.adr_id,
+                members=await self.members(),
             )
             to_state, action = "approved", "remediation.approved"
         else:
-            self.policy.check_cancel(user_id=user_id, requested_by=rem.requested_by)
+            self.policy.check_cancel(
+                user_id=user_id, requested_by=rem.requested_by, members=await self.members()
+            )
             to_state, action = "cancelled", "remediation.cancelled"
         won = await asyncio.to_thread(
             self.records.claim,

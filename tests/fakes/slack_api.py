@@ -43,6 +43,7 @@ class FakeSlack:
         self.token = token
         self.calls: list[Call] = []
         self.messages: dict[tuple[str, str], dict[str, Any]] = {}  # (channel, ts) -> latest
+        self.usergroups: dict[str, list[str]] = {}  # user group (subteam) ID -> member IDs
         self._ts = itertools.count(1)
         self._limits: dict[str, list[int]] = {}
         self._changed = threading.Condition()
@@ -139,6 +140,11 @@ class FakeSlack:
             files = args.get("files")
             files = json.loads(files) if isinstance(files, str) else files
             return {"ok": True, "files": [{"id": f["id"], "title": f.get("title")} for f in files]}
+        if method == "usergroups.users.list":
+            group = args.get("usergroup", "")
+            if group not in self.usergroups:
+                return {"ok": False, "error": "no_such_subteam"}
+            return {"ok": True, "users": list(self.usergroups[group])}
         return {"ok": False, "error": "unknown_method"}
 
 
@@ -187,6 +193,8 @@ def _handler(fake: FakeSlack) -> type[BaseHTTPRequestHandler]:
                     answer = {"ok": False, "error": "invalid_arguments", "detail": str(exc)}
             self._record(Call(method, args, headers, status=200 if answer["ok"] else 400))
             return self._send(200, json.dumps(answer).encode(), "application/json")
+
+        do_GET = do_POST  # read methods (usergroups.users.list) come as GET with a query
 
         def _record(self, call: Call) -> None:
             with fake._changed:
