@@ -55,7 +55,7 @@ def engine_transport() -> httpx.MockTransport:
 def adr_dir(tmp_path: Path, *, matching: bool) -> Path:
     """The seed ADR; with ``matching`` its conditions become ones the recorded pages meet."""
     target = tmp_path / "adr"
-    target.mkdir()
+    target.mkdir(exist_ok=True)  # a second bot on the same store reuses it
     seed = next((ROOT / "adr").glob("ADR-20260831-01-*.md"))
     text = seed.read_text()
     if matching:
