@@ -1,14 +1,17 @@
 """Two real `ruleloop serve` replicas sharing one real PostgreSQL (Debian's), the fake Slack and a
 recorded-/metrics engine: a scheduled job runs once per period across both, the same webhook
-delivered to both makes one incident, and a replica killed mid-job loses no period and repeats
-none. No vLLM engine: snapshots and diagnoses read recorded /metrics pages over real HTTP."""
+delivered to both makes one incident, the same click delivered to both acts once, and a replica
+killed mid-job loses no period and repeats none. No vLLM engine: snapshots and diagnoses read
+recorded /metrics pages over real HTTP."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +28,7 @@ from bot.store.models import JobRun, MetricSnapshot
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import AM_TOKEN, PAGES, RUNBOOK
 from tests.fakes.metrics_server import RecordedMetrics
-from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack
+from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack, signed_headers
 from tests.test_bot_e2e import Process
 from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
 
@@ -37,7 +40,7 @@ class Replicas:
     """N `ruleloop serve` processes on one PostgreSQL database."""
 
     def __init__(self, tmp_path: Path, *, url: str, slack: FakeSlack, engine: str,
-                 scheduler: dict[str, Any], count: int = 2) -> None:  # fmt: skip
+                 scheduler: dict[str, Any], count: int = 2, extra: str = "") -> None:  # fmt: skip
         runbooks = tmp_path / "runbooks"
         runbooks.mkdir()
         (runbooks / "test.yaml").write_text(RUNBOOK)
@@ -48,6 +51,7 @@ class Replicas:
             f'[targets.tiny]\nvllm_url = "{engine}"',
             "[scheduler]",
             *(f"{key} = {value}" for key, value in scheduler.items()),
+            extra,
         ]
         config.write_text("\n".join(lines) + "\n")
         env = {**os.environ, "RULELOOP_CONFIG": str(config), "RULELOOP_DATABASE_URL": url,
@@ -230,3 +234,50 @@ def test_replicas_killed_mid_job_loses_no_period_and_repeats_none(
     runs = job_runs(db)
     assert_each_period_once(runs, every, snapshot_count(db))
     assert [r.period for r in runs if r.attempts > 1] == [running.period]
+
+
+async def test_replicas_a_click_delivered_to_both_acts_once(
+    tmp_path: Path, pg_url: str, db: Database, slack: FakeSlack, engine: RecordedMetrics
+) -> None:
+    access = '[access]\napply = ["U1"]\napprove = ["U1", "U2"]\n[targets.tiny.actuator]\nkind = "dry-run"\n'
+    replicas = Replicas(tmp_path, url=pg_url, slack=slack, engine=engine.base_url,
+                        scheduler={"enabled": "false"}, extra=access)  # fmt: skip
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            form = {"command": "/apply-adr", "text": "ADR-20260831-01 tiny", "user_id": "U1",
+                    "channel_id": "C0INCIDENTS", "team_id": "T0FAKE", "trigger_id": "1.2.3",
+                    "response_url": slack.response_url("cmd"), "token": "legacy"}  # fmt: skip
+            request = urllib.parse.urlencode(form).encode()
+            asked = await client.post(replicas.url(0, "/slack/events"), content=request,
+                                      headers=signed_headers(request))  # fmt: skip
+            assert asked.status_code == 200, asked.text
+            card = (await slack.until("chat.postMessage", 2, timeout=30))[-1]
+            approve = next(e["value"] for b in card.args["blocks"] if b["type"] == "actions"
+                           for e in b["elements"] if e["action_id"] == "remediation_approve")  # fmt: skip
+            payload = {"type": "block_actions", "user": {"id": "U2"}, "team": {"id": "T0FAKE"},
+                       "api_app_id": "A0", "trigger_id": "1.2.3",
+                       "response_url": slack.response_url("btn"), "channel": {"id": "C0INCIDENTS"},
+                       "container": {"type": "message"},
+                       "actions": [{"type": "button", "action_id": "remediation_approve",
+                                    "block_id": "b", "value": approve, "action_ts": "1"}]}  # fmt: skip
+            click = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
+            headers = signed_headers(click)  # the very same signed request, to both replicas
+            answers = await asyncio.gather(
+                *(client.post(replicas.url(n, "/slack/events"), content=click, headers=headers)
+                  for n in (0, 1))
+            )  # fmt: skip
+            assert [a.status_code for a in answers] == [200, 200]
+
+        def approvals() -> list[str]:
+            with db.transaction() as s:
+                return [
+                    e.action for e in store.audit_trail(s) if e.action.startswith("remediation.")
+                ]
+
+        wait_for(lambda: "remediation.approved" in approvals(), timeout=30, what="the approval")
+        await asyncio.sleep(1)  # a second approval would have been written by now
+    finally:
+        replicas.stop()
+    assert approvals().count("remediation.approved") == 1
+    # the other replica answered the clicker ("already approved" / "someone answered first")
+    assert len([c for c in slack.of("response_url") if c.args.get("name") == "btn"]) == 1
