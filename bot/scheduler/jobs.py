@@ -37,12 +37,19 @@ class ExpiresApprovals(Protocol):
         """Expire requests whose approval buttons expired; how many."""
         ...
 
+    async def resume(self) -> int:
+        """Roll back changes whose replica died mid-flow; how many."""
+        ...
+
 
 def approval_expiry(service: ExpiresApprovals, *, every_s: float) -> Job:
-    """The job that expires approval requests nobody approved in time."""
+    """Expires approval requests nobody approved in time, and rolls back changes a dead
+    replica left half done (their heartbeat went stale)."""
 
     async def run(now: dt.datetime) -> Outcome:
-        return Outcome({"expired": await service.expire_due()})
+        return Outcome(
+            {"expired": await service.expire_due(), "resumed": await service.resume()}
+        )
 
     return Job("approval_expiry", every_s, run)
 
