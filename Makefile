@@ -1,5 +1,5 @@
 # Two commands do all set-up on a fresh machine (see README):
-#   make demo   start a local vLLM engine and print its four-metric baseline
+#   make demo   replay a latency incident on a local vLLM engine: alert, diagnosis, ADR fix, draft
 #   make test   run the whole test suite
 PYTHON ?= python3
 VENV ?= .venv
