@@ -16,6 +16,7 @@ from sqlalchemy import Executable, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
+from bot.errors import UsageError
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import ActionToken, CanaryResult, Incident, Remediation
@@ -62,6 +63,14 @@ class RemediationRecords:
                 at=now,
             )
             return incident.id
+
+    def incident_target(self, incident_id: int) -> str | None:
+        """The target an incident is about; UsageError when there is no such incident."""
+        with self._db.transaction() as s:
+            incident = store.get(s, incident_id)
+            if incident is None:
+                raise UsageError(f"there is no incident {incident_id}")
+            return incident.target
 
     def create(
         self,

@@ -92,7 +92,7 @@ class RemediationService:
         adrs = AdrStore(root=self.settings.paths.adr)
         adr = await asyncio.to_thread(adrs.get_or_raise, adr_id)
         if target is None and incident_id is not None:
-            target = await asyncio.to_thread(self._incident_target, incident_id)
+            target = await asyncio.to_thread(self.records.incident_target, incident_id)
         name, spec = self.settings.target(target)
         plan = self.policy.check_request(
             user_id=user_id, adr=adr, target=name, members=await self.members()
@@ -140,15 +140,6 @@ class RemediationService:
             f"{who} must approve it within "
             f"{self.settings.remediation.approval_ttl_s / 60:.0f} minutes."
         )
-
-    def _incident_target(self, incident_id: int) -> str | None:
-        from bot.store import service as store
-
-        with self.records._db.transaction() as s:  # noqa: SLF001 - same package
-            incident = store.get(s, incident_id)
-            if incident is None:
-                raise UsageError(f"there is no incident {incident_id}")
-            return incident.target
 
     # --- buttons ------------------------------------------------------------------------
     async def click(self, *, user_id: str, token: str) -> None:
