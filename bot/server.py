@@ -144,7 +144,7 @@ def create_bot(
         tasks=flows.tasks,
         actuator_for=actuator_for,
         gate=gate,
-        after_change=lambda incident_id, author: _draft_quietly(drafts, incident_id, author),
+        after_change=lambda incident_id, author: _draft_after_change(drafts, incident_id, author),
         groups=groups,
     )
     drafts = DraftService(
@@ -223,8 +223,8 @@ def create_bot(
     )
 
 
-async def _draft_quietly(drafts: DraftService, incident_id: int, author: str) -> None:
-    """The post-incident draft when a remediation ends (the service logs a failure)."""
+async def _draft_after_change(drafts: DraftService, incident_id: int, author: str) -> None:
+    """The post-incident draft when a remediation ends (the remediation service logs a failure)."""
     await drafts.draft(incident_id, author=author)
 
 

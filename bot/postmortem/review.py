@@ -18,6 +18,7 @@ from bot.adr.render import render
 from bot.adr.store import AdrStore
 from bot.adr.validate import check_record
 from bot.errors import AdrError, NotAllowed, UsageError
+from bot.remediation.policy import who_may
 
 REVIEW_HEADING = "## 评审记录 (Review)"
 NOBODY = (
@@ -36,7 +37,7 @@ def check_reviewer(*, reviewer: str, author: str, reviewers: list[str]) -> None:
     if not reviewers:
         raise NotAllowed(NOBODY)
     if "*" not in reviewers and reviewer not in reviewers:
-        raise NotAllowed(NOT_LISTED.format(allowed=", ".join(f"<@{r}>" for r in reviewers)))
+        raise NotAllowed(NOT_LISTED.format(allowed=who_may(reviewers)))
     if reviewer == author:
         raise NotAllowed(SELF_REVIEW.format(author=author))
 

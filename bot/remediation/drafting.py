@@ -97,7 +97,7 @@ class DraftService:
                 self._record, adr_id=adr_id, incident_id=incident_id, path=str(path), author=author
             )
         thread = await self._threads(incident_id, None)
-        view = self._view(adr_id, tokens=tokens)
+        view = await asyncio.to_thread(self._view, adr_id, tokens=tokens)
         ref = await self._notifier.post_draft(
             thread, view=view, markdown=path.read_text(encoding="utf-8"), filename=path.name
         )
@@ -130,7 +130,7 @@ class DraftService:
             )  # fmt: skip
             state, note = "rejected", f"Kept on record as {path.name}."
         await asyncio.to_thread(self._decided, adr_id, state=state, user_id=user_id, path=path)
-        view = self._view(adr_id, note=note)
+        view = await asyncio.to_thread(self._view, adr_id, note=note)
         if draft.channel and draft.ts:
             await self._notifier.update_draft(
                 MessageRef(channel=draft.channel, ts=draft.ts), view=view

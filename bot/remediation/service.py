@@ -64,6 +64,7 @@ class RemediationService:
         self.settings = settings
         self.records = RemediationRecords(db=db, clock=clock)
         self.policy = Policy(settings)
+        self._adrs = AdrStore(root=settings.paths.adr)
         self._notifier = notifier
         self._threads = threads
         self._clock = clock
@@ -89,8 +90,7 @@ class RemediationService:
         channel_id: str | None = None,
     ) -> str:
         """Check a request, post its confirmation card; the returned text acknowledges it."""
-        adrs = AdrStore(root=self.settings.paths.adr)
-        adr = await asyncio.to_thread(adrs.get_or_raise, adr_id)
+        adr = await asyncio.to_thread(self._adrs.get_or_raise, adr_id)
         if target is None and incident_id is not None:
             target = await asyncio.to_thread(self.records.incident_target, incident_id)
         name, spec = self.settings.target(target)
@@ -220,7 +220,7 @@ class RemediationService:
 
     async def _run(self, remediation_id: int) -> None:
         rem = await asyncio.to_thread(self.records.get, remediation_id)
-        adr = AdrStore(root=self.settings.paths.adr).get_or_raise(rem.adr_id)
+        adr = await asyncio.to_thread(self._adrs.get_or_raise, rem.adr_id)
         name, spec = self.settings.target(rem.target)
         actuator = self._actuator_for(name, spec)
         before = Deployed.from_json(rem.before)
@@ -456,7 +456,7 @@ class RemediationService:
                 if rem.state == "pending"
                 else {}
             )
-        adr = AdrStore(root=self.settings.paths.adr).find(rem.adr_id)
+        adr = await asyncio.to_thread(self._adrs.find, rem.adr_id)
         gates = adr[1].gates.model_dump(exclude_none=True) if adr and adr[1].gates else {}
         spec = self.settings.targets.get(rem.target)
         return RemediationView(

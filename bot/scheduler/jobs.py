@@ -47,9 +47,7 @@ def approval_expiry(service: ExpiresApprovals, *, every_s: float) -> Job:
     replica left half done (their heartbeat went stale)."""
 
     async def run(now: dt.datetime) -> Outcome:
-        return Outcome(
-            {"expired": await service.expire_due(), "resumed": await service.resume()}
-        )
+        return Outcome({"expired": await service.expire_due(), "resumed": await service.resume()})
 
     return Job("approval_expiry", every_s, run)
 
