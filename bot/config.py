@@ -233,6 +233,12 @@ class ServerSettings(_Section):
 
     host: str = Field(default="127.0.0.1", description="0.0.0.0 in a container")
     port: int = Field(default=3000, ge=0, lt=65536, description="0: any free port")
+    max_body_bytes: int = Field(
+        default=1 << 20,
+        ge=1024,
+        description="the largest request body /slack/events and /alertmanager read; "
+        "a larger one is answered 413 before more is read",
+    )
 
 
 class ScheduledTarget(_Section):

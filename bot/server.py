@@ -46,6 +46,7 @@ from bot.remediation.drafting import DraftService
 from bot.remediation.gate import run_gate
 from bot.remediation.ports import RemediationNotifier
 from bot.remediation.service import ActuatorFactory, GateRunner, RemediationService
+from bot.request_body import read_body, replay
 from bot.runbooks.builtin import default_registry
 from bot.runbooks.context import ProbeContext
 from bot.runbooks.loader import load_dir
@@ -61,7 +62,6 @@ from bot.slack.usergroups import SlackUserGroups
 from bot.store.db import Database
 
 log = logging.getLogger("ruleloop.server")
-MAX_WEBHOOK_BYTES = 1 << 20
 STATUS = {Outcome.OPENED: 202, Outcome.RESOLVED: 202, Outcome.UPDATED: 200, Outcome.DUPLICATE: 200}
 
 
@@ -278,7 +278,11 @@ class Routes:
                 "Slack events over HTTP are off: no SLACK_BOT_TOKEN and "
                 "SLACK_SIGNING_SECRET (console transport, or Socket Mode)",
             )
-        body = await request.body()
+        try:  # capped: the signature can only be checked once the body is read
+            body = await read_body(request, limit=self._settings.server.max_body_bytes)
+        except RequestRejected as exc:
+            metrics.labels("too_large").inc()
+            return _reason(exc.status, str(exc))
         timestamp = request.headers.get("x-slack-request-timestamp", "")
         signature = request.headers.get("x-slack-signature", "")
         try:
@@ -292,7 +296,7 @@ class Routes:
             metrics.labels("replayed").inc()
             return _reason(401, "this signed request was already received (replay)")
         metrics.labels("accepted").inc()
-        return await self._slack.handle(request)
+        return await self._slack.handle(replay(request, body))
 
     async def alertmanager(self, request: Request) -> Response:
         """Alertmanager webhook v4: bearer token, then parse, dedupe, store, then act."""
@@ -307,10 +311,8 @@ class Routes:
             return _reason(
                 401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
             )
-        body = await request.body()
         try:
-            if len(body) > MAX_WEBHOOK_BYTES:
-                raise RequestRejected(f"body over {MAX_WEBHOOK_BYTES} bytes", status=413)
+            body = await read_body(request, limit=self._settings.server.max_body_bytes)
             webhook = parse_webhook(body)
             result = await asyncio.to_thread(self._intake.receive, webhook)
         except RequestRejected as exc:

@@ -8,13 +8,28 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy import ColumnElement, String
 
 from bot.errors import RequestRejected
+from bot.store.models import Alert, Incident
 
 Status = Literal["firing", "resolved"]
+
+
+def _width(column: ColumnElement[Any]) -> int:
+    """The length of a String column: what PostgreSQL would refuse past (SQLite never does)."""
+    assert isinstance(column.type, String) and column.type.length, column
+    return column.type.length
+
+
+# Longer values are refused at intake (422): in the store they were a DataError, answered 503,
+# which Alertmanager retried forever.
+FINGERPRINT_MAX = _width(Alert.__table__.c.fingerprint)
+TIME_MAX = min(_width(Alert.__table__.c.starts_at), _width(Alert.__table__.c.ends_at))
+GROUP_KEY_MAX = _width(Incident.__table__.c.key)
 
 
 class _Lenient(BaseModel):
@@ -27,10 +42,10 @@ class WebhookAlert(_Lenient):
     status: Status
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
-    starts_at: str = Field(alias="startsAt", min_length=1)
-    ends_at: str | None = Field(default=None, alias="endsAt")
+    starts_at: str = Field(alias="startsAt", min_length=1, max_length=TIME_MAX)
+    ends_at: str | None = Field(default=None, alias="endsAt", max_length=TIME_MAX)
     generator_url: str | None = Field(default=None, alias="generatorURL")
-    fingerprint: str = ""
+    fingerprint: str = Field(default="", max_length=FINGERPRINT_MAX)
 
     @field_validator("starts_at")
     @classmethod
@@ -52,7 +67,7 @@ class Webhook(_Lenient):
     """A notification: one alert group at one moment."""
 
     version: Literal["4"]
-    group_key: str = Field(alias="groupKey", min_length=1)
+    group_key: str = Field(alias="groupKey", min_length=1, max_length=GROUP_KEY_MAX)
     status: Status
     receiver: str = ""
     group_labels: dict[str, str] = Field(default_factory=dict, alias="groupLabels")
@@ -61,6 +76,14 @@ class Webhook(_Lenient):
     external_url: str = Field(default="", alias="externalURL")
     truncated_alerts: int = Field(default=0, alias="truncatedAlerts")
     alerts: list[WebhookAlert] = Field(min_length=1)
+
+    @field_validator("alerts")
+    @classmethod
+    def _one_per_instance(cls, alerts: list[WebhookAlert]) -> list[WebhookAlert]:
+        # An instance twice in one payload (a relay or a hand-made payload, not Alertmanager)
+        # made the store's unique key fail on every retry; the later copy is the newer state.
+        latest = {alert.key(): alert for alert in alerts}
+        return list(latest.values())
 
     @property
     def labels(self) -> dict[str, str]:
@@ -107,6 +130,8 @@ def parse_webhook(body: bytes) -> Webhook:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RequestRejected(f"body is not JSON: {exc}", status=400) from None
+    except RecursionError:  # e.g. 200,000 nested arrays: the parser's stack runs out
+        raise RequestRejected("body is not usable JSON: nested too deeply", status=400) from None
     if not isinstance(data, dict):
         raise RequestRejected("body must be a JSON object (Alertmanager webhook v4)", status=400)
     try:

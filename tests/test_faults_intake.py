@@ -1,0 +1,150 @@
+"""Faults at the bot's HTTP doors (docs/reliability.md): huge, deep, repeated and over-long
+requests get a clear 4xx at once, never a swollen process, a 500 or a 503 retry loop."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from bot.store import service as store
+from tests.fakes.alerts import alert, body, payload
+from tests.fakes.bot import Harness, harness
+from tests.fakes.slack_api import FakeSlack
+from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
+
+pytestmark = pytest.mark.faults
+
+CHUNK = 64 * 1024
+
+
+class Sent:
+    """A request body streamed in 64 KiB chunks that counts how much the server pulled."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.pulled = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while self.pulled < self.total:
+            self.pulled += CHUNK
+            yield b"x" * CHUNK
+
+
+@pytest.fixture
+async def h(tmp_path: Path, slack: FakeSlack) -> AsyncIterator[Harness]:
+    harness_ = harness(tmp_path, slack=slack)
+    yield harness_
+    await harness_.close()
+
+
+@pytest.mark.parametrize("route", ["/slack/events", "/alertmanager"])
+async def test_a_huge_streamed_body_is_refused_after_the_limit_not_read_whole(
+    h: Harness, slack: FakeSlack, route: str
+) -> None:
+    """Item 1: 64 MiB, unsigned (or after the token): 413 once 1 MiB is read, not all of it."""
+    sent = Sent(64 << 20)
+    headers = {"Authorization": "Bearer am-secret-token", "Content-Type": "application/json"}
+    response = await h.client.post(route, content=sent, headers=headers)  # type: ignore[arg-type]
+    assert response.status_code == 413, response.text
+    assert "over 1048576 bytes" in response.json()["error"]
+    assert sent.pulled <= (1 << 20) + CHUNK, f"read {sent.pulled} bytes of a refused body"
+    assert slack.calls == []
+
+
+async def test_a_declared_length_over_the_limit_is_refused_before_reading(h: Harness) -> None:
+    sent = Sent(2 << 20)
+    headers = {"Content-Length": str(2 << 20), "X-Slack-Signature": "v0=00"}
+    response = await h.client.post("/slack/events", content=sent, headers=headers)  # type: ignore[arg-type]
+    assert response.status_code == 413 and sent.pulled == 0
+
+
+async def test_the_body_limit_is_a_setting(tmp_path: Path, slack: FakeSlack) -> None:
+    h = harness(tmp_path, slack=slack, server={"max_body_bytes": 4096})
+    try:
+        response = await h.webhook(body(alert(), junk="x" * 5000))
+        assert response.status_code == 413 and "over 4096 bytes" in response.json()["error"]
+        assert (await h.webhook(body(alert()))).status_code == 202
+    finally:
+        await h.close()
+
+
+async def test_the_same_alert_twice_in_one_payload_opens_one_incident(
+    h: Harness, slack: FakeSlack
+) -> None:
+    """Item 10: was an IntegrityError on every retry (503 forever)."""
+    twice = body(alert(), alert())
+    first = await h.webhook(twice)
+    assert (first.status_code, first.json()["outcome"]) == (202, "opened"), first.text
+    again = await h.webhook(twice)
+    assert (again.status_code, again.json()["outcome"]) == (200, "duplicate")
+    await h.bot.flows.tasks.drain()
+    with h.bot.db.transaction() as s:
+        (incident,) = store.incidents(s)
+        assert len(incident.alerts) == 1
+
+
+async def test_the_later_copy_of_a_repeated_alert_wins(h: Harness) -> None:
+    """A firing and a resolved copy of one instance in one payload: the last one is its state."""
+    mixed = body(alert(), alert(status="resolved"), status="firing")
+    assert (await h.webhook(mixed)).status_code == 202
+    await h.bot.flows.tasks.drain()
+    with h.bot.db.transaction() as s:
+        (incident,) = store.incidents(s)
+        assert [a.status for a in incident.alerts] == ["resolved"]
+
+
+async def test_a_deeply_nested_body_is_a_400_not_a_500(h: Harness) -> None:
+    """Item 11: 200k nested arrays made json.loads raise RecursionError (500)."""
+    deep = b"[" * 200_000 + b"]" * 200_000
+    response = await h.webhook(deep)
+    assert response.status_code == 400, response.text
+    assert "nested too deeply" in response.json()["error"]
+    nested = json.dumps(payload(alert())).encode()[:-1] + b', "x": ' + deep + b"}"
+    assert (await h.webhook(nested)).status_code == 400
+
+
+@pytest.fixture
+def pg_store(postgres: str) -> Iterator[str]:  # noqa: F811
+    """A new, empty database on the real PostgreSQL server."""
+    name = f"f_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(f"{postgres}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    yield f"{postgres}/{name}"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"fingerprint": "f" * 65}, "alerts.0.fingerprint"),
+        ({"startsAt": "2026-09-01T02:13:07." + "1" * 60 + "Z"}, "alerts.0.startsAt"),
+        ({"endsAt": "x" * 65}, "alerts.0.endsAt"),
+        ({"groupKey": "g" * 513}, "groupKey"),
+    ],
+)
+async def test_over_long_keys_are_a_422_on_postgresql_not_a_503_loop(
+    tmp_path: Path, pg_store: str, change: dict[str, str], field: str
+) -> None:
+    """Item 12: PostgreSQL refused them (DataError), so every retry answered 503."""
+    h = harness(tmp_path, slack=None, store={"url": pg_store})
+    try:
+        sent = payload(alert())
+        if "groupKey" in change:
+            sent.update(change)
+        else:
+            sent["alerts"][0].update(change)
+        response = await h.webhook(json.dumps(sent).encode())
+        assert response.status_code == 422, response.text
+        assert response.json()["error"].startswith(
+            f"not an Alertmanager webhook v4 payload: {field}"
+        )
+        with h.bot.db.transaction() as s:
+            assert store.incidents(s) == []
+    finally:
+        await h.close()
