@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from bot.cli import cli
-from bot.cli.canary import canary, default_metrics_url
+from bot.cli.canary import canary, default_num_requests
 
 
 @pytest.mark.parametrize(
@@ -42,6 +42,26 @@ from bot.cli.canary import canary, default_metrics_url
             ["--endpoint", "http://x/v1/completions", "--cancel-mode", "sometimes"],
             "Invalid value for '--cancel-mode'",
         ),
+        (
+            ["--endpoint", "http://x/v1/completions", "--max-error-rate", "2"],
+            "Invalid value for '--max-error-rate'",
+        ),
+        (
+            [
+                "--endpoint",
+                "http://x/v1/completions",
+                "--pulse",
+                "--pulse-width",
+                "60",
+                "--pulse-period",
+                "30",
+            ],
+            "--pulse-width (60 s) must be shorter than --pulse-period (30 s)",
+        ),
+        (
+            ["--endpoint", "http://x/v1/completions", "--pulse", "--request-rate", "5"],
+            "--pulse shapes fixed-concurrency load; drop --request-rate",
+        ),
     ],
 )
 def test_bad_usage_exits_2_with_a_clear_message(args: list[str], message: str) -> None:
@@ -59,6 +79,9 @@ def test_help_teaches_the_seed_command_and_exit_codes() -> None:
         "--min-goodput-ratio",
         "--prompt-length",
         "Exit codes: 0 all gates passed",
+        "--max-error-rate",
+        "--pulse",
+        "Failed requests fail the gate",
     ):
         assert text in result.output
 
@@ -70,12 +93,8 @@ def test_ruleloop_exposes_canary_engine_and_demo() -> None:
         assert command in result.output
 
 
-@pytest.mark.parametrize(
-    ("endpoint", "metrics"),
-    [
-        ("http://gw:8000/v1/completions", "http://gw:8000/metrics"),
-        ("https://a.b/v1/chat/completions?x=1", "https://a.b/metrics"),
-    ],
-)
-def test_default_metrics_url_is_the_endpoint_host(endpoint: str, metrics: str) -> None:
-    assert default_metrics_url(endpoint) == metrics
+@pytest.mark.parametrize(("concurrency", "count"), [(1, 100), (20, 100), (150, 750)])
+def test_default_request_count_keeps_the_asked_concurrency_in_flight(
+    concurrency: int, count: int
+) -> None:
+    assert default_num_requests(concurrency) == count

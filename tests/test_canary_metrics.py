@@ -13,7 +13,8 @@ from bot.canary.fragmentation import (
     resident_lengths,
     used_blocks,
 )
-from bot.canary.report import CanaryReport, Gates, slo_attainment, summarize
+from bot.canary.report import CanaryReport, slo_attainment, summarize
+from bot.canary.verdict import Gates
 
 
 @pytest.mark.parametrize(
@@ -74,7 +75,9 @@ def test_summarize_uses_linear_interpolation_like_numpy() -> None:
     assert out["p99"] == pytest.approx(np.percentile(values, 99))
     assert out["p50"] == pytest.approx(50.5)
     assert out["mean"] == pytest.approx(50.5)
-    assert summarize([]) == {"p50": None, "p90": None, "p99": None, "mean": None}
+    assert summarize([]) == {
+        "p50": None, "p90": None, "p99": None, "mean": None, "count": 0, "infinite": 0
+    }  # fmt: skip
 
 
 def record(
@@ -128,13 +131,14 @@ def test_goodput_without_engine_is_a_labelled_client_upper_bound() -> None:
 def test_gates_name_each_failure(gates, passed, failed_names) -> None:
     report = make_report([record(0.1, 1.1, 11), record(0.2, 1.2, 11)], gates)
     assert report.passed is passed
-    assert [g.name for g in report.failed_gates()] == failed_names
+    assert [g.name for g in report.verdict().failed] == failed_names
 
 
 def test_gate_on_unmeasurable_value_fails_with_reason() -> None:
     report = make_report([record(0.1, 1.1, 11)], Gates(max_kv_fragmentation=0.5))
-    (gate,) = report.gate_results
-    assert not gate.passed and gate.value is None and "could not be measured" in gate.reason
+    gate, error_gate = report.verdict().results
+    assert not gate.passed and gate.value is None and gate.reason == "KV fragmentation not measured"
+    assert error_gate.name == "max_error_rate" and error_gate.passed
 
 
 def test_report_json_has_the_contract_keys() -> None:
@@ -155,11 +159,16 @@ def test_report_json_has_the_contract_keys() -> None:
         "passed",
     ):
         assert key in data
-    assert set(data["ttft_ms"]) == {"p50", "p90", "p99", "mean"}
+    assert set(data["ttft_ms"]) == {"p50", "p90", "p99", "mean", "count", "infinite"}
     assert data["kv_fragmentation"]["observed"] == pytest.approx(0.2)
     assert data["kv_fragmentation"]["internal"] == pytest.approx(0.1)
-    assert data["requests"] == {"ok": 1, "cancelled": 0, "failed": 0, "total": 1}
+    assert data["requests"] == {
+        "ok": 1, "cancelled": 0, "failed": 0, "total": 1, "failed_by_cause": {}
+    }  # fmt: skip
+    assert data["error_rate"] == 0.0
     assert data["gates"][0] == {
         "name": "max_ttft_p99_ms", "limit": 500, "value": pytest.approx(100.0), "passed": True,
-        "reason": "100 <= 500",
+        "reason": "TTFT p99 100ms <= 500ms",
+        "source": "TTFT p99: client side; requests that failed count as infinitely slow",
     }  # fmt: skip
+    assert [g["name"] for g in data["gates"]] == ["max_ttft_p99_ms", "max_error_rate"]

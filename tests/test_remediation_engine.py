@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.adr.store import AdrStore
+from bot.canary.verdict import values_of
 from bot.engine.model import SERVED_MODEL_NAME
 from bot.engine.process import EngineManager, free_port
 from bot.gateway.app import Gateway
@@ -29,7 +30,6 @@ from bot.probes.exposition import Exposition
 from bot.remediation.actuators.local import process_argv
 from bot.remediation.argv import read_flags
 from bot.store.models import AdrDraft, CanaryResult, Remediation
-from bot.tune.matrix import values_of
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 
@@ -170,7 +170,7 @@ async def test_an_accepted_adr_is_applied_kept_and_drafted(
         with h.bot.db.transaction() as s:
             (canary,) = s.scalars(select(CanaryResult)).all()
             draft = s.scalars(select(AdrDraft)).one()
-        values = values_of(canary.report, mixed=False)
+        values = values_of(canary.report)
         last = slack.of("chat.update")[-1].args
         assert last["text"] == f"{KEEP} on local: applied: the canary met every gate"
         assert f"TTFT p99 {values.ttft_p99_ms:,.1f} ms" in json.dumps(

@@ -15,12 +15,12 @@ import pytest
 from sqlalchemy import select
 
 from bot.adr.models import AdrGates
+from bot.canary.verdict import gates_from, judge
 from bot.config import CanarySpec
-from bot.remediation.gate import GateResult
+from bot.remediation.gate import GateRun
 from bot.scheduler.runner import Job, RunResult
 from bot.store import service as store
 from bot.store.models import AdrDraft, Incident, MetricSnapshot, Remediation
-from bot.tune.matrix import gate_failures, values_of
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 
@@ -34,12 +34,12 @@ class FakeCanary:
         self.ttft_p99_ms = 180.0
         self.calls: list[tuple[str, AdrGates]] = []
 
-    async def __call__(self, base_url: str, spec: CanarySpec, gates: AdrGates) -> GateResult:
+    async def __call__(self, base_url: str, spec: CanarySpec, gates: AdrGates) -> GateRun:
         self.calls.append((base_url, gates))
         report = {"ttft_ms": {"p99": self.ttft_p99_ms}, "tpot_ms": {"p99": 21.5},
-                  "goodput_ratio": 0.99, "kv_fragmentation": {"observed": 0.12}}  # fmt: skip
-        values = values_of(report, mixed=False)
-        return GateResult(report, False, values, gate_failures(values, gates))
+                  "goodput_ratio": 0.99, "kv_fragmentation": {"observed": 0.12},
+                  "requests": {"total": 32, "failed": 0}}  # fmt: skip
+        return GateRun(report, judge(report, gates_from(gates)))
 
 
 @pytest.fixture

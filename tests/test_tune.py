@@ -14,11 +14,12 @@ from bot.adr.models import AdrGates
 from bot.adr.parse import load
 from bot.adr.render import render
 from bot.adr.validate import validate
+from bot.canary.verdict import Values, gates_from, judge_values
 from bot.cli import cli
 from bot.engine.process import EngineManager
 from bot.errors import UsageError
 from bot.tune.draft import NO_PICK, build_draft
-from bot.tune.matrix import RECOMMENDED, Row, Values, gate_failures, recommend, values_of
+from bot.tune.matrix import RECOMMENDED, Row, recommend
 from bot.tune.plan import Experiment, TunePlan, WorkloadSpec, load_plan
 
 
@@ -89,19 +90,6 @@ def test_background_workload_runs_until_cancelled() -> None:
 GATES = AdrGates(max_ttft_p99_ms=350, max_tpot_p99_ms=35, min_goodput_ratio=0.95)
 
 
-@pytest.mark.parametrize(
-    ("values", "failures"),
-    [
-        (Values(300, 30, 0.99, 0.1), []),
-        (Values(412.34, 30, 0.99, None), ["TTFT p99 412.3ms > 350ms"]),
-        (Values(300, 41, 0.9, None), ["TPOT p99 41ms > 35ms", "goodput 90% < 95%"]),
-        (Values(None, 30, None, None), ["TTFT p99 not measured", "goodput not measured"]),
-    ],
-)
-def test_gate_failures_say_which_gate_and_by_how_much(values: Values, failures: list[str]) -> None:
-    assert gate_failures(values, GATES) == failures
-
-
 def _rows(plan: TunePlan, *values: Values | None) -> list[Row]:
     rows = []
     for config, v in zip(plan.configs(), values, strict=True):
@@ -114,7 +102,8 @@ def _rows(plan: TunePlan, *values: Values | None) -> list[Row]:
                 )
             )
         else:
-            rows.append(Row(config, values=v, failures=gate_failures(v, plan.gates)))
+            failures = judge_values(v, gates_from(plan.gates), error_gate=False).failures
+            rows.append(Row(config, values=v, failures=failures))
     return rows
 
 
@@ -164,15 +153,6 @@ def test_rows_without_numbers_say_why(failed_at: str, label: str) -> None:
     row = Row(_plan().configs()[0], error="it broke (full log: /tmp/x.log)", failed_at=failed_at)  # type: ignore[arg-type]
     assert row.verdict() == label + "it broke"
     assert not row.passed
-
-
-def test_values_of_uses_engine_goodput_and_internal_fragmentation_under_background_load() -> None:
-    report = {
-        "ttft_ms": {"p99": 120.0}, "tpot_ms": {"p99": 40.0}, "goodput_ratio": 0.4,
-        "kv_fragmentation": {"observed": 0.7, "internal": 0.1}, "engine": {"goodput_ratio": 0.98},
-    }  # fmt: skip
-    assert values_of(report, mixed=False) == Values(120.0, 40.0, 0.4, 0.7)
-    assert values_of(report, mixed=True) == Values(120.0, 40.0, 0.98, 0.1)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,6 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bot.adr.match import METRICS, OPS
-from bot.canary.report import Gates
 
 ID_PATTERN = r"^ADR-\d{8}-\d{2}$"
 Status = Literal["proposed", "accepted", "superseded", "rejected"]
@@ -84,10 +83,6 @@ class AdrGates(_Strict):
             for key, value in self.model_dump().items()
             if value is not None
         )
-
-    def to_canary(self) -> Gates:
-        """The canary's Gates with the same limits."""
-        return Gates(**self.model_dump())
 
 
 class FrontMatter(_Strict):

@@ -14,9 +14,11 @@ MISSING = "-"
 
 
 def format_ms(value: float | None) -> str:
-    """A matrix latency cell: '1200ms', '117.8ms', or '-' when not measured."""
+    """A matrix latency cell: '1200ms', '117.8ms', '∞' (failed requests), '-' (not measured)."""
     if value is None:
         return MISSING
+    if value == float("inf"):
+        return "∞"
     return f"{value:.1f}".removesuffix(".0") + "ms"
 
 

@@ -42,7 +42,9 @@ class RequestRecord:
     itl_s: list[float] = field(default_factory=list)
     outcome: Outcome | None = None
     error: str | None = None
+    cause: str | None = None  # why it failed, for counting: 'HTTP 429', 'timeout', 'transport'
     planned_prompt_tokens: int = 0
+    finish_reason: str | None = None  # the server's, once a chunk says the answer is complete
 
     @property
     def ttft_s(self) -> float | None:
@@ -80,14 +82,18 @@ async def stream_request(
     *,
     headers: dict[str, str] | None = None,
     abandon_after_s: float | None = None,
+    cancel_after_tokens: int | None = None,
     timeout_s: float | None = None,
+    on_first_token: Callable[[], None] | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> None:
     """Send one streaming request, filling ``record`` as chunks arrive.
 
-    With ``abandon_after_s`` the client gives up after that long, closing the connection the
-    way an impatient user's browser would; the request then ends as cancelled. ``timeout_s``
-    bounds the whole request (one timer per request: cheaper than httpx's per-read timeouts).
+    With ``abandon_after_s`` the client gives up after that long, with ``cancel_after_tokens``
+    once it holds that many output tokens; either way it closes the connection the way an
+    impatient user's browser would, and the request ends as cancelled. ``timeout_s`` bounds the
+    whole request (one timer per request: cheaper than httpx's per-read timeouts).
+    ``on_first_token`` is called once, when the first token arrives.
     """
     limit = abandon_after_s if abandon_after_s is not None else timeout_s
     try:
@@ -98,10 +104,17 @@ async def stream_request(
                     record.finished_at = clock()
                     record.outcome = Outcome.FAILED
                     record.error = f"HTTP {response.status}: {_error_message(detail)}"
+                    record.cause = f"HTTP {response.status}"
                     return
-                await _read_events(response, record, clock)
+                gave_up = await _read_events(
+                    response, record, clock, cancel_after_tokens, on_first_token
+                )
+                if gave_up:
+                    # Hang up mid-stream, as a closed browser tab does: the server sees the
+                    # disconnect and aborts the request.
+                    response.close()
         record.finished_at = clock()
-        record.outcome = Outcome.OK
+        record.outcome = Outcome.CANCELLED if gave_up else Outcome.OK
     except TimeoutError:
         record.finished_at = clock()
         if abandon_after_s is not None:
@@ -109,19 +122,27 @@ async def stream_request(
         else:
             record.outcome = Outcome.FAILED
             record.error = f"no complete response within {timeout_s:g} s"
+            record.cause = "timeout"
     except StreamError as exc:
         record.finished_at = clock()
         record.outcome = Outcome.FAILED
         record.error = str(exc)
+        record.cause = "stream error"
     except aiohttp.ClientError as exc:
         record.finished_at = clock()
         record.outcome = Outcome.FAILED
         record.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        record.cause = "transport"
 
 
 async def _read_events(
-    response: aiohttp.ClientResponse, record: RequestRecord, clock: Callable[[], float]
-) -> None:
+    response: aiohttp.ClientResponse,
+    record: RequestRecord,
+    clock: Callable[[], float],
+    cancel_after_tokens: int | None,
+    on_first_token: Callable[[], None] | None,
+) -> bool:
+    """Read the stream into ``record``; return True when the client gave up before its end."""
     buffer = b""
     async for data in response.content.iter_any():
         buffer += data
@@ -130,8 +151,21 @@ async def _read_events(
             if end < 0:
                 break
             event, buffer = buffer[:end], buffer[end + 2 :]
+            had_token = record.first_token_at is not None
             if _handle_event(event, record, clock()):
-                return
+                return False
+            if on_first_token and not had_token and record.first_token_at is not None:
+                on_first_token()
+            # Checked per event, not per read: one read may carry more tokens than the client
+            # was willing to wait for, and those must not count as received. An answer that
+            # is complete (vLLM may pack the last tokens into one chunk) was not given up on.
+            if (
+                cancel_after_tokens is not None
+                and record.output_tokens >= cancel_after_tokens
+                and record.finish_reason is None
+            ):
+                return True
+    return False
 
 
 def _handle_event(event: bytes, record: RequestRecord, now: float) -> bool:
@@ -159,6 +193,8 @@ def _count_tokens(chunk: dict[str, Any], record: RequestRecord, now: float) -> N
     if usage:
         record.prompt_tokens = usage.get("prompt_tokens", record.prompt_tokens)
     choices = chunk.get("choices") or []
+    for choice in choices:
+        record.finish_reason = choice.get("finish_reason") or record.finish_reason
     if usage and usage.get("completion_tokens") is not None:
         total = int(usage["completion_tokens"])
     elif any(_choice_text(c) for c in choices):

@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from bot.canary.report import CanaryReport, Gates
+from bot.canary.report import CanaryReport
 from bot.canary.runner import CanaryRun, Progress
+from bot.canary.verdict import Gates, with_verdict
 from bot.canary.workload import Workload
 
 # Let background load reach its steady state before the measured window opens.
@@ -80,11 +81,12 @@ async def measure_async(
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-    out = report.as_dict() | {"timeline": report.timeline}  # type: ignore[attr-defined]
+    out = report.as_dict()
     if runs:
         wall = time.perf_counter() - started
         out["background"] = [_client_side(name, run, wall) for name, run in runs]
-    return out
+    # With background load the gates read the engine's goodput and internal fragmentation.
+    return with_verdict(out, gates)
 
 
 def _raise_if_failed(tasks: Sequence[asyncio.Task[CanaryReport]]) -> None:

@@ -21,6 +21,14 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:,.1f} ms"
 
 
+def _p(summary: dict[str, Any], key: str) -> str:
+    """A client-side percentile; '∞' where failed requests (counted as inf) reached it."""
+    value = summary.get(key)
+    if value is None and summary.get("infinite"):
+        return "∞ (failed requests)"
+    return _ms(value)
+
+
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 
@@ -35,10 +43,10 @@ def summary_table(report: dict[str, Any]) -> str:
     req = report["requests"]
     rows = [
         ("metric", "client", "engine"),
-        ("TTFT p50", _ms(ttft["p50"]), _ms(e_ttft.get("p50"))),
-        ("TTFT p99", _ms(ttft["p99"]), _ms(e_ttft.get("p99"))),
-        ("TPOT p50", _ms(tpot["p50"]), "-"),
-        ("TPOT p99", _ms(tpot["p99"]), "-"),
+        ("TTFT p50", _p(ttft, "p50"), _ms(e_ttft.get("p50"))),
+        ("TTFT p99", _p(ttft, "p99"), _ms(e_ttft.get("p99"))),
+        ("TPOT p50", _p(tpot, "p50"), "-"),
+        ("TPOT p99", _p(tpot, "p99"), "-"),
         ("ITL p99", _ms(report["itl_ms"]["p99"]), _ms(e_itl.get("p99"))),
         ("goodput ratio", _pct(report["goodput_ratio"]), _pct(engine.get("goodput_ratio"))),
         ("SLO attainment", _pct(report["slo_attainment"]), "-"),
@@ -55,16 +63,23 @@ def summary_table(report: dict[str, Any]) -> str:
         f"of {req['total']} in {report['throughput']['wall_s']:.1f} s "
         f"({report['tokens']['streamed']:,} tokens streamed)"
     )
+    causes = req.get("failed_by_cause") or {}
+    if causes:
+        lines.append(
+            "failed by cause: " + ", ".join(f"{n} x {cause}" for cause, n in causes.items())
+        )
     for error in report.get("errors", []):
         lines.append(f"  {error['count']} x {error['error']}")
-    if report["gates"]:
-        lines.append("gates:")
-        for gate in report["gates"]:
-            mark = "PASS" if gate["passed"] else "FAIL"
-            lines.append(f"  {mark}  {gate['name']}: {gate['reason']}")
-        lines.append("verdict: " + ("all gates passed" if report["passed"] else "GATE FAILED"))
-    else:
-        lines.append("gates: none given (pass --max-ttft-p99-ms etc. to gate)")
+    lines.append("gates:")
+    for gate in report["gates"]:
+        mark = "PASS" if gate["passed"] else "FAIL"
+        lines.append(f"  {mark}  {gate['name']}: {gate['reason']}")
+        lines.append(f"        ({gate['source']})")
+    if len(report["gates"]) <= 1:
+        lines.append("  (only the error gate: pass --max-ttft-p99-ms etc. to gate latency)")
+    lines.append("verdict: " + ("all gates passed" if report["passed"] else "GATE FAILED"))
+    for warning in report.get("warnings") or []:
+        lines.append(f"warning: {warning}")
     return "\n".join(lines)
 
 

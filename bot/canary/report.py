@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.fragmentation import FragmentationSample
+from bot.canary.verdict import Gates, Verdict, judge, percentile, with_verdict
 from bot.probes.vllm_metrics import EngineWindow
 
 PERCENTILES = {"p50": 50, "p90": 90, "p99": 99}
@@ -25,58 +26,32 @@ FRAGMENTATION_DEFINITIONS = {
     "internal": "sum(ceil(n/B)*B - n) / sum(ceil(n/B)*B) over in-flight sequences,"
     " mean over samples",
 }
-UNMEASURED_HINTS = {
-    "max_ttft_p99_ms": ": no request finished normally",
-    "max_tpot_p99_ms": ": no request finished normally with more than one token",
-    "min_goodput_ratio": ": no tokens streamed",
-    "max_kv_fragmentation": (
-        ": no in-flight /metrics sample saw KV usage (check --metrics-url, lower "
-        "--sample-interval or send more requests)"
-    ),
-}
 
 
-@dataclass(frozen=True)
-class Gates:
-    """Canary limits (an ADR's `gates`); None means not gated."""
+def summarize(values_ms: Sequence[float]) -> dict[str, Any]:
+    """p50/p90/p99 (linear interpolation, as numpy) and mean of a list of milliseconds.
 
-    max_ttft_p99_ms: float | None = None
-    max_tpot_p99_ms: float | None = None
-    min_goodput_ratio: float | None = None
-    max_kv_fragmentation: float | None = None
-
-    def slo(self) -> tuple[float | None, float | None]:
-        """The per-request TTFT and TPOT limits (ms) that SLO attainment counts against."""
-        return self.max_ttft_p99_ms, self.max_tpot_p99_ms
-
-
-@dataclass(frozen=True)
-class GateResult:
-    """One gate: its limit, the measured value and whether it passed."""
-
-    name: str
-    limit: float
-    value: float | None
-    passed: bool
-    reason: str
-
-
-def summarize(values_ms: Sequence[float]) -> dict[str, float | None]:
-    """p50/p90/p99 (linear interpolation, as numpy) and mean of a list of milliseconds."""
-    if not values_ms:
-        return {key: None for key in (*PERCENTILES, "mean")}
-    array = np.asarray(values_ms, dtype=float)
-    out: dict[str, float | None] = {
-        key: float(np.percentile(array, pct, method="linear")) for key, pct in PERCENTILES.items()
-    }
-    out["mean"] = float(array.mean())
-    return out
+    A value of inf is a failed request: a percentile it reaches is unbounded, stored as null,
+    and ``infinite`` says how many there were (so JSON stays valid and nothing looks faster).
+    """
+    ordered = sorted(values_ms)
+    infinite = sum(1 for v in ordered if math.isinf(v))
+    out: dict[str, Any] = {key: None for key in (*PERCENTILES, "mean")}
+    if ordered:
+        for key, pct in PERCENTILES.items():
+            value = percentile(ordered, pct)
+            out[key] = value if math.isfinite(value) else None
+        out["mean"] = None if infinite else float(np.mean(ordered))
+    return out | {"count": len(ordered), "infinite": infinite}
 
 
 def slo_attainment(
     records: Sequence[RequestRecord], *, ttft_ms: float | None, tpot_ms: float | None
 ) -> float | None:
-    """Share of all requests that finished normally within the TTFT and TPOT limits."""
+    """Share of all requests that finished normally within the TTFT and TPOT limits.
+
+    Failed and cancelled requests are misses: they are in the denominator, never in the count.
+    """
     if not records:
         return None
     met = 0
@@ -118,32 +93,59 @@ class CanaryReport:
     wall_s: float
     client_cpu_s: float
     timeline: list[dict[str, Any]] = field(default_factory=list)  # engine gauges per sample
-    gate_results: list[GateResult] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.gate_results = self._check_gates()
+    warnings: list[str] = field(default_factory=list)  # said beside the numbers, not fatal
 
     # -- client-side numbers -------------------------------------------------------------
-    def outcomes(self) -> dict[str, int]:
-        """Requests by outcome."""
+    def outcomes(self) -> dict[str, Any]:
+        """Requests by outcome, and the failed ones by cause ('HTTP 429', 'timeout', ...)."""
         counts = {o.value: 0 for o in Outcome}
+        causes: dict[str, int] = {}
         for record in self.records:
             counts[(record.outcome or Outcome.FAILED).value] += 1
-        return {**counts, "total": len(self.records)}
+            if record.outcome is Outcome.FAILED or record.outcome is None:
+                cause = record.cause or "unknown"
+                causes[cause] = causes.get(cause, 0) + 1
+        failed_by_cause = dict(sorted(causes.items(), key=lambda kv: -kv[1]))
+        return {**counts, "total": len(self.records), "failed_by_cause": failed_by_cause}
 
     def ok_records(self) -> list[RequestRecord]:
         """Requests that finished normally."""
         return [r for r in self.records if r.outcome is Outcome.OK]
 
-    def ttft_ms(self) -> dict[str, float | None]:
-        """TTFT of requests that finished normally."""
-        return summarize([r.ttft_s * 1000 for r in self.ok_records() if r.ttft_s is not None])
+    def judged_records(self) -> list[RequestRecord]:
+        """Requests latency is judged on: all but those the client itself gave up on."""
+        return [r for r in self.records if r.outcome is not Outcome.CANCELLED]
 
-    def tpot_ms(self) -> dict[str, float | None]:
-        """TPOT of requests that finished normally with more than one token."""
-        return summarize([r.tpot_s * 1000 for r in self.ok_records() if r.tpot_s is not None])
+    def ttft_ms(self) -> dict[str, Any]:
+        """TTFT of every request that did not cancel itself; no first token counts as inf."""
+        return summarize(
+            [
+                math.inf if r.ttft_s is None else r.ttft_s * 1000
+                for r in self.judged_records()
+                if r.ttft_s is not None or r.outcome is not Outcome.OK
+            ]
+        )
 
-    def itl_ms(self) -> dict[str, float | None]:
+    def tpot_ms(self) -> dict[str, Any]:
+        """TPOT of requests with more than one token; every failed request counts as inf."""
+        values = []
+        for r in self.judged_records():
+            if r.outcome is not Outcome.OK:
+                values.append(math.inf)
+            elif r.tpot_s is not None:
+                values.append(r.tpot_s * 1000)
+        return summarize(values)
+
+    def e2e_ms(self) -> dict[str, Any]:
+        """End-to-end latency; every failed request counts as inf."""
+        return summarize(
+            [
+                r.e2e_s * 1000 if r.outcome is Outcome.OK and r.e2e_s is not None else math.inf
+                for r in self.judged_records()
+            ]
+        )
+
+    def itl_ms(self) -> dict[str, Any]:
         """Gaps between token-carrying chunks, all requests that finished normally."""
         return summarize([gap * 1000 for r in self.ok_records() for gap in r.itl_s])
 
@@ -167,69 +169,26 @@ class CanaryReport:
             return delivered / streamed, "client (upper bound: no engine metrics)"
         return None, "none"
 
-    # -- gates ---------------------------------------------------------------------------
-    def _check_gates(self) -> list[GateResult]:
-        goodput, _ = self.goodput_ratio()
-        frag = fragmentation_summary(self.samples)["observed"]
-        checks = [
-            ("max_ttft_p99_ms", self.gates.max_ttft_p99_ms, self.ttft_ms()["p99"], "max"),
-            ("max_tpot_p99_ms", self.gates.max_tpot_p99_ms, self.tpot_ms()["p99"], "max"),
-            ("min_goodput_ratio", self.gates.min_goodput_ratio, goodput, "min"),
-            ("max_kv_fragmentation", self.gates.max_kv_fragmentation, frag, "max"),
-        ]
-        results = []
-        for name, limit, value, kind in checks:
-            if limit is None:
-                continue
-            if value is None or math.isnan(value):
-                hint = UNMEASURED_HINTS.get(name, "")
-                results.append(
-                    GateResult(name, limit, None, False, f"could not be measured in this run{hint}")
-                )
-            elif kind == "max":
-                ok = value <= limit
-                results.append(
-                    GateResult(
-                        name, limit, value, ok, f"{value:.4g} {'<=' if ok else '>'} {limit:.4g}"
-                    )
-                )
-            else:
-                ok = value >= limit
-                results.append(
-                    GateResult(
-                        name, limit, value, ok, f"{value:.4g} {'>=' if ok else '<'} {limit:.4g}"
-                    )
-                )
-        return results
-
-    @property
-    def passed(self) -> bool:
-        """All gates passed (a run with no gates passes)."""
-        return all(g.passed for g in self.gate_results)
-
-    def failed_gates(self) -> list[GateResult]:
-        """The gates that did not pass."""
-        return [g for g in self.gate_results if not g.passed]
-
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON report."""
+    # -- the report and its verdict ------------------------------------------------------
+    def numbers(self) -> dict[str, Any]:
+        """The JSON report without the verdict."""
         goodput, goodput_source = self.goodput_ratio()
         ttft_limit, tpot_limit = self.gates.slo()
         streamed = self.streamed_tokens()
-        engine = self.engine.as_dict() if self.engine else None
+        outcomes = self.outcomes()
         return {
-            "passed": self.passed,
             "ttft_ms": self.ttft_ms(),
             "tpot_ms": self.tpot_ms(),
             "itl_ms": self.itl_ms(),
-            "e2e_ms": summarize([r.e2e_s * 1000 for r in self.ok_records() if r.e2e_s is not None]),
+            "e2e_ms": self.e2e_ms(),
             "goodput_ratio": goodput,
             "goodput_source": goodput_source,
             "slo_attainment": slo_attainment(self.records, ttft_ms=ttft_limit, tpot_ms=tpot_limit),
             "slo": {"ttft_ms": ttft_limit, "tpot_ms": tpot_limit},
             "kv_fragmentation": fragmentation_summary(self.samples),
             "wasted_prefill_tokens": self.engine.wasted_prefill_tokens if self.engine else None,
-            "requests": self.outcomes(),
+            "requests": outcomes,
+            "error_rate": outcomes["failed"] / outcomes["total"] if outcomes["total"] else None,
             "tokens": {
                 "delivered": self.delivered_tokens(),
                 "streamed": streamed,
@@ -248,11 +207,24 @@ class CanaryReport:
                 "per_1000_tokens": self.client_cpu_s / streamed * 1000 if streamed else None,
             },
             "errors": _top_errors(self.records),
-            "engine": engine,
-            "gates": [asdict(g) for g in self.gate_results],
+            "engine": self.engine.as_dict() if self.engine else None,
             "workload": self.workload,
             "timeline": self.timeline,
+            "warnings": list(self.warnings),
         }
+
+    def verdict(self) -> Verdict:
+        """The gates' verdict on this run (``bot.canary.verdict``, the one judge)."""
+        return judge(self.numbers(), self.gates)
+
+    @property
+    def passed(self) -> bool:
+        """Every gate passed (the error gate is always on)."""
+        return self.verdict().passed
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON report, with the verdict."""
+        return with_verdict({"passed": None, **self.numbers()}, self.gates)
 
 
 def _top_errors(records: Sequence[RequestRecord], limit: int = 5) -> list[dict[str, Any]]:

@@ -22,7 +22,8 @@ from bot.canary.fragmentation import (
     observed_fragmentation,
     resident_lengths,
 )
-from bot.canary.report import CanaryReport, Gates
+from bot.canary.report import CanaryReport
+from bot.canary.verdict import Gates
 from bot.canary.workload import Api, CancelMode, PromptFactory, Workload
 from bot.errors import EndpointError
 from bot.probes.exposition import Exposition
@@ -39,6 +40,9 @@ from bot.probes.vllm_metrics import (
 )
 
 SETTLE_TIMEOUT_S = 5.0
+# Where an engine's /metrics may be, relative to the endpoint's host: the engine itself, or a
+# ruleloop gateway in front of it (which serves the upstream engine's page at /engine/metrics).
+METRICS_PATHS = ("/metrics", "/engine/metrics")
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class CanaryRun:
         *,
         gates: Gates | None = None,
         metrics_url: str | None = None,
+        discover_metrics: bool = False,
         sample_interval_s: float = 1.0,
         on_progress: Callable[[Progress], None] | None = None,
         progress_interval_s: float = 1.0,
@@ -81,6 +86,8 @@ class CanaryRun:
         self.workload = workload
         self.gates = gates or Gates()
         self.metrics_url = metrics_url
+        self.discover_metrics = discover_metrics and metrics_url is None
+        self.warnings: list[str] = []
         self.sample_interval_s = sample_interval_s
         self._on_progress = on_progress
         self._progress_interval_s = progress_interval_s
@@ -104,7 +111,7 @@ class CanaryRun:
             aiohttp.ClientSession(connector=connector, timeout=timeout) as session,
         ):
             model = await self._preflight(client)
-            scraper = MetricsScraper(self.metrics_url, client=client) if self.metrics_url else None
+            scraper = await self._metrics(client)
             if w.api is Api.CHAT:
                 await self._calibrate_chat(client, model)
             if w.warmup_requests:
@@ -131,6 +138,8 @@ class CanaryRun:
         window = read_window(before, after) if before and after else None
         workload = {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(w).items()}
         workload["model"] = model
+        workload["metrics_url"] = scraper.url if scraper else None
+        workload["pattern"] = pattern(w)
         report = CanaryReport(
             workload=workload,
             records=self.records,
@@ -140,8 +149,33 @@ class CanaryRun:
             wall_s=wall_s,
             client_cpu_s=cpu_s,
             timeline=[asdict(p) for p in self.timeline],
+            warnings=self.warnings,
         )
         return report
+
+    async def _metrics(self, client: httpx.AsyncClient) -> MetricsScraper | None:
+        """The engine's /metrics: the one given, or found beside the endpoint, or none."""
+        if self.metrics_url is not None:
+            return MetricsScraper(self.metrics_url, client=client)
+        if not self.discover_metrics:
+            return None
+        tried = []
+        for path in METRICS_PATHS:
+            scraper = MetricsScraper(self.workload.base_url + path, client=client)
+            try:
+                await scraper(only=SAMPLE_METRICS)
+            except EndpointError as exc:
+                tried.append(str(exc))
+                continue
+            return scraper
+        # Found on our own and not vLLM's: measure client-side rather than refuse to run.
+        self.warnings.append(
+            "no vLLM /metrics page beside the endpoint ("
+            + "; ".join(tried)
+            + "). Numbers are client-side only: goodput is an upper bound and KV fragmentation "
+            "is not measured. Pass --metrics-url with the engine's /metrics to fix this."
+        )
+        return None
 
     async def _preflight(self, client: httpx.AsyncClient) -> str:
         """Check the endpoint speaks the OpenAI API and find the model to ask for."""
@@ -202,12 +236,23 @@ class CanaryRun:
             await self._one(session, model, keep=keep)
 
         if w.request_rate is None:
+            started = time.perf_counter()
+            base = w.base_streams() if keep else w.concurrency
 
-            async def worker() -> None:
-                while take():
+            async def worker(index: int) -> None:
+                while True:
+                    if index >= base:  # a burst stream (pulse): wait for the next burst
+                        wait = w.next_burst_in(time.perf_counter() - started)
+                        if deadline is not None and time.perf_counter() + wait >= deadline:
+                            return
+                        if count is not None and issued >= count:
+                            return
+                        await asyncio.sleep(wait)
+                    if not take():
+                        return
                     await one()
 
-            await asyncio.gather(*(worker() for _ in range(w.concurrency)))
+            await asyncio.gather(*(worker(i) for i in range(w.concurrency)))
             return
         gate = asyncio.Semaphore(w.concurrency)
         tasks = []
@@ -225,9 +270,11 @@ class CanaryRun:
         w = self.workload
         body = self._prompts.body(model)
         cancel = w.cancel_share > 0 and self._rng.random() < w.cancel_share
-        headers, abandon = None, None
+        headers, abandon, after_tokens = None, None, None
         if cancel and w.cancel_mode is CancelMode.HEADER:
             headers = {"X-Request-Timeout": f"{w.cancel_after_ms:g}ms"}
+        elif cancel and w.cancel_after_tokens is not None:
+            after_tokens = w.cancel_after_tokens
         elif cancel:
             abandon = w.cancel_after_ms / 1000
         planned = len(body["prompt"]) if isinstance(body.get("prompt"), list) else w.prompt_length  # type: ignore[arg-type]
@@ -241,6 +288,7 @@ class CanaryRun:
             record,
             headers=headers,
             abandon_after_s=abandon,
+            cancel_after_tokens=after_tokens,
             timeout_s=w.timeout_s,
         )
         if cancel and headers and record.outcome is Outcome.FAILED:
@@ -333,3 +381,19 @@ class CanaryRun:
             f"all {len(self.records)} requests to {self.workload.endpoint} failed: {errors[0]}"
             + (f" (and {len(errors) - 1} other errors)" if len(errors) > 1 else "")
         )
+
+
+def pattern(workload: Workload) -> dict[str, object]:
+    """The load's shape, for the JSON report."""
+    if workload.request_rate is not None:
+        return {"kind": "poisson", "requests_per_s": workload.request_rate,
+                "max_in_flight": workload.concurrency}  # fmt: skip
+    if workload.pulse_period_s is None:
+        return {"kind": "steady", "streams": workload.concurrency}
+    return {
+        "kind": "pulse",
+        "base_streams": workload.base_streams(),
+        "peak_streams": workload.concurrency,
+        "period_s": workload.pulse_period_s,
+        "burst_s": workload.pulse_width_s,
+    }

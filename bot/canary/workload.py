@@ -44,12 +44,20 @@ class Workload:
     request_rate: float | None = None  # requests/s (Poisson); None means fixed concurrency
     num_requests: int | None = 100
     duration_s: float | None = None
+    # Pulse: a base load of pulse_base_share x concurrency streams, bursting to all of them for
+    # pulse_width_s every pulse_period_s (None: steady load). See docs/canary.md.
+    pulse_period_s: float | None = None
+    pulse_width_s: float = 10.0
+    pulse_base_share: float = 0.25
     prompt_length: int = 128
     prefix_length: int = 0
     output_length: int = 64
     ignore_eos: bool = True
     cancel_share: float = 0.0
     cancel_after_ms: float = 500.0
+    # Impatient clients give up after this many received tokens instead of after
+    # cancel_after_ms: a condition that holds on any machine, however fast it generates.
+    cancel_after_tokens: int | None = None
     cancel_mode: CancelMode = CancelMode.ABANDON
     warmup_requests: int = 0
     seed: int = 0
@@ -63,6 +71,24 @@ class Workload:
             if urlsplit(self.endpoint).path.rstrip("/").endswith("chat/completions")
             else Api.COMPLETIONS
         )
+
+    def base_streams(self) -> int:
+        """Streams that send all the time; the rest send only during bursts (pulse)."""
+        if self.pulse_period_s is None:
+            return self.concurrency
+        return max(1, round(self.concurrency * self.pulse_base_share))
+
+    def in_burst(self, elapsed_s: float) -> bool:
+        """Whether a pulse's burst is on ``elapsed_s`` seconds into the run."""
+        if self.pulse_period_s is None:
+            return True
+        return elapsed_s % self.pulse_period_s < self.pulse_width_s
+
+    def next_burst_in(self, elapsed_s: float) -> float:
+        """Seconds until the next burst starts (0 during a burst)."""
+        if self.in_burst(elapsed_s) or self.pulse_period_s is None:
+            return 0.0
+        return self.pulse_period_s - elapsed_s % self.pulse_period_s
 
     @property
     def base_url(self) -> str:
@@ -94,6 +120,20 @@ def check(workload: Workload) -> list[str]:
         problems.append(f"--num-requests must be at least 1 (got {workload.num_requests})")
     if workload.duration_s is not None and workload.duration_s <= 0:
         problems.append(f"--duration must be above 0 seconds (got {workload.duration_s})")
+    if workload.pulse_period_s is not None:
+        if workload.request_rate is not None:
+            problems.append("--pulse shapes fixed-concurrency load; drop --request-rate")
+        if workload.pulse_period_s <= 0 or workload.pulse_width_s <= 0:
+            problems.append("--pulse-period and --pulse-width must be above 0 seconds")
+        elif workload.pulse_width_s >= workload.pulse_period_s:
+            problems.append(
+                f"--pulse-width ({workload.pulse_width_s:g} s) must be shorter than "
+                f"--pulse-period ({workload.pulse_period_s:g} s)"
+            )
+        if not 0.0 <= workload.pulse_base_share < 1.0:
+            problems.append(
+                f"--pulse-base must be at least 0 and below 1 (got {workload.pulse_base_share})"
+            )
     if workload.prompt_length < 1:
         problems.append(f"--prompt-length must be at least 1 token (got {workload.prompt_length})")
     if not 0 <= workload.prefix_length < max(workload.prompt_length, 1):
@@ -107,8 +147,34 @@ def check(workload: Workload) -> list[str]:
         problems.append(f"--cancel-share must be between 0 and 1 (got {workload.cancel_share})")
     if workload.cancel_after_ms <= 0:
         problems.append(f"--cancel-after-ms must be above 0 (got {workload.cancel_after_ms})")
+    problems.extend(_token_cancel_problems(workload))
     if workload.warmup_requests < 0:
         problems.append(f"--warmup must be 0 or more (got {workload.warmup_requests})")
+    return problems
+
+
+def _token_cancel_problems(workload: Workload) -> list[str]:
+    """What is wrong with --cancel-after-tokens in this workload."""
+    n = workload.cancel_after_tokens
+    if n is None:
+        return []
+    if n < 1:
+        return [f"--cancel-after-tokens must be at least 1 (got {n})"]
+    problems = []
+    if n >= workload.output_length:
+        # The answer would be complete before the client gives up: nobody would cancel.
+        problems.append(
+            f"--cancel-after-tokens must be below --output-length "
+            f"(got {n} with --output-length {workload.output_length})"
+        )
+    if workload.cancel_share <= 0:
+        problems.append("--cancel-after-tokens needs --cancel-share above 0")
+    if workload.cancel_mode is CancelMode.HEADER:
+        # X-Request-Timeout carries a deadline in time; a gateway cannot count tokens for us.
+        problems.append(
+            "--cancel-after-tokens works with --cancel-mode abandon only "
+            "(the header carries a time: use --cancel-after-ms)"
+        )
     return problems
 
 

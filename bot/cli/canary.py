@@ -9,36 +9,42 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import click
 
 from bot.canary.render import progress_line, summary_table
-from bot.canary.report import Gates
-from bot.canary.runner import CanaryRun, Progress
+from bot.canary.runner import METRICS_PATHS, CanaryRun, Progress
+from bot.canary.verdict import DEFAULT_MAX_ERROR_RATE, Gates
 from bot.canary.workload import CancelMode, Workload, check
 from bot.cli import Command
 from bot.errors import GateFailed, UsageError
 
 EPILOG = """\b
 Examples:
-  # the seed's CI gate
-  python -m latency_checker --endpoint http://canary:8000/v1/completions \\
+  # the seed's CI gate (a ruleloop gateway or vLLM itself at the endpoint)
+  python -m latency_checker --endpoint http://canary-inference-gateway:8000/v1/completions \\
       --concurrency 150 --prompt-length 2048 \\
       --max-ttft-p99-ms 350 --max-tpot-p99-ms 35 --min-goodput-ratio 0.95
+  # the seed's 10-minute pulse: 38 streams always, all 150 for 10 s of every minute
+  python -m latency_checker --endpoint http://canary:8000/v1/completions \\
+      --concurrency 150 --duration 600 --pulse --max-ttft-p99-ms 350
   # impatient clients: 20% abandon their stream after 300 ms
   ruleloop canary --endpoint http://127.0.0.1:8000/v1/completions \\
       --cancel-share 0.2 --cancel-after-ms 300 --output-json canary.json
 
 \b
+Failed requests fail the gate: --max-error-rate is always on (default 1 %), and a failed
+request counts as infinitely slow in TTFT/TPOT p99, so failures never make a run look faster.
+\b
 Exit codes: 0 all gates passed, 1 a gate failed, 2 bad usage or endpoint unusable.
 """
 
+REQUESTS_PER_STREAM = 5  # default count: every stream sends several, so concurrency holds
 
-def default_metrics_url(endpoint: str) -> str:
-    """The endpoint's host with path /metrics."""
-    parts = urlsplit(endpoint)
-    return urlunsplit((parts.scheme, parts.netloc, "/metrics", "", ""))
+
+def default_num_requests(concurrency: int) -> int:
+    """100, or enough for every stream to send several requests at high concurrency."""
+    return max(100, REQUESTS_PER_STREAM * concurrency)
 
 
 def run_canary(
@@ -46,6 +52,7 @@ def run_canary(
     *,
     gates: Gates,
     metrics_url: str | None,
+    discover_metrics: bool = False,
     sample_interval_s: float = 1.0,
     progress: bool = False,
 ) -> dict[str, object]:
@@ -66,6 +73,7 @@ def run_canary(
         workload,
         gates=gates,
         metrics_url=metrics_url,
+        discover_metrics=discover_metrics,
         sample_interval_s=sample_interval_s,
         on_progress=show if progress else None,
         progress_interval_s=1.0 if interactive else 5.0,
@@ -73,6 +81,8 @@ def run_canary(
     report = asyncio.run(run.run())
     if progress and interactive:
         click.echo("", err=True)
+    for warning in run.warnings:
+        click.echo(f"warning: {warning}", err=True)
     return report.as_dict()
 
 
@@ -102,7 +112,8 @@ def run_canary(
     "--num-requests",
     type=click.IntRange(min=1),
     default=None,
-    help="Requests to send [default: 100 unless --duration is given].",
+    help=f"Requests to send [default: 100 or {REQUESTS_PER_STREAM} per stream, whichever is more;"
+    " none with --duration].",
 )
 @click.option(
     "--duration",
@@ -110,6 +121,35 @@ def run_canary(
     type=click.FloatRange(min=0, min_open=True),
     default=None,
     help="Stop sending after this many seconds.",
+)
+@click.option(
+    "--pulse",
+    is_flag=True,
+    help="Pulse load: --pulse-base of the streams send all the time, all of them in bursts.",
+)
+@click.option(
+    "--pulse-period",
+    "pulse_period_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+    help="Seconds from one burst's start to the next (with --pulse).",
+)
+@click.option(
+    "--pulse-width",
+    "pulse_width_s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=10.0,
+    show_default=True,
+    help="Seconds each burst lasts (with --pulse).",
+)
+@click.option(
+    "--pulse-base",
+    "pulse_base_share",
+    type=click.FloatRange(0, 1, max_open=True),
+    default=0.25,
+    show_default=True,
+    help="Share of --concurrency that sends between bursts (with --pulse).",
 )
 @click.option(
     "--prompt-length",
@@ -153,6 +193,12 @@ def run_canary(
     help="When they give up.",
 )
 @click.option(
+    "--cancel-after-tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Give up after receiving this many tokens instead (1: right after the first token).",
+)
+@click.option(
     "--cancel-mode",
     type=click.Choice([m.value for m in CancelMode]),
     default=CancelMode.ABANDON.value,
@@ -193,9 +239,18 @@ def run_canary(
     help="Gate: observed KV block fragmentation at most this.",
 )
 @click.option(
+    "--max-error-rate",
+    type=click.FloatRange(0, 1),
+    default=DEFAULT_MAX_ERROR_RATE,
+    show_default=True,
+    help="Gate, always on: share of requests that may fail (HTTP error, timeout, transport).",
+)
+@click.option(
     "--metrics-url",
     default=None,
-    help="The engine's /metrics [default: endpoint host + /metrics]; 'none' to skip.",
+    help="The engine's /metrics [default: found beside the endpoint at "
+    + " or ".join(METRICS_PATHS)
+    + "]; 'none' to skip.",
 )
 @click.option(
     "--sample-interval",
@@ -219,12 +274,17 @@ def canary(
     request_rate: float | None,
     num_requests: int | None,
     duration_s: float | None,
+    pulse: bool,
+    pulse_period_s: float,
+    pulse_width_s: float,
+    pulse_base_share: float,
     prompt_length: int,
     prefix_length: int,
     output_length: int,
     ignore_eos: bool,
     cancel_share: float,
     cancel_after_ms: float,
+    cancel_after_tokens: int | None,
     cancel_mode: str,
     warmup_requests: int,
     seed: int,
@@ -232,6 +292,7 @@ def canary(
     max_tpot_p99_ms: float | None,
     min_goodput_ratio: float | None,
     max_kv_fragmentation: float | None,
+    max_error_rate: float,
     metrics_url: str | None,
     sample_interval_s: float,
     output_json: Path | None,
@@ -244,24 +305,27 @@ def canary(
     gate you give. Prints a progress line while it runs and a summary table at the end.
     """
     if num_requests is None and duration_s is None:
-        num_requests = 100
+        num_requests = default_num_requests(concurrency)
     workload = Workload(
         endpoint=endpoint, model=model, concurrency=concurrency, request_rate=request_rate,
-        num_requests=num_requests, duration_s=duration_s, prompt_length=prompt_length,
+        num_requests=num_requests, duration_s=duration_s,
+        pulse_period_s=pulse_period_s if pulse else None, pulse_width_s=pulse_width_s,
+        pulse_base_share=pulse_base_share, prompt_length=prompt_length,
         prefix_length=prefix_length, output_length=output_length, ignore_eos=ignore_eos,
         cancel_share=cancel_share, cancel_after_ms=cancel_after_ms,
-        cancel_mode=CancelMode(cancel_mode), warmup_requests=warmup_requests, seed=seed,
+        cancel_after_tokens=cancel_after_tokens, cancel_mode=CancelMode(cancel_mode),
+        warmup_requests=warmup_requests, seed=seed,
     )  # fmt: skip
     gates = Gates(
         max_ttft_p99_ms=max_ttft_p99_ms, max_tpot_p99_ms=max_tpot_p99_ms,
         min_goodput_ratio=min_goodput_ratio, max_kv_fragmentation=max_kv_fragmentation,
+        max_error_rate=max_error_rate,
     )  # fmt: skip
-    if metrics_url is None:
-        metrics_url = default_metrics_url(endpoint)
-    elif metrics_url.lower() == "none":
+    discover = metrics_url is None
+    if metrics_url is not None and metrics_url.lower() == "none":
         metrics_url = None
     report = run_canary(
-        workload, gates=gates, metrics_url=metrics_url,
+        workload, gates=gates, metrics_url=metrics_url, discover_metrics=discover,
         sample_interval_s=sample_interval_s, progress=not quiet,
     )  # fmt: skip
     if output_json is not None:

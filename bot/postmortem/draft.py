@@ -4,7 +4,7 @@ The facts are plain data (no store rows): the alert and the diagnosis summary of
 each canary run with its full JSON report, and the fix that was applied, if any. The draft
 follows the seed's template: context, a Metrics Matrix whose first row is the incident as the
 diagnosis saw it and whose other rows are the canary runs (numbers exactly as `ruleloop tune`
-reads them, `bot.tune.matrix.values_of`), and the rules the outcome supports.
+reads them, `bot.canary.verdict.values_of`), and the rules the outcome supports.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from bot.adr.flags import canonical
 from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
 from bot.adr.parse import date_of_id
 from bot.adr.render import format_ms, format_pct
+from bot.canary.verdict import Values, gates_from, judge, judge_values, values_of
 from bot.diagnosis.models import FOUR, GATE_OF
 from bot.errors import UsageError
-from bot.tune.matrix import PASSED, Values, gate_failures, source_note, values_of
+from bot.tune.matrix import PASSED, source_note
 
 KEPT = "promoted"
 ROLLED_BACK = "rolled_back"
@@ -52,7 +53,7 @@ class CanaryFacts:
     passed: bool
     report: Mapping[str, Any]
     at: dt.datetime
-    mixed: bool = False  # measured beside background load (see bot.tune.matrix)
+    mixed: bool = False  # measured beside background load (see bot.canary.verdict)
 
     @classmethod
     def from_report(cls, *, label: str, report: Mapping[str, Any], at: dt.datetime) -> CanaryFacts:
@@ -67,7 +68,7 @@ class CanaryFacts:
 
     def values(self) -> Values:
         """The four matrix numbers of this run."""
-        return values_of(dict(self.report), mixed=self.mixed)
+        return values_of(self.report)
 
 
 @dataclass(frozen=True)
@@ -249,7 +250,7 @@ def _applied_lines(
 def _failed(applied: AppliedFix, last: Values | None, gates: AdrGates | None) -> str:
     if applied.failed_gates:
         return "failed gates: " + "; ".join(applied.failed_gates)
-    missed = gate_failures(last, gates) if last is not None else []
+    missed = _missed(last, gates) if last is not None else []
     return "failed gates: " + "; ".join(missed) if missed else ""
 
 
@@ -274,7 +275,7 @@ def _incident_row(headline: Mapping[str, Any], gates: AdrGates | None) -> Matrix
                 if getattr(values, key) is not None
             }
         )
-        missed = gate_failures(values, measured)
+        missed = _missed(values, measured, error_gate=False)
         verdict = f"事故现场 (incident: {'; '.join(missed) if missed else 'within the gates'})"
     return _row(INCIDENT_ROW, values, verdict)
 
@@ -284,9 +285,17 @@ def _canary_row(run: CanaryFacts, gates: AdrGates | None) -> MatrixRow:
     if gates is None or gates.is_empty():
         verdict = f"canary {'passed' if run.passed else 'failed'} (no ADR gates)"
     else:
-        missed = gate_failures(values, gates)
+        missed = judge(run.report, gates_from(gates, numbers_only=True)).failures
         verdict = f"不达标 (fail: {'; '.join(missed)})" if missed else PASSED
     return _row(_one_line(run.label) or "canary", values, verdict)
+
+
+def _missed(values: Values, gates: AdrGates | None, *, error_gate: bool = True) -> list[str]:
+    """The gates ``values`` miss, in the canary verdict's words."""
+    if gates is None:
+        return []
+    limits = gates_from(gates, numbers_only=True)
+    return judge_values(values, limits, error_gate=error_gate).failures
 
 
 def _row(config: str, values: Values, verdict: str) -> MatrixRow:

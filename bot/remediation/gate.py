@@ -1,8 +1,9 @@
 """The canary gate after a change: the target's canary workload against the ADR's gates.
 
 The workload comes from the target's ``[targets.X.canary]`` settings (short chats by default;
-optional long requests beside them). The verdict uses the same values and wording as the
-Metrics Matrix (``bot.tune.matrix``), so what the thread says and what the drafted ADR says agree.
+optional long requests beside them). The verdict is the canary's one judge
+(``bot.canary.verdict``), the same that `latency_checker` and `ruleloop tune` print, so what the
+thread says and what the drafted ADR says agree.
 """
 
 from __future__ import annotations
@@ -14,31 +15,38 @@ from typing import Any
 import httpx
 
 from bot.adr.models import AdrGates
-from bot.canary.report import Gates
+from bot.canary.measure import measure_async
 from bot.canary.runner import Progress
+from bot.canary.verdict import Values, Verdict, gates_from, judge, values_of
 from bot.canary.workload import Workload
 from bot.config import CanarySpec
 from bot.errors import EndpointError
-from bot.tune.matrix import Values, gate_failures, values_of
-from bot.tune.measure import measure_async
 
 
 @dataclass(frozen=True)
-class GateResult:
-    """A finished canary: its JSON report, the matrix values and the failed gates (in words)."""
+class GateRun:
+    """A finished gate canary: its JSON report and the verdict on it."""
 
     report: dict[str, Any]
-    mixed: bool
-    values: Values
-    failures: list[str]
+    verdict: Verdict
+
+    @property
+    def values(self) -> Values:
+        """The numbers the gates read."""
+        return values_of(self.report)
+
+    @property
+    def failures(self) -> list[str]:
+        """The failed gates, in words."""
+        return self.verdict.failures
 
     @property
     def passed(self) -> bool:
         """All gates met."""
-        return not self.failures
+        return self.verdict.passed
 
 
-GateRunner = Callable[[str, CanarySpec, AdrGates], Awaitable[GateResult]]
+GateRunner = Callable[[str, CanarySpec, AdrGates], Awaitable[GateRun]]
 
 
 def workloads(base_url: str, spec: CanarySpec) -> tuple[Workload, list[tuple[str, Workload]]]:
@@ -80,23 +88,20 @@ async def run_gate(
     gates: AdrGates,
     *,
     on_progress: Callable[[Progress], None] | None = None,
-) -> GateResult:
+) -> GateRun:
     """Run the canary against ``base_url`` and judge it by ``gates``."""
     canary, background = workloads(base_url, spec)
+    limits = gates_from(gates)
     report = await measure_async(
         canary,
-        gates=Gates(),  # judged below, with the matrix's values
+        gates=limits,
         metrics_url=f"{base_url}/metrics",
         background=background,
         sample_interval_s=0.5,
         on_progress=on_progress,
         progress_interval_s=10.0,
     )
-    mixed = bool(background)
-    values = values_of(report, mixed=mixed)
-    return GateResult(
-        report=report, mixed=mixed, values=values, failures=gate_failures(values, gates)
-    )
+    return GateRun(report=report, verdict=judge(report, limits))
 
 
 async def verify_serving(base_url: str, *, timeout_s: float = 60.0) -> None:

@@ -26,7 +26,7 @@ from bot.errors import RuleloopError, UsageError
 from bot.remediation import actuators
 from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
 from bot.remediation.argv import diff, merge
-from bot.remediation.gate import GateResult, run_gate, verify_serving
+from bot.remediation.gate import GateRun, run_gate, verify_serving
 from bot.remediation.gateway_rules import GatewayAdmin
 from bot.remediation.policy import AccessExpander, Policy
 from bot.remediation.ports import ACTIVE, RemediationNotifier, RemediationView
@@ -40,7 +40,7 @@ STALE_S = 90.0  # no step or heartbeat for this long: the replica running it is 
 
 ThreadFinder = Callable[[int, str | None], Awaitable[MessageRef]]
 ActuatorFactory = Callable[[str, Target], Actuator]
-GateRunner = Callable[..., Awaitable[GateResult]]
+GateRunner = Callable[..., Awaitable[GateRun]]
 AfterChange = Callable[[int, str], Awaitable[None]]
 
 
@@ -480,14 +480,8 @@ class RemediationService:
         )
 
 
-def _numbers(result: GateResult) -> dict[str, float | None]:
-    v = result.values
-    return {
-        "ttft_p99_ms": v.ttft_p99_ms,
-        "tpot_p99_ms": v.tpot_p99_ms,
-        "goodput_ratio": v.goodput_ratio,
-        "kv_fragmentation": v.kv_fragmentation,
-    }
+def _numbers(result: GateRun) -> dict[str, float | None]:
+    return result.values.four()
 
 
 def _flags_text(flags: dict[str, Any]) -> str:

@@ -17,7 +17,6 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
@@ -28,7 +27,7 @@ from bot.config import Target
 from bot.diagnosis.flows import IncidentFlows
 from bot.diagnosis.models import GATE_OF, Baseline
 from bot.diagnosis.ports import Notifier
-from bot.remediation.gate import GateResult
+from bot.remediation.gate import GateRun
 from bot.remediation.service import GateRunner
 from bot.scheduler import messages
 from bot.scheduler.runner import Outcome, json_safe
@@ -91,10 +90,10 @@ class BaselineCanary:
         detail: dict[str, Any] = {
             "adrs": _ids(in_force),
             "missing": missing,
-            "values": asdict(result.values),
+            "values": result.values.four(),
             "failures": result.failures,
         }
-        lines = messages.gate_lines(result.values, gates, setters)
+        lines = messages.gate_lines(result.verdict, setters)
         spec = self._target.canary
         load = messages.load_text(spec.concurrency, spec.num_requests, spec.prompt_length)
         if result.passed:
@@ -134,7 +133,7 @@ class BaselineCanary:
         return found, missing
 
     def _open(
-        self, now: dt.datetime, result: GateResult, detail: dict[str, Any]
+        self, now: dt.datetime, result: GateRun, detail: dict[str, Any]
     ) -> tuple[int, bool, bool]:
         """The drift incident: its id, whether it was opened now, whether it was posted."""
         key = drift_key(self.name)

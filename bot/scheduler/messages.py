@@ -5,9 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping, Sequence
 
-from bot.adr.models import AdrGates
-from bot.adr.render import format_ms, format_pct
-from bot.tune.matrix import Values
+from bot.canary.verdict import Verdict
 
 DRIFT_TITLE = "Baseline drift on {target}: {failures}"
 DRIFT_NUMBERS = (
@@ -27,28 +25,13 @@ DRAFT_REMINDER = (
 )
 
 
-def gate_lines(values: Values, gates: AdrGates, setters: Mapping[str, str]) -> str:
+def gate_lines(verdict: Verdict, setters: Mapping[str, str]) -> str:
     """One line per gate: the measured number, the gate, the ADR that set it, and a mark."""
-    rows = (
-        ("TTFT p99", values.ttft_p99_ms, gates.max_ttft_p99_ms, "max_ttft_p99_ms", format_ms),
-        ("TPOT p99", values.tpot_p99_ms, gates.max_tpot_p99_ms, "max_tpot_p99_ms", format_ms),
-        ("Goodput", values.goodput_ratio, gates.min_goodput_ratio, "min_goodput_ratio",
-         format_pct),
-        ("KV fragmentation", values.kv_fragmentation, gates.max_kv_fragmentation,
-         "max_kv_fragmentation", format_pct),
-    )  # fmt: skip
-    lines = []
-    for label, value, limit, gate, fmt in rows:
-        if limit is None:
-            continue
-        at_most = gate.startswith("max")
-        ok = value is not None and (value <= limit if at_most else value >= limit)
-        shown = "not measured" if value is None else fmt(value)
-        lines.append(
-            f"{':white_check_mark:' if ok else ':x:'} {label} {shown} "
-            f"(gate {'≤' if at_most else '≥'} {fmt(limit)}, {setters.get(gate, '?')})"
-        )
-    return "\n".join(lines)
+    return "\n".join(
+        f"{':white_check_mark:' if r.passed else ':x:'} {r.shown()} "
+        f"(gate {r.bound()}, {setters.get(r.name, 'always on')})"
+        for r in verdict.results
+    )
 
 
 def load_text(concurrency: int, num_requests: int, prompt_length: int) -> str:

@@ -12,12 +12,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bot.adr.render import format_ms, format_pct
+from bot.canary.measure import measure
 from bot.canary.render import progress_line
-from bot.canary.report import Gates
+from bot.canary.verdict import Gates, gates_from, judge, values_of
 from bot.engine.process import START_TIMEOUT_S, EngineManager, free_port
 from bot.errors import EngineError, RuleloopError
-from bot.tune.matrix import Row, gate_failures, values_of
-from bot.tune.measure import measure
+from bot.tune.matrix import Row
 from bot.tune.plan import Config, TunePlan
 
 Echo = Callable[[str], None]
@@ -43,11 +43,6 @@ class TuneRunner:
         self.start_timeout_s = start_timeout_s
         self.sample_interval_s = sample_interval_s
         self.configs = plan.configs()
-
-    @property
-    def mixed(self) -> bool:
-        """Whether background load shares the engine with the measured canary."""
-        return bool(self.plan.background)
 
     def run(self) -> list[Row]:
         """Measure each configuration in turn; one row per configuration, in plan order."""
@@ -83,6 +78,7 @@ class TuneRunner:
 
     def _measure(self, config: Config, tag: str, base_url: str) -> Row:
         spec = self.plan.workload
+        gates = gates_from(self.plan.gates) if self.plan.gates else Gates()
         self.echo(f"{tag}: canary {spec.describe()}")
         try:
             background = [
@@ -90,7 +86,7 @@ class TuneRunner:
             ]
             report = measure(
                 spec.workload(base_url),
-                gates=self.plan.gates.to_canary() if self.plan.gates else Gates(),
+                gates=gates,
                 metrics_url=f"{base_url}/metrics",
                 background=background,
                 sample_interval_s=self.sample_interval_s,
@@ -99,10 +95,8 @@ class TuneRunner:
         except RuleloopError as exc:
             self.echo(f"{tag}: canary failed: {exc}")
             return Row(config, error=str(exc), failed_at="canary")
-        values = values_of(report, mixed=self.mixed)
-        row = Row(
-            config, values=values, failures=gate_failures(values, self.plan.gates), report=report
-        )
+        failures = judge(report, gates).failures
+        row = Row(config, values=values_of(report), failures=failures, report=report)
         self.echo(f"{tag}: {_summary(row)}")
         return row
 
