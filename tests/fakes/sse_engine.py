@@ -1,0 +1,129 @@
+"""A real HTTP/1.1 server that streams completions as vLLM does and sees clients hang up.
+
+It answers `GET /v1/models` and streaming `POST /v1/completions`: one SSE event per token, each
+with usage (vLLM's `continuous_usage_stats`), then `[DONE]`. With ``hold_after=N`` a stream
+stops after N tokens and stays open until the client closes the connection, so only a client
+that gives up can end it; ``disconnects`` records how many tokens each such stream had sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+MODEL = "fake-model"
+
+
+def token_event(i: int, prompt_tokens: int, *, last: bool = False) -> bytes:
+    """The SSE event carrying token ``i`` (0-based); the last one says why the answer ended."""
+    chunk = {
+        "id": "cmpl-fake", "object": "text_completion", "model": MODEL,
+        "choices": [{"index": 0, "text": f" t{i}", "finish_reason": "length" if last else None}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": i + 1,
+                  "total_tokens": prompt_tokens + i + 1},
+    }  # fmt: skip
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+class SseEngine:
+    """``async with SseEngine() as engine:`` serves ``engine.base_url`` in this event loop."""
+
+    def __init__(self, *, hold_after: int | None = None, token_delay_s: float = 0.0) -> None:
+        self.hold_after = hold_after
+        self.token_delay_s = token_delay_s  # a slow engine: this long between tokens
+        self.streams = 0
+        self.completed = 0
+        self.disconnects: list[int] = []
+        self.disconnected = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    @property
+    def base_url(self) -> str:
+        """http://127.0.0.1:PORT"""
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aenter__(self) -> SseEngine:
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._handlers):
+            task.cancel()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        try:
+            while await self._request(reader, writer):
+                pass  # keep-alive: the next request on the same connection
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass  # the client closed the connection between requests
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+
+    async def _request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Answer one request; False when the connection is done."""
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        method, path, _ = head[0].split(" ", 2)
+        headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:])}
+        body = await reader.readexactly(int(headers.get("content-length") or 0))
+        if method == "GET" and path == "/v1/models":
+            _json(writer, 200, {"object": "list", "data": [{"id": MODEL}]})
+        elif method == "POST" and path == "/v1/completions":
+            return await self._stream(json.loads(body), reader, writer)
+        else:
+            _json(writer, 404, {"error": {"message": f"no route {method} {path}"}})
+        await writer.drain()
+        return True
+
+    async def _stream(
+        self, body: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        self.streams += 1
+        prompt = body.get("prompt")
+        prompt_tokens = len(prompt) if isinstance(prompt, list) else 1
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        tokens = int(body["max_tokens"])
+        for i in range(tokens):
+            if i == self.hold_after:
+                await writer.drain()
+                # Mid-response the client sends nothing more: EOF means it hung up.
+                await reader.read()
+                self.disconnects.append(i)
+                self.disconnected.set()
+                return False
+            _chunk(writer, token_event(i, prompt_tokens, last=i == tokens - 1))
+            await writer.drain()
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+        _chunk(writer, b"data: [DONE]\n\n")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        self.completed += 1
+        return True
+
+
+def _chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
+    writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+
+def _json(writer: asyncio.StreamWriter, status: int, data: object) -> None:
+    payload = json.dumps(data).encode()
+    reason = "OK" if status == 200 else "Not Found"
+    writer.write(
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\n\r\n".encode()
+        + payload
+    )
