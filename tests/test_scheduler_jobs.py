@@ -101,8 +101,8 @@ async def test_baseline_drift_opens_one_incident_with_the_numbers_until_it_recov
     assert (incident.source, incident.status, incident.target) == ("scheduler", "firing", "prod-a")
     assert incident.title == "Baseline drift on prod-a: TTFT p99 412ms > 350ms"
     root = slack.of("chat.postMessage")[0]
-    assert root.args["text"] == (
-        ":rotating_light: Baseline drift on prod-a: TTFT p99 412ms > 350ms · firing · target prod-a"
+    assert root.args["text"] == (  # mrkdwn: Slack shows "&gt;" as ">"
+        ":rotating_light: Baseline drift on prod-a: TTFT p99 412ms &gt; 350ms · firing · target prod-a"
     )
     thread = [c.args["text"] for c in slack.of("chat.postMessage")[1:]]
     assert all(c.args["thread_ts"] == root.args.get("ts", c.args["thread_ts"])

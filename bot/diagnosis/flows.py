@@ -26,6 +26,7 @@ from bot.errors import NotAllowed, RuleloopError, UsageError
 from bot.intake.service import IntakeResult, Outcome
 from bot.remediation.policy import who_may
 from bot.runbooks.context import TargetRef
+from bot.slack.mrkdwn import escape
 from bot.store.db import Database
 from bot.store.models import Incident
 
@@ -185,8 +186,8 @@ class IncidentFlows:
 
     # --- helpers ----------------------------------------------------------------------------
     async def _failed(self, incident_id: int, ref: MessageRef, exc: BaseException) -> None:
-        if isinstance(exc, RuleloopError):
-            text = f"Diagnosis failed: {exc}"
+        if isinstance(exc, RuleloopError):  # its text may quote labels, files, error bodies
+            text = f"Diagnosis failed: {escape(str(exc))}"
             detail = {"error": str(exc)}
         else:
             error_id = uuid.uuid4().hex[:8]

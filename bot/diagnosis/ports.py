@@ -56,5 +56,5 @@ class Notifier(Protocol):
         ...
 
     async def post_reply(self, ref: MessageRef, *, text: str) -> None:
-        """Post one plain message in the incident's thread."""
+        """Post one message in the incident's thread (mrkdwn: escape what the bot did not write)."""
         ...

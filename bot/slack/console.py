@@ -13,6 +13,7 @@ from typing import TextIO
 from bot.diagnosis.models import FOUR, Diagnosis
 from bot.diagnosis.ports import IncidentView, MessageRef
 from bot.remediation.ports import DraftView, RemediationView
+from bot.slack.mrkdwn import unescape
 from bot.slack.remediation_views import card_text, card_update_text, draft_text
 from bot.slack.views import NO_MATCH, STATE_TEXT, finding_line, fmt
 
@@ -48,7 +49,7 @@ class ConsoleNotifier:
             f"[{ref.channel} {ref.ts} thread] findings on {diagnosis.target} "
             f"(runbook {diagnosis.runbook}, {diagnosis.sampling_s:.0f} s window):"
         ]
-        lines += [f"  {finding_line(f)}" for f in diagnosis.findings] or ["  no finding"]
+        lines += [f"  {unescape(finding_line(f))}" for f in diagnosis.findings] or ["  no finding"]
         if diagnosis.matches:
             for m in diagnosis.matches:
                 why = "; ".join(c.explain() for c in m.conditions)
@@ -65,8 +66,8 @@ class ConsoleNotifier:
         self._print(f"[{ref.channel} {ref.ts} thread] chart ({title}): {path}")
 
     async def post_reply(self, ref: MessageRef, *, text: str) -> None:
-        """Print a thread message."""
-        self._print(f"[{ref.channel} {ref.ts} thread] {text}")
+        """Print a thread message (mrkdwn, shown as the text it stands for)."""
+        self._print(f"[{ref.channel} {ref.ts} thread] {unescape(text)}")
 
     async def post_remediation(self, thread: MessageRef, *, view: RemediationView) -> MessageRef:
         """Print the card; its ts is a counter."""

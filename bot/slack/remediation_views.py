@@ -2,6 +2,9 @@
 
 The card is one message, updated in place at every step: the exact flag diff and the gates
 first (what is being approved), then where it stands, then the numbers and the verdict.
+In the Block Kit views, ADR text, flag values, canary failures and notes (which quote error
+bodies) go through ``bot.slack.mrkdwn``; only the mentions of the people who acted stay live.
+The console text is the same wording, unescaped.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from slack_sdk.models.blocks import (
 )
 
 from bot.remediation.ports import STATES, DraftView, RemediationView
+from bot.slack.mrkdwn import clip, escape_keeping, plain
+
+SECTION = 3000  # the most a section's text may hold
 
 DECIDE_ACTIONS = ("remediation_approve", "remediation_deny")
 REVIEW_ACTIONS = ("adr_draft_accept", "adr_draft_reject")
@@ -132,42 +138,40 @@ def card_update_text(view: RemediationView) -> str:
 def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
     """The card's blocks: header, diff, gates, state, numbers, and the buttons while pending."""
     mark = STATE_MARK.get(view.state, ":gear:")
-    summary = f"{view.adr_id} on {view.target}: {STATES.get(view.state, view.state)}"
+    summary = plain(f"{view.adr_id} on {view.target}: {STATES.get(view.state, view.state)}", 300)
+    title = f"*{plain(view.adr_title, 500)}*\n" if view.adr_title else ""
+    diff = clip(plain("\n".join(diff_lines(view))), SECTION - len(title) - 40)
     blocks: list[Block] = [
-        HeaderBlock(text=f"Apply {view.adr_id} to {view.target}"[:150]),
+        HeaderBlock(text=f"Apply {view.adr_id} to {view.target}"[:150]),  # plain text
         SectionBlock(
-            text=MarkdownTextObject(
-                text=(f"*{view.adr_title}*\n" if view.adr_title else "")
-                + "*Flag changes* (only these):\n```"
-                + "\n".join(diff_lines(view))
-                + "```"
-            ),
+            text=MarkdownTextObject(text=f"{title}*Flag changes* (only these):\n```{diff}```"),
         ),
         SectionBlock(
             text=MarkdownTextObject(
                 text="*Canary gates* (all must hold, else automatic rollback):\n"
-                + ("\n".join(f"• {g}" for g in gate_lines(view.gates)) or "none")
+                + ("\n".join(f"• {plain(g)}" for g in gate_lines(view.gates)) or "none")
             )
         ),
-        SectionBlock(text=MarkdownTextObject(text=f"{mark} *{summary}*"[:3000])),
+        SectionBlock(text=MarkdownTextObject(text=clip(f"{mark} *{summary}*", SECTION))),
     ]
+    people = [view.requested_by, *view.approved_by]
     details = []
     if view.numbers:
         details.append("*Canary:* " + " · ".join(number_lines(view.numbers)))
     if view.failures:
-        details.append("*Failed gates:* " + "; ".join(view.failures))
-    if view.note:
-        details.append(view.note)
+        details.append("*Failed gates:* " + plain("; ".join(view.failures)))
+    if view.note:  # the bot's words, quoting error text; "approved by <@U..>" stays a mention
+        details.append(escape_keeping(view.note, people))
     if details:
-        blocks.append(SectionBlock(text=MarkdownTextObject(text="\n".join(details)[:3000])))
-    who = f"Requested by <@{view.requested_by}> · actuator `{view.actuator}`"
+        blocks.append(SectionBlock(text=MarkdownTextObject(text=clip("\n".join(details), SECTION))))
+    who = f"Requested by <@{view.requested_by}> · actuator `{plain(view.actuator, 100)}`"
     if view.two_person:
         who += " · two-person rule: the approver must be someone else"
     if view.approved_by:
         who += " · approved by " + ", ".join(f"<@{u}>" for u in view.approved_by)
     if view.state == "pending" and view.expires_at is not None:
         who += f" · buttons expire {view.expires_at:%H:%M} UTC"
-    blocks.append(ContextBlock(elements=[MarkdownTextObject(text=who[:3000])]))
+    blocks.append(ContextBlock(elements=[MarkdownTextObject(text=clip(who, SECTION))]))
     if view.state == "pending" and view.tokens:
         blocks.append(
             _yes_no(
@@ -204,31 +208,30 @@ def draft_text(view: DraftView) -> str:
 
 def draft_message(view: DraftView) -> tuple[str, list[dict[str, Any]]]:
     """The draft's summary with Accept / Reject while it is proposed."""
-    text = f"Post-incident ADR draft {view.adr_id}: {view.title}"
-    rows = "\n".join(f"• {line}" for line in matrix_lines(view)) or "no measurements"
+    text = plain(f"Post-incident ADR draft {view.adr_id}: {view.title}", 1000)
+    rows = "\n".join(f"• {plain(line)}" for line in matrix_lines(view)) or "no measurements"
     reviewers = (
         "anyone" if "*" in view.reviewers else ", ".join(f"<@{u}>" for u in view.reviewers)
     ) or "nobody yet (set [access] review)"
     blocks: list[Block] = [
-        SectionBlock(text=MarkdownTextObject(text=f"*{text}*"[:3000])),
-        SectionBlock(text=MarkdownTextObject(text=f"*Metrics Matrix*\n{rows}"[:3000])),
+        SectionBlock(text=MarkdownTextObject(text=clip(f"*{text}*", SECTION))),
+        SectionBlock(text=MarkdownTextObject(text=clip(f"*Metrics Matrix*\n{rows}", SECTION))),
         ContextBlock(
             elements=[
                 MarkdownTextObject(
-                    text=f"State: *{view.state}* · file `{view.path}` · author <@{view.author}> · "
-                    f"reviewers: {reviewers} (not the author)"[:3000]
+                    text=clip(
+                        f"State: *{view.state}* · file `{plain(view.path)}` · author "
+                        f"<@{view.author}> · reviewers: {reviewers} (not the author)",
+                        SECTION,
+                    )
                 )
             ]
         ),
     ]
     if view.reviewed_by:
-        blocks.append(
-            SectionBlock(
-                text=MarkdownTextObject(
-                    text=f"{view.state.capitalize()} by <@{view.reviewed_by}>. {view.note}"[:3000]
-                )
-            )
-        )
+        note = escape_keeping(view.note, [view.author, view.reviewed_by])
+        decided = f"{view.state.capitalize()} by <@{view.reviewed_by}>. {note}"
+        blocks.append(SectionBlock(text=MarkdownTextObject(text=clip(decided, SECTION))))
     if view.state == "proposed" and view.tokens:
         blocks.append(
             _yes_no(

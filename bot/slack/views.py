@@ -1,7 +1,9 @@
 """Block Kit views and the prose they carry (kept together so the wording can be read as a whole).
 
 Built with ``slack_sdk.models.blocks``, whose ``to_dict`` refuses what Slack would reject
-(lengths, counts) before anything is sent.
+(lengths, counts) before anything is sent. Text the bot does not write (labels, finding messages,
+ADR text, target and runbook names) goes through ``bot.slack.mrkdwn`` on its way in, and every
+line is clipped so that one long value cannot make a whole message unpostable.
 """
 
 from __future__ import annotations
@@ -23,9 +25,12 @@ from bot.adr.match import MatchResult
 from bot.diagnosis.models import FOUR, Diagnosis
 from bot.diagnosis.ports import IncidentView
 from bot.runbooks.types import Finding, Severity
+from bot.slack.mrkdwn import clip, plain
 
 APPLY_ACTION = "apply_adr"
 MAX_FINDINGS = 15
+MAX_LINE = 1000  # one finding or ADR line; a section holds 3000 characters
+MAX_SECTION = 2900
 SEVERITY_MARK = {
     Severity.CRITICAL: ":red_circle:",
     Severity.WARNING: ":large_orange_circle:",
@@ -65,7 +70,7 @@ def _number_field(key: str, label: str, summary: dict[str, Any]) -> MarkdownText
         bound, adr = limit
         ok = None if value is None else (value <= bound if worse_up else value >= bound)
         mark = "" if ok is None else (" :white_check_mark:" if ok else " :x:")
-        text += f"{mark}  (gate {'≤' if worse_up else '≥'} {fmt(key, bound)}, {adr})"
+        text += f"{mark}  (gate {'≤' if worse_up else '≥'} {fmt(key, bound)}, {plain(adr, 100)})"
     normal = summary.get("normal", {}).get(key)
     if normal is not None:
         text += f"\nnormal {fmt(key, normal)}"
@@ -81,11 +86,12 @@ def root_message(view: IncidentView) -> tuple[str, list[dict[str, Any]]]:
         if resolved
         else (":mag:" if view.source == "slash" else ":rotating_light:")
     )
-    title = f"{mark} {view.title}"[:150]
+    title = f"{mark} {view.title}"[:150]  # a header is plain text: shown, never parsed
     status = "resolved" if resolved else ("firing" if alerted else "on demand")
+    target = plain(view.target or "unknown", 200)
     line = (
         f"*Status:* {status} · {STATE_TEXT.get(view.state, view.state)}   "
-        f"*Target:* {view.target or 'unknown'}   "
+        f"*Target:* {target}   "
         f"*Incident* #{view.id} · opened {view.opened_at:%Y-%m-%d %H:%M} UTC"
     )
     if view.requested_by:
@@ -105,7 +111,8 @@ def root_message(view: IncidentView) -> tuple[str, list[dict[str, Any]]]:
                     MarkdownTextObject(
                         text=(
                             "Engine-side numbers over the sampling window (runbook "
-                            f"`{view.summary.get('runbook')}`); gates from the accepted ADRs. "
+                            f"`{plain(view.summary.get('runbook'), 200)}`); gates from the "
+                            "accepted ADRs. "
                             "KV fragmentation is estimated from mean request lengths; "
                             "a canary measures it exactly."
                             + (NORMAL_NOTE if view.summary.get("normal") else "")
@@ -114,13 +121,14 @@ def root_message(view: IncidentView) -> tuple[str, list[dict[str, Any]]]:
                 ]
             )
         )
-    text = f"{title} · {status} · target {view.target or 'unknown'}"
+    text = f"{plain(title)} · {status} · target {target}"  # notifications parse this text
     return text, [b.to_dict() for b in blocks]
 
 
 def finding_line(finding: Finding) -> str:
-    """One finding as a bullet."""
-    return f"{SEVERITY_MARK[finding.severity]} {finding.message}  _({finding.source})_"
+    """One finding as a bullet (mrkdwn: its message and source escaped, the line clipped)."""
+    text = f"{plain(finding.message)}  _({plain(finding.source, 200)})_"
+    return clip(f"{SEVERITY_MARK[finding.severity]} {text}", MAX_LINE)
 
 
 def findings_message(diagnosis: Diagnosis) -> tuple[str, list[dict[str, Any]]]:
@@ -132,18 +140,18 @@ def findings_message(diagnosis: Diagnosis) -> tuple[str, list[dict[str, Any]]]:
     if len(diagnosis.findings) > MAX_FINDINGS:
         lines.append(f"…and {len(diagnosis.findings) - MAX_FINDINGS} more (see the audit log).")
     head = (
-        f"*Findings* on *{diagnosis.target}* "
-        f"(runbook `{diagnosis.runbook}`, {diagnosis.sampling_s:.0f} s window)"
+        f"*Findings* on *{plain(diagnosis.target, 200)}* "
+        f"(runbook `{plain(diagnosis.runbook, 200)}`, {diagnosis.sampling_s:.0f} s window)"
     )
     blocks = [SectionBlock(text=MarkdownTextObject(text=head))]
     chunk: list[str] = []
     for line in lines:  # one section holds at most 3000 characters
-        if sum(len(x) + 1 for x in chunk) + len(line) > 2900:
+        if chunk and sum(len(x) + 1 for x in chunk) + len(line) > MAX_SECTION:
             blocks.append(SectionBlock(text=MarkdownTextObject(text="\n".join(chunk))))
             chunk = []
         chunk.append(line)
     blocks.append(SectionBlock(text=MarkdownTextObject(text="\n".join(chunk))))
-    return f"{len(diagnosis.findings)} finding(s) on {diagnosis.target}", [
+    return f"{len(diagnosis.findings)} finding(s) on {plain(diagnosis.target, 200)}", [
         b.to_dict() for b in blocks
     ]
 
@@ -159,16 +167,17 @@ def adr_message(
     ]
     for result in matches[:10]:
         adr = result.adr
-        why = "; ".join(c.explain() for c in result.conditions)
+        why = clip(plain("; ".join(c.explain() for c in result.conditions)), MAX_LINE)
         value = json.dumps({"adr": adr.id, "incident": incident_id, "target": target})
+        head = clip(f"*{plain(adr.id, 100)}*: {plain(adr.title)}", MAX_LINE)
         blocks.append(
             SectionBlock(
-                text=MarkdownTextObject(text=f"*{adr.id}*: {adr.title}\n{why}"[:2900]),
+                text=MarkdownTextObject(text=f"{head}\n{why}"),
                 accessory=ButtonElement(
                     text="Apply", action_id=APPLY_ACTION, value=value, style="primary"
                 ),
             )
         )
         blocks.append(DividerBlock())
-    ids = ", ".join(m.adr.id for m in matches)
+    ids = ", ".join(plain(m.adr.id, 100) for m in matches)
     return f"Matching accepted ADRs: {ids}", [b.to_dict() for b in blocks[:-1]]

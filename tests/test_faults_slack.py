@@ -1,0 +1,176 @@
+"""Faults at the Slack side (docs/reliability.md), through the real bolt app, signed requests and
+the fake Slack Web API: untrusted text never becomes a live mention or link, one huge finding
+does not sink a diagnosis, uploads reach channels the bot has not joined."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from bot.diagnosis.ports import IncidentView
+from bot.slack import mrkdwn
+from bot.slack.views import root_message
+from tests.fakes.alerts import alert, body
+from tests.fakes.bot import RUNBOOK, Harness, harness
+from tests.fakes.slack_api import FakeSlack
+
+pytestmark = pytest.mark.faults
+
+EVIL = "<!channel> <https://x|Re-authenticate>"
+# What Slack would render live: a broadcast or special mention, a user, a channel, a link.
+LIVE = re.compile(r"<(?:[!#]|@(?!U[12]>)|https?:|mailto:)", re.IGNORECASE)
+
+
+def rendered(value: Any) -> Iterator[str]:
+    """Every string Slack parses as mrkdwn in a message: its fallback text and its mrkdwn
+    text objects (plain_text objects, such as headers, are shown as they are)."""
+    if isinstance(value, dict):
+        if value.get("type") == "plain_text":
+            return
+        for key, item in value.items():
+            if key == "text" and isinstance(item, str):
+                yield item
+            elif key != "value":  # a button's value is data, never shown
+                yield from rendered(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from rendered(item)
+
+
+def live_markup(slack: FakeSlack) -> list[str]:
+    """The rendered strings of every message the fake Slack received that hold live markup."""
+    shown = [
+        text
+        for call in slack.calls
+        if call.method in ("chat.postMessage", "chat.update", "response_url")
+        for text in rendered({"text": call.args.get("text"), "blocks": call.args.get("blocks")})
+    ]
+    assert shown, "no message was sent"
+    return [text for text in shown if LIVE.search(text)]
+
+
+@pytest.fixture
+async def h(tmp_path: Path, slack: FakeSlack) -> AsyncIterator[Harness]:
+    harness_ = harness(tmp_path, slack=slack, matching_adr=True)
+    yield harness_
+    await harness_.close()
+
+
+async def test_alert_labels_never_become_a_live_mention_or_link(
+    h: Harness, slack: FakeSlack
+) -> None:
+    """Item 5: the label came out as a live @channel and a disguised link (root, thread)."""
+    evil = alert(instance=EVIL, team=EVIL)
+    sent = body(evil, groupLabels={"alertname": "VLLMTimeToFirstTokenP99High", "instance": EVIL})
+    assert (await h.webhook(sent)).status_code == 202
+    await slack.until("chat.update")
+    await h.bot.flows.tasks.drain()
+    assert live_markup(slack) == []
+    shown = json.dumps([c.args for c in slack.calls], ensure_ascii=False)
+    assert "&lt;!channel&gt; &lt;https://x|Re-authenticate&gt;" in shown  # shown, as text
+
+
+async def test_adr_text_never_becomes_live_markup_in_the_thread_or_the_card(
+    h: Harness, slack: FakeSlack, tmp_path: Path
+) -> None:
+    """ADR titles reach the matching-ADR message and, after Apply, the remediation card."""
+    seed = next((tmp_path / "adr").glob("ADR-20260831-01-*.md"))
+    text = seed.read_text()
+    title = re.search(r"^title: (.*)$", text, re.M)
+    assert title is not None
+    text = text.replace(f": {title[1]}\n", f": {EVIL} {title[1]}\n")  # the heading too
+    seed.write_text(text.replace(title[0], f"title: '{EVIL} {title[1]}'"))
+    await h.slash("prod-a")
+    await slack.until("chat.update")
+    await h.bot.flows.tasks.drain()
+    adrs = slack.of("chat.postMessage")[2]
+    button = adrs.args["blocks"][1]["accessory"]
+    assert button["action_id"] == "apply_adr"
+    await h.click(button["value"])
+    (*_, card) = await slack.until("chat.postMessage", 4)
+    await h.bot.flows.tasks.drain()
+    assert live_markup(slack) == []
+    assert "&lt;!channel&gt;" in json.dumps(card.args["blocks"], ensure_ascii=False)
+
+
+async def test_one_huge_finding_line_is_clipped_and_the_diagnosis_posted(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    """Item 13: a 3,500-character finding made the findings unpostable (over 3,000 per text)."""
+    runbooks = tmp_path / "long-runbooks"
+    runbooks.mkdir()
+    (runbooks / "long.yaml").write_text(
+        RUNBOOK.replace('message: "goodput {value:.1%}"', f'message: "{"x" * 3500} {{value:.1%}}"')
+    )
+    paths = {"runbooks": str(runbooks), "adr": str(tmp_path / "adr")}
+    h = harness(tmp_path, slack=slack, paths=paths)
+    try:
+        await h.slash("prod-a")
+        await slack.until("chat.update")
+        await h.bot.flows.tasks.drain()
+        findings = slack.of("chat.postMessage")[1]
+        sections = [b["text"]["text"] for b in findings.args["blocks"]]
+        lines = [line for s in sections for line in s.splitlines()]
+        assert any(ln.startswith(":information_source: xxxx") and ln.endswith("…") for ln in lines)
+        assert all(len(s) <= 3000 for s in sections)
+        assert "TTFT p99" in json.dumps(sections)  # the other findings are there too
+    finally:
+        await h.close()
+
+
+SPECIAL = st.sampled_from(["<", ">", "&", "!", "@", "#", "|", "^", "http://", "channel", "U1"])
+LABELS = st.lists(st.one_of(SPECIAL, st.text(max_size=8)), max_size=20).map("".join)
+
+
+@given(LABELS)
+def test_no_label_text_survives_escaping_as_markup(label: str) -> None:
+    """Item 5 (property): whatever the text, escaped it opens no mention, link or broadcast."""
+    escaped = mrkdwn.escape(label)
+    assert "<" not in escaped and ">" not in escaped
+    assert mrkdwn.unescape(escaped) == label
+    kept = mrkdwn.escape_keeping(label, ["U1"])
+    assert not LIVE.search(kept.replace("<@U1>", ""))
+    clipped = mrkdwn.clip(escaped, 20)
+    assert len(clipped) <= 20 and not re.search(r"&[a-z]*$", clipped.removesuffix("…"))
+
+
+@given(LABELS)
+def test_no_label_text_makes_the_root_message_live(label: str) -> None:
+    import datetime as dt
+
+    view = IncidentView(
+        id=1, title=f"VLLMTimeToFirstTokenP99High (instance={label})", status="firing",
+        source="alertmanager", target=label or None, opened_at=dt.datetime(2026, 9, 1, tzinfo=dt.UTC),
+        closed_at=None, state="failed", summary={"runbook": label},
+    )  # fmt: skip
+    text, blocks = root_message(view)
+    assert [s for s in rendered({"text": text, "blocks": blocks}) if LIVE.search(s)] == []
+
+
+@given(st.lists(st.tuples(LABELS, st.integers(0, 4000)), min_size=1, max_size=20))
+def test_no_finding_text_makes_the_findings_live_or_too_long(
+    texts: list[tuple[str, int]],
+) -> None:
+    """Error bodies reach findings: escaped, and clipped so every section stays postable."""
+    import datetime as dt
+
+    from bot.diagnosis.models import Baseline, Diagnosis
+    from bot.runbooks.types import Finding, Severity
+    from bot.slack.views import findings_message
+
+    findings = [Finding(Severity.WARNING, text + "<" * pad, "probe") for text, pad in texts]
+    diagnosis = Diagnosis(
+        target="prod-a", runbook="r", headline={}, baseline=Baseline(), findings=findings,
+        matches=[], readings={}, details={}, sampling_s=1.0, at=dt.datetime(2026, 9, 1, tzinfo=dt.UTC),
+    )  # fmt: skip
+    text, blocks = findings_message(diagnosis)
+    shown = list(rendered({"text": text, "blocks": blocks}))
+    assert [s for s in shown if LIVE.search(s)] == []
+    assert all(0 < len(s) <= 3000 for s in shown)
