@@ -170,7 +170,8 @@ class Target(_Section):
     )
     actuator: ActuatorSpec | None = None
     canary: CanarySpec = Field(default_factory=CanarySpec)
-    two_person: bool = False  # changes need a second approver who is not the requester
+    # a second approver, not the requester, even with [remediation] allow_self_approval
+    two_person: bool = False
     # bearer token of the gateway's /admin/limits, for ADRs with `fix.gateway` rules
     gateway_admin_token_file: Path | None = None
 
@@ -196,9 +197,15 @@ class Target(_Section):
 
 
 class RemediationSettings(_Section):
-    """How /apply-adr is approved."""
+    """How /apply-adr is approved: by someone other than the requester, unless opted out."""
 
     approval_ttl_s: float = Field(default=900.0, gt=0)  # approval buttons expire after this
+    allow_self_approval: bool = Field(
+        default=False,
+        description="opt-out of the two-person rule: true lets the requester approve their own "
+        "change (targets with two_person and two_person_adrs still need two people); "
+        "keep false in production",
+    )
     two_person_adrs: list[str] = Field(default_factory=list)  # these ADRs always need two people
 
 

@@ -1,8 +1,10 @@
 """Who may request and approve a change, and which changes may be requested at all.
 
 Fail closed: an empty access list means nobody. Only an `accepted` ADR is a pre-approved fix,
-and only flags that pass the allowlist check reach an actuator. The two-person rule (per target,
-or per ADR) means the approver must be someone other than the requester.
+and only flags that pass the allowlist check reach an actuator. The two-person rule holds by
+default: the approver must be someone other than the requester. ``[remediation]
+allow_self_approval`` opts out, except for targets with ``two_person`` and the ADRs in
+``two_person_adrs``.
 """
 
 from __future__ import annotations
@@ -90,7 +92,10 @@ class Policy:
                 "to its front matter. Nothing was changed."
             )
         spec = self._settings.targets[target]
-        two_person = spec.two_person or adr.id in self._settings.remediation.two_person_adrs
+        rules = self._settings.remediation
+        two_person = (
+            not rules.allow_self_approval or spec.two_person or adr.id in rules.two_person_adrs
+        )
         change = {canonical(k): v for k, v in adr.fix.engine_args.items()}
         return ChangePlan(adr=adr, target=target, change=change, two_person=two_person)
 
