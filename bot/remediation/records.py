@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
-from sqlalchemy import Executable, select, update
+from sqlalchemy import Executable, or_, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
@@ -30,6 +30,17 @@ def _rows(session: Session, statement: Executable) -> int:
 def new_token() -> str:
     """An unguessable button value."""
     return secrets.token_urlsafe(24)
+
+
+def _refuse_if_expired(session: Session, token: str, now: dt.datetime) -> None:
+    """UsageError when the button ``token`` has expired (a lost claim that is not a race)."""
+    row = session.scalars(select(ActionToken).where(ActionToken.token == token)).one_or_none()
+    if row is None or row.used_at is not None or row.expires_at is None or row.expires_at > now:
+        return
+    raise UsageError(
+        f"This button expired at {row.expires_at:%H:%M} UTC while the click was being checked. "
+        "Nothing was changed; ask for the change again with `/apply-adr`."
+    )
 
 
 class RemediationRecords:
@@ -177,13 +188,25 @@ class RemediationRecords:
         detail: Mapping[str, Any],
     ) -> bool:
         """Use a button: the pending remediation moves to ``to_state`` and all its buttons are
-        spent, with the audit entry, in one transaction; False when someone else was first."""
+        spent, with the audit entry, in one transaction; False when someone else was first,
+        UsageError when the button expired (even after the caller's own check)."""
         now = self._clock()
+        # The expiry is part of the conditional UPDATE: the caller checked it before a Slack
+        # call (user groups), and the button may have expired in between.
+        usable = (
+            select(ActionToken.id)
+            .where(
+                ActionToken.token == token,
+                ActionToken.used_at.is_(None),
+                or_(ActionToken.expires_at.is_(None), ActionToken.expires_at > now),
+            )
+            .exists()
+        )
         with self._db.transaction() as s:
             moved = _rows(
                 s,
                 update(Remediation)
-                .where(Remediation.id == remediation_id, Remediation.state == "pending")
+                .where(Remediation.id == remediation_id, Remediation.state == "pending", usable)
                 .values(
                     state=to_state,
                     updated_at=now,
@@ -191,6 +214,7 @@ class RemediationRecords:
                 ),
             )
             if moved != 1:
+                _refuse_if_expired(s, token, now)
                 return False
             s.execute(
                 update(ActionToken)
