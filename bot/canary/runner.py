@@ -241,7 +241,9 @@ class CanaryRun:
 
             async def worker(index: int) -> None:
                 while True:
-                    if index >= base:  # a burst stream (pulse): wait for the next burst
+                    # A burst stream (pulse) sends only inside a burst: re-checked after every
+                    # sleep, since a busy loop may wake it after the burst has ended.
+                    while index >= base and not w.in_burst(time.perf_counter() - started):
                         wait = w.next_burst_in(time.perf_counter() - started)
                         if deadline is not None and time.perf_counter() + wait >= deadline:
                             return
