@@ -1,6 +1,6 @@
 """The ADR record: front matter (what machines read) and body (the seed's three sections).
 
-Front matter fields are the contract in DESIGN.md. The body is kept as structured parts (the
+Front matter fields are the contract (docs/writing-adrs.md). The body is kept as structured parts (the
 context text, the Metrics Matrix rows, the solidified rules) so that rendering a record and
 parsing it back gives the same record. Matrix numbers are held at the precision the table
 shows (0.1 ms, 0.1 %), which is what makes that round trip exact.
@@ -10,15 +10,34 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationInfo,
+    field_validator,
+)
 
 from bot.adr.match import METRICS, OPS
+from bot.adr.relative import (
+    NORMAL_METRICS,
+    NoNormal,
+    Normal,
+    Relative,
+    dump_value,
+    no_normal,
+    parse_value,
+)
 
 ID_PATTERN = r"^ADR-\d{8}-\d{2}$"
 Status = Literal["proposed", "accepted", "superseded", "rejected"]
 EngineValue = bool | int | float | str
+# A number, or a multiple of the target's normal ('3x normal'); written back as it was read.
+Value = Annotated[float | Relative, PlainValidator(parse_value), PlainSerializer(dump_value)]
 
 
 class _Strict(BaseModel):
@@ -30,7 +49,7 @@ class Condition(_Strict):
 
     metric: str
     op: str
-    value: float = Field(strict=True)
+    value: Value
 
     @field_validator("metric")
     @classmethod
@@ -45,6 +64,17 @@ class Condition(_Strict):
         if op not in OPS:
             raise ValueError(f"unknown operator {op!r}; use one of {' '.join(OPS)}")
         return op
+
+    @field_validator("value")
+    @classmethod
+    def _normal_known(cls, value: float | Relative, info: ValidationInfo) -> float | Relative:
+        metric = info.data.get("metric")  # absent when the metric itself was refused
+        if isinstance(value, Relative) and metric is not None and metric not in NORMAL_METRICS:
+            raise ValueError(
+                f"{metric} cannot be '{value}': normal is measured only for "
+                f"{', '.join(NORMAL_METRICS)} (use a number for {metric})"
+            )
+        return value
 
 
 class GatewayRules(_Strict):
@@ -64,25 +94,116 @@ class Fix(_Strict):
     gateway: GatewayRules | None = None
 
 
-class AdrGates(_Strict):
-    """Canary limits a change must meet before it is promoted."""
+# gate -> the metric it limits (and whose normal a relative gate multiplies)
+GATE_METRICS = {
+    "max_ttft_p99_ms": "ttft_p99_ms",
+    "max_tpot_p99_ms": "tpot_p99_ms",
+    "min_goodput_ratio": "goodput_ratio",
+    "max_kv_fragmentation": "kv_fragmentation",
+}
 
-    max_ttft_p99_ms: float | None = Field(default=None, gt=0)
-    max_tpot_p99_ms: float | None = Field(default=None, gt=0)
-    min_goodput_ratio: float | None = Field(default=None, ge=0, le=1)
-    max_kv_fragmentation: float | None = Field(default=None, ge=0, le=1)
+
+class AdrGates(_Strict):
+    """Canary limits a change must meet before it is promoted (numbers, or 'Nx normal')."""
+
+    max_ttft_p99_ms: Value | None = None
+    max_tpot_p99_ms: Value | None = None
+    min_goodput_ratio: Value | None = None
+    max_kv_fragmentation: Value | None = None
+
+    @field_validator("max_ttft_p99_ms", "max_tpot_p99_ms")
+    @classmethod
+    def _milliseconds(cls, value: float | Relative | None) -> float | Relative | None:
+        if isinstance(value, float) and not value > 0:
+            raise ValueError(f"{value:g} ms: a latency limit must be greater than 0")
+        return value
+
+    @field_validator("min_goodput_ratio", "max_kv_fragmentation")
+    @classmethod
+    def _ratio(cls, value: float | Relative | None) -> float | Relative | None:
+        if isinstance(value, float) and not 0 <= value <= 1:
+            raise ValueError(f"{value:g}: a ratio must be between 0 and 1 (95 % is 0.95)")
+        return value
 
     def is_empty(self) -> bool:
         """No limit is set."""
-        return all(v is None for v in self.model_dump().values())
+        return all(getattr(self, key) is None for key in GATE_METRICS)
+
+    def relative(self) -> dict[str, Relative]:
+        """The limits given as multiples of normal, by gate name."""
+        return {
+            key: value for key in GATE_METRICS if isinstance(value := getattr(self, key), Relative)
+        }
+
+    def resolve(self, normal: Normal, *, strict: bool = True) -> AdrGates:
+        """Absolute limits: each 'Nx normal' times the target's normal value of its metric.
+
+        A relative gate whose metric has no normal raises NoNormal; with ``strict=False`` it is
+        left out instead (where an unresolved gate only means less to show, never less to check).
+        """
+        limits: dict[str, float | None] = {}
+        missing = []
+        for key in GATE_METRICS:
+            value = getattr(self, key)
+            if not isinstance(value, Relative):
+                limits[key] = value
+                continue
+            resolved = value.of(GATE_METRICS[key], normal)
+            if resolved is None or (key.endswith("_ms") and resolved <= 0):
+                missing.append(f"{key} is {value} but {_no_normal_text(key, resolved)}")
+                limits[key] = None
+            else:
+                # A ratio stays a ratio: 1.2x a normal goodput of 0.9 is "at least 1".
+                limits[key] = min(resolved, 1.0) if key in _RATIOS else resolved
+        if missing and strict:
+            raise NoNormal(
+                "; ".join(missing) + " (normal is the median of the scheduler's snapshots of the "
+                "target: [scheduler] snapshot_every_s; until one is taken, relative gates cannot "
+                "be checked)"
+            )
+        return AdrGates(**limits)
+
+    def describe(self, resolved: AdrGates | None = None) -> dict[str, str]:
+        """Each gate in words, relative ones with their resolved number: '2x normal (= 180)'."""
+        out = {}
+        for key in GATE_METRICS:
+            value = getattr(self, key)
+            if value is None:
+                continue
+            text = f"{value:g}" if isinstance(value, float) else str(value)
+            if isinstance(value, Relative):
+                number = None if resolved is None else getattr(resolved, key)
+                text += f" (= {number:g})" if isinstance(number, float) else " (no normal yet)"
+            out[key] = text
+        return out
 
     def cli_flags(self) -> str:
-        """The same limits as `python -m latency_checker` flags ('--max-ttft-p99-ms 350 ...')."""
-        return " ".join(
+        """The same limits as `python -m latency_checker` flags ('--max-ttft-p99-ms 350 ...').
+
+        A relative limit has no flag until it is resolved against a target's normal
+        (``resolve``); it is named after a shell comment, so the line still runs and says so.
+        """
+        flags = " ".join(
             f"--{key.replace('_', '-')} {value:g}"
-            for key, value in self.model_dump().items()
-            if value is not None
+            for key in GATE_METRICS
+            if isinstance(value := getattr(self, key), float)
         )
+        relative = self.relative()
+        if not relative:
+            return flags
+        unresolved = ", ".join(f"{key} {value}" for key, value in relative.items())
+        note = f"# no flag until resolved against the target's normal: {unresolved}"
+        return f"{flags}  {note}" if flags else note
+
+
+_RATIOS = ("min_goodput_ratio", "max_kv_fragmentation")
+
+
+def _no_normal_text(key: str, resolved: float | None) -> str:
+    metric = GATE_METRICS[key]
+    if resolved is None:
+        return no_normal(metric)
+    return f"the normal {metric} is 0, so a multiple of it is no limit"
 
 
 class FrontMatter(_Strict):

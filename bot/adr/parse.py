@@ -128,7 +128,7 @@ def _loc(loc: tuple[object, ...]) -> str:
 def _why(error: ErrorDetails) -> str:
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
-        return "unknown field (check the spelling; DESIGN.md lists the ADR fields)"
+        return "unknown field (check the spelling; docs/writing-adrs.md lists the ADR fields)"
     if error["type"] == "missing":
         return "required field is missing"
     return message

@@ -1,6 +1,6 @@
 """KV-cache block fragmentation: the share of allocated KV slots that hold no token.
 
-Two views (DESIGN.md):
+Two views (both reported; docs/canary.md):
 - observed: 1 - resident_tokens / (used_blocks * block_size), from the engine's KV usage gauge
   (used_blocks = kv_cache_usage_perc * (num_gpu_blocks - 1): vLLM's pool excludes a null block)
   and the tokens the canary knows are resident at the moment of the scrape;

@@ -1,6 +1,6 @@
 """Turns Alertmanager notifications into incidents: one per group episode, never a duplicate.
 
-Rules (DESIGN.md, issue 5):
+Rules:
 - an alert instance is (fingerprint, startsAt); an instance already stored never adds anything,
   whatever Alertmanager retries, repeats or delivers out of order;
 - a group key has at most one open incident; new firing instances join it;
