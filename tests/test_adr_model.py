@@ -145,12 +145,12 @@ SEED_TEXT = SEED.read_text(encoding="utf-8")
         (
             _break(SEED_TEXT, "value: 1000.0", "value: 'ttft > 1000'"),
             "match.0.value",
-            "valid number",
+            "is not a number (e.g. 300 or 0.95) or a multiple of the target's normal",
         ),
         (
             _break(SEED_TEXT, "min_goodput_ratio: 0.95", "min_goodput_ratio: 95"),
             "gates.min_goodput_ratio",
-            "less than or equal to 1",
+            "a ratio must be between 0 and 1",
         ),
         (
             _break(SEED_TEXT, "# ADR-20260831-01: vLLM", "# ADR-20260831-02: vLLM"),

@@ -3,6 +3,8 @@
 A report is a canary report (the JSON `ruleloop canary --output-json` writes) or a diagnosis
 report. Each metric name below reads one number: first from the report's flat ``metrics``
 mapping (how a diagnosis hands over its readings), else from the canary report's fields.
+A relative value ('3x normal') is multiplied out with the target's normal numbers first; with
+no normal for its metric the condition does not hold.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from bot.adr.relative import Normal, Relative, no_normal
 
 if TYPE_CHECKING:
     from bot.adr.models import Adr, Condition
@@ -74,15 +78,21 @@ class ConditionResult:
 
     metric: str
     op: str
-    limit: float
+    limit: float | None  # None: a relative limit with no normal to multiply
     value: float | None
     holds: bool
+    relative: str | None = None  # '3x normal' when the ADR wrote the limit that way
 
     def explain(self) -> str:
         """E.g. 'ttft_p99_ms 1204.5 > 1000: holds' or 'goodput_ratio not in report'."""
+        if self.relative is not None and self.limit is None:
+            return f"{self.metric} {self.op} {self.relative}: {no_normal(self.metric)}"
         if self.value is None:
             return f"{self.metric} not in report"
-        return f"{self.metric} {self.value:g} {self.op} {self.limit:g}: " + (
+        limit = f"{self.limit:g}"
+        if self.relative is not None:
+            limit = f"{self.relative} (= {limit})"
+        return f"{self.metric} {self.value:g} {self.op} {limit}: " + (
             "holds" if self.holds else "does not hold"
         )
 
@@ -124,19 +134,29 @@ def _dig(data: object, path: Sequence[str]) -> object:
     return data
 
 
-def check(condition: Condition, report: Mapping[str, Any]) -> ConditionResult:
-    """Check one condition; a metric the report lacks does not hold."""
+def check(
+    condition: Condition, report: Mapping[str, Any], normal: Normal | None = None
+) -> ConditionResult:
+    """Check one condition; a metric the report lacks, or a normal never measured, does not hold."""
     value = read_metric(report, condition.metric)
-    holds = value is not None and OPS[condition.op](value, condition.value)
-    return ConditionResult(condition.metric, condition.op, condition.value, value, holds)
+    relative = None
+    if isinstance(condition.value, Relative):
+        relative = str(condition.value)
+        limit = condition.value.of(condition.metric, normal or {})
+    else:
+        limit = condition.value
+    holds = value is not None and limit is not None and OPS[condition.op](value, limit)
+    return ConditionResult(condition.metric, condition.op, limit, value, holds, relative)
 
 
-def match(adr: Adr, report: Mapping[str, Any]) -> MatchResult:
-    """Check all of an ADR's conditions against a report."""
-    return MatchResult(adr, tuple(check(c, report) for c in adr.match))
+def match(adr: Adr, report: Mapping[str, Any], normal: Normal | None = None) -> MatchResult:
+    """Check all of an ADR's conditions against a report (and the target's normal numbers)."""
+    return MatchResult(adr, tuple(check(c, report, normal) for c in adr.match))
 
 
-def matching(adrs: Iterable[Adr], report: Mapping[str, Any]) -> list[MatchResult]:
+def matching(
+    adrs: Iterable[Adr], report: Mapping[str, Any], normal: Normal | None = None
+) -> list[MatchResult]:
     """The accepted ADRs whose conditions all hold for the report, in the order given."""
-    results = (match(adr, report) for adr in adrs if adr.status == "accepted")
+    results = (match(adr, report, normal) for adr in adrs if adr.status == "accepted")
     return [r for r in results if r.matches]

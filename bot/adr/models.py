@@ -1,8 +1,8 @@
 """The ADR record: front matter (what machines read) and body (the seed's three sections).
 
-Front matter fields are the contract (docs/writing-adrs.md). The body is kept as structured parts (the
-context text, the Metrics Matrix rows, the solidified rules) so that rendering a record and
-parsing it back gives the same record. Matrix numbers are held at the precision the table
+Front matter fields are the contract (docs/writing-adrs.md). The body is kept as structured
+parts (the context text, the Metrics Matrix rows, the solidified rules) so that rendering a
+record and parsing it back gives the same record. Matrix numbers are held at the precision the table
 shows (0.1 ms, 0.1 %), which is what makes that round trip exact.
 """
 
