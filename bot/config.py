@@ -67,6 +67,15 @@ class SlackSettings(_Section):
         default="https://slack.com/api/", description="the Web API base URL (tests: a local fake)"
     )
     channel: str = Field(default="#incidents", description="where alert incidents are posted")
+    team_id: str | None = Field(
+        default=None,
+        description="the workspace (T...) the bot serves: requests from any other are refused; "
+        "set it in production (one signing secret signs every workspace's requests)",
+    )
+    enterprise_id: str | None = Field(
+        default=None,
+        description="the Enterprise Grid org (E...): requests from outside it are refused",
+    )
 
     @property
     def enabled(self) -> bool:

@@ -287,7 +287,7 @@ USAGE_HINTS = {
     "/apply-adr": "ADR-ID [target]",
     "/adr-draft": "[incident-id]",
 }
-SCOPES = {"chat:write", "chat:write.public", "commands", "files:write"}
+SCOPES = {"chat:write", "chat:write.public", "commands", "files:write", "users:read"}
 
 
 class Recorder:

@@ -174,3 +174,80 @@ def test_no_finding_text_makes_the_findings_live_or_too_long(
     shown = list(rendered({"text": text, "blocks": blocks}))
     assert [s for s in shown if LIVE.search(s)] == []
     assert all(0 < len(s) <= 3000 for s in shown)
+
+
+async def test_a_pinned_workspace_refuses_requests_from_another_team(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    """Item 8: a signed /diagnose with another team_id was accepted."""
+    h = harness(tmp_path, slack=slack, slack_extra={"team_id": "T0FAKE"})
+    try:
+        assert (await h.slash("prod-a", team="T0EVIL")).status_code == 200
+        (reply,) = await slack.until("response_url")
+        assert reply.args["response_type"] == "ephemeral"
+        assert reply.args["text"] == (
+            "This bot serves the Slack workspace T0FAKE only; this request came from T0EVIL. "
+            "Nothing was done."
+        )
+        await h.bot.flows.tasks.drain()
+        assert slack.of("chat.postMessage") == []
+        assert (await h.slash("prod-a")).status_code == 200  # its own workspace: served
+        await slack.until("chat.update")
+    finally:
+        await h.close()
+
+
+async def test_a_pinned_enterprise_refuses_requests_from_another_org(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    h = harness(tmp_path, slack=slack, slack_extra={"enterprise_id": "E0OURS"})
+    try:
+        await h.slash("prod-a")  # no enterprise in the request: not ours
+        (reply,) = await slack.until("response_url")
+        assert reply.args["text"].startswith("This bot serves the Slack Enterprise Grid org E0OURS")
+        assert slack.of("chat.postMessage") == []
+    finally:
+        await h.close()
+
+
+EVERYONE = {"diagnose": ["*"], "apply": ["*"], "approve": ["*"], "review": ["*"]}
+
+
+async def test_external_users_may_not_apply_approve_or_review_even_with_star(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    """Item 8: with access "*", Slack Connect users of another organisation could approve."""
+    slack.user_teams["U0EXT"] = "T0VENDOR"
+    h = harness(tmp_path, slack=slack, access=EVERYONE)
+    try:
+        from tests.test_remediation_slack import buttons
+
+        await h.slash("ADR-20260831-01 prod-a", user="U0EXT", command="/apply-adr")
+        (refused,) = await slack.until("response_url")
+        assert refused.args["text"] == (
+            "You are not a member of this workspace (your home workspace is T0VENDOR): people "
+            "from other organisations (Slack Connect) may not apply, approve or review changes "
+            "here. Nothing was changed."
+        )
+        await h.slash("ADR-20260831-01 prod-a", user="U1", command="/apply-adr")
+        card = (await slack.until("chat.postMessage", 2))[-1]
+        approve = buttons(card)["remediation_approve"]
+        # the clicker's home team as Slack sends it in the payload, then as users.info says
+        await h.click(approve, user="U0EXT2", user_team="T0VENDOR", action_id="remediation_approve")
+        await h.click(approve, user="U0EXT", action_id="remediation_approve")
+        await h.click("any-draft", user="U0EXT", action_id="adr_draft_accept")  # review
+        answers = await slack.until("response_url", 4)
+        assert all("Slack Connect" in a.args["text"] for a in answers[1:])
+        with h.bot.db.transaction() as s:
+            from bot.store.models import Remediation
+
+            (rem,) = s.query(Remediation).all()
+            assert rem.state == "pending"
+        await h.click(approve, user="U2", action_id="remediation_approve")  # a colleague can
+        await h.bot.flows.tasks.drain()
+        with h.bot.db.transaction() as s:
+            assert s.query(Remediation).one().state == "dry_run"
+        assert (await h.slash("prod-a", user="U0EXT")).status_code == 200  # diagnose: allowed
+        await slack.until("chat.update")
+    finally:
+        await h.close()

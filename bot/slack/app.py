@@ -20,6 +20,7 @@ from bot.config import SlackSettings
 from bot.diagnosis.flows import IncidentFlows
 from bot.slack import listeners
 from bot.slack.errors import handle_error
+from bot.slack.workspace import HomeTeams, workspace_guard
 
 log = logging.getLogger("ruleloop.slack")
 
@@ -57,6 +58,7 @@ def build_app(
             context[name] = service
         return await next()
 
+    app.middleware(workspace_guard(settings, HomeTeams(client)))  # before anything else runs
     app.middleware(inject)
     app.error(handle_error)
     listeners.register(app)

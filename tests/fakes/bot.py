@@ -86,11 +86,12 @@ class Harness:
         user: str = "U1",
         timestamp: int | None = None,
         command: str = "/diagnose",
+        team: str = "T0FAKE",
     ) -> httpx.Response:
-        """POST a signed slash command (/diagnose unless told)."""
+        """POST a signed slash command (/diagnose unless told) from workspace ``team``."""
         assert self.slack is not None
         form = {"command": command, "text": text, "user_id": user, "channel_id": "C0INCIDENTS",
-                "team_id": "T0FAKE", "response_url": self.slack.response_url("cmd"),
+                "team_id": team, "response_url": self.slack.response_url("cmd"),
                 "trigger_id": "1.2.3", "token": "legacy"}  # fmt: skip
         body = urllib.parse.urlencode(form).encode()
         return await self.client.post(
@@ -98,11 +99,19 @@ class Harness:
         )
 
     async def click(
-        self, value: str, *, user: str = "U1", action_id: str = "apply_adr"
+        self,
+        value: str,
+        *,
+        user: str = "U1",
+        action_id: str = "apply_adr",
+        team: str = "T0FAKE",
+        user_team: str | None = None,
     ) -> httpx.Response:
-        """POST a signed button click (the Apply button unless told)."""
+        """POST a signed button click (the Apply button unless told); ``user_team``: the
+        clicker's home workspace, as Slack sends it for Slack Connect members."""
         assert self.slack is not None
-        payload = {"type": "block_actions", "user": {"id": user}, "team": {"id": "T0FAKE"},
+        who = {"id": user, **({"team_id": user_team} if user_team else {})}
+        payload = {"type": "block_actions", "user": who, "team": {"id": team},
                    "api_app_id": "A0", "trigger_id": "1.2.3", "response_url": self.slack.response_url("btn"),
                    "channel": {"id": "C0INCIDENTS"}, "container": {"type": "message"},
                    "actions": [{"type": "button", "action_id": action_id, "block_id": "b", "value": value,
@@ -128,10 +137,15 @@ class Harness:
 
 
 def settings(
-    tmp_path: Path, *, slack: FakeSlack | None, matching_adr: bool = False, **extra: Any
+    tmp_path: Path,
+    *,
+    slack: FakeSlack | None,
+    matching_adr: bool = False,
+    slack_extra: dict[str, Any] | None = None,
+    **extra: Any,
 ) -> Settings:
     """Settings for a test bot: one target (dry-run actuator); U1 may diagnose and apply, U1 and
-    U2 may approve, U2 may review drafts."""
+    U2 may approve, U2 may review drafts. ``slack_extra``: more `[slack]` settings."""
     runbooks = tmp_path / "runbooks"
     runbooks.mkdir(exist_ok=True)
     (runbooks / "test.yaml").write_text(RUNBOOK)
@@ -145,6 +159,7 @@ def settings(
         "paths": {"runbooks": str(runbooks), "adr": str(adr_dir(tmp_path, matching=matching_adr))},
         **extra,
     }
+    data["slack"].update(slack_extra or {})
     if slack is not None:
         data["slack"].update(
             bot_token=BOT_TOKEN, signing_secret=SIGNING_SECRET, api_url=slack.api_url
@@ -159,6 +174,7 @@ def harness(
     matching_adr: bool = False,
     transport: httpx.AsyncBaseTransport | None = None,
     bot_options: dict[str, Any] | None = None,
+    slack_extra: dict[str, Any] | None = None,
     **extra: Any,
 ) -> Harness:
     """A wired bot whose probes read recorded pages on fake clocks (``extra``: settings)."""
@@ -166,7 +182,9 @@ def harness(
     wall = WallClock()
     console = io.StringIO()
     bot = create_bot(
-        settings(tmp_path, slack=slack, matching_adr=matching_adr, **extra),
+        settings(
+            tmp_path, slack=slack, matching_adr=matching_adr, slack_extra=slack_extra, **extra
+        ),
         state_dir=tmp_path / "state",
         http=httpx.AsyncClient(transport=transport or engine_transport()),
         probe_clock=time.clock,

@@ -1,7 +1,9 @@
 """A small real HTTP server that fakes the Slack Web API at the wire, and records every call.
 
 Serves auth.test, chat.postMessage, chat.update, chat.postEphemeral, the files upload v2 trio
-(files.getUploadURLExternal, the upload URL itself, files.completeUploadExternal) and
+(files.getUploadURLExternal, the upload URL itself, files.completeUploadExternal: only into a
+channel the bot is a member of, ``not_in_channel`` otherwise, as Slack answers),
+conversations.join (public channels only), users.info, usergroups.users.list and
 response_url posts. ``rate_limit(method, times)`` makes the next calls answer 429.
 Runs in a thread, so a bot in this process or in a subprocess can reach it.
 """
@@ -44,6 +46,11 @@ class FakeSlack:
         self.calls: list[Call] = []
         self.messages: dict[tuple[str, str], dict[str, Any]] = {}  # (channel, ts) -> latest
         self.usergroups: dict[str, list[str]] = {}  # user group (subteam) ID -> member IDs
+        # channels the bot is a member of (uploads need it), and the private ones (no join)
+        self.joined: set[str] = set(CHANNEL_IDS.values())
+        self.private: set[str] = set()
+        # user ID -> home workspace, for users of another one (Slack Connect); others: T0FAKE
+        self.user_teams: dict[str, str] = {}
         self._ts = itertools.count(1)
         self._limits: dict[str, list[int]] = {}
         self._changed = threading.Condition()
@@ -137,9 +144,22 @@ class FakeSlack:
             file_id = f"F{next(self._ts):08d}"
             return {"ok": True, "upload_url": f"{self.url}/upload/{file_id}", "file_id": file_id}
         if method == "files.completeUploadExternal":
+            channel = args.get("channel_id") or args.get("channels", "")
+            if channel and channel not in self.joined:
+                return {"ok": False, "error": "not_in_channel"}
             files = args.get("files")
             files = json.loads(files) if isinstance(files, str) else files
             return {"ok": True, "files": [{"id": f["id"], "title": f.get("title")} for f in files]}
+        if method == "conversations.join":
+            channel = args.get("channel", "")
+            if channel in self.private:
+                return {"ok": False, "error": "method_not_supported_for_channel_type"}
+            self.joined.add(channel)
+            return {"ok": True, "channel": {"id": channel, "is_member": True}}
+        if method == "users.info":
+            user = args.get("user", "")
+            team = self.user_teams.get(user, "T0FAKE")
+            return {"ok": True, "user": {"id": user, "team_id": team, "is_bot": False}}
         if method == "usergroups.users.list":
             group = args.get("usergroup", "")
             if group not in self.usergroups:
