@@ -1,0 +1,141 @@
+"""The streaming client's impatient users, against a real local SSE server (tests/fakes/sse_engine).
+
+The server can hold a stream open after N tokens until the client hangs up, so a client that
+gives up is the only way such a stream ends: cancellation is built by construction, not timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from bot.canary.client import Outcome, RequestRecord, stream_request
+from bot.canary.runner import CanaryRun
+from bot.canary.workload import CancelMode, Workload, check
+from tests.fakes.sse_engine import MODEL, SseEngine
+
+GUARD_S = 60.0  # a hang guard for a broken client, never reached by a working one
+
+
+def body(max_tokens: int) -> dict[str, object]:
+    return {"model": MODEL, "prompt": [101, 102, 103], "max_tokens": max_tokens, "stream": True}
+
+
+async def stream(engine: SseEngine, max_tokens: int, **kwargs: object) -> RequestRecord:
+    record = RequestRecord(sent_at=time.perf_counter())
+    async with aiohttp.ClientSession() as session:
+        await stream_request(
+            session,
+            f"{engine.base_url}/v1/completions",
+            body(max_tokens),
+            record,
+            timeout_s=GUARD_S,
+            **kwargs,  # type: ignore[arg-type]
+        )
+    return record
+
+
+async def test_client_gives_up_after_n_tokens_and_hangs_up() -> None:
+    # The server sends 5 tokens and then waits: only a client that hangs up ends the stream.
+    async with SseEngine(hold_after=5) as engine:
+        record = await stream(engine, 32, cancel_after_tokens=3)
+        await asyncio.wait_for(engine.disconnected.wait(), GUARD_S)
+    assert record.outcome is Outcome.CANCELLED and record.error is None
+    # Tokens 4 and 5 may have arrived in the same read: the client stopped counting at 3.
+    assert record.output_tokens == 3
+    assert record.first_token_at is not None and record.finished_at is not None
+    assert engine.disconnects == [5] and engine.completed == 0
+
+
+async def test_cancel_after_first_token() -> None:
+    async with SseEngine(hold_after=2) as engine:
+        record = await stream(engine, 16, cancel_after_tokens=1)
+        await asyncio.wait_for(engine.disconnected.wait(), GUARD_S)
+    assert (record.outcome, record.output_tokens) == (Outcome.CANCELLED, 1)
+    assert record.ttft_s is not None
+
+
+async def test_an_answer_shorter_than_the_patience_completes() -> None:
+    async with SseEngine() as engine:
+        record = await stream(engine, 4, cancel_after_tokens=8)
+    assert (record.outcome, record.output_tokens) == (Outcome.OK, 4)
+    assert engine.completed == 1 and engine.disconnects == []
+
+
+async def test_reaching_the_patience_on_the_last_token_is_not_giving_up() -> None:
+    # The 4th token's chunk says the answer is complete: the client read a whole answer.
+    async with SseEngine() as engine:
+        record = await stream(engine, 4, cancel_after_tokens=4)
+    assert (record.outcome, record.output_tokens, record.finish_reason) == (Outcome.OK, 4, "length")
+
+
+async def test_abandon_after_time_hangs_up_a_stream_that_never_ends() -> None:
+    # The stream holds after one token forever, so the deadline is what ends it, however fast.
+    async with SseEngine(hold_after=1) as engine:
+        record = await stream(engine, 16, abandon_after_s=0.05)
+        await asyncio.wait_for(engine.disconnected.wait(), GUARD_S)
+    assert (record.outcome, record.output_tokens) == (Outcome.CANCELLED, 1)
+    assert engine.disconnects == [1]
+
+
+async def test_on_first_token_is_called_once_when_the_first_token_arrives() -> None:
+    seen: list[int] = []
+    record = RequestRecord(sent_at=time.perf_counter())
+
+    def first() -> None:
+        seen.append(record.output_tokens)
+
+    async with SseEngine() as engine, aiohttp.ClientSession() as session:
+        await stream_request(
+            session, f"{engine.base_url}/v1/completions", body(6), record,
+            timeout_s=GUARD_S, on_first_token=first,
+        )  # fmt: skip
+    assert seen == [1] and record.output_tokens == 6
+
+
+async def test_canary_impatient_share_cancels_after_n_tokens() -> None:
+    async with SseEngine() as engine:
+        workload = Workload(
+            endpoint=f"{engine.base_url}/v1/completions", concurrency=4, num_requests=16,
+            prompt_length=8, output_length=12, cancel_share=0.5, cancel_after_tokens=2,
+        )  # fmt: skip
+        assert check(workload) == []
+        run = CanaryRun(workload, metrics_url=None)
+        report = (await run.run()).as_dict()
+    cancelled = [r for r in run.records if r.outcome is Outcome.CANCELLED]
+    ok = [r for r in run.records if r.outcome is Outcome.OK]
+    assert cancelled and ok and len(cancelled) + len(ok) == 16
+    assert {r.output_tokens for r in cancelled} == {2}
+    assert {r.output_tokens for r in ok} == {12}
+    assert report["requests"]["cancelled"] == len(cancelled)
+    assert report["goodput_ratio"] == pytest.approx(
+        12 * len(ok) / (12 * len(ok) + 2 * len(cancelled))
+    )
+    assert report["workload"]["cancel_after_tokens"] == 2
+
+
+@pytest.mark.parametrize(
+    ("changes", "problem"),
+    [
+        ({"cancel_after_tokens": 0}, "--cancel-after-tokens must be at least 1 (got 0)"),
+        ({"cancel_after_tokens": 64}, "--cancel-after-tokens must be below --output-length"),
+        ({"cancel_after_tokens": 4, "cancel_share": 0.0}, "needs --cancel-share above 0"),
+        ({"cancel_after_tokens": 4, "cancel_mode": CancelMode.HEADER}, "--cancel-mode abandon"),
+    ],
+)
+def test_check_names_a_token_cancel_that_cannot_work(changes, problem) -> None:
+    base = {"endpoint": "http://127.0.0.1:1/v1/completions", "output_length": 64,
+            "cancel_share": 0.5}  # fmt: skip
+    problems = check(Workload(**(base | changes)))
+    assert len(problems) == 1 and problem in problems[0]
+
+
+def test_check_accepts_a_token_cancel() -> None:
+    workload = Workload(
+        endpoint="http://127.0.0.1:1/v1/completions", output_length=64, cancel_share=0.5,
+        cancel_after_tokens=1,
+    )  # fmt: skip
+    assert check(workload) == []
