@@ -287,7 +287,14 @@ USAGE_HINTS = {
     "/apply-adr": "ADR-ID [target]",
     "/adr-draft": "[incident-id]",
 }
-SCOPES = {"chat:write", "chat:write.public", "commands", "files:write", "users:read"}
+SCOPES = {
+    "chat:write",
+    "chat:write.public",
+    "commands",
+    "files:write",
+    "channels:join",
+    "users:read",
+}
 
 
 class Recorder:

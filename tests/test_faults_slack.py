@@ -251,3 +251,38 @@ async def test_external_users_may_not_apply_approve_or_review_even_with_star(
         await slack.until("chat.update")
     finally:
         await h.close()
+
+
+async def test_the_chart_reaches_a_public_channel_the_bot_had_not_joined(
+    h: Harness, slack: FakeSlack
+) -> None:
+    """Item 20: files upload v2 needs membership (chat:write.public does not give it)."""
+    slack.joined.clear()
+    await h.slash("prod-a")
+    await slack.until("files.completeUploadExternal")
+    await h.bot.flows.tasks.drain()
+    (joined,) = slack.of("conversations.join")
+    assert joined.args["channel"] == "C0INCIDENTS"
+    refused = [
+        c for c in slack.calls if c.method == "files.completeUploadExternal" and c.status != 200
+    ]
+    assert len(refused) == 1  # not_in_channel once, then joined and uploaded
+    await h.slash("", command="/adr-draft")  # the draft's file: now a member, no second join
+    await slack.until("files.completeUploadExternal", 2)
+    assert len(slack.of("conversations.join")) == 1
+
+
+async def test_a_private_channel_the_bot_is_not_in_says_what_to_do(
+    h: Harness, slack: FakeSlack
+) -> None:
+    slack.joined.clear()
+    slack.private.add("C0INCIDENTS")
+    await h.slash("prod-a")
+    await slack.until("chat.update")
+    await h.bot.flows.tasks.drain()
+    last = slack.of("chat.postMessage")[-1].args["text"]
+    assert last == (
+        "The chart could not be posted: the bot is not a member of channel C0INCIDENTS and "
+        "cannot join it (method_not_supported_for_channel_type): invite it with "
+        "`/invite @ruleloop` (a private channel), or give the app the channels:join scope."
+    )

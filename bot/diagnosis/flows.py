@@ -125,6 +125,11 @@ class IncidentFlows:
                 await self._records.write(
                     incident_id, "diagnosis.chart_posted", detail={"bytes": len(png)}
                 )
+        except RuleloopError as exc:  # advice: what to do (e.g. invite the bot)
+            log.warning("chart for incident %s not posted: %s", incident_id, exc)
+            await self._notifier.post_reply(
+                ref, text=f"The chart could not be posted: {escape(str(exc))}"
+            )
         except Exception as exc:
             error_id = uuid.uuid4().hex[:8]
             log.error("chart for incident %s failed (id %s)", incident_id, error_id, exc_info=exc)

@@ -2,9 +2,16 @@
 
 The ``AsyncWebClient`` is injected: production points it at slack.com, tests at a local fake.
 Slack API errors become ``EndpointError`` here, the one boundary for this client.
+
+Messages reach a public channel without the bot in it (``chat:write.public``); files do not:
+files upload v2 answers ``not_in_channel``. The bot then joins the channel
+(``conversations.join``, scope ``channels:join``) and uploads again; where it cannot join (a
+private channel), the error says to invite it.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -60,7 +67,7 @@ class SlackNotifier:
     async def post_chart(self, ref: MessageRef, *, png: bytes, title: str, filename: str) -> None:
         """files upload v2 (get URL, upload, complete) into the thread."""
         try:
-            await self._client.files_upload_v2(
+            await self._upload(
                 channel=ref.channel, thread_ts=ref.ts, content=png, filename=filename, title=title
             )
         except (SlackApiError, SlackClientError) as exc:
@@ -87,7 +94,7 @@ class SlackNotifier:
         text, blocks = draft_message(view)
         ref = await self._reply(thread, text=text, blocks=blocks)
         try:
-            await self._client.files_upload_v2(
+            await self._upload(
                 channel=thread.channel,
                 thread_ts=thread.ts,
                 content=markdown.encode(),
@@ -102,6 +109,24 @@ class SlackNotifier:
         """chat.update of the draft's summary."""
         text, blocks = draft_message(view)
         await self._update(ref, text=text, blocks=blocks)
+
+    async def _upload(self, *, channel: str, **file: Any) -> None:
+        """files upload v2 into ``channel``, joining it first when Slack says the bot is not in."""
+        try:
+            await self._client.files_upload_v2(channel=channel, **file)
+            return
+        except SlackApiError as exc:
+            if exc.response.get("error") != "not_in_channel":
+                raise
+        try:
+            await self._client.conversations_join(channel=channel)
+        except SlackApiError as exc:
+            raise EndpointError(
+                f"the bot is not a member of channel {channel} and cannot join it "
+                f"({exc.response.get('error')}): invite it with `/invite @ruleloop` "
+                "(a private channel), or give the app the channels:join scope."
+            ) from exc
+        await self._client.files_upload_v2(channel=channel, **file)
 
     async def _update(self, ref: MessageRef, *, text: str, blocks: list[dict[str, object]]) -> None:
         try:
