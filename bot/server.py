@@ -106,10 +106,11 @@ def create_bot(
     db = Database(settings.database_url(fallback_dir=state_dir))
     db.create_schema()
     http = http or httpx.AsyncClient(timeout=httpx.Timeout(10.0))
+    adrs = AdrStore(root=settings.paths.adr)
     diagnoser = Diagnoser(
         runbooks=runbooks,
         runner=RunbookRunner(registry=registry),
-        adrs=AdrStore(root=settings.paths.adr),
+        adrs=adrs,
         context=lambda: ProbeContext(
             http=http, clock=probe_clock or monotonic, wall_clock=wall_clock, sleep=sleep, nvml=nvml
         ),
@@ -133,6 +134,7 @@ def create_bot(
         clock=clock,
         monotonic=monotonic,
         metrics=metrics,
+        adrs=adrs,  # a diagnosis names the ADR files it had to skip
     )
     groups = SlackUserGroups(client) if client is not None else None
     remediation = RemediationService(

@@ -1,8 +1,15 @@
-"""The decision store: the ADR files under one directory (`adr/`), drafts in `adr/drafts/`."""
+"""The decision store: the ADR files under one directory (`adr/`), drafts in `adr/drafts/`.
+
+A file that does not parse costs only itself where the bot reads many (``records``,
+``accepted``): it is skipped, logged once, and listed by ``skipped`` (diagnoses say so), so one
+bad file cannot stop every diagnosis. ``entries`` (``ruleloop adr list``) still refuses it.
+An id names one record exactly: ``ADR-20260831`` is not ``ADR-20260831-01``.
+"""
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import re
 from pathlib import Path
 
@@ -11,8 +18,28 @@ from bot.adr.parse import load
 from bot.adr.render import render
 from bot.errors import AdrError, UsageError
 
+log = logging.getLogger("ruleloop.adr")
 GLOB = "ADR-*.md"
 DRAFTS = "drafts"
+FILE_ID = re.compile(r"^(ADR-\d{8}-\d+)(?:-.*)?\.md$")  # the id part of a file name
+SLUG = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+SLUG_MAX = 64
+
+
+def check_slug(slug: str) -> str:
+    """``slug`` if it is a file-name word (no '/', '..', spaces); UsageError otherwise."""
+    if len(slug) > SLUG_MAX or not SLUG.match(slug):
+        raise UsageError(
+            f"--slug must be lowercase letters, digits and single hyphens (at most {SLUG_MAX}), "
+            f"such as prefix-caching; not {slug!r}"
+        )
+    return slug
+
+
+def file_id(path: Path) -> str | None:
+    """The ADR id a file name carries ('ADR-20260831-01-kv.md' -> 'ADR-20260831-01')."""
+    match = FILE_ID.match(path.name)
+    return match[1] if match else None
 
 
 def slugify(title: str, *, limit: int = 48) -> str:
@@ -27,8 +54,8 @@ def slugify(title: str, *, limit: int = 48) -> str:
 
 
 def file_name(adr: Adr, *, slug: str | None = None) -> str:
-    """The file name an ADR is stored under: '<id>-<slug>.md'."""
-    return f"{adr.id}-{slug or slugify(adr.title)}.md"
+    """The file name an ADR is stored under: '<id>-<slug>.md' (a given slug is checked)."""
+    return f"{adr.id}-{slugify(adr.title) if slug is None else check_slug(slug)}.md"
 
 
 class AdrStore:
@@ -37,6 +64,7 @@ class AdrStore:
     def __init__(self, *, root: Path) -> None:
         self.root = root
         self.drafts_dir = root / DRAFTS
+        self._warned: set[tuple[Path, str]] = set()
 
     def paths(self, *, include_drafts: bool = True) -> list[Path]:
         """The ADR files, records first, then drafts, each sorted by name."""
@@ -49,18 +77,37 @@ class AdrStore:
         """Each ADR file with its record; raise AdrError on the first file that does not parse."""
         return [(path, load(path)) for path in self.paths(include_drafts=include_drafts)]
 
+    def scan(self, *, include_drafts: bool = False) -> tuple[list[Adr], list[tuple[Path, str]]]:
+        """The records that parse, and each file that does not with why (logged once)."""
+        records: list[Adr] = []
+        skipped: list[tuple[Path, str]] = []
+        for path in self.paths(include_drafts=include_drafts):
+            try:
+                records.append(load(path))
+            except AdrError as exc:
+                why = f"{exc.field}: {exc.why}" if exc.field else exc.why
+                skipped.append((path, why))
+                if (path, why) not in self._warned:
+                    self._warned.add((path, why))
+                    log.warning("skipped ADR file %s: %s", path, why)
+        return records, skipped
+
     def records(self, *, include_drafts: bool = False) -> list[Adr]:
-        """The records, optionally with the drafts."""
-        return [adr for _, adr in self.entries(include_drafts=include_drafts)]
+        """The records that parse, optionally with the drafts (see ``skipped``)."""
+        return self.scan(include_drafts=include_drafts)[0]
+
+    def skipped(self) -> list[tuple[Path, str]]:
+        """The record files (not drafts) that do not parse, with why."""
+        return self.scan()[1]
 
     def accepted(self) -> list[Adr]:
         """The accepted records: the pre-approved fixes (drafts never are)."""
         return [adr for adr in self.records() if adr.status == "accepted"]
 
     def find(self, adr_id: str) -> tuple[Path, Adr] | None:
-        """The file and record with this id (records before drafts), or None."""
+        """The file and record with exactly this id (records before drafts), or None."""
         for path in self.paths():
-            if path.name == f"{adr_id}.md" or path.name.startswith(f"{adr_id}-"):
+            if file_id(path) == adr_id:
                 return path, load(path)
         return None
 
@@ -85,8 +132,9 @@ class AdrStore:
 
     def write_draft(self, adr: Adr, *, slug: str | None = None) -> Path:
         """Render a draft into ``root/drafts``; refuse to overwrite an existing file."""
+        name = file_name(adr, slug=slug)  # checked before anything is created
         self.drafts_dir.mkdir(parents=True, exist_ok=True)
-        path = self.drafts_dir / file_name(adr, slug=slug)
+        path = self.drafts_dir / name
         if path.exists():
             raise AdrError(
                 "already exists; pick another id or remove the old draft", file=str(path)

@@ -29,6 +29,9 @@ class ErrorBoundary:
             ctx.exit(exc.exit_code)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
+        except BrokenPipeError:
+            # The reader left (`ruleloop adr show ... | head -1`): click's main exits quietly.
+            raise
         except Exception:
             error_id = uuid.uuid4().hex[:8]
             where = _record_unexpected(error_id)

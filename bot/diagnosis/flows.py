@@ -8,6 +8,7 @@ so a resolution that overtakes a running diagnosis is never painted over.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -15,6 +16,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 
+from bot.adr.store import AdrStore
 from bot.config import Settings
 from bot.diagnosis.metrics import BotMetrics
 from bot.diagnosis.models import Diagnosis
@@ -26,6 +28,7 @@ from bot.errors import NotAllowed, RuleloopError, UsageError
 from bot.intake.service import IntakeResult, Outcome
 from bot.remediation.policy import who_may
 from bot.runbooks.context import TargetRef
+from bot.runbooks.types import Finding, Severity
 from bot.slack.mrkdwn import escape
 from bot.store.db import Database
 from bot.store.models import Incident
@@ -47,8 +50,10 @@ class IncidentFlows:
         monotonic: Callable[[], float] = time.monotonic,
         metrics: BotMetrics | None = None,
         tasks: TaskSupervisor | None = None,
+        adrs: AdrStore | None = None,
     ) -> None:
         self.settings = settings
+        self._adrs = adrs
         self._notifier = notifier
         self._diagnoser = diagnoser
         self._monotonic = monotonic
@@ -82,6 +87,7 @@ class IncidentFlows:
                 raise UsageError(self._no_target_advice(incident))
             target = TargetRef(incident.target, self.settings.targets[incident.target])
             diagnosis = await self._diagnoser.diagnose(target, labels=incident.labels)
+            diagnosis = await self._with_skipped_adrs(diagnosis)
         except Exception as exc:
             await self._failed(incident_id, ref, exc)
             return
@@ -190,6 +196,17 @@ class IncidentFlows:
         return await self._ensure_root(incident_id, state="waiting", channel=channel)
 
     # --- helpers ----------------------------------------------------------------------------
+    async def _with_skipped_adrs(self, diagnosis: Diagnosis) -> Diagnosis:
+        """The diagnosis with a line per ADR file that did not parse (it matched without them)."""
+        if self._adrs is None:
+            return diagnosis
+        skipped = await asyncio.to_thread(self._adrs.skipped)
+        notes = [
+            Finding(Severity.WARNING, f"skipped ADR file {path.name}: {why}", source="adr store")
+            for path, why in skipped
+        ]
+        return dataclasses.replace(diagnosis, findings=[*diagnosis.findings, *notes])
+
     async def _failed(self, incident_id: int, ref: MessageRef, exc: BaseException) -> None:
         if isinstance(exc, RuleloopError):  # its text may quote labels, files, error bodies
             text = f"Diagnosis failed: {escape(str(exc))}"
