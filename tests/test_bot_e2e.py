@@ -1,10 +1,14 @@
 """End to end with real processes: a vLLM engine, Prometheus with the shipped rules, Alertmanager,
 and `ruleloop serve`; only Slack is faked (at the wire).
 
-Load on the engine (more streams than its --max-num-seqs, so requests queue) makes the TTFT rule
-fire; the fake Slack must receive one incident thread whose numbers come from that engine, and
-the resolved notification must update the same root message. The rules are the shipped ones,
-test-sized: `for: 0s` and 15 s rate windows, so the alert resolves seconds after the load stops.
+The TTFT alert line is built from this engine, not from a clock: one request alone is timed
+first, and the line (in the rules and the runbooks) is the histogram bound at or below that
+request's whole duration. The load then runs 12 streams on an engine of 2 sequences, so a new
+request waits in vLLM's queue behind several whole requests and its TTFT is above the line on a
+machine of any speed. The fake Slack must receive one incident thread whose numbers come from
+that engine, and the resolved notification must update the same root message. The rules are the
+shipped ones, test-sized: `for: 0s` and 15 s rate windows, so the alert resolves seconds after
+the load stops.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.engine.process import free_port
+from bot.engine.process import EngineInfo, free_port
+from bot.probes.exposition import Exposition
 from bot.store import service as store
 from bot.store.db import Database
 from tests.conftest import EngineFactory
@@ -31,13 +36,74 @@ from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack
 
 ROOT = Path(__file__).parent.parent
 RULES = ROOT / "deploy" / "prometheus" / "vllm-alerts.rules.yml"
+RUNBOOKS = ROOT / "runbooks"
 TOKEN = "e2e-alertmanager-token"
+SEQS = 2  # the engine's --max-num-seqs
+STREAMS = 12  # load streams: 6 per sequence, so most requests queue behind others
+ANSWER, GIVE_UP = 48, 24  # tokens per answer; every third client leaves after GIVE_UP
+PROMPT = "incident " * 25
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
-def sized_for_tests(rules: str) -> str:
-    """The shipped rules with `for: 0s` and 15 s rate windows."""
-    return re.sub(r"\[(5m|10m)\]", "[15s]", re.sub(r"for: \S+", "for: 0s", rules))
+def sized_for_tests(rules: str, *, ttft_line_s: float) -> str:
+    """The shipped rules with `for: 0s`, 15 s rate windows and the TTFT alert line given."""
+    rules = re.sub(r"\[(5m|10m)\]", "[15s]", re.sub(r"for: \S+", "for: 0s", rules))
+    head, name, tail = rules.partition("alert: VLLMTimeToFirstTokenP99High")
+    tail, replaced = re.subn(r"\)\) > 1\n", f")) > {ttft_line_s!r}\n", tail, count=1)
+    assert name and replaced == 1, "the shipped TTFT rule no longer reads `)) > 1`"
+    return head + name + tail
+
+
+def runbooks_with_ttft_line(target: Path, line_ms: float) -> Path:
+    """The shipped runbooks, copied with the TTFT finding at ``line_ms`` instead of 1000 ms."""
+    target.mkdir()
+    for path in RUNBOOKS.glob("*.yaml"):
+        text = path.read_text()
+        assert "vllm_metrics.ttft_p99_ms > 1000" in text, path
+        (target / path.name).write_text(
+            text.replace(
+                "vllm_metrics.ttft_p99_ms > 1000", f"vllm_metrics.ttft_p99_ms > {line_ms!r}"
+            )
+        )
+    return target
+
+
+def alone(engine: EngineInfo) -> tuple[float, float]:
+    """TTFT and duration (s) of one load request with the engine otherwise idle.
+
+    The largest TTFT and the median duration of three, after one unmeasured request.
+    """
+    ttfts, durations = [], []
+    with httpx.Client(base_url=engine.base_url, timeout=120) as client:
+        for i in range(4):
+            sent, first = time.perf_counter(), None
+            with client.stream("POST", "/v1/completions", json=request_body()) as response:
+                for line in response.iter_lines():
+                    if first is None and line.startswith("data:"):
+                        first = time.perf_counter()
+            if i and first is not None:
+                ttfts.append(first - sent)
+                durations.append(time.perf_counter() - sent)
+    assert len(durations) == 3, "the engine streamed no token"
+    return max(ttfts), sorted(durations)[1]
+
+
+def alert_line(engine: EngineInfo, duration_s: float) -> float:
+    """The largest bound of vLLM's TTFT histogram at or below ``duration_s``.
+
+    A quantile estimated from a histogram stays inside the bucket of the true quantile, so when
+    the true TTFT p99 is above ``duration_s`` both Prometheus and the bot read a value above a
+    line on the bound below it, whatever the interpolation inside the bucket.
+    """
+    page = Exposition.parse(httpx.get(f"{engine.base_url}/metrics", timeout=10).text, at=0.0)
+    bounds = page.buckets("vllm:time_to_first_token_seconds")
+    assert bounds, "the engine exports no TTFT histogram"
+    return max(b for b in bounds if b <= duration_s)
+
+
+def request_body() -> dict[str, object]:
+    return {"model": "tiny-llama", "prompt": PROMPT, "max_tokens": ANSWER, "ignore_eos": True,
+            "stream": True}  # fmt: skip
 
 
 class Process:
@@ -79,14 +145,19 @@ class Process:
 @pytest.fixture
 def stack(tmp_path: Path, engine_factory: EngineFactory) -> Iterator[dict[str, object]]:
     """Engine (max 2 sequences), fake Slack, ruleloop serve, Alertmanager, Prometheus."""
-    engine = engine_factory(["--max-num-seqs", "2"])
+    engine = engine_factory(["--max-num-seqs", str(SEQS)])
+    ttft_alone_s, duration_s = alone(engine)
+    line_s = alert_line(engine, duration_s)
+    # What this test builds on: one request alone gets its first token well under the line.
+    assert ttft_alone_s < line_s, (ttft_alone_s, duration_s, line_s)
+    runbooks = runbooks_with_ttft_line(tmp_path / "runbooks", line_s * 1000)
     procs: list[Process] = []
     with FakeSlack() as slack:
         try:
             bot_port, am_port, prom_port = free_port(), free_port(), free_port()
             config = tmp_path / "ruleloop.toml"
             config.write_text(
-                f'[slack]\nchannel = "#incidents"\n[paths]\nrunbooks = "{ROOT / "runbooks"}"\n'
+                f'[slack]\nchannel = "#incidents"\n[paths]\nrunbooks = "{runbooks}"\n'
                 f'adr = "{ROOT / "adr"}"\n[targets.tiny]\nvllm_url = "{engine.base_url}"\n'
                 f'prometheus_url = "http://127.0.0.1:{prom_port}"\n'
             )
@@ -132,7 +203,9 @@ def stack(tmp_path: Path, engine_factory: EngineFactory) -> Iterator[dict[str, o
                 log=tmp_path / "am.log",
             )
             procs.append(am)
-            (tmp_path / "rules.yml").write_text(sized_for_tests(RULES.read_text()))
+            (tmp_path / "rules.yml").write_text(
+                sized_for_tests(RULES.read_text(), ttft_line_s=line_s)
+            )
             (tmp_path / "prometheus.yml").write_text(
                 "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
                 f"rule_files: [{tmp_path / 'rules.yml'}]\n"
@@ -160,36 +233,40 @@ def stack(tmp_path: Path, engine_factory: EngineFactory) -> Iterator[dict[str, o
                 "bot": bot,
                 "state": tmp_path / "state",
                 "prometheus": f"http://127.0.0.1:{prom_port}",
+                "ttft_line_s": line_s,
+                "alone_s": (ttft_alone_s, duration_s),
             }
         finally:
             for proc in reversed(procs):
                 proc.stop()
 
 
-async def load(base_url: str, stop: asyncio.Event, *, streams: int = 8) -> int:
-    """Streams that outnumber the engine's sequences until ``stop``; every third one abandoned."""
+async def load(base_url: str, stop: asyncio.Event) -> int:
+    """STREAMS streams on SEQS sequences until ``stop``; every third client leaves mid-answer.
+
+    Why TTFT crosses the line: a new request finds most of the other STREAMS - 1 queued ahead of
+    it, and vLLM serves its queue first come first served, so it waits while one sequence slot
+    finishes at least two requests that started after it arrived, each at least GIVE_UP tokens
+    long: about a whole request alone (``alone``), whatever the machine's speed.
+    """
     sent = 0
 
-    async def worker(n: int) -> None:
+    async def worker() -> None:
         nonlocal sent
         async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
             while not stop.is_set():
                 sent += 1
-                body = {
-                    "model": "tiny-llama",
-                    "prompt": "incident " * 25,
-                    "max_tokens": 48,
-                    "ignore_eos": True,
-                    "stream": True,
-                }
-                async with client.stream("POST", "/v1/completions", json=body) as response:
-                    chunks = 0
-                    async for _ in response.aiter_lines():
-                        chunks += 1
-                        if (sent + n) % 3 == 0 and chunks > 8:
+                impatient = sent % 3 == 0
+                async with client.stream(
+                    "POST", "/v1/completions", json=request_body()
+                ) as response:
+                    tokens = 0
+                    async for line in response.aiter_lines():
+                        tokens += line.startswith("data:") and "[DONE]" not in line
+                        if impatient and tokens >= GIVE_UP:
                             break  # the client gives up: the engine aborts the request
 
-    await asyncio.gather(*(worker(n) for n in range(streams)))
+    await asyncio.gather(*(worker() for _ in range(STREAMS)))
     return sent
 
 
@@ -231,17 +308,24 @@ async def test_alert_to_diagnosis_thread_and_resolution(stack: dict[str, object]
         len(incidents) == 1 and incidents[0].status == "resolved" and incidents[0].target == "tiny"
     )
     # the numbers come from the engine under load: TTFT over the alert line, tokens counted
+    line_s: float = stack["ttft_line_s"]  # type: ignore[assignment]
     headline = summary["headline"]
-    assert headline["ttft_p99_ms"] is not None and headline["ttft_p99_ms"] > 1000
+    assert headline["ttft_p99_ms"] is not None and headline["ttft_p99_ms"] > line_s * 1000
+    # ... and the thread's finding says so, with the same number and the runbook's line
+    finding = f"TTFT p99 is {headline['ttft_p99_ms']:.0f} ms, over the {line_s * 1000:.0f} ms"
+    assert any(finding in json.dumps(r.args, ensure_ascii=False) for r in replies), finding
     assert headline["goodput_ratio"] is not None and 0 < headline["goodput_ratio"] <= 1
     finished = next(e for e in trail if e.action == "diagnosis.finished")
     readings = finished.detail["readings"]
     assert readings["vllm_metrics.requests_finished"] > 0
-    assert readings["queue_cancel.queue_time_p99_ms"] > 0  # requests queued behind 2 sequences
-    assert readings["prometheus.ttft_p99_s_max"] > 1  # the real Prometheus saw what fired
+    assert readings["queue_cancel.queue_time_p99_ms"] > 0  # requests queued behind SEQS sequences
+    assert readings["prometheus.ttft_p99_s_max"] > line_s  # the real Prometheus saw it too
     assert readings["nvml.gpu_count"] == 0  # no GPU here: a finding, not a failure
     posted = next(e for e in trail if e.action == "diagnosis.posted")
+    ttft_alone_s, duration_s = stack["alone_s"]  # type: ignore[misc]
     print(
+        f"\nalone: TTFT {ttft_alone_s * 1000:.0f} ms, request {duration_s * 1000:.0f} ms; "
+        f"TTFT line {line_s * 1000:.0f} ms"
         f"\nwebhook -> diagnosis posted, excluding the {posted.detail['sampling_s']} s window: "
         f"{posted.detail['latency_s'] * 1000:.0f} ms; timings {finished.detail['timings_s']}; "
         f"headline {headline}; matches {finished.detail['matches']}"
