@@ -268,7 +268,7 @@ class Routes:
             if secret
             else None
         )
-        self._replays = ReplayGuard(clock=wall_clock)
+        self._replays = ReplayGuard(db=db, clock=wall_clock)  # shared by replicas
 
     async def slack_events(self, request: Request) -> Response:
         """Slash commands and button clicks: signature and replay checks, then bolt."""
@@ -294,7 +294,8 @@ class Routes:
         if not valid:
             metrics.labels("bad_signature").inc()
             return _reason(401, "missing, stale or wrong Slack signature")
-        if not self._replays.first_time(timestamp=timestamp, signature=signature):
+        seen = self._replays.first_time
+        if not await asyncio.to_thread(seen, timestamp=timestamp, signature=signature):
             metrics.labels("replayed").inc()
             return _reason(401, "this signed request was already received (replay)")
         metrics.labels("accepted").inc()

@@ -286,3 +286,28 @@ async def test_a_private_channel_the_bot_is_not_in_says_what_to_do(
         "cannot join it (method_not_supported_for_channel_type): invite it with "
         "`/invite @ruleloop` (a private channel), or give the app the channels:join scope."
     )
+
+
+async def test_a_request_replayed_to_another_replica_is_refused(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    """Item 18: the replay guard was per process; two replicas on one store share it now."""
+    import urllib.parse
+
+    from tests.fakes.slack_api import signed_headers
+
+    first, second = harness(tmp_path, slack=slack), harness(tmp_path, slack=slack)
+    try:
+        form = {"command": "/diagnose", "text": "nope", "user_id": "U1", "team_id": "T0FAKE",
+                "channel_id": "C0INCIDENTS", "response_url": slack.response_url("cmd")}  # fmt: skip
+        request = urllib.parse.urlencode(form).encode()
+        headers = signed_headers(request)
+        answered = await first.client.post("/slack/events", content=request, headers=headers)
+        assert answered.status_code == 200
+        replayed = await second.client.post("/slack/events", content=request, headers=headers)
+        assert replayed.status_code == 401
+        assert replayed.json()["error"] == "this signed request was already received (replay)"
+        assert len(await slack.until("response_url")) == 1  # answered once, by the first
+    finally:
+        await first.close()
+        await second.close()

@@ -1,31 +1,45 @@
-"""Refuses a signed Slack request seen before (bolt refuses stale timestamps, not exact replays)."""
+"""Refuses a signed Slack request seen before (bolt refuses stale timestamps, not exact replays).
+
+What was seen is kept in the store (``slack_replays``), not in the process: with several
+replicas behind one Service, a request replayed to another replica is refused there too. The
+key is unique, so of two replicas receiving the same request at once exactly one inserts it.
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
 import time
-from collections import OrderedDict
 from collections.abc import Callable
+
+from sqlalchemy import delete
+from sqlalchemy.exc import IntegrityError
+
+from bot.store.db import Database
+from bot.store.models import SlackReplay
 
 WINDOW_S = 60 * 5  # Slack's own tolerance for request timestamps
 
 
 class ReplayGuard:
-    """Remembers (timestamp, signature) pairs for the tolerance window."""
+    """Remembers (timestamp, signature) pairs for the tolerance window, in the store."""
 
     def __init__(
-        self, *, clock: Callable[[], float] = time.time, window_s: float = WINDOW_S
+        self, *, db: Database, clock: Callable[[], float] = time.time, window_s: float = WINDOW_S
     ) -> None:
+        self._db = db
         self._clock = clock
-        self._window_s = window_s
-        self._seen: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._window = dt.timedelta(seconds=window_s)
 
     def first_time(self, *, timestamp: str, signature: str) -> bool:
-        """True the first time a pair is seen; False for a replay inside the window."""
-        now = self._clock()
-        while self._seen and next(iter(self._seen.values())) < now - self._window_s:
-            self._seen.popitem(last=False)
-        key = (timestamp, signature)
-        if key in self._seen:
+        """True the first time a pair is seen by any replica; False for a replay in the window."""
+        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
+        key = hashlib.sha256(f"{timestamp}\n{signature}".encode()).hexdigest()
+        try:
+            with self._db.transaction() as session:
+                # pairs older than the window can only come with a stale timestamp (refused)
+                session.execute(delete(SlackReplay).where(SlackReplay.expires_at < now))
+                session.add(SlackReplay(key=key, expires_at=now + self._window))
+        except IntegrityError:
             return False
-        self._seen[key] = now
         return True

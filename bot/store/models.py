@@ -246,3 +246,18 @@ class JobRun(Base):
     expires_at: Mapped[dt.datetime]
     finished_at: Mapped[dt.datetime | None]
     detail: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class SlackReplay(Base):
+    """A signed Slack request already received: refused if it comes again, by any replica.
+
+    ``key`` (a hash of the request's timestamp and signature) is unique, so of two replicas that
+    receive the same request, one inserts and the other is refused. Rows outlive Slack's
+    five-minute timestamp tolerance only until the next request clears them.
+    """
+
+    __tablename__ = "slack_replays"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), unique=True)
+    expires_at: Mapped[dt.datetime] = mapped_column(index=True)
