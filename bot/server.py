@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from bot.adr.store import AdrStore
 from bot.config import Settings
+from bot.defaults import with_defaults
 from bot.diagnosis.flows import IncidentFlows
 from bot.diagnosis.metrics import BotMetrics
 from bot.diagnosis.ports import Notifier
@@ -101,11 +102,13 @@ def create_bot(
     gate: GateRunner = run_gate,
 ) -> Bot:
     """Load runbooks (refusing bad ones now), open the store, and wire Slack or the console."""
+    settings = with_defaults(settings, state_dir=state_dir)  # started outside the checkout
     registry = default_registry()
     runbooks = load_dir(settings.paths.runbooks, registry)
     db = Database(settings.database_url(fallback_dir=state_dir))
     db.create_schema()
     http = http or httpx.AsyncClient(timeout=httpx.Timeout(10.0))
+    normal = NormalReader(db=db, last=settings.scheduler.normal_of_last)
     adrs = AdrStore(root=settings.paths.adr)
     diagnoser = Diagnoser(
         runbooks=runbooks,
@@ -115,7 +118,7 @@ def create_bot(
             http=http, clock=probe_clock or monotonic, wall_clock=wall_clock, sleep=sleep, nvml=nvml
         ),
         clock=clock,
-        normal=NormalReader(db=db, last=settings.scheduler.normal_of_last),
+        normal=normal,
     )
     notifier: BotNotifier
     slack_app = None
@@ -148,6 +151,7 @@ def create_bot(
         gate=gate,
         after_change=lambda incident_id, author: _draft_after_change(drafts, incident_id, author),
         groups=groups,
+        normal=normal,
     )
     drafts = DraftService(
         settings=settings,

@@ -51,7 +51,7 @@ class Baseline:
                 continue
             for key, _, _, worse_up in FOUR:
                 value = getattr(adr.gates, GATE_OF[key])
-                if value is None:
+                if not isinstance(value, int | float):  # unset, or relative to normal unresolved
                     continue
                 held = limits.get(key)
                 stricter = held is None or (value < held.value if worse_up else value > held.value)

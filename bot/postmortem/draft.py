@@ -364,7 +364,9 @@ def _known(incident: IncidentFacts, symptoms: Sequence[Condition], target: str) 
     summary = incident.diagnosis or {}
     if symptoms:
         seen = "; ".join(
-            f"{_metric_label(c.metric)} {c.op} {_number(c.metric, c.value)}" for c in symptoms
+            f"{_metric_label(c.metric)} {c.op} "
+            + (_number(c.metric, c.value) if isinstance(c.value, float) else str(c.value))
+            for c in symptoms
         )
         rules = [
             f"已知 (known): on {target} the engine showed {seen}; no fix has been applied yet."

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 
 from sqlalchemy import select, update
 
+from bot.adr.models import Adr, AdrGates
 from bot.adr.store import AdrStore
 from bot.config import AccessSettings, Settings
 from bot.diagnosis.ports import MessageRef
@@ -178,7 +179,7 @@ class DraftService:
             found = self._adrs.find(rem.adr_id)
             if found is not None:
                 applied = AppliedFix(
-                    adr=found[1],
+                    adr=_as_judged(found[1], rem.result.get("gates")),
                     state=rem.state,
                     before_flags=rem.before.get("flags", {}),
                     after_flags=rem.after.get("flags", {}),
@@ -268,3 +269,12 @@ class DraftService:
             reviewed_by=draft.reviewed_by,
             note=note,
         )
+
+
+def _as_judged(adr: Adr, limits: dict[str, float] | None) -> Adr:
+    """The ADR with the gates its canary was judged by: 'Nx normal' as the numbers it meant."""
+    if adr.gates is None or not adr.gates.relative():
+        return adr
+    # Resolved when the remediation ran; a run that ended before that keeps only numbers.
+    gates = AdrGates(**limits) if limits is not None else adr.gates.resolve({}, strict=False)
+    return adr.model_copy(update={"gates": gates})

@@ -49,6 +49,7 @@ class RemediationView:
     gateway: dict[str, Any] = field(default_factory=dict)  # ADR gateway rules to set
     numbers: dict[str, float | None] = field(default_factory=dict)  # canary matrix values
     failures: list[str] = field(default_factory=list)
+    relative_gates: dict[str, str] = field(default_factory=dict)  # gate -> '2x normal'
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bot.adr.models import AdrGates, GatewayRules
+from bot.adr.relative import NoNormal, Normal
 from bot.adr.store import AdrStore
 from bot.config import AccessSettings, Settings, Target
 from bot.diagnosis.ports import MessageRef
@@ -42,6 +43,7 @@ ThreadFinder = Callable[[int, str | None], Awaitable[MessageRef]]
 ActuatorFactory = Callable[[str, Target], Actuator]
 GateRunner = Callable[..., Awaitable[GateRun]]
 AfterChange = Callable[[int, str], Awaitable[None]]
+NormalReader = Callable[[str], Awaitable[Normal]]  # a target's normal numbers (snapshots)
 
 
 class RemediationService:
@@ -60,6 +62,7 @@ class RemediationService:
         gate: GateRunner = run_gate,
         after_change: AfterChange | None = None,
         groups: AccessExpander | None = None,
+        normal: NormalReader | None = None,
     ) -> None:
         self.settings = settings
         self.records = RemediationRecords(db=db, clock=clock)
@@ -73,6 +76,7 @@ class RemediationService:
         self._gate = gate
         self._after_change = after_change
         self._groups = groups
+        self._normal = normal
 
     async def members(self) -> AccessSettings:
         """The access lists with Slack user groups replaced by their members."""
@@ -97,6 +101,11 @@ class RemediationService:
         plan = self.policy.check_request(
             user_id=user_id, adr=adr, target=name, members=await self.members()
         )
+        if adr.gates is not None:
+            try:
+                await self._resolve(name, adr.gates)
+            except NoNormal as exc:  # refused now rather than after the approval
+                raise NoNormal(f"{adr.id}'s gates cannot be checked on {name} yet: {exc}") from exc
         actuator = self._actuator_for(name, spec)
         before = await actuator.current()
         after = merge(before.flags, plan.change)
@@ -231,11 +240,23 @@ class RemediationService:
                 note="dry run: the flags above would be set; nothing was changed",
             )  # fmt: skip
             return
-        if spec.canary.baseline and adr.gates is not None:
-            await self._baseline(rem, spec, before, adr.gates)
+        assert adr.gates is not None  # the policy refused ADRs without gates
+        try:
+            gates = await self._resolve(name, adr.gates)
+        except NoNormal as exc:
+            await self._step(
+                rem.id, "cancelled", "remediation.cancelled", {"reason": str(exc)},
+                note=f"nothing was changed: {exc}",
+            )  # fmt: skip
+            return
+        limits = gates.model_dump(exclude_none=True)  # what the canary checks, as numbers
+        if spec.canary.baseline:
+            await self._baseline(rem, spec, before, gates)
         await self._step(
-            rem.id, "applying", "remediation.applying", {"flags": flags, "before": rem.before},
-            note=f"applying with the {actuator.kind} actuator…",
+            rem.id, "applying", "remediation.applying",
+            {"flags": flags, "before": rem.before, "gates": limits,
+             "gates_as_written": adr.gates.describe(gates)},
+            note=f"applying with the {actuator.kind} actuator…", result={"gates": limits},
         )  # fmt: skip
         try:
             deployed = await actuator.apply(flags)
@@ -252,9 +273,8 @@ class RemediationService:
             f"streams against {deployed.base_url}…",
             after=deployed.to_json(),
         )  # fmt: skip
-        assert adr.gates is not None  # the policy refused ADRs without gates
         try:
-            result = await self._gate(deployed.base_url, spec.canary, adr.gates)
+            result = await self._gate(deployed.base_url, spec.canary, gates)
         except RuleloopError as exc:
             await self._roll_back(rem, actuator, before, reason=f"the canary could not run: {exc}")
             return
@@ -276,7 +296,8 @@ class RemediationService:
             return
         await self._step(
             rem.id, "promoting", "remediation.canary_passed", {"numbers": numbers},
-            note="canary passed; rolling out…", result={"numbers": numbers, "failures": []},
+            note="canary passed; rolling out…",
+            result={"numbers": numbers, "failures": [], "gates": limits},
         )  # fmt: skip
         try:
             await actuator.promote(flags)
@@ -321,6 +342,9 @@ class RemediationService:
         failures: list[str] | None = None,
     ) -> None:
         result = {"numbers": numbers or {}, "failures": failures or [], "reason": reason}
+        current = await asyncio.to_thread(self.records.get, rem.id)
+        if "gates" in current.result:  # the resolved limits stay on the record
+            result["gates"] = current.result["gates"]
         await self._step(
             rem.id, "rolling_back", "remediation.rolling_back", {"reason": reason},
             note=f"{reason}; rolling back…", result=result,
@@ -416,6 +440,30 @@ class RemediationService:
                 await self._show(rem.id, note="nobody approved in time; nothing was changed")
         return count
 
+    # --- gates relative to normal ----------------------------------------------------------
+    async def _resolve(self, target: str, gates: AdrGates) -> AdrGates:
+        """The ADR's gates as numbers: each 'Nx normal' times the target's normal (NoNormal)."""
+        if not gates.relative():
+            return gates
+        normal = await self._normal(target) if self._normal is not None else {}
+        return gates.resolve(normal)
+
+    async def _shown_gates(
+        self, rem: Remediation, gates: AdrGates | None
+    ) -> tuple[dict[str, float], dict[str, str]]:
+        """The limits for the card (those the canary used once it ran) and the relative ones."""
+        if gates is None:
+            return {}, {}
+        relative = {key: str(value) for key, value in gates.relative().items()}
+        if "gates" in rem.result:
+            return dict(rem.result["gates"]), relative
+        if relative:
+            try:
+                gates = await self._resolve(rem.target, gates)
+            except NoNormal:
+                gates = gates.resolve({}, strict=False)  # the card says no normal yet
+        return gates.model_dump(exclude_none=True), relative
+
     # --- showing ---------------------------------------------------------------------------
     async def _step(
         self,
@@ -457,7 +505,7 @@ class RemediationService:
                 else {}
             )
         adr = await asyncio.to_thread(self._adrs.find, rem.adr_id)
-        gates = adr[1].gates.model_dump(exclude_none=True) if adr and adr[1].gates else {}
+        gates, relative = await self._shown_gates(rem, adr[1].gates if adr else None)
         spec = self.settings.targets.get(rem.target)
         return RemediationView(
             id=rem.id,
@@ -469,6 +517,7 @@ class RemediationService:
             state=rem.state,
             diff=diff(rem.before.get("flags", {}), rem.after.get("flags", {})),
             gates=gates,
+            relative_gates=relative,
             two_person=rem.approvals_needed > 1,
             approved_by=list(rem.approved_by),
             expires_at=await asyncio.to_thread(self.records.expires_at, subject),

@@ -83,12 +83,17 @@ def diff_lines(view: RemediationView) -> list[str]:
     ]
 
 
-def gate_lines(gates: dict[str, float]) -> list[str]:
-    """'TTFT p99 ≤ 350.0 ms', one per gate."""
+def gate_lines(gates: dict[str, float], relative: dict[str, str] | None = None) -> list[str]:
+    """'TTFT p99 ≤ 350.0 ms', one per gate; relative: 'TPOT p99 ≤ 2x normal (= 19.8 ms)'."""
     out = []
-    for key, limit in gates.items():
-        label, op, unit = GATE_LABELS[key]
-        out.append(f"{label} {op} {_value(limit, unit)}")
+    relative = relative or {}
+    for key, (label, op, unit) in GATE_LABELS.items():
+        limit = gates.get(key)
+        if key in relative:
+            number = f"= {_value(limit, unit)}" if limit is not None else "no normal measured yet"
+            out.append(f"{label} {op} {relative[key]} ({number})")
+        elif limit is not None:
+            out.append(f"{label} {op} {_value(limit, unit)}")
     return out
 
 
@@ -109,7 +114,7 @@ def card_text(view: RemediationView) -> str:
         f"requested by <@{view.requested_by}> · actuator {view.actuator}"
         + (" · two-person rule" if view.two_person else ""),
         "flags: " + "; ".join(diff_lines(view)),
-        "gates: " + ("; ".join(gate_lines(view.gates)) or "none"),
+        "gates: " + ("; ".join(gate_lines(view.gates, view.relative_gates)) or "none"),
     ]
     if view.approved_by:
         lines.append("approved by " + ", ".join(f"<@{u}>" for u in view.approved_by))
@@ -149,7 +154,10 @@ def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
         SectionBlock(
             text=MarkdownTextObject(
                 text="*Canary gates* (all must hold, else automatic rollback):\n"
-                + ("\n".join(f"• {plain(g)}" for g in gate_lines(view.gates)) or "none")
+                + (
+                    "\n".join(f"• {plain(g)}" for g in gate_lines(view.gates, view.relative_gates))
+                    or "none"
+                )
             )
         ),
         SectionBlock(text=MarkdownTextObject(text=clip(f"{mark} *{summary}*", SECTION))),

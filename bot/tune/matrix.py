@@ -98,7 +98,8 @@ def _limits(rows: list[Row], gates: AdrGates | None) -> dict[str, tuple[float, s
             "goodput_ratio": (gates.min_goodput_ratio, "min"),
             "kv_fragmentation": (gates.max_kv_fragmentation, "max"),
         }
-        return {k: (v, kind) for k, (v, kind) in raw.items() if v is not None}
+        # a gate relative to normal has no number here (tune measures no normal)
+        return {k: (v, kind) for k, (v, kind) in raw.items() if isinstance(v, float)}
     base = next((r for r in rows if r.config.name == BASELINE and r.values is not None), None)
     if base is None or base.values is None:
         return {}

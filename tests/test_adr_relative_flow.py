@@ -1,0 +1,204 @@
+"""An ADR written relative to normal in a real bot: the diagnosis matches it against the
+target's snapshots, /apply-adr refuses it while there is no normal, and the canary gate gets
+absolute limits, shown on the card and kept on the record and in the draft.
+
+The bot is the real one (create_bot, the store, the console transport) reading recorded /metrics
+pages (TPOT p99 71 ms); the canary gate and the actuator are the two seams the bot takes in its
+constructor, replaced here by ones that record what they were given (the real ones against a
+real engine are in test_remediation_engine.py and the demo's test).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from bot.adr.models import AdrGates
+from bot.adr.parse import load
+from bot.adr.relative import NoNormal
+from bot.canary.verdict import gates_from, judge
+from bot.config import CanarySpec, Target
+from bot.remediation.actuators.base import Deployed
+from bot.remediation.argv import FlagValues
+from bot.remediation.gate import GateRun
+from bot.store import service as store
+from bot.store.models import AdrDraft, Incident, Remediation
+from tests.fakes.bot import Harness, harness
+from tests.fakes.slack_api import FakeSlack
+
+ADR = "ADR-20261130-01"
+RELATIVE_ADR = f"""---
+id: {ADR}
+title: Chunk long prefills when chats slow down
+status: accepted
+date: 2026-11-30
+deciders:
+- inference-platform-oncall
+supersedes: []
+match:
+- metric: tpot_p99_ms
+  op: '>'
+  value: 3x normal
+fix:
+  engine_args:
+    max-num-batched-tokens: 512
+gates:
+  max_tpot_p99_ms: 1.5x normal
+  min_goodput_ratio: 0.95
+---
+
+# {ADR}: Chunk long prefills when chats slow down
+
+## 1. 变更上下文 (Context)
+
+Chats slowed down beside long prompts.
+
+## 2. 实验对比数据 (Metrics Matrix)
+
+| 配置参数 | TTFT (P99) | TPOT (P99) | Goodput | 显存碎片率 | 结论 |
+| :--- | :--- | :--- | :--- | :--- | :--- |
+| max-num-batched-tokens=512 | - | 30ms | - | - | 生产推荐配置 |
+
+## 3. 固化的系统规则 (Solidified Rules)
+
+- Chunk long prefills.
+"""
+
+
+class RecordingCanary:
+    """The gate's canary without an engine: judges a fixed report by the gates it is given."""
+
+    def __init__(self) -> None:
+        self.gates: list[AdrGates] = []
+
+    async def __call__(self, base_url: str, spec: CanarySpec, gates: AdrGates) -> GateRun:
+        self.gates.append(gates)
+        report = {"ttft_ms": {"p99": 180.0}, "tpot_ms": {"p99": 21.5}, "goodput_ratio": 0.99,
+                  "kv_fragmentation": {"observed": 0.12}, "requests": {"total": 32, "failed": 0}}  # fmt: skip
+        return GateRun(report, judge(report, gates_from(gates)))
+
+
+class MemoryActuator:
+    """An engine's flags held in memory: apply, promote and rollback just record them."""
+
+    kind = "memory"
+
+    def __init__(self, name: str, spec: Target) -> None:
+        self.flags: FlagValues = {"max-num-batched-tokens": 8192}
+        self.url = spec.vllm_url
+
+    async def current(self) -> Deployed:
+        return Deployed(flags=dict(self.flags), base_url=self.url)
+
+    async def apply(self, flags: FlagValues) -> Deployed:
+        self.flags = dict(flags)
+        return await self.current()
+
+    async def promote(self, flags: FlagValues) -> Deployed:
+        return await self.current()
+
+    async def rollback(self, before: Deployed) -> Deployed:
+        self.flags = dict(before.flags)
+        return await self.current()
+
+
+@pytest.fixture
+def canary() -> RecordingCanary:
+    return RecordingCanary()
+
+
+@pytest.fixture
+async def h(tmp_path: Path, slack: FakeSlack, canary: RecordingCanary) -> AsyncIterator[Harness]:
+    harness_ = harness(
+        tmp_path, slack=slack, scheduler={"normal_of_last": 3},
+        bot_options={"gate": canary, "actuator_for": MemoryActuator},
+    )  # fmt: skip
+    (tmp_path / "adr" / f"{ADR}-chunk-long-prefills.md").write_text(RELATIVE_ADR)
+    yield harness_
+    await harness_.close()
+
+
+def posted(slack: FakeSlack) -> str:
+    """Everything posted or updated in Slack so far, as one text (mrkdwn-escaped)."""
+    calls = slack.of("chat.postMessage") + slack.of("chat.update")
+    return json.dumps([c.args for c in calls], ensure_ascii=False)
+
+
+def snapshot(h: Harness, **numbers: float) -> None:
+    """One snapshot of prod-a, as the scheduler's snapshot job keeps it."""
+    with h.bot.db.transaction() as s:
+        store.add_snapshot(s, target="prod-a", at=h.wall.now(), source="test", numbers=numbers)
+    h.wall.advance(300)
+
+
+async def diagnose(h: Harness) -> dict[str, Any]:
+    await h.bot.flows.manual("prod-a", user_id="U1", channel_id="C0INCIDENTS")
+    await h.bot.flows.tasks.drain()
+    with h.bot.db.transaction() as s:
+        incident = s.scalars(select(Incident).order_by(Incident.id.desc())).first()
+        assert incident is not None
+        return dict(incident.summary)
+
+
+async def test_the_diagnosis_matches_against_normal_and_shows_its_gate_as_a_number(
+    h: Harness, slack: FakeSlack
+) -> None:
+    summary = await diagnose(h)  # no snapshot yet: no normal, no match
+    assert summary["headline"]["tpot_p99_ms"] == pytest.approx(71.0)
+    assert summary["normal"] == {} and ADR not in summary["matches"]
+
+    snapshot(h, tpot_p99_ms=30.0, ttft_p99_ms=900.0)  # 3x normal is 90 ms: 71 is not over it
+    assert ADR not in (await diagnose(h))["matches"]
+
+    for tpot in (18.0, 20.0, 22.0):  # the median of the newest three is 20: 3x is 60 ms
+        snapshot(h, tpot_p99_ms=tpot, ttft_p99_ms=900.0)
+    summary = await diagnose(h)
+    assert summary["normal"]["tpot_p99_ms"] == 20.0
+    assert ADR in summary["matches"]
+    assert summary["baseline"]["tpot_p99_ms"] == [30.0, ADR]  # 1.5x normal, the strictest
+    assert "tpot_p99_ms 71 &gt; 3x normal (= 60): holds" in posted(slack)
+
+
+async def test_apply_adr_is_refused_while_no_normal_is_measured(h: Harness) -> None:
+    with pytest.raises(NoNormal) as caught:
+        await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
+    assert str(caught.value).startswith(f"{ADR}'s gates cannot be checked on prod-a yet")
+    assert "no normal measured for tpot_p99_ms" in str(caught.value)
+    with h.bot.db.transaction() as s:
+        assert s.scalars(select(Remediation)).all() == []
+
+
+async def test_the_canary_gets_absolute_limits_and_the_card_and_draft_show_them(
+    h: Harness, slack: FakeSlack, canary: RecordingCanary
+) -> None:
+    for tpot in (18.0, 20.0, 22.0):
+        snapshot(h, tpot_p99_ms=tpot)
+    await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
+    card = json.dumps(slack.of("chat.postMessage")[-1].args["blocks"], ensure_ascii=False)
+    assert "TPOT p99 ≤ 1.5x normal (= 30.0 ms)" in card and "goodput ≥ 95.0 %" in card
+    with h.bot.db.transaction() as s:
+        (rem,) = s.scalars(select(Remediation)).all()
+    tokens = h.bot.remediation.records.tokens(f"remediation:{rem.id}")
+    snapshot(h, tpot_p99_ms=40.0)  # normal moves on: the limit is taken when the change runs
+    await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
+    await h.bot.flows.tasks.drain()
+
+    assert canary.gates == [AdrGates(max_tpot_p99_ms=33.0, min_goodput_ratio=0.95)]  # 1.5 x 22
+    with h.bot.db.transaction() as s:
+        done = s.get(Remediation, rem.id)
+        assert done is not None
+        applying = next(e for e in store.audit_trail(s) if e.action == "remediation.applying")
+        draft = s.scalars(select(AdrDraft)).one()
+    assert done.state == "promoted"
+    assert done.result["gates"] == {"max_tpot_p99_ms": 33.0, "min_goodput_ratio": 0.95}
+    assert applying.detail["gates_as_written"]["max_tpot_p99_ms"] == "1.5x normal (= 33)"
+    last = json.dumps(slack.of("chat.update")[-1].args["blocks"], ensure_ascii=False)
+    assert "TPOT p99 ≤ 1.5x normal (= 33.0 ms)" in last  # the limit the canary used
+    drafted = load(Path(draft.path))  # the draft records the limits the canary was judged by
+    assert drafted.gates == AdrGates(max_tpot_p99_ms=33.0, min_goodput_ratio=0.95)
+    assert "--max-tpot-p99-ms 33" in "\n".join(drafted.rules)
