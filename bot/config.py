@@ -229,8 +229,16 @@ class StoreSettings(_Section):
 class PathSettings(_Section):
     """Directories the bot reads at startup."""
 
-    runbooks: Path = Field(default=Path("runbooks"), description="the YAML runbooks")
-    adr: Path = Field(default=Path("adr"), description="the ADRs; drafts go to its drafts/")
+    runbooks: Path = Field(
+        default=Path("runbooks"),
+        description="the YAML runbooks; unset and no runbooks/ where serve starts: the runbooks "
+        "shipped with ruleloop",
+    )
+    adr: Path = Field(
+        default=Path("adr"),
+        description="the ADRs; drafts go to its drafts/. Unset and no adr/ where serve starts: "
+        "<state dir>/adr, seeded with the shipped seed ADR",
+    )
     state: Path | None = Field(
         default=None, description="where the SQLite store goes; unset: serve's --state-dir"
     )

@@ -131,3 +131,58 @@ def test_adr_show_into_a_closed_pipe_exits_quietly(tmp_path: Path) -> None:
     assert stderr == "", stderr
     assert process.returncode == 1  # as click (and most CLIs) exit on a closed pipe
     assert not (tmp_path / "state" / "ruleloop" / "errors.log").exists()
+
+
+SHIPPED = ROOT / "bot" / "shipped"
+
+
+def test_the_shipped_defaults_are_the_repositorys_runbooks_and_seed_adr() -> None:
+    """The package carries copies (a wheel cannot reach runbooks/ and adr/); they stay equal."""
+    for name in ("runbooks", "adr"):
+        ours = sorted(p.name for p in (ROOT / name).glob("*.*"))
+        shipped = sorted(p.name for p in (SHIPPED / name).glob("*.*"))
+        assert shipped == ours, f"bot/shipped/{name} differs from {name}/: copy it again"
+        for file in ours:
+            assert (SHIPPED / name / file).read_bytes() == (ROOT / name / file).read_bytes(), file
+
+
+def test_serve_outside_the_checkout_uses_the_shipped_runbooks_and_seed_adr(
+    tmp_path: Path,
+) -> None:
+    """Item 21: started elsewhere, serve stopped with "runbook directory runbooks does not
+    exist"; with no [paths] set it now uses the packaged runbooks and seeds its ADR store."""
+    import signal
+    import time
+
+    import httpx
+
+    from bot.engine.process import free_port
+
+    port = free_port()
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RULELOOP_", "SLACK_"))}
+    ruleloop = Path(sys.executable).parent / "ruleloop"
+    state = tmp_path / "state"
+    command = [str(ruleloop), "serve", "--port", str(port), "--state-dir", str(state)]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=workdir
+    ) as process:
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert process.poll() is None, process.communicate()[0]
+                assert time.monotonic() < deadline, "serve did not start"
+                time.sleep(0.3)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            out, _ = process.communicate(timeout=60)
+    assert process.returncode == 0, out
+    seeded = sorted(p.name for p in (state / "adr").glob("ADR-*.md"))
+    assert seeded == sorted(p.name for p in (ROOT / "adr").glob("ADR-*.md"))
+    assert list(workdir.iterdir()) == []  # nothing written where it was started
