@@ -171,6 +171,8 @@ async def test_an_accepted_adr_is_applied_kept_and_drafted(
             (canary,) = s.scalars(select(CanaryResult)).all()
             draft = s.scalars(select(AdrDraft)).one()
         values = values_of(canary.report)
+        # the gate canary measured all four numbers, fragmentation in flight included
+        assert values.kv_fragmentation is not None, canary.report["kv_fragmentation"]
         last = slack.of("chat.update")[-1].args
         assert last["text"] == f"{KEEP} on local: applied: the canary met every gate"
         assert f"TTFT p99 {values.ttft_p99_ms:,.1f} ms" in json.dumps(
