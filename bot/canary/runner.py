@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import aiohttp
 import httpx
+import msgspec
 
 from bot.canary.client import Outcome, RequestRecord, stream_request
 from bot.canary.fragmentation import (
@@ -40,6 +42,9 @@ from bot.probes.vllm_metrics import (
 )
 
 SETTLE_TIMEOUT_S = 5.0
+# Request bodies encoded before the measured window opens (as vLLM's own benchmark builds its
+# dataset first), up to this many; a longer or open-ended run encodes the rest as it goes.
+PREPARED_BODIES = 20_000
 # Where an engine's /metrics may be, relative to the endpoint's host: the engine itself, or a
 # ruleloop gateway in front of it (which serves the upstream engine's page at /engine/metrics).
 METRICS_PATHS = ("/metrics", "/engine/metrics")
@@ -98,6 +103,7 @@ class CanaryRun:
         self.timeline: list[TimelinePoint] = []
         self._cache: CacheConfig | None = None
         self._started = 0.0
+        self._prepared: deque[tuple[bytes, int]] = deque()
 
     async def run(self) -> CanaryReport:
         """Preflight, load, scrape; raise EndpointError when the endpoint cannot be used."""
@@ -118,6 +124,7 @@ class CanaryRun:
                 await self._load(
                     session, model, count=w.warmup_requests, duration_s=None, keep=False
                 )
+            self._prepare(model, min(w.num_requests or 0, PREPARED_BODIES))
             before = await scraper() if scraper else None
             self._cache = cache_config(before) if before else None
             cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -268,9 +275,22 @@ class CanaryRun:
             await asyncio.sleep(self._rng.expovariate(w.request_rate))
         await asyncio.gather(*tasks)
 
+    def _prepare(self, model: str, count: int) -> None:
+        """Encode ``count`` request bodies now, so their cost stays out of the measured CPU."""
+        self._prepared = deque(self._encoded(model) for _ in range(count))
+
+    def _encoded(self, model: str) -> tuple[bytes, int]:
+        """One request body as JSON bytes, and its planned prompt length in tokens."""
+        body = self._prompts.body(model)
+        prompt = body.get("prompt")
+        planned = len(prompt) if isinstance(prompt, list) else self.workload.prompt_length
+        return msgspec.json.encode(body), planned
+
     async def _one(self, session: aiohttp.ClientSession, model: str, *, keep: bool) -> None:
         w = self.workload
-        body = self._prompts.body(model)
+        body, planned = (
+            self._prepared.popleft() if keep and self._prepared else self._encoded(model)
+        )
         cancel = w.cancel_share > 0 and self._rng.random() < w.cancel_share
         headers, abandon, after_tokens = None, None, None
         if cancel and w.cancel_mode is CancelMode.HEADER:
@@ -279,7 +299,6 @@ class CanaryRun:
             after_tokens = w.cancel_after_tokens
         elif cancel:
             abandon = w.cancel_after_ms / 1000
-        planned = len(body["prompt"]) if isinstance(body.get("prompt"), list) else w.prompt_length  # type: ignore[arg-type]
         record = RequestRecord(sent_at=time.perf_counter(), planned_prompt_tokens=planned)
         if keep:
             self.records.append(record)
