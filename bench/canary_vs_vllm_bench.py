@@ -1,12 +1,14 @@
 """Canary vs vLLM's own `vllm bench serve`: same workload, same engine, one run.
 
-    python bench/canary_vs_vllm_bench.py [--concurrency 150] [--requests 300] [--rounds 2]
+    python bench/canary_vs_vllm_bench.py [--concurrency 150] [--requests 300] [--rounds 5]
+                                         [--intervals 0.5,1,2]
 
 Starts a local engine, then runs the clients in a rotating order (A B C, B C A, ...) so that
-drift on this noisy 2-core box hits each alike: the canary, the canary without in-flight
-/metrics sampling (to show what sampling costs the engine), and the peer. Reports TTFT p50/p99
-and TPOT p50/p99 from each, their ratios, and client CPU seconds per 1,000 streamed tokens
-(load phase only). Results land in bench/results/canary_vs_vllm_bench.json.
+drift on this noisy 2-core box hits each alike: the canary at each in-flight /metrics sampling
+interval (every sample makes vLLM's API server render its page: the observer effect), the
+canary without sampling, and the peer. Reports the median over rounds of TTFT p50/p99, TPOT
+p50/p99 and client CPU seconds per 1,000 streamed tokens (load phase only), and each client's
+ratio to the peer. Results land in bench/results/canary_vs_vllm_bench.json.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from bot.engine.process import EngineManager, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+PEER = "vllm bench serve"
 
 
 def run_canary(
-    base_url: str, args: argparse.Namespace, out: Path, *, sampling: bool = True
+    base_url: str, args: argparse.Namespace, out: Path, *, interval: float | None
 ) -> dict[str, float]:
-    """One canary run through the real CLI; returns the comparable numbers."""
-    extra = [] if sampling else ["--metrics-url", "none"]
+    """One canary run through the real CLI (``interval`` None: no sampling)."""
+    extra = ["--metrics-url", "none"] if interval is None else ["--sample-interval", str(interval)]
     subprocess.run(
         [sys.executable, "-m", "latency_checker", "--endpoint", f"{base_url}/v1/completions",
          "--concurrency", str(args.concurrency), "--num-requests", str(args.requests),
@@ -84,7 +87,13 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--prompt-length", type=int, default=512)
     parser.add_argument("--output-length", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--intervals",
+        type=lambda text: [float(x) for x in text.split(",")],
+        default=[0.5, 1.0, 2.0],
+        help="in-flight /metrics sampling intervals to compare (seconds, comma-separated)",
+    )
     args = parser.parse_args()
 
     manager = EngineManager(state_dir=Path(tempfile.mkdtemp(prefix="ruleloop-bench-")))
@@ -93,10 +102,13 @@ def main() -> None:
     info = manager.start(port=port, flags=["--enforce-eager"], on_progress=print)
     model_dir = manager.state_dir / "tiny-llama"
     clients = {
-        "canary": lambda out: run_canary(info.base_url, args, out),
-        "canary, no sampling": lambda out: run_canary(info.base_url, args, out, sampling=False),
-        "vllm bench serve": lambda out: run_peer(info.base_url, model_dir, args, out),
+        f"canary {interval:g}s": (
+            lambda out, i=interval: run_canary(info.base_url, args, out, interval=i)
+        )
+        for interval in args.intervals
     }
+    clients["canary, no sampling"] = lambda out: run_canary(info.base_url, args, out, interval=None)
+    clients[PEER] = lambda out: run_peer(info.base_url, model_dir, args, out)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in clients}
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -105,27 +117,29 @@ def main() -> None:
                 names = names[i % len(names) :] + names[: i % len(names)]  # rotate the order
                 for name in names:
                     print(f"round {i + 1}/{args.rounds}: {name} ...", flush=True)
-                    runs[name].append(clients[name](Path(tmp) / f"{i}-{name[:6]}.json"))
+                    runs[name].append(clients[name](Path(tmp) / f"{i}-{len(runs[name])}.json"))
                     print("   ", {k: round(v, 2) for k, v in runs[name][-1].items()}, flush=True)
     finally:
         manager.stop(port)
 
-    medians = {name: median_of(r) for name, r in runs.items()}
-    for side in medians.values():
+    for side in (r for rs in runs.values() for r in rs):
         side["cpu_per_1000_tokens"] = side["cpu_s"] / side["tokens"] * 1000
-    ours, bare = medians["canary"], medians["canary, no sampling"]
-    peer = medians["vllm bench serve"]
+    medians = {name: median_of(r) for name, r in runs.items()}
+    peer = medians[PEER]
     rows = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "cpu_per_1000_tokens", "wall_s"]
-    print(f"\n{args.concurrency} streams, {args.requests} requests, {args.prompt_length} prompt + "
-          f"{args.output_length} output tokens, median of {args.rounds} rounds")  # fmt: skip
-    header = ("metric", "canary", "no-sample", "vllm bench", "ratio", "ratio*")
-    print("{:<22}{:>10}{:>11}{:>12}{:>7}{:>8}".format(*header))
-    for key in rows:
-        print(
-            f"{key:<22}{ours[key]:>10.2f}{bare[key]:>11.2f}{peer[key]:>12.2f}"
-            f"{ours[key] / peer[key]:>7.3f}{bare[key] / peer[key]:>8.3f}"
+    print(
+        f"\n{args.concurrency} streams, {args.requests} requests, {args.prompt_length} prompt "
+        f"+ {args.output_length} output tokens, median of {args.rounds} rotated rounds"
+    )
+    print("| client | " + " | ".join(rows) + " | TTFT p50 / peer | TPOT p50 / peer | CPU / peer |")
+    print("|---" * (len(rows) + 4) + "|")
+    for name, side in medians.items():
+        cells = " | ".join(f"{side[k]:.3f}" if k.startswith("cpu") else f"{side[k]:.1f}"
+                           for k in rows)  # fmt: skip
+        ratios = " | ".join(
+            f"{side[k] / peer[k]:.3f}" for k in ("ttft_p50", "tpot_p50", "cpu_per_1000_tokens")
         )
-    print("ratio = canary / vllm bench serve; ratio* = canary without /metrics sampling / peer")
+        print(f"| {name} | {cells} | {ratios} |")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "canary_vs_vllm_bench.json").write_text(
         json.dumps({"args": vars(args), "runs": runs, "median": medians}, indent=2)
