@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from bot.adr.match import check, match
 from bot.adr.models import GATE_METRICS, AdrGates, Condition
@@ -230,3 +232,23 @@ def test_latency_checker_flags_name_the_relative_gates_they_cannot_render() -> N
         "max_tpot_p99_ms": "2x normal (= 19.8)",
         "min_goodput_ratio": "0.8",
     }
+
+
+def test_the_guides_relative_example_is_valid_and_explained_as_the_code_explains_it() -> None:
+    guide = (Path(__file__).parent.parent / "docs" / "writing-adrs.md").read_text()
+    (block,) = [b for b in re.findall(r"^```yaml\n(.*?)^```$", guide, flags=re.M | re.S)
+                if "x normal" in b]  # fmt: skip
+    data = yaml.safe_load(block)
+    (condition,) = [Condition.model_validate(c) for c in data["match"]]
+    gates = AdrGates.model_validate(data["gates"])
+    assert gates.relative() == {"max_tpot_p99_ms": Relative(6.0)}
+    normal = {"tpot_p99_ms": 9.9}
+    shown = check(condition, report(tpot_p99_ms=185.4), normal).explain()
+    assert f"`{shown}`" in guide
+    assert f"`{check(condition, report(tpot_p99_ms=185.4)).explain()}`" in guide
+    assert "(= 59.4 ms)" in guide and gates.resolve(normal).max_tpot_p99_ms == pytest.approx(59.4)
+
+
+def test_resolved_limits_carry_no_float_noise_into_cards_and_drafts() -> None:
+    resolved = AdrGates(max_tpot_p99_ms="6x normal").resolve({"tpot_p99_ms": 9.9})
+    assert repr(resolved.max_tpot_p99_ms) == "59.4"  # 6 * 9.9 is 59.400000000000006

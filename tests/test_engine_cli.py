@@ -53,20 +53,32 @@ def test_demo_replays_the_incident_and_drafts_the_adr(tmp_path: Path) -> None:
     root = Path(__file__).parent.parent
     result = invoke(["demo", "--adr-dir", str(root / "adr")], tmp_path)
     assert result.exit_code == 0, result.output
-    for step in range(1, 8):
-        assert f"{step}/7 " in result.stderr, result.stderr
+    for step in range(1, 9):
+        assert f"{step}/8 " in result.stderr, result.stderr
     out = result.stdout
-    # the transcript: the alert's incident, its findings, the card and its outcome
+    # the transcript: the alert's incident, its findings against normal, the card, the outcome
     assert "VLLMTimeToFirstTokenP99High" in out and "findings on local" in out
-    assert "matching ADR ADR-20261129-02" in out
+    assert "matching ADR ADR-20261129-02" in out and "x normal (= " in out
     assert "ADR-20261129-02 on local: waiting for approval" in out
     assert "--max-num-batched-tokens: 8192 → 512" in out
+    assert "TPOT p99 ≤ 6x normal (= " in out  # the card: the relative gate as a number
     assert "approved by <@U0LEAD>" in out
-    outcome = "applied: the canary met every gate" in out or "rolled back" in out
-    assert outcome, out
+    assert "applied: the canary met every gate" in out  # the loop closed: promoted
     # the drafted ADR, printed in full, and left only in the demo's workspace
     assert "status: proposed" in out and "## 2. 实验对比数据 (Metrics Matrix)" in out
     (workspace,) = tmp_path.glob("demo-*")
-    assert list((workspace / "adr" / "drafts").glob("ADR-*.md"))
+    (draft,) = (workspace / "adr" / "drafts").glob("ADR-*.md")
+    # the last screen: the four numbers normal / incident / after the fix, verdict, paths
+    screen = out[out.rindex("ruleloop demo: ") :]
+    assert screen.startswith("ruleloop demo: ADR-20261129-02 promoted: the canary met every gate")
+    rows = {line.split()[0]: line.split() for line in screen.splitlines()[3:7]}
+    assert set(rows) == {"TTFT", "TPOT", "Goodput", "KV"}
+    normal, incident, after = (float(rows["TPOT"][i].replace(",", "")) for i in (2, 4, 6))
+    assert incident > 3 * normal and after < incident  # what the ADR matched, and what it fixed
+    assert "matched ADR-20261129-02: tpot_p99_ms " in screen and ": holds" in screen
+    assert "TPOT p99 " in screen and "≤ 6x normal (= " in screen and ": met" in screen
+    (chart,) = workspace.glob("charts/*.png")
+    assert f"chart: {chart}" in screen and f"draft: {draft}" in screen
+    assert chart.read_bytes().startswith(b"\x89PNG")
     assert not list((root / "adr").glob("ADR-20261129-02*")), "the demo wrote into the repo"
     assert not list(tmp_path.glob("engine-*.json")), "demo left its engine running"

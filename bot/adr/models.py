@@ -153,8 +153,9 @@ class AdrGates(_Strict):
                 missing.append(f"{key} is {value} but {_no_normal_text(key, resolved)}")
                 limits[key] = None
             else:
-                # A ratio stays a ratio: 1.2x a normal goodput of 0.9 is "at least 1".
-                limits[key] = min(resolved, 1.0) if key in _RATIOS else resolved
+                # A ratio stays a ratio: 1.2x a normal goodput of 0.9 is "at least 1". Rounded
+                # so that 6 x 9.9 is 59.4 on cards and in drafts, not 59.400000000000006.
+                limits[key] = round(min(resolved, 1.0) if key in _RATIOS else resolved, 4)
         if missing and strict:
             raise NoNormal(
                 "; ".join(missing) + " (normal is the median of the scheduler's snapshots of the "

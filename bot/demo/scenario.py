@@ -1,11 +1,15 @@
-"""The demo scenario: a bad engine, a mixed workload, an alert, a diagnosis, an applied ADR.
+"""The demo scenario: normal, then a bad flag's incident, an alert, a diagnosis, an applied ADR.
 
 Everything is real except Slack: the console transport prints what the bot would post. The
-engine starts with `--max-num-batched-tokens 8192`; chats, long shared-system-prompt requests and
-impatient clients load it; an Alertmanager-format alert goes to the bot's own webhook; the bot
-diagnoses, matches the shipped CPU ADR, and — once the on-call engineer requests it and a second
-person approves — restarts the engine with the fix behind the ADR's canary gates, then drafts
-the post-incident ADR.
+engine starts with `--max-num-batched-tokens 8192`. First the chats run alone and the
+scheduler's snapshot job measures the engine's normal four numbers into the store. Then
+streams of 2048-token prompts join the chats: with 8192 tokens per scheduler step, whole long
+prefills share a step with the chats' decode tokens, so every chat token waits for them (the
+incident is what the flag does, on any machine). An Alertmanager-format alert goes to the bot's
+own webhook; the bot diagnoses against that normal and matches the shipped CPU ADR, whose
+condition and gates are multiples of normal; the on-call engineer requests it, a second person
+approves, and the engine restarts with the fix behind the ADR's canary gates. The same load is
+measured again on the fixed engine, and the post-incident ADR is drafted.
 """
 
 from __future__ import annotations
@@ -14,40 +18,80 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import math
 import shutil
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import httpx
+import yaml
 
+from bot.adr.match import MatchResult, match
+from bot.adr.models import GATE_METRICS, Adr, AdrGates
+from bot.adr.parse import load
+from bot.adr.relative import Relative
+from bot.canary.client import Outcome
 from bot.canary.runner import CanaryRun
 from bot.canary.workload import CancelMode, Workload
-from bot.config import Settings
+from bot.config import Settings, Target
+from bot.demo.screen import Numbers, Result, number
+from bot.diagnosis.models import FOUR
+from bot.diagnosis.service import match_report
 from bot.engine.process import EngineManager
 from bot.errors import RuleloopError
+from bot.scheduler.snapshots import MetricsSampler, NormalReader, SnapshotJob
 from bot.server import Bot, create_bot
+from bot.store.db import Database
 from bot.store.models import AdrDraft, Incident, Remediation
 
 HERE = Path(__file__).parent
 ADR_ID = "ADR-20261129-02"
+ADR_FILE = f"{ADR_ID}-cpu-demo-scheduler-step.md"
 BAD_FLAGS = ["--enforce-eager", "--max-num-batched-tokens", "8192", "--max-num-seqs", "32"]
+TARGET = "local"
 ONCALL, APPROVER = "U0ONCALL", "U0LEAD"
 TOKEN = "demo-alertmanager-token"
-LOAD_LEAD_S = 6.0  # load before the alert fires, so the diagnosis window sees it
+
+CHAT_STREAMS = 6
+LONG_STREAMS = 8  # two scheduler steps' worth of 2048-token prompts are always waiting
+LONG_PROMPT = 2048
+SNAPSHOTS = 3  # "normal" is their median, as the scheduler's `normal_of_last`
+WINDOW_S = 8.0  # the snapshot and diagnosis window on a machine where chats are quick
+LOAD_S = 900.0  # the loads run until stopped; this only bounds a forgotten one
+WAIT_S = 600.0  # a load whose requests do not finish in this long means a broken engine
+
+
+class DemoFailed(RuleloopError):
+    """The demo could not close the loop on this machine; the message says where and why."""
+
+    exit_code = 1
 
 
 def workspace(root: Path, repo_adr: Path | None) -> Path:
     """A fresh directory with the ADRs (the repo's, plus the CPU one) and the demo runbook."""
-    ws = root / f"demo-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S}"
+    ws = root / f"demo-{dt.datetime.now(dt.UTC):%Y%m%dT%H%M%S%f}"
     (ws / "adr").mkdir(parents=True)
     (ws / "runbooks").mkdir()
     if repo_adr is not None and repo_adr.is_dir():
         for path in repo_adr.glob("ADR-*.md"):
             shutil.copy(path, ws / "adr" / path.name)
-    shutil.copy(HERE / f"{ADR_ID}-cpu-demo-scheduler-step.md", ws / "adr")
-    shutil.copy(HERE / "runbook.yaml", ws / "runbooks" / "demo.yaml")
+    shutil.copy(HERE / ADR_FILE, ws / "adr")
+    write_runbook(ws, window_s=WINDOW_S)
     return ws
+
+
+def write_runbook(ws: Path, *, window_s: float) -> None:
+    """The demo runbook with its sampling window set (long enough for chats to finish in it)."""
+    runbook = yaml.safe_load((HERE / "runbook.yaml").read_text(encoding="utf-8"))
+    for probe in runbook["probes"]:
+        if "window_s" in probe.get("params", {}):
+            probe["params"]["window_s"] = window_s
+    (ws / "runbooks" / "demo.yaml").write_text(
+        yaml.safe_dump(runbook, sort_keys=False), encoding="utf-8"
+    )
 
 
 def settings(ws: Path, *, base_url: str, state_dir: Path) -> Settings:
@@ -58,36 +102,45 @@ def settings(ws: Path, *, base_url: str, state_dir: Path) -> Settings:
             "access": {"diagnose": ["*"], "apply": [ONCALL], "approve": [APPROVER],
                        "review": [APPROVER]},
             "targets": {
-                "local": {
+                TARGET: {
                     "vllm_url": base_url,
                     "actuator": {"kind": "local", "flags": BAD_FLAGS,
                                  "state_dir": str(state_dir), "start_timeout_s": 600},
-                    "canary": {"concurrency": 4, "num_requests": 32, "prompt_length": 128,
-                               "output_length": 48, "background_concurrency": 2,
-                               "background_prompt_length": 2048, "background_output_length": 16,
-                               "baseline": True},
+                    # the gate: 4 chats beside 4 streams of long prompts (as the incident)
+                    "canary": {"concurrency": 4, "num_requests": 16, "prompt_length": 128,
+                               "output_length": 32, "background_concurrency": 4,
+                               "background_prompt_length": LONG_PROMPT,
+                               "background_output_length": 1, "baseline": True},
                     "two_person": True,
                 }
             },
+            "scheduler": {"snapshot_window_s": WINDOW_S, "normal_of_last": SNAPSHOTS},
             "alertmanager": {"token": TOKEN},
             "paths": {"runbooks": str(ws / "runbooks"), "adr": str(ws / "adr"), "state": str(ws)},
         }
     )  # fmt: skip
 
 
-def incident_load(base_url: str, duration_s: float) -> list[Workload]:
-    """Chats (a fifth of them impatient) beside long requests that share a system prompt."""
-    endpoint = f"{base_url}/v1/completions"
-    chats = Workload(
-        endpoint=endpoint, concurrency=6, num_requests=None, duration_s=duration_s,
-        prompt_length=128, output_length=48, cancel_share=0.2, cancel_after_ms=800,
-        cancel_mode=CancelMode.ABANDON, seed=1,
+def chat_load(base_url: str) -> Workload:
+    """Chats: short prompts, 32-token answers; a fifth of the clients give up after 0.8 s."""
+    return Workload(
+        endpoint=f"{base_url}/v1/completions", concurrency=CHAT_STREAMS, num_requests=None,
+        duration_s=LOAD_S, prompt_length=128, output_length=32, cancel_share=0.2,
+        cancel_after_ms=800, cancel_mode=CancelMode.ABANDON, seed=1,
     )  # fmt: skip
-    agents = Workload(
-        endpoint=endpoint, concurrency=2, num_requests=None, duration_s=duration_s,
-        prompt_length=2048, prefix_length=1536, output_length=16, seed=2,
+
+
+def long_load(base_url: str) -> Workload:
+    """Long prompts that want one token back (a classifier, an agent's tool choice)."""
+    return Workload(
+        endpoint=f"{base_url}/v1/completions", concurrency=LONG_STREAMS, num_requests=None,
+        duration_s=LOAD_S, prompt_length=LONG_PROMPT, output_length=1, seed=2,
     )  # fmt: skip
-    return [chats, agents]
+
+
+def incident_load(base_url: str) -> list[Workload]:
+    """The chats beside the long prompts."""
+    return [chat_load(base_url), long_load(base_url)]
 
 
 def alert(base_url: str) -> bytes:
@@ -95,7 +148,7 @@ def alert(base_url: str) -> bytes:
     host = base_url.split("://", 1)[1]
     now = dt.datetime.now(dt.UTC).isoformat().replace("+00:00", "Z")
     labels = {"alertname": "VLLMTimeToFirstTokenP99High", "severity": "critical",
-              "instance": host, "ruleloop_target": "local"}  # fmt: skip
+              "instance": host, "ruleloop_target": TARGET}  # fmt: skip
     body = {
         "version": "4", "groupKey": '{}:{alertname="VLLMTimeToFirstTokenP99High"}',
         "truncatedAlerts": 0, "status": "firing", "receiver": "ruleloop",
@@ -103,12 +156,107 @@ def alert(base_url: str) -> bytes:
         "commonAnnotations": {}, "externalURL": "http://alertmanager:9093",
         "alerts": [{
             "status": "firing", "labels": labels,
-            "annotations": {"summary": f"TTFT p99 over 500 ms on {host} (demo)"},
+            "annotations": {"summary": f"chat latency on {host} far above its normal (demo)"},
             "startsAt": now, "endsAt": "0001-01-01T00:00:00Z",
             "generatorURL": "http://prometheus:9090/graph", "fingerprint": "d3m0f1ngerpr1nt0",
         }],
     }  # fmt: skip
     return json.dumps(body).encode()
+
+
+def check_incident(adr: Adr, summary: Mapping[str, Any]) -> MatchResult:
+    """The diagnosis must match the demo ADR; else DemoFailed with each condition explained.
+
+    ``summary`` is the incident's stored diagnosis (``Diagnosis.summary()``): its readings and
+    the normal it was diagnosed against are read the way the bot read them.
+    """
+    readings = summary.get("readings") or {}
+    result = match(adr, match_report(readings), summary.get("normal") or {})
+    if adr.id in (summary.get("matches") or []) and result.matches:
+        return result
+    why = "; ".join(c.explain() for c in result.conditions) or "the ADR has no conditions"
+    raise DemoFailed(
+        f"the incident was not produced on this machine, so there is nothing for {adr.id} to "
+        f"fix: {why}. The long prompts should have stalled the chats' decode steps; check that "
+        "nothing else was using the engine's CPU while the demo ran, then run it again."
+    )
+
+
+def gate_lines(gates: AdrGates, limits: Mapping[str, float], numbers: Numbers) -> list[str]:
+    """Each gate as written, the limit it came to, the canary's number and whether it was met."""
+    labels = {key: label for key, label, *_ in FOUR}
+    lines = []
+    for gate, metric in GATE_METRICS.items():
+        written, limit, value = getattr(gates, gate), limits.get(gate), numbers.get(metric)
+        if written is None:
+            continue
+        at_least = gate.startswith("min_")
+        shown = number(metric, limit)
+        if isinstance(written, Relative):
+            shown = f"{written} (= {shown})"
+        met = (
+            value is not None
+            and limit is not None
+            and (value >= limit if at_least else value <= limit)
+        )
+        lines.append(
+            f"{labels[metric]} {number(metric, value)} {'≥' if at_least else '≤'} {shown}: "
+            + ("met" if met else "MISSED")
+        )
+    return lines
+
+
+@dataclass
+class _Load:
+    """Workloads running in the background until stopped."""
+
+    runs: list[CanaryRun]
+    tasks: list[asyncio.Task[Any]]
+
+    @classmethod
+    def start(cls, workloads: list[Workload]) -> _Load:
+        runs = [CanaryRun(w, metrics_url=None) for w in workloads]
+        return cls(runs, [asyncio.create_task(run.run()) for run in runs])
+
+    async def started(self, index: int) -> float:
+        """When the first request of workload ``index`` was sent (waits for it)."""
+        run = self.runs[index]
+        while not run.records:
+            self._check()
+            await asyncio.sleep(0.05)
+        return run.records[0].sent_at
+
+    async def finished(self, index: int, *, since: float, count: int) -> float:
+        """Wait until ``count`` requests of workload ``index`` sent after ``since`` finished
+        normally; how long the slowest of them took (s)."""
+        run = self.runs[index]
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            self._check()
+            done = [
+                r.e2e_s
+                for r in list(run.records)
+                if r.sent_at >= since and r.outcome is Outcome.OK and r.e2e_s is not None
+            ]
+            if len(done) >= count:
+                return max(done)
+            await asyncio.sleep(0.1)
+        raise DemoFailed(
+            f"fewer than {count} requests finished in {WAIT_S:g} s: the engine at "
+            f"{run.workload.base_url} is not answering"
+        )
+
+    def _check(self) -> None:
+        for task in self.tasks:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise DemoFailed(f"the load generator stopped: {task.exception()}")
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
 
 
 class Demo:
@@ -127,62 +275,134 @@ class Demo:
         self.base_url = base_url
         self._say = say
         self._settings = settings(ws, base_url=base_url, state_dir=manager.state_dir)
+        self._target: Target = self._settings.targets[TARGET]
         self._transcript = transcript
+        self._adr = load(ws / "adr" / ADR_FILE)
 
-    async def run(self) -> Path | None:
-        """The whole story; returns the drafted ADR file (None when nothing was drafted)."""
-        bot = create_bot(self._settings, state_dir=self.ws, console=self._transcript)
-        client = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=bot.app), base_url="http://ruleloop"
+    async def run(self) -> Result:
+        """The whole story; DemoFailed when a step did not happen on this machine."""
+        async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as http:
+            normal = await self._normal(http)
+            load = _Load.start(incident_load(self.base_url))
+            try:
+                window = await self._steady(load)
+                bot = create_bot(self._settings, state_dir=self.ws, console=self._transcript)
+            except BaseException:
+                await load.stop()
+                raise
+            try:
+                try:
+                    incident_id = await self._alert(bot, window)
+                finally:
+                    await load.stop()
+                summary = await asyncio.to_thread(self._summary, bot, incident_id)
+                matched = check_incident(self._adr, summary)
+                rem = await self._remediate(bot, incident_id)
+                after = await self._after(http) if rem.state == "promoted" else {}
+                draft = await asyncio.to_thread(self._draft, bot, incident_id)
+            finally:
+                await bot.flows.tasks.drain(timeout_s=900)
+                await bot.http.aclose()
+                bot.db.dispose()
+        if rem.state == "failed":
+            raise DemoFailed(
+                f"the remediation failed: {rem.result.get('reason') or 'see the card above'}; "
+                f"the engine on {self.base_url} may need a manual restart"
+            )
+        if draft is None:
+            raise DemoFailed(
+                f"the remediation ended {rem.state} but no post-incident ADR was drafted"
+            )
+        assert self._adr.gates is not None  # an accepted ADR has gates (the validator insists)
+        return Result(
+            adr_id=self._adr.id,
+            normal=normal,
+            incident=summary.get("headline") or {},
+            after=after,
+            state=rem.state,
+            matched=[c.explain() for c in matched.conditions],
+            gates=gate_lines(
+                self._adr.gates, rem.result.get("gates") or {}, rem.result.get("numbers") or {}
+            ),
+            chart=next(iter(sorted((self.ws / "charts").glob("*.png"))), None),
+            draft=draft,
+            notes=(
+                f"normal: median of {SNAPSHOTS} snapshots, {CHAT_STREAMS} chat streams alone; "
+                "incident: the diagnosis;",
+                f"after the fix: the incident's load again, read the same way "
+                f"(vllm_metrics, {WINDOW_S:g} s or longer)",
+            ),
         )
-        try:
-            incident_id = await self._incident(bot, client)
-            return await self._remediate(bot, incident_id)
-        finally:
-            await bot.flows.tasks.drain(timeout_s=900)
-            await client.aclose()
-            await bot.http.aclose()
-            bot.db.dispose()
 
-    async def _incident(self, bot: Bot, client: httpx.AsyncClient) -> int:
+    # --- 3/8: normal -------------------------------------------------------------------------
+    async def _normal(self, http: httpx.AsyncClient) -> dict[str, float | None]:
         self._say(
-            "3/7 incident load: 6 chat streams (1 in 5 gives up after 0.8 s) beside 2 streams of "
-            "2048-token prompts sharing a 1536-token system prompt ..."
+            f"3/8 normal: {CHAT_STREAMS} chat streams alone; the scheduler's snapshot job takes "
+            f"{SNAPSHOTS} snapshots of the four numbers ({WINDOW_S:g} s each) into the store ..."
         )
-        runs = [CanaryRun(w, metrics_url=None) for w in incident_load(self.base_url, 120.0)]
-        load = [asyncio.create_task(run.run()) for run in runs]
+        db = Database(self._settings.database_url(fallback_dir=self.ws))
+        db.create_schema()
+        load = _Load.start([chat_load(self.base_url)])
         try:
-            await asyncio.sleep(LOAD_LEAD_S)
-            self._say("4/7 Alertmanager fires VLLMTimeToFirstTokenP99High at the bot's webhook")
+            await load.finished(0, since=time.perf_counter(), count=CHAT_STREAMS)
+            sampler = MetricsSampler(http=http, window_s=WINDOW_S)
+            job = SnapshotJob(
+                name=TARGET, target=self._target, sample=sampler, source=sampler.source
+            )
+            for _ in range(SNAPSHOTS):
+                outcome = await job(dt.datetime.now(dt.UTC))
+                assert outcome.write is not None
+                with db.transaction() as session:
+                    outcome.write(session)
+        finally:
+            await load.stop()
+        try:
+            normal = await NormalReader(db=db, last=SNAPSHOTS)(TARGET)
+        finally:
+            db.dispose()
+        self._say("    normal: " + _four(normal))
+        return normal
+
+    # --- 4/8: the incident, the alert, the diagnosis ---------------------------------------------
+    async def _steady(self, load: _Load) -> float:
+        """Wait until the chats finish requests sent under the incident's load; the window (s)
+        the diagnosis needs for chats to finish inside it: three times the slowest of them."""
+        self._say(
+            f"4/8 incident: {LONG_STREAMS} streams of {LONG_PROMPT}-token prompts join the chats; "
+            "with --max-num-batched-tokens 8192 whole prompts share a scheduler step with the "
+            "chats' next tokens ..."
+        )
+        since = await load.started(1)  # the long prompts' first request
+        slowest = await load.finished(0, since=since, count=CHAT_STREAMS)
+        window = max(WINDOW_S, float(math.ceil(3 * slowest)))
+        write_runbook(self.ws, window_s=window)
+        return window
+
+    async def _alert(self, bot: Bot, window: float) -> int:
+        self._say("5/8 Alertmanager fires VLLMTimeToFirstTokenP99High at the bot's webhook")
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=bot.app), base_url="http://ruleloop"
+        ) as client:
             response = await client.post(
                 "/alertmanager", content=alert(self.base_url),
                 headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
             )  # fmt: skip
-            if response.status_code != 202:
-                raise RuleloopError(f"the bot refused the alert: {response.text}")
-            incident_id = int(response.json()["incident"])
-            self._say(f"    incident #{incident_id} opened; diagnosing over an 8 s window ...")
-            await bot.flows.tasks.drain(timeout_s=300)
-        finally:
-            for task in load:
-                task.cancel()
-            for task in load:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        if response.status_code != 202:
+            raise DemoFailed(f"the bot refused the alert: {response.text}")
+        incident_id = int(response.json()["incident"])
+        self._say(f"    incident #{incident_id} opened; diagnosing over {window:g} s ...")
+        await bot.flows.tasks.drain(timeout_s=300)
         return incident_id
 
-    async def _remediate(self, bot: Bot, incident_id: int) -> Path | None:
+    def _summary(self, bot: Bot, incident_id: int) -> dict[str, Any]:
         with bot.db.transaction() as s:
             incident = s.get(Incident, incident_id)
             assert incident is not None
-            matches = list((incident.summary or {}).get("matches", []))
-        if ADR_ID not in matches:
-            self._say(
-                f"5/7 the diagnosis matched {matches or 'no ADR'}, not {ADR_ID}: the engine was "
-                "not slow enough on this machine to meet its conditions; stopping here"
-            )
-            return None
-        self._say(f"5/7 {ONCALL} asks for {ADR_ID} (as /apply-adr would); {APPROVER} approves")
+            return dict(incident.summary or {})
+
+    # --- 6/8 and 7/8: request, approval, apply, canary ---------------------------------------
+    async def _remediate(self, bot: Bot, incident_id: int) -> Remediation:
+        self._say(f"6/8 {ONCALL} asks for {ADR_ID} (as /apply-adr would); {APPROVER} approves")
         ack = await bot.remediation.request(user_id=ONCALL, adr_id=ADR_ID, incident_id=incident_id)
         self._say(f"    bot: {ack}")
         with bot.db.transaction() as s:
@@ -190,12 +410,37 @@ class Demo:
         tokens = bot.remediation.records.tokens(f"remediation:{rem.id}")
         await bot.remediation.click(user_id=APPROVER, token=tokens["approve"])
         self._say(
-            "6/7 applying: restart the engine with --max-num-batched-tokens 512, then the canary "
-            "(4 chat streams beside 2 long-prompt streams) against the ADR's gates ..."
+            "7/8 the same canary on the current flags first, then the engine restarts with "
+            "--max-num-batched-tokens 512 and the canary (4 chat streams beside 4 long-prompt "
+            "streams) checks the ADR's gates ..."
         )
-        await bot.flows.tasks.drain(timeout_s=1200)
+        await bot.flows.tasks.drain(timeout_s=1800)
         with bot.db.transaction() as s:
-            rem = s.get(Remediation, rem.id)  # type: ignore[assignment]
+            done = s.get(Remediation, rem.id)
+            assert done is not None
+        self._say(f"    outcome: {done.state}")
+        return done
+
+    async def _after(self, http: httpx.AsyncClient) -> dict[str, float | None]:
+        self._say("    the incident's load again, on the fixed engine, read the same way ...")
+        load = _Load.start(incident_load(self.base_url))
+        try:
+            since = await load.started(1)  # the long prompts' first request
+            slowest = await load.finished(0, since=since, count=CHAT_STREAMS)
+            sampler = MetricsSampler(http=http, window_s=max(WINDOW_S, math.ceil(3 * slowest)))
+            return dict(await sampler(TARGET, self._target))
+        finally:
+            await load.stop()
+
+    # --- 8/8: the draft ----------------------------------------------------------------------
+    def _draft(self, bot: Bot, incident_id: int) -> Path | None:
+        with bot.db.transaction() as s:
             draft = s.query(AdrDraft).filter_by(incident_id=incident_id).one_or_none()
-        self._say(f"7/7 outcome: {rem.state}; post-incident ADR drafted for review")
-        return Path(draft.path) if draft is not None else None
+            path = None if draft is None else Path(draft.path)
+        if path is not None:
+            self._say(f"8/8 post-incident ADR drafted for review: {path}")
+        return path
+
+
+def _four(numbers: Numbers) -> str:
+    return ", ".join(f"{label} {number(key, numbers.get(key))}" for key, label, *_ in FOUR)

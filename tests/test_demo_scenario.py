@@ -1,0 +1,131 @@
+"""The demo's decisions without an engine: whether the incident was produced (else it stops with
+exit 1 and the reason), the shipped CPU ADR, and the last screen. The whole demo on a real engine
+is tests/test_engine_cli.py::test_demo_replays_the_incident_and_drafts_the_adr."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from bot.adr.models import AdrGates
+from bot.adr.parse import load
+from bot.adr.relative import Relative
+from bot.adr.render import render
+from bot.cli import Command
+from bot.demo import screen
+from bot.demo.scenario import ADR_FILE, ADR_ID, HERE, DemoFailed, check_incident, gate_lines
+
+DEMO_ADR = HERE / ADR_FILE
+NORMAL = {"ttft_p99_ms": 39.1, "tpot_p99_ms": 9.9, "goodput_ratio": 1.0, "kv_fragmentation": 0.4}
+
+
+def summary(tpot_now: float, *, normal: dict[str, Any] | None = NORMAL) -> dict[str, Any]:
+    """A stored diagnosis summary (Diagnosis.summary()) with TPOT p99 ``tpot_now`` now."""
+    adr = load(DEMO_ADR)
+    limit = adr.match[0].value
+    assert isinstance(limit, Relative)
+    holds = normal is not None and tpot_now > limit.factor * normal["tpot_p99_ms"]
+    return {
+        "headline": {"ttft_p99_ms": 706.0, "tpot_p99_ms": tpot_now, "goodput_ratio": 1.0},
+        "readings": {"vllm_metrics.ttft_p99_ms": 706.0, "vllm_metrics.tpot_p99_ms": tpot_now,
+                     "vllm_metrics.goodput_ratio": 1.0},
+        "normal": normal or {},
+        "matches": [ADR_ID] if holds else [],
+    }  # fmt: skip
+
+
+def test_the_shipped_adr_matches_tpot_relative_to_normal_and_gates_relative_too() -> None:
+    adr = load(DEMO_ADR)
+    assert adr.status == "accepted" and adr.fix.engine_args == {"max-num-batched-tokens": 512}
+    (condition,) = adr.match
+    assert (condition.metric, condition.op) == ("tpot_p99_ms", ">")
+    assert isinstance(condition.value, Relative)
+    assert adr.gates is not None and isinstance(adr.gates.max_tpot_p99_ms, Relative)
+    assert render(adr) == DEMO_ADR.read_text(encoding="utf-8")
+
+
+def test_an_incident_over_the_adrs_multiple_of_normal_goes_on() -> None:
+    result = check_incident(load(DEMO_ADR), summary(185.4))
+    assert result.matches
+    assert [c.explain() for c in result.conditions] == [
+        "tpot_p99_ms 185.4 > 3x normal (= 29.7): holds"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("tpot_now", "normal", "why"),
+    [
+        (19.8, NORMAL, "tpot_p99_ms 19.8 > 3x normal (= 29.7): does not hold"),
+        (185.4, None, "tpot_p99_ms > 3x normal: no normal measured for tpot_p99_ms"),
+    ],
+    ids=["not-slow-enough", "no-normal"],
+)
+def test_no_incident_stops_the_demo_with_exit_1_and_the_reason(
+    tpot_now: float, normal: dict[str, Any] | None, why: str
+) -> None:
+    with pytest.raises(DemoFailed) as caught:
+        check_incident(load(DEMO_ADR), summary(tpot_now, normal=normal))
+    message = str(caught.value)
+    assert message.startswith(f"the incident was not produced on this machine, so there is "
+                              f"nothing for {ADR_ID} to fix: {why}.")  # fmt: skip
+
+    @click.command(cls=Command)
+    def demo() -> None:
+        check_incident(load(DEMO_ADR), summary(tpot_now, normal=normal))
+
+    result = CliRunner().invoke(demo)
+    assert result.exit_code == 1
+    assert result.stderr.strip() == f"error: {message}"
+
+
+def test_a_diagnosis_that_did_not_match_is_not_overruled() -> None:
+    numbers = summary(185.4) | {"matches": []}  # the bot's own verdict wins
+    with pytest.raises(DemoFailed, match="holds"):
+        check_incident(load(DEMO_ADR), numbers)
+
+
+def test_the_last_screen_has_the_four_numbers_the_verdict_and_the_paths() -> None:
+    gates = AdrGates(max_tpot_p99_ms="6x normal", min_goodput_ratio=0.8)
+    lines = gate_lines(
+        gates,
+        {"max_tpot_p99_ms": 59.4, "min_goodput_ratio": 0.8},
+        {"tpot_p99_ms": 13.0, "goodput_ratio": 0.7},
+    )
+    assert lines == [
+        "TPOT p99 13.0 ms ≤ 6x normal (= 59.4 ms): met",
+        "Goodput 70.0 % ≥ 80.0 %: MISSED",
+    ]
+    text = screen.render(
+        screen.Result(
+            adr_id=ADR_ID,
+            normal=NORMAL,
+            incident={"ttft_p99_ms": 706.0, "tpot_p99_ms": 185.4, "goodput_ratio": 1.0},
+            after={"ttft_p99_ms": 497.4, "tpot_p99_ms": 24.3, "goodput_ratio": 0.96},
+            state="promoted",
+            matched=["tpot_p99_ms 185.4 > 3x normal (= 29.7): holds"],
+            gates=lines,
+            chart=Path("/ws/charts/incident-1-ttft-queue.png"),
+            draft=Path("/ws/adr/drafts/ADR-20261130-01-x.md"),
+        )
+    )
+    shown = text.splitlines()
+    header = next(
+        i
+        for i, line in enumerate(shown)
+        if line.split() == ["normal", "incident", "after", "the", "fix"]
+    )
+    rows = {
+        line.split()[0] + line.split()[1]: line.split() for line in shown[header + 1 : header + 5]
+    }
+    assert rows["TTFTp99"][2:] == ["39.1", "ms", "706.0", "ms", "497.4", "ms"]
+    assert rows["TPOTp99"][2:] == ["9.9", "ms", "185.4", "ms", "24.3", "ms"]
+    assert rows["Goodput100.0"] == ["Goodput", "100.0", "%", "100.0", "%", "96.0", "%"]
+    assert rows["KVfragmentation"][2:] == ["40.0", "%", "-", "-"]
+    assert f"ruleloop demo: {ADR_ID} promoted: the canary met every gate" in text
+    assert "  TPOT p99 13.0 ms ≤ 6x normal (= 59.4 ms): met" in text
+    assert "chart: /ws/charts/incident-1-ttft-queue.png" in text
+    assert text.rstrip().endswith("draft: /ws/adr/drafts/ADR-20261130-01-x.md")
