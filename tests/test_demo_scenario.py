@@ -129,3 +129,8 @@ def test_the_last_screen_has_the_four_numbers_the_verdict_and_the_paths() -> Non
     assert "  TPOT p99 13.0 ms ≤ 6x normal (= 59.4 ms): met" in text
     assert "chart: /ws/charts/incident-1-ttft-queue.png" in text
     assert text.rstrip().endswith("draft: /ws/adr/drafts/ADR-20261130-01-x.md")
+
+
+def test_a_diagnosis_that_failed_is_not_mistaken_for_no_incident() -> None:
+    with pytest.raises(DemoFailed, match="the bot's diagnosis produced no numbers"):
+        check_incident(load(DEMO_ADR), {})

@@ -171,6 +171,11 @@ def check_incident(adr: Adr, summary: Mapping[str, Any]) -> MatchResult:
     the normal it was diagnosed against are read the way the bot read them.
     """
     readings = summary.get("readings") or {}
+    if not readings:
+        raise DemoFailed(
+            "the bot's diagnosis produced no numbers (it failed; its error is logged above), "
+            "so the demo cannot tell whether the incident happened"
+        )
     result = match(adr, match_report(readings), summary.get("normal") or {})
     if adr.id in (summary.get("matches") or []) and result.matches:
         return result
