@@ -5,13 +5,13 @@ Exit codes: 0 every gate passed, 1 a gate failed, 2 bad usage or an unusable end
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from pathlib import Path
 
 import click
 
+from bot import loop
 from bot.canary.render import progress_line, summary_table
 from bot.canary.runner import METRICS_PATHS, CanaryRun, Progress
 from bot.canary.verdict import DEFAULT_MAX_ERROR_RATE, Gates
@@ -78,7 +78,7 @@ def run_canary(
         on_progress=show if progress else None,
         progress_interval_s=1.0 if interactive else 5.0,
     )
-    report = asyncio.run(run.run())
+    report = loop.run(run.run())
     if progress and interactive:
         click.echo("", err=True)
     for warning in run.warnings:

@@ -5,12 +5,12 @@ Exit codes: 0 stopped cleanly, 2 bad usage (flags, limits file, tokenizer, addre
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
 import click
 
+from bot import loop
 from bot.cli import Command
 from bot.errors import UsageError
 from bot.gateway.app import Gateway
@@ -155,14 +155,7 @@ def gateway(
             costing = Costing(count_tokens=tokenizer_counter(tokenizer_path))
         except Exception as exc:  # tokenizers raises its own exception types
             raise UsageError(f"cannot load --tokenizer {tokenizer_path}: {exc}") from exc
-    run = asyncio.run
-    try:
-        import uvloop  # faster event loop where installed (Linux, macOS)
-
-        run = uvloop.run
-    except ImportError:
-        pass
-    run(_serve(upstream, host, port, limits, costing, token, limits_file))
+    loop.run(_serve(upstream, host, port, limits, costing, token, limits_file))
 
 
 async def _serve(
