@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from bot.diagnosis.ports import MessageRef
+from bot.store.models import IN_FLIGHT
 
 # state -> what the card says it is doing (one message, updated in place)
 STATES = {
@@ -25,7 +26,7 @@ STATES = {
     "dry_run": "dry run: nothing was changed",
 }
 TERMINAL = {"promoted", "rolled_back", "failed", "cancelled", "expired", "dry_run", "interrupted"}
-ACTIVE = {"approved", "applying", "canary", "promoting", "rolling_back"}
+ACTIVE = set(IN_FLIGHT) - {"pending"}  # approved and running: a replica works on these
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,10 @@ class RemediationNotifier(Protocol):
 
     async def update_remediation(self, ref: MessageRef, *, view: RemediationView) -> None:
         """Re-render the card in place."""
+        ...
+
+    async def permalink(self, ref: MessageRef) -> str | None:
+        """A link to a posted message (None when there is none to give)."""
         ...
 
     async def post_draft(

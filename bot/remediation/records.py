@@ -14,9 +14,11 @@ from typing import Any, cast
 
 from sqlalchemy import Executable, or_, select, update
 from sqlalchemy.engine import CursorResult
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from bot.errors import UsageError
+from bot.remediation import exclusion
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import ActionToken, CanaryResult, Incident, Remediation
@@ -50,30 +52,34 @@ class RemediationRecords:
         self._db = db
         self._clock = clock
 
-    def incident_for(
-        self, *, target: str, user_id: str, channel_id: str | None, adr_id: str
-    ) -> int:
+    @staticmethod
+    def _open_incident(
+        s: Session, *, target: str, user_id: str, channel_id: str | None, adr_id: str,
+        now: dt.datetime,
+    ) -> Incident:  # fmt: skip
         """The open incident of a target (newest), or a new one for this request."""
-        now = self._clock()
+        query = (
+            select(Incident)
+            .where(Incident.target == target, Incident.open_key.is_not(None))
+            .order_by(Incident.id.desc())
+        )
+        incident = s.scalars(query).first()
+        if incident is not None:
+            return incident
+        return store.create(
+            s,
+            key=f"apply:{target}:{uuid.uuid4().hex[:12]}",
+            source="slash",
+            title=f"/apply-adr {adr_id} {target}",
+            target=target,
+            labels={"requested_by": user_id, **({"channel": channel_id} if channel_id else {})},
+            at=now,
+        )
+
+    def in_flight(self, target: str) -> exclusion.Holder | None:
+        """The remediation pending or running on ``target``, if any."""
         with self._db.transaction() as s:
-            query = (
-                select(Incident)
-                .where(Incident.target == target, Incident.open_key.is_not(None))
-                .order_by(Incident.id.desc())
-            )
-            incident = s.scalars(query).first()
-            if incident is not None:
-                return incident.id
-            incident = store.create(
-                s,
-                key=f"apply:{target}:{uuid.uuid4().hex[:12]}",
-                source="slash",
-                title=f"/apply-adr {adr_id} {target}",
-                target=target,
-                labels={"requested_by": user_id, **({"channel": channel_id} if channel_id else {})},
-                at=now,
-            )
-            return incident.id
+            return exclusion.holder(s, target)
 
     def incident_target(self, incident_id: int) -> str | None:
         """The target an incident is about; UsageError when there is no such incident."""
@@ -86,7 +92,8 @@ class RemediationRecords:
     def create(
         self,
         *,
-        incident_id: int,
+        incident_id: int | None,
+        channel_id: str | None = None,
         adr_id: str,
         target: str,
         user_id: str,
@@ -97,57 +104,105 @@ class RemediationRecords:
         gateway_rules: Mapping[str, Any] | None,
         ttl_s: float,
     ) -> tuple[Remediation, dict[str, str]]:
-        """A pending remediation with its approve/deny buttons, audited as requested."""
+        """A pending remediation with its approve/deny buttons, audited as requested, in the
+        incident given (None: the target's open incident, or a new one, in the same
+        transaction). TargetBusy when another remediation is in flight on the target."""
         now = self._clock()
         expires = now + dt.timedelta(seconds=ttl_s)
-        with self._db.transaction() as s:
-            incident = store.get(s, incident_id)
-            rem = Remediation(
-                incident_id=incident_id,
-                adr_id=adr_id,
-                target=target,
-                requested_by=user_id,
-                state="pending",
-                approvals_needed=2 if two_person else 1,
-                approved_by=[],
-                change=dict(change),
-                before=dict(before),
-                after={"flags": dict(after_flags), "gateway": gateway_rules},
-                result={},
-                created_at=now,
-                updated_at=now,
-            )
-            s.add(rem)
-            s.flush()
-            tokens = {kind: new_token() for kind in ("approve", "deny")}
-            for kind, token in tokens.items():
-                s.add(
-                    ActionToken(
-                        token=token,
-                        kind=kind,
-                        subject=f"remediation:{rem.id}",
-                        incident_id=incident_id,
-                        created_at=now,
-                        expires_at=expires,
+        try:
+            with self._db.transaction() as s:
+                busy = exclusion.holder(s, target)
+                if busy is None:
+                    incident = (
+                        store.get(s, incident_id)
+                        if incident_id is not None
+                        else self._open_incident(
+                            s,
+                            target=target,
+                            user_id=user_id,
+                            channel_id=channel_id,
+                            adr_id=adr_id,
+                            now=now,
+                        )  # fmt: skip
                     )
+                    assert incident is not None, incident_id
+                    return self._insert(
+                        s, incident=incident, adr_id=adr_id, target=target, user_id=user_id,
+                        two_person=two_person, change=change, before=before,
+                        after_flags=after_flags, gateway_rules=gateway_rules, expires=expires,
+                        now=now,
+                    )  # fmt: skip
+        except IntegrityError:
+            # The unique index on in-flight targets: another request won the race. Nothing of
+            # this one was kept (its incident, if new, went with the rolled-back transaction).
+            busy = self.in_flight(target)
+            if busy is None:
+                raise
+        assert busy is not None  # the transaction returned when the target was free
+        raise exclusion.TargetBusy(busy)
+
+    def _insert(
+        self,
+        s: Session,
+        *,
+        incident: Incident,
+        adr_id: str,
+        target: str,
+        user_id: str,
+        two_person: bool,
+        change: Mapping[str, Any],
+        before: Mapping[str, Any],
+        after_flags: Mapping[str, Any],
+        gateway_rules: Mapping[str, Any] | None,
+        expires: dt.datetime,
+        now: dt.datetime,
+    ) -> tuple[Remediation, dict[str, str]]:
+        rem = Remediation(
+            incident_id=incident.id,
+            adr_id=adr_id,
+            target=target,
+            requested_by=user_id,
+            state="pending",
+            approvals_needed=2 if two_person else 1,
+            approved_by=[],
+            change=dict(change),
+            before=dict(before),
+            after={"flags": dict(after_flags), "gateway": gateway_rules},
+            result={},
+            created_at=now,
+            updated_at=now,
+        )
+        s.add(rem)
+        s.flush()
+        tokens = {kind: new_token() for kind in ("approve", "deny")}
+        for kind, token in tokens.items():
+            s.add(
+                ActionToken(
+                    token=token,
+                    kind=kind,
+                    subject=f"remediation:{rem.id}",
+                    incident_id=incident.id,
+                    created_at=now,
+                    expires_at=expires,
                 )
-            store.audit(
-                s,
-                at=now,
-                actor=user_id,
-                action="remediation.requested",
-                incident=incident,
-                detail={
-                    "remediation": rem.id,
-                    "adr": adr_id,
-                    "target": target,
-                    "change": dict(change),
-                    "before": dict(before),
-                    "two_person": two_person,
-                    "expires_at": expires.isoformat(),
-                },
             )
-            return rem, tokens
+        store.audit(
+            s,
+            at=now,
+            actor=user_id,
+            action="remediation.requested",
+            incident=incident,
+            detail={
+                "remediation": rem.id,
+                "adr": adr_id,
+                "target": target,
+                "change": dict(change),
+                "before": dict(before),
+                "two_person": two_person,
+                "expires_at": expires.isoformat(),
+            },
+        )
+        return rem, tokens
 
     def get(self, remediation_id: int) -> Remediation:
         """One remediation (it must exist)."""

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bot.adr.models import AdrGates, GatewayRules
+from bot.adr.models import Adr, AdrGates, GatewayRules
 from bot.adr.relative import NoNormal, Normal
 from bot.adr.store import AdrStore
 from bot.config import AccessSettings, Settings, Target
@@ -27,6 +27,7 @@ from bot.errors import RuleloopError, UsageError
 from bot.remediation import actuators
 from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
 from bot.remediation.argv import diff, merge
+from bot.remediation.exclusion import TargetBusy, refusal
 from bot.remediation.gate import GateRun, run_gate, verify_serving
 from bot.remediation.gateway_rules import GatewayAdmin
 from bot.remediation.policy import AccessExpander, Policy
@@ -93,14 +94,46 @@ class RemediationService:
         incident_id: int | None = None,
         channel_id: str | None = None,
     ) -> str:
-        """Check a request, post its confirmation card; the returned text acknowledges it."""
+        """Check a request, post its confirmation card; the returned text acknowledges it.
+
+        One change at a time per target: a request while another is pending or running there
+        is refused (UsageError) with that one's id, state, requester and card.
+        """
         adr = await asyncio.to_thread(self._adrs.get_or_raise, adr_id)
         if target is None and incident_id is not None:
             target = await asyncio.to_thread(self.records.incident_target, incident_id)
         name, spec = self.settings.target(target)
+        try:
+            return await self._request(
+                user_id=user_id, adr=adr, name=name, spec=spec, incident_id=incident_id,
+                channel_id=channel_id,
+            )  # fmt: skip
+        except TargetBusy as busy:
+            link = None
+            if busy.holder.channel and busy.holder.ts:
+                link = await self._notifier.permalink(
+                    MessageRef(channel=busy.holder.channel, ts=busy.holder.ts)
+                )
+            raise UsageError(refusal(adr.id, name, busy.holder, link)) from None
+
+    async def _request(
+        self,
+        *,
+        user_id: str,
+        adr: Adr,
+        name: str,
+        spec: Target,
+        incident_id: int | None,
+        channel_id: str | None,
+    ) -> str:
         plan = self.policy.check_request(
             user_id=user_id, adr=adr, target=name, members=await self.members()
         )
+        # A request whose buttons expired no longer holds the target, even before the sweep.
+        await self.expire_due()
+        busy = await asyncio.to_thread(self.records.in_flight, name)
+        if busy is not None:  # refused before the actuator is asked anything
+            raise TargetBusy(busy)
         if adr.gates is not None:
             try:
                 await self._resolve(name, adr.gates)
@@ -117,17 +150,10 @@ class RemediationService:
             raise UsageError(
                 f"{name} already runs with {adr.id}'s flags; there is nothing to apply."
             )
-        if incident_id is None:
-            incident_id = await asyncio.to_thread(
-                self.records.incident_for,
-                target=name,
-                user_id=user_id,
-                channel_id=channel_id,
-                adr_id=adr.id,
-            )
         rem, tokens = await asyncio.to_thread(
             self.records.create,
             incident_id=incident_id,
+            channel_id=channel_id,
             adr_id=adr.id,
             target=name,
             user_id=user_id,
@@ -138,7 +164,7 @@ class RemediationService:
             gateway_rules=rules,
             ttl_s=self.settings.remediation.approval_ttl_s,
         )
-        thread = await self._threads(incident_id, channel_id)
+        thread = await self._threads(rem.incident_id, channel_id)
         ref = await self._notifier.post_remediation(
             thread, view=await self._view(rem.id, tokens=tokens)
         )

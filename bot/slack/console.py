@@ -79,6 +79,10 @@ class ConsoleNotifier:
         """Print the card's new state in a line or two (the diff and gates do not change)."""
         self._print(f"[{ref.channel} {ref.ts} updated] " + _indent(card_update_text(view)))
 
+    async def permalink(self, ref: MessageRef) -> str | None:
+        """The console has no links."""
+        return None
+
     async def post_draft(
         self, thread: MessageRef, *, view: DraftView, markdown: str, filename: str
     ) -> MessageRef:

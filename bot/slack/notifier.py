@@ -87,6 +87,15 @@ class SlackNotifier:
         text, blocks = remediation_card(view)
         await self._update(ref, text=text, blocks=blocks)
 
+    async def permalink(self, ref: MessageRef) -> str | None:
+        """chat.getPermalink of a message; None when Slack will not say."""
+        try:
+            response = await self._client.chat_getPermalink(channel=ref.channel, message_ts=ref.ts)
+        except (SlackApiError, SlackClientError):
+            return None
+        link = response.get("permalink")
+        return str(link) if link else None
+
     async def post_draft(
         self, thread: MessageRef, *, view: DraftView, markdown: str, filename: str
     ) -> MessageRef:

@@ -21,6 +21,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -128,15 +129,31 @@ class AuditEntry(Base):
     note: Mapped[str] = mapped_column(Text, default="")
 
 
+# A remediation in one of these states holds its target: no second one may be pending or
+# running there (the partial unique index below is what two racing requests run into).
+IN_FLIGHT = ("pending", "approved", "applying", "canary", "promoting", "rolling_back")
+_IN_FLIGHT_SQL = "state IN (" + ", ".join(f"'{state}'" for state in IN_FLIGHT) + ")"
+
+
 class Remediation(Base):
     """One /apply-adr request and where it stands; the audit log holds each step's history.
 
     ``state`` moves pending -> approved -> applying -> canary -> (promoted | rolling_back ->
     rolled_back) or ends refused / expired / failed. ``before`` is what served before the change
     (the actuator's record, enough to restore it exactly); ``after`` the flags it asked for.
+    At most one remediation per target is in flight (``IN_FLIGHT``).
     """
 
     __tablename__ = "remediations"
+    __table_args__ = (
+        Index(
+            "uq_remediations_in_flight_target",
+            "target",
+            unique=True,
+            sqlite_where=text(_IN_FLIGHT_SQL),
+            postgresql_where=text(_IN_FLIGHT_SQL),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)

@@ -138,6 +138,12 @@ class FakeSlack:
                 return {"ok": False, "error": "message_not_found"}
             self.messages[key].update(text=args.get("text"), blocks=_blocks(args))
             return {"ok": True, "channel": key[0], "ts": key[1], "text": args.get("text")}
+        if method == "chat.getPermalink":
+            key = (args.get("channel", ""), args.get("message_ts", ""))
+            if key not in self.messages:
+                return {"ok": False, "error": "message_not_found"}
+            link = f"https://fake.slack.com/archives/{key[0]}/p{key[1].replace('.', '')}"
+            return {"ok": True, "channel": key[0], "permalink": link}
         if method == "chat.postEphemeral":
             return {"ok": True, "message_ts": f"1790000000.{next(self._ts):06d}"}
         if method == "files.getUploadURLExternal":
