@@ -19,7 +19,7 @@ from bot.remediation.actuators.kubernetes import (
     build_client,
     rollout_waiting,
 )
-from bot.remediation.argv import merge, read_flags
+from bot.remediation.argv import merge, read_flags, record
 from tests.fakes.clock import FakeTime
 from tests.fakes.kube_api import TOKEN, FakeKube
 
@@ -103,11 +103,12 @@ async def test_current_reads_flags_from_args(make: Make, kube: FakeKube) -> None
         "max-num-batched-tokens": 2048,
     }
     assert now.base_url == VLLM_URL
-    assert now.detail["args"] == ARGS
+    assert now.detail["argv"] == record(ARGS)
     assert now.detail["deployment"] == "vllm"
     assert now.detail["container"] == "vllm"
     assert now.detail["generation"] == 1
-    assert "canary_args" not in now.detail
+    assert "canary_argv" not in now.detail
+    assert now.detail["argv"]["shape"][:4] == [None] * 4  # --model and its value: not kept
     assert kube.patches() == []
     assert Deployed.from_json(json.loads(json.dumps(now.to_json()))) == now
 
@@ -133,7 +134,7 @@ async def test_apply_sends_one_strategic_merge_patch_and_waits(
     assert set(clock.slept) == {2.0}
     assert kube.rolled_out("vllm")
     assert after.flags["max-num-batched-tokens"] == 8192
-    assert after.detail["args"] == CHANGED
+    assert after.detail["argv"] == record(CHANGED)
     assert after.detail["generation"] == 2
 
 
@@ -142,7 +143,7 @@ async def test_apply_without_a_change_sends_no_patch(make: Make, kube: FakeKube)
     before = await actuator.current()
     after = await actuator.apply(dict(before.flags))
     assert kube.patches() == []
-    assert after.detail["args"] == ARGS
+    assert after.detail["argv"] == record(ARGS)
 
 
 async def test_rollback_restores_the_exact_recorded_args(make: Make, kube: FakeKube) -> None:
@@ -159,7 +160,7 @@ async def test_rollback_restores_the_exact_recorded_args(make: Make, kube: FakeK
         [{"name": "vllm", "args": ARGS}],
     ]
     assert restored.flags == before.flags
-    assert restored.detail["args"] == ARGS
+    assert restored.detail["argv"] == record(ARGS)
 
 
 async def test_rollback_after_a_stalled_rollout(make: Make, kube: FakeKube) -> None:
@@ -183,8 +184,26 @@ async def test_rollback_reports_args_that_did_not_stick(make: Make, kube: FakeKu
         obj["spec"]["template"]["spec"]["containers"][0]["args"].append("--seed=0")
 
     kube.admission.append(webhook_adds_a_seed)
-    with pytest.raises(ActuatorError, match="instead of the recorded"):
+    with pytest.raises(ActuatorError, match="instead of the recorded") as failed:
         await actuator.rollback(before)
+    assert "/models/llama-3-8b" not in str(failed.value)  # fingerprints, not argument values
+
+
+async def test_rollback_puts_back_the_flags_but_keeps_other_args_someone_changed(
+    make: Make, kube: FakeKube
+) -> None:
+    """The record keeps no values of other arguments: edited meanwhile, they stay as edited,
+    the tunable flags are restored, and the rollback says what to check."""
+    actuator = make()
+    before = await actuator.current()
+    await actuator.apply(merge(before.flags, CHANGE))
+    args = kube.deployments[("inference", "vllm")]["spec"]["template"]["spec"]["containers"][0]
+    args["args"] = [a.replace("llama-3-8b", "llama-3-8b-v2") for a in args["args"]]
+    with pytest.raises(ActuatorError, match="other arguments are not the ones recorded") as failed:
+        await actuator.rollback(before)
+    assert "llama" not in str(failed.value) and "--max-num-batched-tokens=2048" in str(failed.value)
+    now = kube.args("vllm")
+    assert read_flags(now) == before.flags and "/models/llama-3-8b-v2" in now
 
 
 async def test_rollback_refuses_a_record_of_another_deployment(make: Make) -> None:
@@ -200,7 +219,7 @@ async def test_canary_apply_patches_only_the_canary_and_promote_the_main(
     actuator = make(canary_deployment="vllm-canary", canary_url=CANARY_URL)
     before = await actuator.current()
     assert before.base_url == CANARY_URL
-    assert before.detail["canary_args"] == ARGS
+    assert before.detail["canary_argv"] == record(ARGS)
 
     flags = merge(before.flags, CHANGE)
     applied = await actuator.apply(flags)
@@ -237,7 +256,7 @@ async def test_promote_without_canary_changes_nothing(make: Make, kube: FakeKube
     actuator = make()
     now = await actuator.promote(merge((await actuator.current()).flags, CHANGE))
     assert kube.patches() == []
-    assert now.detail["args"] == ARGS
+    assert now.detail["argv"] == record(ARGS)
 
 
 async def test_progress_deadline_exceeded_fails_clearly(make: Make, kube: FakeKube) -> None:
@@ -357,7 +376,7 @@ async def test_first_container_is_the_default(make: Make, kube: FakeKube) -> Non
     )
     now = await make(deployment="two").current()
     assert now.detail["container"] == "engine"
-    assert now.detail["args"] == ARGS
+    assert now.detail["argv"] == record(ARGS)
 
 
 async def test_named_container_is_the_one_patched(make: Make, kube: FakeKube) -> None:
@@ -417,7 +436,7 @@ async def test_wrong_token_is_refused(kube: FakeKube, tmp_path: Path, clock: Fak
         assert "refused ruleloop's credentials (401 Unauthorized)" in str(caught.value)
         assert str(token) in str(caught.value)
         token.write_text(TOKEN + "\n")  # the kubelet rotated the token in place
-        assert (await actuator.current()).detail["args"] == ARGS
+        assert (await actuator.current()).detail["argv"] == record(ARGS)
 
 
 async def test_unreachable_api_says_where(make: Make, clock: FakeTime) -> None:

@@ -2,11 +2,19 @@
 
 Only allowlisted flags (``bot.adr.flags.TUNABLE``) are read or written; every other argument
 (the model, the port, flags the ADRs do not govern) passes through untouched and in order.
+
+A command line may carry secrets (``--api-key sk-...``), and what the flow records ends in the
+append-only audit log. So a command line is recorded as ``record(argv)``: the tunable flags in
+place, every other argument as a blank, and a hash of the whole; ``restore`` fills the blanks
+from the command line running now and checks the hash.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from bot.adr.flags import TUNABLE, EngineArgs, canonical, to_argv
 
@@ -63,22 +71,29 @@ def read_flags(argv: Sequence[str]) -> FlagValues:
     return flags
 
 
-def without_flags(argv: Sequence[str], names: set[str]) -> list[str]:
-    """``argv`` with every occurrence of the named tunable flags (and their values) removed."""
-    out: list[str] = []
+def _marked(argv: Sequence[str], names: set[str]) -> list[tuple[str, bool]]:
+    """Each token of ``argv``, and whether it is one of the named tunable flags or its value."""
+    out: list[tuple[str, bool]] = []
     i = 0
     while i < len(argv):
         found = _spec_of(argv[i])
         if found is None or found[0] not in names:
-            out.append(argv[i])
+            out.append((argv[i], False))
             i += 1
             continue
         name, _, inline = found
         takes_value = (
             TUNABLE[name].kind != "bool" and inline is None and not argv[i].startswith("--no-")
         )
-        i += 2 if takes_value else 1
+        width = 2 if takes_value else 1
+        out.extend((token, True) for token in argv[i : i + width])
+        i += width
     return out
+
+
+def without_flags(argv: Sequence[str], names: set[str]) -> list[str]:
+    """``argv`` with every occurrence of the named tunable flags (and their values) removed."""
+    return [token for token, flag in _marked(argv, names) if not flag]
 
 
 def with_flags(argv: Sequence[str], flags: EngineArgs) -> list[str]:
@@ -100,3 +115,39 @@ def diff(
     """(flag, old, new) for every flag whose value changes; None means 'not set'."""
     names = sorted(set(before) | set(after))
     return [(n, before.get(n), after.get(n)) for n in names if before.get(n) != after.get(n)]
+
+
+def other_args(argv: Sequence[str]) -> list[str]:
+    """The arguments of ``argv`` that are not tunable flags (nor their values), in order."""
+    return without_flags(argv, set(TUNABLE))
+
+
+def fingerprint(argv: Sequence[str]) -> str:
+    """'sha256:<hex>' of a whole command line: whether it changed, never what it holds."""
+    return "sha256:" + hashlib.sha256(json.dumps(list(argv)).encode()).hexdigest()
+
+
+def record(argv: Sequence[str]) -> dict[str, Any]:
+    """What may be kept of ``argv``: its shape (tunable flags in place, other arguments as
+    None) and its fingerprint."""
+    shape = [token if flag else None for token, flag in _marked(argv, set(TUNABLE))]
+    return {"shape": shape, "sha256": fingerprint(argv)}
+
+
+def recorded_flags(kept: Mapping[str, Any]) -> FlagValues:
+    """The tunable flags of a recorded command line."""
+    return read_flags([token for token in kept["shape"] if token is not None])
+
+
+def restore(kept: Mapping[str, Any], running: Sequence[str]) -> tuple[list[str], bool]:
+    """The recorded command line, its blanks filled with ``running``'s other arguments, and
+    True; when those are not the recorded ones (its fingerprint differs), ``running`` with the
+    recorded tunable flags put back, and False."""
+    others = other_args(running)
+    shape = kept["shape"]
+    if sum(token is None for token in shape) == len(others):
+        filled = iter(others)
+        argv = [next(filled) if token is None else token for token in shape]
+        if fingerprint(argv) == kept["sha256"]:
+            return argv, True
+    return with_flags(others, recorded_flags(kept)), False

@@ -3,7 +3,9 @@
     current()   GET the Deployment; flags are read from the container's ``args``
     apply()     PATCH the canary Deployment (the main one when there is no canary) and wait
     promote()   PATCH the main Deployment with the same change and wait (no-op without canary)
-    rollback()  PATCH back exactly the recorded args (and pod-template annotation), wait, verify
+    rollback()  PATCH back exactly the recorded args (and pod-template annotation), wait, verify;
+                the record keeps no values of arguments off the allowlist (``argv.record``):
+                they are read back from the Deployment and checked against the record's hash
 
 Only ``args`` is rewritten: vLLM images run the server as their entrypoint and take flags in
 ``args``. A container whose ``command`` carries tunable flags is refused (rewriting ``args``
@@ -37,7 +39,15 @@ from bot.adr.flags import canonical
 from bot.config import KubernetesActuatorSpec
 from bot.errors import AdrError
 from bot.remediation.actuators.base import ActuatorError, Deployed
-from bot.remediation.argv import FlagValues, read_flags, with_flags
+from bot.remediation.argv import (
+    FlagValues,
+    fingerprint,
+    read_flags,
+    record,
+    recorded_flags,
+    restore,
+    with_flags,
+)
 
 ANNOTATION = "ruleloop.dev/applied-flags"
 PATCH_TYPE = "application/strategic-merge-patch+json"
@@ -188,33 +198,54 @@ class KubernetesActuator:
         return self._deployed(main, canary, flags=read_flags(main.args))
 
     async def rollback(self, before: Deployed) -> Deployed:
-        """Restore the recorded args (and annotation) of every Deployment; wait; verify."""
+        """Restore the recorded args (and annotation) of every Deployment; wait; verify.
+
+        The record keeps no argument values but the tunable flags' (``argv.record``): the
+        other arguments are the ones running now, checked against the recorded fingerprint.
+        When they changed meanwhile, the tunable flags are still put back, then ActuatorError
+        says so (with fingerprints and tunable flags only: other values may be secrets)."""
         recorded = before.detail.get("deployment")
         if recorded != self.spec.deployment:
             raise ActuatorError(
                 f"cannot roll back: the record is for Deployment {recorded!r}, "
                 f"this target's actuator changes {self.spec.deployment!r}"
             )
-        wanted: list[tuple[str, list[str], str | None]] = []
-        if self.spec.canary_deployment and "canary_args" in before.detail:
-            wanted.append(self._recorded(before, self.spec.canary_deployment, "canary_"))
-        wanted.append(self._recorded(before, self.spec.deployment, ""))
+        stages = [""]
+        if self.spec.canary_deployment and _kept(before.detail, "canary_") is not None:
+            stages.insert(0, "canary_")
+        wanted: list[tuple[str, str, list[str], bool]] = []
         patched: list[tuple[str, int]] = []
-        for name, args, annotation in wanted:  # patch all first: they roll out side by side
+        for prefix in stages:  # patch all first: they roll out side by side
+            name = self.spec.canary_deployment if prefix else self.spec.deployment
+            assert name is not None
             read = await self._read(name)
+            args, exact = _restored(before.detail, prefix, read.args)
+            annotation = _annotation(before.detail, prefix, args)
+            wanted.append((name, prefix, args, exact))
             if read.args != args or read.annotation != annotation:
                 patched.append(
                     (name, await self._patch(read, args, annotation, precondition=False))
                 )
         for name, generation in patched:
             await self._wait(name, generation)
-        for name, args, _ in wanted:
+        for name, prefix, args, exact in wanted:
             now = (await self._read(name)).args
+            where = f"Deployment {self._where(name)}"
+            if not exact:
+                raise ActuatorError(
+                    f"rolled back the tunable flags of {where} ({_flags_text(read_flags(now))}), "
+                    "but its other arguments are not the ones recorded before the change "
+                    f"(argv {_short(fingerprint(now))}, recorded "
+                    f"{_short(_kept_sha(before.detail, prefix))}): "
+                    "someone else changed them meanwhile; ruleloop keeps no copy of their values "
+                    "(they may hold secrets), so check them by hand: `kubectl rollout history`"
+                )
             if now != args:
                 raise ActuatorError(
-                    f"rolled back Deployment {self._where(name)}, but its container args are "
-                    f"now {now} instead of the recorded {args}: someone else changed it; "
-                    "check `kubectl rollout history`"
+                    f"rolled back {where}, but its container args are now argv "
+                    f"{_short(fingerprint(now))} ({_flags_text(read_flags(now))}) instead of "
+                    f"the recorded {_short(fingerprint(args))} ({_flags_text(read_flags(args))}):"
+                    " someone else changed it; check `kubectl rollout history`"
                 )
         return await self.current()
 
@@ -326,32 +357,23 @@ class KubernetesActuator:
         )
 
     def _deployed(self, main: _Read, canary: _Read | None, *, flags: FlagValues) -> Deployed:
+        # the args as argv.record keeps them: values of other arguments may be secrets
         detail: dict[str, Any] = {
             "deployment": main.deployment,
             "container": main.container,
-            "args": main.args,
+            "argv": record(main.args),
             "generation": main.generation,
             "annotation": main.annotation,
         }
         if canary is not None:
             detail.update(
                 canary_deployment=canary.deployment,
-                canary_args=canary.args,
+                canary_argv=record(canary.args),
                 canary_generation=canary.generation,
                 canary_annotation=canary.annotation,
             )
         base_url = self.spec.canary_url if canary is not None and self.spec.canary_url else None
         return Deployed(flags=flags, base_url=base_url or self.vllm_url, detail=detail)
-
-    @staticmethod
-    def _recorded(before: Deployed, name: str, prefix: str) -> tuple[str, list[str], str | None]:
-        args = [str(a) for a in before.detail[f"{prefix}args"]]
-        key = f"{prefix}annotation"
-        if key in before.detail:
-            annotation = before.detail[key]
-        else:  # a record without it: label the restored pods with their flags
-            annotation = json.dumps(read_flags(args), sort_keys=True)
-        return name, args, annotation
 
     # --- HTTP -----------------------------------------------------------------------------------
 
@@ -423,3 +445,41 @@ def _status_message(response: httpx.Response) -> str:
         return str(body["message"])
     text = response.text.strip()
     return text[:200] if text else response.reason_phrase
+
+
+def _kept(detail: Mapping[str, Any], prefix: str) -> Mapping[str, Any] | None:
+    """The recorded command line of a stage ('' main, 'canary_'), if the record has one."""
+    kept = detail.get(f"{prefix}argv")
+    return kept if isinstance(kept, Mapping) else None
+
+
+def _kept_sha(detail: Mapping[str, Any], prefix: str) -> str:
+    kept = _kept(detail, prefix)
+    return str(kept["sha256"]) if kept is not None else "(none)"
+
+
+def _restored(detail: Mapping[str, Any], prefix: str, running: list[str]) -> tuple[list[str], bool]:
+    """The args to restore on a stage, and whether they are exactly the recorded ones."""
+    kept = _kept(detail, prefix)
+    if kept is None:  # a record written before argv records: the args themselves
+        return [str(a) for a in detail[f"{prefix}args"]], True
+    return restore(kept, running)
+
+
+def _annotation(detail: Mapping[str, Any], prefix: str, args: list[str]) -> str | None:
+    """The recorded pod-template annotation (none recorded: the restored flags)."""
+    key = f"{prefix}annotation"
+    if key in detail:
+        return None if detail[key] is None else str(detail[key])
+    kept = _kept(detail, prefix)
+    flags = recorded_flags(kept) if kept is not None else read_flags(args)
+    return json.dumps(flags, sort_keys=True)
+
+
+def _short(sha: str) -> str:
+    """A fingerprint as people compare it: sha256:1a2b3c4d5e6f."""
+    return sha[: len("sha256:") + 12]
+
+
+def _flags_text(flags: Mapping[str, Any]) -> str:
+    return " ".join(f"--{k}={v}" for k, v in sorted(flags.items())) or "no tunable flags"

@@ -3,19 +3,27 @@
 The engine is found by the port of the target's vllm_url. Its flags are read back from the
 running process's own command line (/proc/<pid>/cmdline), not from what we asked for, so a
 restart that silently dropped a flag would show.
+
+What it reports for the record keeps the launch flags as ``argv.record`` does (tunable flags and
+a fingerprint; other values may be secrets). Before a restart the full launch flags are kept on
+this machine only, beside the engine's own state file, so a rollback after an engine that did
+not come back can still start it as it was.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from bot.config import LocalActuatorSpec
 from bot.engine.process import EngineInfo, EngineManager
 from bot.errors import EngineError
 from bot.remediation.actuators.base import ActuatorError, Deployed
-from bot.remediation.argv import FlagValues, read_flags, with_flags
+from bot.remediation.argv import FlagValues, fingerprint, read_flags, record, restore, with_flags
 
 
 def process_argv(pid: int) -> list[str] | None:
@@ -44,19 +52,13 @@ class LocalActuator:
 
     async def current(self) -> Deployed:
         """The running engine's flags, read from its process."""
-        info = await asyncio.to_thread(self._manager.find, self._port)
-        if info is None:
-            raise ActuatorError(
-                f"no local engine runs on port {self._port}; start it with "
-                f"`ruleloop engine up --port {self._port}`"
-            )
-        return self._deployed(info)
+        return self._deployed(await self._running())
 
     async def apply(self, flags: FlagValues) -> Deployed:
         """Stop the engine and start it again with ``flags`` merged into its launch flags."""
-        before = await self.current()
-        launch = with_flags(before.detail["launch_flags"], flags)
-        return await self._restart(launch)
+        info = await self._running()
+        await asyncio.to_thread(self._keep, info.flags)
+        return await self._restart(with_flags(info.flags, flags))
 
     async def promote(self, flags: FlagValues) -> Deployed:
         """One engine: nothing beyond the canary stage."""
@@ -64,13 +66,58 @@ class LocalActuator:
 
     async def rollback(self, before: Deployed) -> Deployed:
         """Start the engine again with exactly the launch flags ``before`` recorded."""
-        restored = await self._restart(list(before.detail["launch_flags"]))
+        kept: dict[str, Any] = before.detail.get("argv") or {}
+        if not kept:  # a record written before argv records: the launch flags themselves
+            launch, exact = list(before.detail["launch_flags"]), True
+        else:
+            launch, exact = restore(kept, await asyncio.to_thread(self._launch_flags))
+        restored = await self._restart(launch)
         if restored.flags != before.flags:
             raise ActuatorError(
                 f"after the rollback the engine runs with {restored.flags}, "
                 f"not the recorded {before.flags}"
             )
+        if not exact:
+            raise ActuatorError(
+                f"the engine on port {self._port} runs the recorded tunable flags again, but its "
+                "other launch arguments are not the ones recorded before the change (argv "
+                f"{fingerprint(launch)[:19]}, recorded {kept['sha256'][:19]}); "
+                "check them by hand"
+            )
         return restored
+
+    async def _running(self) -> EngineInfo:
+        info = await asyncio.to_thread(self._manager.find, self._port)
+        if info is None:
+            raise ActuatorError(
+                f"no local engine runs on port {self._port}; start it with "
+                f"`ruleloop engine up --port {self._port}`"
+            )
+        return info
+
+    def _kept_path(self) -> Path:
+        return self._manager.state_dir / f"rollback-{self._port}.json"
+
+    def _keep(self, launch_flags: list[str]) -> None:
+        """The launch flags before a change, on this machine only (owner-readable)."""
+        path = self._kept_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(list(launch_flags), fh)
+
+    def _launch_flags(self) -> list[str]:
+        """The launch flags now: the running engine's, else those kept before the change."""
+        info = self._manager.find(self._port)
+        if info is not None:
+            return list(info.flags)
+        try:
+            return [str(a) for a in json.loads(self._kept_path().read_text())]
+        except (OSError, ValueError) as exc:
+            raise ActuatorError(
+                f"cannot roll back: no engine runs on port {self._port} and its launch flags "
+                f"from before the change are not in {self._kept_path()}"
+            ) from exc
 
     async def _restart(self, launch_flags: list[str]) -> Deployed:
         def restart() -> EngineInfo:
@@ -96,5 +143,5 @@ class LocalActuator:
         return Deployed(
             flags=read_flags(running),
             base_url=info.base_url,
-            detail={"launch_flags": list(info.flags), "pid": info.pid, "port": info.port},
+            detail={"argv": record(info.flags), "pid": info.pid, "port": info.port},
         )
