@@ -1,16 +1,23 @@
-"""Gateway building blocks: timeout parsing, request costing, the token budget, limit changes."""
+"""Gateway building blocks: timeout parsing, request costing, the token budget, limit changes,
+and the app's side of the ASGI contract where a server is not needed to show it."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import math
 
+import httpx
 import pytest
 
+from bot.gateway.app import Gateway
 from bot.gateway.budget import TokenBudget
 from bot.gateway.costing import Costing, parse_body
 from bot.gateway.deadlines import BadTimeout, parse_timeout, request_timeout
 from bot.gateway.limits import Limits, LimitsError, read_limits_file, updated
 from bot.gateway.responses import HTTPProblem
+from bot.probes.exposition import Exposition
+from tests.gateway_scripted import STREAM, ScriptedEngine, outcome
 
 
 @pytest.mark.parametrize(
@@ -200,3 +207,41 @@ def test_limits_update_refuses_adr_rules_it_cannot_honour(
 ) -> None:
     with pytest.raises(LimitsError, match=message):
         updated(Limits(), rules)
+
+
+async def test_a_send_that_fails_because_the_client_left_is_a_client_cancel() -> None:
+    # ASGI 2.4 servers raise OSError from send once the client has gone (older ones return
+    # quietly and say http.disconnect on receive): here the failed send is the only sign.
+    engine = ScriptedEngine(gated=True)
+    upstream = httpx.AsyncClient(transport=httpx.MockTransport(engine), base_url="http://engine")
+    app = Gateway(client=upstream)
+    request = json.dumps({**STREAM, "max_tokens": 100}).encode()
+    bodies: list[bytes] = []
+
+    async def receive() -> dict[str, object]:
+        if not bodies:
+            return {"type": "http.request", "body": request, "more_body": False}
+        await asyncio.Event().wait()  # the server has not seen the client go (yet)
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, object]) -> None:
+        if message["type"] == "http.response.body":
+            if bodies:
+                raise OSError("the client went away")  # uvicorn's ClientDisconnected is one
+            bodies.append(message["body"])  # type: ignore[arg-type]
+
+    for _ in range(2):
+        engine.step.put_nowait(None)
+    scope = {
+        "type": "http", "method": "POST", "path": "/v1/completions",
+        "raw_path": b"/v1/completions", "query_string": b"",
+        "headers": [(b"content-type", b"application/json")],
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+    }  # fmt: skip
+    async with upstream:
+        await app(scope, receive, send)  # type: ignore[arg-type]
+    page = Exposition.parse(app.metrics.exposition().decode(), at=0.0)
+    assert len(bodies) == 1 and engine.closed == 1  # the engine's stream was closed at once
+    assert outcome(page, "client_cancel") == 1
+    assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "wasted"}) == 2
+    assert app.budget.in_flight_tokens == 0 and app.budget.in_flight_requests == 0

@@ -21,7 +21,7 @@ import httpx
 
 from bot.gateway import responses
 from bot.gateway.metrics import Outcome
-from bot.gateway.types import Headers, Receive, Send
+from bot.gateway.types import Headers, Message, Receive, Send
 
 USAGE_KEY = b'"completion_tokens":'
 CHOICE_KEY = b'"index":'
@@ -63,13 +63,35 @@ def upstream_headers(headers: Headers) -> list[tuple[bytes, bytes]]:
     return [(k, v) for k, v in headers if k not in HOP_BY_HOP]
 
 
-def _response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+def response_headers(response: httpx.Response) -> list[tuple[bytes, bytes]]:
+    """The engine's response headers minus hop-by-hop ones and those the server sets itself."""
     return [(k, v) for k, v in response.headers.raw if k.lower() not in RESPONSE_DROP]
 
 
 async def _wait_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+class _ToClient:
+    """The server's ``send``; an OSError from it means the client has gone.
+
+    ASGI servers of spec 2.4 raise one (uvicorn's ``ClientDisconnected``) where older ones
+    return quietly and say ``http.disconnect`` on ``receive``; the exchange ends the same way
+    for both: a client_cancel, its tokens counted, the upstream response closed.
+    """
+
+    __slots__ = ("_ex", "_send")
+
+    def __init__(self, send: Send, ex: Exchange) -> None:
+        self._send, self._ex = send, ex
+
+    async def __call__(self, message: Message) -> None:
+        try:
+            await self._send(message)
+        except OSError:
+            self._ex.client_gone = True
+            raise
 
 
 class Relay:
@@ -99,6 +121,7 @@ class Relay:
     ) -> Exchange:
         """Proxy one request until it ends; the client always gets a complete response."""
         ex = Exchange(role_events=role_events)
+        send = _ToClient(send, ex)
         loop = asyncio.get_running_loop()
         watcher = loop.create_task(_wait_disconnect(receive))
         try:
@@ -127,7 +150,7 @@ class Relay:
                         ex.first_byte_s = ex.last_byte_s = self.clock()
                         _count(payload, ex)
                         ex.done = True
-                        hdrs = _response_headers(response)
+                        hdrs = response_headers(response)
                         hdrs.append((b"content-length", str(len(payload)).encode()))
                         await send(
                             {"type": "http.response.start", "status": ex.status, "headers": hdrs}
@@ -151,12 +174,16 @@ class Relay:
             detail = str(exc) or type(exc).__name__
             await self._fail(send, ex, responses.upstream_broke_mid_stream(detail),
                              responses.upstream_unreachable(detail))  # fmt: skip
+        except OSError:
+            if not ex.client_gone:
+                raise
+            ex.outcome = Outcome.CLIENT_CANCEL
         finally:
             watcher.cancel()
         return ex
 
     async def _stream(self, response: httpx.Response, send: Send, ex: Exchange) -> None:
-        hdrs = _response_headers(response)
+        hdrs = response_headers(response)
         chunks = response.aiter_raw()
         counted = 0
         usage = None
@@ -182,10 +209,15 @@ class Relay:
 
     @staticmethod
     async def _fail(send: Send, ex: Exchange, event: bytes, problem: responses.HTTPProblem) -> None:
-        if ex.head_sent:
-            await send({"type": "http.response.body", "body": event})
-        else:
-            await send_problem(send, problem)
+        try:
+            if ex.head_sent:
+                await send({"type": "http.response.body", "body": event})
+            else:
+                await send_problem(send, problem)
+        except OSError:
+            # the client went away as well: nobody is left to tell, the first ending stands
+            if not ex.client_gone:
+                raise
 
 
 def _finished(ex: Exchange) -> Outcome:
