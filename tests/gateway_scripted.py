@@ -18,6 +18,15 @@ from bot.gateway.server import GatewayServer
 from bot.probes.exposition import Exposition
 
 ADMIN_TOKEN = "s3cret"
+ENGINE_METRICS = (
+    b"# HELP vllm:generation_tokens_total Number of generation tokens processed.\n"
+    b"# TYPE vllm:generation_tokens_total counter\n"
+    b'vllm:generation_tokens_total{engine="0",model_name="m"} 42.0\n'
+    b"# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+    b"# TYPE vllm:num_requests_running gauge\n"
+    b'vllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
+)
+METRICS_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 def event(i: int) -> bytes:
@@ -57,6 +66,17 @@ class Body(httpx.AsyncByteStream):
         yield self.data
 
 
+class Chunks(httpx.AsyncByteStream):
+    """A body streamed in the given pieces."""
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for piece in self.pieces:
+            yield piece
+
+
 def json_response(status: int, data: object) -> httpx.Response:
     """A JSON response as a real transport would produce it."""
     return httpx.Response(status, headers={"content-type": "application/json"}, stream=Body(data))
@@ -71,9 +91,21 @@ class ScriptedEngine:
         self.gated = gated
         self.stall = stall
         self.step: asyncio.Queue[None] = asyncio.Queue()
+        self.metrics_status = 200
+
+    def metrics(self) -> httpx.Response:
+        """The engine's /metrics page, in two chunks as a real server may send it."""
+        half = len(ENGINE_METRICS) // 2
+        return httpx.Response(
+            self.metrics_status,
+            headers={"content-type": METRICS_TYPE},
+            stream=Chunks([ENGINE_METRICS[:half], ENGINE_METRICS[half:]]),
+        )
 
     async def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
+        if request.url.path == "/metrics":
+            return self.metrics()
         if request.url.path == "/v1/models":
             return json_response(200, {"object": "list", "data": [{"id": "m"}]})
         if self.stall:

@@ -8,10 +8,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 import pytest
+import uvicorn
 
+from bot.engine.process import free_port
 from bot.gateway.app import Gateway
-from bot.gateway.server import GatewayServer
+from bot.gateway.server import GatewayServer, upstream_client
 from tests.gateway_scripted import (
+    ENGINE_METRICS,
+    METRICS_TYPE,
     STREAM,
     Gateways,
     ScriptedEngine,
@@ -227,9 +231,6 @@ async def test_gateway_upstream_errors_are_counted_and_passed_on(make_gateway) -
 
 
 async def test_gateway_unreachable_upstream_is_a_502() -> None:
-    from bot.engine.process import free_port
-    from bot.gateway.server import upstream_client
-
     async with upstream_client(f"http://127.0.0.1:{free_port()}") as upstream:
         app = Gateway(client=upstream)
         async with GatewayServer(app) as server, httpx.AsyncClient() as client:
@@ -272,3 +273,88 @@ async def test_gateway_metrics_add_up_over_mixed_endings(make_gateway) -> None:
     assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "delivered"}) == 8
     assert page.total("ruleloop_gateway_inflight_tokens") == 0
     assert page.total("ruleloop_gateway_max_inflight_tokens") == 1000
+
+
+ENDINGS = ("ok", "upstream_error", "invalid", "rejected", "deadline", "client_cancel")
+
+
+async def test_gateway_serves_the_engines_metrics_verbatim_at_engine_metrics(make_gateway) -> None:
+    engine = ScriptedEngine()
+    base, _ = await make_gateway(engine)
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"{base}/engine/metrics?name=vllm")
+        page = await scrape(client, base)
+    assert response.status_code == 200
+    assert response.content == ENGINE_METRICS
+    assert response.headers["content-type"] == METRICS_TYPE
+    assert [(r.method, str(r.url)) for r in engine.requests] == [
+        ("GET", "http://engine/metrics?name=vllm")
+    ]
+    # /metrics stays the gateway's own, and a scrape is not an inference request
+    assert not page.has("vllm:generation_tokens_total")
+    assert page.has("ruleloop_gateway_inflight_tokens")
+    assert sum(outcome(page, o) for o in ENDINGS) == 0
+
+
+async def test_gateway_passes_on_the_engines_metrics_status(make_gateway) -> None:
+    engine = ScriptedEngine()
+    engine.metrics_status = 503
+    base, _ = await make_gateway(engine)
+    async with httpx.AsyncClient() as client:
+        response = await client.get(f"{base}/engine/metrics")
+    assert response.status_code == 503 and response.content == ENGINE_METRICS
+
+
+async def test_gateway_engine_metrics_is_a_502_with_a_reason_when_the_engine_is_away() -> None:
+    port = free_port()
+    upstream = upstream_client(f"http://127.0.0.1:{port}")
+    async with (
+        upstream,
+        GatewayServer(Gateway(client=upstream)) as server,
+        httpx.AsyncClient() as c,
+    ):
+        response = await c.get(f"{server.base_url}/engine/metrics")
+    assert response.status_code == 502
+    assert response.headers["content-type"].startswith("text/plain")
+    assert f"could not reach the engine's metrics page http://127.0.0.1:{port}/metrics" in (
+        response.text
+    )
+
+
+class MetricsEngine:
+    """A real local upstream whose /metrics page is large and sent in many writes."""
+
+    page = b"".join(b'vllm:x_total{i="%d"} %d.0\n' % (i, i) for i in range(20_000))
+
+    async def __call__(self, scope, receive, send) -> None:  # type: ignore[no-untyped-def]
+        if scope["type"] != "http":
+            return
+        status = 200 if scope["path"] == "/metrics" else 404
+        headers = [(b"content-type", METRICS_TYPE.encode()),
+                   (b"content-length", str(len(self.page)).encode())]  # fmt: skip
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        for i in range(0, len(self.page), 50_000):
+            piece = self.page[i : i + 50_000]
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+
+async def test_gateway_streams_a_large_engine_metrics_page_through_unchanged() -> None:
+    engine = MetricsEngine()
+    port = free_port()
+    config = uvicorn.Config(engine, port=port, lifespan="off", log_level="warning")
+    upstream_server = uvicorn.Server(config)
+    task = asyncio.create_task(upstream_server.serve())
+    while not upstream_server.started:
+        await asyncio.sleep(0.01)
+    try:
+        async with upstream_client(f"http://127.0.0.1:{port}") as upstream:
+            app = Gateway(client=upstream)
+            async with GatewayServer(app) as server, httpx.AsyncClient() as client:
+                response = await client.get(f"{server.base_url}/engine/metrics")
+                again = await client.get(f"{server.base_url}/engine/metrics")
+    finally:
+        upstream_server.should_exit = True
+        await task
+    assert response.status_code == 200 and response.content == engine.page
+    assert again.content == engine.page  # the kept-alive upstream connection is reusable

@@ -3,6 +3,7 @@
   POST /v1/completions, /v1/chat/completions   costed, admitted against the token budget,
                                                deadline-bound, counted in the metrics
   GET  /metrics                                the gateway's own metrics (see metrics.py)
+  GET  /engine/metrics                         the engine's /metrics, verbatim (engine_page.py)
   /admin/limits                                live limits (see admin.py)
   anything else                                passed through to the engine unchanged
 
@@ -18,7 +19,7 @@ from collections.abc import Callable
 
 import httpx
 
-from bot.gateway import responses
+from bot.gateway import engine_page, responses
 from bot.gateway.admin import Admin
 from bot.gateway.budget import TokenBudget
 from bot.gateway.costing import Cost, Costing, bad_request, parse_body
@@ -81,6 +82,8 @@ class Gateway:
             headers = [(b"content-type", CONTENT_TYPE), (b"content-length", length)]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": body})
+        elif path == engine_page.PATH and scope["method"] == "GET":
+            await engine_page.serve(self.relay.client, scope, send)
         elif path.startswith("/admin/"):
             await self.admin(scope, receive, send)
         else:
