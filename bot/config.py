@@ -284,8 +284,28 @@ class SchedulerSettings(_Section):
     draft_reminder_after_s: float = Field(default=86400.0, gt=0)
     draft_reminder_every_s: float = Field(default=900.0, ge=0)
     approval_sweep_every_s: float = Field(default=30.0, ge=0)
+    outbox_every_s: float = Field(default=15.0, ge=0)  # Slack messages still owed, sent again
     lease_ttl_s: float = Field(default=60.0, gt=0)  # a silent replica's job is taken over after
     targets: dict[str, ScheduledTarget] = Field(default_factory=dict)
+
+
+class DeliverySettings(_Section):
+    """How long the bot keeps trying to post a message Slack did not take (seconds)."""
+
+    retry_first_s: float = Field(
+        default=5.0, gt=0, description="the wait after a first failed try; doubled per try"
+    )
+    retry_max_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="the longest wait between tries (Slack's Retry-After wins when longer)",
+    )
+    give_up_after_s: float = Field(
+        default=86400.0,
+        gt=0,
+        description="a message not delivered this long after it was "
+        "owed is marked failed (an Alertmanager repeat of its incident tries it again)",
+    )
 
 
 class Settings(_Section):
@@ -303,6 +323,7 @@ class Settings(_Section):
     server: ServerSettings = Field(default_factory=ServerSettings)
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
 
     @field_validator("default_target")
     @classmethod

@@ -53,6 +53,7 @@ from bot.runbooks.context import ProbeContext
 from bot.runbooks.loader import load_dir
 from bot.runbooks.runner import RunbookRunner
 from bot.scheduler.jobs import build_jobs, create_scheduler
+from bot.scheduler.leases import default_owner
 from bot.scheduler.scheduler import Scheduler
 from bot.scheduler.snapshots import NormalReader
 from bot.slack.app import build_app, web_client
@@ -129,6 +130,7 @@ def create_bot(
         client = None
         notifier = ConsoleNotifier(stream=console, chart_dir=state_dir / "charts")
     metrics = BotMetrics()
+    owner = default_owner()  # this replica, in job leases and outbox claims
     flows = IncidentFlows(
         settings=settings,
         db=db,
@@ -138,6 +140,7 @@ def create_bot(
         monotonic=monotonic,
         metrics=metrics,
         adrs=adrs,  # a diagnosis names the ADR files it had to skip
+        owner=owner,
     )
     groups = SlackUserGroups(client) if client is not None else None
     remediation = RemediationService(
@@ -180,7 +183,7 @@ def create_bot(
         sleep=sleep,
         monotonic=monotonic,
     )
-    scheduler = create_scheduler(settings, db=db, jobs=jobs, clock=clock)
+    scheduler = create_scheduler(settings, db=db, jobs=jobs, clock=clock, owner=owner)
     intake = Intake(db=db, targets=settings.targets, clock=clock)
     routes = Routes(
         settings=settings,
@@ -343,12 +346,15 @@ class Routes:
         """Up, with the store reachable."""
         try:
             await asyncio.to_thread(self._ping)
+            owed = await asyncio.to_thread(self._flows.outbox.counts)
         except SQLAlchemyError:
             return _reason(503, "the incident store does not answer")
         mode = "slack" if self._slack is not None else "console"
+        # failed: messages Slack refused for good (why: `ruleloop db deliveries`); pending: owed
         return JSONResponse(
-            {"status": "ok", "transport": mode, "background": self._flows.tasks.pending}
-        )
+            {"status": "ok", "transport": mode, "background": self._flows.tasks.pending,
+             "slack_messages": owed}
+        )  # fmt: skip
 
     def _ping(self) -> None:
         with self._db.engine.connect() as connection:

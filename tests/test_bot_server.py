@@ -122,7 +122,8 @@ async def test_webhook_unknown_target_says_how_to_fix(h: Harness, slack: FakeSla
 
 async def test_healthz_and_metrics(h: Harness) -> None:
     health = await h.client.get("/healthz")
-    assert health.json() == {"status": "ok", "transport": "slack", "background": 0}
+    assert health.json() == {"status": "ok", "transport": "slack", "background": 0,
+                             "slack_messages": {"pending": 0, "failed": 0}}  # fmt: skip
     await h.webhook(body(alert()))
     await h.webhook(b"{", token="am-secret-token")
     await h.bot.flows.tasks.drain()

@@ -50,12 +50,14 @@ def _where(database: Database) -> str:
 
 @click.group("db")
 def db() -> None:
-    """The incident store's schema: upgrade it, show its revision, write a migration.
+    """The incident store: upgrade its schema, show its revision, list undelivered Slack
+    messages, write a migration.
 
     \b
     Examples:
       RULELOOP_DATABASE_URL=postgresql+psycopg://ruleloop@db/ruleloop ruleloop db upgrade
       ruleloop db current --config ruleloop.toml
+      ruleloop db deliveries --config ruleloop.toml
     """
 
 
@@ -90,6 +92,33 @@ def current(config_path: Path | None, state_dir: Path | None) -> None:
     head = _head()
     state = "up to date" if revision == head else "needs `ruleloop db upgrade`"
     click.echo(f"{_where(database)}: revision {revision or 'none'}, newest {head} ({state})")
+
+
+@db.command("deliveries")
+@CONFIG
+@STATE
+@click.option("--limit", default=20, show_default=True, help="How many failed messages to list.")
+def deliveries(config_path: Path | None, state_dir: Path | None, limit: int) -> None:
+    """Slack messages incidents are still owed, and the ones Slack refused for good (why).
+
+    A failed message is not tried again until Alertmanager repeats its incident (or sends it
+    anew); fix what the reason says (the channel, the token, a scope) and it goes then.
+    """
+    from bot.outbox import items
+
+    database = _database(config_path, state_dir)
+    try:
+        _revision(database)
+        with database.transaction() as s:
+            counts = items.counts(s)
+            failed = [(i.incident_id, i.kind, i.done_at, i.attempts, i.last_error)
+                      for i in items.failed(s, limit=limit)]  # fmt: skip
+    finally:
+        database.dispose()
+    click.echo(f"{_where(database)}: {counts['pending']} pending, {counts['failed']} failed")
+    for incident_id, kind, done_at, attempts, why in failed:
+        when = f"{done_at:%Y-%m-%d %H:%M} UTC" if done_at else "?"
+        click.echo(f"  incident {incident_id} {kind} (failed {when}, {attempts} tries): {why}")
 
 
 @db.command("revision")

@@ -1,8 +1,10 @@
 """The incident flows: what happens after a webhook, a /diagnose or an Apply click.
 
-Each step is written to the audit log before the next one starts. Root-message changes for one
-incident are serialized, and every re-render reads the incident's current state from the store,
-so a resolution that overtakes a running diagnosis is never painted over.
+Each step is written to the audit log before the next one starts. Every message an incident is
+owed goes through the outbox (``bot.outbox``): stored first, then delivered in order, and sent
+again until Slack takes it, so Slack being down loses nothing; the diagnosis itself runs at
+once, Slack or not. Root messages show the incident as the store has it when they are sent, so
+a resolution that overtakes a running diagnosis is never painted over.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import datetime as dt
 import logging
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable
 
 from bot.adr.store import AdrStore
@@ -24,16 +25,23 @@ from bot.diagnosis.ports import MessageRef, Notifier
 from bot.diagnosis.records import IncidentRecords
 from bot.diagnosis.service import Diagnoser
 from bot.diagnosis.tasks import TaskSupervisor
-from bot.errors import NotAllowed, RuleloopError, UsageError
+from bot.errors import EndpointError, NotAllowed, RuleloopError, UsageError
 from bot.intake.service import IntakeResult, Outcome
+from bot.outbox import items
+from bot.outbox.delivery import Outbox
 from bot.remediation.policy import who_may
 from bot.runbooks.context import TargetRef
 from bot.runbooks.types import Finding, Severity
+from bot.scheduler.leases import default_owner
 from bot.slack.mrkdwn import escape
 from bot.store.db import Database
 from bot.store.models import Incident
 
 log = logging.getLogger("ruleloop.flows")
+
+
+DIAGNOSIS_CLAIM_S = 900.0  # a diagnosis whose replica stopped is run again after this
+REDIAGNOSE_AFTER = dt.timedelta(minutes=1)  # the task that owed a diagnosis runs it before
 
 
 class IncidentFlows:
@@ -51,36 +59,75 @@ class IncidentFlows:
         metrics: BotMetrics | None = None,
         tasks: TaskSupervisor | None = None,
         adrs: AdrStore | None = None,
+        owner: str | None = None,
     ) -> None:
         self.settings = settings
         self._adrs = adrs
         self._notifier = notifier
         self._diagnoser = diagnoser
+        self._clock = clock
         self._monotonic = monotonic
         self.metrics = metrics or BotMetrics()
         self.tasks = tasks or TaskSupervisor()
+        self.owner = owner or default_owner()
         self._records = IncidentRecords(db=db, clock=clock)
-        self._locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self.outbox = Outbox(
+            db=db, notifier=notifier, settings=settings, clock=clock, owner=self.owner,
+            metrics=self.metrics, monotonic=monotonic,
+        )  # fmt: skip
 
     # --- Alertmanager ---------------------------------------------------------------------
     def after_intake(self, result: IntakeResult, *, received: float) -> None:
         """Start what an intake outcome calls for, in the background."""
         self.metrics.webhooks.labels(result.outcome.value).inc()
+        incident_id = result.incident_id
         if result.outcome is Outcome.OPENED:
             self.tasks.spawn(
-                self.diagnose_incident(result.incident_id, received=received),
-                name=f"diagnose-{result.incident_id}",
+                self.drive(incident_id, received=received), name=f"diagnose-{incident_id}"
             )
-        elif result.outcome is Outcome.RESOLVED:
-            self.tasks.spawn(
-                self.show_resolved(result.incident_id), name=f"resolve-{result.incident_id}"
-            )
+        elif result.outcome is Outcome.RESOLVED or result.owed:
+            # a repeat of an incident Slack never got is the moment to try it again
+            self.tasks.spawn(self.drive(incident_id), name=f"deliver-{incident_id}")
+
+    async def drive(self, incident_id: int, *, received: float | None = None) -> None:
+        """Deliver what the incident is owed; with ``received`` (it was just opened or asked
+        for), run its diagnosis too, when one is owed and no one runs it."""
+        await self.outbox.deliver(incident_id)
+        # a repeat or a resolution delivers only: a diagnosis a stopped process left is the
+        # outbox job's, and never after the alert resolved
+        if received is not None and await self._records.claim_diagnosis(
+            incident_id, owner=self.owner, ttl_s=DIAGNOSIS_CLAIM_S
+        ):
+            await self._diagnose(incident_id, received=received)
 
     async def diagnose_incident(
         self, incident_id: int, *, received: float, channel: str | None = None
     ) -> None:
-        """Post the root message, run the diagnosis, post it in the thread, update the root."""
-        ref = await self._ensure_root(incident_id, state="diagnosing", channel=channel)
+        """Owe the incident its root message and a diagnosis (once each), then drive it."""
+        await self._records.owe_diagnosis(incident_id, channel=channel)
+        await self.drive(incident_id, received=received)
+
+    async def sweep(self) -> dict[str, object]:
+        """The outbox job: deliver what is due, and run the diagnoses nobody is running."""
+        done = await self.outbox.deliver_due()
+        rediagnosed = []
+        due = await self._records.due_diagnoses(older_than=REDIAGNOSE_AFTER)
+        for incident_id in due:
+            if await self._records.claim_diagnosis(
+                incident_id, owner=self.owner, ttl_s=DIAGNOSIS_CLAIM_S
+            ):
+                rediagnosed.append(incident_id)
+                self.tasks.spawn(self._diagnose(incident_id, received=None),
+                                 name=f"rediagnose-{incident_id}")  # fmt: skip
+        await asyncio.to_thread(self.outbox.prune)
+        left = await asyncio.to_thread(self.outbox.counts)
+        return {"sent": done.sent, "retried": done.retried, "failed": done.failed,
+                "slack_failing": done.unreachable, "rediagnosed": rediagnosed, **left}  # fmt: skip
+
+    async def _diagnose(self, incident_id: int, *, received: float | None) -> None:
+        """Run the owed diagnosis; keep it and owe its messages in one step; deliver them."""
+        if received is not None:
+            self.outbox.received[incident_id] = received
         incident = await self._records.load(incident_id)
         try:
             if incident.target is None:
@@ -89,81 +136,52 @@ class IncidentFlows:
             diagnosis = await self._diagnoser.diagnose(target, labels=incident.labels)
             diagnosis = await self._with_skipped_adrs(diagnosis)
         except Exception as exc:
-            await self._failed(incident_id, ref, exc)
+            await self._failed(incident_id, exc)
             return
-        async with self._locks[incident_id]:
-            await self._records.write(
-                incident_id,
-                "diagnosis.finished",
-                detail=diagnosis.summary(),
-                summary=diagnosis.summary(),
-            )
-            await self._notifier.post_diagnosis(ref, diagnosis=diagnosis, incident_id=incident_id)
-            await self._notifier.update_root(
-                ref, view=await self._records.view(incident_id, "diagnosed")
-            )
-            latency = self._monotonic() - received - diagnosis.sampling_s
-            self.metrics.latency.observe(latency)
-            self.metrics.diagnoses.labels("posted").inc()
-            await self._records.write(
-                incident_id,
-                "diagnosis.posted",
-                detail={
-                    "latency_s": round(latency, 4),
-                    "sampling_s": round(diagnosis.sampling_s, 3),
-                },
-            )
-        await self._post_chart(incident_id, ref, diagnosis)
+        summary = diagnosis.summary()
+        kept = await self._records.diagnosed(
+            incident_id,
+            action="diagnosis.finished",
+            detail=summary,
+            summary=summary,
+            messages=self._notifier.render_diagnosis(diagnosis, incident_id=incident_id),
+            update={"diagnosis": {"sampling_s": diagnosis.sampling_s}},
+        )
+        if not kept:  # a replica that took the diagnosis over finished it first
+            log.warning("incident %s: another replica's diagnosis was kept", incident_id)
+            return
+        await self.outbox.deliver(incident_id)
+        await self._post_chart(incident_id, diagnosis)
 
-    async def _post_chart(self, incident_id: int, ref: MessageRef, diagnosis: Diagnosis) -> None:
+    async def _post_chart(self, incident_id: int, diagnosis: Diagnosis) -> None:
         """The chart follows the numbers: drawing it costs about half a second of CPU."""
         try:
             png = await self._diagnoser.chart(diagnosis)
-            if png is None:
-                return
-            async with self._locks[incident_id]:
-                await self._notifier.post_chart(
-                    ref,
-                    png=png,
-                    title=f"{diagnosis.target}: TTFT p99 and queue depth",
-                    filename=f"incident-{incident_id}-ttft-queue.png",
-                )
-                await self._records.write(
-                    incident_id, "diagnosis.chart_posted", detail={"bytes": len(png)}
-                )
-        except RuleloopError as exc:  # advice: what to do (e.g. invite the bot)
-            log.warning("chart for incident %s not posted: %s", incident_id, exc)
-            await self._notifier.post_reply(
-                ref, text=f"The chart could not be posted: {escape(str(exc))}"
-            )
         except Exception as exc:
             error_id = uuid.uuid4().hex[:8]
             log.error("chart for incident %s failed (id %s)", incident_id, error_id, exc_info=exc)
-            await self._notifier.post_reply(
-                ref, text=f"The chart could not be posted (id {error_id})."
-            )
+            text = f"The chart could not be drawn (id {error_id})."
+            await self._records.owe(incident_id, kind=items.REPLY, key="chart:failed",
+                                    payload={"text": text})  # fmt: skip
+        else:
+            if png is None:
+                return
+            await self._records.owe(
+                incident_id, kind=items.CHART, key=items.CHART, data=png,
+                payload={"title": f"{diagnosis.target}: TTFT p99 and queue depth",
+                         "filename": f"incident-{incident_id}-ttft-queue.png"},
+            )  # fmt: skip
+        await self.outbox.deliver(incident_id)
 
     async def show_resolved(self, incident_id: int) -> None:
-        """Update the root message to resolved (posting one if the firing was never seen)."""
-        async with self._locks[incident_id]:
-            incident = await self._records.load(incident_id)
-            ref = await self._records.root(incident_id)
-            # a diagnosis still running re-renders the root when it ends
-            summary = incident.summary or {}
-            state = (
-                "diagnosed" if summary.get("headline") else
-                "failed" if summary.get("failed") else
-                "diagnosing" if ref else "waiting"
-            )  # fmt: skip
-            if ref is None:
-                await self._post_root(incident_id, state=state, channel=None)
-            else:
-                await self._notifier.update_root(
-                    ref, view=await self._records.view(incident_id, state)
-                )
-                await self._records.write(
-                    incident_id, "slack.root_updated", detail={"status": "resolved"}
-                )
+        """Show the incident resolved: an update of its root (the root, if none was owed)."""
+        await self._records.owe_root_change(incident_id)
+        await self.outbox.deliver(incident_id)
+
+    async def reply(self, incident_id: int, text: str) -> None:
+        """One message (mrkdwn) in the incident's thread, owed first so Slack may be down."""
+        await self._records.owe(incident_id, kind=items.REPLY, payload={"text": text})
+        await self.outbox.deliver(incident_id)
 
     # --- Slack requests -------------------------------------------------------------------
     def request_diagnosis(self, *, user_id: str, text: str, channel_id: str) -> str:
@@ -183,17 +201,33 @@ class IncidentFlows:
         return f"Diagnosing *{name}*: the result will be posted in this channel."
 
     async def manual(self, name: str, *, user_id: str, channel_id: str) -> None:
-        """A /diagnose run: an incident of its own, closed once its diagnosis is posted."""
+        """A /diagnose run: an incident of its own, closed once its diagnosis is done."""
         received = self._monotonic()
         incident_id = await self._records.open_manual(
             target=name, user_id=user_id, channel_id=channel_id
         )
-        await self.diagnose_incident(incident_id, received=received, channel=channel_id)
+        await self.drive(incident_id, received=received)
         await self._records.close(incident_id)
 
     async def ensure_thread(self, incident_id: int, channel: str | None) -> MessageRef:
-        """The incident's thread, posting its root message first when there is none."""
-        return await self._ensure_root(incident_id, state="waiting", channel=channel)
+        """The incident's thread, posting its root message now when it has none yet.
+
+        EndpointError when Slack does not take it now (the root stays owed and is retried).
+        """
+        ref = await self._records.root(incident_id)
+        if ref is not None:
+            return ref
+        await self._records.owe(incident_id, root_channel=channel)
+        await self.outbox.deliver(incident_id, force=True)  # someone is waiting: no backoff
+        ref = await self._records.root(incident_id)
+        if ref is None:
+            why = await self._records.owed_error(incident_id, items.ROOT)
+            raise EndpointError(
+                "the incident's Slack thread could not be posted now"
+                + (f" ({why})" if why else "")
+                + "; the bot keeps trying. Ask again in a minute."
+            )
+        return ref
 
     # --- helpers ----------------------------------------------------------------------------
     async def _with_skipped_adrs(self, diagnosis: Diagnosis) -> Diagnosis:
@@ -207,10 +241,10 @@ class IncidentFlows:
         ]
         return dataclasses.replace(diagnosis, findings=[*diagnosis.findings, *notes])
 
-    async def _failed(self, incident_id: int, ref: MessageRef, exc: BaseException) -> None:
+    async def _failed(self, incident_id: int, exc: BaseException) -> None:
         if isinstance(exc, RuleloopError):  # its text may quote labels, files, error bodies
             text = f"Diagnosis failed: {escape(str(exc))}"
-            detail = {"error": str(exc)}
+            detail: dict[str, object] = {"error": str(exc)}
         else:
             error_id = uuid.uuid4().hex[:8]
             log.error(
@@ -221,14 +255,12 @@ class IncidentFlows:
             )
             detail = {"error_id": error_id}
         self.metrics.diagnoses.labels("failed").inc()
-        async with self._locks[incident_id]:
-            await self._records.write(
-                incident_id, "diagnosis.failed", detail=detail, summary={"failed": True}
-            )
-            await self._notifier.post_reply(ref, text=text)
-            await self._notifier.update_root(
-                ref, view=await self._records.view(incident_id, "failed")
-            )
+        kept = await self._records.diagnosed(
+            incident_id, action="diagnosis.failed", detail=detail, summary={"failed": True},
+            messages=[{"text": text}], update={},
+        )  # fmt: skip
+        if kept:
+            await self.outbox.deliver(incident_id)
 
     def _no_target_advice(self, incident: Incident) -> str:
         known = ", ".join(sorted(self.settings.targets)) or "none configured"
@@ -238,21 +270,3 @@ class IncidentFlows:
             f"`ruleloop_target` label or set a target's vllm_url to that host:port. "
             f"Targets: {known}"
         )
-
-    async def _ensure_root(
-        self, incident_id: int, *, state: str, channel: str | None
-    ) -> MessageRef:
-        async with self._locks[incident_id]:
-            ref = await self._records.root(incident_id)
-            return (
-                ref
-                if ref is not None
-                else await self._post_root(incident_id, state=state, channel=channel)
-            )
-
-    async def _post_root(self, incident_id: int, *, state: str, channel: str | None) -> MessageRef:
-        view = await self._records.view(incident_id, state)
-        channel = channel or self.settings.slack.channel
-        ref = await self._notifier.post_root(channel=channel, view=view)
-        await self._records.remember_root(incident_id, ref)
-        return ref

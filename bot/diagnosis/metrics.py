@@ -8,7 +8,7 @@ LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 
 class BotMetrics:
-    """Webhooks by outcome, diagnoses by outcome, and webhook-to-posted latency."""
+    """Webhooks, diagnoses and Slack deliveries by outcome, and webhook-to-posted latency."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
@@ -23,6 +23,12 @@ class BotMetrics:
             "ruleloop_diagnosis_post_seconds",
             "Webhook received -> diagnosis posted, excluding the sampling window.",
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.deliveries = Counter(
+            "ruleloop_slack_deliveries",
+            "Slack messages owed to incidents, by kind and outcome (sent, retried, failed).",
+            ["kind", "outcome"],
             registry=r,
         )
         self.slack_requests = Counter(

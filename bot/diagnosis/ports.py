@@ -45,10 +45,12 @@ class Notifier(Protocol):
         """Re-render the root message in place (chat.update)."""
         ...
 
-    async def post_diagnosis(
-        self, ref: MessageRef, *, diagnosis: Diagnosis, incident_id: int
-    ) -> None:
-        """Post the findings and the matching ADRs in the incident's thread."""
+    def render_diagnosis(self, diagnosis: Diagnosis, *, incident_id: int) -> list[dict[str, Any]]:
+        """The findings and the matching ADRs as thread messages, ready to keep in the outbox."""
+        ...
+
+    async def post_rendered(self, ref: MessageRef, *, message: dict[str, Any]) -> MessageRef:
+        """Post one message ``render_diagnosis`` made (or ``{"text": mrkdwn}``) in the thread."""
         ...
 
     async def post_chart(self, ref: MessageRef, *, png: bytes, title: str, filename: str) -> None:

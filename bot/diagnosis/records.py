@@ -6,9 +6,11 @@ import asyncio
 import datetime as dt
 import uuid
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from bot.diagnosis.ports import IncidentView, MessageRef
 from bot.errors import UsageError
+from bot.outbox import items
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import Incident
@@ -33,9 +35,17 @@ class IncidentRecords:
 
         return await asyncio.to_thread(read)
 
-    async def view(self, incident_id: int, state: str) -> IncidentView:
-        """What the root message shows now."""
-        i = await self.load(incident_id)
+    async def view(self, incident_id: int, state: str | None = None) -> IncidentView:
+        """What the root message shows now (``state`` unset: as the store says it stands)."""
+
+        def read() -> tuple[Incident, str]:
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                if incident is None:
+                    raise UsageError(f"no incident {incident_id}")
+                return incident, state or items.display_state(s, incident)
+
+        i, shown = await asyncio.to_thread(read)
         return IncidentView(
             id=i.id,
             title=i.title,
@@ -44,7 +54,7 @@ class IncidentRecords:
             target=i.target,
             opened_at=i.opened_at,
             closed_at=i.closed_at,
-            state=state,
+            state=shown,
             summary=dict(i.summary or {}),
             requested_by=i.labels.get("requested_by") if i.source == "slash" else None,
         )
@@ -59,27 +69,6 @@ class IncidentRecords:
                 return None if message is None else MessageRef(message.channel, message.ts)
 
         return await asyncio.to_thread(read)
-
-    async def remember_root(self, incident_id: int, ref: MessageRef) -> None:
-        """Store the root message and audit its posting."""
-
-        def write() -> None:
-            with self._db.transaction() as s:
-                incident = store.get(s, incident_id)
-                assert incident is not None
-                store.add_message(
-                    s, incident, kind="root", channel=ref.channel, ts=ref.ts, thread_ts=ref.ts
-                )
-                store.audit(
-                    s,
-                    at=self._clock(),
-                    actor="ruleloop",
-                    action="slack.root_posted",
-                    incident=incident,
-                    detail={"channel": ref.channel, "ts": ref.ts},
-                )
-
-        await asyncio.to_thread(write)
 
     async def write(
         self,
@@ -110,7 +99,7 @@ class IncidentRecords:
         await asyncio.to_thread(write)
 
     async def open_manual(self, *, target: str, user_id: str, channel_id: str) -> int:
-        """A /diagnose run's own incident, with its request audited."""
+        """A /diagnose run's own incident, with its request audited and its messages owed."""
         now = self._clock()
 
         def create() -> int:
@@ -132,6 +121,8 @@ class IncidentRecords:
                     incident=incident,
                     detail={"target": target, "channel": channel_id},
                 )
+                items.owe_root(s, incident.id, at=now, channel=channel_id)
+                items.owe_diagnosis(s, incident.id, at=now)
                 return incident.id
 
         return await asyncio.to_thread(create)
@@ -146,3 +137,115 @@ class IncidentRecords:
                 store.close(s, incident, at=self._clock())
 
         await asyncio.to_thread(write)
+
+    async def owe(self, incident_id: int, *, root_channel: str | None = None, **item: Any) -> None:
+        """Owe the incident one message (its root first, when none is owed yet)."""
+
+        def write() -> None:
+            with self._db.transaction() as s:
+                items.owe_root(s, incident_id, at=self._clock(), channel=root_channel)
+                if item:
+                    items.owe(s, incident_id, at=self._clock(), **item)
+
+        await asyncio.to_thread(write)
+
+    async def owe_diagnosis(self, incident_id: int, *, channel: str | None) -> None:
+        """Owe the incident its root message and a diagnosis (each once)."""
+
+        def write() -> None:
+            with self._db.transaction() as s:
+                items.owe_root(s, incident_id, at=self._clock(), channel=channel)
+                items.owe_diagnosis(s, incident_id, at=self._clock())
+
+        await asyncio.to_thread(write)
+
+    async def owe_root_change(self, incident_id: int) -> None:
+        """Owe an update of the root message (or the root, when none is owed yet)."""
+
+        def write() -> None:
+            with self._db.transaction() as s:
+                items.owe_root_change(s, incident_id, at=self._clock())
+
+        await asyncio.to_thread(write)
+
+    async def claim_diagnosis(self, incident_id: int, *, owner: str, ttl_s: float) -> bool:
+        """Take the incident's owed diagnosis (False: none owed, done, or another runs it)."""
+
+        def write() -> bool:
+            with self._db.transaction() as s:
+                owed = items.find(s, incident_id, items.DIAGNOSE)
+                if owed is None:
+                    return False
+                now = self._clock()
+                ttl = dt.timedelta(seconds=ttl_s)
+                return (
+                    items.claim(s, owed.id, owner=owner, now=now, ttl=ttl, force=True) is not None
+                )
+
+        return await asyncio.to_thread(write)
+
+    async def due_diagnoses(self, *, older_than: dt.timedelta) -> list[int]:
+        """Incidents owed a diagnosis for ``older_than`` that nobody runs."""
+
+        def read() -> list[int]:
+            now = self._clock()
+            with self._db.transaction() as s:
+                return items.due_diagnoses(s, now=now, owed_before=now - older_than)
+
+        return await asyncio.to_thread(read)
+
+    async def owed_error(self, incident_id: int, key: str) -> str | None:
+        """Why the incident's item ``key`` was not delivered yet (None: no failure)."""
+
+        def read() -> str | None:
+            with self._db.transaction() as s:
+                item = items.find(s, incident_id, key)
+                return None if item is None else item.last_error
+
+        return await asyncio.to_thread(read)
+
+    async def diagnosed(
+        self,
+        incident_id: int,
+        *,
+        action: str,
+        detail: Mapping[str, object],
+        summary: Mapping[str, Any],
+        messages: list[dict[str, Any]],
+        update: Mapping[str, Any],
+    ) -> bool:
+        """Keep a diagnosis's end and owe its messages, in one transaction; False if another
+        replica's diagnosis of the incident was kept first (nothing is written then)."""
+
+        def write() -> bool:
+            now = self._clock()
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                assert incident is not None
+                owed = items.find(s, incident_id, items.DIAGNOSE)
+                if owed is not None and owed.state != items.PENDING:
+                    return False
+                store.set_summary(s, incident, summary=summary)
+                store.audit(
+                    s, at=now, actor="ruleloop", action=action, incident=incident, detail=detail
+                )
+                for n, message in enumerate(messages):
+                    items.owe(
+                        s,
+                        incident_id,
+                        kind=items.REPLY,
+                        key=f"diagnosis:{n}",
+                        at=now,
+                        payload=message,
+                    )
+                items.owe(s, incident_id, kind=items.UPDATE, at=now, payload=update)
+                if owed is not None:
+                    owed.state, owed.done_at, owed.claimed_by, owed.claimed_until = (
+                        items.SENT,
+                        now,
+                        None,
+                        None,
+                    )
+                return True
+
+        return await asyncio.to_thread(write)

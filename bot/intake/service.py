@@ -5,7 +5,9 @@ Rules:
   whatever Alertmanager retries, repeats or delivers out of order;
 - a group key has at most one open incident; new firing instances join it;
 - a resolved notification closes the incident, creating it closed if its firing was never seen;
-- everything one notification changes commits in one transaction, audit entry included.
+- everything one notification changes commits in one transaction, audit entry included, and so
+  do the Slack messages and the diagnosis it makes owed (``bot.outbox``): a 202 never loses them;
+- a repeat of an incident whose messages Slack did not take yet makes them due again at once.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from bot.config import Target
 from bot.intake.models import Webhook, WebhookAlert
+from bot.outbox import items
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import Incident
@@ -43,6 +46,7 @@ class IntakeResult:
     outcome: Outcome
     incident_id: int
     reason: str
+    owed: int = 0  # Slack messages of the incident made due again (a repeat of an undelivered one)
 
 
 class Intake:
@@ -77,11 +81,12 @@ class Intake:
                 if not new:
                     old = store.find_alert(session, **_key(known[0]))
                     assert old is not None
-                    return IntakeResult(
-                        Outcome.DUPLICATE,
+                    return _repeat(
+                        session,
                         old.incident_id,
                         f"already recorded in incident {old.incident_id} "
                         f"({old.incident.status}); nothing changed",
+                        now,
                     )
                 incident = store.create(
                     session,
@@ -127,22 +132,25 @@ class Intake:
             store.close(session, incident, at=now)
             detail["firing_seen"] = not opened
             self._audit(session, incident, "incident.resolved", detail, now)
+            items.owe_root_change(session, incident.id, at=now)  # resolved, or its root at last
             why = "resolved (its firing notification was never seen)" if opened else "resolved"
             return IntakeResult(Outcome.RESOLVED, incident.id, f"incident {incident.id} {why}")
         if opened:
             detail["target"] = incident.target
             self._audit(session, incident, "incident.opened", detail, now)
+            items.owe_root(session, incident.id, at=now, channel=None)
+            items.owe_diagnosis(session, incident.id, at=now)
             return IntakeResult(Outcome.OPENED, incident.id, f"incident {incident.id} opened")
         if new or changed:
             detail["changed"] = changed
             self._audit(session, incident, "incident.alerts_changed", detail, now)
+            owed = items.rearm(session, incident.id, now=now)
             return IntakeResult(
-                Outcome.UPDATED, incident.id, f"incident {incident.id}: {new} new alert(s)"
-            )
-        return IntakeResult(
-            Outcome.DUPLICATE,
-            incident.id,
-            f"repeat of open incident {incident.id}; nothing changed",
+                Outcome.UPDATED, incident.id,
+                f"incident {incident.id}: {new} new alert(s)" + _owed_note(owed), owed,
+            )  # fmt: skip
+        return _repeat(
+            session, incident.id, f"repeat of open incident {incident.id}; nothing changed", now
         )
 
     @staticmethod
@@ -168,6 +176,16 @@ class Intake:
             if instance and instance == target.hostport:
                 return name
         return None
+
+
+def _repeat(session: Session, incident_id: int, reason: str, now: dt.datetime) -> IntakeResult:
+    """A duplicate: nothing new, but what Slack never took of the incident is tried again now."""
+    owed = items.rearm(session, incident_id, now=now)
+    return IntakeResult(Outcome.DUPLICATE, incident_id, reason + _owed_note(owed), owed)
+
+
+def _owed_note(owed: int) -> str:
+    return f"; {owed} Slack message(s) not delivered yet, tried again now" if owed else ""
 
 
 def _key(alert: WebhookAlert) -> dict[str, str]:

@@ -100,9 +100,8 @@ class BaselineCanary:
             resolved = await asyncio.to_thread(self._resolve, now, detail)
             if resolved is not None:
                 await self._flows.show_resolved(resolved)
-                ref = await self._flows.ensure_thread(resolved, None)
                 text = messages.RECOVERED.format(target=self.name, load=load, lines=lines)
-                await self._notifier.post_reply(ref, text=text)
+                await self._flows.reply(resolved, text)  # owed: kept while Slack is down
             return Outcome(detail | {"resolved": resolved})
         incident_id, opened, posted = await asyncio.to_thread(self._open, now, result, detail)
         if not posted:  # new, or opened by a replica that died before posting it
@@ -112,8 +111,7 @@ class BaselineCanary:
             )
         else:
             text = messages.still_drifting(now, load, lines)
-        ref = await self._flows.ensure_thread(incident_id, None)
-        await self._notifier.post_reply(ref, text=text)
+        await self._flows.reply(incident_id, text)
         return Outcome(detail | {"incident": incident_id, "opened": opened})
 
     def in_force(self) -> tuple[list[Adr], list[str]]:

@@ -52,6 +52,16 @@ def approval_expiry(service: ExpiresApprovals, *, every_s: float) -> Job:
     return Job("approval_expiry", every_s, run)
 
 
+def outbox(flows: IncidentFlows, *, every_s: float) -> Job:
+    """Sends again the Slack messages incidents are still owed (Slack was down, or refused them
+    with a 5xx or a 429), and runs the diagnoses a stopped replica left."""
+
+    async def run(now: dt.datetime) -> Outcome:
+        return Outcome(await flows.sweep())
+
+    return Job("outbox", every_s, run)
+
+
 def build_jobs(
     settings: Settings,
     *,
@@ -66,7 +76,7 @@ def build_jobs(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> list[Job]:
-    """Snapshot and baseline jobs per target, the draft reminder, and approval expiry."""
+    """Snapshot and baseline jobs per target, the draft reminder, approval expiry, the outbox."""
     config = settings.scheduler
     unknown = sorted(set(config.targets) - set(settings.targets))
     if unknown:
@@ -95,6 +105,8 @@ def build_jobs(
         jobs.append(Job("draft_reminder", config.draft_reminder_every_s, reminders))
     if remediation is not None and config.approval_sweep_every_s:
         jobs.append(approval_expiry(remediation, every_s=config.approval_sweep_every_s))
+    if config.outbox_every_s:
+        jobs.append(outbox(flows, every_s=config.outbox_every_s))
     return jobs
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from bot.diagnosis.models import FOUR, Diagnosis
 from bot.diagnosis.ports import IncidentView, MessageRef
@@ -41,12 +41,10 @@ class ConsoleNotifier:
         """Print the root message again, marked as an update."""
         self._print(f"[{ref.channel} {ref.ts} updated] " + render_root(view))
 
-    async def post_diagnosis(
-        self, ref: MessageRef, *, diagnosis: Diagnosis, incident_id: int
-    ) -> None:
-        """Print findings and the matching ADRs under the thread."""
+    def render_diagnosis(self, diagnosis: Diagnosis, *, incident_id: int) -> list[dict[str, Any]]:
+        """Findings and the matching ADRs as one printed message (already plain text)."""
         lines = [
-            f"[{ref.channel} {ref.ts} thread] findings on {diagnosis.target} "
+            f"findings on {diagnosis.target} "
             f"(runbook {diagnosis.runbook}, {diagnosis.sampling_s:.0f} s window):"
         ]
         lines += [f"  {unescape(finding_line(f))}" for f in diagnosis.findings] or ["  no finding"]
@@ -56,7 +54,14 @@ class ConsoleNotifier:
                 lines.append(f"  matching ADR {m.adr.id}: {m.adr.title} ({why}) [Apply]")
         else:
             lines.append(f"  {NO_MATCH}")
-        self._print("\n".join(lines))
+        return [{"text": "\n".join(lines), "plain": True}]
+
+    async def post_rendered(self, ref: MessageRef, *, message: dict[str, Any]) -> MessageRef:
+        """Print a rendered message (or a mrkdwn reply, shown as the text it stands for)."""
+        text = str(message["text"])
+        shown = text if message.get("plain") else unescape(text)
+        self._print(f"[{ref.channel} {ref.ts} thread] {shown}")
+        return ref  # thread messages get no number of their own, as with post_reply
 
     async def post_chart(self, ref: MessageRef, *, png: bytes, title: str, filename: str) -> None:
         """Write the chart under the chart directory and print its path."""

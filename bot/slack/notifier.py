@@ -53,16 +53,15 @@ class SlackNotifier:
                 f"Slack refused to update the incident message: {_why(exc)}"
             ) from exc
 
-    async def post_diagnosis(
-        self, ref: MessageRef, *, diagnosis: Diagnosis, incident_id: int
-    ) -> None:
-        """Findings, then the matching ADRs, in the thread."""
-        text, blocks = findings_message(diagnosis)
-        await self._reply(ref, text=text, blocks=blocks)
-        text, blocks = adr_message(
-            diagnosis.matches, incident_id=incident_id, target=diagnosis.target
-        )
-        await self._reply(ref, text=text, blocks=blocks)
+    def render_diagnosis(self, diagnosis: Diagnosis, *, incident_id: int) -> list[dict[str, Any]]:
+        """Findings, then the matching ADRs: two thread messages (text and blocks)."""
+        findings = findings_message(diagnosis)
+        adrs = adr_message(diagnosis.matches, incident_id=incident_id, target=diagnosis.target)
+        return [{"text": text, "blocks": blocks} for text, blocks in (findings, adrs)]
+
+    async def post_rendered(self, ref: MessageRef, *, message: dict[str, Any]) -> MessageRef:
+        """chat.postMessage of a rendered message in the thread."""
+        return await self._reply(ref, text=str(message["text"]), blocks=message.get("blocks"))
 
     async def post_chart(self, ref: MessageRef, *, png: bytes, title: str, filename: str) -> None:
         """files upload v2 (get URL, upload, complete) into the thread."""

@@ -17,6 +17,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     String,
     Text,
     TypeDecorator,
@@ -278,3 +279,38 @@ class SlackReplay(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     key: Mapped[str] = mapped_column(String(64), unique=True)
     expires_at: Mapped[dt.datetime] = mapped_column(index=True)
+
+
+class OutboxItem(Base):
+    """Something the bot owes an incident: a Slack message, or the diagnosis that makes some.
+
+    Written in the transaction that makes it owed (the webhook's, the diagnosis's), so nothing
+    owed is lost when Slack is down or the process stops. Messages of one incident go out in
+    ``id`` order, each by the one replica that claims it (``claimed_by`` until
+    ``claimed_until``), retried with backoff until Slack takes it; a permanent refusal ends it
+    ``failed`` with the reason. ``key`` makes an item once per incident (the root message, the
+    diagnosis, each diagnosis message, the chart).
+    """
+
+    __tablename__ = "outbox"
+    __table_args__ = (
+        UniqueConstraint("incident_id", "key", name="uq_outbox_incident_key"),
+        Index("ix_outbox_state_next_at", "state", "next_at"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # root | update | reply | chart | diagnose
+    key: Mapped[str | None] = mapped_column(String(32))
+    payload: Mapped[dict[str, Any]] = mapped_column(default=dict)  # what the notifier is given
+    data: Mapped[bytes | None] = mapped_column(LargeBinary)  # a chart's PNG, until it is sent
+    state: Mapped[str] = mapped_column(String(16))  # pending | sent | failed | superseded
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_at: Mapped[dt.datetime]  # not tried again before
+    claimed_by: Mapped[str | None] = mapped_column(String(200))
+    claimed_until: Mapped[dt.datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[dt.datetime]
+    done_at: Mapped[dt.datetime | None]
+    channel: Mapped[str | None] = mapped_column(String(64))  # where it landed
+    ts: Mapped[str | None] = mapped_column(String(32))

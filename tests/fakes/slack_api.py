@@ -4,7 +4,10 @@ Serves auth.test, chat.postMessage, chat.update, chat.postEphemeral, the files u
 (files.getUploadURLExternal, the upload URL itself, files.completeUploadExternal: only into a
 channel the bot is a member of, ``not_in_channel`` otherwise, as Slack answers),
 conversations.join (public channels only), users.info, usergroups.users.list and
-response_url posts. ``rate_limit(method, times)`` makes the next calls answer 429.
+response_url posts. ``rate_limit(method, times)`` makes the next calls answer 429;
+``outage(mode)`` takes Slack down at the wire until ``recover()``: every Web API call and
+upload answers 503 (an HTML page, as a load balancer in front of a failing Slack does) or 429,
+or the port refuses connections. A channel in ``missing`` is ``channel_not_found``.
 Runs in a thread, so a bot in this process or in a subprocess can reach it.
 """
 
@@ -51,17 +54,24 @@ class FakeSlack:
         self.private: set[str] = set()
         # user ID -> home workspace, for users of another one (Slack Connect); others: T0FAKE
         self.user_teams: dict[str, str] = {}
+        self.missing: set[str] = set()  # channels chat.postMessage answers channel_not_found
+        self.down: str | None = None  # "5xx" | "429" | "refuse" while an outage lasts
         self._ts = itertools.count(1)
         self._limits: dict[str, list[int]] = {}
         self._changed = threading.Condition()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._server.daemon_threads = True
+        self._server = self._serve(0)
+        self._port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def _serve(self, port: int) -> ThreadingHTTPServer:
+        server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
+        server.daemon_threads = True
+        return server
 
     @property
     def url(self) -> str:
         """http://127.0.0.1:PORT"""
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return f"http://127.0.0.1:{self._port}"
 
     @property
     def api_url(self) -> str:
@@ -77,8 +87,26 @@ class FakeSlack:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        if self.down != "refuse":
+            self._server.shutdown()
+            self._server.server_close()
+
+    def outage(self, mode: str = "5xx") -> None:
+        """Slack is down until ``recover()``: "5xx" (503), "429" (Retry-After 30) or "refuse"
+        (the port is closed: connections are refused)."""
+        assert mode in ("5xx", "429", "refuse") and self.down is None, mode
+        if mode == "refuse":
+            self._server.shutdown()
+            self._server.server_close()
+        self.down = mode
+
+    def recover(self) -> None:
+        """Slack is back, on the same port."""
+        if self.down == "refuse":
+            self._server = self._serve(self._port)
+            self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+            self._thread.start()
+        self.down = None
 
     def rate_limit(self, method: str, *, times: int = 1, retry_after: int = 1) -> None:
         """Answer the next ``times`` calls of ``method`` with 429 and Retry-After."""
@@ -121,7 +149,7 @@ class FakeSlack:
             }
         if method == "chat.postMessage":
             channel = CHANNEL_IDS.get(args.get("channel", ""), args.get("channel", ""))
-            if not channel:
+            if not channel or args.get("channel") in self.missing:
                 return {"ok": False, "error": "channel_not_found"}
             ts = f"1790000000.{next(self._ts):06d}"
             message = {
@@ -190,6 +218,15 @@ def _handler(fake: FakeSlack) -> type[BaseHTTPRequestHandler]:
             headers = {k.lower(): v for k, v in self.headers.items()}
             parts = urllib.parse.urlsplit(self.path)
             path = parts.path
+            if fake.down in ("5xx", "429") and path.startswith(("/api/", "/upload/")):
+                method = path[len("/api/") :] if path.startswith("/api/") else "upload"
+                if fake.down == "429":
+                    self._record(Call(method, {}, headers, status=429))
+                    body = json.dumps({"ok": False, "error": "ratelimited"}).encode()
+                    return self._send(429, body, "application/json", {"Retry-After": "30"})
+                self._record(Call(method, {}, headers, status=503))
+                page = b"<html><body><h1>503 Service Unavailable</h1></body></html>"
+                return self._send(503, page, "text/html")
             if path.startswith("/upload/"):
                 self._record(Call("upload", {"file_id": path.rsplit("/", 1)[1]}, headers, body=raw))
                 return self._send(200, b"OK - %d" % len(raw), "text/plain")
