@@ -305,6 +305,12 @@ class Routes:
         if not await asyncio.to_thread(seen, timestamp=timestamp, signature=signature):
             metrics.labels("replayed").inc()
             return _reason(401, "this signed request was already received (replay)")
+        if not await asyncio.to_thread(self._replays.first_delivery, body):
+            # Slack delivering again (X-Slack-Retry-Num): acked, not acted on twice
+            metrics.labels("retried").inc()
+            log.info("Slack retried a request (%s): acknowledged, already handled",
+                     request.headers.get("x-slack-retry-reason", "no reason given"))  # fmt: skip
+            return Response(status_code=200)
         metrics.labels("accepted").inc()
         return await self._slack.handle(replay(request, body))
 

@@ -236,8 +236,8 @@ async def test_external_users_may_not_apply_approve_or_review_even_with_star(
         await h.click(approve, user="U0EXT2", user_team="T0VENDOR", action_id="remediation_approve")
         await h.click(approve, user="U0EXT", action_id="remediation_approve")
         await h.click("any-draft", user="U0EXT", action_id="adr_draft_accept")  # review
-        answers = await slack.until("response_url", 4)
-        assert all("Slack Connect" in a.args["text"] for a in answers[1:])
+        answers = [a for a in await slack.until("response_url", 5) if a.args["name"] == "btn"]
+        assert len(answers) == 3 and all("Slack Connect" in a.args["text"] for a in answers)
         with h.bot.db.transaction() as s:
             from bot.store.models import Remediation
 
@@ -311,3 +311,88 @@ async def test_a_request_replayed_to_another_replica_is_refused(
     finally:
         await first.close()
         await second.close()
+
+
+async def test_apply_adr_is_acked_before_any_slack_call_and_a_retry_makes_no_second_card(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    """Item 9: acked after the work (4.6 s under one 429 with Retry-After 4, past Slack's
+    3 s); Slack's retry of the delivery then made a second card."""
+    import time
+
+    import httpx
+    from sqlalchemy import select
+
+    from bot.store.models import Remediation
+    from tests.fakes.slack_api import signed_headers
+
+    slack.rate_limit("chat.postMessage", times=1, retry_after=4)
+    h = harness(tmp_path, slack=slack)
+    answered: list[tuple[float, list[str]]] = []  # when the bot answered, and Slack's calls then
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                answered.append((time.time(), [c.method for c in slack.calls]))
+            await send(message)
+
+        await h.bot.app(scope, receive, sending)
+
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://bot")
+    try:
+        request = h.slash_body("ADR-20260831-01 prod-a", command="/apply-adr")
+        signed_at = int(time.time())
+        first = await client.post("/slack/events", content=request,
+                                  headers=signed_headers(request, timestamp=signed_at))  # fmt: skip
+        ((first_at, before_first),) = answered
+        assert before_first == []  # not one Slack call before the ack
+        assert (first.status_code, first.text) == (200, "")
+        # Slack delivers it again (its timeout, or a lost answer): signed anew, the same body
+        retry = {**signed_headers(request, timestamp=signed_at + 1),
+                 "X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}  # fmt: skip
+        again = await client.post("/slack/events", content=request, headers=retry)
+        assert (again.status_code, again.text) == (200, "")
+        (answer,) = await slack.until("response_url")
+        await h.bot.flows.tasks.drain()
+        web_api = [c for c in slack.calls if c.method != "response_url"]
+        assert min(c.at for c in web_api) >= first_at  # every one came after it
+        assert [c.status for c in web_api if c.method == "chat.postMessage"] == [429, 200, 200]
+        root, card = slack.of("chat.postMessage")  # the thread, and exactly one card
+        assert card.args["thread_ts"] and "remediation_approve" in str(card.args["blocks"])
+        assert answer.args["text"].startswith(
+            "ADR-20260831-01 on prod-a: the confirmation card is in the incident thread"
+        )
+        assert len(slack.of("response_url")) == 1  # the retry was acknowledged, not handled
+        with h.bot.db.transaction() as s:
+            assert len(s.scalars(select(Remediation)).all()) == 1
+        metrics = (await h.client.get("/metrics")).text
+        assert 'ruleloop_slack_requests_total{verdict="retried"} 1.0' in metrics
+    finally:
+        await client.aclose()
+        await h.close()
+
+
+async def test_over_socket_mode_apply_adr_is_acked_before_any_slack_call(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    """Item 9 over Socket Mode: bolt's own Socket Mode adapter dispatches the envelope; its
+    answer (the ack sent back on the socket) comes before the bot calls Slack."""
+    from slack_bolt.adapter.socket_mode.async_internals import run_async_bolt_app
+    from slack_sdk.socket_mode.request import SocketModeRequest
+
+    slack.rate_limit("chat.postMessage", times=1, retry_after=4)
+    h = harness(tmp_path, slack=slack)
+    try:
+        assert h.bot.slack is not None
+        payload = {"command": "/apply-adr", "text": "ADR-20260831-01 prod-a", "user_id": "U1",
+                   "channel_id": "C0INCIDENTS", "team_id": "T0FAKE", "trigger_id": "9.9.9",
+                   "response_url": slack.response_url("socket")}  # fmt: skip
+        envelope = SocketModeRequest(type="slash_commands", envelope_id="e-1", payload=payload)
+        acked = await run_async_bolt_app(h.bot.slack, envelope)
+        assert acked.status == 200 and slack.calls == []  # the ack, before any Slack call
+        (answer,) = await slack.until("response_url")
+        assert "the confirmation card is in the incident thread" in answer.args["text"]
+        await h.bot.flows.tasks.drain()
+        assert len(slack.of("chat.postMessage")) == 2  # the thread and one card
+    finally:
+        await h.close()

@@ -122,8 +122,11 @@ def cache_config(port: int) -> dict[str, str]:
 
 async def approve(h: Harness, slack: FakeSlack, adr_id: str) -> Remediation:
     before = len(slack.of("chat.postMessage"))
+    answered = len(slack.of("response_url"))
     response = await h.slash(f"{adr_id} local", command="/apply-adr")
-    assert response.status_code == 200 and "confirmation card" in response.text, response.text
+    assert (response.status_code, response.text) == (200, ""), response.text  # acked at once
+    answer = (await slack.until("response_url", answered + 1))[-1]  # then where the card is
+    assert "confirmation card" in answer.args["text"], answer.args["text"]
     card = (await slack.until("chat.postMessage", before + 1))[-1]
     value = next(
         e["value"] for b in card.args["blocks"] if b["type"] == "actions" for e in b["elements"]

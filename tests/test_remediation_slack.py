@@ -38,15 +38,28 @@ def buttons(call: Call) -> dict[str, str]:
     }
 
 
+CARD_IS = f"{ADR} on prod-a: the confirmation card is in the incident"
+DONE = (CARD_IS, "Drafted ADR-")  # the answers to requests that were carried out
+
+
 async def answers(slack: FakeSlack, count: int) -> list[str]:
-    """The ephemeral answers (response_url posts) so far, oldest first."""
-    return [c.args["text"] for c in await slack.until("response_url", count)]
+    """The ephemeral answers (response_url posts) so far, oldest first, but for the ones
+    saying a request was carried out (where the card is, what was drafted)."""
+    seen = count
+    while True:
+        texts = [c.args["text"] for c in await slack.until("response_url", seen)]
+        refusals = [t for t in texts if not t.startswith(DONE)]
+        if len(refusals) >= count:
+            return refusals
+        seen += 1
 
 
 async def request(h: Harness, slack: FakeSlack, *, user: str = "U1") -> dict[str, str]:
+    """/apply-adr, acked at once; the answer says where the card is; the card's buttons."""
     response = await h.slash(f"{ADR} prod-a", user=user, command="/apply-adr")
-    assert response.status_code == 200, response.text
-    assert response.text.startswith(f"{ADR} on prod-a: the confirmation card is in the incident")
+    assert (response.status_code, response.text) == (200, "")
+    (answer, *_) = await slack.until("response_url")
+    assert answer.args["text"].startswith(CARD_IS)
     root, card = await slack.until("chat.postMessage", 2)
     assert card.args["thread_ts"] == root.args.get("ts", card.args["thread_ts"])
     return buttons(card)
@@ -210,7 +223,10 @@ async def test_adr_draft_is_posted_and_reviewed_by_someone_else(
     await slack.until("chat.update")
     await h.bot.flows.tasks.drain()
     response = await h.slash("", command="/adr-draft")
-    assert response.status_code == 200 and response.text.startswith("Drafted ADR-20261129-01")
+    assert (response.status_code, response.text) == (200, "")  # acked; the draft follows
+    (drafted,) = await slack.until("response_url")
+    assert drafted.args["text"].startswith("Drafted ADR-20261129-01")
+    await h.bot.flows.tasks.drain()
     summary = slack.of("chat.postMessage")[-1]
     upload = slack.of("upload")[-1]  # the chart came first
     assert upload.body.startswith(b"---\nid: ADR-20261129-01\n")

@@ -222,7 +222,7 @@ async def test_an_expired_approval_can_no_longer_be_used(h: Harness, slack: Fake
         f"{ADR} on prod-a: expired, nothing was changed"
     )
     await h.click(approve, user="U2", action_id="remediation_approve")
-    (answer,) = await slack.until("response_url", 1)
+    (_, answer) = await slack.until("response_url", 2)  # where the card is; then the click's
     assert answer.args["text"].startswith("This button expired at")
     await h.bot.flows.tasks.drain()
     with h.bot.db.transaction() as s:

@@ -41,11 +41,15 @@ class TaskSupervisor:
         return len(self._tasks)
 
     async def drain(self, *, timeout_s: float = 30.0) -> None:
-        """Wait for running tasks; cancel what is still running after ``timeout_s``."""
-        if not self._tasks:
-            return
-        _, pending = await asyncio.wait(set(self._tasks), timeout=timeout_s)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.wait(pending)
+        """Wait for running tasks, and for the tasks they start (work deferred past a Slack
+        ack starts its own); cancel what is still running after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._tasks:
+            left = deadline - loop.time()
+            _, pending = await asyncio.wait(set(self._tasks), timeout=max(left, 0))
+            if pending and loop.time() >= deadline:
+                for task in pending:
+                    task.cancel()
+                await asyncio.wait(pending)
+                return

@@ -3,6 +3,11 @@
 Listeners reach the services through the context (``context["flows"]``, ``["remediation"]``,
 ``["drafts"]``), put there by a middleware, so
 that they stay thin and the services never import slack_bolt.
+
+Ack first: Slack gives a request 3 seconds. Nothing before a listener's ack calls Slack (the
+request is authorized without auth.test; the workspace guard's users.info look-up runs after
+the ack), and listeners whose work calls Slack ack, then hand the work to ``bot.slack.deferred``
+(its answer goes through the request's response_url). The same holds over HTTP and Socket Mode.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slack_bolt.async_app import AsyncApp
+from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
@@ -43,17 +49,24 @@ def build_app(
     """The bolt app with every listener registered and requests verified by signing secret."""
     secret = settings.signing_secret.get_secret_value() if settings.signing_secret else None
     app = AsyncApp(
-        client=client,
+        # bolt's client without the token: the token comes from ``authorize`` (bolt ignores,
+        # with a warning, a token given next to an authorize function)
+        client=AsyncWebClient(
+            base_url=client.base_url, timeout=client.timeout, retry_handlers=client.retry_handlers
+        ),
+        authorize=static_authorize(client.token),
         signing_secret=secret,
         request_verification_enabled=secret is not None,
-        # Listeners finish before the HTTP answer: they are quick (long work is spawned), and
-        # bolt's ack-first mode can lose the ack when a listener fails right after it.
+        # The answer goes when the listener returns, and every listener returns right after
+        # its ack (work that calls Slack is deferred): an error before the ack is still
+        # answered by the error handler, which bolt's other mode can lose.
         process_before_response=True,
         logger=log,
     )
 
     async def inject(context: AsyncBoltContext, next: Callable[[], Awaitable[Any]]) -> Any:
         context["flows"] = flows
+        context["tasks"] = flows.tasks  # deferred work is supervised, drained at shutdown
         for name, service in (services or {}).items():
             context[name] = service
         return await next()
@@ -63,3 +76,18 @@ def build_app(
     app.error(handle_error)
     listeners.register(app)
     return app
+
+
+def static_authorize(token: str | None) -> Callable[..., Awaitable[AuthorizeResult]]:
+    """The one bot token for every request, without asking Slack (bolt's default calls
+    auth.test on the first request, before any ack: a slow or rate limited Slack made the
+    first command late)."""
+
+    async def authorize(
+        enterprise_id: str | None, team_id: str | None, user_id: str | None
+    ) -> AuthorizeResult:
+        return AuthorizeResult(
+            enterprise_id=enterprise_id, team_id=team_id, user_id=user_id, bot_token=token
+        )
+
+    return authorize

@@ -1,8 +1,13 @@
-"""Refuses a signed Slack request seen before (bolt refuses stale timestamps, not exact replays).
+"""Refuses a signed Slack request seen before (bolt refuses stale timestamps, not exact replays),
+and lets a request Slack delivers again (``X-Slack-Retry-Num``) act once.
 
 What was seen is kept in the store (``slack_replays``), not in the process: with several
 replicas behind one Service, a request replayed to another replica is refused there too. The
 key is unique, so of two replicas receiving the same request at once exactly one inserts it.
+
+A retried delivery is signed anew (a new timestamp) but carries the very same body; every
+slash command and click body is unique (``trigger_id``, ``action_ts``), so the body's hash
+names the delivery, and the retry is acknowledged without acting twice.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from bot.store.db import Database
 from bot.store.models import SlackReplay
 
 WINDOW_S = 60 * 5  # Slack's own tolerance for request timestamps
+DELIVERY_WINDOW_S = 60 * 30  # Slack retries a delivery 3 times, the last about 5 minutes on
 
 
 class ReplayGuard:
@@ -33,13 +39,21 @@ class ReplayGuard:
 
     def first_time(self, *, timestamp: str, signature: str) -> bool:
         """True the first time a pair is seen by any replica; False for a replay in the window."""
-        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
         key = hashlib.sha256(f"{timestamp}\n{signature}".encode()).hexdigest()
+        return self._first(key, self._window)
+
+    def first_delivery(self, body: bytes) -> bool:
+        """True the first time a request body is seen; False for Slack's retry of it."""
+        key = hashlib.sha256(b"delivery\n" + body).hexdigest()
+        return self._first(key, dt.timedelta(seconds=DELIVERY_WINDOW_S))
+
+    def _first(self, key: str, window: dt.timedelta) -> bool:
+        now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
         try:
             with self._db.transaction() as session:
                 # pairs older than the window can only come with a stale timestamp (refused)
                 session.execute(delete(SlackReplay).where(SlackReplay.expires_at < now))
-                session.add(SlackReplay(key=key, expires_at=now + self._window))
+                session.add(SlackReplay(key=key, expires_at=now + window))
         except IntegrityError:
             return False
         return True

@@ -6,11 +6,14 @@ requests from another workspace or org are refused. Changes (apply, approve, rev
 refused to people whose home workspace is another one, such as Slack Connect members of a
 shared incident channel, even where an access list says "*". Their home workspace comes from
 the click's payload (``user.team_id``) or, for slash commands, from users.info (cached; a user
-who cannot be looked up may not change anything).
+who cannot be looked up may not change anything). The bot's own workspace is ``[slack]
+team_id`` or, unset, what auth.test says (cached). Those two look-ups are Slack calls, so the
+check runs after the ack, first in the deferred work (``bot.slack.deferred``).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -21,7 +24,8 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import SlackSettings
-from bot.errors import NotAllowed
+from bot.errors import EndpointError, NotAllowed
+from bot.slack.deferred import MEMBER_CHECK
 from bot.slack.remediation_views import DECIDE_ACTIONS, REVIEW_ACTIONS
 from bot.slack.views import APPLY_ACTION
 
@@ -65,6 +69,7 @@ class HomeTeams:
         self._client = client
         self._monotonic = monotonic
         self._cache: dict[str, tuple[float, set[str]]] = {}
+        self._ours: set[str] | None = None
 
     async def of(self, user_id: str) -> set[str]:
         """The team and enterprise IDs the user belongs to (empty: unknown)."""
@@ -81,6 +86,23 @@ class HomeTeams:
         homes = {str(i) for i in (user.get("team_id"), grid.get("enterprise_id")) if i}
         self._cache[user_id] = (self._monotonic(), homes)
         return homes
+
+    async def ours(self) -> set[str]:
+        """The bot's own workspace and org, from auth.test (kept once known).
+
+        EndpointError when Slack cannot say now: nobody may change anything until it can.
+        """
+        if self._ours is None:
+            try:
+                response = await self._client.auth_test()
+            except (SlackApiError, SlackClientError, OSError) as exc:
+                raise EndpointError(
+                    f"cannot check which Slack workspace this bot serves right now ({exc}); "
+                    "nothing was changed: ask again in a minute."
+                ) from exc
+            ids = (response.get("team_id"), response.get("enterprise_id"))
+            self._ours = {str(i) for i in ids if i}
+        return self._ours
 
 
 def workspace_guard(settings: SlackSettings, homes: HomeTeams) -> Callable[..., Awaitable[Any]]:
@@ -100,22 +122,17 @@ def workspace_guard(settings: SlackSettings, homes: HomeTeams) -> Callable[..., 
                 f"This bot serves the Slack Enterprise Grid org {settings.enterprise_id} only; "
                 f"this request came from {enterprise or 'outside any org'}. Nothing was done."
             )
-        if changes_something(body):
-            await _refuse_external(body, context, settings, homes)
+        if changes_something(body):  # checked after the ack: it may call Slack
+            context[MEMBER_CHECK] = functools.partial(_refuse_external, body, settings, homes)
         return await next()
 
     return guard
 
 
-async def _refuse_external(
-    body: dict[str, Any], context: AsyncBoltContext, settings: SlackSettings, homes: HomeTeams
-) -> None:
+async def _refuse_external(body: dict[str, Any], settings: SlackSettings, homes: HomeTeams) -> None:
     """NotAllowed when the user's home workspace is not the bot's own."""
-    installed = context.authorize_result
-    ours = {
-        settings.team_id or (installed.team_id if installed else None) or request_origin(body)[0],
-        settings.enterprise_id or (installed.enterprise_id if installed else None),
-    } - {None, ""}
+    pinned = {i for i in (settings.team_id, settings.enterprise_id) if i}
+    ours = pinned if settings.team_id else await homes.ours() | pinned
     user = body.get("user")
     user = user if isinstance(user, dict) else {}
     user_id = str(body.get("user_id") or user.get("id") or "")

@@ -89,14 +89,20 @@ class Harness:
         team: str = "T0FAKE",
     ) -> httpx.Response:
         """POST a signed slash command (/diagnose unless told) from workspace ``team``."""
-        assert self.slack is not None
-        form = {"command": command, "text": text, "user_id": user, "channel_id": "C0INCIDENTS",
-                "team_id": team, "response_url": self.slack.response_url("cmd"),
-                "trigger_id": "1.2.3", "token": "legacy"}  # fmt: skip
-        body = urllib.parse.urlencode(form).encode()
+        body = self.slash_body(text, user=user, command=command, team=team)
         return await self.client.post(
             "/slack/events", content=body, headers=signed_headers(body, timestamp=timestamp)
         )
+
+    def slash_body(
+        self, text: str, *, user: str = "U1", command: str = "/diagnose", team: str = "T0FAKE"
+    ) -> bytes:
+        """The form body of a slash command, as Slack posts it (a trigger_id of its own)."""
+        assert self.slack is not None
+        form = {"command": command, "text": text, "user_id": user, "channel_id": "C0INCIDENTS",
+                "team_id": team, "response_url": self.slack.response_url("cmd"),
+                "trigger_id": f"{next(self._clicks)}.2.3", "token": "legacy"}  # fmt: skip
+        return urllib.parse.urlencode(form).encode()
 
     async def click(
         self,

@@ -7,27 +7,37 @@ from typing import Any
 
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
+from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot.errors import UsageError
+from bot.slack.deferred import later
 
 
 async def handle(
-    ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], context: AsyncBoltContext
+    ack: AsyncAck,
+    body: dict[str, Any],
+    action: dict[str, Any],
+    context: AsyncBoltContext,
+    respond: AsyncRespond,
 ) -> None:
     """Ack, then request the change; the confirmation card appears in the thread."""
     await ack()
-    try:
-        value = json.loads(action["value"])
-        adr_id, incident_id = str(value["adr"]), int(value["incident"])
-        target = value.get("target")
-    except (KeyError, TypeError, ValueError):
-        raise UsageError(
-            "this button carries no ADR; it may be from an older bot version"
-        ) from None
-    await context["remediation"].request(
-        user_id=body["user"]["id"],
-        adr_id=adr_id,
-        target=str(target) if target else None,
-        incident_id=incident_id,
-        channel_id=(body.get("channel") or {}).get("id"),
-    )
+
+    async def work() -> None:
+        try:
+            value = json.loads(action["value"])
+            adr_id, incident_id = str(value["adr"]), int(value["incident"])
+            target = value.get("target")
+        except (KeyError, TypeError, ValueError):
+            raise UsageError(
+                "this button carries no ADR; it may be from an older bot version"
+            ) from None
+        await context["remediation"].request(
+            user_id=body["user"]["id"],
+            adr_id=adr_id,
+            target=str(target) if target else None,
+            incident_id=incident_id,
+            channel_id=(body.get("channel") or {}).get("id"),
+        )
+
+    later(context, respond, work, name="apply-button")

@@ -6,11 +6,22 @@ from typing import Any
 
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
+from slack_bolt.context.respond.async_respond import AsyncRespond
+
+from bot.slack.deferred import later
 
 
 async def handle(
-    ack: AsyncAck, body: dict[str, Any], action: dict[str, Any], context: AsyncBoltContext
+    ack: AsyncAck,
+    body: dict[str, Any],
+    action: dict[str, Any],
+    context: AsyncBoltContext,
+    respond: AsyncRespond,
 ) -> None:
-    """Ack, then act; a refusal is answered (only to the clicker) by the error handler."""
+    """Ack, then act; a refusal is answered (only to the clicker)."""
     await ack()
-    await context["remediation"].click(user_id=body["user"]["id"], token=str(action["value"]))
+
+    async def work() -> None:
+        await context["remediation"].click(user_id=body["user"]["id"], token=str(action["value"]))
+
+    later(context, respond, work, name="decide")
