@@ -223,6 +223,17 @@ class _Load:
         runs = [CanaryRun(w, metrics_url=None) for w in workloads]
         return cls(runs, [asyncio.create_task(run.run()) for run in runs])
 
+    async def steady(self) -> float:
+        """Wait for the incident's steady state: every long-prompt stream served once, then
+        every chat stream's worth of chats sent after that finished; the slowest of those (s).
+
+        Chats finishing before that may have started ahead of the long prompts and met only
+        part of the stall; these met it for their whole life, so the window can be sized on them.
+        """
+        first = await self.started(1)
+        await self.finished(1, since=first, count=LONG_STREAMS)
+        return await self.finished(0, since=time.perf_counter(), count=CHAT_STREAMS)
+
     async def started(self, index: int) -> float:
         """When the first request of workload ``index`` was sent (waits for it)."""
         run = self.runs[index]
@@ -370,16 +381,15 @@ class Demo:
 
     # --- 4/8: the incident, the alert, the diagnosis ---------------------------------------------
     async def _steady(self, load: _Load) -> float:
-        """Wait until the chats finish requests sent under the incident's load; the window (s)
-        the diagnosis needs for chats to finish inside it: three times the slowest of them."""
+        """Wait for the incident's steady state; the window (s) the diagnosis needs for chats
+        to finish inside it: twice the slowest chat sent in the steady state."""
         self._say(
             f"4/8 incident: {LONG_STREAMS} streams of {LONG_PROMPT}-token prompts join the chats; "
             "with --max-num-batched-tokens 8192 whole prompts share a scheduler step with the "
             "chats' next tokens ..."
         )
-        since = await load.started(1)  # the long prompts' first request
-        slowest = await load.finished(0, since=since, count=CHAT_STREAMS)
-        window = max(WINDOW_S, float(math.ceil(3 * slowest)))
+        slowest = await load.steady()
+        window = max(WINDOW_S, float(math.ceil(2 * slowest)))
         write_runbook(self.ws, window_s=window)
         return window
 
@@ -430,9 +440,8 @@ class Demo:
         self._say("    the incident's load again, on the fixed engine, read the same way ...")
         load = _Load.start(incident_load(self.base_url))
         try:
-            since = await load.started(1)  # the long prompts' first request
-            slowest = await load.finished(0, since=since, count=CHAT_STREAMS)
-            sampler = MetricsSampler(http=http, window_s=max(WINDOW_S, math.ceil(3 * slowest)))
+            slowest = await load.steady()
+            sampler = MetricsSampler(http=http, window_s=max(WINDOW_S, math.ceil(2 * slowest)))
             return dict(await sampler(TARGET, self._target))
         finally:
             await load.stop()
