@@ -216,6 +216,24 @@ class RemediationSettings(_Section):
         "keep false in production",
     )
     two_person_adrs: list[str] = Field(default_factory=list)  # these ADRs always need two people
+    heartbeat_s: float = Field(
+        default=20.0, gt=0, description="a running change says it is alive this often"
+    )
+    stale_after_s: float = Field(
+        default=90.0,
+        gt=0,
+        description="a running change silent this long (database time) is rolled back by "
+        "another replica; keep it several heartbeats long",
+    )
+
+    @model_validator(mode="after")
+    def _stale_after_heartbeats(self) -> RemediationSettings:
+        if self.stale_after_s < 3 * self.heartbeat_s:
+            raise ValueError(
+                "stale_after_s must be at least 3 heartbeats (3 x heartbeat_s): one missed "
+                "heartbeat must not look like a dead replica"
+            )
+        return self
 
 
 class StoreSettings(_Section):

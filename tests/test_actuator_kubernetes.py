@@ -206,6 +206,31 @@ async def test_rollback_puts_back_the_flags_but_keeps_other_args_someone_changed
     assert read_flags(now) == before.flags and "/models/llama-3-8b-v2" in now
 
 
+async def test_rollback_waits_for_a_rollout_of_the_recorded_args_already_under_way(
+    make: Make, kube: FakeKube
+) -> None:
+    """A replica killed mid-rollback left the recorded args patched but not rolled out: the
+    one that takes over has nothing to patch, and still waits for the rollout to finish."""
+    actuator = make()
+    before = await actuator.current()
+    await actuator.apply(merge(before.flags, CHANGE))
+    patch = {"spec": {"template": {"metadata": {"annotations": {ANNOTATION: None}},
+                                   "spec": {"containers": [{"name": "vllm", "args": ARGS}]}}}}  # fmt: skip
+    kube.handle(
+        httpx.Request(
+            "PATCH",
+            f"{API}/apis/apps/v1/namespaces/inference/deployments/vllm",
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": PATCH_TYPE},
+            content=json.dumps(patch).encode(),
+        )  # fmt: skip
+    )
+    assert kube.args("vllm") == ARGS and not kube.rolled_out("vllm")
+    patches = len(kube.patches())
+    restored = await actuator.rollback(before)
+    assert len(kube.patches()) == patches  # nothing to patch
+    assert kube.rolled_out("vllm") and restored.flags == before.flags
+
+
 async def test_rollback_refuses_a_record_of_another_deployment(make: Make) -> None:
     record = Deployed(flags={}, base_url=VLLM_URL, detail={"deployment": "other", "args": []})
     with pytest.raises(ActuatorError, match="record is for Deployment 'other'"):

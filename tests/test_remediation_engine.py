@@ -254,8 +254,8 @@ async def test_a_restart_mid_canary_is_rolled_back_by_the_next_bot(
 
     again = make_harness(tmp_path, slack, manager, port)  # same store, a new bot
     try:
-        again.wall.advance(600)  # the old heartbeat is stale
-        assert await again.bot.remediation.resume() == 1
+        # stale at once: the old run's last heartbeat is older than now, by the database's clock
+        assert await again.bot.remediation.resume(stale_s=0) == 1
         with again.bot.db.transaction() as s:
             assert s.get(Remediation, rem.id).state == "rolled_back"  # type: ignore[union-attr]
         assert engine_flags(manager, port) == before

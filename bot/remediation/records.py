@@ -12,21 +12,28 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
-from sqlalchemy import Executable, or_, select, update
+from sqlalchemy import ColumnElement, Executable, or_, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from bot.errors import UsageError
 from bot.remediation import exclusion
+from bot.remediation.ports import ACTIVE
 from bot.store import service as store
 from bot.store.db import Database
+from bot.store.dbtime import db_ago, db_now
 from bot.store.models import ActionToken, CanaryResult, Incident, Remediation
 
 
 def _rows(session: Session, statement: Executable) -> int:
     """Rows an UPDATE changed."""
     return cast(CursorResult[Any], session.execute(statement)).rowcount
+
+
+def _silent(seconds: float) -> ColumnElement[bool]:
+    """No step or heartbeat for ``seconds``, on the database's clock."""
+    return or_(Remediation.heartbeat_at.is_(None), Remediation.heartbeat_at < db_ago(seconds))
 
 
 def new_token() -> str:
@@ -266,6 +273,7 @@ class RemediationRecords:
                     state=to_state,
                     updated_at=now,
                     approved_by=[user_id] if to_state == "approved" else [],
+                    heartbeat_at=db_now(),  # not started for long: its replica is gone
                 ),
             )
             if moved != 1:
@@ -299,16 +307,25 @@ class RemediationRecords:
         action: str,
         detail: Mapping[str, Any],
         from_states: Iterable[str] | None = None,
+        owner: str | None = None,
+        stale_s: float | None = None,
         actor: str = "ruleloop",
         **fields: Any,
     ) -> bool:
-        """Audit a step, then move the remediation to ``to_state`` (one transaction)."""
+        """Audit a step, then move the remediation to ``to_state`` (one transaction); False,
+        changing nothing, unless it is in one of ``from_states``, run by ``owner`` and (with
+        ``stale_s``) silent that long on the database's clock."""
         now = self._clock()
         with self._db.transaction() as s:
             query = update(Remediation).where(Remediation.id == remediation_id)
             if from_states is not None:
                 query = query.where(Remediation.state.in_(list(from_states)))
-            moved = _rows(s, query.values(state=to_state, updated_at=now, **fields))
+            if owner is not None:
+                query = query.where(Remediation.runner == owner)
+            if stale_s is not None:
+                query = query.where(_silent(stale_s))
+            values = {"state": to_state, "updated_at": now, "heartbeat_at": db_now(), **fields}
+            moved = _rows(s, query.values(**values))
             if moved != 1:
                 return False
             rem = s.get(Remediation, remediation_id)
@@ -323,14 +340,34 @@ class RemediationRecords:
             )
             return True
 
-    def heartbeat(self, remediation_id: int) -> None:
-        """Mark a running remediation as alive (a restart resumes only stale ones)."""
+    def take(self, remediation_id: int, *, runner: str) -> bool:
+        """Become the run of an approved remediation nobody runs yet; False if another has."""
         with self._db.transaction() as s:
-            s.execute(
+            query = (
                 update(Remediation)
-                .where(Remediation.id == remediation_id)
-                .values(updated_at=self._clock())
+                .where(
+                    Remediation.id == remediation_id,
+                    Remediation.state == "approved",
+                    Remediation.runner.is_(None),
+                )
+                .values(runner=runner, heartbeat_at=db_now())
             )
+            return _rows(s, query) == 1
+
+    def heartbeat(self, remediation_id: int, *, runner: str) -> bool:
+        """Say the run is alive (on the database's clock); False when it is no longer this
+        runner's, or no longer running."""
+        with self._db.transaction() as s:
+            query = (
+                update(Remediation)
+                .where(
+                    Remediation.id == remediation_id,
+                    Remediation.runner == runner,
+                    Remediation.state.in_(list(ACTIVE)),
+                )
+                .values(heartbeat_at=db_now())
+            )
+            return _rows(s, query) == 1
 
     def remember_card(self, remediation_id: int, *, channel: str, ts: str) -> None:
         """Where the card is, so every step updates that one message."""
@@ -360,11 +397,11 @@ class RemediationRecords:
             return row.id
 
     def stale(self, *, older_than_s: float, states: Iterable[str]) -> list[Remediation]:
-        """Remediations in ``states`` whose last step or heartbeat is older than the limit."""
-        cutoff = self._clock() - dt.timedelta(seconds=older_than_s)
+        """Remediations in ``states`` whose run was silent longer than the limit, judged on
+        the database's clock (replica clocks may disagree)."""
         with self._db.transaction() as s:
             query = select(Remediation).where(
-                Remediation.state.in_(list(states)), Remediation.updated_at < cutoff
+                Remediation.state.in_(list(states)), _silent(older_than_s)
             )
             return list(s.scalars(query.order_by(Remediation.id)).all())
 

@@ -14,7 +14,7 @@ import contextlib
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from bot.adr.models import Adr, AdrGates, GatewayRules
@@ -30,6 +30,7 @@ from bot.remediation.argv import diff, merge
 from bot.remediation.exclusion import TargetBusy, refusal
 from bot.remediation.gate import GateRun, run_gate, verify_serving
 from bot.remediation.gateway_rules import GatewayAdmin
+from bot.remediation.liveness import LostRun, new_runner, owned
 from bot.remediation.policy import AccessExpander, Policy
 from bot.remediation.ports import ACTIVE, RemediationNotifier, RemediationView
 from bot.remediation.records import RemediationRecords
@@ -37,8 +38,6 @@ from bot.store.db import Database
 from bot.store.models import Remediation
 
 log = logging.getLogger("ruleloop.remediation")
-HEARTBEAT_S = 20.0
-STALE_S = 90.0  # no step or heartbeat for this long: the replica running it is gone
 
 ThreadFinder = Callable[[int, str | None], Awaitable[MessageRef]]
 ActuatorFactory = Callable[[str, Target], Actuator]
@@ -236,16 +235,14 @@ class RemediationService:
 
     # --- the run --------------------------------------------------------------------------
     async def execute(self, remediation_id: int) -> None:
-        """Apply, canary, then keep or roll back; every step audited before it starts."""
-        heart = asyncio.create_task(self._heartbeat(remediation_id))
-        try:
-            await self._run(remediation_id)
-        except Exception as exc:
-            await self._crashed(remediation_id, exc)
-        finally:
-            heart.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heart
+        """Apply, canary, then keep or roll back; every step audited before it starts, and
+        conditional on this run still owning the change (else it stops, see liveness)."""
+        runner = new_runner()
+        if not await asyncio.to_thread(self.records.take, remediation_id, runner=runner):
+            log.warning("remediation %s is run elsewhere already: not here", remediation_id)
+            return
+        if not await self._owned(remediation_id, runner, self._run(remediation_id, runner)):
+            return  # taken over: its new owner finishes it (and drafts)
         rem = await asyncio.to_thread(self.records.get, remediation_id)
         if self._after_change is not None and rem.state in ("promoted", "rolled_back"):
             try:
@@ -253,7 +250,29 @@ class RemediationService:
             except Exception:
                 log.exception("post-incident draft for remediation %s failed", remediation_id)
 
-    async def _run(self, remediation_id: int) -> None:
+    async def _owned(
+        self, remediation_id: int, runner: str, work: Coroutine[Any, Any, None]
+    ) -> bool:
+        """Do ``work`` as ``runner``, with heartbeats; a crash is reported on the card. False
+        when the run lost the change to another replica (and stopped)."""
+
+        async def beat() -> bool:
+            return await asyncio.to_thread(self.records.heartbeat, remediation_id, runner=runner)
+
+        async def guarded() -> None:
+            try:
+                await work
+            except LostRun:
+                raise
+            except Exception as exc:
+                await self._crashed(remediation_id, exc, owner=runner)
+
+        return await owned(
+            guarded(), beat, every_s=self.settings.remediation.heartbeat_s,
+            name=f"remediation {remediation_id}",
+        )  # fmt: skip
+
+    async def _run(self, remediation_id: int, runner: str) -> None:
         rem = await asyncio.to_thread(self.records.get, remediation_id)
         adr = await asyncio.to_thread(self._adrs.get_or_raise, rem.adr_id)
         name, spec = self.settings.target(rem.target)
@@ -264,6 +283,7 @@ class RemediationService:
             await self._step(
                 rem.id, "dry_run", "remediation.dry_run", {"flags": flags},
                 note="dry run: the flags above would be set; nothing was changed",
+                owner=runner, expect=["approved"],
             )  # fmt: skip
             return
         assert adr.gates is not None  # the policy refused ADRs without gates
@@ -272,24 +292,28 @@ class RemediationService:
         except NoNormal as exc:
             await self._step(
                 rem.id, "cancelled", "remediation.cancelled", {"reason": str(exc)},
-                note=f"nothing was changed: {exc}",
+                note=f"nothing was changed: {exc}", owner=runner, expect=["approved"],
             )  # fmt: skip
             return
         limits = gates.model_dump(exclude_none=True)  # what the canary checks, as numbers
         if spec.canary.baseline:
-            await self._baseline(rem, spec, before, gates)
+            await self._baseline(rem, spec, before, gates, runner)
         await self._step(
             rem.id, "applying", "remediation.applying",
             {"flags": flags, "before": rem.before, "gates": limits,
              "gates_as_written": adr.gates.describe(gates)},
             note=f"applying with the {actuator.kind} actuator…", result={"gates": limits},
+            owner=runner, expect=["approved"],
         )  # fmt: skip
         try:
             deployed = await actuator.apply(flags)
             if rem.after.get("gateway") is not None:
                 await self._gateway(name, spec).apply(GatewayRules(**rem.after["gateway"]))
         except (ActuatorError, UsageError) as exc:
-            await self._roll_back(rem, actuator, before, reason=f"the change failed: {exc}")
+            await self._roll_back(
+                rem, actuator, before, reason=f"the change failed: {exc}", owner=runner,
+                expect=["applying"],
+            )  # fmt: skip
             return
         await self._step(
             rem.id, "canary", "remediation.canary_started",
@@ -297,12 +321,15 @@ class RemediationService:
              "workload": spec.canary.model_dump()},
             note=f"canary: {spec.canary.num_requests} requests, {spec.canary.concurrency} "
             f"streams against {deployed.base_url}…",
-            after=deployed.to_json(),
+            after=deployed.to_json(), owner=runner, expect=["applying"],
         )  # fmt: skip
         try:
             result = await self._gate(deployed.base_url, spec.canary, gates)
         except RuleloopError as exc:
-            await self._roll_back(rem, actuator, before, reason=f"the canary could not run: {exc}")
+            await self._roll_back(
+                rem, actuator, before, reason=f"the canary could not run: {exc}", owner=runner,
+                expect=["canary"],
+            )  # fmt: skip
             return
         numbers = _numbers(result)
         await asyncio.to_thread(
@@ -317,31 +344,36 @@ class RemediationService:
             await self._roll_back(
                 rem, actuator, before,
                 reason="canary failed the gates: " + "; ".join(result.failures),
-                numbers=numbers, failures=result.failures,
+                numbers=numbers, failures=result.failures, owner=runner, expect=["canary"],
             )  # fmt: skip
             return
         await self._step(
             rem.id, "promoting", "remediation.canary_passed", {"numbers": numbers},
             note="canary passed; rolling out…",
             result={"numbers": numbers, "failures": [], "gates": limits},
+            owner=runner, expect=["canary"],
         )  # fmt: skip
         try:
             await actuator.promote(flags)
         except ActuatorError as exc:
-            await self._roll_back(rem, actuator, before, reason=f"the rollout failed: {exc}")
+            await self._roll_back(
+                rem, actuator, before, reason=f"the rollout failed: {exc}", owner=runner,
+                expect=["promoting"],
+            )  # fmt: skip
             return
         await self._step(
             rem.id, "promoted", "remediation.promoted", {"numbers": numbers, "flags": flags},
-            note="kept: the canary met every gate",
+            note="kept: the canary met every gate", owner=runner, expect=["promoting"],
         )  # fmt: skip
 
     async def _baseline(
-        self, rem: Remediation, spec: Target, before: Deployed, gates: AdrGates
+        self, rem: Remediation, spec: Target, before: Deployed, gates: AdrGates, runner: str
     ) -> None:
         """The same canary on the flags serving now: the matrix's "before" row."""
         await self._step(
             rem.id, "approved", "remediation.baseline_started", {"flags": before.flags},
             note="measuring the current flags with the same canary first…",
+            owner=runner, expect=["approved"],
         )  # fmt: skip
         try:
             result = await self._gate(before.base_url, spec.canary, gates)
@@ -364,16 +396,19 @@ class RemediationService:
         before: Deployed,
         *,
         reason: str,
+        owner: str,
+        expect: list[str],
         numbers: dict[str, float | None] | None = None,
         failures: list[str] | None = None,
     ) -> None:
+        """Back to the recorded flags, from state ``expect``, as run ``owner``."""
         result = {"numbers": numbers or {}, "failures": failures or [], "reason": reason}
         current = await asyncio.to_thread(self.records.get, rem.id)
         if "gates" in current.result:  # the resolved limits stay on the record
             result["gates"] = current.result["gates"]
         await self._step(
             rem.id, "rolling_back", "remediation.rolling_back", {"reason": reason},
-            note=f"{reason}; rolling back…", result=result,
+            note=f"{reason}; rolling back…", result=result, owner=owner, expect=expect,
         )  # fmt: skip
         try:
             if rem.before.get("gateway") is not None:
@@ -390,14 +425,16 @@ class RemediationService:
                 rem.id, "failed", "remediation.rollback_failed", {"error": error},
                 note=f"{reason}; the ROLLBACK FAILED: {error}. Manual action needed: restore "
                 f"{_flags_text(before.flags)} on {rem.target}.",
+                owner=owner, expect=["rolling_back"],
             )  # fmt: skip
             return
         await self._step(
             rem.id, "rolled_back", "remediation.rolled_back", {"flags": restored.flags},
             note=f"{reason}. Rolled back: {_flags_text(restored.flags)} serve again.",
+            owner=owner, expect=["rolling_back"],
         )  # fmt: skip
 
-    async def _crashed(self, remediation_id: int, exc: BaseException) -> None:
+    async def _crashed(self, remediation_id: int, exc: BaseException, *, owner: str) -> None:
         error_id = uuid.uuid4().hex[:8]
         log.error("remediation %s failed (id %s)", remediation_id, error_id, exc_info=exc)
         text = str(exc) if isinstance(exc, RuleloopError) else f"unexpected error (id {error_id})"
@@ -405,12 +442,8 @@ class RemediationService:
             await self._step(
                 remediation_id, "failed", "remediation.failed", {"error": text},
                 note=f"stopped: {text}. Check the target's flags by hand.",
+                owner=owner, expect=sorted(ACTIVE),
             )  # fmt: skip
-
-    async def _heartbeat(self, remediation_id: int) -> None:
-        while True:
-            await asyncio.sleep(HEARTBEAT_S)
-            await asyncio.to_thread(self.records.heartbeat, remediation_id)
 
     def _gateway(self, name: str, spec: Target) -> GatewayAdmin:
         if spec.gateway_url is None or spec.gateway_admin_token_file is None:
@@ -421,33 +454,48 @@ class RemediationService:
         return GatewayAdmin(url=spec.gateway_url, token_file=spec.gateway_admin_token_file)
 
     # --- housekeeping (at startup and on a schedule) ----------------------------------------
-    async def resume(self, *, stale_s: float = STALE_S) -> int:
-        """Finish what a stopped bot left half done: roll back to the recorded flags."""
+    async def resume(self, *, stale_s: float | None = None) -> int:
+        """Finish what a stopped replica left half done: roll back to the recorded flags.
+
+        Stale means no step or heartbeat for ``stale_s`` (default ``[remediation]
+        stale_after_s``) on the database's clock; taking a change over is one conditional
+        UPDATE that checks it again, so a run that beat meanwhile keeps its change. How many
+        were taken over."""
+        if stale_s is None:
+            stale_s = self.settings.remediation.stale_after_s
         stale = await asyncio.to_thread(self.records.stale, older_than_s=stale_s, states=ACTIVE)
+        taken = 0
         for rem in stale:
+            runner = new_runner()
             won = await asyncio.to_thread(
                 self.records.step,
                 rem.id,
                 to_state="rolling_back" if rem.state != "approved" else "interrupted",
                 action="remediation.resumed",
-                detail={"found_in": rem.state},
+                detail={"found_in": rem.state, "was_run_by": rem.runner},
                 from_states=[rem.state],
+                stale_s=stale_s,
+                runner=runner,
             )
             if not won:
-                continue  # another replica took it
+                continue  # another replica took it, or its run beat again meanwhile
+            taken += 1
             if rem.state == "approved":  # nothing was applied yet
                 await self._show(
                     rem.id, note="the bot restarted before applying; nothing was changed"
                 )
                 continue
             name, spec = self.settings.target(rem.target)
-            await self._roll_back(
+            rollback = self._roll_back(
                 rem,
                 self._actuator_for(name, spec),
                 Deployed.from_json(rem.before),
                 reason=f"the bot restarted while this change was {rem.state}",
+                owner=runner,
+                expect=["rolling_back"],
             )
-        return len(stale)
+            await self._owned(rem.id, runner, rollback)
+        return taken
 
     async def expire_due(self) -> int:
         """Pending requests whose buttons expired: mark them expired and say so on the card."""
@@ -499,12 +547,18 @@ class RemediationService:
         detail: dict[str, Any],
         *,
         note: str,
+        owner: str,
+        expect: list[str],
         **fields: Any,
     ) -> None:
-        await asyncio.to_thread(
+        """Move to ``state`` from one of ``expect`` as run ``owner`` (audited, then shown on
+        the card); LostRun, having changed nothing, when the change is not that any more."""
+        moved = await asyncio.to_thread(
             self.records.step, remediation_id, to_state=state, action=action,
-            detail=detail, **fields,
+            detail=detail, from_states=expect, owner=owner, **fields,
         )  # fmt: skip
+        if not moved:
+            raise LostRun(f"remediation {remediation_id} is no longer run by {owner}")
         await self._show(remediation_id, note=note)
 
     async def _show(self, remediation_id: int, *, note: str) -> None:

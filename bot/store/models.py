@@ -142,7 +142,9 @@ class Remediation(Base):
     ``state`` moves pending -> approved -> applying -> canary -> (promoted | rolling_back ->
     rolled_back) or ends refused / expired / failed. ``before`` is what served before the change
     (the actuator's record, enough to restore it exactly); ``after`` the flags it asked for.
-    At most one remediation per target is in flight (``IN_FLIGHT``).
+    At most one remediation per target is in flight (``IN_FLIGHT``). ``runner`` is the run
+    that works on it and ``heartbeat_at`` when that run last said so, on the database's clock:
+    a run whose heartbeat is stale is taken over (``RemediationService.resume``).
     """
 
     __tablename__ = "remediations"
@@ -172,6 +174,10 @@ class Remediation(Base):
     ts: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
+    # the run working on it (host:pid:random): every step it writes is conditional on still
+    # being this runner, so a run another replica took over stops at its next step
+    runner: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[dt.datetime | None]  # the database's clock (bot.store.dbtime)
 
 
 class ActionToken(Base):

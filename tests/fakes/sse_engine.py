@@ -4,12 +4,15 @@ It answers `GET /v1/models` and streaming `POST /v1/completions`: one SSE event 
 with usage (vLLM's `continuous_usage_stats`), then `[DONE]`. With ``hold_after=N`` a stream
 stops after N tokens and stays open until the client closes the connection, so only a client
 that gives up can end it; ``disconnects`` records how many tokens each such stream had sent.
+With ``metrics_pages`` it also answers `GET /metrics` with those pages in turn (recorded vLLM
+pages), so a canary that scrapes the engine can run against it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any
 
 MODEL = "fake-model"
@@ -29,9 +32,17 @@ def token_event(i: int, prompt_tokens: int, *, last: bool = False) -> bytes:
 class SseEngine:
     """``async with SseEngine() as engine:`` serves ``engine.base_url`` in this event loop."""
 
-    def __init__(self, *, hold_after: int | None = None, token_delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        hold_after: int | None = None,
+        token_delay_s: float = 0.0,
+        metrics_pages: Sequence[str] = (),
+    ) -> None:
         self.hold_after = hold_after
         self.token_delay_s = token_delay_s  # a slow engine: this long between tokens
+        self.metrics_pages = list(metrics_pages)
+        self.scrapes = 0
         self.streams = 0
         self.completed = 0
         self.disconnects: list[int] = []
@@ -78,6 +89,14 @@ class SseEngine:
         body = await reader.readexactly(int(headers.get("content-length") or 0))
         if method == "GET" and path == "/v1/models":
             _json(writer, 200, {"object": "list", "data": [{"id": MODEL}]})
+        elif method == "GET" and path == "/metrics" and self.metrics_pages:
+            page = self.metrics_pages[self.scrapes % len(self.metrics_pages)].encode()
+            self.scrapes += 1
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                + f"Content-Length: {len(page)}\r\n\r\n".encode()
+                + page
+            )
         elif method == "POST" and path == "/v1/completions":
             return await self._stream(json.loads(body), reader, writer)
         else:

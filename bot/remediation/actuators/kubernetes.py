@@ -214,7 +214,7 @@ class KubernetesActuator:
         if self.spec.canary_deployment and _kept(before.detail, "canary_") is not None:
             stages.insert(0, "canary_")
         wanted: list[tuple[str, str, list[str], bool]] = []
-        patched: list[tuple[str, int]] = []
+        rollouts: list[tuple[str, int]] = []
         for prefix in stages:  # patch all first: they roll out side by side
             name = self.spec.canary_deployment if prefix else self.spec.deployment
             assert name is not None
@@ -222,11 +222,11 @@ class KubernetesActuator:
             args, exact = _restored(before.detail, prefix, read.args)
             annotation = _annotation(before.detail, prefix, args)
             wanted.append((name, prefix, args, exact))
+            generation = read.generation  # already as recorded: its rollout may still run
             if read.args != args or read.annotation != annotation:
-                patched.append(
-                    (name, await self._patch(read, args, annotation, precondition=False))
-                )
-        for name, generation in patched:
+                generation = await self._patch(read, args, annotation, precondition=False)
+            rollouts.append((name, generation))
+        for name, generation in rollouts:
             await self._wait(name, generation)
         for name, prefix, args, exact in wanted:
             now = (await self._read(name)).args

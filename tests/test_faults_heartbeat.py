@@ -1,0 +1,244 @@
+"""Item 4 of the reliability faults: the heartbeat and the resume raced.
+
+One failed heartbeat write ended all heartbeats, and the run's `finally` then failed (no draft
+although the state was promoted); `resume()` on another replica rolled back a run that was
+still alive, which then wrote canary_passed and promoted anyway; staleness compared one
+replica's clock with another's. Here two bots (replicas) share one store and one Kubernetes
+API (the fake at the wire); the canary is held until the test lets it finish. Times are scaled
+down: heartbeats every 0.5 s, stale after 4.5 s (production: 20 s and 90 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from bot.adr.models import AdrGates
+from bot.canary.verdict import gates_from, judge
+from bot.config import CanarySpec, KubernetesActuatorSpec, Target
+from bot.remediation.actuators.base import Actuator
+from bot.remediation.actuators.kubernetes import KubernetesActuator
+from bot.remediation.argv import read_flags
+from bot.remediation.gate import GateRun
+from bot.store import service as store
+from bot.store.dbtime import db_now
+from bot.store.models import AdrDraft, Remediation
+from tests.fakes.bot import Harness, harness
+from tests.fakes.clock import FakeTime
+from tests.fakes.kube_api import TOKEN, FakeKube
+from tests.fakes.slack_api import FakeSlack
+from tests.fakes.sse_engine import SseEngine
+from tests.test_remediation_slack import ADR, buttons
+
+pytestmark = pytest.mark.faults
+ARGS = ["--model", "/models/llama-3-8b", "--max-num-batched-tokens", "8192"]
+BEAT_S, STALE_S = 0.5, 4.5
+PASSING = {"ttft_ms": {"p99": 180.0}, "tpot_ms": {"p99": 21.5}, "goodput_ratio": 0.99,
+           "kv_fragmentation": {"observed": 0.12}, "requests": {"total": 32, "failed": 0}}  # fmt: skip
+# The store refuses heartbeats: writes of heartbeat_at that change nothing else a step does.
+REFUSE = (
+    "CREATE TRIGGER refuse_heartbeats BEFORE UPDATE OF heartbeat_at ON remediations "
+    "WHEN NEW.state = OLD.state AND NEW.result IS OLD.result "
+    "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
+)
+
+
+class HeldCanary:
+    """The gate's canary: it starts, then waits until ``release`` is set, then passes."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, base_url: str, spec: CanarySpec, gates: AdrGates) -> GateRun:
+        self.started.set()
+        await self.release.wait()
+        return GateRun(PASSING, judge(PASSING, gates_from(gates)))
+
+
+@dataclass
+class Replicas:
+    """Two bots on one store, one fake cluster, one fake Slack; the run starts on ``one``."""
+
+    one: Harness
+    two: Harness
+    kube: FakeKube
+    canary: HeldCanary
+    slack: FakeSlack
+
+    def refuse_heartbeats(self) -> None:
+        with self.one.bot.db.engine.begin() as connection:
+            connection.exec_driver_sql(REFUSE)
+
+    def accept_heartbeats(self) -> None:
+        with self.one.bot.db.engine.begin() as connection:
+            connection.exec_driver_sql("DROP TRIGGER refuse_heartbeats")
+
+    def remediation(self) -> Remediation:
+        with self.one.bot.db.transaction() as s:
+            return s.scalars(select(Remediation)).one()
+
+    def actions(self) -> list[str]:
+        with self.one.bot.db.transaction() as s:
+            trail = store.audit_trail(s)
+            return [e.action for e in trail if e.action.startswith("remediation.")]
+
+    def db_now(self) -> Any:
+        with self.one.bot.db.engine.connect() as connection:
+            return connection.execute(select(db_now())).scalar_one()
+
+    async def start_and_hold(self) -> None:
+        """Request on ``one``, approve there; return once the canary is running (held)."""
+        reply = await self.one.slash(f"{ADR} prod-a", command="/apply-adr")
+        assert reply.status_code == 200, reply.text
+
+        async def card() -> str:  # the confirmation card, posted during or after the ack
+            while True:
+                cards = [c for c in self.slack.of("chat.postMessage") if buttons(c)]
+                if cards:
+                    return buttons(cards[-1])["remediation_approve"]
+                await asyncio.sleep(0.05)
+
+        approve = await asyncio.wait_for(card(), timeout=30)
+        await self.one.click(approve, user="U2", action_id="remediation_approve")
+        await asyncio.wait_for(self.canary.started.wait(), timeout=30)
+        assert self.remediation().state == "canary"
+        assert read_flags(self.kube.args("vllm"))["max-num-batched-tokens"] == 2048  # applied
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    fake = FakeKube()
+    fake.add_deployment("vllm", args=ARGS, replicas=2)
+    return fake
+
+
+@pytest.fixture
+def caplogged(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture]:
+    caplog.set_level(logging.INFO, logger="ruleloop")
+    yield caplog
+
+
+@pytest.fixture
+async def replicas(tmp_path: Path, slack: FakeSlack, kube: FakeKube) -> AsyncIterator[Replicas]:
+    clock = FakeTime()  # rollouts poll without waiting
+    http = httpx.AsyncClient(
+        transport=kube.transport, base_url="https://kube.test",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )  # fmt: skip
+
+    def actuator_for(name: str, target: Target) -> Actuator:
+        assert isinstance(target.actuator, KubernetesActuatorSpec)
+        return KubernetesActuator(
+            target.actuator, vllm_url=target.vllm_url, http=http, sleep=clock.sleep,
+            monotonic=clock.clock,
+        )  # fmt: skip
+
+    canary = HeldCanary()
+    async with SseEngine() as engine:  # serves the completion a rollback verifies
+        spec = {"kind": "kubernetes", "namespace": "inference", "deployment": "vllm",
+                "token_file": None, "ca_file": None}  # fmt: skip
+        settings: dict[str, Any] = {
+            "targets": {"prod-a": {"vllm_url": engine.base_url, "actuator": spec}},
+            "remediation": {"heartbeat_s": BEAT_S, "stale_after_s": STALE_S},
+            "store": {"url": f"sqlite:///{tmp_path / 'shared.db'}"},
+        }
+        bots = [
+            harness(tmp_path, slack=slack, bot_options={"actuator_for": actuator_for,
+                    "gate": canary}, **settings)
+            for _ in range(2)
+        ]  # fmt: skip
+        yield Replicas(one=bots[0], two=bots[1], kube=kube, canary=canary, slack=slack)
+        canary.release.set()
+        for bot in bots:
+            await bot.close()
+    await http.aclose()
+
+
+async def test_heartbeat_writes_failing_for_30_s_end_in_one_run_and_one_state(
+    replicas: Replicas, caplogged: pytest.LogCaptureFixture
+) -> None:
+    """30 s of refused heartbeats (a third of the stale limit; here 1.5 s): the heartbeat
+    retries and carries on, the other replica takes nothing over, the run ends promoted and
+    drafts its ADR."""
+    await replicas.start_and_hold()
+    replicas.refuse_heartbeats()
+    refused_until = time.monotonic() + STALE_S / 3
+    while time.monotonic() < refused_until:
+        assert await replicas.two.bot.remediation.resume() == 0
+        await asyncio.sleep(0.2)
+    failed = [r for r in caplogged.records if "heartbeat of remediation 1 failed" in r.message]
+    assert len(failed) >= 2  # the writes were refused, and retried
+    replicas.accept_heartbeats()
+    accepted_at = replicas.db_now()
+
+    async def beats_again() -> None:
+        while (replicas.remediation().heartbeat_at or accepted_at) <= accepted_at:
+            await asyncio.sleep(0.05)
+
+    await asyncio.wait_for(beats_again(), timeout=BEAT_S * 4)  # the heartbeat did not end
+    assert await replicas.two.bot.remediation.resume() == 0
+    replicas.canary.release.set()
+    await replicas.one.bot.flows.tasks.drain()
+    assert replicas.remediation().state == "promoted"
+    assert replicas.actions() == [
+        "remediation.requested", "remediation.approved", "remediation.applying",
+        "remediation.canary_started", "remediation.canary_passed", "remediation.promoted",
+    ]  # fmt: skip
+    assert read_flags(replicas.kube.args("vllm"))["max-num-batched-tokens"] == 2048
+    assert len(replicas.kube.patches()) == 1  # applied once, never rolled back
+    with replicas.one.bot.db.transaction() as s:  # the run's end was reached: it drafted
+        assert len(s.scalars(select(AdrDraft)).all()) == 1
+
+
+async def test_a_replica_whose_clock_runs_ahead_takes_no_live_run_over(
+    replicas: Replicas,
+) -> None:
+    """Staleness is judged on the database's clock: a replica ten minutes ahead sees a run
+    that beats as alive."""
+    await replicas.start_and_hold()
+    replicas.two.wall.advance(600)
+    await asyncio.sleep(BEAT_S * 2)
+    assert await replicas.two.bot.remediation.resume() == 0
+    replicas.canary.release.set()
+    await replicas.one.bot.flows.tasks.drain()
+    assert replicas.remediation().state == "promoted"
+    assert "remediation.resumed" not in replicas.actions()
+
+
+async def test_a_resume_that_takes_over_a_live_run_stops_it_at_its_next_step(
+    replicas: Replicas, caplogged: pytest.LogCaptureFixture
+) -> None:
+    """The run is alive but its heartbeats do not land past the stale limit: the other
+    replica takes it over and rolls back; when the live run's canary ends, its next step
+    finds the change is not its own and it stops: no canary_passed, no promoted, no patch."""
+    await replicas.start_and_hold()
+    replicas.refuse_heartbeats()
+    await asyncio.sleep(1.2)
+    assert await replicas.two.bot.remediation.resume(stale_s=1.0) == 1
+    replicas.accept_heartbeats()
+    assert replicas.remediation().state == "rolled_back"
+    assert replicas.kube.args("vllm") == ARGS
+    patches = len(replicas.kube.patches())
+    replicas.canary.release.set()  # the live run's canary ends now
+    await replicas.one.bot.flows.tasks.drain()
+    rem = replicas.remediation()
+    assert rem.state == "rolled_back"
+    assert replicas.actions() == [
+        "remediation.requested", "remediation.approved", "remediation.applying",
+        "remediation.canary_started", "remediation.resumed", "remediation.rolling_back",
+        "remediation.rolled_back",
+    ]  # fmt: skip
+    assert replicas.kube.args("vllm") == ARGS and len(replicas.kube.patches()) == patches
+    assert any("taken over by another replica" in r.message for r in caplogged.records)
+    last = replicas.slack.of("chat.update")[-1].args["text"]
+    assert last == f"{ADR} on prod-a: rolled back: the previous flags serve again"
