@@ -60,8 +60,8 @@ async def test_pulse_sends_from_burst_streams_only_during_bursts() -> None:
     ]
     assert off_burst, "the base load runs between bursts"
     assert max(in_flight_at(off_burst, r.sent_at) for r in off_burst) <= 2
-    # In a burst all 8 streams send.
-    assert max(in_flight_at(records, r.sent_at) for r in records) == 8
+    # In a burst the 6 burst streams send too (a base stream may be between requests then).
+    assert max(in_flight_at(records, r.sent_at) for r in records) >= 6
 
 
 async def test_steady_load_keeps_every_stream_busy_until_the_count_is_spent() -> None:
