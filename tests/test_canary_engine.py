@@ -103,7 +103,9 @@ def test_injected_cancellations_lower_goodput(engine: EngineInfo) -> None:
     # The engine generated tokens that no client received in full.
     engine_side = impatient["engine"]
     assert engine_side["generation_tokens"] >= tokens["streamed"] > tokens["delivered"]
-    assert engine_side["goodput_ratio"] < 1.0
+    # vLLM counts a request's tokens as good when it finished in the engine: every delivered
+    # answer did, and so may an impatient one the engine completed before the client's abort.
+    assert engine_side["goodput_ratio"] >= impatient["goodput_ratio"]
 
 
 def test_client_ttft_agrees_with_engine_histogram(engine: EngineInfo) -> None:
