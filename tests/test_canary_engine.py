@@ -52,9 +52,12 @@ def test_loose_gates_pass_with_exit_0(engine: EngineInfo) -> None:
     )  # fmt: skip
     assert code == 0, out
     assert report is not None and report["passed"] is True
-    assert report["requests"] == {"ok": 16, "cancelled": 0, "failed": 0, "total": 16}
+    assert report["requests"] == {
+        "ok": 16, "cancelled": 0, "failed": 0, "total": 16, "failed_by_cause": {}
+    }  # fmt: skip
     assert [g["name"] for g in report["gates"]] == [
         "max_ttft_p99_ms", "max_tpot_p99_ms", "min_goodput_ratio", "max_kv_fragmentation",
+        "max_error_rate",
     ]  # fmt: skip
     assert all(g["passed"] for g in report["gates"])
     assert report["tokens"]["delivered"] == 16 * 16

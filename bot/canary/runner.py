@@ -104,6 +104,7 @@ class CanaryRun:
         self._cache: CacheConfig | None = None
         self._started = 0.0
         self._prepared: deque[tuple[bytes, int]] = deque()
+        self._first_token = asyncio.Event()  # a measured stream got its first token
 
     async def run(self) -> CanaryReport:
         """Preflight, load, scrape; raise EndpointError when the endpoint cannot be used."""
@@ -311,27 +312,37 @@ class CanaryRun:
             abandon_after_s=abandon,
             cancel_after_tokens=after_tokens,
             timeout_s=w.timeout_s,
+            on_first_token=self._first_token.set if keep else None,
         )
         if cancel and headers and record.outcome is Outcome.FAILED:
             record.outcome = Outcome.CANCELLED  # the deadline we asked for did its job
 
     async def _sample(self, scraper: MetricsScraper) -> None:
+        # The first sample is taken as soon as a measured stream holds a token: on a fast
+        # engine a short run can end within one interval, and would have no sample at all.
+        await self._first_token.wait()
         while True:
-            await asyncio.sleep(self.sample_interval_s)
+            # What is resident when the engine renders the page, not when its answer arrives.
+            prefilled = self._in_flight()
             try:
                 page = await scraper(only=SAMPLE_METRICS)
             except EndpointError:
-                continue  # one missed sample is not worth failing the run
-            self._take_sample(page)
+                pass  # one missed sample is not worth failing the run
+            else:
+                self._take_sample(page, prefilled)
+            await asyncio.sleep(self.sample_interval_s)
 
-    def _take_sample(self, page: Exposition) -> None:
-        kv = gauge(page, KV_USAGE)
+    def _in_flight(self) -> list[tuple[int, int]]:
+        """(prompt, generated - 1) of each streaming request that has its first token."""
         # The newest sampled token has no KV yet: it is written when the next step feeds it in.
-        prefilled = [
+        return [
             (r.prompt_tokens or r.planned_prompt_tokens, max(r.output_tokens - 1, 0))
             for r in self.records
             if r.in_flight and r.first_token_at is not None
         ]
+
+    def _take_sample(self, page: Exposition, prefilled: list[tuple[int, int]]) -> None:
+        kv = gauge(page, KV_USAGE)
         cache = self._cache
         shared = 0
         if cache:
