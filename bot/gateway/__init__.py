@@ -4,5 +4,6 @@ Modules, one noun each: ``app`` (routing, admission, bookkeeping), ``relay`` (on
 exchange: streaming, deadline, cancel drain), ``budget`` (in-flight token budget), ``costing``
 (token estimate of a request), ``deadlines`` (X-Request-Timeout), ``limits`` (live limits),
 ``admin`` (the /admin/limits endpoint), ``metrics`` (the gateway's /metrics: names are a
-contract), ``responses`` (OpenAI-shaped errors), ``server`` (uvicorn, SIGHUP).
+contract), ``engine_page`` (the engine's /metrics at /engine/metrics), ``responses``
+(OpenAI-shaped errors), ``server`` (uvicorn, SIGHUP).
 """
