@@ -58,10 +58,10 @@ def body(
 
 
 @pytest.fixture(scope="module")
-def engine(engine_factory: EngineFactory) -> EngineInfo:
-    """This module's engine: the test engine with a 128k context instead of the model's 16k.
+def long_engine(engine_factory: EngineFactory) -> EngineInfo:
+    """The test engine with a 128k context instead of the model's 16k, for requests to cut.
 
-    Each test here needs a request still running when its client leaves or its deadline
+    The tests that cut a request need it still running when its client leaves or its deadline
     passes. A 16k request lasted about 18 s on a shared 2-core box, which a stalled box has
     outwaited; a 128k one lasts minutes. (Past the model's own positions is fine for dummy
     weights; vLLM wants that said with VLLM_ALLOW_LONG_MAX_MODEL_LEN.)
@@ -72,11 +72,11 @@ def engine(engine_factory: EngineFactory) -> EngineInfo:
 
 
 @pytest.fixture
-async def start_gateway(engine: EngineInfo) -> AsyncIterator[StartGateway]:
-    """Start gateways (real uvicorn) in front of the test engine; stop them after the test."""
+async def start_gateway() -> AsyncIterator[StartGateway]:
+    """Start gateways (real uvicorn) in front of an engine; stop them after the test."""
     opened: list[tuple[GatewayServer, httpx.AsyncClient]] = []
 
-    async def start(**limits: Any) -> tuple[str, Gateway]:
+    async def start(engine: EngineInfo, **limits: Any) -> tuple[str, Gateway]:
         client = upstream_client(engine.base_url)
         app = Gateway(client=client, limits=Limits(**limits))
         server = GatewayServer(app)
@@ -91,14 +91,14 @@ async def start_gateway(engine: EngineInfo) -> AsyncIterator[StartGateway]:
 
 
 @pytest.fixture
-async def longest(engine: EngineInfo) -> int:
-    """max_tokens of the longest request the engine takes (its context minus the prompt).
+async def longest(long_engine: EngineInfo) -> int:
+    """max_tokens of the longest request the long engine takes (its context minus the prompt).
 
     A request this long cannot end on its own before a client that left after its first tokens,
     or a deadline early in its stream, reaches the engine.
     """
     async with httpx.AsyncClient(timeout=60) as client:
-        card = (await client.get(f"{engine.base_url}/v1/models")).json()["data"][0]
+        card = (await client.get(f"{long_engine.base_url}/v1/models")).json()["data"][0]
     return int(card["max_model_len"]) - PROMPT
 
 
@@ -187,18 +187,18 @@ def assert_stopped_early(cuts: list[Cut], longest: int) -> None:
 
 
 async def test_gateway_disconnect_makes_the_engine_abort_within_a_few_steps(
-    engine, start_gateway, longest: int
+    long_engine, start_gateway, longest: int
 ) -> None:
-    base, app = await start_gateway()
+    base, app = await start_gateway(long_engine)
     direct: list[Cut] = []
     via_gateway: list[Cut] = []
     async with httpx.AsyncClient(timeout=None) as client:
         for seed in range(3):
-            request = body(engine, max_tokens=longest, seed=seed)
-            for root, cuts in ((engine.base_url, direct), (base, via_gateway)):
-                before = await settled(client, engine)
+            request = body(long_engine, max_tokens=longest, seed=seed)
+            for root, cuts in ((long_engine.base_url, direct), (base, via_gateway)):
+                before = await settled(client, long_engine)
                 received = await leave_after(client, f"{root}/v1/completions", request, 1)
-                cuts.append(Cut(received, await settled(client, engine) - before))
+                cuts.append(Cut(received, await settled(client, long_engine) - before))
         page = Exposition.parse((await client.get(f"{base}/metrics")).text, at=0.0)
     print(f"\ntokens generated after the client left ({longest} asked, left after the first): "
           f"direct {[c.extra for c in direct]}, via gateway {[c.extra for c in via_gateway]}")  # fmt: skip
@@ -253,23 +253,23 @@ def deadline_ending(response: httpx.Response) -> int | None:
 
 
 async def test_gateway_deadline_drops_a_stream_with_a_final_error_event(
-    engine, start_gateway, longest: int
+    long_engine, start_gateway, longest: int
 ) -> None:
-    base, app = await start_gateway()
+    base, app = await start_gateway(long_engine)
     cuts: list[Cut] = []
     mid_stream = 0
     async with httpx.AsyncClient(timeout=None) as client:
-        deadline_s = await early_deadline(client, engine)
+        deadline_s = await early_deadline(client, long_engine)
         for seed in range(3):
-            before = await settled(client, engine)
+            before = await settled(client, long_engine)
             response = await client.post(
                 f"{base}/v1/completions",
-                json=body(engine, max_tokens=longest, seed=seed),
+                json=body(long_engine, max_tokens=longest, seed=seed),
                 headers=deadline_header(deadline_s),
             )
             delivered = deadline_ending(response)
             mid_stream += delivered is not None
-            cuts.append(Cut(delivered or 0, await settled(client, engine) - before))
+            cuts.append(Cut(delivered or 0, await settled(client, long_engine) - before))
         page = Exposition.parse((await client.get(f"{base}/metrics")).text, at=0.0)
     print(f"\ndeadline {deadline_s * 1000:.0f} ms, {mid_stream} of 3 passed mid-stream; tokens the "
           f"client never got ({longest} asked): {[c.extra for c in cuts]}")  # fmt: skip
@@ -285,21 +285,21 @@ async def test_gateway_deadline_drops_a_stream_with_a_final_error_event(
 
 
 async def test_gateway_budget_429_and_back_to_zero_after_every_ending(
-    engine, start_gateway, longest: int
+    long_engine, start_gateway, longest: int
 ) -> None:
-    base, app = await start_gateway(max_inflight_tokens=longest + 100, retry_after_s=2)
+    base, app = await start_gateway(long_engine, max_inflight_tokens=longest + 100, retry_after_s=2)
     url = f"{base}/v1/completions"
-    long = body(engine, max_tokens=longest)
+    long = body(long_engine, max_tokens=longest)
 
     def drained() -> bool:
         return app.budget.in_flight_tokens == 0 and app.budget.in_flight_requests == 0
 
     async with httpx.AsyncClient(timeout=120) as client:
-        deadline_s = await early_deadline(client, engine)
-        ok = await client.post(url, json=body(engine, max_tokens=4))
+        deadline_s = await early_deadline(client, long_engine)
+        ok = await client.post(url, json=body(long_engine, max_tokens=4))
         assert ok.status_code == 200 and drained()
         error = await client.post(
-            url, json={**body(engine, max_tokens=4), "model": "no-such-model"}
+            url, json={**body(long_engine, max_tokens=4), "model": "no-such-model"}
         )
         assert error.status_code == 404 and drained()
         deadline = await client.post(url, json=long, headers=deadline_header(deadline_s))
@@ -307,7 +307,7 @@ async def test_gateway_budget_429_and_back_to_zero_after_every_ending(
         async with client.stream("POST", url, json=long) as held:
             first = await anext(held.aiter_lines())
             assert first.startswith("data: ") and app.budget.in_flight_tokens == longest + PROMPT
-            refused = await client.post(url, json=body(engine, max_tokens=200))
+            refused = await client.post(url, json=body(long_engine, max_tokens=200))
         while not drained():  # the held stream was abandoned: the gateway releases it on its own
             await asyncio.sleep(0.05)
         page = Exposition.parse((await client.get(f"{base}/metrics")).text, at=0.0)
@@ -350,7 +350,7 @@ def content(text: str) -> tuple[str, str | None, int, bool]:
 async def test_gateway_stream_content_is_identical_to_the_engines(
     engine, start_gateway, chat: bool
 ) -> None:
-    base, _ = await start_gateway()
+    base, _ = await start_gateway(engine)
     request = body(engine, max_tokens=24, seed=7)
     path = "/v1/completions"
     if chat:
@@ -366,22 +366,22 @@ async def test_gateway_stream_content_is_identical_to_the_engines(
 
 
 async def test_gateway_metrics_add_up_against_the_engine(
-    engine, start_gateway, longest: int
+    long_engine, start_gateway, longest: int
 ) -> None:
-    base, _ = await start_gateway()
+    base, _ = await start_gateway(long_engine)
     url = f"{base}/v1/completions"
-    long = body(engine, max_tokens=longest)
+    long = body(long_engine, max_tokens=longest)
     async with httpx.AsyncClient(timeout=120) as client:
-        deadline_s = await early_deadline(client, engine)
-        before = await settled(client, engine)
+        deadline_s = await early_deadline(client, long_engine)
+        before = await settled(client, long_engine)
         done = await asyncio.gather(
-            *(client.post(url, json=body(engine, max_tokens=6 + i, seed=i)) for i in range(3))
+            *(client.post(url, json=body(long_engine, max_tokens=6 + i, seed=i)) for i in range(3))
         )
         seen = [content(r.text)[2] for r in done]
         # leaves after its first tokens of a request that cannot end before that: a client_cancel
         left = await leave_after(client, url, long, 5)
         deadline = await client.post(url, json=long, headers=deadline_header(deadline_s))
-        generated = (await settled(client, engine) - before).generated
+        generated = (await settled(client, long_engine) - before).generated
         page = Exposition.parse((await client.get(f"{base}/metrics")).text, at=0.0)
     outcomes = outcome_counts(
         page, ("ok", "client_cancel", "deadline", "upstream_error", "rejected", "invalid")
@@ -412,7 +412,7 @@ async def test_gateway_metrics_add_up_against_the_engine(
 async def test_canary_header_deadlines_through_the_gateway_match_its_counts(
     engine, start_gateway
 ) -> None:
-    base, _ = await start_gateway()
+    base, _ = await start_gateway(engine)
     workload = Workload(
         endpoint=f"{base}/v1/completions", concurrency=4, num_requests=8, prompt_length=16,
         output_length=64, cancel_share=0.5, cancel_after_ms=60, cancel_mode=CancelMode.HEADER,
@@ -430,7 +430,7 @@ async def test_canary_header_deadlines_through_the_gateway_match_its_counts(
 
 
 async def test_gateway_serves_the_engines_metrics_at_engine_metrics(engine, start_gateway) -> None:
-    base, _ = await start_gateway()
+    base, _ = await start_gateway(engine)
     async with httpx.AsyncClient(timeout=120) as client:
         direct = await client.get(f"{engine.base_url}/metrics")
         proxied = await client.get(f"{base}/engine/metrics")
