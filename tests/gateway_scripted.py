@@ -50,7 +50,13 @@ class Script(httpx.AsyncByteStream):
             if self.engine.gated:
                 await self.engine.step.get()
             yield event(i)
-        yield b"data: [DONE]\n\n"
+        if self.engine.linger:
+            # the end marker in two pieces, and the HTTP body ends only when the test says so
+            yield b"data: [DO"
+            yield b"NE]\n\n"
+            await self.engine.body_end.wait()
+        else:
+            yield b"data: [DONE]\n\n"
 
     async def aclose(self) -> None:
         self.engine.closed += 1
@@ -85,11 +91,13 @@ def json_response(status: int, data: object) -> httpx.Response:
 class ScriptedEngine:
     """Stand-in for vLLM behind httpx.MockTransport."""
 
-    def __init__(self, *, gated: bool = False, stall: bool = False) -> None:
+    def __init__(self, *, gated: bool = False, stall: bool = False, linger: bool = False) -> None:
         self.requests: list[httpx.Request] = []
         self.closed = 0
         self.gated = gated
         self.stall = stall
+        self.linger = linger
+        self.body_end = asyncio.Event()
         self.step: asyncio.Queue[None] = asyncio.Queue()
         self.metrics_status = 200
 

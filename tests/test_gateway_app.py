@@ -208,6 +208,34 @@ async def test_gateway_client_disconnect_closes_the_upstream_stream(make_gateway
     assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "wasted"}) == 1
 
 
+async def test_gateway_client_that_leaves_after_the_end_marker_was_served_in_full(
+    make_gateway,
+) -> None:
+    # The client has "data: [DONE]" and leaves before the engine's HTTP body has ended (a loaded
+    # box widens that moment): it got everything, so it is an ok, not a client_cancel.
+    engine = ScriptedEngine(linger=True)
+    base, app = await make_gateway(engine)
+    async with httpx.AsyncClient() as client:
+        async with client.stream("POST", f"{base}/v1/completions", json=STREAM) as r:
+            lines = [line async for line in _until_done(r.aiter_lines())]
+        page = await scrape(client, base)
+        while outcome(page, "ok") + outcome(page, "client_cancel") == 0:
+            await asyncio.sleep(0.01)
+            page = await scrape(client, base)
+    engine.body_end.set()
+    assert lines[-1] == "data: [DONE]"
+    assert outcome(page, "ok") == 1 and outcome(page, "client_cancel") == 0
+    assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "delivered"}) == 4
+    assert app.budget.in_flight_tokens == 0
+
+
+async def _until_done(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    async for line in lines:
+        yield line
+        if line == "data: [DONE]":
+            return
+
+
 async def test_gateway_client_disconnect_before_first_token_closes_upstream(make_gateway) -> None:
     engine = ScriptedEngine(stall=True)
     base, app = await make_gateway(engine)

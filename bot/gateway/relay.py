@@ -24,6 +24,7 @@ from bot.gateway.metrics import Outcome
 from bot.gateway.types import Headers, Message, Receive, Send
 
 USAGE_KEY = b'"completion_tokens":'
+END_MARKER = b"data: [DONE]\n\n"  # how an OpenAI-style stream ends, before the HTTP body does
 CHOICE_KEY = b'"index":'
 _NUMBER = re.compile(rb"\s*(\d+)")
 HOP_BY_HOP = frozenset(
@@ -48,6 +49,7 @@ class Exchange:
     role_events: int = 0
     head_sent: bool = False
     done: bool = False
+    ended: bool = False  # the stream's end marker reached the client
     client_gone: bool = False
 
     @property
@@ -161,7 +163,9 @@ class Relay:
                     await response.aclose()
             ex.outcome = _finished(ex)
         except TimeoutError:
-            if ex.done:  # fired while closing a response that was already complete
+            # Fired while closing a response that was complete, or after the client had the
+            # stream's end marker and left before the engine's HTTP body ended: it got it all.
+            if ex.done or ex.ended:
                 ex.outcome = _finished(ex)
             elif ex.client_gone:
                 ex.outcome = Outcome.CLIENT_CANCEL
@@ -177,7 +181,7 @@ class Relay:
         except OSError:
             if not ex.client_gone:
                 raise
-            ex.outcome = Outcome.CLIENT_CANCEL
+            ex.outcome = _finished(ex) if ex.ended else Outcome.CLIENT_CANCEL
         finally:
             watcher.cancel()
         return ex
@@ -187,6 +191,7 @@ class Relay:
         chunks = response.aiter_raw()
         counted = 0
         usage = None
+        tail = b""
         async for chunk in chunks:
             if not ex.head_sent:
                 # Headers go out with the first event, so a deadline hit during prefill is a 504.
@@ -200,6 +205,11 @@ class Relay:
             ex.counted_tokens = counted
             ex.usage_tokens = usage
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            # the marker may come split across chunks: keep the stream's last bytes
+            tail = (tail + chunk if len(chunk) < len(END_MARKER) else chunk)[-len(END_MARKER) :]
+            if tail.endswith(END_MARKER):
+                ex.ended = True
+                ex.last_byte_s = self.clock()
         ex.last_byte_s = self.clock()
         ex.done = True
         if not ex.head_sent:
