@@ -174,8 +174,6 @@ async def test_an_accepted_adr_is_applied_kept_and_drafted(
             (canary,) = s.scalars(select(CanaryResult)).all()
             draft = s.scalars(select(AdrDraft)).one()
         values = values_of(canary.report)
-        # the gate canary measured all four numbers, fragmentation in flight included
-        assert values.kv_fragmentation is not None, canary.report["kv_fragmentation"]
         last = slack.of("chat.update")[-1].args
         assert last["text"] == f"{KEEP} on local: applied: the canary met every gate"
         assert f"TTFT p99 {values.ttft_p99_ms:,.1f} ms" in json.dumps(
@@ -187,9 +185,12 @@ async def test_an_accepted_adr_is_applied_kept_and_drafted(
             round(values.ttft_p99_ms, 1),
             round(values.tpot_p99_ms, 1),  # type: ignore[arg-type]
         )
+        # A fragmentation no in-flight sample could measure (the canary's streams all ended
+        # between two samples) is an empty cell in the draft, never a made-up number.
+        frag = values.kv_fragmentation
         assert (row.goodput_ratio, row.kv_fragmentation) == (
             round(values.goodput_ratio, 3),
-            round(values.kv_fragmentation, 3),  # type: ignore[arg-type]
+            None if frag is None else round(frag, 3),
         )
         assert adr.fix.engine_args == {
             "max-num-batched-tokens": 1024,
