@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,6 +18,7 @@ from bot.canary.runner import CanaryRun
 from bot.canary.workload import CancelMode, Workload, check
 from tests.fakes.sse_engine import MODEL, SseEngine
 
+VLLM_PAGES = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
 GUARD_S = 60.0  # a hang guard for a broken client, never reached by a working one
 
 
@@ -115,6 +117,25 @@ async def test_canary_impatient_share_cancels_after_n_tokens() -> None:
         12 * len(ok) / (12 * len(ok) + 2 * len(cancelled))
     )
     assert report["workload"]["cancel_after_tokens"] == 2
+
+
+async def test_a_run_shorter_than_one_sample_interval_is_sampled_at_the_first_token() -> None:
+    # Recorded vLLM pages: before the run, during it (KV in use), after it. Each stream waits
+    # after its first token until the page is scraped, and an hour lies between samples: the
+    # only sample there can be is the one taken when the first token arrives.
+    pages = [(VLLM_PAGES / f"{name}.prom").read_text() for name in ("before", "during", "after")]
+    async with SseEngine(metrics_pages=pages, hold_until_scraped=True) as engine:
+        workload = Workload(
+            endpoint=f"{engine.base_url}/v1/completions", concurrency=2, num_requests=2,
+            prompt_length=8, output_length=4,
+        )  # fmt: skip
+        run = CanaryRun(workload, metrics_url=f"{engine.base_url}/metrics", sample_interval_s=3600)
+        report = (await run.run()).as_dict()
+    frag = report["kv_fragmentation"]
+    assert (frag["samples"], frag["samples_with_kv"]) == (1, 1)
+    assert 0.0 <= frag["observed"] <= 1.0
+    # The sample counted what the client held when it asked: prompts, no KV for the newest token.
+    assert report["timeline"][0]["resident_tokens"] in (8, 16)
 
 
 @pytest.mark.parametrize(

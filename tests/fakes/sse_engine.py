@@ -5,17 +5,21 @@ with usage (vLLM's `continuous_usage_stats`), then `[DONE]`. With ``hold_after=N
 stops after N tokens and stays open until the client closes the connection, so only a client
 that gives up can end it; ``disconnects`` records how many tokens each such stream had sent.
 With ``metrics_pages`` it also answers `GET /metrics` with those pages in turn (recorded vLLM
-pages), so a canary that scrapes the engine can run against it.
+pages), so a canary that scrapes the engine can run against it. With ``hold_until_scraped`` a
+stream waits after its first token until `/metrics` is scraped (since the stream began), so a
+canary's run cannot end before the engine has been looked at while it held the stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any
 
 MODEL = "fake-model"
+HOLD_GUARD_S = 30.0  # a held stream goes on after this, so a canary that never scrapes ends
 
 
 def token_event(i: int, prompt_tokens: int, *, last: bool = False) -> bytes:
@@ -38,11 +42,14 @@ class SseEngine:
         hold_after: int | None = None,
         token_delay_s: float = 0.0,
         metrics_pages: Sequence[str] = (),
+        hold_until_scraped: bool = False,
     ) -> None:
         self.hold_after = hold_after
         self.token_delay_s = token_delay_s  # a slow engine: this long between tokens
         self.metrics_pages = list(metrics_pages)
+        self.hold_until_scraped = hold_until_scraped
         self.scrapes = 0
+        self._scraped = asyncio.Condition()
         self.streams = 0
         self.completed = 0
         self.disconnects: list[int] = []
@@ -92,6 +99,8 @@ class SseEngine:
         elif method == "GET" and path == "/metrics" and self.metrics_pages:
             page = self.metrics_pages[self.scrapes % len(self.metrics_pages)].encode()
             self.scrapes += 1
+            async with self._scraped:
+                self._scraped.notify_all()
             writer.write(
                 b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
                 + f"Content-Length: {len(page)}\r\n\r\n".encode()
@@ -108,6 +117,7 @@ class SseEngine:
         self, body: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
         self.streams += 1
+        scrapes_at_start = self.scrapes
         prompt = body.get("prompt")
         prompt_tokens = len(prompt) if isinstance(prompt, list) else 1
         writer.write(
@@ -125,6 +135,8 @@ class SseEngine:
                 return False
             _chunk(writer, token_event(i, prompt_tokens, last=i == tokens - 1))
             await writer.drain()
+            if i == 0 and self.hold_until_scraped:
+                await self._scraped_since(scrapes_at_start)
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
         _chunk(writer, b"data: [DONE]\n\n")
@@ -132,6 +144,11 @@ class SseEngine:
         await writer.drain()
         self.completed += 1
         return True
+
+    async def _scraped_since(self, scrapes: int) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HOLD_GUARD_S), self._scraped:
+                await self._scraped.wait_for(lambda: self.scrapes > scrapes)
 
 
 def _chunk(writer: asyncio.StreamWriter, data: bytes) -> None:
