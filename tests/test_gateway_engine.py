@@ -216,14 +216,14 @@ async def test_gateway_disconnect_makes_the_engine_abort_within_a_few_steps(
 async def early_deadline(client: httpx.AsyncClient, engine: EngineInfo) -> float:
     """A deadline early in a long request's stream, from the engine's own clock, now.
 
-    4x (first token + 64 decode steps) as the engine itself timed a 65-token request of the
+    4x (first token + 1024 decode steps) as the engine itself timed a 1025-token request of the
     same shape (its TTFT and decode-time histograms, which a stalled client cannot inflate):
-    the first token normally comes well before it, and the end of a ``longest`` request
-    (2000x the 64 steps) long after it.
+    the first token comes well before it even on a stalling box, and the end of a ``longest``
+    request (128x the 1024 steps) long after it.
     """
     before = await engine_page(client, engine)
     response = await client.post(
-        f"{engine.base_url}/v1/completions", json=body(engine, max_tokens=65, seed=99)
+        f"{engine.base_url}/v1/completions", json=body(engine, max_tokens=1025, seed=99)
     )
     assert response.status_code == 200
     await settled(client, engine)
