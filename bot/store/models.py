@@ -233,6 +233,49 @@ class AdrDraft(Base):
     ts: Mapped[str | None] = mapped_column(String(32))
 
 
+class AdrRecord(Base):
+    """One decision record as every replica sees it: its Markdown text and where it belongs.
+
+    ``name`` is its file name and ``draft`` whether it lives in ``drafts/`` when written out
+    (``ruleloop adr export``). ``version`` grows with each change, so a change made on a stale
+    read changes nothing. ``synced_sha`` is the text the store and the ADR directory last agreed
+    on: the file wins while the store has not changed since (bot.adr.sync says when).
+    """
+
+    __tablename__ = "adr_records"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    adr_id: Mapped[str] = mapped_column(String(32), unique=True)
+    name: Mapped[str] = mapped_column(String(200))
+    draft: Mapped[bool]
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    text: Mapped[str] = mapped_column(Text)
+    sha: Mapped[str] = mapped_column(String(64))
+    version: Mapped[int] = mapped_column(Integer)
+    synced_sha: Mapped[str | None] = mapped_column(String(64))
+    source: Mapped[str] = mapped_column(String(16))  # file | slack | bot: who wrote this version
+    updated_by: Mapped[str] = mapped_column(String(200))
+    updated_at: Mapped[dt.datetime]
+
+
+class AdrRevision(Base):
+    """Every version a decision record has had (imported, drafted, reviewed); never changed."""
+
+    __tablename__ = "adr_revisions"
+    __table_args__ = (UniqueConstraint("adr_id", "version", name="uq_adr_revision"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    adr_id: Mapped[str] = mapped_column(String(32), index=True)
+    version: Mapped[int] = mapped_column(Integer)
+    sha: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16))
+    source: Mapped[str] = mapped_column(String(16))
+    actor: Mapped[str] = mapped_column(String(200))
+    at: Mapped[dt.datetime]
+    note: Mapped[str] = mapped_column(Text, default="")
+    text: Mapped[str] = mapped_column(Text)
+
+
 class MetricSnapshot(Base):
     """The four numbers of a target at one time, taken by the scheduler ("normal" in diagnoses)."""
 
