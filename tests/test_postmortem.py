@@ -84,7 +84,7 @@ def _summary(*, ttft: float = 2431.27, goodput: float | None = 0.6187) -> dict[s
     }
     diagnosis = Diagnosis(
         target="prod-a", runbook="vllm-latency", headline=headline,
-        baseline=Baseline.from_adrs([seed]),
+        baseline=Baseline.from_adrs([seed], {}),
         findings=[Finding(Severity.CRITICAL, "TTFT p99 far above the gate", "vllm_metrics")],
         matches=[match(seed, {"metrics": headline})], readings={}, details={},
         sampling_s=5.0, at=T0,

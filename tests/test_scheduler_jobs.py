@@ -175,6 +175,39 @@ async def test_baseline_without_an_adr_in_force_runs_no_canary(
         await h.close()
 
 
+async def test_baseline_checks_a_gate_relative_to_normal_once_normal_is_measured(
+    h: Harness, canary: FakeCanary
+) -> None:
+    adr_dir = Path(h.bot.flows.settings.paths.adr)
+    seed = next(adr_dir.glob(f"{ADR}-*.md"))
+    relative = seed.read_text().replace("max_ttft_p99_ms: 350.0", "max_ttft_p99_ms: 2x normal")
+    seed.write_text(relative)
+
+    # No snapshot yet: the relative gate cannot be checked, and the detail says which one.
+    (before,) = await tick(h, "baseline:prod-a")
+    assert before.detail["unresolved"] == [f"{ADR} max_ttft_p99_ms"]
+    assert canary.calls[-1][1].max_ttft_p99_ms is None  # the absolute gates still ran
+    assert canary.calls[-1][1].max_tpot_p99_ms == 35.0
+
+    for _ in range(3):
+        await tick(h, "snapshot:prod-a", after_s=300)
+    with h.bot.db.transaction() as s:
+        rows = s.scalars(select(MetricSnapshot)).all()
+        normal = statistics.median(r.ttft_p99_ms for r in rows if r.ttft_p99_ms is not None)
+    limit = round(2 * normal, 4)
+
+    canary.ttft_p99_ms = limit * 0.9  # within 2x normal
+    (within,) = await tick(h, "baseline:prod-a", after_s=3600)
+    assert within.detail["unresolved"] == [] and within.detail["failures"] == []
+    assert canary.calls[-1][1].max_ttft_p99_ms == pytest.approx(limit)
+
+    canary.ttft_p99_ms = limit * 1.5  # beyond it: drift, named with the resolved number
+    (drift,) = await tick(h, "baseline:prod-a", after_s=3600)
+    assert drift.detail["opened"]
+    (failure,) = drift.detail["failures"]
+    assert failure.startswith(f"TTFT p99 {limit * 1.5:.0f}ms > {int(limit)}")
+
+
 # --- draft reminders ------------------------------------------------------------------------
 async def test_draft_reminder_fires_once_after_the_configured_time(
     h: Harness, slack: FakeSlack

@@ -10,6 +10,7 @@ from typing import Any
 
 from bot.adr.match import MatchResult
 from bot.adr.models import Adr
+from bot.adr.relative import Normal
 from bot.runbooks.sampling import SampledWindow
 from bot.runbooks.types import Finding
 
@@ -43,15 +44,20 @@ class Baseline:
     limits: Mapping[str, Limit] = field(default_factory=dict)
 
     @classmethod
-    def from_adrs(cls, adrs: Iterable[Adr]) -> Baseline:
-        """Strictest limit per number over the accepted ADRs' gates (lowest max, highest min)."""
+    def from_adrs(cls, adrs: Iterable[Adr], normal: Normal) -> Baseline:
+        """Strictest limit per number over the accepted ADRs' gates (lowest max, highest min).
+
+        A gate written as 'Nx normal' counts as N times the target's ``normal`` of its metric;
+        one whose metric has no normal yet sets no limit.
+        """
         limits: dict[str, Limit] = {}
         for adr in adrs:
             if adr.status != "accepted" or adr.gates is None:
                 continue
+            gates = adr.gates.resolve(normal, strict=False)
             for key, _, _, worse_up in FOUR:
-                value = getattr(adr.gates, GATE_OF[key])
-                if not isinstance(value, int | float):  # unset, or relative to normal unresolved
+                value = getattr(gates, GATE_OF[key])
+                if value is None:  # unset, or relative to a normal not measured yet
                     continue
                 held = limits.get(key)
                 stricter = held is None or (value < held.value if worse_up else value > held.value)

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from bot.adr.match import matching
-from bot.adr.models import Adr
 from bot.adr.store import AdrStore
 from bot.diagnosis.chart import render_chart
 from bot.diagnosis.models import FOUR, Baseline, Diagnosis
@@ -47,16 +46,6 @@ MATCH_READINGS = {
     "wasted_prefill_tokens": "queue_cancel.wasted_prefill_tokens",
     "cancelled_share": "queue_cancel.cancelled_share",
 }
-
-
-def _resolved(adrs: list[Adr], normal: Mapping[str, float | None]) -> list[Adr]:
-    """The ADRs with gates relative to normal turned into numbers (unresolvable ones left out)."""
-    return [
-        adr.model_copy(update={"gates": adr.gates.resolve(normal, strict=False)})
-        if adr.gates is not None and adr.gates.relative()
-        else adr
-        for adr in adrs
-    ]
 
 
 def match_report(readings: Mapping[str, float | None]) -> dict[str, Any]:
@@ -100,7 +89,7 @@ class Diagnoser:
         t1 = self._monotonic()
         accepted = await asyncio.to_thread(self._adrs.accepted)
         normal = await self._read_normal(target.name)
-        baseline = Baseline.from_adrs(_resolved(accepted, normal))
+        baseline = Baseline.from_adrs(accepted, normal)
         headline = {key: result.reading(f"vllm_metrics.{key}") for key, *_ in FOUR}
         matches = matching(accepted, match_report(result.readings), normal)
         windows = ctx.sampled()

@@ -16,12 +16,13 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
-from bot.adr.models import Adr, AdrGates
+from bot.adr.models import GATE_METRICS, Adr, AdrGates
+from bot.adr.relative import Normal
 from bot.adr.store import AdrStore
 from bot.config import Target
 from bot.diagnosis.flows import IncidentFlows
@@ -45,9 +46,10 @@ def drift_key(target: str) -> str:
     return f"baseline-drift:{target}"
 
 
-def strictest(adrs: Sequence[Adr]) -> tuple[AdrGates, dict[str, str]]:
-    """The strictest gate per number over ``adrs``, and which ADR set each."""
-    limits = Baseline.from_adrs(adrs).limits
+def strictest(adrs: Sequence[Adr], normal: Normal) -> tuple[AdrGates, dict[str, str]]:
+    """The strictest gate per number over ``adrs`` (relative ones against ``normal``), and
+    which ADR set each."""
+    limits = Baseline.from_adrs(adrs, normal).limits
     gates = AdrGates(**{GATE_OF[key]: limit.value for key, limit in limits.items()})
     return gates, {GATE_OF[key]: limit.adr_id for key, limit in limits.items()}
 
@@ -66,9 +68,11 @@ class BaselineCanary:
         gate: GateRunner,
         flows: IncidentFlows,
         notifier: Notifier,
+        normal: Callable[[str], Awaitable[Normal]],
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
+        self._normal = normal
         self._target = target
         self._listed = list(listed)
         self._db = db
@@ -83,15 +87,21 @@ class BaselineCanary:
         in_force, missing = await asyncio.to_thread(self.in_force)
         if not in_force:
             return Outcome({"skipped": "no accepted ADR in force here", "missing": missing})
-        gates, setters = strictest(in_force)
+        # Gates written as 'Nx normal' are checked against the target's normal of today; until
+        # the scheduler has a snapshot of that metric they are left out and named in the detail.
+        normal = await self._normal(self.name)
+        gates, setters = strictest(in_force, normal)
+        unresolved = _unresolved(in_force, normal)
         if gates.is_empty():
-            return Outcome({"skipped": "the ADRs in force set no gate", "adrs": _ids(in_force)})
+            return Outcome({"skipped": "the ADRs in force set no gate they can check yet",
+                            "adrs": _ids(in_force), "unresolved": unresolved})  # fmt: skip
         result = await self._gate(self._target.vllm_url, self._target.canary, gates)
         detail: dict[str, Any] = {
             "adrs": _ids(in_force),
             "missing": missing,
             "values": result.values.four(),
             "failures": result.failures,
+            "unresolved": unresolved,
         }
         lines = messages.gate_lines(result.verdict, setters)
         spec = self._target.canary
@@ -174,6 +184,17 @@ class BaselineCanary:
             store.audit(s, at=now, actor="ruleloop", action="baseline.recovered",
                         incident=held, detail=detail)  # fmt: skip
             return held.id
+
+
+def _unresolved(adrs: Sequence[Adr], normal: Normal) -> list[str]:
+    """'ADR-x max_tpot_p99_ms' for each relative gate that has no normal to multiply yet."""
+    return [
+        f"{adr.id} {key}"
+        for adr in adrs
+        if adr.gates is not None
+        for key, value in adr.gates.relative().items()
+        if value.of(GATE_METRICS[key], normal) is None
+    ]
 
 
 def _ids(adrs: Sequence[Adr]) -> list[str]:
