@@ -1,41 +1,156 @@
-"""The diagnosis chart: TTFT p99 per interval and queue depth over the sampling window (PNG).
+"""The diagnosis chart (PNG for Slack, SVG for the incident page), drawn from ``ChartData``.
 
-Uses matplotlib's object API on the Agg backend (no pyplot state), so charts can be drawn in
-worker threads while the event loop serves Slack.
+With history (the runbook's ``prometheus`` probe), two panels: the metric and the queue over
+the history, the alert's start and the sampling window marked, then the sampling window itself
+in seconds. Without, the sampling window alone. The ADR gate and the target's normal are
+dashed lines. Uses matplotlib's object API on the Agg backend (no pyplot state), so charts can
+be drawn in worker threads while the event loop serves Slack.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import io
+from collections.abc import Sequence
+from typing import Literal
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.dates import DateFormatter, date2num
 from matplotlib.figure import Figure
 
-from bot.runbooks.sampling import SampledWindow
+from bot.diagnosis.chart_data import ChartData, Point
+from bot.diagnosis.history import clock, number
+
+METRIC, QUEUE, GATE, NORMAL, ALERT, WINDOW = (
+    "tab:red", "tab:blue", "tab:red", "tab:gray", "black", "gold",
+)  # fmt: skip
 
 
-def render_chart(window: SampledWindow, *, title: str, ttft_limit_ms: float | None) -> bytes:
-    """A PNG: TTFT p99 (left axis, ms) and requests waiting (right axis) against time."""
-    points = window.points
-    t = [p.t for p in points]
-    ttft = [float("nan") if p.ttft_p99_ms is None else p.ttft_p99_ms for p in points]
-    waiting = [0.0 if p.requests_waiting is None else p.requests_waiting for p in points]
-    figure = Figure(figsize=(8, 3.6), dpi=100)
-    FigureCanvasAgg(figure)
-    ax = figure.add_subplot()
-    ax.plot(t, ttft, marker="o", color="tab:red", label="TTFT p99 (ms)")
-    if ttft_limit_ms is not None:
-        ax.axhline(ttft_limit_ms, color="tab:red", linestyle="--", linewidth=1, label="ADR gate")
-    ax.set_xlabel("seconds into the sampling window")
-    ax.set_ylabel("TTFT p99 per interval (ms)")
-    queue = ax.twinx()
-    queue.step(t, waiting, where="post", color="tab:blue", label="requests waiting")
-    queue.set_ylabel("requests waiting")
-    queue.set_ylim(bottom=0)
-    handles = ax.get_legend_handles_labels()[0] + queue.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, loc="upper left", fontsize="small")
-    ax.set_title(title, fontsize="medium")
-    figure.subplots_adjust(left=0.09, right=0.91, top=0.9, bottom=0.14)  # tight_layout: 2x the cost
+def render_chart(chart: ChartData, *, fmt: Literal["png", "svg"] = "png") -> bytes:
+    """The chart as PNG (Slack) or SVG (the incident page)."""
+    if chart.history:
+        figure = Figure(figsize=(10, 4.4), dpi=100)
+        FigureCanvasAgg(figure)
+        grid = figure.add_gridspec(1, 2, width_ratios=(3, 1.2), wspace=0.45)
+        _history_panel(figure.add_subplot(grid[0]), chart)
+        _window_panel(figure.add_subplot(grid[1]), chart, compact=True)
+        figure.subplots_adjust(left=0.07, right=0.93, top=0.88, bottom=0.3)
+    else:
+        figure = Figure(figsize=(8, 4.2), dpi=100)
+        FigureCanvasAgg(figure)
+        _window_panel(figure.add_subplot(), chart, compact=False)
+        figure.subplots_adjust(left=0.09, right=0.91, top=0.9, bottom=0.3)  # not tight_layout
+    figure.suptitle(chart.title, fontsize="medium")
     out = io.BytesIO()
-    figure.savefig(out, format="png")
+    figure.savefig(out, format=fmt, metadata=_metadata(fmt))
     return out.getvalue()
+
+
+def _metadata(fmt: str) -> dict[str, str | None]:
+    # no creation date in the SVG: the same chart is the same bytes (cacheable, diffable)
+    return {"Date": None} if fmt == "svg" else {}
+
+
+def _scale(chart: ChartData) -> float:
+    """Ratios are shown in percent."""
+    return 100.0 if chart.spec.unit == "ratio" else 1.0
+
+
+def _axis_label(chart: ChartData) -> str:
+    unit = {"ms": " (ms)", "ratio": " (%)"}.get(chart.spec.unit, "")
+    return f"{chart.spec.label}{unit}"
+
+
+def _values(points: Sequence[Point], scale: float) -> tuple[list[float], list[float]]:
+    """The points that have a value (intervals without an observation are left out)."""
+    kept = [(t, v * scale) for t, v in points if v is not None]
+    return [t for t, _ in kept], [v for _, v in kept]
+
+
+def _when(t: float) -> float:
+    """Unix seconds on matplotlib's date axis (days)."""
+    return float(date2num(dt.datetime.fromtimestamp(t, dt.UTC)))
+
+
+def _lines(ax: Axes, chart: ChartData, scale: float, *, labelled: bool = True) -> None:
+    """The ADR gate and the target's normal, as horizontal lines."""
+    unit = chart.spec.unit
+    if chart.gate is not None:
+        bound = "≤" if chart.spec.worse_up else "≥"
+        label = f"gate {bound} {number(unit, chart.gate)} ({chart.gate_adr})"
+        ax.axhline(chart.gate * scale, color=GATE, linestyle="--", linewidth=1,
+                   label=label if labelled else None)  # fmt: skip
+    if chart.normal is not None:
+        label = f"normal {number(unit, chart.normal)}"
+        ax.axhline(chart.normal * scale, color=NORMAL, linestyle=":", linewidth=1.2,
+                   label=label if labelled else None)  # fmt: skip
+
+
+def _history_panel(ax: Axes, chart: ChartData) -> None:
+    scale = _scale(chart)
+    t, v = _values(chart.history, scale)
+    ax.plot([_when(x) for x in t], v, color=METRIC, linewidth=1.6, label=chart.spec.label)
+    _lines(ax, chart, scale)
+    ax.axvspan(_when(chart.window_start), _when(chart.window_end), color=WINDOW, alpha=0.6,
+               label="sampling window (right)")  # fmt: skip
+    ax.annotate("sampling\nwindow", xy=(_when(chart.window_start), 0),
+                xycoords=("data", "axes fraction"), xytext=(-6, 10), textcoords="offset points",
+                ha="right", fontsize="x-small",
+                arrowprops={"arrowstyle": "->", "color": "darkgoldenrod"})  # fmt: skip
+    start = chart.history[0][0]
+    if chart.alert_start is not None and start <= chart.alert_start <= chart.window_end:
+        ax.axvline(_when(chart.alert_start), color=ALERT, linestyle="-.", linewidth=1,
+                   label=f"alert fired {clock(chart.alert_start)}")  # fmt: skip
+    elif chart.alert_start is not None:
+        ax.plot([], [], " ", label=f"alert fired {clock(chart.alert_start)} (before this)")
+    ax.set_ylabel(_axis_label(chart))
+    ax.set_ylim(bottom=0)
+    ax.set_xlim(_when(start), _when(chart.window_end))
+    ax.xaxis_date(dt.UTC)
+    ax.xaxis.set_major_formatter(DateFormatter("%H:%M", tz=dt.UTC))
+    ax.set_xlabel("time (UTC)")
+    handles = ax.get_legend_handles_labels()[0]
+    if chart.history_waiting:
+        queue = ax.twinx()
+        qt, qv = _values(chart.history_waiting, 1.0)
+        queue.step([_when(x) for x in qt], qv, where="post", color=QUEUE, alpha=0.6,
+                   linewidth=1, label="requests waiting")  # fmt: skip
+        _queue_limits(queue, qv)
+        queue.set_ylabel("requests waiting")
+        handles += queue.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3,
+              fontsize="x-small", frameon=False)  # fmt: skip
+
+
+def _window_panel(ax: Axes, chart: ChartData, *, compact: bool) -> None:
+    scale = _scale(chart)
+    t, v = _values(chart.window, scale)
+    ax.plot([x - chart.window_start for x in t], v, marker="o", color=METRIC,
+            label=f"{chart.spec.label} per interval")  # fmt: skip
+    if chart.window_value is not None:
+        ax.axhline(chart.window_value * scale, color=METRIC, alpha=0.45, linewidth=3,
+                   label=f"whole window {number(chart.spec.unit, chart.window_value)}")  # fmt: skip
+    _lines(ax, chart, scale, labelled=not compact)  # the history panel's legend has them
+    ax.set_xlim(0, max(chart.window_end - chart.window_start, 1.0))
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("seconds into the sampling window")
+    if compact:
+        ax.set_title("sampling window", fontsize="small")
+    else:
+        ax.set_ylabel(f"{_axis_label(chart)} per interval")
+    queue = ax.twinx()
+    qt, qv = _values(chart.waiting, 1.0)
+    queue.step([x - chart.window_start for x in qt], qv, where="post", color=QUEUE,
+               label="requests waiting")  # fmt: skip
+    _queue_limits(queue, qv)
+    queue.set_ylabel("requests waiting")
+    handles = ax.get_legend_handles_labels()[0] + queue.get_legend_handles_labels()[0]
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.18),
+              ncol=1 if compact else 3, fontsize="x-small" if compact else "small",
+              frameon=False)  # fmt: skip
+
+
+def _queue_limits(queue: Axes, values: Sequence[float]) -> None:
+    """From 0, and at least to 1 (an empty queue is a flat line, not a 0.05 scale)."""
+    queue.set_ylim(0, max(1.0, max(values, default=0.0) * 1.1))

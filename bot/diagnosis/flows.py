@@ -133,7 +133,10 @@ class IncidentFlows:
             if incident.target is None:
                 raise UsageError(self._no_target_advice(incident))
             target = TargetRef(incident.target, self.settings.targets[incident.target])
-            diagnosis = await self._diagnoser.diagnose(target, labels=incident.labels)
+            diagnosis = await self._diagnoser.diagnose(
+                target, labels=incident.labels,
+                alert_start=await self._records.alert_start(incident_id),
+            )  # fmt: skip
             diagnosis = await self._with_skipped_adrs(diagnosis)
         except Exception as exc:
             await self._failed(incident_id, exc)
@@ -164,12 +167,12 @@ class IncidentFlows:
             await self._records.owe(incident_id, kind=items.REPLY, key="chart:failed",
                                     payload={"text": text})  # fmt: skip
         else:
-            if png is None:
+            if png is None or diagnosis.chart is None:
                 return
             await self._records.owe(
                 incident_id, kind=items.CHART, key=items.CHART, data=png,
-                payload={"title": f"{diagnosis.target}: TTFT p99 and queue depth",
-                         "filename": f"incident-{incident_id}-ttft-queue.png"},
+                payload={"title": diagnosis.chart.title,
+                         "filename": f"incident-{incident_id}-{diagnosis.chart.slug}-queue.png"},
             )  # fmt: skip
         await self.outbox.deliver(incident_id)
 

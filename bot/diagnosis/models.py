@@ -11,6 +11,7 @@ from typing import Any
 from bot.adr.match import MatchResult
 from bot.adr.models import Adr
 from bot.adr.relative import Normal
+from bot.diagnosis.chart_data import ChartData
 from bot.runbooks.sampling import SampledWindow
 from bot.runbooks.types import Finding
 
@@ -91,6 +92,7 @@ class Diagnosis:
     window: SampledWindow | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
     normal: Mapping[str, float | None] = field(default_factory=dict)  # median of snapshots
+    chart: ChartData | None = None  # what the chart shows (kept: the incident page draws it)
 
     def summary(self) -> dict[str, Any]:
         """The headline and every reading, JSON-ready, for the store and the audit log."""
@@ -104,6 +106,8 @@ class Diagnosis:
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
             "readings": {k: _finite(v) for k, v in self.readings.items()},
             "normal": {k: _finite(v) for k, v in self.normal.items()},
+            "findings": [[str(f.severity), f.message, f.source] for f in self.findings[:50]],
+            "chart": None if self.chart is None else self.chart.to_json(),
         }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import uuid
 from collections.abc import Callable, Mapping
@@ -10,6 +11,7 @@ from typing import Any
 
 from bot.diagnosis.ports import IncidentView, MessageRef
 from bot.errors import UsageError
+from bot.intake.models import parse_time
 from bot.outbox import items
 from bot.store import service as store
 from bot.store.db import Database
@@ -58,6 +60,21 @@ class IncidentRecords:
             summary=dict(i.summary or {}),
             requested_by=i.labels.get("requested_by") if i.source == "slash" else None,
         )
+
+    async def alert_start(self, incident_id: int) -> dt.datetime | None:
+        """When the incident's earliest alert started firing (None: a /diagnose run)."""
+
+        def read() -> dt.datetime | None:
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                starts = [] if incident is None else [a.starts_at for a in incident.alerts]
+            parsed = []
+            for text in starts:
+                with contextlib.suppress(ValueError):
+                    parsed.append(parse_time(text))
+            return min(parsed, default=None)
+
+        return await asyncio.to_thread(read)
 
     async def root(self, incident_id: int) -> MessageRef | None:
         """The incident's root message, if posted."""

@@ -14,10 +14,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from bot.adr.match import matching
+from bot.adr.match import MatchResult, matching
 from bot.adr.store import AdrStore
+from bot.diagnosis import chart_data, history
 from bot.diagnosis.chart import render_chart
-from bot.diagnosis.models import FOUR, Baseline, Diagnosis
+from bot.diagnosis.models import FOUR, GATE_OF, Baseline, Diagnosis
 from bot.errors import UsageError
 from bot.runbooks.context import ProbeContext, TargetRef
 from bot.runbooks.loader import RunbookSet
@@ -76,8 +77,15 @@ class Diagnoser:
         self._clock = clock
         self._monotonic = monotonic
 
-    async def diagnose(self, target: TargetRef, *, labels: Mapping[str, str]) -> Diagnosis:
-        """Run the runbook that fits ``labels`` on ``target`` and read the result."""
+    async def diagnose(
+        self,
+        target: TargetRef,
+        *,
+        labels: Mapping[str, str],
+        alert_start: dt.datetime | None = None,
+    ) -> Diagnosis:
+        """Run the runbook that fits ``labels`` on ``target`` and read the result (with
+        ``alert_start``, the chart and the history's finding place the alert)."""
         loaded = self._runbooks.select(labels)
         if loaded is None:
             raise UsageError(
@@ -86,6 +94,7 @@ class Diagnoser:
         ctx = self._context()
         t0 = self._monotonic()
         result = await self._runner.run(loaded, target=target, ctx=ctx)
+        ended = ctx.wall_clock()  # the clock Prometheus's history is on
         t1 = self._monotonic()
         accepted = await asyncio.to_thread(self._adrs.accepted)
         normal = await self._read_normal(target.name)
@@ -95,12 +104,28 @@ class Diagnoser:
         windows = ctx.sampled()
         t2 = self._monotonic()
         sampling = max((w.pages[-1].at - w.pages[0].at for w in windows), default=0.0)
+        chart = None
+        if windows and windows[0].points:
+            metric = chart_data.incident_metric(
+                matches=matches, labels=labels, findings=result.findings
+            )
+            chart = chart_data.build(
+                target=target.name,
+                metric=metric,
+                window=windows[0],
+                window_end=ended,
+                window_value=result.reading(MATCH_READINGS.get(metric, f"vllm_metrics.{metric}")),
+                details=result.details,
+                alert_start=None if alert_start is None else alert_start.timestamp(),
+                gate=_gate(metric, matches, baseline, normal),
+                normal=normal.get(metric),
+            )
         return Diagnosis(
             target=target.name,
             runbook=loaded.name,
             headline=headline,
             baseline=baseline,
-            findings=result.findings,
+            findings=[*result.findings, *(history.describe(chart) if chart else [])],
             matches=matches,
             readings=result.readings,
             details=result.details,
@@ -109,6 +134,7 @@ class Diagnoser:
             window=windows[0] if windows else None,
             timings={"runbook_s": t1 - t0, "adrs_s": t2 - t1},
             normal=normal,
+            chart=chart,
         )
 
     async def _read_normal(self, target: str) -> Mapping[str, float | None]:
@@ -122,13 +148,26 @@ class Diagnoser:
             return {}
 
     async def chart(self, diagnosis: Diagnosis) -> bytes | None:
-        """The PNG of TTFT p99 and queue depth over the window (drawn in a worker thread)."""
-        if diagnosis.window is None or not diagnosis.window.points:
+        """The PNG of the incident's metric and queue depth (drawn in a worker thread)."""
+        if diagnosis.chart is None:
             return None
-        limit = diagnosis.baseline.limits.get("ttft_p99_ms")
-        return await asyncio.to_thread(
-            render_chart,
-            diagnosis.window,
-            title=f"{diagnosis.target}: TTFT p99 and queue depth",
-            ttft_limit_ms=None if limit is None else limit.value,
-        )
+        return await asyncio.to_thread(render_chart, diagnosis.chart)
+
+
+def _gate(
+    metric: str, matches: list[MatchResult], baseline: Baseline, normal: Mapping[str, float | None]
+) -> tuple[float, str] | None:
+    """The chart's gate line: the matched ADR's gate on the metric (relative ones resolved),
+    else the strictest accepted one."""
+    gate = GATE_OF.get(metric)
+    if gate is None:
+        return None
+    for result in matches:
+        gates = result.adr.gates
+        if gates is None:
+            continue
+        value = getattr(gates.resolve(normal, strict=False), gate)
+        if isinstance(value, int | float):
+            return float(value), result.adr.id
+    limit = baseline.limits.get(metric)
+    return None if limit is None else (limit.value, limit.adr_id)
