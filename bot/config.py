@@ -177,6 +177,14 @@ class Target(_Section):
     node: str | None = Field(
         default=None, description="the GPU node (NVML reads only the bot's own host)"
     )
+    gpu_agent_url: str | None = Field(
+        default=None,
+        description="a `ruleloop agent` on the target's GPU host: the nvml probe reads it "
+        "instead of the bot's own host (docs/agent.md)",
+    )
+    gpu_agent_token_file: Path | None = Field(
+        default=None, description="file holding the agent's bearer token (a mounted Secret)"
+    )
     actuator: ActuatorSpec | None = None
     canary: CanarySpec = Field(default_factory=CanarySpec)
     # a second approver, not the requester, even with [remediation] allow_self_approval
@@ -184,7 +192,7 @@ class Target(_Section):
     # bearer token of the gateway's /admin/limits, for ADRs with `fix.gateway` rules
     gateway_admin_token_file: Path | None = None
 
-    @field_validator("vllm_url", "gateway_url", "prometheus_url")
+    @field_validator("vllm_url", "gateway_url", "prometheus_url", "gpu_agent_url")
     @classmethod
     def _http_url(cls, url: str | None) -> str | None:
         if url is None:

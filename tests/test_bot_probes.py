@@ -133,16 +133,21 @@ async def test_vllm_window_refuses_a_non_vllm_page() -> None:
 
 async def test_nvml_reads_every_gpu() -> None:
     fake = FakeNvml.from_file(FIXTURES / "nvml" / "h200-x2.json")
-    ctx, _ = context(serve({}), nvml=fake)
+    ctx, _ = context(serve({}), nvml=fake, hostname="gpu-host")
     result = await NvmlProbe().run(target=TARGET, params=NvmlParams(), ctx=ctx)
     r = result.readings
     assert r["gpu_count"] == 2 and r["utilization_pct"] == 100 and r["temperature_c"] == 83
     assert r["memory_used_ratio"] == pytest.approx(146028888064 / 150754820096)
     assert r["sm_clock_ratio"] == pytest.approx(1455 / 1980)
     assert r["throttled_gpus"] == 1 and r["ecc_uncorrected"] == 0  # GPU 1: ECC not supported
+    assert r["xid_errors"] is None  # XIDs need a listening agent; in-process reads none
     assert [(f.severity, f.message) for f in result.findings] == [
-        (Severity.WARNING, "GPU 1 is throttled: software power cap")
+        (Severity.INFO, "GPU reading in-process on gpu-host: 2 GPU(s), driver 570.124.06"),
+        (Severity.WARNING, "GPU 1 is throttled: software power cap"),
     ]
+    assert result.details["source"] == {"kind": "in-process", "where": "gpu-host"}
+    gpu1 = result.details["gpus"][1]
+    assert gpu1["clock_event_reasons"] == ["software power cap"] and gpu1["ecc_uncorrected"] is None
     assert result.details["gpus"][0]["processes"] == [
         {"pid": 4242, "used_memory_bytes": 145961779200}
     ]
@@ -154,24 +159,42 @@ async def test_nvml_ecc_errors_are_critical() -> None:
     reading["gpus"][0]["ecc_uncorrected"] = 3
     ctx, _ = context(serve({}), nvml=FakeNvml(reading))
     result = await NvmlProbe().run(target=TARGET, params=NvmlParams(), ctx=ctx)
-    assert (
-        result.findings[0].severity is Severity.CRITICAL
-        and "3 uncorrected ECC" in result.findings[0].message
-    )
+    critical = [f for f in result.findings if f.severity is Severity.CRITICAL]
+    assert [f.message for f in critical] == [
+        "GPU 0 has 3 uncorrected ECC errors since boot: drain the node"
+    ]
 
 
 @pytest.mark.parametrize("nvml", [FakeNvml.no_driver(), FakeNvml(None)])
 async def test_nvml_without_gpu_is_a_finding(nvml: FakeNvml) -> None:
-    ctx, _ = context(serve({}), nvml=nvml)
+    ctx, _ = context(serve({}), nvml=nvml, hostname="bot-host")
     result = await NvmlProbe().run(target=TARGET, params=NvmlParams(), ctx=ctx)
     assert result.readings == {"gpu_count": 0.0}
-    assert "no GPU visible" in result.findings[0].message
+    (finding,) = result.findings
+    assert finding.severity is Severity.INFO
+    assert finding.message.startswith("no GPU visible to NVML in-process on bot-host (")
+    assert result.details["source"] == {"kind": "in-process", "where": "bot-host"}
 
 
 async def test_nvml_real_module_without_driver_here() -> None:
     ctx, _ = context(serve({}))  # nvml=None: the probe imports pynvml; this box has no driver
     result = await NvmlProbe().run(target=TARGET, params=NvmlParams(), ctx=ctx)
-    assert "no GPU visible" in result.findings[0].message
+    assert "no GPU visible to NVML in-process" in result.findings[0].message
+
+
+async def test_nvml_lost_gpu_is_a_warning_not_a_crash() -> None:
+    fake = FakeNvml.from_file(FIXTURES / "nvml" / "h200-x2.json")
+    fake.lost.add(1)
+    ctx, _ = context(serve({}), nvml=fake, hostname="gpu-host")
+    result = await NvmlProbe().run(target=TARGET, params=NvmlParams(), ctx=ctx)
+    assert result.readings == {}
+    assert [(f.severity, f.message) for f in result.findings] == [
+        (
+            Severity.WARNING,
+            "GPU reading in-process on gpu-host failed: NVML failed while reading: GPU is lost",
+        )
+    ]
+    assert fake.initialised == 0  # shut down even so
 
 
 async def test_nvml_other_node_is_not_read_here() -> None:
@@ -179,6 +202,8 @@ async def test_nvml_other_node_is_not_read_here() -> None:
     ctx, _ = context(serve({}), nvml=FakeNvml.no_driver(), hostname="bot-host")
     result = await NvmlProbe().run(target=target, params=NvmlParams(), ctx=ctx)
     assert result.readings == {} and "runs on gpu-node-9" in result.findings[0].message
+    assert "set gpu_agent_url" in result.findings[0].message
+    assert result.details["source"] == {"kind": "none", "where": None}
 
 
 QUERY_RANGE = FIXTURES / "prometheus" / "query_range.json"

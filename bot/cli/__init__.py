@@ -96,6 +96,7 @@ COMMANDS = {
     "serve": "bot.cli.serve",
     "db": "bot.cli.db",
     "config": "bot.cli.config",
+    "agent": "bot.cli.agent",
 }
 
 

@@ -1,30 +1,29 @@
-"""The NVML probe: memory, utilisation, temperature, power, clocks, throttling, ECC, processes.
+"""The NVML probe: memory, utilisation, temperature, power, clocks, throttling, ECC/XID, processes.
 
-The NVML module (``pynvml`` from nvidia-ml-py) is a parameter: tests hand in a fake with the
-same functions. NVML reads the GPUs of the host the bot runs on; without a driver the probe
-says "no GPU visible" as a finding instead of failing.
+Where the reading comes from, in this order:
+
+- the target's ``gpu_agent_url``: a `ruleloop agent` beside the engine (Kubernetes: a sidecar or
+  a DaemonSet on the GPU node), read over HTTP with the token in ``gpu_agent_token_file``;
+- in-process: NVML of the host the bot runs on (single-host installs; the demo);
+- none: the target names another ``node`` and no agent, so nothing here can read its GPUs.
+
+Every result says which, as its first finding and as ``details["source"]``. The NVML module
+(``pynvml`` from nvidia-ml-py) is a parameter: tests hand in a fake with the same functions.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from pydantic import Field
 
+from bot.agent.client import AgentError, fetch_snapshot, read_token_file
+from bot.agent.reading import NvmlUnavailable, import_pynvml, read_once
 from bot.runbooks.context import ProbeContext, TargetRef
 from bot.runbooks.types import Finding, Params, ProbeResult, Severity
 
-# Clock-event reason bits (nvmlClocksEventReason*) that mean the GPU is being held back.
-THROTTLE_REASONS = {
-    0x4: "software power cap",
-    0x8: "hardware slowdown",
-    0x20: "software thermal slowdown",
-    0x40: "hardware thermal slowdown",
-    0x80: "power brake",
-}
 READINGS = {
     "gpu_count": "GPUs visible to NVML",
     "memory_used_ratio": "highest share of GPU memory in use",
@@ -34,17 +33,23 @@ READINGS = {
     "sm_clock_ratio": "lowest SM clock / its maximum",
     "throttled_gpus": "GPUs held back by power or thermal limits",
     "ecc_uncorrected": "volatile uncorrected ECC errors, all GPUs",
+    "xid_errors": "XID errors the agent saw since it started, all GPUs (agent only)",
 }
+# XIDs that mean the GPU or its memory is failing, not the application (NVIDIA's XID catalogue).
+FATAL_XIDS = {48: "double-bit ECC", 74: "NVLink error", 79: "GPU fell off the bus",
+              94: "contained ECC error", 95: "uncontained ECC error", 119: "GSP timeout",
+              120: "GSP error"}  # fmt: skip
 
 
 class NvmlParams(Params):
-    """How many processes per GPU to list."""
+    """How many processes per GPU to list; how long to wait for a GPU agent."""
 
     max_processes: int = Field(default=5, ge=0, le=100)
+    agent_timeout_s: float = Field(default=5.0, gt=0, le=60)
 
 
 class NvmlProbe:
-    """Reads every GPU through NVML."""
+    """Reads every GPU of the target: through its agent, or this host's NVML."""
 
     name: ClassVar[str] = "nvml"
     params_model: ClassVar[type[Params]] = NvmlParams
@@ -54,100 +59,70 @@ class NvmlProbe:
         return READINGS
 
     async def run(self, *, target: TargetRef, params: Params, ctx: ProbeContext) -> ProbeResult:
-        """Read NVML in a worker thread (its calls block)."""
+        """Read the agent when the target names one, else NVML here (in a worker thread)."""
         assert isinstance(params, NvmlParams)
-        node = target.target.node
-        if node and node != ctx.hostname:
+        spec = target.target
+        if spec.gpu_agent_url:
+            return await self._from_agent(spec.gpu_agent_url, target, params, ctx)
+        if spec.node and spec.node != ctx.hostname:
             message = (
-                f"NVML reads only this host ({ctx.hostname}); {target.name} runs on {node}: "
-                "run a bot replica there or scrape its DCGM exporter with the prometheus probe"
+                f"no GPU reading: NVML in-process reads only this host ({ctx.hostname}) and "
+                f"{target.name} runs on {spec.node}; set gpu_agent_url to a `ruleloop agent` "
+                "there, or read its DCGM exporter (runbook vllm-latency-dcgm)"
             )
-            return ProbeResult(findings=[Finding(Severity.INFO, message, self.name)])
-        nvml = ctx.nvml if ctx.nvml is not None else _import_pynvml()
+            return ProbeResult(
+                findings=[Finding(Severity.INFO, message, self.name)],
+                details={"source": {"kind": "none", "where": None}},
+            )
+        return await self._in_process(params, ctx)
+
+    async def _in_process(self, params: NvmlParams, ctx: ProbeContext) -> ProbeResult:
+        where = f"in-process on {ctx.hostname}"
+        source = {"kind": "in-process", "where": ctx.hostname}
+        nvml = ctx.nvml if ctx.nvml is not None else import_pynvml()
         if nvml is None:
-            return _no_gpu("nvidia-ml-py is not installed")
-        return await asyncio.to_thread(read_all, nvml, max_processes=params.max_processes)
+            return _no_gpu(where, "nvidia-ml-py is not installed", source, Severity.INFO)
+        try:
+            snapshot = await asyncio.to_thread(read_once, nvml, max_processes=params.max_processes)
+        except NvmlUnavailable as exc:
+            if exc.code == "nvml_unavailable":
+                return _no_gpu(where, str(exc), source, Severity.INFO)
+            return _failed(f"GPU reading {where} failed: {exc}", source)
+        return summarize(snapshot, source=source, where=where)
+
+    async def _from_agent(
+        self, url: str, target: TargetRef, params: NvmlParams, ctx: ProbeContext
+    ) -> ProbeResult:
+        source = {"kind": "agent", "where": url}
+        try:
+            token = read_token_file(target.target.gpu_agent_token_file)
+            snapshot = await fetch_snapshot(
+                ctx.http, url, token=token, max_processes=params.max_processes,
+                timeout_s=params.agent_timeout_s,
+            )  # fmt: skip
+        except AgentError as exc:
+            if exc.no_gpu:
+                return _no_gpu(f"from the agent at {url}", str(exc), source, Severity.WARNING)
+            return _failed(f"GPU reading failed: {exc}", source)
+        where = f"from the agent at {url} (host {snapshot.get('host') or '?'})"
+        return summarize(snapshot, source=source, where=where)
 
 
-def _import_pynvml() -> Any:
-    try:
-        return importlib.import_module("pynvml")
-    except ImportError:
-        return None
-
-
-def _no_gpu(why: str) -> ProbeResult:
-    message = f"no GPU visible to NVML on this host ({why})"
+def _no_gpu(
+    where: str, why: str, source: dict[str, Any], severity: Severity
+) -> ProbeResult:  # fmt: skip
+    message = f"no GPU visible to NVML {where} ({why})"
     return ProbeResult(
-        readings={"gpu_count": 0.0}, findings=[Finding(Severity.INFO, message, NvmlProbe.name)]
+        readings={"gpu_count": 0.0},
+        findings=[Finding(severity, message, NvmlProbe.name)],
+        details={"source": source},
     )
 
 
-def read_all(nvml: Any, *, max_processes: int) -> ProbeResult:
-    """Initialise NVML, read every GPU, shut down; a missing driver is a finding."""
-    try:
-        nvml.nvmlInit()
-    except nvml.NVMLError as exc:
-        return _no_gpu(str(exc) or type(exc).__name__)
-    try:
-        gpus = [
-            read_gpu(nvml, i, max_processes=max_processes) for i in range(nvml.nvmlDeviceGetCount())
-        ]
-        driver = _maybe(nvml, nvml.nvmlSystemGetDriverVersion)
-    finally:
-        nvml.nvmlShutdown()
-    if not gpus:
-        return _no_gpu("the driver lists no devices")
-    return summarize(gpus, driver=driver)
-
-
-def _maybe(nvml: Any, call: Callable[..., Any], *args: Any) -> Any:
-    """One NVML call; None where the GPU does not support it."""
-    try:
-        value = call(*args)
-    except nvml.NVMLError:
-        return None
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def read_gpu(nvml: Any, index: int, *, max_processes: int) -> dict[str, Any]:
-    """Everything the probe reads of one GPU, as plain numbers (None: not supported)."""
-    h = nvml.nvmlDeviceGetHandleByIndex(index)
-    memory = _maybe(nvml, nvml.nvmlDeviceGetMemoryInfo, h)
-    util = _maybe(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
-    power_mw = _maybe(nvml, nvml.nvmlDeviceGetPowerUsage, h)
-    limit_mw = _maybe(nvml, nvml.nvmlDeviceGetEnforcedPowerLimit, h)
-    reasons_call = (
-        getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        or nvml.nvmlDeviceGetCurrentClocksThrottleReasons  # nvidia-ml-py before 12.535
+def _failed(message: str, source: dict[str, Any]) -> ProbeResult:
+    return ProbeResult(
+        findings=[Finding(Severity.WARNING, message, NvmlProbe.name)], details={"source": source}
     )
-    reasons = _maybe(nvml, reasons_call, h)
-    processes = _maybe(nvml, nvml.nvmlDeviceGetComputeRunningProcesses, h) or []
-    return {
-        "index": index,
-        "name": _maybe(nvml, nvml.nvmlDeviceGetName, h),
-        "memory_used_bytes": None if memory is None else memory.used,
-        "memory_total_bytes": None if memory is None else memory.total,
-        "utilization_pct": None if util is None else util.gpu,
-        "temperature_c": _maybe(nvml, nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),
-        "power_w": None if power_mw is None else power_mw / 1000.0,
-        "power_limit_w": None if limit_mw is None else limit_mw / 1000.0,
-        "sm_clock_mhz": _maybe(nvml, nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM),
-        "sm_clock_max_mhz": _maybe(nvml, nvml.nvmlDeviceGetMaxClockInfo, h, nvml.NVML_CLOCK_SM),
-        "throttle_reasons": []
-        if reasons is None
-        else [why for bit, why in THROTTLE_REASONS.items() if reasons & bit],
-        "ecc_uncorrected": _maybe(
-            nvml,
-            nvml.nvmlDeviceGetTotalEccErrors,
-            h,
-            nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-            nvml.NVML_VOLATILE_ECC,
-        ),  # fmt: skip
-        "processes": [
-            {"pid": p.pid, "used_memory_bytes": p.usedGpuMemory} for p in processes[:max_processes]
-        ],
-    }
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -159,40 +134,71 @@ def _extreme(pick: Callable[..., float], values: list[float | None]) -> float | 
     return float(pick(present)) if present else None
 
 
-def summarize(gpus: list[dict[str, Any]], *, driver: str | None) -> ProbeResult:
-    """Readings across GPUs (worst GPU counts), findings for throttling and ECC errors."""
-    findings = []
+def _gpu_findings(gpu: dict[str, Any]) -> list[Finding]:
+    """Throttling, ECC errors and XIDs of one GPU."""
+    found = []
+    i = gpu.get("index", "?")
+    if gpu.get("throttle_reasons"):
+        why = ", ".join(gpu["throttle_reasons"])
+        found.append(Finding(Severity.WARNING, f"GPU {i} is throttled: {why}", NvmlProbe.name))
+    if gpu.get("ecc_uncorrected"):
+        found.append(Finding(
+            Severity.CRITICAL,
+            f"GPU {i} has {gpu['ecc_uncorrected']} uncorrected ECC errors since boot: "
+            "drain the node",
+            NvmlProbe.name,
+            float(gpu["ecc_uncorrected"]),
+        ))  # fmt: skip
+    xid = gpu.get("xid") or {}
+    if xid.get("count"):
+        codes = sorted({e["xid"] for e in xid.get("recent", [])})
+        fatal = [f"{c} ({FATAL_XIDS[c]})" for c in codes if c in FATAL_XIDS]
+        severity = Severity.CRITICAL if fatal else Severity.WARNING
+        shown = ", ".join(fatal or [str(c) for c in codes])
+        found.append(Finding(
+            severity,
+            f"GPU {i} raised {xid['count']} XID error(s) since {xid.get('since', '?')}: XID "
+            f"{shown}" + ("; drain the node" if fatal else ""),
+            NvmlProbe.name,
+            float(xid["count"]),
+        ))  # fmt: skip
+    return found
+
+
+def summarize(snapshot: dict[str, Any], *, source: dict[str, Any], where: str) -> ProbeResult:
+    """Readings across GPUs (worst GPU counts); the source first, then per-GPU findings."""
+    gpus: list[dict[str, Any]] = snapshot["gpus"]
+    if not gpus:
+        severity = Severity.INFO if source["kind"] == "in-process" else Severity.WARNING
+        return _no_gpu(where, "the driver lists no devices", source, severity)
+    driver = snapshot.get("driver")
+    findings = [
+        Finding(
+            Severity.INFO,
+            f"GPU reading {where}: {len(gpus)} GPU(s){f', driver {driver}' if driver else ''}",
+            NvmlProbe.name,
+        )
+    ]
     for gpu in gpus:
-        if gpu["throttle_reasons"]:
-            why = ", ".join(gpu["throttle_reasons"])
-            findings.append(
-                Finding(Severity.WARNING, f"GPU {gpu['index']} is throttled: {why}", NvmlProbe.name)
-            )
-        if gpu["ecc_uncorrected"]:
-            findings.append(Finding(
-                Severity.CRITICAL,
-                f"GPU {gpu['index']} has {gpu['ecc_uncorrected']} uncorrected ECC errors "
-                "since boot: drain the node",
-                NvmlProbe.name,
-                float(gpu["ecc_uncorrected"]),
-            ))  # fmt: skip
-    ecc = [g["ecc_uncorrected"] for g in gpus if g["ecc_uncorrected"] is not None]
+        findings += _gpu_findings(gpu)
+    ecc = [g["ecc_uncorrected"] for g in gpus if g.get("ecc_uncorrected") is not None]
+    xids = [g["xid"]["count"] for g in gpus if (g.get("xid") or {}).get("watching")]
     readings = {
         "gpu_count": float(len(gpus)),
         "memory_used_ratio": _extreme(
-            max, [_ratio(g["memory_used_bytes"], g["memory_total_bytes"]) for g in gpus]
+            max, [_ratio(g.get("memory_used_bytes"), g.get("memory_total_bytes")) for g in gpus]
         ),
-        "utilization_pct": _extreme(max, [g["utilization_pct"] for g in gpus]),
-        "temperature_c": _extreme(max, [g["temperature_c"] for g in gpus]),
+        "utilization_pct": _extreme(max, [g.get("utilization_pct") for g in gpus]),
+        "temperature_c": _extreme(max, [g.get("temperature_c") for g in gpus]),
         "power_limit_ratio": _extreme(
-            max, [_ratio(g["power_w"], g["power_limit_w"]) for g in gpus]
+            max, [_ratio(g.get("power_w"), g.get("power_limit_w")) for g in gpus]
         ),
         "sm_clock_ratio": _extreme(
-            min, [_ratio(g["sm_clock_mhz"], g["sm_clock_max_mhz"]) for g in gpus]
+            min, [_ratio(g.get("sm_clock_mhz"), g.get("sm_clock_max_mhz")) for g in gpus]
         ),
-        "throttled_gpus": float(sum(1 for g in gpus if g["throttle_reasons"])),
+        "throttled_gpus": float(sum(1 for g in gpus if g.get("throttle_reasons"))),
         "ecc_uncorrected": float(sum(ecc)) if ecc else None,
+        "xid_errors": float(sum(xids)) if xids else None,
     }
-    return ProbeResult(
-        readings=readings, findings=findings, details={"driver": driver, "gpus": gpus}
-    )
+    details = {"source": source, "host": snapshot.get("host"), "driver": driver, "gpus": gpus}
+    return ProbeResult(readings=readings, findings=findings, details=details)
