@@ -33,7 +33,9 @@ def h200() -> FakeNvml:
 
 
 @pytest.fixture
-async def served(request: pytest.FixtureRequest) -> AsyncIterator[tuple[httpx.AsyncClient, FakeNvml]]:
+async def served(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[tuple[httpx.AsyncClient, FakeNvml]]:
     """A client for the app over the fake given by the test's `nvml` param (default: H200 x2)."""
     fake = getattr(request, "param", None) or h200()
     session = NvmlSession(fake, hostname="gpu-node-7")
@@ -171,9 +173,7 @@ async def test_nvml_failing_mid_read_is_a_json_500(
     assert (await client.get("/snapshot", headers=AUTH)).status_code == 200
 
 
-async def _snapshot_when(
-    client: httpx.AsyncClient, done: object, *, attempts: int = 600
-) -> dict:
+async def _snapshot_when(client: httpx.AsyncClient, done: object, *, attempts: int = 600) -> dict:
     """Poll /snapshot until ``done(body)``: the XID thread delivers events on its own time."""
     assert callable(done)
     for _ in range(attempts):
@@ -297,4 +297,7 @@ def test_once_prints_a_snapshot_or_says_why_not(tmp_path: Path) -> None:
     assert [g["name"] for g in json.loads(ok.stdout)["gpus"]] == ["NVIDIA H200", "NVIDIA H200"]
     missing = once("--no-driver")
     assert missing.returncode == 2 and missing.stdout == ""
-    assert "cannot read NVML on" in missing.stderr and "NVML Shared Library Not Found" in missing.stderr
+    assert (
+        "cannot read NVML on" in missing.stderr
+        and "NVML Shared Library Not Found" in missing.stderr
+    )

@@ -81,12 +81,17 @@ async def test_the_probe_reads_the_agent_and_says_so(agent: AgentProcess) -> Non
     assert result.details["source"] == {"kind": "agent", "where": agent.url}
     assert result.details["host"] == host
     (info,) = [m for s, m in findings(result) if s is Severity.INFO]
-    assert info == f"GPU reading from the agent at {agent.url} (host {host}): 2 GPU(s), driver 570.124.06"
+    assert (
+        info
+        == f"GPU reading from the agent at {agent.url} (host {host}): 2 GPU(s), driver 570.124.06"
+    )
     (critical,) = [m for s, m in findings(result) if s is Severity.CRITICAL]
     assert critical.startswith("GPU 0 raised 1 XID error(s) since ")
     assert critical.endswith(": XID 79 (GPU fell off the bus); drain the node")
     assert (Severity.WARNING, "GPU 1 is throttled: software power cap") in findings(result)
-    assert result.details["gpus"][0]["processes"] == [{"pid": 4242, "used_memory_bytes": 145961779200}]
+    assert result.details["gpus"][0]["processes"] == [
+        {"pid": 4242, "used_memory_bytes": 145961779200}
+    ]
 
 
 async def test_max_processes_reaches_the_agent(agent: AgentProcess) -> None:
@@ -117,7 +122,9 @@ async def test_an_unreadable_token_file_is_a_finding(agent: AgentProcess, tmp_pa
     result = await probe(target(agent.url, tmp_path / "missing"))
     ((severity, message),) = findings(result)
     assert severity is Severity.WARNING
-    assert message.startswith(f"GPU reading failed: cannot read gpu_agent_token_file {tmp_path}/missing")
+    assert message.startswith(
+        f"GPU reading failed: cannot read gpu_agent_token_file {tmp_path}/missing"
+    )
 
 
 async def test_agent_down_is_a_finding(tmp_path: Path) -> None:
@@ -174,7 +181,9 @@ async def test_a_url_that_is_not_an_agent_is_a_finding() -> None:
         ctx = ProbeContext(http=http, nvml=FakeNvml.no_driver(), hostname="bot-pod")
         result = await NvmlProbe().run(target=ref, params=NvmlParams(), ctx=ctx)
     ((_, message),) = findings(result)
-    assert "did not answer a ruleloop.nvml/v1 snapshot: is gpu_agent_url a ruleloop agent?" in message
+    assert (
+        "did not answer a ruleloop.nvml/v1 snapshot: is gpu_agent_url a ruleloop agent?" in message
+    )
 
 
 # --- a whole diagnosis in the real bot ------------------------------------------------------
@@ -229,4 +238,3 @@ async def test_console_findings_say_in_process_and_no_gpu(tmp_path: Path) -> Non
         await h.close()
     printed = h.console.getvalue()
     assert f"no GPU visible to NVML in-process on {socket.gethostname()} (" in printed, printed
-
