@@ -32,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bot.adr.store import AdrStore
+from bot.adr.shared import SharedAdrStore
 from bot.config import Settings
 from bot.defaults import with_defaults
 from bot.diagnosis.flows import IncidentFlows
@@ -110,7 +110,10 @@ def create_bot(
     db.create_schema()
     http = http or httpx.AsyncClient(timeout=httpx.Timeout(10.0))
     normal = NormalReader(db=db, last=settings.scheduler.normal_of_last)
-    adrs = AdrStore(root=settings.paths.adr)
+    adrs = SharedAdrStore(root=settings.paths.adr, db=db, clock=clock)
+    imported = adrs.sync()  # adr/ into the store, shared by every replica (bot.adr.sync)
+    if imported is not None:
+        log.info("ADRs imported from %s: %s", settings.paths.adr, imported.summary())
     diagnoser = Diagnoser(
         runbooks=runbooks,
         runner=RunbookRunner(registry=registry),

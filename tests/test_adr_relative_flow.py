@@ -19,8 +19,8 @@ import pytest
 from sqlalchemy import select
 
 from bot.adr.models import AdrGates
-from bot.adr.parse import load
 from bot.adr.relative import NoNormal
+from bot.adr.shared import SharedAdrStore
 from bot.canary.verdict import gates_from, judge
 from bot.config import CanarySpec, Target
 from bot.remediation.actuators.base import Deployed
@@ -199,6 +199,7 @@ async def test_the_canary_gets_absolute_limits_and_the_card_and_draft_show_them(
     assert applying.detail["gates_as_written"]["max_tpot_p99_ms"] == "1.5x normal (= 33)"
     last = json.dumps(slack.of("chat.update")[-1].args["blocks"], ensure_ascii=False)
     assert "TPOT p99 ≤ 1.5x normal (= 33.0 ms)" in last  # the limit the canary used
-    drafted = load(Path(draft.path))  # the draft records the limits the canary was judged by
+    drafted = SharedAdrStore(root=Path("adr"), db=h.bot.db, sync=False).get_or_raise(draft.adr_id)
+    # the draft (in the store) records the limits the canary was judged by
     assert drafted.gates == AdrGates(max_tpot_p99_ms=33.0, min_goodput_ratio=0.95)
     assert "--max-tpot-p99-ms 33" in "\n".join(drafted.rules)

@@ -1,20 +1,36 @@
-"""`ruleloop adr list|show|new|validate|match`: the decision records kept in git under adr/."""
+"""`ruleloop adr list|show|new|validate|match|export`: the decision records.
+
+`list`, `show` and `match` read the store the bot shares between its replicas when a database is
+configured ([store] url or $RULELOOP_DATABASE_URL), else the files under --adr-dir. `new` and
+`validate` work on files (for git); `export` writes the store's records as those files.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+import sqlalchemy as sa
+from sqlalchemy.exc import SQLAlchemyError
 
 from bot.adr import vllm_args
 from bot.adr.flags import to_argv
 from bot.adr.match import METRICS, match, matching
 from bot.adr.models import Adr
+from bot.adr.shared import SharedAdrStore
 from bot.adr.store import AdrStore
 from bot.adr.validate import default_checker, validate
 from bot.errors import AdrError, UsageError
+
+if TYPE_CHECKING:
+    from bot.config import Settings
+    from bot.store.db import Database
 
 adr_dir_option = click.option(
     "--adr-dir",
@@ -23,6 +39,14 @@ adr_dir_option = click.option(
     default=Path("adr"),
     show_default=True,
     help="The decision store: ADRs here, drafts in its drafts/.",
+)
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="TOML settings (default: $RULELOOP_CONFIG): with [store] url (or "
+    "$RULELOOP_DATABASE_URL) the store's ADRs are read, not --adr-dir's files.",
 )
 date_option = click.option(
     "--date",
@@ -49,6 +73,7 @@ def adr() -> None:
       ruleloop adr validate adr/
       ruleloop adr match canary.json      which accepted ADRs fit these numbers
       ruleloop adr new --title "Prefix caching for agent prompts"
+      ruleloop adr export adr/            the store's ADRs as files, for git
     """
 
 
@@ -56,30 +81,44 @@ def adr() -> None:
 @click.option(
     "--status", type=click.Choice(["proposed", "accepted", "superseded", "rejected"]), default=None
 )
-@click.option("--drafts/--no-drafts", default=True, show_default=True, help="Include adr/drafts/.")
+@click.option("--drafts/--no-drafts", default=True, show_default=True, help="Include drafts.")
 @adr_dir_option
-def list_(status: str | None, drafts: bool, adr_dir: Path) -> None:
-    """List the ADRs: id, status, date, title and file."""
-    entries = [
-        (p, a)
-        for p, a in AdrStore(root=adr_dir).entries(include_drafts=drafts)
-        if status is None or a.status == status
-    ]
+@config_option
+def list_(status: str | None, drafts: bool, adr_dir: Path, config_path: Path | None) -> None:
+    """List the ADRs: id, status, date, title and file (or place in the store)."""
+    with _store(adr_dir, config_path) as store:
+        entries = [
+            (p, a)
+            for p, a in store.entries(include_drafts=drafts)
+            if status is None or a.status == status
+        ]
+        where = _where(store)
     if not entries:
-        click.echo(f"no ADRs under {adr_dir}" + (f" with status {status}" if status else ""))
+        click.echo(f"no ADRs {where}" + (f" with status {status}" if status else ""))
         return
+    shared = isinstance(store, SharedAdrStore)
     for path, record in entries:
-        click.echo(f"{record.id}  {record.status:<10}  {record.date}  {record.title}  ({path})")
+        place = f"store: {path}" if shared else str(path)
+        click.echo(f"{record.id}  {record.status:<10}  {record.date}  {record.title}  ({place})")
 
 
 @adr.command("show")
 @click.argument("adr_id")
 @click.option("--json", "as_json", is_flag=True, help="The record as JSON.")
 @adr_dir_option
-def show(adr_id: str, as_json: bool, adr_dir: Path) -> None:
+@config_option
+def show(adr_id: str, as_json: bool, adr_dir: Path, config_path: Path | None) -> None:
     """Print one ADR and the vLLM flags its fix applies."""
-    store = AdrStore(root=adr_dir)
-    record = store.get_or_raise(adr_id)
+    with _store(adr_dir, config_path) as store:
+        record = store.get_or_raise(adr_id)
+        if isinstance(store, SharedAdrStore):
+            row = store.row(adr_id)
+            assert row is not None
+            text = row.text
+        else:
+            found = store.find(adr_id)
+            assert found is not None
+            text = found[0].read_text(encoding="utf-8")
     argv = to_argv(record.fix.engine_args)
     if as_json:
         click.echo(
@@ -88,9 +127,7 @@ def show(adr_id: str, as_json: bool, adr_dir: Path) -> None:
             )
         )
         return
-    found = store.find(adr_id)
-    assert found is not None
-    click.echo(found[0].read_text(encoding="utf-8"))
+    click.echo(text)
     click.echo(f"engine argv: {' '.join(argv) or '(no engine flags)'}")
 
 
@@ -164,10 +201,12 @@ def validate_cmd(path: Path | None, use_vllm: bool | None, adr_dir: Path) -> Non
 )
 @click.option("--json", "as_json", is_flag=True, help="The matching ADRs as JSON.")
 @adr_dir_option
-def match_cmd(report_path: Path, as_json: bool, adr_dir: Path) -> None:
+@config_option
+def match_cmd(report_path: Path, as_json: bool, adr_dir: Path, config_path: Path | None) -> None:
     """List the accepted ADRs whose `match` conditions all hold for a canary or diagnosis report."""
     report = _read_report(report_path)
-    accepted = AdrStore(root=adr_dir).accepted()
+    with _store(adr_dir, config_path) as store:
+        accepted = store.accepted()
     results = matching(accepted, report)
     if as_json:
         click.echo(
@@ -197,6 +236,95 @@ def match_cmd(report_path: Path, as_json: bool, adr_dir: Path) -> None:
             missed = [c.explain() for c in match(record, report).conditions if not c.holds]
             if missed:
                 click.echo(f"  {record.id}: " + "; ".join(missed))
+
+
+@adr.command("export")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@config_option
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where `ruleloop serve` keeps its SQLite store, when no [store] url is configured.",
+)
+def export(directory: Path, config_path: Path | None, state_dir: Path | None) -> None:
+    """Write every ADR in the store (drafts in drafts/) as Markdown files, for git.
+
+    \b
+    Each file is the record byte for byte; a file of the same id elsewhere in DIR (the draft
+    of an ADR since accepted) is removed; files of ids the store lacks are left alone.
+    Example:
+      RULELOOP_DATABASE_URL=postgresql+psycopg://ruleloop@db/ruleloop ruleloop adr export adr/
+    """
+    from bot.engine.process import default_state_dir
+
+    settings = _settings(config_path)
+    url = settings.store.url
+    if not url:
+        sqlite = (settings.paths.state or state_dir or default_state_dir()) / "ruleloop.db"
+        if not sqlite.is_file():
+            raise UsageError(
+                f"no store at {sqlite}: set [store] url (or $RULELOOP_DATABASE_URL), or "
+                "--state-dir where `ruleloop serve` keeps its ruleloop.db"
+            )
+        url = f"sqlite:///{sqlite}"
+    with _opened(url) as db:
+        done = SharedAdrStore(root=directory, db=db, sync=False).export(directory)
+    for path in done.written:
+        click.echo(f"wrote {path}")
+    for path in done.removed:
+        click.echo(f"removed {path} (its id is written elsewhere)")
+    click.echo(
+        f"{len(done.written)} written, {len(done.unchanged)} unchanged, "
+        f"{len(done.removed)} removed in {directory}"
+    )
+
+
+def _settings(config_path: Path | None) -> Settings:
+    from bot.config import Settings
+
+    return Settings.load(os.environ, path=config_path)
+
+
+@contextlib.contextmanager
+def _store(adr_dir: Path, config_path: Path | None) -> Iterator[AdrStore]:
+    """The store's ADRs when a database is configured, else the files under ``adr_dir``."""
+    url = _settings(config_path).store.url
+    if not url:
+        yield AdrStore(root=adr_dir)
+        return
+    with _opened(url) as db:
+        yield SharedAdrStore(root=adr_dir, db=db, sync=False)  # read only: imports are the bot's
+
+
+@contextlib.contextmanager
+def _opened(url: str) -> Iterator[Database]:
+    """The database at ``url``, refused with what to do when it holds no ADR tables."""
+    from bot.store.db import Database
+
+    db = Database(url)
+    where = db.url.render_as_string(hide_password=True)
+    try:
+        try:
+            ready = sa.inspect(db.engine).has_table("adr_records")
+        except SQLAlchemyError as exc:
+            raise UsageError(
+                f"cannot open the store {where}: {getattr(exc, 'orig', exc)}"
+            ) from None
+        if not ready:
+            raise UsageError(
+                f"the store {where} has no ADR tables yet: run `ruleloop db upgrade` (or start "
+                "`ruleloop serve`, which also imports its adr/)"
+            )
+        yield db
+    finally:
+        db.dispose()
+
+
+def _where(store: AdrStore) -> str:
+    if isinstance(store, SharedAdrStore):
+        return f"in the store {store.db.url.render_as_string(hide_password=True)}"
+    return f"under {store.root}"
 
 
 def _read_report(path: Path) -> dict[str, object]:

@@ -33,6 +33,8 @@ from bot.adr.match import MatchResult, match
 from bot.adr.models import GATE_METRICS, Adr, AdrGates
 from bot.adr.parse import load
 from bot.adr.relative import Relative
+from bot.adr.shared import SharedAdrStore
+from bot.adr.store import file_id
 from bot.canary.client import Outcome
 from bot.canary.runner import CanaryRun
 from bot.canary.workload import CancelMode, Workload
@@ -450,9 +452,14 @@ class Demo:
     def _draft(self, bot: Bot, incident_id: int) -> Path | None:
         with bot.db.transaction() as s:
             draft = s.query(AdrDraft).filter_by(incident_id=incident_id).one_or_none()
-            path = None if draft is None else Path(draft.path)
-        if path is not None:
-            self._say(f"8/8 post-incident ADR drafted for review: {path}")
+            adr_id = None if draft is None else draft.adr_id
+        if adr_id is None:
+            return None
+        # the draft lives in the store; written out as `ruleloop adr export` would
+        adrs = self.ws / "adr"
+        exported = SharedAdrStore(root=adrs, db=bot.db, sync=False).export(adrs)
+        path = next(p for p in [*exported.written, *exported.unchanged] if file_id(p) == adr_id)
+        self._say(f"8/8 post-incident ADR drafted for review (exported from the store): {path}")
         return path
 
 

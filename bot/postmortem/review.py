@@ -58,10 +58,7 @@ def reject_draft(
     store: AdrStore, adr_id: str, *, reviewer: str, reason: str, day: dt.date | None = None
 ) -> Path:
     """Move a proposed draft into adr/ as rejected, with the reason; the path of the record."""
-    reason = " ".join(reason.split())
-    if not reason:
-        raise UsageError(f"say why {adr_id} is rejected: the reason stays on record")
-    note = f"rejected by {reviewer}: {reason}"
+    note = rejection_note(adr_id, reviewer=reviewer, reason=reason)
     return _decide(store, adr_id, status="rejected", reviewer=reviewer, note=note, day=day)
 
 
@@ -70,6 +67,28 @@ def _decide(
 ) -> Path:
     draft_path, draft = _proposed_draft(store, adr_id)
     final = store.root / draft_path.name
+    record = decided(draft, status=status, reviewer=reviewer, note=note, day=day, name=final.name)
+    _move(draft_path, final, render(record))
+    runs = draft_path.with_suffix(".runs")  # `ruleloop tune` keeps a draft's canary JSON here
+    if runs.is_dir() and not final.with_suffix(".runs").exists():
+        os.replace(runs, final.with_suffix(".runs"))
+    return final
+
+
+def decided(
+    draft: Adr, *, status: Status, reviewer: str, note: str, day: dt.date | None, name: str
+) -> Adr:
+    """The draft as decided: its status, the reviewer among the deciders, the review noted.
+
+    AdrError when the decided record breaks a rule (an accepted ADR without gates) or the
+    draft is no longer proposed.
+    """
+    if draft.status != "proposed":
+        raise AdrError(
+            f"already {draft.status}; only a proposed draft can be accepted or rejected",
+            file=name,
+            field="status",
+        )
     line = f"- {day:%Y-%m-%d}: {note}" if day is not None else f"- {note}"
     record = Adr.model_validate(
         draft.model_dump()
@@ -79,14 +98,18 @@ def _decide(
             "notes": "\n\n".join(p for p in (draft.notes, f"{REVIEW_HEADING}\n\n{line}") if p),
         }
     )
-    problems = check_record(record, path=final)
+    problems = check_record(record, path=Path(name))
     if problems:
         raise problems[0].error()
-    _move(draft_path, final, render(record))
-    runs = draft_path.with_suffix(".runs")  # `ruleloop tune` keeps a draft's canary JSON here
-    if runs.is_dir() and not final.with_suffix(".runs").exists():
-        os.replace(runs, final.with_suffix(".runs"))
-    return final
+    return record
+
+
+def rejection_note(adr_id: str, *, reviewer: str, reason: str) -> str:
+    """The review line of a rejection; UsageError without a reason."""
+    reason = " ".join(reason.split())
+    if not reason:
+        raise UsageError(f"say why {adr_id} is rejected: the reason stays on record")
+    return f"rejected by {reviewer}: {reason}"
 
 
 def _proposed_draft(store: AdrStore, adr_id: str) -> tuple[Path, Adr]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from bot.adr.models import Adr, AdrGates, GatewayRules
 from bot.adr.relative import NoNormal, Normal
-from bot.adr.store import AdrStore
+from bot.adr.shared import SharedAdrStore
 from bot.config import AccessSettings, Settings, Target
 from bot.diagnosis.ports import MessageRef
 from bot.diagnosis.tasks import TaskSupervisor
@@ -67,7 +67,7 @@ class RemediationService:
         self.settings = settings
         self.records = RemediationRecords(db=db, clock=clock)
         self.policy = Policy(settings)
-        self._adrs = AdrStore(root=settings.paths.adr)
+        self._adrs = SharedAdrStore(root=settings.paths.adr, db=db, clock=clock)
         self._notifier = notifier
         self._threads = threads
         self._clock = clock

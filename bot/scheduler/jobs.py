@@ -15,7 +15,7 @@ from typing import Protocol
 
 import httpx
 
-from bot.adr.store import AdrStore
+from bot.adr.shared import SharedAdrStore
 from bot.config import ScheduledTarget, Settings
 from bot.diagnosis.flows import IncidentFlows
 from bot.diagnosis.ports import Notifier
@@ -84,7 +84,7 @@ def build_jobs(
         raise UsageError(f"[scheduler.targets] names unknown targets {unknown}; targets: {known}")
     window = config.snapshot_window_s
     sample = sampler or MetricsSampler(http=http, window_s=window, clock=probe_clock, sleep=sleep)
-    adrs = AdrStore(root=settings.paths.adr)
+    adrs = SharedAdrStore(root=settings.paths.adr, db=db)
     normal = NormalReader(db=db, last=config.normal_of_last)
     jobs = []
     for name, target in settings.targets.items():
