@@ -19,7 +19,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from bot.adr.store import AdrStore
+from bot.adr.shared import SharedAdrStore
 from bot.canary.verdict import values_of
 from bot.engine.model import SERVED_MODEL_NAME
 from bot.engine.process import EngineManager, free_port
@@ -179,7 +179,7 @@ async def test_an_accepted_adr_is_applied_kept_and_drafted(
         assert f"TTFT p99 {values.ttft_p99_ms:,.1f} ms" in json.dumps(
             last["blocks"], ensure_ascii=False
         )
-        (_, adr) = AdrStore(root=tmp_path / "adr").find(draft.adr_id)  # type: ignore[misc]
+        adr = SharedAdrStore(root=tmp_path / "adr", db=h.bot.db).get_or_raise(draft.adr_id)
         row = adr.matrix[-1]
         assert (row.ttft_p99_ms, row.tpot_p99_ms) == (
             round(values.ttft_p99_ms, 1),

@@ -1,8 +1,9 @@
 """Two real `ruleloop serve` replicas sharing one real PostgreSQL (Debian's), the fake Slack and a
 recorded-/metrics engine: a scheduled job runs once per period across both, the same webhook
-delivered to both makes one incident, the same click delivered to both acts once, and a replica
-killed mid-job loses no period and repeats none. No vLLM engine: snapshots and diagnoses read
-recorded /metrics pages over real HTTP."""
+delivered to both makes one incident, the same click delivered to both acts once, a replica
+killed mid-job loses no period and repeats none, an ADR accepted through one is listed and
+matched by the other at once, and of two reviewers deciding one draft at once one wins. No vLLM
+engine: snapshots and diagnoses read recorded /metrics pages over real HTTP."""
 
 from __future__ import annotations
 
@@ -22,9 +23,10 @@ import pytest
 from sqlalchemy import create_engine, select, text
 
 from bot.engine.process import free_port
+from bot.slack.views import NO_MATCH
 from bot.store import service as store
 from bot.store.db import Database
-from bot.store.models import JobRun, MetricSnapshot
+from bot.store.models import AdrRevision, JobRun, MetricSnapshot
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import AM_TOKEN, PAGES, RUNBOOK
 from tests.fakes.metrics_server import RecordedMetrics
@@ -283,3 +285,140 @@ async def test_replicas_a_click_delivered_to_both_acts_once(
     assert approvals().count("remediation.approved") == 1
     # the copy never reached the other replica's app: nobody answered "someone was first"
     assert [c for c in slack.of("response_url") if c.args.get("name") == "btn"] == []
+
+
+# --- ADRs in the store: decided through one replica, used by the other at once ---------------
+REVIEWERS = '[access]\ndiagnose = ["U1"]\napply = ["U1"]\nreview = ["U2", "U3"]\n'
+
+
+async def slash(client: httpx.AsyncClient, slack: FakeSlack, url: str, command: str,
+                text: str, *, user: str = "U1") -> None:  # fmt: skip
+    """A signed slash command, as Slack posts it."""
+    form = {"command": command, "text": text, "user_id": user, "channel_id": "C0INCIDENTS",
+            "team_id": "T0FAKE", "trigger_id": "1.2.3", "token": "legacy",
+            "response_url": slack.response_url(f"{command.strip('/')}-{uuid.uuid4().hex[:6]}")}  # fmt: skip
+    request = urllib.parse.urlencode(form).encode()
+    answer = await client.post(url, content=request, headers=signed_headers(request))
+    assert answer.status_code == 200, answer.text
+
+
+async def press(client: httpx.AsyncClient, slack: FakeSlack, url: str, action_id: str,
+                value: str, *, user: str) -> str:  # fmt: skip
+    """A signed button click; the name of its response_url (where refusals are answered)."""
+    name = f"{action_id}-{user}"
+    payload = {"type": "block_actions", "user": {"id": user}, "team": {"id": "T0FAKE"},
+               "api_app_id": "A0", "trigger_id": "1.2.3", "response_url": slack.response_url(name),
+               "channel": {"id": "C0INCIDENTS"}, "container": {"type": "message"},
+               "actions": [{"type": "button", "action_id": action_id, "block_id": "b",
+                            "value": value, "action_ts": uuid.uuid4().hex}]}  # fmt: skip
+    click = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
+    answer = await client.post(url, content=click, headers=signed_headers(click))
+    assert answer.status_code == 200, answer.text
+    return name
+
+
+def draft_buttons(slack: FakeSlack, count: int) -> tuple[str, dict[str, str]]:
+    """The id and Accept / Reject values of the ``count``-th draft posted."""
+    drafts = [c for c in slack.of("chat.postMessage")
+              if str(c.args.get("text", "")).startswith("Post-incident ADR draft ")]  # fmt: skip
+    if len(drafts) < count:
+        return "", {}
+    card = drafts[count - 1]
+    adr_id = str(card.args["text"]).split()[3].rstrip(":")
+    values = {e["action_id"]: e["value"] for b in card.args["blocks"] if b["type"] == "actions"
+              for e in b["elements"]}  # fmt: skip
+    return adr_id, values
+
+
+def adr_messages(slack: FakeSlack) -> list[str]:
+    """The texts of the diagnoses' ADR messages (matching ADRs, or none), oldest first."""
+    return [str(c.args["text"]) for c in slack.of("chat.postMessage")
+            if str(c.args.get("text", "")).startswith(("Matching accepted ADRs", "No accepted ADR"))]  # fmt: skip
+
+
+def listed(pg_url: str, *args: str) -> str:
+    """`ruleloop adr list` against the store the replicas share."""
+    from click.testing import CliRunner
+
+    from bot.cli import cli
+
+    env = {"RULELOOP_CONFIG": None, "RULELOOP_DATABASE_URL": pg_url}
+    result = CliRunner().invoke(cli, ["adr", "list", *args], env=env)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def decided(db: Database) -> list[str]:
+    with db.transaction() as s:
+        return [e.action for e in store.audit_trail(s)
+                if e.action in ("adr_draft.accepted", "adr_draft.rejected")]  # fmt: skip
+
+
+async def test_replicas_an_adr_accepted_through_one_is_listed_and_matched_by_the_other(
+    tmp_path: Path, pg_url: str, db: Database, slack: FakeSlack, engine: RecordedMetrics
+) -> None:
+    replicas = Replicas(tmp_path, url=pg_url, slack=slack, engine=engine.base_url,
+                        scheduler={"enabled": "false"}, extra=REVIEWERS)  # fmt: skip
+    events = [replicas.url(n, "/slack/events") for n in (0, 1)]
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            # a diagnosis through replica 0 (no ADR matches it), and its post-incident draft
+            await slash(client, slack, events[0], "/diagnose", "tiny")
+            wait_for(lambda: len(adr_messages(slack)) == 1, what="the first diagnosis")
+            assert adr_messages(slack) == [NO_MATCH]
+            await slash(client, slack, events[0], "/adr-draft", "")
+            adr_id, buttons = wait_for(lambda: draft_buttons(slack, 1)[0] and draft_buttons(slack, 1),
+                                       what="the draft")  # fmt: skip
+            assert f"{adr_id}  proposed" in listed(pg_url)
+            # accepted through replica 1: replica 0 matches it in its next diagnosis, no restart
+            await press(client, slack, events[1], "adr_draft_accept",
+                        buttons["adr_draft_accept"], user="U2")  # fmt: skip
+            wait_for(lambda: decided(db) == ["adr_draft.accepted"], what="the acceptance")
+            assert f"{adr_id}  accepted" in listed(pg_url, "--status", "accepted")
+            await slash(client, slack, events[0], "/diagnose", "tiny")
+            wait_for(lambda: len(adr_messages(slack)) == 2, what="the second diagnosis")
+            assert adr_id in adr_messages(slack)[1].removeprefix("Matching accepted ADRs: ")
+    finally:
+        replicas.stop()
+    # both replicas imported adr/ into the empty store as they started: each file once
+    with db.transaction() as s:
+        imported = [r.adr_id for r in s.scalars(select(AdrRevision)) if r.source == "file"]
+    assert sorted(imported) == sorted({"ADR-20260831-01", "ADR-20261129-01"})
+
+
+async def test_replicas_two_reviewers_at_once_one_decision_and_the_other_is_told(
+    tmp_path: Path, pg_url: str, db: Database, slack: FakeSlack, engine: RecordedMetrics
+) -> None:
+    replicas = Replicas(tmp_path, url=pg_url, slack=slack, engine=engine.base_url,
+                        scheduler={"enabled": "false"}, extra=REVIEWERS)  # fmt: skip
+    events = [replicas.url(n, "/slack/events") for n in (0, 1)]
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            await slash(client, slack, events[0], "/diagnose", "tiny")
+            wait_for(lambda: adr_messages(slack), what="the diagnosis")
+            await slash(client, slack, events[1], "/adr-draft", "")
+            adr_id, buttons = wait_for(lambda: draft_buttons(slack, 1)[0] and draft_buttons(slack, 1),
+                                       what="the draft")  # fmt: skip
+            # U2 accepts through replica 0 as U3 rejects through replica 1
+            names = await asyncio.gather(
+                press(client, slack, events[0], "adr_draft_accept", buttons["adr_draft_accept"],
+                      user="U2"),
+                press(client, slack, events[1], "adr_draft_reject", buttons["adr_draft_reject"],
+                      user="U3"),
+            )  # fmt: skip
+            (state,) = wait_for(lambda: decided(db), what="a decision")
+            winner, loser = (("U2", names[1]) if state == "adr_draft.accepted"
+                             else ("U3", names[0]))  # fmt: skip
+            told = wait_for(lambda: [c for c in slack.of("response_url")
+                                     if c.args.get("name") == loser], what="the refusal")  # fmt: skip
+            await asyncio.sleep(1)  # a second decision would have been written by now
+    finally:
+        replicas.stop()
+    outcome = state.removeprefix("adr_draft.")
+    assert decided(db) == [state]  # exactly one decision
+    assert str(told[0].args["text"]).startswith(f"{adr_id} was already {outcome} by <@{winner}>")
+    assert str(told[0].args["text"]).endswith("Nothing was changed.")
+    assert f"{adr_id}  {outcome}" in listed(pg_url)
+    with db.transaction() as s:
+        versions = [r.version for r in s.scalars(select(AdrRevision)) if r.adr_id == adr_id]
+    assert versions == [1, 2]  # drafted, decided once
