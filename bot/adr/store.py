@@ -1,4 +1,7 @@
-"""The decision store: the ADR files under one directory (`adr/`), drafts in `adr/drafts/`.
+"""The ADR files under one directory (`adr/`), drafts in `adr/drafts/`.
+
+This is what the command line reads without a database; the bot reads the same interface from
+its database (``bot.adr.shared.SharedAdrStore``), which imports this directory.
 
 A file that does not parse costs only itself where the bot reads many (``records``,
 ``accepted``): it is skipped, logged once, and listed by ``skipped`` (diagnoses say so), so one

@@ -2,7 +2,7 @@
 
 draft.py   plain facts of an incident (alert, diagnosis, canary runs, the fix applied) -> a
            proposed ADR in the seed's template
-review.py  who may review a draft; accept (move to adr/ as accepted) or reject it
+review.py  who may review a draft; the record accepting or rejecting it makes
 """
 
 from bot.postmortem.draft import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem

@@ -1,9 +1,11 @@
-"""Review of ADR drafts: who may review, and accepting or rejecting a draft.
+"""Review of ADR drafts: who may review, and what a decided draft becomes.
 
-A decided draft leaves ``adr/drafts/`` for ``adr/`` under the same file name (the validator
-allows only proposed records in drafts/): accepted, it becomes a pre-approved fix that the next
-incident can apply; rejected, it stays on record as a decision not to. The move is atomic in
-the sense that matters: at every moment exactly one ADR file carries the id.
+``decided`` is the record a decision makes of a draft (its status, the reviewer among the
+deciders, the review noted under its own heading), checked as the validator checks; the bot
+writes it into the store (bot.remediation.drafting). ``accept_draft`` / ``reject_draft`` do the
+same on a file directory: the draft leaves ``adr/drafts/`` for ``adr/`` under the same file
+name (the validator allows only proposed records in drafts/), atomically in the sense that
+matters: at every moment exactly one ADR file carries the id.
 """
 
 from __future__ import annotations
