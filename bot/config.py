@@ -262,8 +262,9 @@ class PathSettings(_Section):
     )
     adr: Path = Field(
         default=Path("adr"),
-        description="the ADRs; drafts go to its drafts/. Unset and no adr/ where serve starts: "
-        "<state dir>/adr, seeded with the shipped seed ADR",
+        description="the ADRs (drafts in its drafts/), imported into the store at start and when "
+        "a file changes; never written (`ruleloop adr export` writes the store's). Unset and no "
+        "adr/ where serve starts: <state dir>/adr, seeded with the shipped seed ADR",
     )
     state: Path | None = Field(
         default=None, description="where the SQLite store goes; unset: serve's --state-dir"
