@@ -3,25 +3,41 @@
 #   docker build -t ruleloop .
 #   docker run --rm -p 3000:3000 -e RULELOOP_ALERTMANAGER_TOKEN=... ruleloop
 #   docker run --rm ruleloop canary --help
-# tests/test_deploy_packaging.py checks this file (stages, user, healthcheck, COPY sources).
+# Reproducible: the base image is pinned by digest and every dependency comes from
+# requirements.lock, exact versions with their sha256 hashes (pip --require-hashes), so the same
+# commit builds the same image. docs/deploy.md says how to refresh both.
+# tests/test_deploy_packaging.py checks this file (stages, user, healthcheck, COPY sources, the
+# digest, the lock) and tests/test_deploy_lock.py the lock against pyproject.toml.
 
-# --- build: a wheel of the package, installed with its core dependencies into a venv ---
-FROM python:3.11-slim AS build
+# python:3.11-slim-bookworm (Python 3.11.16), the multi-platform index digest Docker Hub
+# published for the tag in September 2026. Refresh it deliberately, with the digest from
+#   docker buildx imagetools inspect python:3.11-slim-bookworm
+# or build against another base with --build-arg PYTHON_IMAGE=...
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b
+
+# --- build: the locked dependencies, then a wheel of the package, into a venv ---
+FROM ${PYTHON_IMAGE} AS build
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
+# The lock first: this layer is rebuilt only when the dependencies change.
+COPY requirements.lock ./
+RUN python -m venv /opt/ruleloop \
+ && /opt/ruleloop/bin/pip install --require-hashes --no-deps -r requirements.lock
 COPY pyproject.toml README.md ./
 COPY bot ./bot
 COPY latency_checker ./latency_checker
-RUN python -m venv /opt/ruleloop \
- && /opt/ruleloop/bin/pip wheel --no-deps --wheel-dir /wheels . \
- && /opt/ruleloop/bin/pip install /wheels/ruleloop-*.whl \
+# The wheel is built with the locked setuptools (no build isolation: nothing unpinned is
+# fetched) and installed without dependencies; pip check fails the build if the lock misses one.
+RUN /opt/ruleloop/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
+ && /opt/ruleloop/bin/pip install --no-deps /wheels/ruleloop-*.whl \
+ && /opt/ruleloop/bin/pip check \
  && /opt/ruleloop/bin/ruleloop --version
 
 # --- final: the venv, the files the bot reads, a non-root user ---
-FROM python:3.11-slim
+FROM ${PYTHON_IMAGE}
 
 ENV PATH=/opt/ruleloop/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -1,7 +1,8 @@
-"""Packaging: the Dockerfile and .dockerignore, the wheel, and the Slack app manifest.
+"""Packaging: the Dockerfile and .dockerignore, its pinned base image, and the wheel.
 
 Docker cannot pull images here, so each check reads the files (the Kubernetes manifests are
-tests/test_deploy_kubernetes.py): each is
+tests/test_deploy_kubernetes.py, the Slack app manifests tests/test_deploy_slack_manifest.py,
+the lock file tests/test_deploy_lock.py): each is
 a function returning its problems, run on the shipped files (no problems) and on a deliberately
 broken copy (the problem it must find), so that none of them can pass by checking nothing.
 """
@@ -17,8 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-
-from tests.fakes.slack_api import FakeSlack
 
 ROOT = Path(__file__).parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -53,16 +52,24 @@ def parse_dockerfile(text: str) -> list[Stage]:
         logical.append(pending + line)
         pending = ""
     stages: list[Stage] = []
+    defaults: dict[str, str] = {}  # ARGs before the first FROM: what FROM lines may use
     for line in logical:
         keyword, _, args = line.partition(" ")
         keyword = keyword.upper()
-        if keyword == "FROM":
+        if keyword == "ARG" and not stages:
+            name, _, default = args.strip().partition("=")
+            defaults[name] = default
+        elif keyword == "FROM":
             words = args.split()
             name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
-            stages.append(Stage(base=words[0], name=name))
+            base = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: defaults.get(m[1] or m[2], ""), words[0])
+            stages.append(Stage(base=base, name=name))
         elif stages:
             stages[-1].instructions.append((keyword, args.strip()))
     return stages
+
+
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 
 
 def copy_sources(stage: Stage) -> list[str]:
@@ -102,10 +109,23 @@ def dockerfile_problems(text: str) -> list[str]:
     if not entry or json.loads(entry[-1]) != ["ruleloop"]:
         problems.append('the final stage needs ENTRYPOINT ["ruleloop"]')
     heavy = re.compile(r"\[[^\]]*\bengine\b|\b(vllm|torch)\b")
+    names = {stage.name for stage in stages if stage.name}
     for stage in stages:
+        if stage.base not in names and not DIGEST.search(stage.base):
+            problems.append(f"FROM {stage.base or '(empty)'}: the base image is not pinned by digest")
         for keyword, args in stage.instructions:
-            if keyword == "RUN" and re.search(r"pip\s+install\b", args) and heavy.search(args):
-                problems.append(f"RUN installs the engine extra (torch, vLLM): {args}")
+            if keyword != "RUN":
+                continue
+            for install in re.split(r"&&|;", args):
+                if not re.search(r"pip\s+install\b", install):
+                    continue
+                if heavy.search(install):
+                    problems.append(f"RUN installs the engine extra (torch, vLLM): {install.strip()}")
+                if "--require-hashes" not in install and "--no-deps" not in install:
+                    problems.append(f"RUN pip install resolves unpinned dependencies: {install.strip()}")
+    build = [args for stage in stages[:-1] for keyword, args in stage.instructions]
+    if not any(re.search(r"--require-hashes.*-r\s+requirements\.lock", a) for a in build):
+        problems.append("the build stage does not install requirements.lock with --require-hashes")
     for source in (s for stage in stages for s in copy_sources(stage)):
         if not (ROOT / source).exists():
             problems.append(f"COPY {source}: no such path in the repository")
@@ -188,7 +208,10 @@ def test_dockerfile_follows_the_packaging_rules() -> None:
 def test_dockerfile_copies_the_package_and_what_the_bot_reads() -> None:
     stages = parse_dockerfile(DOCKERFILE.read_text())
     build, final = copy_sources(stages[0]), copy_sources(stages[-1])
-    assert {"pyproject.toml", "bot", "latency_checker"} <= set(build)
+    assert {"pyproject.toml", "requirements.lock", "bot", "latency_checker"} <= set(build)
+    assert {stage.base for stage in stages} == {
+        "python:3.11-slim-bookworm@sha256:a36c24f9cbdf4fd0f52d67f0823eeac19c2028c637cecc392d97f980d4fec56b"
+    }  # both stages on the one pinned base
     assert {"adr", "runbooks", "deploy"} <= set(final)
     assert ("CMD", '["serve", "--host", "0.0.0.0", "--port", "3000"]') in stages[-1].instructions
     assert ("USER", "10001:10001") in stages[-1].instructions
@@ -197,7 +220,14 @@ def test_dockerfile_copies_the_package_and_what_the_bot_reads() -> None:
 @pytest.mark.parametrize(
     ("old", "new", "problem"),
     [
-        ("FROM python:3.11-slim AS build\n", "", "has 1 FROM"),
+        ("FROM ${PYTHON_IMAGE} AS build\n", "", "has 1 FROM"),
+        ("@sha256:a36c24f9", ":latest@a36c24f9", "not pinned by digest"),
+        ("FROM ${PYTHON_IMAGE}\n", "FROM python:3.11-slim\n", "FROM python:3.11-slim: the base"),
+        ("--require-hashes --no-deps -r requirements.lock", "-r requirements.lock",
+         "resolves unpinned"),
+        ("--require-hashes --no-deps -r requirements.lock", "--require-hashes --no-deps .",
+         "does not install requirements.lock"),
+        ("pip install --no-deps /wheels", "pip install /wheels", "resolves unpinned"),
         ("USER 10001:10001", "USER root", "runs as 'root'"),
         ("USER 10001:10001", "USER 0", "runs as '0'"),
         ("USER 10001:10001", "", "runs as 'root'"),
@@ -277,150 +307,3 @@ def test_build_stage_makes_a_wheel_with_every_package_file(tmp_path: Path) -> No
     missing = [p for p in shipped if p not in names]
     assert not missing, f"not in the wheel (add them to package-data in pyproject.toml): {missing}"
     assert "bot/templates/adr.md.j2" in names
-
-
-# --- Slack app manifest ------------------------------------------------------------------------
-
-SLACK_MANIFEST = ROOT / "deploy" / "slack" / "manifest.yml"
-USAGE_HINTS = {
-    "/diagnose": "[target]",
-    "/apply-adr": "ADR-ID [target]",
-    "/adr-draft": "[incident-id]",
-}
-SCOPES = {
-    "chat:write",
-    "chat:write.public",
-    "commands",
-    "files:write",
-    "channels:join",
-    "users:read",
-}
-
-
-class Recorder:
-    """Stands in for the AsyncApp in ``listeners.register``: records what gets registered."""
-
-    def __init__(self) -> None:
-        self.registered: list[tuple[str, object]] = []
-
-    def __getattr__(self, kind: str) -> object:
-        def listener(constraints: object = None, *args: object, **kwargs: object) -> object:
-            self.registered.append((kind, constraints))
-            return lambda handler: handler
-
-        return listener
-
-    def names(self, kind: str) -> list[object]:
-        """What was registered with ``app.<kind>(...)``: command names, action ids..."""
-        return [constraints for k, constraints in self.registered if k == kind]
-
-
-def registered_listeners() -> Recorder:
-    """Everything the bot's ``listeners.register(app)`` registers."""
-    from bot.slack import listeners
-
-    recorder = Recorder()
-    listeners.register(recorder)  # type: ignore[arg-type]
-    return recorder
-
-
-def manifest_problems(manifest: dict, app: Recorder) -> list[str]:
-    """Where the Slack manifest and the app's listeners disagree, both ways."""
-    problems: list[str] = []
-    declared = {c["command"]: c for c in manifest["features"].get("slash_commands", [])}
-    registered = app.names("command")
-    for name in sorted(set(registered) - set(declared)):
-        problems.append(f"the app registers {name} but the manifest does not declare it")
-    for name in sorted(set(declared) - set(registered)):
-        problems.append(f"the manifest declares {name} but the app registers no listener for it")
-    socket_mode = manifest["settings"].get("socket_mode_enabled", False)
-    for name, command in declared.items():
-        if not socket_mode and not str(command.get("url", "")).endswith("/slack/events"):
-            problems.append(f"{name}: url must be the bot's /slack/events")
-    interactive = [k for k, _ in app.registered if k in ("action", "view", "shortcut", "options")]
-    interactivity = manifest["settings"].get("interactivity", {})
-    url = interactivity.get("request_url", "")
-    if interactive and not interactivity.get("is_enabled"):
-        problems.append(
-            f"the app listens to {', '.join(sorted(set(interactive)))}: enable interactivity"
-        )
-    elif interactive and not socket_mode and not str(url).endswith("/slack/events"):
-        problems.append("interactivity.request_url must be the bot's /slack/events")
-    missing = SCOPES - set(manifest["oauth_config"]["scopes"]["bot"])
-    if missing:
-        problems.append(f"missing bot scopes: {', '.join(sorted(missing))}")
-    return problems
-
-
-def load_manifest() -> dict:
-    import yaml
-
-    return yaml.safe_load(SLACK_MANIFEST.read_text())
-
-
-def test_slack_manifest_declares_exactly_the_apps_commands() -> None:
-    problems = manifest_problems(load_manifest(), registered_listeners())
-    assert not problems, "\n".join(problems)
-
-
-async def test_the_real_app_answers_every_declared_command(
-    tmp_path: Path, slack: FakeSlack
-) -> None:
-    from slack_bolt.request.async_request import AsyncBoltRequest
-    from slack_bolt.response import BoltResponse
-
-    from tests.fakes.bot import harness
-
-    bot = harness(tmp_path, slack=slack)
-    try:
-        assert bot.bot.slack is not None
-        listeners = bot.bot.slack._async_listeners
-
-        async def handlers(command: str) -> int:
-            body = {"command": command, "text": "", "user_id": "U1", "team_id": "T0FAKE",
-                    "channel_id": "C0INCIDENTS"}  # fmt: skip
-            request = AsyncBoltRequest(body=body, mode="socket_mode")
-            response = BoltResponse(status=200)
-            return sum([await x.async_matches(req=request, resp=response) for x in listeners])
-
-        declared = [c["command"] for c in load_manifest()["features"]["slash_commands"]]
-        found = {c: await handlers(c) for c in declared}
-        assert found == {c: 1 for c in declared}, f"listeners per declared command: {found}"
-        assert await handlers("/not-in-the-manifest") == 0
-    finally:
-        await bot.close()
-
-
-def test_slack_manifest_usage_hints_and_scope_comments() -> None:
-    commands = load_manifest()["features"]["slash_commands"]
-    assert {c["command"]: c["usage_hint"] for c in commands} == USAGE_HINTS
-    text = SLACK_MANIFEST.read_text()
-    for scope in SCOPES:
-        (line,) = [ln for ln in text.splitlines() if ln.strip().startswith(f"- {scope} ")]
-        assert "#" in line and len(line.split("#", 1)[1].strip()) > 10, f"{scope}: say why"
-
-
-@pytest.mark.parametrize(
-    ("change", "problem"),
-    [
-        (lambda m: m["features"]["slash_commands"].pop(0), "registers /diagnose but the manifest"),
-        (
-            lambda m: m["features"]["slash_commands"].append(
-                {"command": "/ghost", "url": "https://x/slack/events"}
-            ),
-            "declares /ghost but the app registers no listener",
-        ),
-        (lambda m: m["settings"]["interactivity"].update(is_enabled=False), "enable interactivity"),
-        (lambda m: m["settings"]["interactivity"].update(request_url="https://x/"), "request_url"),
-        (lambda m: m["oauth_config"]["scopes"]["bot"].remove("files:write"), "files:write"),
-        (
-            lambda m: m["features"]["slash_commands"][0].update(url="https://x/events"),
-            "/diagnose: url",
-        ),
-    ],
-)
-def test_slack_manifest_check_finds_a_broken_copy(change: object, problem: str) -> None:
-    manifest = load_manifest()
-    change(manifest)  # type: ignore[operator]
-    problems = manifest_problems(manifest, registered_listeners())
-    assert any(problem in p for p in problems), problems
