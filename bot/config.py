@@ -48,6 +48,8 @@ ENV_KEYS: dict[str, tuple[str, str]] = {
     "RULELOOP_DATABASE_URL": ("store", "url"),
     "RULELOOP_RUNBOOKS_DIR": ("paths", "runbooks"),
     "RULELOOP_ADR_DIR": ("paths", "adr"),
+    "RULELOOP_PUBLIC_URL": ("web", "public_url"),
+    "RULELOOP_WEB_SECRET": ("web", "link_secret"),
 }
 
 
@@ -292,6 +294,54 @@ class ServerSettings(_Section):
     )
 
 
+class WebSettings(_Section):
+    """The incident page (`/incidents/<id>`): read-only, reached only through signed links."""
+
+    public_url: str | None = Field(
+        default=None,
+        description="the bot as people's browsers reach it (https://ruleloop.example.com); "
+        "set: Slack messages link to each incident's page",
+    )
+    link_secret: SecretStr | None = Field(
+        default=None,
+        description="signs page links (HMAC-SHA256), at least 32 characters (e.g. `openssl "
+        "rand -hex 32`); the same on every replica; unset: no page is served",
+    )
+    link_ttl_s: float = Field(
+        default=14 * 86400.0,
+        gt=0,
+        le=366 * 86400.0,
+        description="how long a link stays valid; a root message carries a fresh one each "
+        "time it is updated",
+    )
+
+    @field_validator("public_url")
+    @classmethod
+    def _base_url(cls, url: str | None) -> str | None:
+        if not url:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+            raise ValueError(f"{url!r} is not a base URL like https://ruleloop.example.com")
+        return url.rstrip("/")
+
+    @field_validator("link_secret")
+    @classmethod
+    def _long_secret(cls, secret: SecretStr | None) -> SecretStr | None:
+        if secret is not None and len(secret.get_secret_value()) < 32:
+            raise ValueError("must be at least 32 characters (e.g. `openssl rand -hex 32`)")
+        return secret
+
+    @model_validator(mode="after")
+    def _links_need_a_secret(self) -> WebSettings:
+        if self.public_url and self.link_secret is None:
+            raise ValueError(
+                "public_url is set but link_secret is not: set RULELOOP_WEB_SECRET (at least "
+                "32 characters, the same on every replica) so page links can be signed"
+            )
+        return self
+
+
 class ScheduledTarget(_Section):
     """One target's overrides of the scheduler (intervals in seconds; 0 turns the job off)."""
 
@@ -351,6 +401,7 @@ class Settings(_Section):
     remediation: RemediationSettings = Field(default_factory=RemediationSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    web: WebSettings = Field(default_factory=WebSettings)
 
     @field_validator("default_target")
     @classmethod

@@ -1,4 +1,4 @@
-"""`ruleloop serve`'s ASGI app: /slack/events, /alertmanager, /healthz and /metrics.
+"""`ruleloop serve`'s ASGI app: /slack/events, /alertmanager, /healthz, /metrics, /incidents.
 
 ``create_bot`` wires the parts from one ``Settings``; every outside seam (Slack's Web API client,
 the HTTP client for probes, clocks, the NVML module, the console stream) can be passed in.
@@ -62,6 +62,8 @@ from bot.slack.notifier import SlackNotifier
 from bot.slack.replay import ReplayGuard
 from bot.slack.usergroups import SlackUserGroups
 from bot.store.db import Database
+from bot.web.links import page_links
+from bot.web.routes import IncidentPages
 
 log = logging.getLogger("ruleloop.server")
 STATUS = {Outcome.OPENED: 202, Outcome.RESOLVED: 202, Outcome.UPDATED: 200, Outcome.DUPLICATE: 200}
@@ -126,9 +128,11 @@ def create_bot(
     )
     notifier: BotNotifier
     slack_app = None
+    links = page_links(settings.web, clock=wall_clock)  # None: the incident page is off
     if settings.slack.enabled:
         client = slack_client or web_client(settings.slack)
-        notifier = SlackNotifier(client)
+        linked = links.incident_url if links and settings.web.public_url else None
+        notifier = SlackNotifier(client, page_url=linked)
     else:
         client = None
         notifier = ConsoleNotifier(stream=console, chart_dir=state_dir / "charts")
@@ -219,6 +223,7 @@ def create_bot(
             Route("/alertmanager", routes.alertmanager, methods=["POST"]),
             Route("/healthz", routes.healthz, methods=["GET"]),
             Route("/metrics", routes.metrics, methods=["GET"]),
+            *IncidentPages(db=db, links=links, adrs=adrs).routes(),
         ],
         exception_handlers={Exception: _unexpected},
         lifespan=lifespan,

@@ -94,6 +94,7 @@ COMMANDS = {
     "adr": "bot.cli.adr",
     "tune": "bot.cli.tune",
     "serve": "bot.cli.serve",
+    "page-link": "bot.cli.serve",
     "db": "bot.cli.db",
     "config": "bot.cli.config",
     "agent": "bot.cli.agent",

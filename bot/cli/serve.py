@@ -1,4 +1,5 @@
-"""`ruleloop serve`: the bot (Slack app, Alertmanager webhook, /healthz, /metrics) in one process.
+"""`ruleloop serve`: the bot (Slack app, Alertmanager webhook, incident pages, /healthz, /metrics)
+in one process; `ruleloop page-link`: a signed link to an incident's page.
 
 Exit codes: 0 stopped cleanly, 2 bad configuration, bad runbook, unusable store, or busy port.
 """
@@ -26,6 +27,7 @@ Configuration: a TOML file (--config or $RULELOOP_CONFIG) plus the environment:
   SLACK_APP_TOKEN                         Slack over Socket Mode instead
   RULELOOP_ALERTMANAGER_TOKEN             bearer token Alertmanager must send to /alertmanager
   RULELOOP_DATABASE_URL                   incident store (default: SQLite in the state dir)
+  RULELOOP_WEB_SECRET, RULELOOP_PUBLIC_URL  the incident page's link secret and address
 With no Slack tokens, messages are printed on stdout (console transport).
 
 \b
@@ -117,6 +119,37 @@ def serve(
         sock.close()
 
 
+@click.command("page-link", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("incident_id", type=int, required=False)
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="TOML settings file (default: $RULELOOP_CONFIG).",
+)
+def page_link(incident_id: int | None, config_path: Path | None) -> None:
+    """Print a signed link to an incident's page (no INCIDENT_ID: to the index of incidents).
+
+    \b
+    It is valid for [web] link_ttl_s, signed with [web] link_secret (RULELOOP_WEB_SECRET, the
+    same as the bot's); absolute when [web] public_url is set.
+    """
+    import time
+
+    from bot.web.links import page_links
+
+    settings = Settings.load(os.environ, path=config_path)
+    links = page_links(settings.web, clock=time.time)
+    if links is None:
+        raise UsageError(
+            "no [web] link_secret: set RULELOOP_WEB_SECRET to the secret the bot uses "
+            "(at least 32 characters)"
+        )
+    click.echo(links.index_url() if incident_id is None else links.incident_url(incident_id))
+
+
 def register(group: click.Group) -> None:
-    """Add `serve` to the CLI."""
+    """Add `serve` and `page-link` to the CLI."""
     group.add_command(serve)
+    group.add_command(page_link)

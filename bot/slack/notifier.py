@@ -11,6 +11,7 @@ private channel), the error says to invite it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from slack_sdk.errors import SlackApiError, SlackClientError
@@ -27,12 +28,18 @@ from bot.slack.views import adr_message, findings_message, root_message
 class SlackNotifier:
     """The Slack implementation of the Notifier role."""
 
-    def __init__(self, client: AsyncWebClient) -> None:
+    def __init__(
+        self, client: AsyncWebClient, *, page_url: Callable[[int], str] | None = None
+    ) -> None:
         self._client = client
+        self._page_url = page_url  # an incident's signed page link ([web] public_url set)
+
+    def _page(self, incident_id: int) -> str | None:
+        return None if self._page_url is None else self._page_url(incident_id)
 
     async def post_root(self, *, channel: str, view: IncidentView) -> MessageRef:
         """chat.postMessage in the channel; the answer's channel ID and ts name the thread."""
-        text, blocks = root_message(view)
+        text, blocks = root_message(view, page_url=self._page(view.id))
         try:
             response = await self._client.chat_postMessage(
                 channel=channel, text=text, blocks=blocks
@@ -44,8 +51,8 @@ class SlackNotifier:
         return MessageRef(channel=str(response["channel"]), ts=str(response["ts"]))
 
     async def update_root(self, ref: MessageRef, *, view: IncidentView) -> None:
-        """chat.update of the root message."""
-        text, blocks = root_message(view)
+        """chat.update of the root message (with a fresh page link)."""
+        text, blocks = root_message(view, page_url=self._page(view.id))
         try:
             await self._client.chat_update(channel=ref.channel, ts=ref.ts, text=text, blocks=blocks)
         except (SlackApiError, SlackClientError) as exc:
@@ -55,7 +62,7 @@ class SlackNotifier:
 
     def render_diagnosis(self, diagnosis: Diagnosis, *, incident_id: int) -> list[dict[str, Any]]:
         """Findings, then the matching ADRs: two thread messages (text and blocks)."""
-        findings = findings_message(diagnosis)
+        findings = findings_message(diagnosis, page_url=self._page(incident_id))
         adrs = adr_message(diagnosis.matches, incident_id=incident_id, target=diagnosis.target)
         return [{"text": text, "blocks": blocks} for text, blocks in (findings, adrs)]
 

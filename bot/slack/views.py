@@ -25,7 +25,7 @@ from bot.adr.match import MatchResult
 from bot.diagnosis.models import FOUR, Diagnosis
 from bot.diagnosis.ports import IncidentView
 from bot.runbooks.types import Finding, Severity
-from bot.slack.mrkdwn import clip, plain
+from bot.slack.mrkdwn import clip, escape, plain
 
 APPLY_ACTION = "apply_adr"
 MAX_FINDINGS = 15
@@ -77,7 +77,14 @@ def _number_field(key: str, label: str, summary: dict[str, Any]) -> MarkdownText
     return MarkdownTextObject(text=text)
 
 
-def root_message(view: IncidentView) -> tuple[str, list[dict[str, Any]]]:
+def page_link(url: str | None) -> str:
+    """' · <url|incident page>' (mrkdwn; the URL's & as an entity), or '' without a URL."""
+    return f" · <{escape(url)}|incident page>" if url else ""
+
+
+def root_message(
+    view: IncidentView, *, page_url: str | None = None
+) -> tuple[str, list[dict[str, Any]]]:
     """The incident's root message: status and the four numbers against the baseline."""
     alerted = view.source != "slash"  # Alertmanager, or the scheduler's baseline canary
     resolved = view.status == "resolved" and alerted
@@ -93,6 +100,7 @@ def root_message(view: IncidentView) -> tuple[str, list[dict[str, Any]]]:
         f"*Status:* {status} · {STATE_TEXT.get(view.state, view.state)}   "
         f"*Target:* {target}   "
         f"*Incident* #{view.id} · opened {view.opened_at:%Y-%m-%d %H:%M} UTC"
+        + page_link(page_url)
     )
     if view.requested_by:
         line += f"   *Requested by* <@{view.requested_by}>"
@@ -131,8 +139,10 @@ def finding_line(finding: Finding) -> str:
     return clip(f"{SEVERITY_MARK[finding.severity]} {text}", MAX_LINE)
 
 
-def findings_message(diagnosis: Diagnosis) -> tuple[str, list[dict[str, Any]]]:
-    """The findings, worst first, in the thread."""
+def findings_message(
+    diagnosis: Diagnosis, *, page_url: str | None = None
+) -> tuple[str, list[dict[str, Any]]]:
+    """The findings, worst first, in the thread (with the incident page's link, if given)."""
     shown = diagnosis.findings[:MAX_FINDINGS]
     lines = [finding_line(f) for f in shown] or [
         ":white_check_mark: No finding: every reading is within its runbook limits."
@@ -142,6 +152,7 @@ def findings_message(diagnosis: Diagnosis) -> tuple[str, list[dict[str, Any]]]:
     head = (
         f"*Findings* on *{plain(diagnosis.target, 200)}* "
         f"(runbook `{plain(diagnosis.runbook, 200)}`, {diagnosis.sampling_s:.0f} s window)"
+        + page_link(page_url)
     )
     blocks = [SectionBlock(text=MarkdownTextObject(text=head))]
     chunk: list[str] = []

@@ -1,0 +1,346 @@
+"""The incident page's view-model: the store's rows turned into what the template prints.
+
+The four numbers come from three places: normal (the scheduler's snapshots, as the diagnosis
+read them), the incident (the diagnosis), and after the fix (the canary of the change that was
+kept, when one was). Gates are the accepted ADRs' (the diagnosis's baseline).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.adr.models import Adr
+from bot.canary.verdict import values_of
+from bot.diagnosis.models import FOUR
+from bot.remediation.argv import diff
+from bot.remediation.ports import STATES
+from bot.slack.remediation_views import gate_lines, number_lines
+from bot.web.queries import (
+    AlertRow,
+    AuditRow,
+    CanaryRow,
+    DraftRow,
+    IncidentRecord,
+    IndexRow,
+    RemediationRow,
+)
+
+AdrLookup = Callable[[str], Adr | None]
+GOOD, BAD, NEUTRAL = "good", "bad", "neutral"
+KEPT = "promoted"
+ENDED_BAD = {"rolled_back", "failed", "cancelled", "expired", "interrupted"}
+
+
+def four_number(key: str, value: float | None) -> str:
+    """One of the four numbers as people read it: '2,436 ms', '41.3 ms', '61.9 %', 'n/a'."""
+    if value is None:
+        return "n/a"
+    if math.isinf(value):
+        return "∞ (requests failed)"
+    unit = next(u for k, _, u, _ in FOUR if k == key)
+    if unit == "ms":
+        return f"{value:,.0f} ms" if value >= 100 else f"{value:.1f} ms"
+    return f"{value * 100:.1f} %"
+
+
+def _within(key: str, value: float | None, gate: float | None) -> str:
+    if value is None or gate is None:
+        return NEUTRAL
+    worse_up = next(w for k, _, _, w in FOUR if k == key)
+    return GOOD if (value <= gate if worse_up else value >= gate) else BAD
+
+
+@dataclass(frozen=True)
+class NumberRow:
+    """One of the four numbers: normal, incident, after the fix, and its gate."""
+
+    label: str
+    normal: str
+    incident: str
+    incident_tone: str
+    after: str
+    after_tone: str
+    gate: str
+    gate_adr: str
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of the timeline."""
+
+    at: str
+    actor: str
+    text: str
+    tone: str = NEUTRAL
+
+
+@dataclass(frozen=True)
+class AdrCard:
+    """A matched accepted ADR."""
+
+    id: str
+    title: str
+    conditions: list[str]
+    fix: list[str]
+    gates: list[str]
+
+
+@dataclass(frozen=True)
+class RemediationCard:
+    """One change: what it asked, who approved, how the canary judged it, how it ended."""
+
+    id: int
+    adr_id: str
+    state: str
+    tone: str
+    requested_by: str
+    approved_by: list[str]
+    diff: list[str]
+    gates: list[str]
+    numbers: list[str]
+    failures: list[str]
+    reason: str
+
+
+@dataclass(frozen=True)
+class CanaryRun:
+    """One canary run and its verdict."""
+
+    label: str
+    at: str
+    passed: bool
+    numbers: list[tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class DraftCard:
+    """The post-incident ADR draft."""
+
+    adr_id: str
+    state: str
+    author: str
+    reviewed_by: str | None
+    markdown: str | None
+
+
+@dataclass(frozen=True)
+class IncidentPage:
+    """Everything the incident template prints."""
+
+    id: int
+    title: str
+    status: str
+    status_tone: str
+    source: str
+    target: str
+    opened: str
+    closed: str | None
+    alerts: list[str]
+    diagnosed: bool
+    runbook: str | None
+    numbers: list[NumberRow]
+    after_label: str | None
+    findings: list[tuple[str, str, str]]
+    chart: bool
+    adrs: list[AdrCard]
+    remediations: list[RemediationCard]
+    canaries: list[CanaryRun]
+    drafts: list[DraftCard]
+    timeline: list[Event]
+    notes: list[str] = field(default_factory=list)
+
+
+def when(at: dt.datetime) -> str:
+    """'2026-11-29 19:10:03 UTC'."""
+    return f"{at.astimezone(dt.UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+def incident_page(
+    record: IncidentRecord, *, adr: AdrLookup, markdown: Callable[[Adr], str]
+) -> IncidentPage:
+    """The page of one incident."""
+    summary = record.summary
+    kept = _kept_canary(record)
+    after = values_of(kept.report).four() if kept is not None else {}
+    numbers = _numbers(summary, after if kept is not None else None)
+    status = "on demand" if record.source == "slash" else record.status
+    tone = GOOD if record.status == "resolved" or record.source == "slash" else BAD
+    return IncidentPage(
+        id=record.id,
+        title=record.title,
+        status=status,
+        status_tone=tone,
+        source=record.source,
+        target=record.target or "unknown",
+        opened=when(record.opened_at),
+        closed=None if record.closed_at is None else when(record.closed_at),
+        alerts=[_alert_line(a) for a in record.alerts],
+        diagnosed=bool(summary.get("headline")),
+        runbook=summary.get("runbook"),
+        numbers=numbers,
+        after_label=None if kept is None else kept.label,
+        findings=[(str(s), str(m), str(src)) for s, m, src in summary.get("findings") or []],
+        chart=bool(summary.get("chart")),
+        adrs=[_adr_card(adr_id, adr) for adr_id in summary.get("matches") or []],
+        remediations=[_remediation(r) for r in record.remediations],
+        canaries=[_canary(c) for c in record.canaries],
+        drafts=[_draft(d, adr, markdown) for d in record.drafts],
+        timeline=[_event(e) for e in record.audit],
+        notes=["Diagnosis failed: see the timeline."] if summary.get("failed") else [],
+    )
+
+
+def index_rows(rows: Sequence[IndexRow]) -> list[dict[str, Any]]:
+    """The index table: one line per incident, newest first."""
+    out = []
+    for r in rows:
+        headline = r.summary.get("headline") or {}
+        out.append(
+            {
+                "id": r.id,
+                "title": r.title,
+                "status": "on demand" if r.source == "slash" else r.status,
+                "tone": GOOD if r.status == "resolved" or r.source == "slash" else BAD,
+                "target": r.target or "unknown",
+                "opened": when(r.opened_at),
+                "numbers": ", ".join(
+                    f"{label} {four_number(key, headline.get(key))}"
+                    for key, label, _, _ in FOUR
+                    if headline.get(key) is not None
+                ),
+            }
+        )
+    return out
+
+
+def _numbers(
+    summary: Mapping[str, Any], after: Mapping[str, float | None] | None
+) -> list[NumberRow]:
+    headline = summary.get("headline") or {}
+    normal = summary.get("normal") or {}
+    baseline = summary.get("baseline") or {}
+    rows = []
+    for key, label, _, worse_up in FOUR:
+        limit, adr = (
+            (float(baseline[key][0]), baseline[key][1]) if baseline.get(key) else (None, "")
+        )
+        rows.append(
+            NumberRow(
+                label=label,
+                normal=four_number(key, normal.get(key)),
+                incident=four_number(key, headline.get(key)),
+                incident_tone=_within(key, headline.get(key), limit),
+                after="" if after is None else four_number(key, after.get(key)),
+                after_tone=NEUTRAL if after is None else _within(key, after.get(key), limit),
+                gate="none"
+                if limit is None
+                else f"{'≤' if worse_up else '≥'} {four_number(key, limit)}",
+                gate_adr=adr,
+            )
+        )
+    return rows
+
+
+def _kept_canary(record: IncidentRecord) -> CanaryRow | None:
+    """The canary that passed on the change that was kept (the "after the fix" numbers)."""
+    kept = {r.id for r in record.remediations if r.state == KEPT}
+    runs = [c for c in record.canaries if c.remediation_id in kept and c.passed]
+    after = [c for c in runs if not c.label.startswith("before:")]
+    return after[-1] if after else None
+
+
+def _adr_card(adr_id: str, lookup: AdrLookup) -> AdrCard:
+    found = lookup(adr_id)
+    if found is None:
+        return AdrCard(adr_id, "(no longer in the ADR store)", [], [], [])
+    rules = found.fix.gateway.model_dump(exclude_none=True) if found.fix.gateway else {}
+    gateway = [f"gateway: {k} = {_flag(v)}" for k, v in rules.items()]
+    return AdrCard(
+        id=found.id,
+        title=found.title,
+        conditions=[f"{c.metric} {c.op} {c.value}" for c in found.match],
+        fix=[f"--{k}={_flag(v)}" for k, v in found.fix.engine_args.items()] + gateway,
+        gates=[f"{k}: {v}" for k, v in found.gates.describe().items()] if found.gates else [],
+    )
+
+
+def _draft(d: DraftRow, lookup: AdrLookup, render: Callable[[Adr], str]) -> DraftCard:
+    found = lookup(d.adr_id)
+    markdown = None if found is None else render(found)
+    return DraftCard(d.adr_id, d.state, d.author, d.reviewed_by, markdown)
+
+
+def _alert_line(a: AlertRow) -> str:
+    return f"{a.name} ({a.status}) since {a.starts_at}" + (f": {a.summary}" if a.summary else "")
+
+
+def _remediation(r: RemediationRow) -> RemediationCard:
+    tone = GOOD if r.state == KEPT else (BAD if r.state in ENDED_BAD else NEUTRAL)
+    changed = diff(r.before.get("flags", {}), r.after.get("flags", {}))
+    return RemediationCard(
+        id=r.id,
+        adr_id=r.adr_id,
+        state=STATES.get(r.state, r.state),
+        tone=tone,
+        requested_by=r.requested_by,
+        approved_by=list(r.approved_by),
+        diff=[f"--{name}: {_flag(old)} → {_flag(new)}" for name, old, new in changed],
+        gates=gate_lines(dict(r.result.get("gates") or {})),
+        numbers=number_lines(dict(r.result.get("numbers") or {})),
+        failures=[str(f) for f in r.result.get("failures") or []],
+        reason=str(r.result.get("reason") or ""),
+    )
+
+
+def _flag(value: object) -> str:
+    if value is None:
+        return "(unset)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _canary(c: CanaryRow) -> CanaryRun:
+    values = values_of(c.report)
+    return CanaryRun(
+        label=c.label,
+        at=when(c.at),
+        passed=c.passed,
+        numbers=[(label, four_number(key, getattr(values, key))) for key, label, _, _ in FOUR],
+    )
+
+
+def _event(e: AuditRow) -> Event:
+    """One audit entry in words."""
+    d = e.detail
+    action = e.action
+    if action == "incident.opened":
+        return Event(when(e.at), e.actor, "alert received: incident opened", BAD)
+    if action == "incident.resolved":
+        return Event(when(e.at), e.actor, "the alert resolved", GOOD)
+    if action == "diagnose.requested":
+        return Event(when(e.at), e.actor, f"/diagnose {d.get('target', '')} requested")
+    if action == "diagnosis.finished":
+        headline = d.get("headline") or {}
+        shown = ", ".join(
+            f"{label} {four_number(key, headline.get(key))}" for key, label, _, _ in FOUR
+        )
+        return Event(when(e.at), e.actor, f"diagnosed ({d.get('runbook', '?')}): {shown}")
+    if action == "diagnosis.failed":
+        why = d.get("error") or f"unexpected error (id {d.get('error_id', '?')})"
+        return Event(when(e.at), e.actor, f"diagnosis failed: {why}", BAD)
+    if action.startswith("remediation."):
+        state = action.split(".", 1)[1]
+        text = STATES.get(state, state.replace("_", " "))
+        adr, reason = d.get("adr"), d.get("reason")
+        good = state in (KEPT, "canary_passed")
+        tone = GOOD if good else (BAD if state in ENDED_BAD else NEUTRAL)
+        text = (f"/apply-adr {adr}: " if adr else "") + text + (f" ({reason})" if reason else "")
+        return Event(when(e.at), e.actor, text, tone)
+    if action.startswith("adr_draft."):
+        return Event(when(e.at), e.actor, f"ADR draft {d.get('adr', '')} {action.split('.')[1]}")
+    return Event(when(e.at), e.actor, action.replace("_", " ").replace(".", ": "))
