@@ -301,3 +301,29 @@ def test_once_prints_a_snapshot_or_says_why_not(tmp_path: Path) -> None:
         "cannot read NVML on" in missing.stderr
         and "NVML Shared Library Not Found" in missing.stderr
     )
+
+
+def _reserved(*, v2: bool) -> FakeNvml:
+    reading = json.loads(H200.read_text())
+    reading["gpus"][1]["memory"] = {"total": 150754820096, "reserved": 536870912,
+                                    "used": 1048576, "free": 150217949184}  # fmt: skip
+    fake = FakeNvml(reading)
+    if not v2:
+        fake.nvmlMemory_v2 = None  # type: ignore[assignment]  # an nvidia-ml-py without v2
+    return fake
+
+
+@pytest.mark.parametrize(
+    ("served", "used", "reserved"),
+    [(_reserved(v2=True), 1048576, 536870912), (_reserved(v2=False), 537919488, None)],
+    indirect=["served"],
+    ids=["v2", "v1"],
+)
+async def test_memory_used_is_what_nvidia_smi_shows(
+    served: tuple[httpx.AsyncClient, FakeNvml], used: int, reserved: int | None
+) -> None:
+    """Memory info v2 leaves the driver's reservation out of `used`, as nvidia-smi does; v1
+    (older drivers) counts it in."""
+    client, _ = served
+    gpu1 = (await client.get("/snapshot", headers=AUTH)).json()["gpus"][1]
+    assert (gpu1["memory_used_bytes"], gpu1["memory_reserved_bytes"]) == (used, reserved)

@@ -78,10 +78,18 @@ def decode_reasons(mask: int | None) -> tuple[list[str], list[str]]:
     return active, held
 
 
+def _memory(nvml: Any, h: Any) -> Any:
+    """Memory info v2 (``used`` without the driver's reservation, as nvidia-smi shows it), else
+    v1 (drivers before R510, where ``used`` includes the reservation)."""
+    v2 = getattr(nvml, "nvmlMemory_v2", None)
+    memory = None if v2 is None else _maybe(nvml, nvml.nvmlDeviceGetMemoryInfo, h, v2)
+    return memory if memory is not None else _maybe(nvml, nvml.nvmlDeviceGetMemoryInfo, h)
+
+
 def read_gpu(nvml: Any, index: int, *, max_processes: int) -> dict[str, Any]:
     """Everything read of one GPU (NVML initialised by the caller)."""
     h = nvml.nvmlDeviceGetHandleByIndex(index)
-    memory = _maybe(nvml, nvml.nvmlDeviceGetMemoryInfo, h)
+    memory = _memory(nvml, h)
     util = _maybe(nvml, nvml.nvmlDeviceGetUtilizationRates, h)
     power_mw = _maybe(nvml, nvml.nvmlDeviceGetPowerUsage, h)
     limit_mw = _maybe(nvml, nvml.nvmlDeviceGetEnforcedPowerLimit, h)
@@ -102,6 +110,7 @@ def read_gpu(nvml: Any, index: int, *, max_processes: int) -> dict[str, Any]:
         "uuid": _maybe(nvml, getattr(nvml, "nvmlDeviceGetUUID", None), h),
         "memory_used_bytes": None if memory is None else memory.used,
         "memory_total_bytes": None if memory is None else memory.total,
+        "memory_reserved_bytes": getattr(memory, "reserved", None),
         "utilization_pct": None if util is None else util.gpu,
         "memory_utilization_pct": None if util is None else util.memory,
         "temperature_c": _maybe(nvml, nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU),

@@ -44,6 +44,7 @@ class FakeNvml:
     NVML_MEMORY_ERROR_TYPE_UNCORRECTED = NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     NVML_VOLATILE_ECC = NVML_VOLATILE_ECC
     NVML_ERROR_TIMEOUT = NVML_ERROR_TIMEOUT
+    nvmlMemory_v2 = 0x02000028
     nvmlEventTypeXidCriticalError = nvmlEventTypeXidCriticalError
 
     def __init__(
@@ -107,8 +108,14 @@ class FakeNvml:
     def nvmlDeviceGetName(self, h: int) -> str:
         return str(self._gpu(h, "name"))
 
-    def nvmlDeviceGetMemoryInfo(self, h: int) -> SimpleNamespace:
-        return SimpleNamespace(**self._gpu(h, "memory"))
+    def nvmlDeviceGetMemoryInfo(self, h: int, version: int | None = None) -> SimpleNamespace:
+        memory = dict(self._gpu(h, "memory"))
+        if version is None:  # v1: `used` includes the driver's reservation
+            memory["used"] += memory.pop("reserved", 0)
+        else:
+            assert version == self.nvmlMemory_v2
+            memory.setdefault("reserved", 0)
+        return SimpleNamespace(**memory)
 
     def nvmlDeviceGetUtilizationRates(self, h: int) -> SimpleNamespace:
         return SimpleNamespace(**self._gpu(h, "utilization"))
