@@ -177,7 +177,8 @@ class Target(_Section):
         default=None, description="a Prometheus with the engine's history (prometheus probe)"
     )
     node: str | None = Field(
-        default=None, description="the GPU node (NVML reads only the bot's own host)"
+        default=None,
+        description="the GPU node (without gpu_agent_url, NVML reads only the bot's own host)",
     )
     gpu_agent_url: str | None = Field(
         default=None,

@@ -11,6 +11,7 @@ import contextlib
 import datetime as dt
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -32,8 +33,6 @@ class XidWatcher:
         self, nvml: Any, *, wait_ms: int = 500, keep: int = 10,
         wall_clock: Callable[[], float] | None = None,
     ) -> None:  # fmt: skip
-        import time
-
         self._nvml = nvml
         self._wait_ms = wait_ms
         self._keep = keep
@@ -98,8 +97,9 @@ class XidWatcher:
     def for_gpu(self, index: int) -> dict[str, Any]:
         """What the snapshot says about one GPU's XID errors."""
         with self._lock:
-            why_not = self._failure or self._registered.get(index, "not registered")
-            listening = self._failure is None and self._registered.get(index, "x") is None
+            registered = index in self._registered and self._registered[index] is None
+            listening = self._failure is None and registered
+            why_not = self._failure or self._registered.get(index) or "not registered"
             return {
                 "watching": listening,
                 "why_not": None if listening else why_not,
