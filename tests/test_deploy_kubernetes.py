@@ -1,68 +1,51 @@
-"""The Kubernetes manifests: the kustomize overlay renders, and every object fits the API schema.
+"""The Kubernetes manifests: every kustomize render fits the API schema; the example in detail.
 
-There is no cluster here: `kubectl kustomize` renders the overlay and the official Kubernetes
-client's models (pydantic, unknown fields refused) check each object; each check also runs on
-a deliberately broken copy, so that none of them can pass by checking nothing.
+There is no cluster here: `kubectl kustomize` renders the base, every overlay and every
+component (applied to the example overlay, as a team would), and each object is checked
+against its API schema (tests/kustomize_render.py); each check also runs on a deliberately
+broken copy, so that none of them can pass by checking nothing. The operator component is
+checked in detail by tests/test_deploy_operator.py.
 """
 
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
-KUBERNETES = ROOT / "deploy" / "kubernetes"
+from tests.kustomize_render import (
+    KUBERNETES,
+    ROOT,
+    by_kind,
+    kustomize,
+    render,
+    renderable,
+    schema_problems,
+)
+
 OVERLAY = KUBERNETES / "overlays" / "example"
+SOCKET_MODE = KUBERNETES / "overlays" / "socket-mode"
 SECRET_ENV = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "RULELOOP_ALERTMANAGER_TOKEN", "RULELOOP_DATABASE_URL")  # fmt: skip
 
 
-def kustomize(directory: Path) -> list[dict]:
-    """`kubectl kustomize <directory>`, as a list of objects."""
-    import yaml
-
-    kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        pytest.skip("kubectl is not installed: the kustomize overlay cannot be rendered here")
-    result = subprocess.run(
-        [kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60
-    )
-    assert result.returncode == 0, f"kubectl kustomize {directory} failed:\n{result.stderr}"
-    return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+@pytest.mark.parametrize(("name", "directory"), renderable(), ids=[n for n, _ in renderable()])
+def test_every_render_fits_the_schema(name: str, directory: Path, tmp_path: Path) -> None:
+    objects = render(name, directory, tmp_path)
+    assert objects and schema_problems(objects) == []
+    if name != "base":  # overlays and components: everything in the example's namespace
+        for obj in objects:
+            if obj["kind"] != "Namespace":
+                assert obj["metadata"].get("namespace") == "inference", (name, obj["metadata"])
 
 
-def model_for(obj: dict) -> type:
-    """The official Kubernetes client's model class for an object (V1Deployment for apps/v1)."""
-    client = pytest.importorskip(
-        "kubernetes.client", reason="the `kubernetes` client (a dev dependency) checks the schema"
-    )
-    cls = getattr(client, obj["apiVersion"].split("/")[-1].capitalize() + obj["kind"], None)
-    assert cls is not None, f"no Kubernetes model for {obj['apiVersion']} {obj['kind']}"
-    if getattr(cls, "model_config", {}).get("extra") != "forbid":
-        pytest.skip("kubernetes>=37 is needed: its models are pydantic and refuse unknown fields")
-    return cls
-
-
-def schema_problems(objects: list[dict]) -> list[str]:
-    """Every object checked against the Kubernetes API schema: unknown fields, types, required."""
-    from pydantic import ValidationError
-
-    problems = []
-    for obj in objects:
-        name = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
-        try:
-            model_for(obj).model_validate(obj)
-        except ValidationError as exc:
-            for error in exc.errors():
-                where = ".".join(str(part) for part in error["loc"])
-                problems.append(f"{name}: {where}: {error['msg']}")
-    return problems
-
-
-def by_kind(objects: list[dict], kind: str) -> list[dict]:
-    return [obj for obj in objects if obj["kind"] == kind]
+def test_every_overlay_and_component_directory_is_rendered() -> None:
+    names = [name for name, _ in renderable()]
+    for kind in ("overlays", "components"):
+        for directory in (KUBERNETES / kind).iterdir():
+            assert f"{kind}/{directory.name}" in names, f"{directory}: no kustomization.yaml"
+    assert {"base", "overlays/example", "overlays/socket-mode", "overlays/kube-prometheus-stack",
+            "components/operator"} <= set(names)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -230,3 +213,58 @@ def test_secret_example_is_valid_but_not_applied(rendered: list[dict]) -> None:
         assert "secret.example.yaml" not in yaml.safe_load(kustomization.read_text()).get(
             "resources", []
         )
+
+
+# --- the Socket Mode overlay -------------------------------------------------------------------
+
+
+def socket_mode_problems(deployment: dict) -> list[str]:
+    """What keeps a Deployment from Socket Mode only (docs/bot.md: with both set, both run)."""
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    problems = []
+    ref = env.get("SLACK_APP_TOKEN", {}).get("valueFrom", {}).get("secretKeyRef")
+    if ref != {"name": "ruleloop", "key": "SLACK_APP_TOKEN"}:
+        problems.append("SLACK_APP_TOKEN does not come from the Secret ruleloop")
+    if "SLACK_SIGNING_SECRET" in env:
+        problems.append("SLACK_SIGNING_SECRET is still set: POST /slack/events stays on")
+    if "SLACK_BOT_TOKEN" not in env:
+        problems.append("no SLACK_BOT_TOKEN: the bot cannot post")
+    return problems
+
+
+def test_socket_mode_overlay_passes_the_app_token_instead_of_the_signing_secret(
+    rendered: list[dict],
+) -> None:
+    from bot.config import ENV_KEYS, Settings
+
+    (example,) = by_kind(rendered, "Deployment")
+    (deployment,) = by_kind(kustomize(SOCKET_MODE), "Deployment")
+    assert socket_mode_problems(deployment) == []
+    assert socket_mode_problems(example) == [
+        "SLACK_APP_TOKEN does not come from the Secret ruleloop",
+        "SLACK_SIGNING_SECRET is still set: POST /slack/events stays on",
+    ]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {e["name"] for e in container["env"]} <= set(ENV_KEYS) | {"RULELOOP_CONFIG"}
+    # what the server then runs: Slack enabled, over Socket Mode, no HTTP signing secret
+    slack = Settings.load({"SLACK_BOT_TOKEN": "xoxb-1", "SLACK_APP_TOKEN": "xapp-1"}).slack
+    assert slack.enabled and slack.app_token is not None and slack.signing_secret is None
+    # everything else is the example's Deployment
+    (before,) = example["spec"]["template"]["spec"]["containers"]
+    assert {k: v for k, v in container.items() if k != "env"} == {k: v for k, v in before.items() if k != "env"}  # fmt: skip
+    kept = [e for e in before["env"] if e["name"] != "SLACK_SIGNING_SECRET"]
+    added = [e for e in container["env"] if e["name"] != "SLACK_APP_TOKEN"]
+    assert sorted(kept, key=str) == sorted(added, key=str)
+
+
+def test_socket_mode_check_finds_an_overlay_that_keeps_http(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    patch = tmp_path / "deploy" / "kubernetes" / "overlays" / "socket-mode" / "socket-mode.yaml"
+    text = patch.read_text()
+    assert "            - name: SLACK_SIGNING_SECRET\n              $patch: delete\n" in text
+    patch.write_text(text.replace("            - name: SLACK_SIGNING_SECRET\n              $patch: delete\n", ""))
+    (deployment,) = by_kind(kustomize(patch.parent), "Deployment")
+    assert socket_mode_problems(deployment) == [
+        "SLACK_SIGNING_SECRET is still set: POST /slack/events stays on"
+    ]
