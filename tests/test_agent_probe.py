@@ -238,3 +238,10 @@ async def test_console_findings_say_in_process_and_no_gpu(tmp_path: Path) -> Non
         await h.close()
     printed = h.console.getvalue()
     assert f"no GPU visible to NVML in-process on {socket.gethostname()} (" in printed, printed
+
+
+def test_gpu_agent_url_must_be_an_http_url() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="is not an http"):
+        Target(vllm_url="http://10.0.0.5:8000", gpu_agent_url="10.0.0.5:9401")
