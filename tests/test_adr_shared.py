@@ -432,3 +432,34 @@ async def test_a_decided_draft_is_decided_for_every_replica_at_once(
     with pytest.raises(AlreadyDecided, match=f"{adr_id} was already accepted by <@U2> at "):
         await one.bot.drafts.review(user_id="U3", token=tokens["reject"])
     assert not list(reader(one).root.rglob(f"{adr_id}*"))
+
+
+async def test_two_replicas_drafting_on_one_day_take_two_ids(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Another replica's draft, inserted but not yet committed, holds the id this one picked:
+    the store refuses the second insert and the draft is made again with the next id."""
+    url = new_url(request, tmp_path, "postgresql")
+    (tmp_path / "one").mkdir()
+    h = harness(tmp_path / "one", slack=None, store={"url": url}, access=REVIEW)
+    try:
+        taken = f"ADR-{h.wall.now():%Y%m%d}-01"
+        other = create_engine(url)
+        with other.connect() as held:
+            held.execute(
+                text(
+                    "INSERT INTO adr_records (adr_id, name, draft, status, text, sha, version, "
+                    "source, updated_by, updated_at) VALUES (:i, :n, true, 'proposed', '', '', "
+                    "1, 'bot', 'U9', now())"
+                ),
+                {"i": taken, "n": f"{taken}-x.md"},
+            )  # not committed yet: invisible to the draft's read of the free ids
+            task = asyncio.ensure_future(drafted(h))
+            await wait_for_lock_waiters(held, 1)  # its insert waits on the unique id
+            held.commit()
+        other.dispose()
+        adr_id, tokens = await task
+        assert adr_id == f"ADR-{h.wall.now():%Y%m%d}-02" and set(tokens) == {"accept", "reject"}
+        assert record(h.bot.db, taken).updated_by == "U9"  # the other replica's draft is intact
+    finally:
+        await h.close()
