@@ -22,6 +22,8 @@ import pytest
 import yaml
 from PIL import Image
 
+from bot.diagnosis.chart_data import ChartData
+from bot.diagnosis.history import describe
 from bot.store.models import Incident
 from tests.fakes import alerts
 from tests.fakes.bot import ROOT, Harness, adr_dir, engine_transport, harness
@@ -230,3 +232,44 @@ async def test_a_target_prometheus_has_no_history_of_gets_no_history(
     assert summary["chart"]["history"] == []
     (line,) = [m for _, m, source in summary["findings"] if source == "prometheus history"]
     assert line == "Prometheus returned no points for the runbook's `tpot_p99_s` query"
+
+
+def chart_with(history: list[tuple[float, float | None]], *, alert: float | None) -> ChartData:
+    """Chart data of a TPOT incident whose Prometheus history is ``history`` (ms)."""
+    return ChartData(
+        target="prod-a", metric="tpot_p99_ms", window=[], waiting=[], window_start=END - 10,
+        window_end=END, history=history, history_query="tpot_p99_s", alert_start=alert,
+    )  # fmt: skip
+
+
+def minutes(start: float, values: list[float | None]) -> list[tuple[float, float | None]]:
+    """One point a minute from ``start``."""
+    return [(start + 60 * i, v) for i, v in enumerate(values)]
+
+
+def test_history_that_does_not_rise_says_so() -> None:
+    flat = minutes(END - 1800, [12.0, 12.5, 11.8, 12.2] * 7 + [12.1, 12.0])
+    (finding,) = describe(chart_with(flat, alert=None))
+    assert finding.message == (
+        "TPOT p99 stayed between 11.8 ms and 12.5 ms over the last 30 min: no rise inside the "
+        "history"
+    )
+    high_all_along = minutes(END - 1800, [45.0] + [41.0] * 29)  # began before the history
+    (finding,) = describe(chart_with(high_all_along, alert=None))
+    assert "no rise inside the history" in finding.message
+
+
+def test_a_rise_after_the_alert_and_a_rise_without_an_alert() -> None:
+    start = END - 1800  # 18:45
+    rising = minutes(start, [None, 10.0, 10.0, 10.0] + [10.0] * 16 + [30.0] * 5 + [40.0] * 5)
+    (after,) = describe(chart_with(rising, alert=start + 60 * 15))  # fired 19:00, rise 19:05
+    assert after.message.startswith(
+        "TPOT p99 rose from 10.0 ms to 40.0 ms starting 19:05 UTC, 5 min after the alert fired"
+    )
+    (alone,) = describe(chart_with(rising, alert=None))  # a /diagnose: no alert to place
+    assert alone.message.startswith("TPOT p99 rose from 10.0 ms to 40.0 ms starting 19:05 UTC (")
+
+
+def test_too_little_history_is_not_read() -> None:
+    (finding,) = describe(chart_with(minutes(END - 120, [10.0, None, 50.0]), alert=None))
+    assert finding.message == "Prometheus has 2 point(s) of TPOT p99 history: too few to read"
