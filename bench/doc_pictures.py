@@ -253,9 +253,10 @@ async def pictures(ws: Path, out: Path) -> None:
             await asyncio.sleep(0.05)
         async with async_playwright() as playwright:
             browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = await browser.new_page(viewport={"width": 1100, "height": 900})
+            # the top of the page: the incident, the four numbers, the chart, the findings
+            page = await browser.new_page(viewport={"width": 1100, "height": 1250})
             await page.goto(link)
-            await page.screenshot(path=str(out / "incident-page.png"), full_page=True)
+            await page.screenshot(path=str(out / "incident-page.png"))
             phone = await browser.new_page(viewport={"width": 390, "height": 844},
                                            device_scale_factor=2)  # fmt: skip
             await phone.goto(link)
