@@ -27,7 +27,8 @@ Configuration: a TOML file (--config or $RULELOOP_CONFIG) plus the environment:
   SLACK_APP_TOKEN                         Slack over Socket Mode instead
   RULELOOP_ALERTMANAGER_TOKEN             bearer token Alertmanager must send to /alertmanager
   RULELOOP_DATABASE_URL                   incident store (default: SQLite in the state dir)
-  RULELOOP_WEB_SECRET, RULELOOP_PUBLIC_URL  the incident page's link secret and address
+  RULELOOP_WEB_SECRET                     signs incident page links (docs/incident-page.md)
+  RULELOOP_PUBLIC_URL                     the bot's address: Slack messages link its pages
 With no Slack tokens, messages are printed on stdout (console transport).
 
 \b
@@ -108,7 +109,7 @@ async def run(settings: Settings, *, state_dir: Path, sock: socket.socket) -> No
 def serve(
     config_path: Path | None, host: str | None, port: int | None, state_dir: Path | None
 ) -> None:
-    """Run the bot: Slack app, Alertmanager intake, runbooks and diagnosis."""
+    """Run the bot: Slack app, Alertmanager intake, runbooks, diagnosis, incident pages."""
     from bot.engine.process import default_state_dir
 
     settings = Settings.load(os.environ, path=config_path)
