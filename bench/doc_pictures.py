@@ -35,8 +35,9 @@ sys.path.insert(0, str(ROOT))  # the fake Slack lives in tests/
 
 import uvicorn  # noqa: E402
 from playwright.async_api import async_playwright  # noqa: E402
+from pydantic import SecretStr  # noqa: E402
 
-from bot.config import Settings  # noqa: E402
+from bot.config import Settings, WebSettings  # noqa: E402
 from bot.demo import scenario  # noqa: E402
 from bot.engine.process import EngineManager, default_state_dir, free_port  # noqa: E402
 from bot.server import create_bot  # noqa: E402
@@ -64,11 +65,11 @@ def with_slack(slack: FakeSlack) -> Any:
     original = scenario.settings
 
     def settings(ws: Path, *, base_url: str, state_dir: Path) -> Settings:
-        data = original(ws, base_url=base_url, state_dir=state_dir).model_dump(mode="json")
-        data["slack"].update(bot_token=BOT_TOKEN, signing_secret=SIGNING_SECRET,
-                             api_url=slack.api_url)  # fmt: skip
-        data["web"] = {"link_secret": SECRET, "public_url": PUBLIC_URL}
-        return Settings.model_validate(data)
+        demo = original(ws, base_url=base_url, state_dir=state_dir)
+        tokens = {"bot_token": SecretStr(BOT_TOKEN), "signing_secret": SecretStr(SIGNING_SECRET),
+                  "api_url": slack.api_url}  # fmt: skip
+        web = WebSettings(link_secret=SecretStr(SECRET), public_url=PUBLIC_URL)
+        return demo.model_copy(update={"slack": demo.slack.model_copy(update=tokens), "web": web})
 
     return settings
 
