@@ -64,7 +64,7 @@ class SlackSettings(_Section):
     signing_secret: SecretStr | None = Field(
         default=None, description="checks that requests to /slack/events come from Slack"
     )
-    app_token: SecretStr | None = None  # set: Socket Mode instead of HTTP
+    app_token: SecretStr | None = None  # set: Socket Mode too (only, without a signing secret)
     api_url: str = Field(
         default="https://slack.com/api/", description="the Web API base URL (tests: a local fake)"
     )

@@ -24,7 +24,7 @@ from bot.errors import UsageError
 EPILOG = """\b
 Configuration: a TOML file (--config or $RULELOOP_CONFIG) plus the environment:
   SLACK_BOT_TOKEN, SLACK_SIGNING_SECRET   Slack over HTTP (events at /slack/events)
-  SLACK_APP_TOKEN                         Slack over Socket Mode instead
+  SLACK_APP_TOKEN                         Slack over Socket Mode too (only, without the secret)
   RULELOOP_ALERTMANAGER_TOKEN             bearer token Alertmanager must send to /alertmanager
   RULELOOP_DATABASE_URL                   incident store (default: SQLite in the state dir)
   RULELOOP_WEB_SECRET                     signs incident page links (docs/incident-page.md)
