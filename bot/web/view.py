@@ -146,6 +146,7 @@ class IncidentPage:
     after_label: str | None
     findings: list[tuple[str, str, str]]
     chart: bool
+    chart_history: bool  # the chart has the metric's Prometheus history beside the window
     adrs: list[AdrCard]
     remediations: list[RemediationCard]
     canaries: list[CanaryRun]
@@ -185,6 +186,7 @@ def incident_page(
         after_label=None if kept is None else kept.label,
         findings=[(str(s), str(m), str(src)) for s, m, src in summary.get("findings") or []],
         chart=bool(summary.get("chart")),
+        chart_history=bool((summary.get("chart") or {}).get("history")),
         adrs=[_adr_card(adr_id, adr) for adr_id in summary.get("matches") or []],
         remediations=[_remediation(r) for r in record.remediations],
         canaries=[_canary(c) for c in record.canaries],
