@@ -114,20 +114,25 @@ def test_injected_cancellations_lower_goodput(engine: EngineInfo) -> None:
 def test_client_ttft_agrees_with_engine_histogram(engine: EngineInfo) -> None:
     """Means compare exactly (histogram sum/count has no bucket error).
 
-    Tolerance: the client's interval contains the engine's (the engine starts its clock after
-    the API server parsed the request and stops it before the SSE chunk is written), so the
-    client may not be lower, and may be higher by the front-end's work: 10-30 ms at this
-    concurrency on the 2-core box, so at most max(40 ms, 35%).
+    The client's interval contains the engine's (the engine starts its clock after the API
+    server parsed the request and stops it before the SSE chunk is written), so the client may
+    not be lower. It is higher by the front-end's work, which depends on the machine and what
+    else runs on it (10-30 ms on a quiet 2-core box, 120 ms with a CPU hog beside it), so the
+    upper bound is relative to the request's own life rather than a number of milliseconds:
+    the excess stays under half the client's mean e2e while 64 tokens are decoded after the
+    first. A client that stamped "sent" before its concurrency slot was free (4 slots, 24
+    requests: an average wait of 2.5 requests) or the first token late (at the stream's end)
+    breaks it on any machine.
     """
     code, _, report, _ = run(
         ["--endpoint", endpoint(engine), "--num-requests", "24", "--concurrency", "4",
-         "--prompt-length", "128", "--output-length", "16", "--quiet"]
+         "--prompt-length", "128", "--output-length", "64", "--quiet"]
     )  # fmt: skip
     assert code == 0 and report
     client, eng = report["ttft_ms"], report["engine"]["ttft_ms"]
     assert eng["count"] == 24
     assert client["mean"] >= eng["mean"] - 2.0
-    assert client["mean"] - eng["mean"] <= max(40.0, 0.35 * eng["mean"])
+    assert client["mean"] - eng["mean"] <= 0.5 * report["e2e_ms"]["mean"], (client, eng)
 
 
 def test_fragmentation_is_sampled_in_flight_and_lies_in_unit_interval(engine: EngineInfo) -> None:
