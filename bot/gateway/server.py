@@ -1,7 +1,8 @@
 """Serving the gateway: the default upstream client, uvicorn settings, and SIGHUP reload.
 
 ``GatewayServer`` runs the app on uvicorn (uvloop + httptools) inside the running event loop, as
-an async context manager, so the CLI, the tests and the bench start it the same way.
+an async context manager, so the CLI, the tests and the bench start it the same way. Its
+protocol (protocol.py) sends each response's head together with the first body bytes.
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ import uvicorn
 
 from bot.gateway.app import Gateway
 from bot.gateway.limits import LimitsError, read_limits_file, updated
-from bot.gateway.transport import UpstreamTransport
+from bot.gateway.protocol import GatewayHttpProtocol
+from bot.gateway.transport import UpstreamClient, UpstreamTransport
 
 log = logging.getLogger("ruleloop.gateway")
 
 
 def upstream_client(upstream: str, *, connect_timeout_s: float = 10.0) -> httpx.AsyncClient:
     """The upstream client: the lean transport, no read timeout (deadlines are the gateway's)."""
-    return httpx.AsyncClient(
+    return UpstreamClient(
         transport=UpstreamTransport(),
         base_url=upstream.rstrip("/"),
         timeout=httpx.Timeout(None, connect=connect_timeout_s),
@@ -76,7 +78,7 @@ class GatewayServer:
         self.limits_file = limits_file
         self.handle_signals = handle_signals
         config = uvicorn.Config(
-            gateway, host=host, port=port, loop="none", http="auto", ws="none",
+            gateway, host=host, port=port, loop="none", http=GatewayHttpProtocol, ws="none",
             lifespan="off", access_log=False, server_header=False, date_header=False,
             log_level=log_level, backlog=4096, timeout_keep_alive=30, timeout_graceful_shutdown=30,
         )  # fmt: skip

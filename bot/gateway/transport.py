@@ -6,6 +6,7 @@ at 200 concurrent streams here, most of it in its connection pool, which scans e
 engine that is a throughput loss nobody would accept. This transport keeps the httpx seam (the
 gateway still takes an ``httpx.AsyncClient``; tests still pass ``httpx.MockTransport``) and
 does the work with asyncio protocols, httptools' C parser and an O(1) pool of idle connections.
+``UpstreamClient`` is the httpx client to use it with: its ``send`` goes straight to the transport.
 
 Body chunks that arrive while the reader is busy are handed over together; reading pauses past
 ``HIGH_WATER`` buffered bytes, so a slow client backpressures the engine instead of the heap.
@@ -18,9 +19,12 @@ import asyncio
 import collections
 import contextlib
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httptools
 import httpx
+
+from bot.gateway.protocol import set_nodelay
 
 HIGH_WATER = 256 * 1024
 Key = tuple[str, str, int]
@@ -46,6 +50,7 @@ class _Connection(asyncio.Protocol):
     # asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        set_nodelay(transport)  # each request leaves at once, whatever was written before it
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
@@ -138,9 +143,8 @@ class _Body(httpx.AsyncByteStream):
         self._conn = conn
         self._released = False
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._conn.body():
-            yield chunk
+    def __aiter__(self) -> AsyncIterator[bytes]:  # type: ignore[override]
+        return self._conn.body()  # no generator of our own in between: one layer less per event
 
     async def aclose(self) -> None:
         if self._released:
@@ -241,6 +245,38 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             while idle:
                 idle.pop().close()
         await asyncio.sleep(0)  # let the closed transports finish (connection_lost) in this loop
+
+
+class UpstreamClient(httpx.AsyncClient):
+    """An httpx client whose ``send`` hands the request straight to its transport.
+
+    A proxy wants none of what ``httpx.AsyncClient.send`` wraps around the transport: auth
+    flows, redirects, event hooks, a log line per request, and a cookie jar that would hand
+    cookies one user's response set to every later user's requests. Skipping them saves about
+    70 us of CPU per request here (and a generator layer per streamed event).
+    """
+
+    def __init__(self, *, transport: httpx.AsyncBaseTransport, **kwargs: Any) -> None:
+        super().__init__(transport=transport, **kwargs)
+        self._upstream = transport
+
+    async def send(
+        self,
+        request: httpx.Request,
+        *,
+        stream: bool = False,
+        auth: Any = httpx.USE_CLIENT_DEFAULT,
+        follow_redirects: Any = httpx.USE_CLIENT_DEFAULT,
+    ) -> httpx.Response:
+        """Send one request as it is; read the body unless ``stream``."""
+        response = await self._upstream.handle_async_request(request)
+        response.request = request
+        if not stream:
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+        return response
 
 
 async def _serialize(request: httpx.Request) -> bytes:

@@ -7,7 +7,9 @@ that gives up can end it; ``disconnects`` records how many tokens each such stre
 With ``metrics_pages`` it also answers `GET /metrics` with those pages in turn (recorded vLLM
 pages), so a canary that scrapes the engine can run against it. With ``hold_until_scraped`` a
 stream waits after its first token until `/metrics` is scraped (since the stream began), so a
-canary's run cannot end before the engine has been looked at while it held the stream.
+canary's run cannot end before the engine has been looked at while it held the stream. With
+``hold_body_end`` a stream's HTTP body ends (the last chunk, after `[DONE]`) only once
+``body_end`` is set. ``connections`` counts the TCP connections clients opened to it.
 """
 
 from __future__ import annotations
@@ -43,11 +45,15 @@ class SseEngine:
         token_delay_s: float = 0.0,
         metrics_pages: Sequence[str] = (),
         hold_until_scraped: bool = False,
+        hold_body_end: bool = False,
     ) -> None:
         self.hold_after = hold_after
         self.token_delay_s = token_delay_s  # a slow engine: this long between tokens
         self.metrics_pages = list(metrics_pages)
         self.hold_until_scraped = hold_until_scraped
+        self.hold_body_end = hold_body_end
+        self.body_end = asyncio.Event()
+        self.connections = 0
         self.scrapes = 0
         self._scraped = asyncio.Condition()
         self.streams = 0
@@ -79,11 +85,16 @@ class SseEngine:
         task = asyncio.current_task()
         assert task is not None
         self._handlers.add(task)
+        self.connections += 1
         try:
             while await self._request(reader, writer):
                 pass  # keep-alive: the next request on the same connection
         except (asyncio.IncompleteReadError, ConnectionError):
             pass  # the client closed the connection between requests
+        except asyncio.CancelledError:
+            # Shutdown: end quietly; Python 3.11's start_server callback logs an error for a
+            # connection task that ends cancelled.
+            pass
         finally:
             self._handlers.discard(task)
             writer.close()
@@ -140,6 +151,9 @@ class SseEngine:
             if self.token_delay_s:
                 await asyncio.sleep(self.token_delay_s)
         _chunk(writer, b"data: [DONE]\n\n")
+        if self.hold_body_end:
+            await writer.drain()
+            await self.body_end.wait()
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         self.completed += 1
