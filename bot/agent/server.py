@@ -1,40 +1,19 @@
 """Runs the agent's app on uvicorn until SIGTERM or SIGINT, then exits 0.
 
-The socket is bound here, not in uvicorn, so a busy port is an OSError the CLI reports as one
-line instead of uvicorn's own exit.
+The socket comes bound from ``bot.listening.bind``, so a busy port is a one-line usage error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import uvicorn
 from starlette.applications import Starlette
 
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal capture (it re-raises the signal: exit code 143)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket on host:port (IPv6 when the host has a colon)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
+from bot.listening import QuietServer
 
 
 async def serve(
@@ -45,7 +24,7 @@ async def serve(
         app, loop="none", http="auto", ws="none", lifespan="off", access_log=False,
         server_header=False, log_level="warning", timeout_graceful_shutdown=5,
     )  # fmt: skip
-    server = _Server(config)
+    server = QuietServer(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))

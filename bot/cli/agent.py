@@ -138,12 +138,10 @@ def _print_once(session: NvmlSession) -> None:
 
 async def _serve(session: NvmlSession, host: str, port: int, token: str | None) -> None:
     from bot.agent.app import create_app
-    from bot.agent.server import bind, serve
+    from bot.agent.server import serve
+    from bot.listening import bind
 
-    try:
-        sock = bind(host, port)
-    except OSError as exc:
-        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    sock = bind(host, port)
     auth = "bearer token" if token else "NO AUTH (--insecure-no-auth)"
 
     def started(url: str) -> None:

@@ -7,11 +7,9 @@ Exit codes: 0 stopped cleanly, 2 bad configuration, bad runbook, unusable store,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -20,6 +18,7 @@ import uvicorn
 from bot.cli import Command
 from bot.config import Settings
 from bot.errors import UsageError
+from bot.listening import QuietServer, bind
 
 EPILOG = """\b
 Configuration: a TOML file (--config or $RULELOOP_CONFIG) plus the environment:
@@ -37,35 +36,12 @@ Example:
 """
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """Bind the listening socket here, so a busy port is a clear usage error."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
-    sock.listen(128)
-    sock.setblocking(False)
-    return sock
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal capture (it re-raises SIGTERM after shutdown: exit -15)."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
 async def run(settings: Settings, *, state_dir: Path, sock: socket.socket) -> None:
     """Serve until SIGINT/SIGTERM; Socket Mode runs beside HTTP when an app token is set."""
     from bot.server import create_bot
 
     bot = create_bot(settings, state_dir=state_dir)
-    server = _Server(uvicorn.Config(bot.app, log_level="warning", lifespan="on"))
+    server = QuietServer(uvicorn.Config(bot.app, log_level="warning", lifespan="on"))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop cleanly: drain diagnoses, exit 0
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
