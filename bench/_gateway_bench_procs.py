@@ -58,12 +58,21 @@ def quiesce(pids: list[int], *, below_s: float = 0.05, timeout_s: float = 120.0)
     return time.monotonic() - started
 
 
-def start_gateway(upstream: str, port: int, log: Path) -> subprocess.Popen[bytes]:
-    """`ruleloop gateway` in its own process, with a budget large enough never to refuse."""
-    argv = [sys.executable, "-c", "from bot.cli import main; main()", "gateway",
+def start_gateway(
+    upstream: str, port: int, log: Path, *, prelude: str = ""
+) -> subprocess.Popen[bytes]:
+    """`ruleloop gateway` in its own process, with a budget large enough never to refuse.
+
+    ``prelude`` is Python run first in that process (e.g. ``import _aiohttp_upstream``).
+    """
+    code = prelude + "from bot.cli import main; main()"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "bench"), str(ROOT)]))
+    argv = [sys.executable, "-c", code, "gateway",
             "--upstream", upstream, "--listen", f"127.0.0.1:{port}",
             "--max-inflight-tokens", "10000000", "--default-timeout", "600s"]  # fmt: skip
-    return subprocess.Popen(argv, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)  # noqa: S603
+    return subprocess.Popen(  # noqa: S603
+        argv, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
 
 
 def start_litellm(litellm: str, upstream: str, port: int, tmp: Path) -> subprocess.Popen[bytes]:

@@ -1,15 +1,17 @@
 """Gateway overhead: the same streaming load direct to vLLM, through the gateway, through LiteLLM.
 
-    python bench/gateway_bench.py [--concurrency 200] [--requests 400] [--rounds 3] [--no-litellm]
+    python bench/gateway_bench.py [--concurrency 200] [--requests 400] [--rounds 5] [--no-litellm]
 
-Starts its own engine (EngineManager), the gateway (`ruleloop gateway`, its own process) and
-LiteLLM's proxy (its own venv, --litellm) in front of it, then runs the same chat workload
-against each with the canary's timed streaming client, rotating the order every round and
-waiting for every proxy to go idle before each run. Per path: TTFT p50/p99, TPOT p99, streamed
+Starts its own engine (EngineManager), the gateway (`ruleloop gateway`, its own process), the
+same gateway with aiohttp's client as its upstream transport (_aiohttp_upstream.py; --no-aiohttp
+to skip) and LiteLLM's proxy (its own venv, --litellm) in front of it, then runs the same chat
+workload against each with the canary's timed streaming client, rotating the order every round
+and waiting for every proxy to go idle before each run. Per path: TTFT p50/p99, TPOT p99, streamed
 tokens/s, the proxy process's CPU seconds per 1,000 streamed tokens, and the CPU other people's
 jobs took on this shared box during the run. Then: TTFT one stream at a time (the latency a
-proxy adds when nothing queues), and tokens the engine generated after a client left
-mid-stream, direct vs through the gateway. Results: bench/results/gateway_bench.json.
+proxy adds when nothing queues; the paths take turns, 10 requests each), and tokens the engine
+generated after a client left mid-stream, direct vs through the gateway.
+Results: bench/results/gateway_bench.json.
 """
 
 from __future__ import annotations
@@ -130,12 +132,22 @@ async def measure(
     }  # type: ignore[dict-item]  # fmt: skip
 
 
-async def one_at_a_time(url: str, args: argparse.Namespace, seed: int) -> dict[str, float | None]:
-    """TTFT of sequential single streams: what a proxy adds when nothing queues."""
-    records, _ = await drive(url, bodies(args.single_requests, args.prompt_words, 16, seed), 1)
-    return summarize(
-        [r.ttft_s * 1000 for r in records if r.ttft_s is not None and r.outcome is Outcome.OK]
-    )
+async def one_at_a_time(paths: Paths, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """TTFT of sequential single streams: what a proxy adds when nothing queues.
+
+    The paths take turns in blocks of 10 requests (each on its own keep-alive connection), so
+    the box's drift over the run lands on every path alike.
+    """
+    ttft: dict[str, list[float]] = {name: [] for name in paths}
+    blocks = max(1, args.single_requests // 10)
+    for block in range(blocks):
+        for name, (base, _) in paths.items():
+            work = bodies(10, args.prompt_words, 16, 7 + block)
+            records, _ = await drive(f"{base}/v1/chat/completions", work, 1)
+            ttft[name] += [
+                r.ttft_s * 1000 for r in records if r.ttft_s is not None and r.outcome is Outcome.OK
+            ]
+    return {name: summarize(values) for name, values in ttft.items()}  # type: ignore[misc]
 
 
 async def disconnect_drain(base: str, engine_url: str, trials: int) -> list[float]:
@@ -173,12 +185,11 @@ async def run_all(
             )
             runs[name].append(result)
             print("   ", {k: round(v, 2) for k, v in result.items()}, flush=True)
-    single = {}
-    for name in names:
-        print(f"one stream at a time: {name} ({args.single_requests} requests) ...", flush=True)
-        await asyncio.to_thread(procs.quiesce, [p for _, p in paths.values() if p])
-        single[name] = await one_at_a_time(f"{paths[name][0]}/v1/chat/completions", args, 7)
-        print("   ", {k: round(v, 2) for k, v in single[name].items() if v is not None}, flush=True)
+    print(f"one stream at a time ({args.single_requests} requests per path) ...", flush=True)
+    await asyncio.to_thread(procs.quiesce, [p for _, p in paths.values() if p])
+    single = await one_at_a_time(paths, args)
+    for name, s in single.items():
+        print(f"    {name}:", {k: round(v, 2) for k, v in s.items() if v is not None}, flush=True)
     drain = {}
     for name in ("direct", "gateway"):
         print(f"disconnect drain: {name} ({args.drain_trials} trials) ...", flush=True)
@@ -199,7 +210,7 @@ def print_table(result: dict[str, object], args: argparse.Namespace) -> None:
         f"median of {args.rounds} rounds"
     )
     head = (
-        f"{'path':<9}{'TTFT p50':>9}{'TTFT p99':>9}{'p99 ratio':>10}{'TPOT p99':>9}"
+        f"{'path':<11}{'TTFT p50':>9}{'TTFT p99':>9}{'p99 ratio':>10}{'TPOT p99':>9}"
         f"{'tok/s':>7}{'tok/s ratio':>12}{'proxy CPU s/1k tok':>19}{'others CPU':>11}"
     )
     print(head + "\n" + "-" * len(head))
@@ -207,18 +218,18 @@ def print_table(result: dict[str, object], args: argparse.Namespace) -> None:
         cpu = f"{m['proxy_cpu_per_1k_tokens']:.3f}" if name != "direct" else "-"
         ttft_ratio = m["ttft_p99"] / direct["ttft_p99"]
         tps_ratio = m["tokens_per_s"] / direct["tokens_per_s"]
-        print(f"{name:<9}{m['ttft_p50']:>9.0f}{m['ttft_p99']:>9.0f}{ttft_ratio:>10.3f}"
+        print(f"{name:<11}{m['ttft_p50']:>9.0f}{m['ttft_p99']:>9.0f}{ttft_ratio:>10.3f}"
               f"{m['tpot_p99']:>9.0f}{m['tokens_per_s']:>7.0f}{tps_ratio:>12.3f}"
               f"{cpu:>19}{m['others_cpu_s_per_s']:>10.2f}c")  # fmt: skip
     print(f"\none stream at a time ({args.single_requests} requests, 16 tokens): TTFT ms")
     base = single["direct"]
     for name, s in single.items():
         added = f"added: p50 {s['p50'] - base['p50']:+6.2f}  p99 {s['p99'] - base['p99']:+6.2f}"
-        print(f"  {name:<9}p50 {s['p50']:7.2f}  p99 {s['p99']:7.2f}  {added}")
+        print(f"  {name:<11}p50 {s['p50']:7.2f}  p99 {s['p99']:7.2f}  {added}")
     drain: dict[str, list[float]] = result["drain"]  # type: ignore[assignment]
     print("\nextra tokens generated after a client left mid-stream (median; all trials):")
     for name, values in drain.items():
-        print(f"  {name:<9}{statistics.median(values):>5.0f}   {values}")
+        print(f"  {name:<11}{statistics.median(values):>5.0f}   {values}")
 
 
 def main() -> None:
@@ -230,13 +241,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--prompt-words", type=int, default=32)
     parser.add_argument("--output-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--single-requests", type=int, default=60)
     parser.add_argument("--drain-trials", type=int, default=5)
     parser.add_argument(
         "--litellm", default="/work/venvs/litellm/bin/litellm", help="LiteLLM's CLI (own venv)"
     )
     parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument(
+        "--no-aiohttp", action="store_true", help="skip the gateway over aiohttp's client"
+    )
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="ruleloop-gw-bench-"))
@@ -256,6 +270,15 @@ def main() -> None:
             "gateway": (f"http://127.0.0.1:{gw_port}", gateway.pid),
         }
         procs.wait_ready(f"{paths['gateway'][0]}/v1/models", gateway, "the gateway")
+        if not args.no_aiohttp:
+            aio_port = free_port()
+            aio = procs.start_gateway(
+                info.base_url, aio_port, tmp / "gateway-aiohttp.log",
+                prelude="import _aiohttp_upstream; ",
+            )  # fmt: skip
+            started.append(aio)
+            paths["gw-aiohttp"] = (f"http://127.0.0.1:{aio_port}", aio.pid)
+            procs.wait_ready(f"{paths['gw-aiohttp'][0]}/v1/models", aio, "the aiohttp gateway")
         if not args.no_litellm and Path(args.litellm).exists():
             print("starting LiteLLM proxy ...", flush=True)
             ll_port = free_port()

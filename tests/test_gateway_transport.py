@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import ssl
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -131,10 +135,53 @@ async def test_transport_reports_refused_connections_as_connect_errors() -> None
             await client.get(f"http://127.0.0.1:{free_port()}/")
 
 
-async def test_transport_refuses_https() -> None:
+async def test_transport_refuses_what_is_not_http_with_the_url() -> None:
     async with httpx.AsyncClient(transport=UpstreamTransport()) as client:
-        with pytest.raises(httpx.UnsupportedProtocol):
-            await client.get("https://127.0.0.1:1/")
+        with pytest.raises(httpx.UnsupportedProtocol, match="http and https, not ftp"):
+            await client.get("ftp://127.0.0.1:1/")
+
+
+@pytest.fixture
+def certificate(tmp_path: Path) -> tuple[Path, Path]:
+    """A self-signed certificate and key for 127.0.0.1 (openssl's CLI)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(  # noqa: S603
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+async def test_transport_speaks_https_and_verifies_the_upstreams_certificate(
+    certificate: tuple[Path, Path],
+) -> None:
+    cert, key = certificate
+    served = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    served.load_cert_chain(cert, key)
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await _read_request(reader):
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\ntls")
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(handler, "127.0.0.1", 0, ssl=served)
+    base = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    trusting = ssl.create_default_context(cafile=str(cert))
+    async with server:
+        transport = UpstreamTransport(ssl_context=trusting)
+        async with httpx.AsyncClient(transport=transport, base_url=base) as client:
+            first, second = await client.get("/"), await client.get("/")
+        # the system's CAs do not know this certificate: refused, and the error says why
+        async with httpx.AsyncClient(transport=UpstreamTransport(), base_url=base) as client:
+            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await client.get("/")
+    assert (first.status_code, first.content, second.content) == (200, b"tls", b"tls")
 
 
 async def _raw_server(handler) -> tuple[asyncio.Server, str]:  # type: ignore[no-untyped-def]

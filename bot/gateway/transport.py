@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -158,21 +159,24 @@ class _Body(httpx.AsyncByteStream):
 
 
 class UpstreamTransport(httpx.AsyncBaseTransport):
-    """HTTP/1.1 over asyncio with a LIFO pool of idle keep-alive connections per host."""
+    """HTTP/1.1 (over TLS for https) with a LIFO pool of idle keep-alive connections per host."""
 
-    def __init__(self, *, max_idle_per_host: int = 1024) -> None:
+    def __init__(
+        self, *, max_idle_per_host: int = 1024, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self._idle: dict[Key, collections.deque[_Connection]] = collections.defaultdict(
             collections.deque
         )
         self._max_idle = max_idle_per_host
+        self._ssl_context = ssl_context  # for https upstreams; the system's CAs when None
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send one request and return as soon as the response headers are in."""
         url = request.url
         key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
-        if key[0] != "http":
+        if key[0] not in ("http", "https"):
             raise httpx.UnsupportedProtocol(
-                f"the upstream transport speaks plain http, not {key[0]}"
+                f"the upstream transport speaks http and https, not {key[0]} ({url})"
             )
         payload = await _serialize(request)
         timeout = request.extensions.get("timeout", {}).get("connect")
@@ -208,13 +212,21 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         try:
             async with asyncio.timeout(timeout):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self, key), key[1], key[2]
+                    lambda: _Connection(self, key), key[1], key[2], **self._tls(key)
                 )
         except TimeoutError:
             raise httpx.ConnectTimeout(f"connecting to {key[1]}:{key[2]} timed out") from None
         except OSError as exc:
             raise httpx.ConnectError(f"cannot connect to {key[1]}:{key[2]}: {exc}") from exc
         return conn
+
+    def _tls(self, key: Key) -> dict[str, Any]:
+        """create_connection's TLS arguments for an https upstream (none for http)."""
+        if key[0] != "https":
+            return {}
+        if self._ssl_context is None:
+            self._ssl_context = ssl.create_default_context()  # verifies against system CAs
+        return {"ssl": self._ssl_context, "server_hostname": key[1]}
 
     def _take(self, key: Key) -> _Connection | None:
         idle = self._idle.get(key)
