@@ -267,7 +267,7 @@ class PathSettings(_Section):
         default=Path("adr"),
         description="the ADRs (drafts in its drafts/), imported into the store at start and when "
         "a file changes; never written (`ruleloop adr export` writes the store's). Unset and no "
-        "adr/ where serve starts: <state dir>/adr, seeded with the shipped seed ADR",
+        "adr/ where serve starts: the seed ADR shipped with ruleloop",
     )
     state: Path | None = Field(
         default=None, description="where the SQLite store goes; unset: serve's --state-dir"

@@ -4,15 +4,16 @@
 wheel and started anywhere else, it stopped with "runbook directory runbooks does not exist".
 When ``[paths] runbooks`` is not set and there is no such directory, the packaged copies of the
 repository's runbooks (``bot/shipped/runbooks``) are used. When ``[paths] adr`` is not set and
-there is no ``adr/`` either, the decision store lives in the state directory (it must be
-writable: drafts are written there), seeded once with the packaged seed ADR. A directory that
-is configured is used as it is: a missing one is still an error that names it.
+there is no ``adr/`` either, the packaged seed ADR (``bot/shipped/adr``) is imported in place:
+the directory is only read (drafts and decisions live in the store, bot.adr.shared), so it
+needs no writable copy. A ``<state dir>/adr`` that an earlier version seeded and wrote drafts
+into is read instead, so that its ADRs still reach the store. A directory that is configured is
+used as it is: a missing one is still an error that names it.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 from bot.config import Settings
@@ -32,18 +33,10 @@ def with_defaults(settings: Settings, *, state_dir: Path) -> Settings:
         runbooks = RUNBOOKS
         log.info("no runbooks/ here and no [paths] runbooks: using the shipped runbooks")
     if "adr" not in given and not adr.is_dir():
-        adr = (paths.state or state_dir) / "adr"
-        seed(adr)
+        earlier = (paths.state or state_dir) / "adr"  # seeded by versions that wrote ADR files
+        adr = earlier if earlier.is_dir() else SEED_ADRS
+        log.info("no adr/ here and no [paths] adr: importing the ADRs of %s", adr)
     if (runbooks, adr) == (paths.runbooks, paths.adr):
         return settings
     resolved = paths.model_copy(update={"runbooks": runbooks, "adr": adr})
     return settings.model_copy(update={"paths": resolved})
-
-
-def seed(adr_dir: Path) -> None:
-    """Create ``adr_dir`` with the shipped seed ADR, unless it exists (its ADRs are kept)."""
-    if adr_dir.exists():
-        return
-    adr_dir.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(SEED_ADRS, adr_dir)
-    log.info("no adr/ here and no [paths] adr: the decision store is %s (seeded)", adr_dir)

@@ -150,7 +150,8 @@ def test_serve_outside_the_checkout_uses_the_shipped_runbooks_and_seed_adr(
     tmp_path: Path,
 ) -> None:
     """Item 21: started elsewhere, serve stopped with "runbook directory runbooks does not
-    exist"; with no [paths] set it now uses the packaged runbooks and seeds its ADR store."""
+    exist"; with no [paths] set it now uses the packaged runbooks and imports the packaged seed
+    ADR in place (nothing is copied: the store holds ADRs, the directory is only read)."""
     import signal
     import time
 
@@ -183,6 +184,29 @@ def test_serve_outside_the_checkout_uses_the_shipped_runbooks_and_seed_adr(
             process.send_signal(signal.SIGTERM)
             out, _ = process.communicate(timeout=60)
     assert process.returncode == 0, out
-    seeded = sorted(p.name for p in (state / "adr").glob("ADR-*.md"))
-    assert seeded == sorted(p.name for p in (ROOT / "adr").glob("ADR-*.md"))
+    assert not (state / "adr").exists()  # read in place, not copied
+    from bot.store.adrs import listed
+    from bot.store.db import Database
+
+    db = Database(f"sqlite:///{state / 'ruleloop.db'}")
+    with db.transaction() as session:
+        imported = sorted(row.name for row in listed(session))
+    db.dispose()
+    assert imported == sorted(p.name for p in (ROOT / "adr").glob("ADR-*.md"))
     assert list(workdir.iterdir()) == []  # nothing written where it was started
+
+
+def test_a_state_dir_adr_written_by_an_earlier_version_is_still_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bot.config import Settings
+    from bot.defaults import SEED_ADRS, with_defaults
+
+    elsewhere = Settings.model_validate({})
+    monkeypatch.chdir(tmp_path)  # no adr/ here
+    assert with_defaults(elsewhere, state_dir=tmp_path / "state").paths.adr == SEED_ADRS
+    (tmp_path / "state" / "adr" / "drafts").mkdir(parents=True)  # an earlier version's store
+    earlier = with_defaults(elsewhere, state_dir=tmp_path / "state")
+    assert earlier.paths.adr == tmp_path / "state" / "adr"
+    configured = Settings.model_validate({"paths": {"adr": str(tmp_path / "mine")}})
+    assert with_defaults(configured, state_dir=tmp_path / "state").paths.adr == tmp_path / "mine"
