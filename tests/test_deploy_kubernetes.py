@@ -27,6 +27,8 @@ from tests.kustomize_render import (
 OVERLAY = KUBERNETES / "overlays" / "example"
 SOCKET_MODE = KUBERNETES / "overlays" / "socket-mode"
 SECRET_ENV = ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "RULELOOP_ALERTMANAGER_TOKEN", "RULELOOP_DATABASE_URL")  # fmt: skip
+# the incident page's link secret: optional (without it the page is off)
+OPTIONAL_SECRET_ENV = ("RULELOOP_WEB_SECRET",)
 
 
 @pytest.mark.parametrize(("name", "directory"), renderable(), ids=[n for n, _ in renderable()])
@@ -118,16 +120,16 @@ def test_deployment_runs_serve_as_non_root_with_probes_and_secrets(rendered: lis
         for env in container["env"]
         if "secretKeyRef" in env.get("valueFrom", {})
     }
-    assert refs == {name: {"name": "ruleloop", "key": name} for name in SECRET_ENV}
+    assert refs == {name: {"name": "ruleloop", "key": name} for name in SECRET_ENV} | {
+        name: {"name": "ruleloop", "key": name, "optional": True} for name in OPTIONAL_SECRET_ENV
+    }
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
     assert "emptyDir" in mounts["/var/lib/ruleloop"] and "emptyDir" in mounts["/tmp"]
-    # the ADR store is writable (drafts, accepted ADRs), seeded from the image's adr/
-    (seed,) = pod["initContainers"]
-    assert seed["image"] == container["image"] and seed["command"][:2] == ["cp", "-R"]
-    (seed_mount,) = seed["volumeMounts"]
-    assert mounts["/app/adr"] is volumes[seed_mount["name"]]
-    assert seed["command"][2:] == ["/app/adr/.", seed_mount["mountPath"] + "/"]
+    # ADRs live in the store: the image's /app/adr is read in place (paths.adr, checked with the
+    # config below), nothing seeds or mounts over it
+    assert "initContainers" not in pod
+    assert not [m for m in container["volumeMounts"] if m["mountPath"].startswith("/app/adr")]
     assert "--state-dir" in container["args"]
     assert container["args"][container["args"].index("--state-dir") + 1] == "/var/lib/ruleloop"
 
@@ -136,6 +138,7 @@ def test_config_map_is_mounted_where_ruleloop_config_points_and_loads(
     rendered: list[dict], tmp_path: Path
 ) -> None:
     from bot.config import CONFIG_ENV, ENV_KEYS, Settings
+    from bot.errors import UsageError
 
     (deployment,) = by_kind(rendered, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -151,15 +154,22 @@ def test_config_map_is_mounted_where_ruleloop_config_points_and_loads(
         if c["metadata"]["name"] == volume["configMap"]["name"]
     ]
     (tmp_path / config_path.name).write_text(config_map["data"][config_path.name])
-    settings = Settings.load({}, path=tmp_path / config_path.name)
+    link_secret = {"RULELOOP_WEB_SECRET": "0" * 64}  # the Secret's key, as the pod gets it
+    settings = Settings.load(link_secret, path=tmp_path / config_path.name)
     assert settings.server.host == "0.0.0.0" and settings.server.port == 3000
     assert str(settings.paths.state) == "/var/lib/ruleloop"
     assert settings.paths.runbooks == Path("/app/runbooks") and settings.paths.adr == Path(
         "/app/adr"
     )
+    # the example sets public_url: the incident page is on, and it needs the link secret
+    assert settings.web.public_url == "https://ruleloop.example.com"
+    with pytest.raises(UsageError, match="RULELOOP_WEB_SECRET"):
+        Settings.load({}, path=tmp_path / config_path.name)
     base_toml = tmp_path / "base.toml"
     base_toml.write_text((KUBERNETES / "base" / "ruleloop.toml").read_text())
-    assert Settings.load({}, path=base_toml).server.port == 3000
+    base = Settings.load({}, path=base_toml)  # the base starts without the optional link secret
+    assert base.server.port == 3000 and base.paths.adr == Path("/app/adr")
+    assert base.web.public_url is None
 
 
 def test_rbac_lets_the_service_account_patch_and_watch_deployments(rendered: list[dict]) -> None:
@@ -207,7 +217,7 @@ def test_secret_example_is_valid_but_not_applied(rendered: list[dict]) -> None:
 
     example = yaml.safe_load((KUBERNETES / "base" / "secret.example.yaml").read_text())
     assert schema_problems([example]) == []
-    assert sorted(example["stringData"]) == sorted(SECRET_ENV)
+    assert sorted(example["stringData"]) == sorted(SECRET_ENV + OPTIONAL_SECRET_ENV)
     assert not by_kind(rendered, "Secret")
     for kustomization in KUBERNETES.rglob("kustomization.yaml"):
         assert "secret.example.yaml" not in yaml.safe_load(kustomization.read_text()).get(
@@ -263,7 +273,9 @@ def test_socket_mode_check_finds_an_overlay_that_keeps_http(tmp_path: Path) -> N
     patch = tmp_path / "deploy" / "kubernetes" / "overlays" / "socket-mode" / "socket-mode.yaml"
     text = patch.read_text()
     assert "            - name: SLACK_SIGNING_SECRET\n              $patch: delete\n" in text
-    patch.write_text(text.replace("            - name: SLACK_SIGNING_SECRET\n              $patch: delete\n", ""))
+    patch.write_text(
+        text.replace("            - name: SLACK_SIGNING_SECRET\n              $patch: delete\n", "")
+    )
     (deployment,) = by_kind(kustomize(patch.parent), "Deployment")
     assert socket_mode_problems(deployment) == [
         "SLACK_SIGNING_SECRET is still set: POST /slack/events stays on"
