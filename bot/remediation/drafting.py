@@ -263,6 +263,16 @@ class DraftService:
         state: Status = "accepted" if kind == "accept" else "rejected"
         reason = f"rejected in Slack by {user_id}"
         with self._db.transaction() as s:
+            # Claim the draft first: a reviewer whose transaction starts after the winner's
+            # committed (SQLite serializes them) must be told who won, not that the record
+            # is no longer a proposal.
+            won = s.execute(
+                update(AdrDraft)
+                .where(AdrDraft.adr_id == adr_id, AdrDraft.state == "proposed")
+                .values(state=state, reviewed_at=now, reviewed_by=user_id)
+            )
+            if cast(CursorResult[Any], won).rowcount != 1:  # another reviewer was first
+                raise AlreadyDecided(adr_id)
             row = records.get(s, adr_id)
             if row is None:
                 raise UsageError(f"{adr_id} is not in the store any more. Nothing was changed.")
@@ -275,13 +285,6 @@ class DraftService:
                 self._adrs.parsed(row), status=state, reviewer=user_id, note=note,
                 day=now.date(), name=row.name,
             )  # fmt: skip
-            won = s.execute(
-                update(AdrDraft)
-                .where(AdrDraft.adr_id == adr_id, AdrDraft.state == "proposed")
-                .values(state=state, reviewed_at=now, reviewed_by=user_id)
-            )
-            if cast(CursorResult[Any], won).rowcount != 1:  # another reviewer was first
-                raise AlreadyDecided(adr_id)
             changed = records.change(
                 s, row, name=row.name, draft=False, status=state, markdown=render(record),
                 source="slack", actor=user_id, at=now, note=f"{state} in Slack by {user_id}",
