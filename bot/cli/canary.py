@@ -40,6 +40,9 @@ Exit codes: 0 all gates passed, 1 a gate failed, 2 bad usage or endpoint unusabl
 """
 
 REQUESTS_PER_STREAM = 5  # default count: every stream sends several, so concurrency holds
+# Seconds between in-flight /metrics samples: each makes the engine render its page. 2 s cost
+# the engine least of 0.5/1/2 s in bench/canary_vs_vllm_bench.py (docs/canary.md).
+DEFAULT_SAMPLE_INTERVAL_S = 2.0
 
 
 def default_num_requests(concurrency: int) -> int:
@@ -53,7 +56,7 @@ def run_canary(
     gates: Gates,
     metrics_url: str | None,
     discover_metrics: bool = False,
-    sample_interval_s: float = 1.0,
+    sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
     progress: bool = False,
 ) -> dict[str, object]:
     """Run one canary and return its JSON report (raises on usage or endpoint errors)."""
@@ -256,7 +259,7 @@ def run_canary(
     "--sample-interval",
     "sample_interval_s",
     type=click.FloatRange(min=0.05),
-    default=1.0,
+    default=DEFAULT_SAMPLE_INTERVAL_S,
     show_default=True,
     help="Seconds between in-flight /metrics samples (each costs the engine a page render).",
 )
