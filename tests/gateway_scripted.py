@@ -49,6 +49,12 @@ class Script(httpx.AsyncByteStream):
         for i in range(self.tokens):
             if self.engine.gated:
                 await self.engine.step.get()
+            if self.engine.split:  # each event in two reads, the second released by a step too
+                half = len(event(i)) // 2
+                yield event(i)[:half]
+                await self.engine.step.get()
+                yield event(i)[half:]
+                continue
             yield event(i)
         if self.engine.linger:
             # the end marker in two pieces, and the HTTP body ends only when the test says so
@@ -91,12 +97,15 @@ def json_response(status: int, data: object) -> httpx.Response:
 class ScriptedEngine:
     """Stand-in for vLLM behind httpx.MockTransport."""
 
-    def __init__(self, *, gated: bool = False, stall: bool = False, linger: bool = False) -> None:
+    def __init__(
+        self, *, gated: bool = False, stall: bool = False, linger: bool = False, split: bool = False
+    ) -> None:
         self.requests: list[httpx.Request] = []
         self.closed = 0
         self.gated = gated
         self.stall = stall
         self.linger = linger
+        self.split = split  # gated events arrive in two reads each
         self.body_end = asyncio.Event()
         self.step: asyncio.Queue[None] = asyncio.Queue()
         self.metrics_status = 200

@@ -191,6 +191,28 @@ async def test_gateway_deadline_mid_stream_ends_with_an_sse_error_event(make_gat
     assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "wasted"}) == 2
 
 
+async def test_gateway_deadline_between_two_halves_of_an_event_relays_whole_events_only(
+    make_gateway,
+) -> None:
+    # The engine's event 1 arrives in two reads and the deadline fires between them: the client
+    # must get event 0, then the gateway's error event, never half of event 1 glued to it.
+    engine = ScriptedEngine(gated=True, split=True)
+    base, _ = await make_gateway(engine)
+    async with httpx.AsyncClient() as client:
+        for _ in range(3):  # event 0: its gate and second half; event 1: its gate (first half)
+            engine.step.put_nowait(None)
+        response = await client.post(
+            f"{base}/v1/completions", json={**STREAM, "max_tokens": 100},
+            headers={"X-Request-Timeout": "0.2s"},
+        )  # fmt: skip
+    events = [e for e in response.text.split("\n\n") if e]
+    assert events[0] == event(0).decode().strip() and events[-1] == "data: [DONE]"
+    assert len(events) == 3, events
+    error = json.loads(events[1].removeprefix("data: "))["error"]  # parses: nothing glued to it
+    assert error["code"] == "deadline_exceeded"
+    assert engine.closed == 1
+
+
 async def test_gateway_client_disconnect_closes_the_upstream_stream(make_gateway) -> None:
     engine = ScriptedEngine(gated=True)
     base, app = await make_gateway(engine)

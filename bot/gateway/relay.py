@@ -232,10 +232,21 @@ class Relay:
         chunks = cast(httpx.AsyncByteStream, response.stream)
         counted = 0
         usage = None
-        tail = b""
+        held = b""  # the start of an event whose end has not come: never relayed half
         async for chunk in chunks:
             if ex.ended:
                 continue  # past the end marker: read so the connection is reused, not relayed
+            # Whole events only: a deadline or an upstream error cut between two reads must
+            # not leave half an event before the gateway's own error event (a client's JSON
+            # parser would choke on the pair). A read that ends mid-event is rare and its
+            # start is useless to the client until the rest comes.
+            if held:
+                chunk, held = held + chunk, b""
+            cut = len(chunk) if chunk.endswith(b"\n\n") else _events_end(chunk)
+            if cut < len(chunk):
+                chunk, held = chunk[:cut], chunk[cut:]
+                if not chunk:
+                    continue
             if not ex.head_sent:
                 # Headers go out with the first event, so a deadline hit during prefill is a 504.
                 ex.first_byte_s = self.clock()
@@ -247,9 +258,7 @@ class Relay:
             counted += chunk.count(CHOICE_KEY)
             ex.counted_tokens = counted
             ex.usage_tokens = usage
-            # the marker may come split across chunks: keep the stream's last bytes
-            tail = (tail + chunk if len(chunk) < len(END_MARKER) else chunk)[-len(END_MARKER) :]
-            end = tail.endswith(END_MARKER)
+            end = chunk.endswith(END_MARKER)  # whole events: the marker is never split
             try:  # the hot path calls the server's send itself (one coroutine less per event)
                 await to_client({"type": "http.response.body", "body": chunk, "more_body": not end})
             except OSError:
@@ -270,7 +279,8 @@ class Relay:
         if not ex.head_sent:
             await send({"type": "http.response.start", "status": 200, "headers": hdrs})
             ex.head_sent = True
-        await send({"type": "http.response.body", "body": b""})
+        # The body ended without the end marker: what it held after its last event goes as is.
+        await send({"type": "http.response.body", "body": held})
 
     @staticmethod
     async def _fail(send: Send, ex: Exchange, event: bytes, problem: responses.HTTPProblem) -> None:
@@ -283,6 +293,13 @@ class Relay:
             # the client went away as well: nobody is left to tell, the first ending stands
             if not ex.client_gone:
                 raise
+
+
+def _events_end(data: bytes) -> int:
+    """Where the last complete SSE event in ``data`` ends (0: none has ended)."""
+    lf = data.rfind(b"\n\n")
+    crlf = data.rfind(b"\r\n\r\n")
+    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
 def _finished(ex: Exchange) -> Outcome:
