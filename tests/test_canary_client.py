@@ -98,6 +98,30 @@ async def test_on_first_token_is_called_once_when_the_first_token_arrives() -> N
     assert seen == [1] and record.output_tokens == 6
 
 
+async def test_the_first_token_is_stamped_while_the_stream_is_still_open() -> None:
+    # The server holds the stream after its first token until /metrics is scraped, so the
+    # client must have stamped that token while the rest had not come (not at the stream's end).
+    page = (VLLM_PAGES / "before.prom").read_text()
+    record = RequestRecord(sent_at=time.perf_counter())
+    async with (
+        SseEngine(metrics_pages=[page], hold_until_scraped=True) as engine,
+        aiohttp.ClientSession() as session,
+    ):
+        task = asyncio.create_task(stream_request(
+            session, f"{engine.base_url}/v1/completions", body(6), record, timeout_s=GUARD_S,
+        ))  # fmt: skip
+        async with asyncio.timeout(GUARD_S):
+            while record.first_token_at is None and not task.done():
+                await asyncio.sleep(0.01)
+        assert record.outcome is None and engine.scrapes == 0  # stamped mid-stream
+        assert record.output_tokens == 1
+        async with session.get(f"{engine.base_url}/metrics") as released:
+            assert released.status == 200
+        await task
+    assert (record.outcome, record.output_tokens) == (Outcome.OK, 6)
+    assert record.first_token_at < record.last_token_at  # type: ignore[operator]
+
+
 async def test_canary_impatient_share_cancels_after_n_tokens() -> None:
     async with SseEngine() as engine:
         workload = Workload(

@@ -116,23 +116,20 @@ def test_client_ttft_agrees_with_engine_histogram(engine: EngineInfo) -> None:
 
     The client's interval contains the engine's (the engine starts its clock after the API
     server parsed the request and stops it before the SSE chunk is written), so the client may
-    not be lower. It is higher by the front-end's work, which depends on the machine and what
-    else runs on it (10-30 ms on a quiet 2-core box, 120 ms with a CPU hog beside it), so the
-    upper bound is relative to the request's own life rather than a number of milliseconds:
-    the excess stays under half the client's mean e2e while 64 tokens are decoded after the
-    first. A client that stamped "sent" before its concurrency slot was free (4 slots, 24
-    requests: an average wait of 2.5 requests) or the first token late (at the stream's end)
-    breaks it on any machine.
+    not be lower. How much higher is the API server's own work, and that has no machine-free
+    bound: 10-30 ms on a quiet 2-core box, 120 ms with a CPU hog beside it, and with a hog and
+    64-token answers the starved API server wrote whole answers in one burst (client TTFT mean
+    698 ms = its e2e, engine TTFT 8 ms). That the client stamps the first token when it comes
+    is checked where the server is under the test's control (tests/test_canary_client.py).
     """
     code, _, report, _ = run(
         ["--endpoint", endpoint(engine), "--num-requests", "24", "--concurrency", "4",
-         "--prompt-length", "128", "--output-length", "64", "--quiet"]
+         "--prompt-length", "128", "--output-length", "16", "--quiet"]
     )  # fmt: skip
     assert code == 0 and report
     client, eng = report["ttft_ms"], report["engine"]["ttft_ms"]
-    assert eng["count"] == 24
-    assert client["mean"] >= eng["mean"] - 2.0
-    assert client["mean"] - eng["mean"] <= 0.5 * report["e2e_ms"]["mean"], (client, eng)
+    assert eng["count"] == 24 and client["count"] == 24
+    assert client["mean"] >= eng["mean"] - 2.0, (client, eng)
 
 
 def test_fragmentation_is_sampled_in_flight_and_lies_in_unit_interval(engine: EngineInfo) -> None:
