@@ -74,7 +74,9 @@ def lock_problems(pyproject_text: str, lock_text: str) -> list[str]:
             continue
         version, _ = pins[name]
         if not requirement.specifier.contains(version, prereleases=True):
-            problems.append(f"{requirement}: the lock pins {version}, outside {requirement.specifier}")
+            problems.append(
+                f"{requirement}: the lock pins {version}, outside {requirement.specifier}"
+            )
         problems += [f"{requirement}: its extra needs {extra}, not in requirements.lock"
                      for extra in sorted(extra_packages(requirement) - set(pins))]  # fmt: skip
     for name, (version, hashes) in sorted(pins.items()):

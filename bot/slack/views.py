@@ -99,8 +99,7 @@ def root_message(
     line = (
         f"*Status:* {status} · {STATE_TEXT.get(view.state, view.state)}   "
         f"*Target:* {target}   "
-        f"*Incident* #{view.id} · opened {view.opened_at:%Y-%m-%d %H:%M} UTC"
-        + page_link(page_url)
+        f"*Incident* #{view.id} · opened {view.opened_at:%Y-%m-%d %H:%M} UTC" + page_link(page_url)
     )
     if view.requested_by:
         line += f"   *Requested by* <@{view.requested_by}>"
