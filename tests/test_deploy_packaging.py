@@ -62,7 +62,9 @@ def parse_dockerfile(text: str) -> list[Stage]:
         elif keyword == "FROM":
             words = args.split()
             name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
-            base = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: defaults.get(m[1] or m[2], ""), words[0])
+            base = re.sub(
+                r"\$\{(\w+)\}|\$(\w+)", lambda m: defaults.get(m[1] or m[2], ""), words[0]
+            )
             stages.append(Stage(base=base, name=name))
         elif stages:
             stages[-1].instructions.append((keyword, args.strip()))
@@ -112,7 +114,9 @@ def dockerfile_problems(text: str) -> list[str]:
     names = {stage.name for stage in stages if stage.name}
     for stage in stages:
         if stage.base not in names and not DIGEST.search(stage.base):
-            problems.append(f"FROM {stage.base or '(empty)'}: the base image is not pinned by digest")
+            problems.append(
+                f"FROM {stage.base or '(empty)'}: the base image is not pinned by digest"
+            )
         for keyword, args in stage.instructions:
             if keyword != "RUN":
                 continue
@@ -120,9 +124,13 @@ def dockerfile_problems(text: str) -> list[str]:
                 if not re.search(r"pip\s+install\b", install):
                     continue
                 if heavy.search(install):
-                    problems.append(f"RUN installs the engine extra (torch, vLLM): {install.strip()}")
+                    problems.append(
+                        f"RUN installs the engine extra (torch, vLLM): {install.strip()}"
+                    )
                 if "--require-hashes" not in install and "--no-deps" not in install:
-                    problems.append(f"RUN pip install resolves unpinned dependencies: {install.strip()}")
+                    problems.append(
+                        f"RUN pip install resolves unpinned dependencies: {install.strip()}"
+                    )
     build = [args for stage in stages[:-1] for keyword, args in stage.instructions]
     if not any(re.search(r"--require-hashes.*-r\s+requirements\.lock", a) for a in build):
         problems.append("the build stage does not install requirements.lock with --require-hashes")
@@ -223,10 +231,16 @@ def test_dockerfile_copies_the_package_and_what_the_bot_reads() -> None:
         ("FROM ${PYTHON_IMAGE} AS build\n", "", "has 1 FROM"),
         ("@sha256:a36c24f9", ":latest@a36c24f9", "not pinned by digest"),
         ("FROM ${PYTHON_IMAGE}\n", "FROM python:3.11-slim\n", "FROM python:3.11-slim: the base"),
-        ("--require-hashes --no-deps -r requirements.lock", "-r requirements.lock",
-         "resolves unpinned"),
-        ("--require-hashes --no-deps -r requirements.lock", "--require-hashes --no-deps .",
-         "does not install requirements.lock"),
+        (
+            "--require-hashes --no-deps -r requirements.lock",
+            "-r requirements.lock",
+            "resolves unpinned",
+        ),
+        (
+            "--require-hashes --no-deps -r requirements.lock",
+            "--require-hashes --no-deps .",
+            "does not install requirements.lock",
+        ),
         ("pip install --no-deps /wheels", "pip install /wheels", "resolves unpinned"),
         ("USER 10001:10001", "USER root", "runs as 'root'"),
         ("USER 10001:10001", "USER 0", "runs as '0'"),
