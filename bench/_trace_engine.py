@@ -2,7 +2,8 @@
 
     python bench/_trace_engine.py PORT [PREFILL_S] [STEP_S]
 
-Answers ``GET /v1/models`` and streaming chat requests like vLLM: the response head at once,
+Answers ``GET /v1/models``, ``GET /metrics`` (vLLM's token and request counters) and streaming
+chat requests like vLLM: the response head at once,
 the first token event after PREFILL_S (15 ms), then one event every STEP_S (20 ms), each with
 continuous usage, then ``[DONE]``; keep-alive connections.
 """
@@ -16,6 +17,7 @@ import sys
 PREFILL_S = float(sys.argv[2]) if len(sys.argv) > 2 else 0.015
 STEP_S = float(sys.argv[3]) if len(sys.argv) > 3 else 0.02
 MODELS = b'{"object":"list","data":[{"id":"tiny-llama"}]}'
+COUNTS = {"generated": 0, "running": 0}
 
 
 def chunk(data: bytes) -> bytes:
@@ -33,6 +35,15 @@ def event(i: int) -> bytes:
     return chunk(b"data: " + json.dumps(payload).encode() + b"\n\n")
 
 
+def metrics() -> bytes:
+    """The engine counters the benches read, in Prometheus' text format."""
+    return (
+        f'vllm:generation_tokens_total{{model_name="tiny-llama"}} {COUNTS["generated"]}.0\n'
+        f'vllm:num_requests_running{{model_name="tiny-llama"}} {COUNTS["running"]}.0\n'
+        f'vllm:num_requests_waiting{{model_name="tiny-llama"}} 0.0\n'
+    ).encode()
+
+
 async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Answer requests on one connection until the client closes it."""
     try:
@@ -42,18 +53,23 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             pairs = (h.partition(":") for h in head[1:])
             fields = {k.strip().lower(): v.strip() for k, _, v in pairs}
             body = await reader.readexactly(int(fields.get("content-length") or 0))
-            if path == "/v1/models":
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\n\r\n%s" % (len(MODELS), MODELS))  # fmt: skip
+            if path in ("/v1/models", "/metrics"):
+                page = MODELS if path == "/v1/models" else metrics()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(page), page))
                 continue
             tokens = int(json.loads(body).get("max_tokens") or 16)
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                          b"transfer-encoding: chunked\r\n\r\n")  # fmt: skip
-            await asyncio.sleep(PREFILL_S)
-            for i in range(tokens):
-                writer.write(event(i))
-                await writer.drain()
-                await asyncio.sleep(STEP_S if i < tokens - 1 else 0)
+            COUNTS["running"] += 1
+            try:
+                await asyncio.sleep(PREFILL_S)
+                for i in range(tokens):
+                    writer.write(event(i))
+                    COUNTS["generated"] += 1
+                    await writer.drain()
+                    await asyncio.sleep(STEP_S if i < tokens - 1 else 0)
+            finally:
+                COUNTS["running"] -= 1
             writer.write(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError):
