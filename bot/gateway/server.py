@@ -103,12 +103,8 @@ class GatewayServer:
         except OSError:
             sock.close()
             raise
-        self._task = asyncio.create_task(self.server.serve(sockets=[sock]))
-        while not self.server.started:
-            if self._task.done():
-                self._task.result()  # raises why it could not start
-                raise RuntimeError("the gateway server stopped before it started")
-            await asyncio.sleep(0.01)
+        # Handlers first: the server answers as soon as it starts, and a SIGHUP sent by whoever
+        # saw it answer must reload the limits, not kill the process (its default action).
         if self.handle_signals:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -116,6 +112,12 @@ class GatewayServer:
             if self.limits_file is not None:
                 path = self.limits_file
                 loop.add_signal_handler(signal.SIGHUP, lambda: reload_limits(self.gateway, path))
+        self._task = asyncio.create_task(self.server.serve(sockets=[sock]))
+        while not self.server.started:
+            if self._task.done():
+                self._task.result()  # raises why it could not start
+                raise RuntimeError("the gateway server stopped before it started")
+            await asyncio.sleep(0.01)
         return self
 
     def stop(self) -> None:
