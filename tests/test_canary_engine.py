@@ -133,16 +133,19 @@ def test_client_ttft_agrees_with_engine_histogram(engine: EngineInfo) -> None:
 
 
 def test_fragmentation_is_sampled_in_flight_and_lies_in_unit_interval(engine: EngineInfo) -> None:
+    # 512 tokens each keep the engine's KV in use long after the client's first token, however
+    # far the API server lags the engine (with a CPU hog it wrote 64-token answers in one burst).
     code, _, report, _ = run(
-        ["--endpoint", endpoint(engine), "--num-requests", "24", "--concurrency", "8",
-         "--prompt-length", "200", "--output-length", "64", "--sample-interval", "0.1", "--quiet"]
+        ["--endpoint", endpoint(engine), "--num-requests", "8", "--concurrency", "8",
+         "--prompt-length", "200", "--output-length", "512", "--sample-interval", "0.1", "--quiet"]
     )  # fmt: skip
     assert code == 0 and report
     frag = report["kv_fragmentation"]
     assert frag["samples_with_kv"] > 0
     for view in ("observed", "internal"):
         assert 0.0 <= frag[view] <= 1.0
-    # Every sequence is 200 + up to 63 tokens in 128-slot blocks: its last block is partly empty.
+    # Every sequence is 200 + up to 511 tokens in 128-slot blocks: most samples find last blocks
+    # partly empty.
     assert frag["internal"] > 0.0
 
 
