@@ -109,6 +109,13 @@ def outcome_counts(page: Exposition, outcomes: tuple[str, ...]) -> dict[str, flo
     }
 
 
+# The disconnect and deadline tests scrape /metrics between streams that take seconds. A pooled
+# connection idle for the engine's keep-alive timeout (uvicorn: 5 s) can be closed by the engine
+# just as it is reused ("Server disconnected without sending a response", seen once in CI), so
+# those clients keep no idle connections: every request opens its own.
+FRESH_CONNECTIONS = httpx.Limits(max_keepalive_connections=0)
+
+
 async def engine_page(client: httpx.AsyncClient, engine: EngineInfo) -> Exposition:
     """The engine's /metrics, parsed."""
     return Exposition.parse((await client.get(f"{engine.base_url}/metrics")).text, at=0.0)
@@ -192,7 +199,7 @@ async def test_gateway_disconnect_makes_the_engine_abort_within_a_few_steps(
     base, app = await start_gateway(long_engine)
     direct: list[Cut] = []
     via_gateway: list[Cut] = []
-    async with httpx.AsyncClient(timeout=None) as client:
+    async with httpx.AsyncClient(timeout=None, limits=FRESH_CONNECTIONS) as client:
         for seed in range(3):
             request = body(long_engine, max_tokens=longest, seed=seed)
             for root, cuts in ((long_engine.base_url, direct), (base, via_gateway)):
@@ -258,7 +265,7 @@ async def test_gateway_deadline_drops_a_stream_with_a_final_error_event(
     base, app = await start_gateway(long_engine)
     cuts: list[Cut] = []
     mid_stream = 0
-    async with httpx.AsyncClient(timeout=None) as client:
+    async with httpx.AsyncClient(timeout=None, limits=FRESH_CONNECTIONS) as client:
         deadline_s = await early_deadline(client, long_engine)
         for seed in range(3):
             before = await settled(client, long_engine)

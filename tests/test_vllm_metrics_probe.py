@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
@@ -157,3 +159,33 @@ def test_parsing_only_window_metrics_reads_the_same_window() -> None:
     lean = read_window(page("before", 0, WINDOW_METRICS), page("after", 4, WINDOW_METRICS))
     assert lean == full
     assert len(page("after", 4, WINDOW_METRICS).samples) < len(page("after", 4).samples)
+
+
+async def serve_then_drop_kept_connections(page: str) -> tuple[asyncio.Server, list[int]]:
+    """A metrics server that answers each connection's first request with keep-alive and
+    closes it, unanswered, on the second: what a uvicorn engine does when its keep-alive
+    timeout fires just as a pooled connection is reused. Counts requests per connection."""
+    body = page.encode()
+    head = f"HTTP/1.1 200 OK\r\ncontent-length: {len(body)}\r\ncontent-type: text/plain\r\n\r\n"
+    served: list[int] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(head.encode() + body)
+        await writer.drain()
+        served.append(1)
+        await reader.readuntil(b"\r\n\r\n")  # the reuse: drop it, as the timeout would
+        writer.close()
+
+    return await asyncio.start_server(handle, "127.0.0.1", 0), served
+
+
+async def test_scraper_asks_again_when_a_kept_connection_was_closed_under_it() -> None:
+    text = (FIXTURES / "vllm-0.32.0" / "after.prom").read_text()
+    server, served = await serve_then_drop_kept_connections(text)
+    port = server.sockets[0].getsockname()[1]
+    async with server, httpx.AsyncClient(timeout=5) as client:
+        scrape = MetricsScraper(f"http://127.0.0.1:{port}/metrics", client=client)
+        await scrape()
+        page = await scrape()  # reuses the kept connection, which the server drops
+    assert gauge(page, RUNNING) == 0 and len(served) == 2  # answered on a second connection

@@ -223,7 +223,12 @@ class MetricsScraper:
     async def __call__(self, *, only: frozenset[str] | None = WINDOW_METRICS) -> Exposition:
         """Fetch and parse the page once, keeping the metrics in ``only`` (None: all)."""
         try:
-            response = await self._client.get(self.url)
+            try:
+                response = await self._client.get(self.url)
+            except httpx.RemoteProtocolError:
+                # A pooled connection the server closed (keep-alive timeout) just as it was
+                # reused; a scrape is idempotent, so ask once more on a new connection.
+                response = await self._client.get(self.url)
         except httpx.HTTPError as exc:
             raise EndpointError(f"cannot scrape {self.url}: {exc}") from exc
         if response.status_code != 200:
