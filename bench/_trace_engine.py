@@ -5,19 +5,31 @@
 Answers ``GET /v1/models``, ``GET /metrics`` (vLLM's token and request counters) and streaming
 chat requests like vLLM: the response head at once,
 the first token event after PREFILL_S (15 ms), then one event every STEP_S (20 ms), each with
-continuous usage, then ``[DONE]``; keep-alive connections.
+continuous usage, then ``[DONE]``; keep-alive connections. With $RULELOOP_ENGINE_TRACE set, it
+appends ``engine_got <ns> <id>`` and ``engine_wrote <ns> <id>`` (request parsed, first token
+written) for requests that carry an ``x-trace-id`` header.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+import time
 
 PREFILL_S = float(sys.argv[2]) if len(sys.argv) > 2 else 0.015
 STEP_S = float(sys.argv[3]) if len(sys.argv) > 3 else 0.02
 MODELS = b'{"object":"list","data":[{"id":"tiny-llama"}]}'
 COUNTS = {"generated": 0, "running": 0}
+TRACE = os.environ.get("RULELOOP_ENGINE_TRACE")
+LOG = open(TRACE, "a", buffering=1) if TRACE else None  # noqa: SIM115
+
+
+def stamp(hop: str, tid: str) -> None:
+    """One line of the per-request trace (when asked for and the request has an id)."""
+    if LOG is not None and tid:
+        LOG.write(f"{hop} {time.time_ns()} {tid}\n")
 
 
 def chunk(data: bytes) -> bytes:
@@ -57,6 +69,8 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
                 page = MODELS if path == "/v1/models" else metrics()
                 writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(page), page))
                 continue
+            tid = fields.get("x-trace-id", "")
+            stamp("engine_got", tid)
             tokens = int(json.loads(body).get("max_tokens") or 16)
             writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
                          b"transfer-encoding: chunked\r\n\r\n")  # fmt: skip
@@ -65,6 +79,8 @@ async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
                 await asyncio.sleep(PREFILL_S)
                 for i in range(tokens):
                     writer.write(event(i))
+                    if i == 0:
+                        stamp("engine_wrote", tid)
                     COUNTS["generated"] += 1
                     await writer.drain()
                     await asyncio.sleep(STEP_S if i < tokens - 1 else 0)
