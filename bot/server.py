@@ -14,7 +14,6 @@ import datetime as dt
 import hmac
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,27 +32,27 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bot.adr.shared import SharedAdrStore
+from bot.chat.messages import Notifier
 from bot.config import Settings
 from bot.defaults import with_defaults
-from bot.diagnosis.flows import IncidentFlows
-from bot.diagnosis.metrics import BotMetrics
-from bot.diagnosis.ports import Notifier
 from bot.diagnosis.service import Diagnoser
 from bot.errors import RequestRejected
+from bot.incidents.flows import IncidentFlows
 from bot.intake.models import parse_webhook
 from bot.intake.service import Intake, Outcome
+from bot.postmortem.service import DraftService
+from bot.probes.context import ProbeContext
 from bot.remediation import actuators
-from bot.remediation.drafting import DraftService
 from bot.remediation.gate import run_gate
 from bot.remediation.ports import RemediationNotifier
 from bot.remediation.service import ActuatorFactory, GateRunner, RemediationService
 from bot.request_body import read_body, replay
 from bot.runbooks.builtin import default_registry
-from bot.runbooks.context import ProbeContext
 from bot.runbooks.loader import load_dir
 from bot.runbooks.runner import RunbookRunner
+from bot.runtime.ids import new_error_id, replica_id
+from bot.runtime.metrics import BotMetrics
 from bot.scheduler.jobs import build_jobs, create_scheduler
-from bot.scheduler.leases import default_owner
 from bot.scheduler.scheduler import Scheduler
 from bot.scheduler.snapshots import NormalReader
 from bot.slack.app import build_app, web_client
@@ -137,7 +136,7 @@ def create_bot(
         client = None
         notifier = ConsoleNotifier(stream=console, chart_dir=state_dir / "charts")
     metrics = BotMetrics()
-    owner = default_owner()  # this replica, in job leases and outbox claims
+    owner = replica_id()  # this replica, in job leases and outbox claims
     flows = IncidentFlows(
         settings=settings,
         db=db,
@@ -343,7 +342,7 @@ class Routes:
             self._flows.metrics.webhooks.labels("rejected").inc()
             return _reason(exc.status, str(exc))
         except SQLAlchemyError:
-            error_id = uuid.uuid4().hex[:8]
+            error_id = new_error_id()
             log.error("incident store unavailable (id %s)", error_id, exc_info=True)
             return _reason(503, f"the incident store is unavailable (id {error_id}); retry later")
         self._flows.after_intake(result, received=received)
@@ -384,6 +383,6 @@ def _reason(status: int, why: str, *, headers: dict[str, str] | None = None) -> 
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    error_id = uuid.uuid4().hex[:8]
+    error_id = new_error_id()
     log.error("unexpected error on %s (id %s)", request.url.path, error_id, exc_info=exc)
     return _reason(500, f"unexpected error (id {error_id}; details in the bot's log)")

@@ -22,7 +22,7 @@ from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
 from bot.adr.sync import Action, decide
 from bot.cli import cli
-from bot.remediation.drafting import AlreadyDecided
+from bot.postmortem.service import AlreadyDecided
 from bot.store import adrs as rows
 from bot.store import service as store
 from bot.store.db import Database
@@ -192,7 +192,7 @@ def test_a_decision_made_in_the_store_wins_until_the_file_catches_up(
     shared(adr_dir, db).sync()
     draft_path = next((adr_dir / "drafts").glob(f"{TUNE_DRAFT}-*.md"))
     decided = draft_path.read_text().replace("status: proposed", "status: rejected")
-    with db.transaction() as s:  # as a reviewer's click in Slack does (bot.remediation.drafting)
+    with db.transaction() as s:  # as a reviewer's click in Slack does (bot.postmortem.service)
         stored = rows.get(s, TUNE_DRAFT)
         assert stored is not None
         assert rows.change(

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from bot.config import Target
+from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.prometheus import PrometheusParams, PrometheusProbe
 from bot.runbooks.builtin import default_registry
-from bot.runbooks.context import ProbeContext, TargetRef
 from bot.runbooks.loader import LoadedRunbook, load_dir
 from bot.runbooks.runner import evaluate
 from tests.fakes.prometheus_history import openmetrics, prometheus_with

@@ -19,9 +19,9 @@ import pytest
 
 from bot.config import Target
 from bot.engine.process import free_port
+from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.nvml import NvmlParams, NvmlProbe
-from bot.runbooks.context import ProbeContext, TargetRef
-from bot.runbooks.types import ProbeResult, Severity
+from bot.probes.types import ProbeResult, Severity
 from tests.conftest import FIXTURES
 from tests.fakes.alerts import body
 from tests.fakes.bot import engine_transport, harness

@@ -11,12 +11,12 @@ from bot.config import Target
 from bot.errors import EndpointError, ProbeError
 from bot.gateway.budget import TokenBudget
 from bot.gateway.metrics import GatewayMetrics, Outcome
+from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.nvml import NvmlParams, NvmlProbe
 from bot.probes.prometheus import PrometheusParams, PrometheusProbe
 from bot.probes.queue_cancel import QueueCancelProbe
-from bot.runbooks.builtin import VllmMetricsProbe, WindowParams
-from bot.runbooks.context import ProbeContext, TargetRef
-from bot.runbooks.types import Severity
+from bot.probes.types import Severity
+from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
 from tests.conftest import FIXTURES
 from tests.fakes.clock import FakeTime
 from tests.fakes.nvml import FakeNvml

@@ -10,12 +10,12 @@ import pytest
 
 from bot.config import Target
 from bot.errors import ProbeError, UsageError
+from bot.probes.context import ProbeContext, TargetRef
+from bot.probes.types import Finding, Params, ProbeResult, Severity
 from bot.runbooks.builtin import default_registry
-from bot.runbooks.context import ProbeContext, TargetRef
 from bot.runbooks.loader import load_dir, load_file
 from bot.runbooks.registry import ProbeRegistry
 from bot.runbooks.runner import RunbookRunner
-from bot.runbooks.types import Finding, Params, ProbeResult, Severity
 
 SHIPPED = Path(__file__).parent.parent / "runbooks"
 

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 
 from bot.canary.client import Outcome, RequestRecord
-from bot.canary.fragmentation import (
+from bot.canary.report import CanaryReport, slo_attainment, summarize
+from bot.canary.verdict import Gates
+from bot.probes.fragmentation import (
     FragmentationSample,
     internal_fragmentation,
     observed_fragmentation,
     resident_lengths,
     used_blocks,
 )
-from bot.canary.report import CanaryReport, slo_attainment, summarize
-from bot.canary.verdict import Gates
 
 
 @pytest.mark.parametrize(

@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from bot.cli import cli
-from bot.outbox import items
 from bot.scheduler.runner import Job
+from bot.store import outbox as items
 from bot.store import service as store
 from bot.store.models import OutboxItem, SlackMessage
 from tests.fakes.alerts import alert, body

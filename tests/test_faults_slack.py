@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.diagnosis.ports import IncidentView
-from bot.slack import mrkdwn
+from bot.chat import mrkdwn
+from bot.chat.messages import IncidentView
 from bot.slack.views import root_message
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import RUNBOOK, Harness, harness
@@ -162,7 +162,7 @@ def test_no_finding_text_makes_the_findings_live_or_too_long(
     import datetime as dt
 
     from bot.diagnosis.models import Baseline, Diagnosis
-    from bot.runbooks.types import Finding, Severity
+    from bot.probes.types import Finding, Severity
     from bot.slack.views import findings_message
 
     findings = [Finding(Severity.WARNING, text + "<" * pad, "probe") for text, pad in texts]

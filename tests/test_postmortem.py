@@ -17,7 +17,6 @@ from bot.adr.render import render
 from bot.adr.store import AdrStore
 from bot.adr.validate import validate
 from bot.canary.client import Outcome, RequestRecord
-from bot.canary.fragmentation import FragmentationSample
 from bot.canary.report import CanaryReport, Gates
 from bot.canary.verdict import values_of
 from bot.diagnosis.models import Baseline, Diagnosis
@@ -33,7 +32,8 @@ from bot.postmortem import (
     review,
 )
 from bot.postmortem.draft import INCIDENT_ROW
-from bot.runbooks.types import Finding, Severity
+from bot.probes.fragmentation import FragmentationSample
+from bot.probes.types import Finding, Severity
 from bot.tune.matrix import PASSED
 
 REPO = Path(__file__).resolve().parents[1]

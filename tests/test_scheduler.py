@@ -13,11 +13,11 @@ import pytest
 from sqlalchemy import select
 
 from bot.errors import UsageError
-from bot.scheduler.leases import LeaseLost, Leases, period_start
 from bot.scheduler.runner import Job, JobRunner, Outcome
 from bot.scheduler.scheduler import Scheduler
 from bot.store import service as store
 from bot.store.db import Database
+from bot.store.leases import LeaseLost, Leases, period_start
 from bot.store.models import JobRun, MetricSnapshot
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack

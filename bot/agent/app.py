@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import uuid
 from typing import Any
 
 from starlette.applications import Starlette
@@ -25,6 +24,7 @@ from starlette.routing import Route
 
 from bot.agent.reading import NvmlUnavailable
 from bot.agent.session import NvmlSession
+from bot.runtime.ids import new_error_id
 
 log = logging.getLogger("ruleloop.agent")
 MAX_PROCESSES = 100
@@ -97,7 +97,7 @@ def create_app(session: NvmlSession, *, token: str | None) -> Starlette:
         return error(exc.status_code, codes.get(exc.status_code, "http_error"), exc.detail, hint)
 
     async def unexpected(_request: Request, exc: Exception) -> Response:
-        error_id = uuid.uuid4().hex[:8]
+        error_id = new_error_id()
         log.error("unexpected failure (id %s)", error_id, exc_info=exc)
         return error(500, "internal", f"unexpected failure (id {error_id}; see the agent's log)")
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from bot.canary.client import Outcome, RequestRecord
-from bot.canary.fragmentation import FragmentationSample
 from bot.canary.verdict import Gates, Verdict, judge, percentile, with_verdict
+from bot.probes.fragmentation import FragmentationSample
 from bot.probes.vllm_metrics import EngineWindow
 
 PERCENTILES = {"p50": 50, "p90": 90, "p99": 99}

@@ -18,17 +18,17 @@ import httpx
 import msgspec
 
 from bot.canary.client import Outcome, RequestRecord, stream_request
-from bot.canary.fragmentation import (
-    FragmentationSample,
-    internal_fragmentation,
-    observed_fragmentation,
-    resident_lengths,
-)
 from bot.canary.report import CanaryReport
 from bot.canary.verdict import Gates
 from bot.canary.workload import Api, CancelMode, PromptFactory, Workload
 from bot.errors import EndpointError
 from bot.probes.exposition import Exposition
+from bot.probes.fragmentation import (
+    FragmentationSample,
+    internal_fragmentation,
+    observed_fragmentation,
+    resident_lengths,
+)
 from bot.probes.vllm_metrics import (
     KV_USAGE,
     RUNNING,

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import importlib
 import logging
-import uuid
 
 import click
 
 from bot.errors import RuleloopError
+from bot.runtime.ids import new_error_id
 
 log = logging.getLogger("ruleloop")
 
@@ -33,7 +33,7 @@ class ErrorBoundary:
             # The reader left (`ruleloop adr show ... | head -1`): click's main exits quietly.
             raise
         except Exception:
-            error_id = uuid.uuid4().hex[:8]
+            error_id = new_error_id()
             where = _record_unexpected(error_id)
             click.secho(
                 f"error: unexpected failure (id {error_id}); the details are in {where}",

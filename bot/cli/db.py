@@ -104,7 +104,7 @@ def deliveries(config_path: Path | None, state_dir: Path | None, limit: int) -> 
     A failed message is not tried again until Alertmanager repeats its incident (or sends it
     anew); fix what the reason says (the channel, the token, a scope) and it goes then.
     """
-    from bot.outbox import items
+    from bot.store import outbox as items
 
     database = _database(config_path, state_dir)
     try:

@@ -18,6 +18,8 @@ from typing import Any
 
 from bot.adr.match import MatchResult
 from bot.probes.exposition import Exposition
+from bot.probes.sampling import TPOT, SampledWindow
+from bot.probes.types import Finding
 from bot.probes.vllm_metrics import (
     E2E,
     ITL,
@@ -29,8 +31,6 @@ from bot.probes.vllm_metrics import (
     Quantiles,
     gauge,
 )
-from bot.runbooks.sampling import TPOT, SampledWindow
-from bot.runbooks.types import Finding
 
 Point = tuple[float, float | None]  # (unix seconds, value; None: nothing observed then)
 

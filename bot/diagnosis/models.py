@@ -12,8 +12,8 @@ from bot.adr.match import MatchResult
 from bot.adr.models import Adr
 from bot.adr.relative import Normal
 from bot.diagnosis.chart_data import ChartData
-from bot.runbooks.sampling import SampledWindow
-from bot.runbooks.types import Finding
+from bot.probes.sampling import SampledWindow
+from bot.probes.types import Finding
 
 # The four numbers: key, label, unit, and whether bigger is worse.
 FOUR = (

@@ -20,7 +20,7 @@ from bot.diagnosis import chart_data, history
 from bot.diagnosis.chart import render_chart
 from bot.diagnosis.models import FOUR, GATE_OF, Baseline, Diagnosis
 from bot.errors import UsageError
-from bot.runbooks.context import ProbeContext, TargetRef
+from bot.probes.context import ProbeContext, TargetRef
 from bot.runbooks.loader import RunbookSet
 from bot.runbooks.runner import RunbookRunner
 

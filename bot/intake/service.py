@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from bot.config import Target
 from bot.intake.models import Webhook, WebhookAlert
-from bot.outbox import items
+from bot.store import outbox as items
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import Incident

@@ -2,7 +2,7 @@
 
 ``decided`` is the record a decision makes of a draft (its status, the reviewer among the
 deciders, the review noted under its own heading), checked as the validator checks; the bot
-writes it into the store (bot.remediation.drafting). ``accept_draft`` / ``reject_draft`` do the
+writes it into the store (bot.postmortem.service). ``accept_draft`` / ``reject_draft`` do the
 same on a file directory: the draft leaves ``adr/drafts/`` for ``adr/`` under the same file
 name (the validator allows only proposed records in drafts/), atomically in the sense that
 matters: at every moment exactly one ADR file carries the id.
@@ -20,7 +20,7 @@ from bot.adr.render import render
 from bot.adr.store import AdrStore
 from bot.adr.validate import check_record
 from bot.errors import AdrError, NotAllowed, UsageError
-from bot.remediation.policy import who_may
+from bot.runtime.access import who_may
 
 REVIEW_HEADING = "## 评审记录 (Review)"
 NOBODY = (

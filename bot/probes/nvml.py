@@ -21,8 +21,8 @@ from pydantic import Field
 
 from bot.agent.client import AgentError, fetch_snapshot, read_token_file
 from bot.agent.reading import NvmlUnavailable, import_pynvml, read_once
-from bot.runbooks.context import ProbeContext, TargetRef
-from bot.runbooks.types import Finding, Params, ProbeResult, Severity
+from bot.probes.context import ProbeContext, TargetRef
+from bot.probes.types import Finding, Params, ProbeResult, Severity
 
 READINGS = {
     "gpu_count": "GPUs visible to NVML",

@@ -14,8 +14,8 @@ import httpx
 from pydantic import Field, field_validator
 
 from bot.errors import EndpointError, ProbeError
-from bot.runbooks.context import ProbeContext, TargetRef
-from bot.runbooks.types import Finding, Params, ProbeResult, Severity
+from bot.probes.context import ProbeContext, TargetRef
+from bot.probes.types import Finding, Params, ProbeResult, Severity
 
 
 class PrometheusParams(Params):

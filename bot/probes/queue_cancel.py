@@ -12,11 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
+from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.exposition import Exposition
+from bot.probes.types import Params, ProbeResult
 from bot.probes.vllm_metrics import MetricsScraper
-from bot.runbooks.builtin import WindowParams
-from bot.runbooks.context import ProbeContext, TargetRef
-from bot.runbooks.types import Params, ProbeResult
+from bot.probes.vllm_window import WindowParams
 
 GATEWAY_REQUESTS = "ruleloop_gateway_requests_total"
 GATEWAY_OUTPUT = "ruleloop_gateway_output_tokens_total"

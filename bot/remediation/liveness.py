@@ -14,9 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -26,11 +23,6 @@ Beat = Callable[[], Awaitable[bool]]  # one heartbeat write: False when the run 
 
 class LostRun(Exception):
     """Another replica took this remediation over (or it moved on): this run must stop."""
-
-
-def new_runner() -> str:
-    """A run's id, as other replicas see it in ``remediations.runner``: host:pid:random."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 def retry_delay(every_s: float, failures: int) -> float:

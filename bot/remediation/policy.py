@@ -9,38 +9,14 @@ allow_self_approval`` opts out, except for targets with ``two_person`` and the A
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
-from typing import Protocol
 
 from bot.adr.flags import canonical, check_engine_args
 from bot.adr.models import Adr
 from bot.config import AccessSettings, Settings
 from bot.errors import NotAllowed, UsageError
 from bot.remediation.argv import FlagValues
-
-GROUP_ID = re.compile(r"^S[A-Z0-9]{6,}$")
-
-
-def who_may(allowed: list[str]) -> str:
-    """'<@U1>, <!subteam^S1>' / 'everyone' / 'nobody yet (set [access] in the bot's config)'."""
-    if "*" in allowed:
-        return "everyone"
-    names = (f"<!subteam^{e}>" if is_group(e) else f"<@{e}>" for e in allowed)
-    return ", ".join(names) or "nobody yet (set [access] in the bot's config)"
-
-
-def is_group(entry: str) -> bool:
-    """A Slack user group (subteam) ID such as S0123ABCD, rather than a user ID."""
-    return bool(GROUP_ID.match(entry))
-
-
-class AccessExpander(Protocol):
-    """Replaces user-group IDs in access lists by their members (Slack: usergroups.users.list)."""
-
-    async def expand(self, access: AccessSettings) -> AccessSettings:
-        """``access`` with groups replaced by their members."""
-        ...
+from bot.runtime.access import who_may
 
 
 @dataclass(frozen=True)

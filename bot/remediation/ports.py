@@ -6,7 +6,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bot.diagnosis.ports import MessageRef
+from bot.chat.messages import MessageRef
+from bot.postmortem.ports import DraftNotifier
 from bot.store.models import IN_FLIGHT
 
 # state -> what the card says it is doing (one message, updated in place)
@@ -53,25 +54,8 @@ class RemediationView:
     relative_gates: dict[str, str] = field(default_factory=dict)  # gate -> '2x normal'
 
 
-@dataclass(frozen=True)
-class DraftView:
-    """A post-incident ADR draft posted for review."""
-
-    adr_id: str
-    title: str
-    incident_id: int
-    path: str
-    state: str  # proposed | accepted | rejected
-    matrix: list[dict[str, Any]]
-    reviewers: list[str]
-    author: str
-    tokens: dict[str, str] = field(default_factory=dict)  # accept/reject -> token
-    reviewed_by: str | None = None
-    note: str = ""
-
-
-class RemediationNotifier(Protocol):
-    """Posts and updates the remediation card and the draft in an incident's thread."""
+class RemediationNotifier(DraftNotifier, Protocol):
+    """Posts and updates the remediation card (and, as a DraftNotifier, the draft) in a thread."""
 
     async def post_remediation(self, thread: MessageRef, *, view: RemediationView) -> MessageRef:
         """Post the card in the thread; its ref is where progress is shown."""
@@ -83,16 +67,6 @@ class RemediationNotifier(Protocol):
 
     async def permalink(self, ref: MessageRef) -> str | None:
         """A link to a posted message (None when there is none to give)."""
-        ...
-
-    async def post_draft(
-        self, thread: MessageRef, *, view: DraftView, markdown: str, filename: str
-    ) -> MessageRef:
-        """Post the draft's summary (with review buttons) and its Markdown file in the thread."""
-        ...
-
-    async def update_draft(self, ref: MessageRef, *, view: DraftView) -> None:
-        """Re-render the draft's summary in place (after review)."""
         ...
 
     async def post_reply(self, ref: MessageRef, *, text: str) -> None:

@@ -7,7 +7,6 @@ clicks, racing for the same transition exactly one wins; the loser changes nothi
 from __future__ import annotations
 
 import datetime as dt
-import secrets
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
@@ -20,6 +19,7 @@ from sqlalchemy.orm import Session
 from bot.errors import UsageError
 from bot.remediation import exclusion
 from bot.remediation.ports import ACTIVE
+from bot.runtime.ids import new_token
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.dbtime import db_ago, db_now
@@ -34,11 +34,6 @@ def _rows(session: Session, statement: Executable) -> int:
 def _silent(seconds: float) -> ColumnElement[bool]:
     """No step or heartbeat for ``seconds``, on the database's clock."""
     return or_(Remediation.heartbeat_at.is_(None), Remediation.heartbeat_at < db_ago(seconds))
-
-
-def new_token() -> str:
-    """An unguessable button value."""
-    return secrets.token_urlsafe(24)
 
 
 def _refuse_if_expired(session: Session, token: str, now: dt.datetime) -> None:

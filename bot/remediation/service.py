@@ -13,16 +13,14 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from bot.adr.models import Adr, AdrGates, GatewayRules
 from bot.adr.relative import NoNormal, Normal
 from bot.adr.shared import SharedAdrStore
+from bot.chat.messages import MessageRef
 from bot.config import AccessSettings, Settings, Target
-from bot.diagnosis.ports import MessageRef
-from bot.diagnosis.tasks import TaskSupervisor
 from bot.errors import RuleloopError, UsageError
 from bot.remediation import actuators
 from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
@@ -30,10 +28,13 @@ from bot.remediation.argv import diff, merge
 from bot.remediation.exclusion import TargetBusy, refusal
 from bot.remediation.gate import GateRun, run_gate, verify_serving
 from bot.remediation.gateway_rules import GatewayAdmin
-from bot.remediation.liveness import LostRun, new_runner, owned
-from bot.remediation.policy import AccessExpander, Policy
+from bot.remediation.liveness import LostRun, owned
+from bot.remediation.policy import Policy
 from bot.remediation.ports import ACTIVE, RemediationNotifier, RemediationView
 from bot.remediation.records import RemediationRecords
+from bot.runtime.access import AccessExpander
+from bot.runtime.ids import new_error_id, replica_id
+from bot.runtime.tasks import TaskSupervisor
 from bot.store.db import Database
 from bot.store.models import Remediation
 
@@ -237,7 +238,7 @@ class RemediationService:
     async def execute(self, remediation_id: int) -> None:
         """Apply, canary, then keep or roll back; every step audited before it starts, and
         conditional on this run still owning the change (else it stops, see liveness)."""
-        runner = new_runner()
+        runner = replica_id()
         if not await asyncio.to_thread(self.records.take, remediation_id, runner=runner):
             log.warning("remediation %s is run elsewhere already: not here", remediation_id)
             return
@@ -435,7 +436,7 @@ class RemediationService:
         )  # fmt: skip
 
     async def _crashed(self, remediation_id: int, exc: BaseException, *, owner: str) -> None:
-        error_id = uuid.uuid4().hex[:8]
+        error_id = new_error_id()
         log.error("remediation %s failed (id %s)", remediation_id, error_id, exc_info=exc)
         text = str(exc) if isinstance(exc, RuleloopError) else f"unexpected error (id {error_id})"
         with contextlib.suppress(Exception):
@@ -466,7 +467,7 @@ class RemediationService:
         stale = await asyncio.to_thread(self.records.stale, older_than_s=stale_s, states=ACTIVE)
         taken = 0
         for rem in stale:
-            runner = new_runner()
+            runner = replica_id()
             won = await asyncio.to_thread(
                 self.records.step,
                 rem.id,

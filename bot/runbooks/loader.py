@@ -14,9 +14,9 @@ import yaml
 from pydantic import ValidationError
 
 from bot.errors import UsageError
+from bot.probes.types import Params
 from bot.runbooks.models import Runbook
 from bot.runbooks.registry import ProbeRegistry
-from bot.runbooks.types import Params
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Iterable
 
 from bot.errors import UsageError
-from bot.runbooks.types import Params, Probe
+from bot.probes.types import Params, Probe
 
 
 class ProbeRegistry:

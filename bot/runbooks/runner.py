@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from bot.adr.match import OPS
 from bot.errors import RuleloopError
-from bot.runbooks.context import ProbeContext, TargetRef
+from bot.probes.context import ProbeContext, TargetRef
+from bot.probes.types import Finding, ProbeResult, Severity
 from bot.runbooks.loader import LoadedRunbook
 from bot.runbooks.registry import ProbeRegistry
-from bot.runbooks.types import Finding, ProbeResult, Severity
+from bot.runtime.ids import new_error_id
 
 log = logging.getLogger("ruleloop.runbooks")
 
@@ -94,7 +94,7 @@ def _failed(probe: str, exc: BaseException) -> ProbeResult:
         return ProbeResult(
             findings=[Finding(Severity.WARNING, f"{probe} could not run: {exc}", probe)]
         )
-    error_id = uuid.uuid4().hex[:8]
+    error_id = new_error_id()
     log.error("probe %s failed unexpectedly (id %s)", probe, error_id, exc_info=exc)
     message = f"{probe} failed unexpectedly (id {error_id}; details in the bot's log)"
     return ProbeResult(findings=[Finding(Severity.WARNING, message, probe)])

@@ -24,10 +24,10 @@ from sqlalchemy.exc import IntegrityError
 from bot.adr.models import GATE_METRICS, Adr, AdrGates
 from bot.adr.relative import Normal
 from bot.adr.store import AdrStore
+from bot.chat.messages import Notifier
 from bot.config import Target
-from bot.diagnosis.flows import IncidentFlows
 from bot.diagnosis.models import GATE_OF, Baseline
-from bot.diagnosis.ports import Notifier
+from bot.incidents.flows import IncidentFlows
 from bot.remediation.gate import GateRun
 from bot.remediation.service import GateRunner
 from bot.scheduler import messages

@@ -16,18 +16,19 @@ from typing import Protocol
 import httpx
 
 from bot.adr.shared import SharedAdrStore
+from bot.chat.messages import Notifier
 from bot.config import ScheduledTarget, Settings
-from bot.diagnosis.flows import IncidentFlows
-from bot.diagnosis.ports import Notifier
 from bot.errors import UsageError
+from bot.incidents.flows import IncidentFlows
 from bot.remediation.service import GateRunner
+from bot.runtime.ids import replica_id
 from bot.scheduler.baseline import BaselineCanary
-from bot.scheduler.leases import Leases, default_owner
 from bot.scheduler.reminders import DraftReminders
 from bot.scheduler.runner import Job, JobRunner, Outcome
 from bot.scheduler.scheduler import Scheduler
 from bot.scheduler.snapshots import MetricsSampler, NormalReader, Sampler, SnapshotJob
 from bot.store.db import Database
+from bot.store.leases import Leases
 
 
 class ExpiresApprovals(Protocol):
@@ -122,7 +123,7 @@ def create_scheduler(
     """The scheduler of this replica (None when ``[scheduler] enabled = false``)."""
     if not settings.scheduler.enabled:
         return None
-    leases = Leases(db=db, owner=owner or default_owner(), ttl_s=settings.scheduler.lease_ttl_s)
+    leases = Leases(db=db, owner=owner or replica_id(), ttl_s=settings.scheduler.lease_ttl_s)
     return Scheduler(runner=JobRunner(leases=leases, clock=clock), jobs=jobs, clock=clock)
 
 

@@ -13,8 +13,8 @@ import datetime as dt
 import logging
 from dataclasses import dataclass
 
-from bot.diagnosis.ports import MessageRef, Notifier
-from bot.remediation.policy import who_may
+from bot.chat.messages import MessageRef, Notifier
+from bot.runtime.access import who_may
 from bot.scheduler import messages
 from bot.scheduler.runner import Outcome
 from bot.store import service as store

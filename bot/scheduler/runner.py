@@ -12,7 +12,6 @@ import asyncio
 import datetime as dt
 import logging
 import math
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,8 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from bot.errors import RuleloopError
-from bot.scheduler.leases import DONE, FAILED, Claim, LeaseLost, Leases, period_start
+from bot.runtime.ids import new_error_id
+from bot.store.leases import DONE, FAILED, Claim, LeaseLost, Leases, period_start
 
 log = logging.getLogger("ruleloop.scheduler")
 
@@ -133,7 +133,7 @@ def _failure(job: str, exc: Exception) -> dict[str, Any]:
     if isinstance(exc, RuleloopError):
         log.warning("%s failed: %s", job, exc)
         return {"error": str(exc)}
-    error_id = uuid.uuid4().hex[:8]
+    error_id = new_error_id()
     log.error("%s failed unexpectedly (id %s)", job, error_id, exc_info=exc)
     return {"error": f"unexpected error (id {error_id}; details in the bot's log)"}
 

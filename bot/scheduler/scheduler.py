@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
-from bot.scheduler.leases import period_start
 from bot.scheduler.runner import Job, JobRunner
+from bot.store.leases import period_start
 
 log = logging.getLogger("ruleloop.scheduler")
 

@@ -18,8 +18,8 @@ from sqlalchemy.orm import Session
 
 from bot.config import Target
 from bot.diagnosis.models import FOUR
-from bot.runbooks.builtin import VllmMetricsProbe, WindowParams
-from bot.runbooks.context import ProbeContext, TargetRef
+from bot.probes.context import ProbeContext, TargetRef
+from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
 from bot.scheduler.runner import Outcome
 from bot.store import service as store
 from bot.store.db import Database

@@ -23,7 +23,7 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetry
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import SlackSettings
-from bot.diagnosis.flows import IncidentFlows
+from bot.incidents.flows import IncidentFlows
 from bot.slack import listeners
 from bot.slack.errors import handle_error
 from bot.slack.workspace import HomeTeams, workspace_guard

@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from bot.chat.messages import IncidentView, MessageRef
+from bot.chat.mrkdwn import unescape
 from bot.diagnosis.models import FOUR, Diagnosis
-from bot.diagnosis.ports import IncidentView, MessageRef
-from bot.remediation.ports import DraftView, RemediationView
-from bot.slack.mrkdwn import unescape
+from bot.postmortem.ports import DraftView
+from bot.remediation.ports import RemediationView
 from bot.slack.remediation_views import card_text, card_update_text, draft_text
 from bot.slack.views import NO_MATCH, STATE_TEXT, finding_line, fmt
 

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
-from bot.diagnosis.tasks import TaskSupervisor
+from bot.runtime.tasks import TaskSupervisor
 from bot.slack.errors import error_text
 
 log = logging.getLogger("ruleloop.slack")

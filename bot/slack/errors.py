@@ -7,13 +7,13 @@ No stack trace ever reaches Slack; the id is in the bot's log next to the traceb
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Any
 
 from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_bolt.response import BoltResponse
 
 from bot.errors import RuleloopError
+from bot.runtime.ids import new_error_id
 
 log = logging.getLogger("ruleloop.slack")
 
@@ -25,7 +25,7 @@ def error_text(error: BaseException) -> str:
     """What the person sees for an error."""
     if isinstance(error, RuleloopError):
         return str(error)
-    error_id = uuid.uuid4().hex[:8]
+    error_id = new_error_id()
     log.error("unexpected error in a Slack listener (id %s)", error_id, exc_info=error)
     return UNEXPECTED.format(id=error_id)
 

@@ -17,10 +17,11 @@ from typing import Any
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.chat.messages import IncidentView, MessageRef
 from bot.diagnosis.models import Diagnosis
-from bot.diagnosis.ports import IncidentView, MessageRef
 from bot.errors import EndpointError
-from bot.remediation.ports import DraftView, RemediationView
+from bot.postmortem.ports import DraftView
+from bot.remediation.ports import RemediationView
 from bot.slack.remediation_views import draft_message, remediation_card
 from bot.slack.views import adr_message, findings_message, root_message
 

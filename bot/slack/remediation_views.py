@@ -3,7 +3,7 @@
 The card is one message, updated in place at every step: the exact flag diff and the gates
 first (what is being approved), then where it stands, then the numbers and the verdict.
 In the Block Kit views, ADR text, flag values, canary failures and notes (which quote error
-bodies) go through ``bot.slack.mrkdwn``; only the mentions of the people who acted stay live.
+bodies) go through ``bot.chat.mrkdwn``; only the mentions of the people who acted stay live.
 The console text is the same wording, unescaped.
 """
 
@@ -21,8 +21,9 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
-from bot.remediation.ports import STATES, DraftView, RemediationView
-from bot.slack.mrkdwn import clip, escape_keeping, plain
+from bot.chat.mrkdwn import clip, escape_keeping, plain
+from bot.postmortem.ports import DraftView
+from bot.remediation.ports import STATES, RemediationView
 
 SECTION = 3000  # the most a section's text may hold
 

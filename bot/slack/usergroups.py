@@ -14,7 +14,7 @@ from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import AccessSettings
-from bot.remediation.policy import is_group
+from bot.runtime.access import is_group
 
 log = logging.getLogger("ruleloop.slack")
 CACHE_S = 300.0

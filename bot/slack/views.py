@@ -2,7 +2,7 @@
 
 Built with ``slack_sdk.models.blocks``, whose ``to_dict`` refuses what Slack would reject
 (lengths, counts) before anything is sent. Text the bot does not write (labels, finding messages,
-ADR text, target and runbook names) goes through ``bot.slack.mrkdwn`` on its way in, and every
+ADR text, target and runbook names) goes through ``bot.chat.mrkdwn`` on its way in, and every
 line is clipped so that one long value cannot make a whole message unpostable.
 """
 
@@ -22,10 +22,10 @@ from slack_sdk.models.blocks import (
 )
 
 from bot.adr.match import MatchResult
+from bot.chat.messages import IncidentView
+from bot.chat.mrkdwn import clip, escape, plain
 from bot.diagnosis.models import FOUR, Diagnosis
-from bot.diagnosis.ports import IncidentView
-from bot.runbooks.types import Finding, Severity
-from bot.slack.mrkdwn import clip, escape, plain
+from bot.probes.types import Finding, Severity
 
 APPLY_ACTION = "apply_adr"
 MAX_FINDINGS = 15

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from dataclasses import dataclass
 
 import aiohttp
 from slack_sdk.errors import SlackApiError, SlackClientError
 
 from bot.errors import RuleloopError
+from bot.runtime.ids import new_error_id
 
 log = logging.getLogger("ruleloop.outbox")
 # ok=false errors Slack documents as passing (its side is failing, or the call was throttled)
@@ -55,7 +55,7 @@ def classify(exc: BaseException) -> Failure:
         return Failure(False, f"Slack unreachable: {type(exc).__name__}: {exc}", None, True)
     if advice is not None:
         return Failure(True, advice)
-    error_id = uuid.uuid4().hex[:8]
+    error_id = new_error_id()
     log.error("a Slack message failed unexpectedly (id %s)", error_id, exc_info=exc)
     return Failure(True, f"unexpected error (id {error_id}; details in the bot's log)")
 

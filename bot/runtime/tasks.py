@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Coroutine
 from typing import Any
+
+from bot.runtime.ids import new_error_id
 
 log = logging.getLogger("ruleloop.tasks")
 
@@ -27,7 +28,7 @@ class TaskSupervisor:
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            error_id = uuid.uuid4().hex[:8]
+            error_id = new_error_id()
             log.error(
                 "background task %s failed (id %s)",
                 task.get_name(),

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from bot.runbooks.context import ProbeContext, TargetRef
+    from bot.probes.context import ProbeContext, TargetRef
 
 
 class Severity(IntEnum):

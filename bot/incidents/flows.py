@@ -14,26 +14,25 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-import uuid
 from collections.abc import Callable
 
 from bot.adr.store import AdrStore
+from bot.chat.messages import MessageRef, Notifier
+from bot.chat.mrkdwn import escape
 from bot.config import Settings
-from bot.diagnosis.metrics import BotMetrics
 from bot.diagnosis.models import Diagnosis
-from bot.diagnosis.ports import MessageRef, Notifier
-from bot.diagnosis.records import IncidentRecords
 from bot.diagnosis.service import Diagnoser
-from bot.diagnosis.tasks import TaskSupervisor
 from bot.errors import EndpointError, NotAllowed, RuleloopError, UsageError
+from bot.incidents.outbox import Outbox
+from bot.incidents.records import IncidentRecords
 from bot.intake.service import IntakeResult, Outcome
-from bot.outbox import items
-from bot.outbox.delivery import Outbox
-from bot.remediation.policy import who_may
-from bot.runbooks.context import TargetRef
-from bot.runbooks.types import Finding, Severity
-from bot.scheduler.leases import default_owner
-from bot.slack.mrkdwn import escape
+from bot.probes.context import TargetRef
+from bot.probes.types import Finding, Severity
+from bot.runtime.access import who_may
+from bot.runtime.ids import new_error_id, replica_id
+from bot.runtime.metrics import BotMetrics
+from bot.runtime.tasks import TaskSupervisor
+from bot.store import outbox as items
 from bot.store.db import Database
 from bot.store.models import Incident
 
@@ -69,7 +68,7 @@ class IncidentFlows:
         self._monotonic = monotonic
         self.metrics = metrics or BotMetrics()
         self.tasks = tasks or TaskSupervisor()
-        self.owner = owner or default_owner()
+        self.owner = owner or replica_id()
         self._records = IncidentRecords(db=db, clock=clock)
         self.outbox = Outbox(
             db=db, notifier=notifier, settings=settings, clock=clock, owner=self.owner,
@@ -161,7 +160,7 @@ class IncidentFlows:
         try:
             png = await self._diagnoser.chart(diagnosis)
         except Exception as exc:
-            error_id = uuid.uuid4().hex[:8]
+            error_id = new_error_id()
             log.error("chart for incident %s failed (id %s)", incident_id, error_id, exc_info=exc)
             text = f"The chart could not be drawn (id {error_id})."
             await self._records.owe(incident_id, kind=items.REPLY, key="chart:failed",
@@ -249,7 +248,7 @@ class IncidentFlows:
             text = f"Diagnosis failed: {escape(str(exc))}"
             detail: dict[str, object] = {"error": str(exc)}
         else:
-            error_id = uuid.uuid4().hex[:8]
+            error_id = new_error_id()
             log.error(
                 "diagnosis of incident %s failed (id %s)", incident_id, error_id, exc_info=exc
             )

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 
 from bot.config import Target
+from bot.probes.sampling import SampledWindow, sample_window
 from bot.probes.vllm_metrics import MetricsScraper
-from bot.runbooks.sampling import SampledWindow, sample_window
 
 
 @dataclass(frozen=True)

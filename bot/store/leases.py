@@ -21,9 +21,6 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-import os
-import socket
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,11 +40,6 @@ def period_start(now: dt.datetime, every_s: float) -> dt.datetime:
     """The start of the period ``now`` falls in (periods are aligned to the Unix epoch)."""
     start = math.floor(round(now.timestamp(), 6) / every_s) * every_s
     return dt.datetime.fromtimestamp(start, dt.UTC)
-
-
-def default_owner() -> str:
-    """This process, as other replicas see it in ``job_runs.owner``: host:pid:random."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
 class LeaseLost(RuntimeError):

@@ -9,10 +9,10 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from bot.diagnosis.ports import IncidentView, MessageRef
+from bot.chat.messages import IncidentView, MessageRef
 from bot.errors import UsageError
 from bot.intake.models import parse_time
-from bot.outbox import items
+from bot.store import outbox as items
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import Incident

@@ -19,14 +19,14 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bot.chat.failures import Failure, classify
+from bot.chat.messages import MessageRef, Notifier
+from bot.chat.mrkdwn import escape
 from bot.config import Settings
-from bot.diagnosis.metrics import BotMetrics
-from bot.diagnosis.ports import MessageRef, Notifier
-from bot.diagnosis.records import IncidentRecords
 from bot.errors import EndpointError
-from bot.outbox import items
-from bot.slack.failures import Failure, classify
-from bot.slack.mrkdwn import escape
+from bot.incidents.records import IncidentRecords
+from bot.runtime.metrics import BotMetrics
+from bot.store import outbox as items
 from bot.store import service as store
 from bot.store.db import Database
 

@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-from bot.canary.fragmentation import observed_fragmentation
 from bot.probes.exposition import Exposition
+from bot.probes.fragmentation import observed_fragmentation
 from bot.probes.vllm_metrics import (
     KV_USAGE,
     RUNNING,

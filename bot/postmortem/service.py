@@ -23,14 +23,14 @@ from sqlalchemy.orm import Session
 from bot.adr.models import Adr, AdrGates, Status
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
+from bot.chat.messages import MessageRef
 from bot.config import AccessSettings, Settings
-from bot.diagnosis.ports import MessageRef
 from bot.errors import NotAllowed, UsageError
 from bot.postmortem.draft import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
+from bot.postmortem.ports import DraftNotifier, DraftView
 from bot.postmortem.review import check_reviewer, decided, rejection_note
-from bot.remediation.policy import who_may
-from bot.remediation.ports import DraftView, RemediationNotifier
-from bot.remediation.records import new_token
+from bot.runtime.access import who_may
+from bot.runtime.ids import new_token
 from bot.store import adrs as records
 from bot.store import service as store
 from bot.store.db import Database
@@ -52,7 +52,7 @@ class DraftService:
         *,
         settings: Settings,
         db: Database,
-        notifier: RemediationNotifier,
+        notifier: DraftNotifier,
         threads: Callable[[int, str | None], Awaitable[MessageRef]],
         clock: Callable[[], dt.datetime],
         members: Callable[[], Awaitable[AccessSettings]] | None = None,

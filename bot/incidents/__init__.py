@@ -1,0 +1,13 @@
+"""An incident's life in its thread: opened by an alert or /diagnose, diagnosed, reported.
+
+    flows.py     alert or /diagnose -> incident -> diagnosis -> what the thread is owed
+    records.py   ``IncidentRecords``: the incident rows and what each owes its thread
+    outbox.py    ``Outbox``: sends an incident's messages in order, with retries and backoff
+
+Why an outbox: Slack can be down, answer 5xx or 429, or refuse connections while an incident
+opens. What is owed is written in the same transaction as what made it owed (the webhook's, the
+diagnosis's; ``bot.store.outbox``), then delivered by the in-process task at once and, while
+Slack does not take it, by the scheduler's ``outbox`` job with backoff. A permanent refusal
+(``channel_not_found``) ends the item ``failed`` with Slack's reason: logged, counted, audited
+and shown on /healthz.
+"""

@@ -1,0 +1,74 @@
+"""The vLLM metrics probe: the engine's own /metrics over a sampling window, read into the four
+numbers (TTFT, TPOT, goodput ratio, KV-cache fragmentation) and their context."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from pydantic import Field
+
+from bot.probes.context import ProbeContext, TargetRef
+from bot.probes.types import Params, ProbeResult
+
+
+class WindowParams(Params):
+    """A sampling window: how long, and how often to scrape inside it."""
+
+    window_s: float = Field(default=10.0, gt=0, le=600)
+    interval_s: float = Field(default=1.0, gt=0, le=60)
+
+
+VLLM_READINGS = {
+    "ttft_p99_ms": "time to first token, p99, engine histogram over the window",
+    "ttft_p50_ms": "time to first token, median",
+    "tpot_p99_ms": "time per output token, p99 (vLLM's per-request TPOT histogram)",
+    "itl_p99_ms": "gap between tokens, p99",
+    "e2e_p99_ms": "request latency end to end, p99",
+    "goodput_ratio": "output tokens of finished requests / all generated tokens",
+    "kv_fragmentation": "allocated KV slots holding no token (estimated from mean lengths)",
+    "kv_cache_usage": "peak share of KV-cache blocks in use",
+    "requests_running": "peak requests being decoded",
+    "requests_waiting": "peak requests queued",
+    "preemptions_per_s": "KV-cache preemptions per second",
+    "prefix_cache_hit_rate": "prefix-cache hits / queries",
+    "generation_tokens_per_s": "output tokens per second",
+    "requests_finished": "requests that finished in the window",
+}
+
+
+class VllmMetricsProbe:
+    """The engine's own /metrics over a sampling window: the four numbers and their context."""
+
+    name: ClassVar[str] = "vllm_metrics"
+    params_model: ClassVar[type[Params]] = WindowParams
+
+    def readings(self, params: Params) -> Mapping[str, str]:
+        """Always the same readings."""
+        return VLLM_READINGS
+
+    async def run(self, *, target: TargetRef, params: Params, ctx: ProbeContext) -> ProbeResult:
+        """Sample the window and read it."""
+        assert isinstance(params, WindowParams)
+        window = await ctx.window(
+            target.target.metrics_url, seconds=params.window_s, interval_s=params.interval_s
+        )
+        engine = window.engine
+        readings = {
+            "ttft_p99_ms": engine.ttft_ms.p99,
+            "ttft_p50_ms": engine.ttft_ms.p50,
+            "tpot_p99_ms": window.tpot_ms.p99,
+            "itl_p99_ms": engine.itl_ms.p99,
+            "e2e_p99_ms": engine.e2e_ms.p99,
+            "goodput_ratio": engine.goodput_ratio,
+            "kv_fragmentation": window.kv_fragmentation_estimate(),
+            "kv_cache_usage": window.peak("kv_cache_usage"),
+            "requests_running": window.peak("requests_running"),
+            "requests_waiting": window.peak("requests_waiting"),
+            "preemptions_per_s": engine.preemptions_per_s,
+            "prefix_cache_hit_rate": engine.prefix_cache_hit_rate,
+            "generation_tokens_per_s": engine.generation_tokens_per_s,
+            "requests_finished": engine.requests_finished,
+        }
+        details = {"window_s": engine.duration_s, "ttft_count": engine.ttft_ms.count}
+        return ProbeResult(readings=readings, details=details)
