@@ -18,12 +18,16 @@ and for the disconnect-drain trace (ids starting ``drain``): ``tokens <ns> <id> 
 chunk read from the engine (n: the last completion_tokens in it), ``disconnect`` (the gateway
 saw the client leave) and ``upstream_close`` (it closed the engine's connection).
 
+Every garbage collection the gateway's process runs is written as ``gc<generation> <start ns>
+<seconds>`` (no request id), so a trace can line the collector's pauses up with the hops.
+
 Wall-clock nanoseconds, so they line up with tcpdump's timestamps and the client's stamps.
 """
 
 from __future__ import annotations
 
 import contextvars
+import gc
 import os
 import re
 import time
@@ -41,6 +45,20 @@ CURRENT: contextvars.ContextVar[str] = contextvars.ContextVar("trace_id", defaul
 
 def _stamp(hop: str, tid: str = "") -> None:
     LOG.write(f"{hop} {time.time_ns()} {tid}\n" if tid else f"{hop} {time.time_ns()}\n")
+
+
+_gc_start = 0
+
+
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    global _gc_start
+    if phase == "start":
+        _gc_start = time.time_ns()
+    else:
+        LOG.write(f"gc{info['generation']} {_gc_start} {(time.time_ns() - _gc_start) / 1e9:.6f}\n")
+
+
+gc.callbacks.append(_on_gc)
 
 
 def _header(headers: Any) -> str:
@@ -68,7 +86,14 @@ app.Gateway._inference = inference  # type: ignore[method-assign]
 _connection_made = protocol.GatewayHttpProtocol.connection_made
 
 
+FREEZE = os.environ.get("RULELOOP_TRACE_GC_FREEZE") == "1"  # experiment: gc.freeze() once
+
+
 def connection_made(self: Any, transport_: Any) -> None:
+    global FREEZE
+    if FREEZE:
+        FREEZE = False
+        gc.freeze()
     peer = transport_.get_extra_info("peername")
     if peer:
         ACCEPTED[peer[1]] = time.time_ns()

@@ -266,6 +266,27 @@ def schedstat(pids: list[int]) -> tuple[float, float]:
     return run / 1e9, wait / 1e9
 
 
+async def sample_sched(
+    pids: dict[str, Callable[[], list[int]]],
+    out: list[tuple[float, dict[str, tuple[float, float]]]],
+    every_s: float = 0.1,
+) -> None:
+    """Every ``every_s``: (wall time, each group's schedstat), until cancelled."""
+    groups = {k: f() for k, f in pids.items()}  # the processes do not change during a burst
+    while True:
+        out.append((time.time(), {k: schedstat(p) for k, p in groups.items()}))
+        await asyncio.sleep(every_s)
+
+
+def window(
+    samples: list[tuple[float, dict[str, tuple[float, float]]]], start: float, end: float
+) -> dict[str, tuple[float, float]]:
+    """Each group's (CPU run, wait for a CPU) between the samples nearest ``start`` and ``end``."""
+    first = min(samples, key=lambda s: abs(s[0] - start))[1]
+    last = min(samples, key=lambda s: abs(s[0] - end))[1]
+    return {k: (last[k][0] - first[k][0], last[k][1] - first[k][1]) for k in first}
+
+
 async def traced_burst(
     url: str, bodies: list[dict[str, object]], concurrency: int, tag: str
 ) -> dict[str, dict[str, float]]:
@@ -295,6 +316,16 @@ async def traced_burst(
     return stamps
 
 
+def collections(path: Path) -> list[tuple[int, float, float]]:
+    """The gateway's garbage collections: (generation, start, seconds)."""
+    out = []
+    for line in path.read_text().splitlines():
+        hop, ns, *rest = line.split()
+        if hop.startswith("gc") and rest:
+            out.append((int(hop[2:]), int(ns) / 1e9, float(rest[0])))
+    return out
+
+
 def per_id(*paths: Path) -> dict[str, dict[str, float]]:
     """``hop ns id`` lines (the gateway's hooks, the scripted engine) by request id."""
     out: dict[str, dict[str, float]] = {}
@@ -303,7 +334,7 @@ def per_id(*paths: Path) -> dict[str, dict[str, float]]:
             continue
         for line in path.read_text().splitlines():
             hop, ns, *rest = line.split()
-            if rest:
+            if rest and not hop.startswith("gc"):
                 out.setdefault(rest[0], {}).setdefault(hop, int(ns) / 1e9)
     return out
 
@@ -364,6 +395,7 @@ async def bursts(
     urls = {"direct": engine_url + path, "gateway": gateway_url + path}
     reqs: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
     sched: dict[str, list[dict[str, tuple[float, float]]]] = {"direct": [], "gateway": []}
+    wave: dict[str, list[dict[str, tuple[float, float]]]] = {"direct": [], "gateway": []}
     for i in range(args.burst):
         for name in ["direct", "gateway"] if i % 2 == 0 else ["gateway", "direct"]:
             warm = gateway_bench.bodies(16, 32, 8, 50 + i)
@@ -375,7 +407,10 @@ async def bursts(
                 args.burst_requests, 32, args.burst_tokens, 1000 * i + len(name)
             )
             before = {k: schedstat(f()) for k, f in pids.items()}
+            samples: list[tuple[float, dict[str, tuple[float, float]]]] = []
+            sampler = asyncio.create_task(sample_sched(pids, samples))
             stamps = await traced_burst(urls[name], work, args.burst_streams, f"{name}{i}")
+            sampler.cancel()
             after = {k: schedstat(f()) for k, f in pids.items()}
             sched[name].append({k: (after[k][0] - before[k][0], after[k][1] - before[k][1])
                                 for k in pids})  # fmt: skip
@@ -385,6 +420,21 @@ async def bursts(
                 reqs[name].append({**server.get(tid, {}), **s, "burst0": burst0})
             ok = [s for s in stamps.values() if "got" in s]
             ttft = sorted((s["got"] - s["sent"]) * 1000 for s in ok)
+            wave_end = max(s["got"] for s in ok if s["sent"] - burst0 < 0.05)
+            wave[name].append(window(samples, burst0, wave_end))
+            if name == "gateway":
+                gcs = collections(hooks)
+                in_wave = [g for g in gcs if burst0 <= g[1] <= wave_end]
+                print("  gateway garbage collections in the round (generation: count, seconds): "
+                      + ", ".join(f"{gen}: {sum(g[0] == gen for g in gcs)}, "
+                                  f"{sum(g[2] for g in gcs if g[0] == gen):.3f}" for gen in (0, 1, 2))
+                      + f"; in the first wave {len(in_wave)}, {sum(g[2] for g in in_wave):.3f} s, "
+                      f"longest {max((g[2] for g in in_wave), default=0) * 1000:.1f} ms")  # fmt: skip
+            print(
+                f"  first wave: {(wave_end - burst0) * 1000:.0f} ms until its last first "
+                "token; in it, CPU run / wait for a CPU s: "
+                + ", ".join(f"{k} {r:.2f}/{w:.2f}" for k, (r, w) in wave[name][-1].items())
+            )
             print(f"round {i + 1} {name}: {len(ok)}/{len(stamps)} ok, TTFT p50 "
                   f"{pct(ttft, .5):.0f} p99 {pct(ttft, .99):.0f} ms; CPU run / wait for a CPU s: "
                   + ", ".join(f"{k} {r:.2f}/{w:.2f}" for k, (r, w) in sched[name][-1].items()),
@@ -400,9 +450,12 @@ async def bursts(
         print("  per round, CPU run / waiting for a CPU (s, median): " + ", ".join(
             f"{k} {statistics.median(s[k][0] for s in sched[name]):.2f}/"
             f"{statistics.median(s[k][1] for s in sched[name]):.2f}" for k in totals))  # fmt: skip
+        print("  first wave, CPU run / waiting for a CPU (s, median): " + ", ".join(
+            f"{k} {statistics.median(s[k][0] for s in wave[name]):.3f}/"
+            f"{statistics.median(s[k][1] for s in wave[name]):.3f}" for k in totals))  # fmt: skip
     out = Path(args.save) if args.save else None
     if out:
-        out.write_text(json.dumps({"requests": reqs, "sched": sched}))
+        out.write_text(json.dumps({"requests": reqs, "sched": sched, "wave": wave}))
         print(f"\nper-request stamps: {out}")
 
 
@@ -527,6 +580,9 @@ def main() -> None:
         metavar="TRIALS",
         help="trace the disconnect drain (TRIALS per path) instead",
     )
+    parser.add_argument(
+        "--gateway-nice", type=int, help="run the gateway at this nice value (root for < 0)"
+    )
     parser.add_argument("--save", help="write the burst's per-request stamps here (JSON)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ruleloop-gw-trace-"))
@@ -564,6 +620,8 @@ def main() -> None:
     try:
         gateway_url = f"http://127.0.0.1:{gw_port}"
         procs.wait_ready(f"{gateway_url}/v1/models", gateway, "the gateway")
+        if args.gateway_nice is not None:
+            os.setpriority(os.PRIO_PROCESS, gateway.pid, args.gateway_nice)
         if args.drain:
             loop.run(drains(engine_url, gateway_url, args, hooks))
         elif args.burst:
