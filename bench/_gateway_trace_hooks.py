@@ -86,14 +86,7 @@ app.Gateway._inference = inference  # type: ignore[method-assign]
 _connection_made = protocol.GatewayHttpProtocol.connection_made
 
 
-FREEZE = os.environ.get("RULELOOP_TRACE_GC_FREEZE") == "1"  # experiment: gc.freeze() once
-
-
 def connection_made(self: Any, transport_: Any) -> None:
-    global FREEZE
-    if FREEZE:
-        FREEZE = False
-        gc.freeze()
     peer = transport_.get_extra_info("peername")
     if peer:
         ACCEPTED[peer[1]] = time.time_ns()

@@ -4,10 +4,11 @@
 
 Starts its own engine (EngineManager), the gateway (`ruleloop gateway`, its own process), the
 same gateway with aiohttp's client as its upstream transport (_aiohttp_upstream.py; --no-aiohttp
-to skip) and LiteLLM's proxy (its own venv, --litellm) in front of it, then runs the same chat
-workload against each with the canary's timed streaming client, rotating the order every round
-and waiting for every proxy to go idle before each run. Per path: TTFT p50/p99, TPOT p99, streamed
-tokens/s, the proxy process's CPU seconds per 1,000 streamed tokens, and the CPU other people's
+to skip), LiteLLM's proxy (its own venv, --litellm) and, with --before DIR, the gateway from an
+older checkout in DIR (path "gw-before", to measure a change in one run) in front of it, then
+runs the same chat workload against each with the canary's timed streaming client, rotating the
+order every round and waiting for every proxy to go idle before each run. Per path: TTFT
+p50/p99, TPOT p99, streamed tokens/s, the proxy process's CPU seconds per 1,000 streamed tokens, and the CPU other people's
 jobs took on this shared box during the run. Then: TTFT one stream at a time (the latency a
 proxy adds when nothing queues; the paths take turns, 10 requests each), and tokens the engine
 generated after a client left mid-stream, direct vs through the gateway.
@@ -191,7 +192,7 @@ async def run_all(
     for name, s in single.items():
         print(f"    {name}:", {k: round(v, 2) for k, v in s.items() if v is not None}, flush=True)
     drain = {}
-    for name in ("direct", "gateway"):
+    for name in ("direct", "gateway", *(["gw-before"] if "gw-before" in paths else [])):
         print(f"disconnect drain: {name} ({args.drain_trials} trials) ...", flush=True)
         drain[name] = await disconnect_drain(paths[name][0], engine_url, args.drain_trials)
         print("    extra tokens after disconnect:", drain[name], flush=True)
@@ -251,6 +252,10 @@ def main() -> None:
     parser.add_argument(
         "--no-aiohttp", action="store_true", help="skip the gateway over aiohttp's client"
     )
+    parser.add_argument(
+        "--before", type=Path, metavar="DIR",
+        help="also run the gateway from the checkout in DIR (its bot/ package) as gw-before",
+    )  # fmt: skip
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="ruleloop-gw-bench-"))
@@ -279,6 +284,15 @@ def main() -> None:
             started.append(aio)
             paths["gw-aiohttp"] = (f"http://127.0.0.1:{aio_port}", aio.pid)
             procs.wait_ready(f"{paths['gw-aiohttp'][0]}/v1/models", aio, "the aiohttp gateway")
+        if args.before:
+            old_port = free_port()
+            old = procs.start_gateway(
+                info.base_url, old_port, tmp / "gateway-before.log",
+                prelude=f"import sys; sys.path.insert(0, {str(args.before.resolve())!r}); ",
+            )  # fmt: skip
+            started.append(old)
+            paths["gw-before"] = (f"http://127.0.0.1:{old_port}", old.pid)
+            procs.wait_ready(f"{paths['gw-before'][0]}/v1/models", old, "the older gateway")
         if not args.no_litellm and Path(args.litellm).exists():
             print("starting LiteLLM proxy ...", flush=True)
             ll_port = free_port()

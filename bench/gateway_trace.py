@@ -425,11 +425,15 @@ async def bursts(
             if name == "gateway":
                 gcs = collections(hooks)
                 in_wave = [g for g in gcs if burst0 <= g[1] <= wave_end]
-                print("  gateway garbage collections in the round (generation: count, seconds): "
-                      + ", ".join(f"{gen}: {sum(g[0] == gen for g in gcs)}, "
-                                  f"{sum(g[2] for g in gcs if g[0] == gen):.3f}" for gen in (0, 1, 2))
-                      + f"; in the first wave {len(in_wave)}, {sum(g[2] for g in in_wave):.3f} s, "
-                      f"longest {max((g[2] for g in in_wave), default=0) * 1000:.1f} ms")  # fmt: skip
+                per_gen = ", ".join(
+                    f"{gen}: {sum(g[0] == gen for g in gcs)}, "
+                    f"{sum(g[2] for g in gcs if g[0] == gen):.3f}"
+                    for gen in (0, 1, 2)
+                )
+                longest = max((g[2] for g in in_wave), default=0) * 1000
+                print(f"  gateway garbage collections in the round (generation: count, seconds): "
+                      f"{per_gen}; in the first wave {len(in_wave)}, "
+                      f"{sum(g[2] for g in in_wave):.3f} s, longest {longest:.1f} ms")  # fmt: skip
             print(
                 f"  first wave: {(wave_end - burst0) * 1000:.0f} ms until its last first "
                 "token; in it, CPU run / wait for a CPU s: "
