@@ -8,10 +8,10 @@ to skip), LiteLLM's proxy (its own venv, --litellm) and, with --before DIR, the 
 older checkout in DIR (path "gw-before", to measure a change in one run) in front of it, then
 runs the same chat workload against each with the canary's timed streaming client, rotating the
 order every round and waiting for every proxy to go idle before each run. Per path: TTFT
-p50/p99, TPOT p99, streamed tokens/s, the proxy process's CPU seconds per 1,000 streamed tokens, and the CPU other people's
-jobs took on this shared box during the run. Then: TTFT one stream at a time (the latency a
-proxy adds when nothing queues; the paths take turns, 10 requests each), and tokens the engine
-generated after a client left mid-stream, direct vs through the gateway.
+p50/p99, TPOT p99, streamed tokens/s, the proxy process's CPU seconds per 1,000 streamed tokens,
+and the CPU other people's jobs took on this shared box during the run. Then: TTFT one stream at
+a time (the latency a proxy adds when nothing queues; the paths take turns, 10 requests each),
+and tokens the engine generated after a client left mid-stream, direct vs through the gateway.
 Results: bench/results/gateway_bench.json.
 """
 
