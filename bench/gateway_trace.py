@@ -559,6 +559,7 @@ def main() -> None:
     parser.add_argument("--code", type=Path, help="run the gateway from DIR/bot instead")
     parser.add_argument("--fake-engine", action="store_true")
     parser.add_argument("--engine-url", help="use this running engine instead of starting one")
+    parser.add_argument("--engine-pid", type=int, help="that engine's pid (for its CPU waits)")
     parser.add_argument(
         "--burst",
         type=int,
@@ -592,7 +593,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="ruleloop-gw-trace-"))
     port = free_port()
     manager = EngineManager(state_dir=tmp)
-    engine_pid = 0
+    engine_pid = args.engine_pid or 0
     if args.engine_url:
         engine_url = args.engine_url.rstrip("/")
         port = int(engine_url.rsplit(":", 1)[1])
