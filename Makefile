@@ -34,12 +34,15 @@ system-deps:
 	    prometheus prometheus-alertmanager postgresql chromium; \
 	fi
 
+# The layer contracts first (seconds): a wrong-way import fails before the suite starts.
 test: $(STAMP) system-deps
+	$(BIN)/lint-imports
 	$(BIN)/pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check bot latency_checker tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

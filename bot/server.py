@@ -50,6 +50,7 @@ from bot.request_body import read_body, replay
 from bot.runbooks.builtin import default_registry
 from bot.runbooks.loader import load_dir
 from bot.runbooks.runner import RunbookRunner
+from bot.runtime.access import Members
 from bot.runtime.ids import new_error_id, replica_id
 from bot.runtime.metrics import BotMetrics
 from bot.scheduler.jobs import build_jobs, create_scheduler
@@ -59,9 +60,10 @@ from bot.slack.app import build_app, web_client
 from bot.slack.console import ConsoleNotifier
 from bot.slack.notifier import SlackNotifier
 from bot.slack.replay import ReplayGuard
+from bot.slack.services import Services
 from bot.slack.usergroups import SlackUserGroups
 from bot.store.db import Database
-from bot.web.links import page_links
+from bot.web.links import PageLinks, page_links
 from bot.web.routes import IncidentPages
 
 log = logging.getLogger("ruleloop.server")
@@ -105,37 +107,21 @@ def create_bot(
 ) -> Bot:
     """Load runbooks (refusing bad ones now), open the store, and wire Slack or the console."""
     settings = with_defaults(settings, state_dir=state_dir)  # started outside the checkout
-    registry = default_registry()
-    runbooks = load_dir(settings.paths.runbooks, registry)
     db = Database(settings.database_url(fallback_dir=state_dir))
     db.create_schema()
     http = http or httpx.AsyncClient(timeout=httpx.Timeout(10.0))
+    adrs = _adrs(settings, db=db, clock=clock)
     normal = NormalReader(db=db, last=settings.scheduler.normal_of_last)
-    adrs = SharedAdrStore(root=settings.paths.adr, db=db, clock=clock)
-    imported = adrs.sync()  # adr/ into the store, shared by every replica (bot.adr.sync)
-    if imported is not None:
-        log.info("ADRs imported from %s: %s", settings.paths.adr, imported.summary())
-    diagnoser = Diagnoser(
-        runbooks=runbooks,
-        runner=RunbookRunner(registry=registry),
-        adrs=adrs,
-        context=lambda: ProbeContext(
-            http=http, clock=probe_clock or monotonic, wall_clock=wall_clock, sleep=sleep, nvml=nvml
-        ),
-        clock=clock,
-        normal=normal,
-    )
-    notifier: BotNotifier
-    slack_app = None
+    probe_clock = probe_clock or monotonic
+
+    def probe_context() -> ProbeContext:
+        return ProbeContext(
+            http=http, clock=probe_clock, wall_clock=wall_clock, sleep=sleep, nvml=nvml
+        )
+
+    diagnoser = _diagnoser(settings, adrs=adrs, normal=normal, context=probe_context, clock=clock)
     links = page_links(settings.web, clock=wall_clock)  # None: the incident page is off
-    if settings.slack.enabled:
-        client = slack_client or web_client(settings.slack)
-        linked = links.incident_url if links and settings.web.public_url else None
-        notifier = SlackNotifier(client, page_url=linked)
-    else:
-        client = None
-        notifier = ConsoleNotifier(stream=console, chart_dir=state_dir / "charts")
-    metrics = BotMetrics()
+    client, notifier = _notifier(settings, slack_client, console, state_dir / "charts", links)
     owner = replica_id()  # this replica, in job leases and outbox claims
     flows = IncidentFlows(
         settings=settings,
@@ -144,11 +130,127 @@ def create_bot(
         diagnoser=diagnoser,
         clock=clock,
         monotonic=monotonic,
-        metrics=metrics,
+        metrics=BotMetrics(),
         adrs=adrs,  # a diagnosis names the ADR files it had to skip
         owner=owner,
     )
-    groups = SlackUserGroups(client) if client is not None else None
+    services = _services(
+        settings,
+        db=db,
+        flows=flows,
+        notifier=notifier,
+        members=Members(settings.access, SlackUserGroups(client) if client is not None else None),
+        clock=clock,
+        actuator_for=actuator_for,
+        gate=gate,
+        normal=normal,
+    )
+    slack_app = (
+        build_app(settings=settings.slack, services=services, client=client)
+        if client is not None
+        else None
+    )
+    jobs = build_jobs(
+        settings,
+        db=db,
+        flows=flows,
+        notifier=notifier,
+        http=http,
+        gate=gate,
+        remediation=services.remediation,
+        probe_clock=probe_clock,
+        sleep=sleep,
+        monotonic=monotonic,
+    )
+    scheduler = create_scheduler(settings, db=db, jobs=jobs, clock=clock, owner=owner)
+    routes = Routes(
+        settings=settings,
+        intake=Intake(db=db, targets=settings.targets, clock=clock),
+        flows=flows,
+        db=db,
+        slack=slack_app,
+        monotonic=monotonic,
+        wall_clock=wall_clock,
+    )
+    pages = IncidentPages(db=db, links=links, adrs=adrs)
+    app = _http_app(routes, pages, lifespan=_lifespan(services, scheduler, http=http, db=db))
+    return Bot(
+        app=app,
+        flows=flows,
+        db=db,
+        slack=slack_app,
+        http=http,
+        remediation=services.remediation,
+        drafts=services.drafts,
+        scheduler=scheduler,
+    )
+
+
+def _adrs(settings: Settings, *, db: Database, clock: Callable[[], dt.datetime]) -> SharedAdrStore:
+    """The ADRs in the store, with adr/ imported (shared by every replica: bot.adr.sync)."""
+    adrs = SharedAdrStore(root=settings.paths.adr, db=db, clock=clock)
+    imported = adrs.sync()
+    if imported is not None:
+        log.info("ADRs imported from %s: %s", settings.paths.adr, imported.summary())
+    return adrs
+
+
+def _diagnoser(
+    settings: Settings,
+    *,
+    adrs: SharedAdrStore,
+    normal: NormalReader,
+    context: Callable[[], ProbeContext],
+    clock: Callable[[], dt.datetime],
+) -> Diagnoser:
+    """Runbooks loaded (a bad one refuses the start), the probes, the ADRs to match."""
+    registry = default_registry()
+    return Diagnoser(
+        runbooks=load_dir(settings.paths.runbooks, registry),
+        runner=RunbookRunner(registry=registry),
+        adrs=adrs,
+        context=context,
+        clock=clock,
+        normal=normal,
+    )
+
+
+def _notifier(
+    settings: Settings,
+    slack_client: AsyncWebClient | None,
+    console: TextIO | None,
+    chart_dir: Path,
+    links: PageLinks | None,
+) -> tuple[AsyncWebClient | None, BotNotifier]:
+    """Slack's Web API client and notifier, or (no Slack configured) the console's."""
+    if not settings.slack.enabled:
+        return None, ConsoleNotifier(stream=console, chart_dir=chart_dir)
+    client = slack_client or web_client(settings.slack)
+    linked = links.incident_url if links and settings.web.public_url else None
+    return client, SlackNotifier(client, page_url=linked)
+
+
+def _services(
+    settings: Settings,
+    *,
+    db: Database,
+    flows: IncidentFlows,
+    notifier: BotNotifier,
+    members: Members,
+    clock: Callable[[], dt.datetime],
+    actuator_for: ActuatorFactory,
+    gate: GateRunner,
+    normal: NormalReader,
+) -> Services:
+    """The incident flows, the remediation flow and the post-incident drafts."""
+    drafts = DraftService(
+        settings=settings,
+        db=db,
+        notifier=notifier,
+        threads=flows.ensure_thread,
+        clock=clock,
+        members=members,
+    )
     remediation = RemediationService(
         settings=settings,
         db=db,
@@ -158,53 +260,26 @@ def create_bot(
         tasks=flows.tasks,
         actuator_for=actuator_for,
         gate=gate,
-        after_change=lambda incident_id, author: _draft_after_change(drafts, incident_id, author),
-        groups=groups,
+        after_change=drafts.after_change,  # a change that ended leaves its ADR draft
+        members=members,
         normal=normal,
     )
-    drafts = DraftService(
-        settings=settings,
-        db=db,
-        notifier=notifier,
-        threads=flows.ensure_thread,
-        clock=clock,
-        members=remediation.members,
-    )
-    if client is not None:
-        slack_app = build_app(
-            settings=settings.slack,
-            flows=flows,
-            client=client,
-            services={"remediation": remediation, "drafts": drafts},
-        )
-    jobs = build_jobs(
-        settings,
-        db=db,
-        flows=flows,
-        notifier=notifier,
-        http=http,
-        gate=gate,
-        remediation=remediation,
-        probe_clock=probe_clock or monotonic,
-        sleep=sleep,
-        monotonic=monotonic,
-    )
-    scheduler = create_scheduler(settings, db=db, jobs=jobs, clock=clock, owner=owner)
-    intake = Intake(db=db, targets=settings.targets, clock=clock)
-    routes = Routes(
-        settings=settings,
-        intake=intake,
-        flows=flows,
-        db=db,
-        slack=slack_app,
-        monotonic=monotonic,
-        wall_clock=wall_clock,
-    )
+    return Services(flows=flows, remediation=remediation, drafts=drafts)
+
+
+Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
+
+
+def _lifespan(
+    services: Services, scheduler: Scheduler | None, *, http: httpx.AsyncClient, db: Database
+) -> Lifespan:
+    """Start: resume half-done changes, start the scheduler. Stop: hand back, drain, close."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        tasks = services.tasks
         # a change a previous run of the bot left half done is rolled back now
-        flows.tasks.spawn(remediation.resume(), name="remediation-resume")
+        tasks.spawn(services.remediation.resume(), name="remediation-resume")
         if scheduler is not None:
             scheduler.start()
         try:
@@ -212,36 +287,26 @@ def create_bot(
         finally:
             if scheduler is not None:  # a period running here is handed back to the others
                 await scheduler.stop()
-            await flows.tasks.drain()
+            await tasks.drain()
             await http.aclose()
             db.dispose()
 
-    app = Starlette(
+    return lifespan
+
+
+def _http_app(routes: Routes, pages: IncidentPages, *, lifespan: Lifespan) -> Starlette:
+    """The routes, and one handler for whatever nothing else caught."""
+    return Starlette(
         routes=[
             Route("/slack/events", routes.slack_events, methods=["POST"]),
             Route("/alertmanager", routes.alertmanager, methods=["POST"]),
             Route("/healthz", routes.healthz, methods=["GET"]),
             Route("/metrics", routes.metrics, methods=["GET"]),
-            *IncidentPages(db=db, links=links, adrs=adrs).routes(),
+            *pages.routes(),
         ],
         exception_handlers={Exception: _unexpected},
         lifespan=lifespan,
     )
-    return Bot(
-        app=app,
-        flows=flows,
-        db=db,
-        slack=slack_app,
-        http=http,
-        remediation=remediation,
-        drafts=drafts,
-        scheduler=scheduler,
-    )
-
-
-async def _draft_after_change(drafts: DraftService, incident_id: int, author: str) -> None:
-    """The post-incident draft when a remediation ends (the remediation service logs a failure)."""
-    await drafts.draft(incident_id, author=author)
 
 
 class BotNotifier(Notifier, RemediationNotifier, Protocol):

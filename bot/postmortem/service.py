@@ -24,12 +24,12 @@ from bot.adr.models import Adr, AdrGates, Status
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
 from bot.chat.messages import MessageRef
-from bot.config import AccessSettings, Settings
+from bot.config import Settings
 from bot.errors import NotAllowed, UsageError
 from bot.postmortem.draft import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
 from bot.postmortem.ports import DraftNotifier, DraftView
 from bot.postmortem.review import check_reviewer, decided, rejection_note
-from bot.runtime.access import who_may
+from bot.runtime.access import Members, who_may
 from bot.runtime.ids import new_token
 from bot.store import adrs as records
 from bot.store import service as store
@@ -55,10 +55,10 @@ class DraftService:
         notifier: DraftNotifier,
         threads: Callable[[int, str | None], Awaitable[MessageRef]],
         clock: Callable[[], dt.datetime],
-        members: Callable[[], Awaitable[AccessSettings]] | None = None,
+        members: Members | None = None,
     ) -> None:
         self.settings = settings
-        self._members = members
+        self._members = members or Members(settings.access)
         self._db = db
         self._notifier = notifier
         self._threads = threads
@@ -69,7 +69,7 @@ class DraftService:
     async def request(self, *, user_id: str, incident_id: int | None) -> str:
         """`/adr-draft`: who may diagnose or apply may draft; the summary goes to the thread."""
         access = self.settings.access
-        expanded = await self._expanded()
+        expanded = await self._members()
         if not (expanded.allows("diagnose", user_id) or expanded.allows("apply", user_id)):
             raise NotAllowed(
                 f"You may not draft ADRs. Allowed: {who_may(access.diagnose + access.apply)}."
@@ -82,15 +82,16 @@ class DraftService:
         adr_id = await self.draft(chosen, author=user_id)
         return f"Drafted {adr_id} for incident #{chosen}; it is in the incident's thread."
 
-    async def _expanded(self) -> AccessSettings:
-        return self.settings.access if self._members is None else await self._members()
-
     def _newest_incident(self) -> int:
         with self._db.transaction() as s:
             found = s.scalars(select(Incident.id).order_by(Incident.id.desc())).first()
         if found is None:
             raise UsageError("there is no incident to draft an ADR for yet")
         return found
+
+    async def after_change(self, incident_id: int, author: str) -> None:
+        """The draft a remediation ends with (the remediation service logs a failure)."""
+        await self.draft(incident_id, author=author)
 
     async def draft(self, incident_id: int, *, author: str) -> str:
         """Store the draft with its review buttons, post it; its ADR id."""
@@ -116,7 +117,7 @@ class DraftService:
         draft = await asyncio.to_thread(self._draft, adr_id)
         if row.used_at is not None or draft.state != "proposed":
             raise _already(draft, adr_id)
-        reviewers = (await self._expanded()).review
+        reviewers = (await self._members()).review
         check_reviewer(reviewer=user_id, author=draft.author, reviewers=reviewers)
         try:
             state, where = await asyncio.to_thread(

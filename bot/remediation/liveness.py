@@ -30,7 +30,7 @@ def retry_delay(every_s: float, failures: int) -> float:
     twentieth of it, doubling with each failure, never more than ``every_s``)."""
     if failures == 0:
         return every_s
-    return min(every_s, every_s / 20 * 2 ** (failures - 1))
+    return min(every_s, every_s / 20 * 2.0 ** (failures - 1))
 
 
 async def heartbeat(

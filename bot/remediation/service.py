@@ -20,7 +20,7 @@ from bot.adr.models import Adr, AdrGates, GatewayRules
 from bot.adr.relative import NoNormal, Normal
 from bot.adr.shared import SharedAdrStore
 from bot.chat.messages import MessageRef
-from bot.config import AccessSettings, Settings, Target
+from bot.config import Settings, Target
 from bot.errors import RuleloopError, UsageError
 from bot.remediation import actuators
 from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
@@ -32,7 +32,7 @@ from bot.remediation.liveness import LostRun, owned
 from bot.remediation.policy import Policy
 from bot.remediation.ports import ACTIVE, RemediationNotifier, RemediationView
 from bot.remediation.records import RemediationRecords
-from bot.runtime.access import AccessExpander
+from bot.runtime.access import Members
 from bot.runtime.ids import new_error_id, replica_id
 from bot.runtime.tasks import TaskSupervisor
 from bot.store.db import Database
@@ -62,7 +62,7 @@ class RemediationService:
         actuator_for: ActuatorFactory = actuators.build,
         gate: GateRunner = run_gate,
         after_change: AfterChange | None = None,
-        groups: AccessExpander | None = None,
+        members: Members | None = None,
         normal: NormalReader | None = None,
     ) -> None:
         self.settings = settings
@@ -76,13 +76,8 @@ class RemediationService:
         self._actuator_for = actuator_for
         self._gate = gate
         self._after_change = after_change
-        self._groups = groups
+        self.members = members or Members(settings.access)
         self._normal = normal
-
-    async def members(self) -> AccessSettings:
-        """The access lists with Slack user groups replaced by their members."""
-        access = self.settings.access
-        return access if self._groups is None else await self._groups.expand(access)
 
     # --- request ------------------------------------------------------------------------
     async def request(

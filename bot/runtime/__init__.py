@@ -1,7 +1,7 @@
 """Plumbing every layer may use; nothing here knows about incidents, runbooks or Slack.
 
-    tasks.py     ``TaskSupervisor``: background tasks kept until done, failures logged by id
-    metrics.py   the bot's own Prometheus metrics (``BotMetrics``)
-    ids.py       error ids, button tokens, this replica's id
-    access.py    access lists (Slack users and user groups): who may, named for people
+tasks.py     ``TaskSupervisor``: background tasks kept until done, failures logged by id
+metrics.py   the bot's own Prometheus metrics (``BotMetrics``)
+ids.py       error ids, button tokens, this replica's id
+access.py    access lists (Slack users and user groups): who may, named for people
 """

@@ -29,3 +29,16 @@ class AccessExpander(Protocol):
     async def expand(self, access: AccessSettings) -> AccessSettings:
         """``access`` with groups replaced by their members."""
         ...
+
+
+class Members:
+    """The configured access lists with Slack user groups replaced by their members (read when
+    asked, so a group's change counts at the next click)."""
+
+    def __init__(self, access: AccessSettings, groups: AccessExpander | None = None) -> None:
+        self._access = access
+        self._groups = groups
+
+    async def __call__(self) -> AccessSettings:
+        """The access lists, groups expanded."""
+        return self._access if self._groups is None else await self._groups.expand(self._access)

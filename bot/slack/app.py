@@ -1,8 +1,8 @@
 """The bolt app: one AsyncApp, its listeners (one per file), and its one error handler.
 
-Listeners reach the services through the context (``context["flows"]``, ``["remediation"]``,
-``["drafts"]``), put there by a middleware, so
-that they stay thin and the services never import slack_bolt.
+Listeners reach the services through one typed object (``services_of(context)``, see
+``bot.slack.services``), put in every request's context by a middleware, so that they stay thin
+and the services never import slack_bolt.
 
 Ack first: Slack gives a request 3 seconds. Nothing before a listener's ack calls Slack (the
 request is authorized without auth.test; the workspace guard's users.info look-up runs after
@@ -23,9 +23,10 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetry
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import SlackSettings
-from bot.incidents.flows import IncidentFlows
 from bot.slack import listeners
 from bot.slack.errors import handle_error
+from bot.slack.services import KEY as SERVICES
+from bot.slack.services import Services
 from bot.slack.workspace import HomeTeams, workspace_guard
 
 log = logging.getLogger("ruleloop.slack")
@@ -42,9 +43,8 @@ def web_client(settings: SlackSettings) -> AsyncWebClient:
 def build_app(
     *,
     settings: SlackSettings,
-    flows: IncidentFlows,
+    services: Services,
     client: AsyncWebClient,
-    services: dict[str, Any] | None = None,
 ) -> AsyncApp:
     """The bolt app with every listener registered and requests verified by signing secret."""
     secret = settings.signing_secret.get_secret_value() if settings.signing_secret else None
@@ -65,10 +65,7 @@ def build_app(
     )
 
     async def inject(context: AsyncBoltContext, next: Callable[[], Awaitable[Any]]) -> Any:
-        context["flows"] = flows
-        context["tasks"] = flows.tasks  # deferred work is supervised, drained at shutdown
-        for name, service in (services or {}).items():
-            context[name] = service
+        context[SERVICES] = services
         return await next()
 
     app.middleware(workspace_guard(settings, HomeTeams(client)))  # before anything else runs

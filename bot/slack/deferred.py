@@ -17,8 +17,8 @@ from collections.abc import Awaitable, Callable
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
-from bot.runtime.tasks import TaskSupervisor
 from bot.slack.errors import error_text
+from bot.slack.services import services_of
 
 log = logging.getLogger("ruleloop.slack")
 MEMBER_CHECK = "member_check"  # the context key of the workspace guard's deferred check
@@ -30,7 +30,7 @@ def later(
     context: AsyncBoltContext, respond: AsyncRespond | None, work: Work, *, name: str
 ) -> None:
     """Run ``work`` after the ack; answer its text (or its error) to the person, ephemerally."""
-    tasks: TaskSupervisor = context["tasks"]
+    tasks = services_of(context).tasks
     check: Callable[[], Awaitable[None]] | None = context.get(MEMBER_CHECK)
 
     async def run() -> None:

@@ -23,6 +23,7 @@ from slack_sdk.models.blocks import (
 
 from bot.chat.mrkdwn import clip, escape_keeping, plain
 from bot.postmortem.ports import DraftView
+from bot.remediation.lines import NUMBER_LABELS, gate_lines, number_lines, value_text
 from bot.remediation.ports import STATES, RemediationView
 
 SECTION = 3000  # the most a section's text may hold
@@ -37,18 +38,6 @@ STATE_MARK = {
     "expired": ":hourglass:",
     "dry_run": ":memo:",
 }
-GATE_LABELS = {
-    "max_ttft_p99_ms": ("TTFT p99", "≤", "ms"),
-    "max_tpot_p99_ms": ("TPOT p99", "≤", "ms"),
-    "min_goodput_ratio": ("goodput", "≥", "ratio"),
-    "max_kv_fragmentation": ("KV fragmentation", "≤", "ratio"),
-}
-NUMBER_LABELS = {
-    "ttft_p99_ms": ("TTFT p99", "ms"),
-    "tpot_p99_ms": ("TPOT p99", "ms"),
-    "goodput_ratio": ("goodput", "ratio"),
-    "kv_fragmentation": ("KV fragmentation", "ratio"),
-}
 
 
 def _yes_no(yes: tuple[str, str, str], no: tuple[str, str, str]) -> ActionsBlock:
@@ -59,12 +48,6 @@ def _yes_no(yes: tuple[str, str, str], no: tuple[str, str, str]) -> ActionsBlock
             for (text, action_id, value), style in ((yes, "primary"), (no, "danger"))
         ]
     )
-
-
-def _value(value: float | None, unit: str) -> str:
-    if value is None:
-        return "n/a"
-    return f"{value:,.1f} ms" if unit == "ms" else f"{value * 100:.1f} %"
 
 
 def _flag(value: object) -> str:
@@ -81,29 +64,6 @@ def diff_lines(view: RemediationView) -> list[str]:
     """'--max-num-batched-tokens: 8192 → 2048' per changed flag, then 'gateway: key = value'."""
     return [f"--{name}: {_flag(old)} → {_flag(new)}" for name, old, new in view.diff] + [
         f"gateway: {key} = {_flag(value)}" for key, value in view.gateway.items()
-    ]
-
-
-def gate_lines(gates: dict[str, float], relative: dict[str, str] | None = None) -> list[str]:
-    """'TTFT p99 ≤ 350.0 ms', one per gate; relative: 'TPOT p99 ≤ 2x normal (= 19.8 ms)'."""
-    out = []
-    relative = relative or {}
-    for key, (label, op, unit) in GATE_LABELS.items():
-        limit = gates.get(key)
-        if key in relative:
-            number = f"= {_value(limit, unit)}" if limit is not None else "no normal measured yet"
-            out.append(f"{label} {op} {relative[key]} ({number})")
-        elif limit is not None:
-            out.append(f"{label} {op} {_value(limit, unit)}")
-    return out
-
-
-def number_lines(numbers: dict[str, float | None]) -> list[str]:
-    """'TTFT p99 212.4 ms', one per measured number."""
-    return [
-        f"{label} {_value(numbers.get(key), unit)}"
-        for key, (label, unit) in NUMBER_LABELS.items()
-        if key in numbers
     ]
 
 
@@ -196,7 +156,8 @@ def matrix_lines(view: DraftView) -> list[str]:
     out = []
     for row in view.matrix:
         numbers = " · ".join(
-            f"{label} {_value(row.get(key), unit)}" for key, (label, unit) in NUMBER_LABELS.items()
+            f"{label} {value_text(row.get(key), unit)}"
+            for key, (label, unit) in NUMBER_LABELS.items()
         )
         out.append(
             f"{row['config']}: {numbers}" + (f" → {row['verdict']}" if row["verdict"] else "")

@@ -17,8 +17,8 @@ from bot.adr.models import Adr
 from bot.canary.verdict import values_of
 from bot.diagnosis.models import FOUR
 from bot.remediation.argv import diff
+from bot.remediation.lines import gate_lines, number_lines
 from bot.remediation.ports import STATES
-from bot.slack.remediation_views import gate_lines, number_lines
 from bot.web.queries import (
     AlertRow,
     AuditRow,

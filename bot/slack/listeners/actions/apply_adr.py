@@ -11,6 +11,7 @@ from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot.errors import UsageError
 from bot.slack.deferred import later
+from bot.slack.services import services_of
 
 
 async def handle(
@@ -32,7 +33,7 @@ async def handle(
             raise UsageError(
                 "this button carries no ADR; it may be from an older bot version"
             ) from None
-        await context["remediation"].request(
+        await services_of(context).remediation.request(
             user_id=body["user"]["id"],
             adr_id=adr_id,
             target=str(target) if target else None,

@@ -9,6 +9,7 @@ from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot.slack.deferred import later
+from bot.slack.services import services_of
 
 
 async def handle(
@@ -22,6 +23,8 @@ async def handle(
     await ack()
 
     async def work() -> None:
-        await context["remediation"].click(user_id=body["user"]["id"], token=str(action["value"]))
+        await services_of(context).remediation.click(
+            user_id=body["user"]["id"], token=str(action["value"])
+        )
 
     later(context, respond, work, name="decide")

@@ -10,6 +10,7 @@ from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot.errors import UsageError
 from bot.slack.deferred import later
+from bot.slack.services import services_of
 
 USAGE = "Usage: /adr-draft [incident-id] (default: the newest incident)"
 
@@ -25,7 +26,7 @@ async def handle(
         if len(words) > 1 or (words and not words[0].lstrip("#").isdigit()):
             raise UsageError(USAGE)
         incident_id = int(words[0].lstrip("#")) if words else None
-        text: str = await context["drafts"].request(
+        text: str = await services_of(context).drafts.request(
             user_id=command["user_id"], incident_id=incident_id
         )
         return text

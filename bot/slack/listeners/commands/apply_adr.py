@@ -10,6 +10,7 @@ from slack_bolt.context.respond.async_respond import AsyncRespond
 
 from bot.errors import UsageError
 from bot.slack.deferred import later
+from bot.slack.services import services_of
 
 USAGE = "Usage: /apply-adr ADR-ID [target], e.g. /apply-adr ADR-20260831-01 prod-a"
 
@@ -24,7 +25,7 @@ async def handle(
         words = command.get("text", "").split()
         if not 1 <= len(words) <= 2:
             raise UsageError(USAGE)
-        text: str = await context["remediation"].request(
+        text: str = await services_of(context).remediation.request(
             user_id=command["user_id"],
             adr_id=words[0].upper(),
             target=words[1] if len(words) > 1 else None,
