@@ -1,0 +1,75 @@
+"""docs/architecture.md is the map a new engineer reads first: it must match the code.
+
+Every path it names exists, every `module` `Name.attr` pair it names resolves, every package of
+bot/ is on it, and its layer table is the order import-linter enforces (pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).parent.parent
+DOC = (ROOT / "docs" / "architecture.md").read_text()
+PATH = re.compile(r"`(bot/[\w/]*(?:\.py)?)`")
+PAIR = re.compile(r"`(bot/[\w/]+\.py)`\s+`([A-Za-z_][\w.]*)`")
+STANDALONE = {"bot.gateway", "bot.engine"}
+
+
+def module_of(path: str) -> str:
+    return path.removesuffix(".py").rstrip("/").replace("/", ".")
+
+
+def test_every_path_the_map_names_exists() -> None:
+    named = set(PATH.findall(DOC))
+    assert len(named) > 30, "the map names the modules of both paths"
+    missing = sorted(p for p in named if not (ROOT / p).exists())
+    assert not missing, f"docs/architecture.md names paths that do not exist: {missing}"
+
+
+def test_every_function_the_map_names_is_in_its_module() -> None:
+    pairs = PAIR.findall(DOC)
+    assert len(pairs) >= 10
+    wrong = []
+    for path, dotted in pairs:
+        found: object = importlib.import_module(module_of(path))
+        for part in dotted.split("."):
+            found = getattr(found, part, None)
+        if found is None:
+            wrong.append(f"{path} {dotted}")
+    assert not wrong, f"docs/architecture.md names what its module does not define: {wrong}"
+
+
+def layer_rows() -> list[set[str]]:
+    """The packages of each row of the map's layer table, top to bottom."""
+    table = DOC.split("## The layers, top to bottom", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `bot/")]
+    return [{module_of(p) for p in PATH.findall(row)} for row in rows]
+
+
+def contract_layers() -> list[set[str]]:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (layers,) = [
+        c["layers"] for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"
+    ]
+    return [{part.strip() for part in re.split(r"[|:]", layer)} for layer in layers]
+
+
+def test_the_map_shows_the_layers_import_linter_enforces() -> None:
+    assert layer_rows() == contract_layers()
+
+
+def test_every_package_is_on_the_map() -> None:
+    packages = {
+        module_of(str(p.parent.relative_to(ROOT))) for p in (ROOT / "bot").glob("*/__init__.py")
+    } | {module_of(str(p.relative_to(ROOT))) for p in (ROOT / "bot").glob("*.py")}
+    on_map = set().union(*layer_rows()) | STANDALONE
+    for name in STANDALONE:
+        assert f"`{name.replace('.', '/')}`" in DOC
+    # Small helpers beside the layers (entry points, defaults) need no row of their own.
+    helpers = {"bot", "bot.__init__", "bot.loop", "bot.defaults", "bot.config_reference",
+               "bot.request_body", "bot.shipped", "bot.templates"}  # fmt: skip
+    missing = sorted(packages - on_map - helpers)
+    assert not missing, f"packages missing from docs/architecture.md: {missing}"
