@@ -1,5 +1,5 @@
 """Scheduled jobs: baseline canary, four-metric snapshots, ADR draft reminders, approval expiry,
-and the outbox (Slack messages still owed, ``bot.outbox``).
+and the outbox (Slack messages still owed, ``bot.incidents.outbox``).
 
 Every replica runs APScheduler 3.x and fires every job's tick; which replica does a period's
 work is decided in the store, by a lease row per (job, period): see ``leases``.
