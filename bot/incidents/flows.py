@@ -1,8 +1,8 @@
 """The incident flows: what happens after a webhook, a /diagnose or an Apply click.
 
 Each step is written to the audit log before the next one starts. Every message an incident is
-owed goes through the outbox (``bot.incidents.outbox``): stored first, then delivered in order, and sent
-again until Slack takes it, so Slack being down loses nothing; the diagnosis itself runs at
+owed goes through the outbox (``bot.incidents.outbox``): stored first, then delivered in order,
+and sent again until Slack takes it, so Slack being down loses nothing; the diagnosis itself runs at
 once, Slack or not. Root messages show the incident as the store has it when they are sent, so
 a resolution that overtakes a running diagnosis is never painted over.
 """

@@ -6,7 +6,8 @@ Rules:
 - a group key has at most one open incident; new firing instances join it;
 - a resolved notification closes the incident, creating it closed if its firing was never seen;
 - everything one notification changes commits in one transaction, audit entry included, and so
-  do the Slack messages and the diagnosis it makes owed (``bot.store.outbox``, sent by ``bot.incidents.outbox``): a 202 never loses them;
+  do the Slack messages and the diagnosis it makes owed (``bot.store.outbox``, sent by
+  ``bot.incidents.outbox``): a 202 never loses them;
 - a repeat of an incident whose messages Slack did not take yet makes them due again at once.
 """
 
