@@ -18,15 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import select
 
 from bot.adr.models import AdrGates
 from bot.canary.verdict import gates_from, judge
-from bot.config import CanarySpec, KubernetesActuatorSpec, Target
-from bot.remediation.actuators.base import Actuator
-from bot.remediation.actuators.kubernetes import KubernetesActuator
+from bot.config import CanarySpec
 from bot.remediation.argv import read_flags
 from bot.remediation.gate import GateRun
 from bot.store import service as store
@@ -34,7 +31,7 @@ from bot.store.dbtime import db_now
 from bot.store.models import AdrDraft, Remediation
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import FakeTime
-from tests.fakes.kube_api import TOKEN, FakeKube
+from tests.fakes.kube_api import FakeKube, KubeActuators
 from tests.fakes.slack_api import FakeSlack
 from tests.fakes.sse_engine import SseEngine
 from tests.test_remediation_slack import ADR, buttons
@@ -131,17 +128,7 @@ def caplogged(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFix
 @pytest.fixture
 async def replicas(tmp_path: Path, slack: FakeSlack, kube: FakeKube) -> AsyncIterator[Replicas]:
     clock = FakeTime()  # rollouts poll without waiting
-    http = httpx.AsyncClient(
-        transport=kube.transport, base_url="https://kube.test",
-        headers={"Authorization": f"Bearer {TOKEN}"},
-    )  # fmt: skip
-
-    def actuator_for(name: str, target: Target) -> Actuator:
-        assert isinstance(target.actuator, KubernetesActuatorSpec)
-        return KubernetesActuator(
-            target.actuator, vllm_url=target.vllm_url, http=http, sleep=clock.sleep,
-            monotonic=clock.clock,
-        )  # fmt: skip
+    actuator_for = KubeActuators(kube, clock)
 
     canary = HeldCanary()
     async with SseEngine() as engine:  # serves the completion a rollback verifies
@@ -161,7 +148,7 @@ async def replicas(tmp_path: Path, slack: FakeSlack, kube: FakeKube) -> AsyncIte
         canary.release.set()
         for bot in bots:
             await bot.close()
-    await http.aclose()
+    await actuator_for.aclose()
 
 
 async def test_heartbeat_writes_failing_for_30_s_end_in_one_run_and_one_state(

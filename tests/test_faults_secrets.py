@@ -14,18 +14,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from sqlalchemy import text
 
-from bot.config import KubernetesActuatorSpec, Target
 from bot.errors import EndpointError
-from bot.remediation.actuators.base import Actuator
-from bot.remediation.actuators.kubernetes import KubernetesActuator
 from bot.remediation.argv import read_flags
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import FakeTime
-from tests.fakes.kube_api import TOKEN, FakeKube
+from tests.fakes.kube_api import FakeKube, KubeActuators
 from tests.fakes.slack_api import FakeSlack
 from tests.fakes.sse_engine import SseEngine
 from tests.test_remediation_slack import ADR, buttons, remediations
@@ -49,17 +45,7 @@ async def h(
 ) -> AsyncIterator[Harness]:
     caplog.set_level(logging.DEBUG)
     clock = FakeTime()
-    http = httpx.AsyncClient(
-        transport=kube.transport, base_url="https://kube.test",
-        headers={"Authorization": f"Bearer {TOKEN}"},
-    )  # fmt: skip
-
-    def actuator_for(name: str, target: Target) -> Actuator:
-        assert isinstance(target.actuator, KubernetesActuatorSpec)
-        return KubernetesActuator(
-            target.actuator, vllm_url=target.vllm_url, http=http, sleep=clock.sleep,
-            monotonic=clock.clock,
-        )  # fmt: skip
+    actuator_for = KubeActuators(kube, clock)
 
     async def canary_cannot_run(*args: object, **kwargs: object) -> Any:
         raise EndpointError("the canary could not reach the engine")
@@ -74,7 +60,7 @@ async def h(
         )  # fmt: skip
         yield harness_
         await harness_.close()
-    await http.aclose()
+    await actuator_for.aclose()
 
 
 async def change_and_roll_back(h: Harness, slack: FakeSlack) -> str:

@@ -17,19 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bot.adr.models import AdrGates
 from bot.canary.verdict import gates_from, judge
-from bot.config import CanarySpec, KubernetesActuatorSpec, Target
-from bot.remediation.actuators.base import Actuator
-from bot.remediation.actuators.kubernetes import KubernetesActuator
+from bot.config import CanarySpec
 from bot.remediation.gate import GateRun
 from bot.store.models import Incident, Remediation
 from tests.fakes import alerts
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import FakeTime
-from tests.fakes.kube_api import TOKEN, FakeKube
+from tests.fakes.kube_api import FakeKube, KubeActuators
 from tests.fakes.slack_api import FakeSlack
 from tests.fakes.sse_engine import SseEngine
 
@@ -88,17 +84,7 @@ async def incident_story(
     kube.add_deployment("vllm", args=ARGS, replicas=2)
     clock = FakeTime()  # rollouts poll without waiting
     wall = Wall()
-    kube_http = httpx.AsyncClient(
-        transport=kube.transport, base_url="https://kube.test",
-        headers={"Authorization": f"Bearer {TOKEN}"},
-    )  # fmt: skip
-
-    def actuator_for(name: str, target: Target) -> Actuator:
-        assert isinstance(target.actuator, KubernetesActuatorSpec)
-        return KubernetesActuator(
-            target.actuator, vllm_url=target.vllm_url, http=kube_http, sleep=clock.sleep,
-            monotonic=clock.clock,
-        )  # fmt: skip
+    actuator_for = KubeActuators(kube, clock)
 
     async with SseEngine() as engine:
         spec = {"kind": "kubernetes", "namespace": "inference", "deployment": "vllm",
@@ -121,7 +107,7 @@ async def incident_story(
             yield Story(h=h, incident_id=incident_id, wall=wall, slack=slack)
         finally:
             await h.close()
-            await kube_http.aclose()
+            await actuator_for.aclose()
 
 
 async def _fix(h: Harness, slack: FakeSlack) -> None:

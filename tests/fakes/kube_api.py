@@ -433,3 +433,28 @@ def _max_unavailable(obj: dict[str, Any]) -> int:
 
 def _error(code: int, reason: str, message: str) -> httpx.Response:
     return httpx.Response(code, json=status_object(code, reason, message))
+
+
+class KubeActuators:
+    """The bot's ``actuator_for`` seam: the real KubernetesActuator against a FakeKube, over the
+    wire (bearer token, https base URL), polling rollouts on ``clock`` (a FakeTime)."""
+
+    def __init__(self, kube: FakeKube, clock: Any) -> None:
+        self.http = httpx.AsyncClient(
+            transport=kube.transport, base_url="https://kube.test",
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )  # fmt: skip
+        self._clock = clock
+
+    def __call__(self, name: str, target: Any) -> Any:
+        from bot.config import KubernetesActuatorSpec
+        from bot.remediation.actuators.kubernetes import KubernetesActuator
+
+        assert isinstance(target.actuator, KubernetesActuatorSpec)
+        return KubernetesActuator(
+            target.actuator, vllm_url=target.vllm_url, http=self.http, sleep=self._clock.sleep,
+            monotonic=self._clock.clock,
+        )  # fmt: skip
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
