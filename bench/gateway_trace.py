@@ -503,6 +503,7 @@ async def drains(engine_url: str, gateway_url: str, args: argparse.Namespace, ho
                                 break
                 closed = time.time()
                 generated = await engine_generated(client, engine_url) - before
+                await asyncio.sleep(1.0)  # the gateway may still be reading what it had buffered
                 row: dict[str, float | str] = {
                     "path": name, "extra": generated - received, "received": received,
                     "t10": t10, "closed": closed,
@@ -518,9 +519,9 @@ async def drains(engine_url: str, gateway_url: str, args: argparse.Namespace, ho
                 if tokens:
                     at_close = _read_by(tokens, closed)
                     at_upstream = _read_by(tokens, float(row.get("upstream_close", closed)))
-                    rate = (tokens[-1][1] - tokens[0][1]) / max(tokens[-1][0] - tokens[0][0], 1e-9)
+                    spread = tokens[-1][0] - tokens[0][0]  # first to last token read, seconds
                     row.update(buffered=at_close - received, gateway=at_upstream - at_close,
-                               after_close=generated - at_upstream, tokens_per_s=rate)  # fmt: skip
+                               after_close=generated - at_upstream, spread=spread)  # fmt: skip
                 rows.append(row)
                 print(_drain_line(row), flush=True)
     for name in ("direct", "gateway"):
@@ -541,10 +542,13 @@ def _drain_line(row: dict[str, float | str]) -> str:
     text = (f"{row['path']:<8} extra {row['extra']:5.0f}  (client read 10th token -> closed "
             f"{(float(row['closed']) - float(row['t10'])) * 1000:6.1f} ms")  # fmt: skip
     if "buffered" in row:
-        text += (f"; gateway saw the disconnect {ms.get('disconnect', float('nan')):+6.1f} ms, "
-                 f"closed the engine's connection {ms.get('upstream_close', float('nan')):+6.1f} "
-                 f"ms after the client closed; engine {row['tokens_per_s']:.0f} tok/s; extra = "
-                 f"{row['buffered']} made before the client left + {row['gateway']} read "
+        first = float(row["upstream_head"]) - float(row["upstream_write"])
+        text += (f"; the engine's first byte came {first:.2f} s after the request, all its "
+                 f"tokens within {float(row['spread']) * 1000:.0f} ms; the gateway had read "
+                 f"{float(row['buffered']) + float(row['received']):.0f} when the client left, "
+                 f"saw the disconnect {ms.get('disconnect', float('nan')):+.1f} ms and closed the "
+                 f"engine's connection {ms.get('upstream_close', float('nan')):+.1f} ms after; "
+                 f"extra = {row['buffered']} made before the client left + {row['gateway']} read "
                  f"while the gateway reacted + {row['after_close']} after it closed)")  # fmt: skip
     return text + ")" if "buffered" not in row else text
 
