@@ -36,7 +36,7 @@ from typing import Any
 from bot.gateway import app, protocol, relay, transport
 
 LOG = open(os.environ["RULELOOP_GATEWAY_TRACE"], "a", buffering=1)  # noqa: SIM115
-FIRST_TOKEN = re.compile(rb'"completion_tokens":\s*1[,}]')
+FIRST_TOKEN = re.compile(rb'"completion_tokens":\s*[1-9]')  # a loaded vLLM merges tokens
 USAGE = re.compile(rb'"completion_tokens":\s*(\d+)')
 TRACE_ID = re.compile(rb"\r\nx-trace-id: *([^\r]+)\r\n", re.IGNORECASE)
 ACCEPTED: dict[int, int] = {}  # client port -> when its connection was accepted
