@@ -314,7 +314,7 @@ def main() -> None:
     print_table(result, args)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "gateway_bench.json").write_text(
-        json.dumps({"args": vars(args), **result}, indent=2)
+        json.dumps({"args": vars(args), **result}, indent=2, default=str)
     )
 
 
