@@ -15,7 +15,8 @@ line belongs to one request); the lone-stream trace sends none. Hops:
   send0/send1     around the gateway's send of that event to the client
 
 and for the disconnect-drain trace (ids starting ``drain``): ``tokens <ns> <id> <n>`` for every
-chunk read from the engine (n: the last completion_tokens in it), ``disconnect`` (the gateway
+chunk read from the engine (n: the last completion_tokens in it), ``sent <ns> <id> <n>`` for
+every chunk written to the client, ``disconnect`` (the gateway
 saw the client leave) and ``upstream_close`` (it closed the engine's connection).
 
 Every garbage collection the gateway's process runs is written as ``gc<generation> <start ns>
@@ -156,13 +157,16 @@ async def run(self: Any, **kwargs: Any) -> Any:
 
     async def stamped_send(message: Any) -> None:
         nonlocal seen
-        first = not seen and FIRST_TOKEN.search(message.get("body") or b"") is not None
+        body = message.get("body") or b""
+        first = not seen and FIRST_TOKEN.search(body) is not None
         if first:
             seen = True
             _stamp("send0", tid)
         await send(message)
         if first:
             _stamp("send1", tid)
+        if tid.startswith("drain") and (counts := USAGE.findall(body)):
+            LOG.write(f"sent {time.time_ns()} {tid} {int(counts[-1])}\n")
 
     kwargs["send"] = stamped_send
     return await _run(self, **kwargs)

@@ -509,15 +509,19 @@ async def drains(engine_url: str, gateway_url: str, args: argparse.Namespace, ho
                     "t10": t10, "closed": closed,
                 }  # fmt: skip
                 tokens: list[tuple[float, int]] = []
+                sent: list[tuple[float, int]] = []
                 for line in hooks.read_text().splitlines():
                     hop, ns, *rest = line.split()
                     if rest and rest[0] == tid:
-                        if hop == "tokens":
-                            tokens.append((int(ns) / 1e9, int(rest[1])))
+                        if hop in ("tokens", "sent"):
+                            (tokens if hop == "tokens" else sent).append(
+                                (int(ns) / 1e9, int(rest[1]))
+                            )
                         else:
                             row.setdefault(hop, int(ns) / 1e9)
                 if tokens:
                     at_close = _read_by(tokens, closed)
+                    row["sent_by_close"] = _read_by(sent, closed)  # written to the client by then
                     at_upstream = _read_by(tokens, float(row.get("upstream_close", closed)))
                     spread = tokens[-1][0] - tokens[0][0]  # first to last token read, seconds
                     row.update(buffered=at_close - received, gateway=at_upstream - at_close,
@@ -545,7 +549,8 @@ def _drain_line(row: dict[str, float | str]) -> str:
         first = float(row["upstream_head"]) - float(row["upstream_write"])
         text += (f"; the engine's first byte came {first:.2f} s after the request, all its "
                  f"tokens within {float(row['spread']) * 1000:.0f} ms; the gateway had read "
-                 f"{float(row['buffered']) + float(row['received']):.0f} when the client left, "
+                 f"{float(row['buffered']) + float(row['received']):.0f} (and written "
+                 f"{row.get("sent_by_close", 0)} to the client) when the client left, "
                  f"saw the disconnect {ms.get('disconnect', float('nan')):+.1f} ms and closed the "
                  f"engine's connection {ms.get('upstream_close', float('nan')):+.1f} ms after; "
                  f"extra = {row['buffered']} made before the client left + {row['gateway']} read "
