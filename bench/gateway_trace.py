@@ -550,7 +550,7 @@ def _drain_line(row: dict[str, float | str]) -> str:
         text += (f"; the engine's first byte came {first:.2f} s after the request, all its "
                  f"tokens within {float(row['spread']) * 1000:.0f} ms; the gateway had read "
                  f"{float(row['buffered']) + float(row['received']):.0f} (and written "
-                 f"{row.get("sent_by_close", 0)} to the client) when the client left, "
+                 f"{row.get('sent_by_close', 0)} to the client) when the client left, "
                  f"saw the disconnect {ms.get('disconnect', float('nan')):+.1f} ms and closed the "
                  f"engine's connection {ms.get('upstream_close', float('nan')):+.1f} ms after; "
                  f"extra = {row['buffered']} made before the client left + {row['gateway']} read "
