@@ -14,6 +14,20 @@ installed); the rest are wall-clock stamps in each process. It prints each hop's
 and the TTFT the gateway adds (p50/p90/p99, paired with the direct request sent just before).
 ``--code DIR`` runs the gateway from another checkout's ``bot/`` (to trace old code beside new);
 ``--fake-engine`` uses a scripted SSE server (bench/_trace_engine.py) instead of vLLM.
+
+    python bench/gateway_trace.py --burst 3 --burst-requests 300 [--save stamps.json]
+
+traces the 200-stream bursts instead, request by request (each carries an ``x-trace-id``):
+the client's send, connection and first token; the gateway's accept, arrival, admission,
+upstream connect, write, the engine's head, the first token's read and send; the scripted
+engine's own stamps with --fake-engine. Per path: each hop's p50/p90/p99 and its median in the
+TTFT tail, when the burst's first wave reached each hop, each process's CPU time and its wait
+for a CPU (schedstat), and the gateway's garbage collections.
+
+    python bench/gateway_trace.py --drain 5
+
+traces the bench's disconnect-drain trial: of the tokens the engine made beyond what the client
+took, how many the gateway had read before the client left, while it reacted, and after.
 """
 
 from __future__ import annotations
