@@ -2,7 +2,7 @@
 
 ``decided`` is the record a decision makes of a draft (its status, the reviewer among the
 deciders, the review noted under its own heading), checked as the validator checks; the bot
-writes it into the store (bot.postmortem.service). ``accept_draft`` / ``reject_draft`` do the
+writes it into the store (bot.postmortem.records). ``accept_draft`` / ``reject_draft`` do the
 same on a file directory: the draft leaves ``adr/drafts/`` for ``adr/`` under the same file
 name (the validator allows only proposed records in drafts/), atomically in the sense that
 matters: at every moment exactly one ADR file carries the id.

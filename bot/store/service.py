@@ -17,6 +17,7 @@ from bot.store.models import (
     AdrDraft,
     Alert,
     AuditEntry,
+    CanaryResult,
     Incident,
     MetricSnapshot,
     Remediation,
@@ -172,6 +173,16 @@ def audit_trail(session: Session, *, incident_id: int | None = None) -> Sequence
 def incidents(session: Session) -> Sequence[Incident]:
     """All incidents, oldest first."""
     return session.scalars(select(Incident).order_by(Incident.id)).all()
+
+
+def canary_results(session: Session, incident_id: int) -> Sequence[CanaryResult]:
+    """An incident's canary runs, in the order they ran."""
+    query = (
+        select(CanaryResult)
+        .where(CanaryResult.incident_id == incident_id)
+        .order_by(CanaryResult.id)
+    )
+    return session.scalars(query).all()
 
 
 # --- scheduler: snapshots, ADRs in force, draft reminders ---------------------------------

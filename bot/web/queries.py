@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from bot.store import service as store
 from bot.store.db import Database
-from bot.store.models import AdrDraft, AuditEntry, CanaryResult, Incident, Remediation
+from bot.store.models import AdrDraft, AuditEntry, Incident, Remediation
 
 
 @dataclass(frozen=True)
@@ -159,11 +159,7 @@ def incident(db: Database, incident_id: int) -> IncidentRecord | None:
         )
         canaries = tuple(
             CanaryRow(c.remediation_id, c.label, c.passed, dict(c.report or {}), c.at)
-            for c in s.scalars(
-                select(CanaryResult)
-                .where(CanaryResult.incident_id == incident_id)
-                .order_by(CanaryResult.id)
-            )
+            for c in store.canary_results(s, incident_id)
         )
         drafts = tuple(
             DraftRow(d.adr_id, d.state, d.author, d.created_at, d.reviewed_by, d.reviewed_at)

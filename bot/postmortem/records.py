@@ -1,0 +1,236 @@
+"""Store operations of the post-incident draft, each one transaction (run them in a thread).
+
+The facts a draft is written from (the incident, its canary runs, the fix applied); the draft
+with its review buttons and audit entry; the decision of a review. A decision is a conditional
+update (``WHERE state = 'proposed'``): of two reviewers deciding at once exactly one wins, the
+other gets ``AlreadyDecided`` and nothing changes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from typing import Any, cast
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import CursorResult
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from bot.adr.models import Adr, AdrGates, Status
+from bot.adr.render import render
+from bot.adr.shared import SharedAdrStore
+from bot.chat.messages import MessageRef
+from bot.errors import UsageError
+from bot.postmortem.draft import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
+from bot.postmortem.review import decided, rejection_note
+from bot.runtime.ids import new_token
+from bot.store import adrs as records
+from bot.store import service as store
+from bot.store.db import Database
+from bot.store.models import ActionToken, AdrDraft, Incident, Remediation
+
+ENDED = ("promoted", "rolled_back", "failed")
+ID_TRIES = 5  # replicas drafting on one day at once: each takes the next free id
+
+
+class AlreadyDecided(UsageError):
+    """Someone decided the draft first; nothing was changed."""
+
+
+class DraftRecords:
+    """Drafts, their review buttons and the facts they are written from, on one database."""
+
+    def __init__(
+        self, *, db: Database, adrs: SharedAdrStore, clock: Callable[[], dt.datetime]
+    ) -> None:
+        self._db = db
+        self._adrs = adrs
+        self._clock = clock
+
+    def newest_incident(self) -> int:
+        """The newest incident's id; UsageError when there is none."""
+        with self._db.transaction() as s:
+            found = s.scalars(select(Incident.id).order_by(Incident.id.desc())).first()
+        if found is None:
+            raise UsageError("there is no incident to draft an ADR for yet")
+        return found
+
+    def facts(self, incident_id: int) -> tuple[IncidentFacts, list[CanaryFacts], AppliedFix | None]:
+        """What the draft is written from: the incident, its canary runs, the fix it ended with."""
+        with self._db.transaction() as s:
+            incident = store.get(s, incident_id)
+            if incident is None:
+                raise UsageError(f"there is no incident {incident_id}")
+            annotations = [
+                str(a.annotations.get(key))
+                for a in incident.alerts
+                for key in ("summary", "description")
+                if a.annotations.get(key)
+            ]
+            facts = IncidentFacts(
+                id=incident.id,
+                title=incident.title,
+                target=incident.target,
+                opened_at=incident.opened_at,
+                closed_at=incident.closed_at,
+                labels={k: str(v) for k, v in incident.labels.items()},
+                annotations=annotations,
+                diagnosis=incident.summary or None,
+            )
+            canaries = [
+                CanaryFacts.from_report(label=r.label, report=r.report, at=r.at)
+                for r in store.canary_results(s, incident_id)
+            ]
+            rem = s.scalars(
+                select(Remediation)
+                .where(Remediation.incident_id == incident_id, Remediation.state.in_(ENDED))
+                .order_by(Remediation.id.desc())
+            ).first()
+        applied = None
+        if rem is not None:
+            found = self._adrs.find(rem.adr_id)
+            if found is not None:
+                applied = AppliedFix(
+                    adr=_as_judged(found[1], rem.result.get("gates")),
+                    state=rem.state,
+                    before_flags=rem.before.get("flags", {}),
+                    after_flags=rem.after.get("flags", {}),
+                    requested_by=rem.requested_by,
+                    approved_by=list(rem.approved_by),
+                    failed_gates=list(rem.result.get("failures", [])),
+                )
+        return facts, canaries, applied
+
+    def record(
+        self, *, incident: IncidentFacts, canaries: list[CanaryFacts],
+        applied: AppliedFix | None, author: str,
+    ) -> tuple[Adr, dict[str, str]]:  # fmt: skip
+        """The draft, its review buttons and its audit entry, in one transaction.
+
+        Another replica may take the same id at the same moment: the store refuses the second
+        (unique id) and the draft is built again with the next free id.
+        """
+        self._adrs.sync()  # ids of files added to adr/ count too
+        for attempt in range(ID_TRIES):
+            now = self._clock()
+            try:
+                with self._db.transaction() as s:
+                    adr = build_postmortem(
+                        adr_id=self._adrs.free_id(s, now.date()), day=now.date(),
+                        incident=incident, canaries=canaries, applied=applied, deciders=[author],
+                    )  # fmt: skip
+                    tokens = self._insert(s, adr, incident_id=incident.id, author=author, now=now)
+                return adr, tokens
+            except IntegrityError:
+                if attempt == ID_TRIES - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _insert(
+        self, s: Session, adr: Adr, *, incident_id: int, author: str, now: dt.datetime
+    ) -> dict[str, str]:
+        stored = self._adrs.add_draft(s, adr, source="bot", actor=author, at=now)
+        path = str(self._adrs.location(stored))
+        tokens = {kind: new_token() for kind in ("accept", "reject")}
+        s.add(
+            AdrDraft(
+                adr_id=adr.id, incident_id=incident_id, path=path, author=author,
+                state="proposed", created_at=now,
+            )
+        )  # fmt: skip
+        for kind, token in tokens.items():
+            s.add(
+                ActionToken(
+                    token=token, kind=kind, subject=f"draft:{adr.id}",
+                    incident_id=incident_id, created_at=now,
+                )
+            )  # fmt: skip
+        store.audit(
+            s, at=now, actor=author, action="adr_draft.written",
+            incident=store.get(s, incident_id), detail={"adr": adr.id, "path": path},
+        )  # fmt: skip
+        s.flush()  # a taken id fails here, inside the retry
+        return tokens
+
+    def remember(self, adr_id: str, ref: MessageRef) -> None:
+        """Where the draft's summary was posted (to update it after review)."""
+        with self._db.transaction() as s:
+            s.execute(
+                update(AdrDraft)
+                .where(AdrDraft.adr_id == adr_id)
+                .values(channel=ref.channel, ts=ref.ts)
+            )
+
+    def token(self, value: str) -> ActionToken | None:
+        """The review button with this token, if this bot issued it."""
+        with self._db.transaction() as s:
+            return s.scalars(select(ActionToken).where(ActionToken.token == value)).one_or_none()
+
+    def draft(self, adr_id: str) -> AdrDraft:
+        """The draft (detached); UsageError when this bot posted none of that id."""
+        with self._db.transaction() as s:
+            draft = s.scalars(select(AdrDraft).where(AdrDraft.adr_id == adr_id)).one_or_none()
+        if draft is None:
+            raise UsageError(f"{adr_id} is not a draft this bot posted")
+        return draft
+
+    def decide(self, adr_id: str, *, kind: str, user_id: str) -> tuple[str, str]:
+        """Decide the draft in one transaction: the record's new version, the draft's state,
+        its buttons and the audit entry; AlreadyDecided when another reviewer was first."""
+        now = self._clock()
+        state: Status = "accepted" if kind == "accept" else "rejected"
+        reason = f"rejected in Slack by {user_id}"
+        with self._db.transaction() as s:
+            # Claim the draft first: a reviewer whose transaction starts after the winner's
+            # committed (SQLite serializes them) must be told who won, not that the record
+            # is no longer a proposal.
+            won = s.execute(
+                update(AdrDraft)
+                .where(AdrDraft.adr_id == adr_id, AdrDraft.state == "proposed")
+                .values(state=state, reviewed_at=now, reviewed_by=user_id)
+            )
+            if cast(CursorResult[Any], won).rowcount != 1:  # another reviewer was first
+                raise AlreadyDecided(adr_id)
+            row = records.get(s, adr_id)
+            if row is None:
+                raise UsageError(f"{adr_id} is not in the store any more. Nothing was changed.")
+            note = (
+                f"accepted by {user_id}."
+                if state == "accepted"
+                else rejection_note(adr_id, reviewer=user_id, reason=reason)
+            )
+            record = decided(
+                self._adrs.parsed(row), status=state, reviewer=user_id, note=note,
+                day=now.date(), name=row.name,
+            )  # fmt: skip
+            changed = records.change(
+                s, row, name=row.name, draft=False, status=state, markdown=render(record),
+                source="slack", actor=user_id, at=now, note=f"{state} in Slack by {user_id}",
+                synced=False,
+            )  # fmt: skip
+            if changed is None:
+                raise AlreadyDecided(adr_id)
+            where = str(self._adrs.location(changed))
+            s.execute(
+                update(ActionToken)
+                .where(ActionToken.subject == f"draft:{adr_id}", ActionToken.used_at.is_(None))
+                .values(used_at=now, used_by=user_id)
+            )
+            draft = s.scalars(select(AdrDraft).where(AdrDraft.adr_id == adr_id)).one()
+            draft.path = where
+            store.audit(
+                s, at=now, actor=user_id, action=f"adr_draft.{state}",
+                incident=store.get(s, draft.incident_id),
+                detail={"adr": adr_id, "path": where, "version": changed.version},
+            )  # fmt: skip
+        return state, where
+
+
+def _as_judged(adr: Adr, limits: dict[str, float] | None) -> Adr:
+    """The ADR with the gates its canary was judged by: 'Nx normal' as the numbers it meant."""
+    if adr.gates is None or not adr.gates.relative():
+        return adr
+    # Resolved when the remediation ran; a run that ended before that keeps only numbers.
+    gates = AdrGates(**limits) if limits is not None else adr.gates.resolve({}, strict=False)
+    return adr.model_copy(update={"gates": gates})
