@@ -170,12 +170,17 @@ async def serve_then_drop_kept_connections(page: str) -> tuple[asyncio.Server, l
     served: list[int] = []
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(head.encode() + body)
-        await writer.drain()
-        served.append(1)
-        await reader.readuntil(b"\r\n\r\n")  # the reuse: drop it, as the timeout would
-        writer.close()
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(head.encode() + body)
+            await writer.drain()
+            served.append(1)
+            await reader.readuntil(b"\r\n\r\n")  # the reuse: drop it, as the timeout would
+        except asyncio.IncompleteReadError:
+            pass  # the client closed this connection first
+        finally:
+            writer.close()
+            await writer.wait_closed()
 
     return await asyncio.start_server(handle, "127.0.0.1", 0), served
 
