@@ -34,13 +34,10 @@ system-deps:
 	    prometheus prometheus-alertmanager postgresql chromium; \
 	fi
 
-# The layer contracts first (seconds): a wrong-way import fails before the suite starts. Two
-# workers: most of the suite waits on engines and subprocesses, so a second one overlaps them
-# (each module that runs real engines stays on one worker: tests/conftest.py).
-TEST_WORKERS ?= 2
+# The layer contracts first (seconds): a wrong-way import fails before the suite starts.
 test: $(STAMP) system-deps
 	$(BIN)/lint-imports
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest
 
 lint: $(STAMP)
 	$(BIN)/ruff check bot latency_checker tests bench

@@ -14,17 +14,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 TEST_FLAGS = ("--enforce-eager",)  # same throughput on this tiny model, ready in ~25 s not ~75 s
 
 EngineFactory = Callable[[Sequence[str]], EngineInfo]
-ENGINE_FIXTURES = {"engine", "engine_factory", "engine_manager", "long_engine"}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``) the tests of one module that runs
-    real engines stay together on one worker, in order, sharing that worker's engines (one per
-    flag set); other tests spread over the workers. Without xdist the mark does nothing."""
-    for item in items:
-        uses_engine = ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
-        if uses_engine or item.get_closest_marker("engine") or item.get_closest_marker("slow"):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))
 
 
 @pytest.fixture(scope="session")
