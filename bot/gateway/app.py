@@ -111,23 +111,15 @@ class Gateway:
             return
         self.metrics.admitted(cost.prompt_tokens)
         ex: Exchange | None = None
-        released = False
-
-        def release() -> None:  # once: when the client's answer is whole, or at the end
-            nonlocal released
-            if not released:
-                released = True
-                self.budget.release(cost.total)
-
         try:
             ex = await self.relay.run(
                 method="POST", target=_target(scope), headers=upstream_headers(scope["headers"]),
                 body=raw, receive=receive, send=send, stream=cost.stream,
                 deadline_s=timeout_s - (loop.time() - arrived),
-                role_events=(body.get("n") or 1) if chat else 0, on_complete=release,
+                role_events=(body.get("n") or 1) if chat else 0,
             )  # fmt: skip
         finally:
-            release()
+            self.budget.release(cost.total)
             self._account(ex, cost, arrived_s=arrived_s)
 
     async def _refuse(self, send: Send, problem: HTTPProblem, outcome: Outcome) -> None:

@@ -86,20 +86,14 @@ class _ToClient:
     ASGI servers of spec 2.4 raise one (uvicorn's ``ClientDisconnected``) where older ones
     return quietly and say ``http.disconnect`` on ``receive``; the exchange ends the same way
     for both: a client_cancel, its tokens counted, the upstream response closed.
-
-    The exchange's resources are released (``on_complete``) before its last byte goes out: a
-    client that has its whole answer may send its next request at once, and must not find
-    the budget still holding this one.
     """
 
-    __slots__ = ("_ex", "_on_complete", "_send")
+    __slots__ = ("_ex", "_send")
 
-    def __init__(self, send: Send, ex: Exchange, on_complete: Callable[[], None]) -> None:
-        self._send, self._ex, self._on_complete = send, ex, on_complete
+    def __init__(self, send: Send, ex: Exchange) -> None:
+        self._send, self._ex = send, ex
 
     async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.body" and not message.get("more_body", False):
-            self._on_complete()
         try:
             await self._send(message)
         except OSError:
@@ -132,14 +126,11 @@ class Relay:
         deadline_s: float,
         stream: bool,
         role_events: int = 0,
-        on_complete: Callable[[], None] = lambda: None,
     ) -> Exchange:
-        """Proxy one request until it ends; the client always gets a complete response.
-
-        ``on_complete`` runs once the client's response is whole, before its last write."""
+        """Proxy one request until it ends; the client always gets a complete response."""
         ex = Exchange(role_events=role_events)
         to_client = send
-        send = _ToClient(send, ex, on_complete)
+        send = _ToClient(send, ex)
         loop = asyncio.get_running_loop()
         watcher = loop.create_task(_wait_disconnect(receive))
         try:
@@ -167,7 +158,7 @@ class Relay:
                 try:
                     ex.status = response.status_code
                     if stream and response.status_code == 200:
-                        await self._stream(response, send, to_client, ex, end_grace, on_complete)
+                        await self._stream(response, send, to_client, ex, end_grace)
                     else:
                         payload = b"".join([c async for c in response.aiter_raw()])
                         ex.first_byte_s = ex.last_byte_s = self.clock()
@@ -234,7 +225,6 @@ class Relay:
         to_client: Send,
         ex: Exchange,
         at_end: Callable[[], None],
-        on_complete: Callable[[], None],
     ) -> None:
         hdrs = response_headers(response)
         # The body as the transport hands it over: response.stream, not aiter_raw(), which adds
@@ -269,8 +259,6 @@ class Relay:
             ex.counted_tokens = counted
             ex.usage_tokens = usage
             end = chunk.endswith(END_MARKER)  # whole events: the marker is never split
-            if end:
-                on_complete()
             try:  # the hot path calls the server's send itself (one coroutine less per event)
                 await to_client({"type": "http.response.body", "body": chunk, "more_body": not end})
             except OSError:
