@@ -52,7 +52,9 @@ async def test_pulse_sends_from_burst_streams_only_during_bursts() -> None:
     assert report["workload"]["pattern"]["kind"] == "pulse"
     t0 = min(r.sent_at for r in records)
     # Requests sent well outside every burst can only come from the 2 base streams.
-    slack_s = 0.01  # the burst is checked right before a request is sent
+    # The burst is checked right before a request is sent, with no await between; only the OS
+    # preempting the client between the two (on a loaded box, tens of ms) stamps a send later.
+    slack_s = 0.1
     off_burst = [
         r
         for r in records

