@@ -34,10 +34,14 @@ system-deps:
 	    prometheus prometheus-alertmanager postgresql chromium; \
 	fi
 
-# The layer contracts first (seconds): a wrong-way import fails before the suite starts.
+# The layer contracts first (seconds): a wrong-way import fails before the suite starts. Two
+# workers: much of the suite waits on engines and subprocesses, so a second one overlaps them;
+# the tests of a module that runs real engines stay on one worker, longest modules first
+# (tests/conftest.py). TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
 	$(BIN)/lint-imports
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(BIN)/ruff check bot latency_checker tests bench

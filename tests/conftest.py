@@ -14,6 +14,30 @@ FIXTURES = Path(__file__).parent / "fixtures"
 TEST_FLAGS = ("--enforce-eager",)  # same throughput on this tiny model, ready in ~25 s not ~75 s
 
 EngineFactory = Callable[[Sequence[str]], EngineInfo]
+ENGINE_FIXTURES = {"engine", "engine_factory", "engine_manager", "long_engine"}
+# Seconds per module in a serial run (`--durations=0`, 2-core box), for the order below; a
+# module not listed counts as 10 s.
+MODULE_SECONDS = {
+    "test_engine_cli": 250, "test_remediation_engine": 196, "test_gateway_engine": 115,
+    "test_canary_gateway_engine": 110, "test_faults_kill_apply": 103, "test_tune": 103,
+    "test_bot_e2e": 83, "test_replicas": 60, "test_canary_engine": 48,
+    "test_fuzz_alertmanager": 38, "test_engine_process": 34, "test_bot_transports": 28,
+    "test_faults_slack": 18, "test_faults_delivery": 14, "test_gateway_app": 13,
+}  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``): the tests of a module that runs
+    real engines stay together on one worker, sharing that worker's engines (one per flag
+    set), and the longest modules go first, so that no worker is left with one at the end
+    while the other idles. Other tests spread over the workers one by one."""
+    if not getattr(config.option, "numprocesses", None):
+        return
+    for item in items:
+        uses_engine = ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if uses_engine or item.get_closest_marker("engine"):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))
+    items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.stem, 10))
 
 
 @pytest.fixture(scope="session")
