@@ -12,7 +12,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import Select, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -170,7 +170,7 @@ class DraftRecords:
     def draft(self, adr_id: str) -> AdrDraft:
         """The draft (detached); UsageError when this bot posted none of that id."""
         with self._db.transaction() as s:
-            draft = s.scalars(select(AdrDraft).where(AdrDraft.adr_id == adr_id)).one_or_none()
+            draft = s.scalars(_draft(adr_id)).one_or_none()
         if draft is None:
             raise UsageError(f"{adr_id} is not a draft this bot posted")
         return draft
@@ -217,7 +217,7 @@ class DraftRecords:
                 .where(ActionToken.subject == f"draft:{adr_id}", ActionToken.used_at.is_(None))
                 .values(used_at=now, used_by=user_id)
             )
-            draft = s.scalars(select(AdrDraft).where(AdrDraft.adr_id == adr_id)).one()
+            draft = s.scalars(_draft(adr_id)).one()
             draft.path = where
             store.audit(
                 s, at=now, actor=user_id, action=f"adr_draft.{state}",
@@ -234,3 +234,7 @@ def _as_judged(adr: Adr, limits: dict[str, float] | None) -> Adr:
     # Resolved when the remediation ran; a run that ended before that keeps only numbers.
     gates = AdrGates(**limits) if limits is not None else adr.gates.resolve({}, strict=False)
     return adr.model_copy(update={"gates": gates})
+
+
+def _draft(adr_id: str) -> Select[AdrDraft]:
+    return select(AdrDraft).where(AdrDraft.adr_id == adr_id)
