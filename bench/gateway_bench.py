@@ -12,6 +12,8 @@ p50/p99, TPOT p99, streamed tokens/s, the proxy process's CPU seconds per 1,000 
 and the CPU other people's jobs took on this shared box during the run. Then: TTFT one stream at
 a time (the latency a proxy adds when nothing queues; the paths take turns, 10 requests each),
 and tokens the engine generated after a client left mid-stream, direct vs through the gateway.
+With --split-cpus the engine runs on the first CPU and everything else (the proxies, this
+client) on the others, so that no proxy's CPU is taken from the engine, as on a GPU host.
 Results: bench/results/gateway_bench.json.
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import string
@@ -130,6 +133,7 @@ async def measure(
         "ok": len(ok), "wall_s": wall, "proxy_cpu_s": cpu,
         "proxy_cpu_per_1k_tokens": cpu / tokens * 1000 if tokens else 0.0,
         "others_cpu_s_per_s": max(others, 0.0) / wall, "idle_wait_s": waited,
+        "client_cpu_s": self1 - self0,
     }  # type: ignore[dict-item]  # fmt: skip
 
 
@@ -208,7 +212,7 @@ def print_table(result: dict[str, object], args: argparse.Namespace) -> None:
     print(
         f"\n{args.concurrency} concurrent streams, {args.requests} chat requests, "
         f"{args.prompt_words}-word prompt, {args.output_tokens} output tokens, "
-        f"median of {args.rounds} rounds"
+        f"median of {args.rounds} rounds" + (", engine on its own CPU" if args.split_cpus else "")
     )
     head = (
         f"{'path':<11}{'TTFT p50':>9}{'TTFT p99':>9}{'p99 ratio':>10}{'TPOT p99':>9}"
@@ -256,15 +260,27 @@ def main() -> None:
         "--before", type=Path, metavar="DIR",
         help="also run the gateway from the checkout in DIR (its bot/ package) as gw-before",
     )  # fmt: skip
+    parser.add_argument(
+        "--split-cpus", action="store_true",
+        help="the engine on the first CPU, the proxies and the client on the others",
+    )  # fmt: skip
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="ruleloop-gw-bench-"))
     manager = EngineManager(state_dir=tmp)
     port = free_port()
+    cpus = os.sched_getaffinity(0)
+    if args.split_cpus:
+        if len(cpus) < 2:
+            raise SystemExit(f"--split-cpus needs 2 CPUs or more; this process may use {cpus}")
+        os.sched_setaffinity(0, {min(cpus)})  # the engine's processes inherit it
     print(f"starting vLLM on port {port} ...", flush=True)
     info = manager.start(
         port=port, flags=["--enforce-eager", "--max-num-seqs", "256"], on_progress=print
     )
+    if args.split_cpus:
+        os.sched_setaffinity(0, cpus - {min(cpus)})  # the proxies and the client
+        print(f"engine on CPU {min(cpus)}; proxies and client on {sorted(cpus - {min(cpus)})}")
     started = []
     try:
         gw_port = free_port()
