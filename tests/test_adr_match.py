@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from bot.adr.match import METRICS, read_metric
 from bot.adr.models import Condition
@@ -16,6 +16,9 @@ from bot.adr.store import AdrStore, slugify
 from bot.cli import cli
 
 ADR_DIR = Path(__file__).parent.parent / "adr"
+DEMO_ADR = (
+    Path(__file__).parent.parent / "bot" / "demo" / "ADR-20261129-02-cpu-demo-scheduler-step.md"
+)
 
 
 def canary_report(
@@ -138,6 +141,32 @@ def test_cli_match_json_and_proposed_adrs_never_match(store: Path, tmp_path: Pat
     )
     out = CliRunner().invoke(cli, ["adr", "match", str(report), "--adr-dir", str(store), "--json"])
     assert json.loads(out.output) == []
+
+
+def test_cli_match_multiplies_relative_conditions_by_the_normal_report(
+    store: Path, tmp_path: Path
+) -> None:
+    # the demo's ADR: tpot_p99_ms > 3x normal; the incident's canary has TPOT p99 45 ms
+    shutil.copy(DEMO_ADR, store)
+    incident = _json(tmp_path, canary_report(ttft_p99=1200, goodput=0.9))
+    normal = tmp_path / "normal.json"
+
+    def run(*extra: str) -> Result:
+        args = ["adr", "match", str(incident), "--adr-dir", str(store), *extra]
+        return CliRunner().invoke(cli, args)
+
+    alone = run()
+    assert alone.exit_code == 0 and "ADR-20261129-02  " not in alone.output
+    assert "ADR-20261129-02: tpot_p99_ms > 3x normal: no normal measured" in alone.output
+    normal.write_text(json.dumps({"metrics": {"tpot_p99_ms": 10.0}}))
+    matched = run("--normal", str(normal))
+    assert "ADR-20261129-02  Local CPU engine" in matched.output, matched.output
+    assert "fix: --max-num-batched-tokens 512" in matched.output
+    normal.write_text(json.dumps({"metrics": {"tpot_p99_ms": 20.0}}))  # 3x = 60 ms > 45 ms
+    assert "ADR-20261129-02  " not in run("--normal", str(normal)).output
+    normal.write_text(json.dumps({"passed": True}))
+    refused = run("--normal", str(normal))
+    assert refused.exit_code == 2 and "none of ttft_p99_ms" in refused.stderr
 
 
 @pytest.mark.parametrize(

@@ -21,8 +21,9 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from bot.adr import vllm_args
 from bot.adr.flags import to_argv
-from bot.adr.match import METRICS, match, matching
+from bot.adr.match import METRICS, match, matching, read_metric
 from bot.adr.models import Adr
+from bot.adr.relative import NORMAL_METRICS
 from bot.adr.shared import SharedAdrStore
 from bot.adr.store import AdrStore
 from bot.adr.validate import default_checker, validate
@@ -200,14 +201,40 @@ def validate_cmd(path: Path | None, use_vllm: bool | None, adr_dir: Path) -> Non
     "report_path", metavar="METRICS.json", type=click.Path(dir_okay=False, path_type=Path)
 )
 @click.option("--json", "as_json", is_flag=True, help="The matching ADRs as JSON.")
+@click.option(
+    "--normal", "normal_path", metavar="NORMAL.json",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="A report of the same kind measured on a normal day: relative conditions "
+    "('3x normal') are multiplied out with its numbers. Without it they do not hold.",
+)  # fmt: skip
 @adr_dir_option
 @config_option
-def match_cmd(report_path: Path, as_json: bool, adr_dir: Path, config_path: Path | None) -> None:
-    """List the accepted ADRs whose `match` conditions all hold for a canary or diagnosis report."""
+def match_cmd(
+    report_path: Path,
+    as_json: bool,
+    normal_path: Path | None,
+    adr_dir: Path,
+    config_path: Path | None,
+) -> None:
+    """List the accepted ADRs whose `match` conditions all hold for a canary or diagnosis report.
+
+    \b
+    ruleloop adr match canary.json
+    ruleloop adr match canary.json --normal canary-normal.json   # for '3x normal' conditions
+    """
     report = _read_report(report_path)
+    normal = None
+    if normal_path is not None:
+        normal_report = _read_report(normal_path)
+        normal = {m: read_metric(normal_report, m) for m in NORMAL_METRICS}
+        if all(v is None for v in normal.values()):
+            raise UsageError(
+                f"{normal_path}: none of {', '.join(NORMAL_METRICS)} is in this report; "
+                "pass a canary --output-json or a diagnosis report measured on a normal day"
+            )
     with _store(adr_dir, config_path) as store:
         accepted = store.accepted()
-    results = matching(accepted, report)
+    results = matching(accepted, report, normal)
     if as_json:
         click.echo(
             json.dumps(
@@ -233,7 +260,7 @@ def match_cmd(report_path: Path, as_json: bool, adr_dir: Path, config_path: Path
     if not results:
         click.echo(f"no accepted ADR matches {report_path}")
         for record in accepted:
-            missed = [c.explain() for c in match(record, report).conditions if not c.holds]
+            missed = [c.explain() for c in match(record, report, normal).conditions if not c.holds]
             if missed:
                 click.echo(f"  {record.id}: " + "; ".join(missed))
 
