@@ -14,6 +14,8 @@ a time (the latency a proxy adds when nothing queues; the paths take turns, 10 r
 and tokens the engine generated after a client left mid-stream, direct vs through the gateway.
 With --split-cpus the engine runs on the first CPU and everything else (the proxies, this
 client) on the others, so that no proxy's CPU is taken from the engine, as on a GPU host.
+--engine-keep-alive S sets how long the engine keeps an idle connection (vLLM's default: 5 s,
+shorter than the pause between rounds, so every round starts with new upstream connections).
 Results: bench/results/gateway_bench.json.
 """
 
@@ -212,7 +214,9 @@ def print_table(result: dict[str, object], args: argparse.Namespace) -> None:
     print(
         f"\n{args.concurrency} concurrent streams, {args.requests} chat requests, "
         f"{args.prompt_words}-word prompt, {args.output_tokens} output tokens, "
-        f"median of {args.rounds} rounds" + (", engine on its own CPU" if args.split_cpus else "")
+        f"median of {args.rounds} rounds"
+        + (", engine on its own CPU" if args.split_cpus else "")
+        + (f", engine keep-alive {args.engine_keep_alive} s" if args.engine_keep_alive else "")
     )
     head = (
         f"{'path':<11}{'TTFT p50':>9}{'TTFT p99':>9}{'p99 ratio':>10}{'TPOT p99':>9}"
@@ -264,7 +268,13 @@ def main() -> None:
         "--split-cpus", action="store_true",
         help="the engine on the first CPU, the proxies and the client on the others",
     )  # fmt: skip
+    parser.add_argument(
+        "--engine-keep-alive", type=int, metavar="S",
+        help="seconds vLLM keeps an idle connection open (VLLM_HTTP_TIMEOUT_KEEP_ALIVE)",
+    )  # fmt: skip
     args = parser.parse_args()
+    if args.engine_keep_alive is not None:
+        os.environ["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] = str(args.engine_keep_alive)
 
     tmp = Path(tempfile.mkdtemp(prefix="ruleloop-gw-bench-"))
     manager = EngineManager(state_dir=tmp)
