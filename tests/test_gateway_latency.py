@@ -19,7 +19,9 @@ import struct
 import sys
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bot.gateway.app import Gateway
 from bot.gateway.server import GatewayServer, upstream_client
@@ -176,3 +178,37 @@ async def test_both_gateway_sockets_have_nagle_off(gateway_for) -> None:
         writer.close()
         await writer.wait_closed()
     assert nodelay == {"accepted from the client": 1, "to the engine": 1}
+
+
+async def test_upstream_requests_are_counted_by_connection_new_or_kept(gateway_for) -> None:
+    # An engine that closes idle connections (vLLM: after 5 s) makes the next request pay a
+    # new one; /metrics says how often, so an operator can see an engine keep-alive too short.
+    async with SseEngine(idle_timeout_s=0.5) as engine:
+        host, _ = await gateway_for(engine)
+        async with httpx.AsyncClient(base_url=f"http://{host}", timeout=HANG_GUARD_S) as client:
+
+            async def complete() -> None:
+                answer = await client.post(
+                    "/v1/completions", content=BODY, headers={"content-type": "application/json"}
+                )
+                assert answer.status_code == 200 and answer.text.rstrip().endswith("[DONE]")
+
+            async def counts() -> dict[str, float]:
+                page = (await client.get("/metrics")).text
+                return {
+                    sample.labels["connection"]: sample.value
+                    for family in text_string_to_metric_families(page)
+                    if family.name == "ruleloop_gateway_upstream_requests"
+                    for sample in family.samples
+                    if sample.name.endswith("_total")
+                }
+
+            for _ in range(3):
+                await complete()
+            assert await counts() == {"new": 1.0, "kept": 2.0}
+            async with asyncio.timeout(HANG_GUARD_S):
+                while not engine.idle_closed:  # the engine closed the kept connection
+                    await asyncio.sleep(0.05)
+            await complete()
+            assert await counts() == {"new": 2.0, "kept": 2.0}
+            assert engine.connections == 2

@@ -213,12 +213,15 @@ async def test_transport_retries_once_when_a_reused_connection_was_closed() -> N
         finished.append(None)
 
     server, base = await _raw_server(handler)
-    async with server, httpx.AsyncClient(transport=UpstreamTransport(), base_url=base) as client:
+    transport = UpstreamTransport()
+    async with server, httpx.AsyncClient(transport=transport, base_url=base) as client:
         assert (await client.get("/")).content == b"ok"
         assert (await client.get("/")).content == b"ok"
     while len(finished) < 2:  # both server sides closed before the loop ends
         await asyncio.sleep(0.01)
     assert connections == 2
+    # both answers came on a new connection: the failed reuse is not counted as kept
+    assert (transport.sent_on_new, transport.sent_on_kept) == (2, 0)
 
 
 async def test_transport_reports_a_body_cut_short_as_a_protocol_error() -> None:

@@ -52,7 +52,7 @@ class Gateway:
     ) -> None:
         self.limits = limits or Limits()
         self.budget = TokenBudget(self.limits.max_inflight_tokens)
-        self.metrics = GatewayMetrics(self.budget)
+        self.metrics = GatewayMetrics(self.budget, upstream=getattr(client, "upstream", None))
         self.costing = costing or Costing()
         self.relay = Relay(client, clock=clock)
         self.admin = Admin(

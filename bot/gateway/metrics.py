@@ -20,6 +20,9 @@ These names are a contract: the bot's ``queue_cancel`` probe reads them.
   ruleloop_gateway_inflight_tokens                gauge: admitted token cost not yet released
   ruleloop_gateway_inflight_requests              gauge: admitted requests not yet finished
   ruleloop_gateway_max_inflight_tokens            gauge: the budget's limit (0: unlimited)
+  ruleloop_gateway_upstream_requests_total{connection}   requests the engine answered, by the
+      connection they went on: new (opened for it) or kept (a kept-alive one); about one new
+      per request means the engine closes idle connections faster than requests come
 
 They add up: ok + client_cancel + deadline + upstream_error = admitted requests, and
 delivered + wasted = all output tokens seen. Token counts come from the stream's ``usage``
@@ -28,9 +31,13 @@ when the client asked for it, else one token per streamed choice event.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from enum import StrEnum
+from typing import Protocol, runtime_checkable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from bot.gateway.budget import TokenBudget
 
@@ -52,12 +59,45 @@ class Outcome(StrEnum):
     INVALID = "invalid"
 
 
+@runtime_checkable
+class ConnectionCounts(Protocol):
+    """What the upstream transport counts (``UpstreamTransport``)."""
+
+    sent_on_new: int
+    sent_on_kept: int
+
+
+class _UpstreamRequests(Collector):
+    """The transport's own counts, read at scrape time (nothing added per request)."""
+
+    def __init__(self, counts: ConnectionCounts) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "ruleloop_gateway_upstream_requests",
+            "Requests the engine answered, by connection: new (opened for it) or kept.",
+            labels=["connection"],
+        )
+        family.add_metric(["new"], self._counts.sent_on_new)
+        family.add_metric(["kept"], self._counts.sent_on_kept)
+        yield family
+
+
 class GatewayMetrics:
     """All gateway metrics on one registry; label children are bound once, not per request."""
 
-    def __init__(self, budget: TokenBudget, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        budget: TokenBudget,
+        registry: CollectorRegistry | None = None,
+        *,
+        upstream: object = None,
+    ) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
+        if isinstance(upstream, ConnectionCounts):  # the default transport; not a test's mock
+            r.register(_UpstreamRequests(upstream))
         requests = Counter(
             "ruleloop_gateway_requests", "Inference requests by outcome.", ["outcome"], registry=r
         )

@@ -169,6 +169,9 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
         )
         self._max_idle = max_idle_per_host
         self._ssl_context = ssl_context  # for https upstreams; the system's CAs when None
+        # requests answered on a connection opened for them / on a kept-alive one (metrics)
+        self.sent_on_new = 0
+        self.sent_on_kept = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send one request and return as soon as the response headers are in."""
@@ -186,15 +189,21 @@ class UpstreamTransport(httpx.AsyncBaseTransport):
             if conn is None:
                 conn = await self._connect(key, timeout)
             try:
-                return await self._exchange(conn, payload)
+                response = await self._exchange(conn, payload)
             except httpx.RemoteProtocolError:
                 # A kept-alive connection the server closed just as we reused it: retry once
                 # on a fresh one, but only if nothing of a response had arrived.
                 if not (reused and attempt == 0 and not conn.received_any):
                     raise
+                continue
             except BaseException:
                 conn.close()
                 raise
+            if reused:
+                self.sent_on_kept += 1
+            else:
+                self.sent_on_new += 1
+            return response
         raise AssertionError("unreachable")
 
     async def _exchange(self, conn: _Connection, payload: bytes) -> httpx.Response:
@@ -270,7 +279,7 @@ class UpstreamClient(httpx.AsyncClient):
 
     def __init__(self, *, transport: httpx.AsyncBaseTransport, **kwargs: Any) -> None:
         super().__init__(transport=transport, **kwargs)
-        self._upstream = transport
+        self.upstream = transport
 
     async def send(
         self,
@@ -281,7 +290,7 @@ class UpstreamClient(httpx.AsyncClient):
         follow_redirects: Any = httpx.USE_CLIENT_DEFAULT,
     ) -> httpx.Response:
         """Send one request as it is; read the body unless ``stream``."""
-        response = await self._upstream.handle_async_request(request)
+        response = await self.upstream.handle_async_request(request)
         response.request = request
         if not stream:
             try:

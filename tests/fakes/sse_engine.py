@@ -46,6 +46,7 @@ class SseEngine:
         metrics_pages: Sequence[str] = (),
         hold_until_scraped: bool = False,
         hold_body_end: bool = False,
+        idle_timeout_s: float | None = None,
     ) -> None:
         self.hold_after = hold_after
         self.token_delay_s = token_delay_s  # a slow engine: this long between tokens
@@ -53,6 +54,8 @@ class SseEngine:
         self.hold_until_scraped = hold_until_scraped
         self.hold_body_end = hold_body_end
         self.body_end = asyncio.Event()
+        self.idle_timeout_s = idle_timeout_s  # close a kept-alive connection idle this long
+        self.idle_closed = 0
         self.connections = 0
         self.scrapes = 0
         self._scraped = asyncio.Condition()
@@ -101,7 +104,13 @@ class SseEngine:
 
     async def _request(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
         """Answer one request; False when the connection is done."""
-        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        try:
+            async with asyncio.timeout(self.idle_timeout_s):  # as uvicorn's keep-alive timeout
+                raw = await reader.readuntil(b"\r\n\r\n")
+        except TimeoutError:
+            self.idle_closed += 1
+            return False
+        head = raw.decode("latin-1").split("\r\n")
         method, path, _ = head[0].split(" ", 2)
         headers = {k.strip().lower(): v.strip() for k, _, v in (h.partition(":") for h in head[1:])}
         body = await reader.readexactly(int(headers.get("content-length") or 0))
