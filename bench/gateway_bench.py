@@ -35,6 +35,7 @@ from pathlib import Path
 import _gateway_bench_procs as procs
 import aiohttp
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bot.canary.client import Outcome, RequestRecord, stream_request
 from bot.canary.report import summarize
@@ -95,6 +96,22 @@ async def engine_generated(client: httpx.AsyncClient, engine_url: str) -> float:
         await asyncio.sleep(0.1)
 
 
+async def upstream_new(client: httpx.AsyncClient, base: str) -> float | None:
+    """How many requests a ruleloop gateway has sent on new upstream connections (None: not one)."""
+    if not base.startswith("http"):
+        return None
+    try:
+        page = (await client.get(f"{base}/metrics")).text
+    except httpx.HTTPError:
+        return None
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            name, labels = sample.name, sample.labels
+            if name == "ruleloop_gateway_upstream_requests_total" and labels["connection"] == "new":
+                return float(sample.value)
+    return None
+
+
 async def measure(
     name: str, paths: Paths, engine_pid: int, engine_url: str, args: argparse.Namespace, seed: int
 ) -> dict[str, float]:
@@ -113,7 +130,9 @@ async def measure(
             procs.busy_seconds(),
             time.process_time(),
         )
+        new0 = await upstream_new(client, base) if pid else None
         records, wall = await drive(url, work, args.concurrency)
+        new1 = await upstream_new(client, base) if pid else None
         cpu1, busy1, self1 = (
             [procs.cpu_seconds(p) for p in ours],
             procs.busy_seconds(),
@@ -136,6 +155,7 @@ async def measure(
         "proxy_cpu_per_1k_tokens": cpu / tokens * 1000 if tokens else 0.0,
         "others_cpu_s_per_s": max(others, 0.0) / wall, "idle_wait_s": waited,
         "client_cpu_s": self1 - self0,
+        "upstream_new": new1 - new0 if new0 is not None and new1 is not None else -1.0,
     }  # type: ignore[dict-item]  # fmt: skip
 
 
