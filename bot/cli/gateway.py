@@ -74,7 +74,11 @@ def build_limits(
     "gateway", cls=Command, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
 )
 @click.option(
-    "--upstream", required=True, help="The engine's HTTP root, e.g. http://127.0.0.1:8000."
+    "--upstream",
+    required=True,
+    help="The engine's HTTP root, e.g. http://127.0.0.1:8000. Start vLLM with "
+    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE=75: at its default of 5 s it closes the connections the "
+    "gateway keeps, and a burst after a quiet moment opens a new one per request.",
 )
 @click.option(
     "--listen", default="127.0.0.1:9000", show_default=True, help="HOST:PORT to serve on."
