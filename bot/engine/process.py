@@ -191,7 +191,8 @@ class EngineManager:
             [self.python, "-c", _FIND_VLLM], capture_output=True, text=True, env=engine_env()
         )
         if probe.returncode != 0:
-            reason = failure_reason(probe.stderr) or "no module named vllm"
+            # find_spec's "no" is a silent exit 1; stderr has a reason only if Python itself failed
+            reason = failure_reason(probe.stderr) if probe.stderr.strip() else "no module 'vllm'"
             raise EngineError(
                 f"vLLM is not installed for {self.python} ({reason}); "
                 "install the engine extra: pip install -e '.[engine]'"
