@@ -143,7 +143,6 @@ def create_bot(
         clock=clock,
         actuator_for=actuator_for,
         gate=gate,
-        normal=normal,
     )
     slack_app = (
         build_app(settings=settings.slack, services=services, client=client)
@@ -240,7 +239,6 @@ def _services(
     clock: Callable[[], dt.datetime],
     actuator_for: ActuatorFactory,
     gate: GateRunner,
-    normal: NormalReader,
 ) -> Services:
     """The incident flows, the remediation flow and the post-incident drafts."""
     drafts = DraftService(
@@ -262,7 +260,6 @@ def _services(
         gate=gate,
         after_change=drafts.after_change,  # a change that ended leaves its ADR draft
         members=members,
-        normal=normal,
     )
     return Services(flows=flows, remediation=remediation, drafts=drafts)
 

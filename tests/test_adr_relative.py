@@ -13,6 +13,7 @@ from bot.adr.models import GATE_METRICS, AdrGates, Condition
 from bot.adr.parse import load, parse
 from bot.adr.relative import NORMAL_METRICS, NoNormal, Relative
 from bot.adr.render import render
+from bot.adr.validate import validate
 from bot.diagnosis.models import GATE_OF
 from bot.errors import AdrError
 from bot.scheduler.snapshots import KEYS
@@ -80,7 +81,7 @@ def test_relative_spellings_are_read_as_one_value_and_written_canonically() -> N
             RELATIVE_FRONT.replace("3x normal", "three times normal"),
             RELATIVE_GATES,
             "match.0.value",
-            "'three times normal' is not a number (e.g. 300 or 0.95) or a multiple of the "
+            "'three times normal' is not a number (e.g. 300 or 0.95), a multiple of the "
             "target's normal written like '3x normal'",
         ),
         (
@@ -224,7 +225,7 @@ def test_latency_checker_flags_name_the_relative_gates_they_cannot_render() -> N
     gates = AdrGates(max_tpot_p99_ms="2x normal", min_goodput_ratio=0.8)
     assert gates.cli_flags() == (
         "--min-goodput-ratio 0.8  "
-        "# no flag until resolved against the target's normal: max_tpot_p99_ms 2x normal"
+        "# no flag until resolved against what it multiplies: max_tpot_p99_ms 2x normal"
     )
     resolved = gates.resolve({"tpot_p99_ms": 9.9})
     assert resolved.cli_flags() == "--max-tpot-p99-ms 19.8 --min-goodput-ratio 0.8"
@@ -241,14 +242,55 @@ def test_the_guides_relative_example_is_valid_and_explained_as_the_code_explains
     data = yaml.safe_load(block)
     (condition,) = [Condition.model_validate(c) for c in data["match"]]
     gates = AdrGates.model_validate(data["gates"])
-    assert gates.relative() == {"max_tpot_p99_ms": Relative(6.0)}
+    assert gates.relative() == {"max_tpot_p99_ms": Relative(0.5, "before")}
     normal = {"tpot_p99_ms": 9.9}
     shown = check(condition, report(tpot_p99_ms=185.4), normal).explain()
     assert f"`{shown}`" in guide
     assert f"`{check(condition, report(tpot_p99_ms=185.4)).explain()}`" in guide
-    assert "(= 59.4 ms)" in guide and gates.resolve(normal).max_tpot_p99_ms == pytest.approx(59.4)
+    resolved = gates.resolve({}, before={"tpot_p99_ms": 1710.0})
+    assert "(= 855.0 ms)" in guide and resolved.max_tpot_p99_ms == pytest.approx(855.0)
 
 
 def test_resolved_limits_carry_no_float_noise_into_cards_and_drafts() -> None:
     resolved = AdrGates(max_tpot_p99_ms="6x normal").resolve({"tpot_p99_ms": 9.9})
     assert repr(resolved.max_tpot_p99_ms) == "59.4"  # 6 * 9.9 is 59.400000000000006
+
+
+# --- like for like: gates relative to the before-run, never to the engine's normal ----------
+def test_a_gate_relative_to_the_before_run_resolves_against_that_canary() -> None:
+    gates = AdrGates(max_tpot_p99_ms="0.5x before", min_goodput_ratio=0.8)
+    assert gates.relative() == {"max_tpot_p99_ms": Relative(0.5, "before")}
+    assert "max_tpot_p99_ms: 0.5x before" in render(
+        parse(_relative_seed(gates_text="gates:\n  max_tpot_p99_ms: 0.5x before\n"))
+    )
+    # the slow machine's numbers: the before-run's TPOT p99 1,710 ms, the fix's 214.8 ms
+    resolved = gates.resolve({}, before={"tpot_p99_ms": 1710.0})
+    assert resolved.max_tpot_p99_ms == 855.0 and resolved.max_tpot_p99_ms >= 214.8
+    assert gates.describe(resolved)["max_tpot_p99_ms"] == "0.5x before (= 855)"
+    assert gates.describe()["max_tpot_p99_ms"] == "0.5x before (after the before-run)"
+    # the engine's normal is no substitute for the before-run
+    with pytest.raises(NoNormal, match="the before-run .* has not run yet"):
+        gates.resolve({"tpot_p99_ms": 9.9})
+    with pytest.raises(NoNormal, match="the before-run measured no tpot_p99_ms"):
+        gates.resolve({}, before={"tpot_p99_ms": None})
+
+
+def test_a_match_condition_cannot_be_relative_to_a_before_run() -> None:
+    with pytest.raises(AdrError) as caught:
+        parse(_relative_seed(RELATIVE_FRONT.replace("3x normal", "3x before")), file="a.md")
+    assert caught.value.field == "match.0.value"
+    assert "write '3x normal'" in caught.value.why and "only in gates" in caught.value.why
+
+
+def test_adr_validate_refuses_a_gate_relative_to_the_engines_normal(tmp_path: Path) -> None:
+    adr = tmp_path / SEED.name
+    adr.write_text(_relative_seed(), encoding="utf-8")  # max_tpot_p99_ms: 2x normal
+    (problem,) = validate(adr)
+    assert problem.field == "gates.max_tpot_p99_ms"
+    assert "client-side p99" in problem.why and "engine's histogram" in problem.why
+    assert "'0.5x before'" in problem.why  # what to write instead
+    adr.write_text(
+        _relative_seed(gates_text=RELATIVE_GATES.replace("2x normal", "0.5x before")),
+        encoding="utf-8",
+    )
+    assert validate(adr) == []

@@ -24,6 +24,8 @@ from pydantic import (
 
 from bot.adr.match import METRICS, OPS
 from bot.adr.relative import (
+    BEFORE,
+    NORMAL,
     NORMAL_METRICS,
     NoNormal,
     Normal,
@@ -69,6 +71,12 @@ class Condition(_Strict):
     @classmethod
     def _normal_known(cls, value: float | Relative, info: ValidationInfo) -> float | Relative:
         metric = info.data.get("metric")  # absent when the metric itself was refused
+        if isinstance(value, Relative) and value.base != NORMAL:
+            raise ValueError(
+                f"'{value}': a match condition compares the diagnosis with the target's normal "
+                f"(write '{value.factor:g}x normal'); 'before' exists only in gates, where the "
+                "canary measures the flags serving before the change"
+            )
         if isinstance(value, Relative) and metric is not None and metric not in NORMAL_METRICS:
             raise ValueError(
                 f"{metric} cannot be '{value}': normal is measured only for "
@@ -129,16 +137,21 @@ class AdrGates(_Strict):
         """No limit is set."""
         return all(getattr(self, key) is None for key in GATE_METRICS)
 
-    def relative(self) -> dict[str, Relative]:
-        """The limits given as multiples of normal, by gate name."""
+    def relative(self, base: str | None = None) -> dict[str, Relative]:
+        """The limits given as multiples of a measured value (of ``base`` only, if given)."""
         return {
-            key: value for key in GATE_METRICS if isinstance(value := getattr(self, key), Relative)
+            key: value
+            for key in GATE_METRICS
+            if isinstance(value := getattr(self, key), Relative) and base in (None, value.base)
         }
 
-    def resolve(self, normal: Normal, *, strict: bool = True) -> AdrGates:
-        """Absolute limits: each 'Nx normal' times the target's normal value of its metric.
+    def resolve(
+        self, normal: Normal, *, before: Normal | None = None, strict: bool = True
+    ) -> AdrGates:
+        """Absolute limits: each 'Nx normal' times the target's normal value of its metric, each
+        'Nx before' times the before-run's value of it (``before``: that canary's four numbers).
 
-        A relative gate whose metric has no normal raises NoNormal; with ``strict=False`` it is
+        A relative gate with nothing to multiply raises NoNormal; with ``strict=False`` it is
         left out instead (where an unresolved gate only means less to show, never less to check).
         """
         limits: dict[str, float | None] = {}
@@ -148,20 +161,28 @@ class AdrGates(_Strict):
             if not isinstance(value, Relative):
                 limits[key] = value
                 continue
-            resolved = value.of(GATE_METRICS[key], normal)
+            numbers = (before or {}) if value.base == BEFORE else normal
+            resolved = value.of(GATE_METRICS[key], numbers)
             if resolved is None or (key.endswith("_ms") and resolved <= 0):
-                missing.append(f"{key} is {value} but {_no_normal_text(key, resolved)}")
+                why = (
+                    _no_before_text(key, before)
+                    if value.base == BEFORE
+                    else _no_normal_text(key, resolved)
+                )
+                missing.append(f"{key} is {value} but {why}")
                 limits[key] = None
             else:
                 # A ratio stays a ratio: 1.2x a normal goodput of 0.9 is "at least 1". Rounded
                 # so that 6 x 9.9 is 59.4 on cards and in drafts, not 59.400000000000006.
                 limits[key] = round(min(resolved, 1.0) if key in _RATIOS else resolved, 4)
         if missing and strict:
-            raise NoNormal(
-                "; ".join(missing) + " (normal is the median of the scheduler's snapshots of the "
-                "target: [scheduler] snapshot_every_s; until one is taken, relative gates cannot "
-                "be checked)"
+            hint = (
+                " (normal is the median of the scheduler's snapshots of the target: [scheduler] "
+                "snapshot_every_s; until one is taken, relative gates cannot be checked)"
+                if any(f"x {NORMAL} " in text for text in missing)
+                else ""
             )
+            raise NoNormal("; ".join(missing) + hint)
         return AdrGates(**limits)
 
     def describe(self, resolved: AdrGates | None = None) -> dict[str, str]:
@@ -174,14 +195,15 @@ class AdrGates(_Strict):
             text = f"{value:g}" if isinstance(value, float) else str(value)
             if isinstance(value, Relative):
                 number = None if resolved is None else getattr(resolved, key)
-                text += f" (= {number:g})" if isinstance(number, float) else " (no normal yet)"
+                pending = " (no normal yet)" if value.base == NORMAL else " (after the before-run)"
+                text += f" (= {number:g})" if isinstance(number, float) else pending
             out[key] = text
         return out
 
     def cli_flags(self) -> str:
         """The same limits as `python -m latency_checker` flags ('--max-ttft-p99-ms 350 ...').
 
-        A relative limit has no flag until it is resolved against a target's normal
+        A relative limit has no flag until it is resolved against the numbers it multiplies
         (``resolve``); it is named after a shell comment, so the line still runs and says so.
         """
         flags = " ".join(
@@ -193,11 +215,20 @@ class AdrGates(_Strict):
         if not relative:
             return flags
         unresolved = ", ".join(f"{key} {value}" for key, value in relative.items())
-        note = f"# no flag until resolved against the target's normal: {unresolved}"
+        note = f"# no flag until resolved against what it multiplies: {unresolved}"
         return f"{flags}  {note}" if flags else note
 
 
 _RATIOS = ("min_goodput_ratio", "max_kv_fragmentation")
+
+
+def _no_before_text(key: str, before: Normal | None) -> str:
+    metric = GATE_METRICS[key]
+    if before is None:
+        return "the before-run (the same canary on the flags serving now) has not run yet"
+    if before.get(metric) == 0:
+        return f"the before-run measured {metric} 0, so a multiple of it is no limit"
+    return f"the before-run measured no {metric} (its requests failed, or it streamed no tokens)"
 
 
 def _no_normal_text(key: str, resolved: float | None) -> str:

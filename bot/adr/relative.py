@@ -1,9 +1,16 @@
-"""Values relative to a target's measured normal: `3x normal` in an ADR's `match` and `gates`.
+"""Values relative to a measurement of the same kind: `3x normal` in a match, `0.5x before` in a
+gate.
 
-An absolute number (`tpot_p99_ms > 300`) is true on one machine and false on the next; a
-multiple of what the target measures on a normal day (`tpot_p99_ms > 3x normal`) says the same
-thing on every machine. "Normal" is the median of the scheduler's four-metric snapshots of the
-target (``bot.scheduler.snapshots.NormalReader``), so only those four metrics can be relative.
+An absolute number (`tpot_p99_ms > 300`) is true on one machine and false on the next; a multiple
+of a number measured the same way on the same target says the same thing on every machine. The
+rule is like for like: a relative value multiplies a number of the same source and workload as
+the number it is compared with.
+- `Nx normal` (match conditions): the diagnosis's engine-window numbers against the median of
+  the scheduler's engine-window snapshots of the target (``NormalReader``).
+- `Nx before` (gates): the gate canary's client-side numbers against the before-run, the same
+  canary on the same target on the flags serving before the change.
+A gate written `Nx normal` would compare the canary's client-side numbers under its own workload
+with the engine's histograms under whatever production sent: `adr validate` refuses it.
 """
 
 from __future__ import annotations
@@ -17,8 +24,12 @@ from bot.errors import UsageError
 
 # The numbers a snapshot keeps (bot.scheduler.snapshots.KEYS): what "normal" can be taken of.
 NORMAL_METRICS = ("ttft_p99_ms", "tpot_p99_ms", "goodput_ratio", "kv_fragmentation")
-_RELATIVE = re.compile(r"^\s*(?P<factor>\d+(?:\.\d+)?)\s*x\s+normal\s*$")
-SYNTAX = "a number (e.g. 300 or 0.95) or a multiple of the target's normal written like '3x normal'"
+_RELATIVE = re.compile(r"^\s*(?P<factor>\d+(?:\.\d+)?)\s*x\s+(?P<base>normal|before)\s*$")
+SYNTAX = (
+    "a number (e.g. 300 or 0.95), a multiple of the target's normal written like '3x normal' "
+    "(match conditions) or of the before-run written like '0.5x before' (gates)"
+)
+NORMAL, BEFORE = "normal", "before"
 
 Normal = Mapping[str, float | None]
 
@@ -29,16 +40,18 @@ class NoNormal(UsageError):
 
 @dataclass(frozen=True)
 class Relative:
-    """`factor` times the target's normal value of the metric it is compared with."""
+    """`factor` times a measured value of the metric it is compared with: the target's normal
+    (``base`` "normal") or the before-run of the same canary (``base`` "before")."""
 
     factor: float
+    base: str = NORMAL
 
     def __str__(self) -> str:
-        return f"{self.factor:g}x normal"
+        return f"{self.factor:g}x {self.base}"
 
-    def of(self, metric: str, normal: Normal) -> float | None:
-        """The absolute value against ``normal``; None when no normal was measured for it."""
-        base = normal.get(metric)
+    def of(self, metric: str, numbers: Normal) -> float | None:
+        """The absolute value against ``numbers`` (of this base); None when it has none."""
+        base = numbers.get(metric)
         if base is None or not math.isfinite(base):
             return None
         return self.factor * base
@@ -56,7 +69,7 @@ def parse_value(value: object) -> float | Relative:
         factor = float(m["factor"])
         if factor <= 0:
             raise ValueError(f"{value!r}: the multiple of normal must be greater than 0")
-        return Relative(factor)
+        return Relative(factor, m["base"])
     hint = " (write the number without quotes)" if _is_number(value) else ""
     raise ValueError(f"{value!r} is not {SYNTAX}{hint}")
 
@@ -69,6 +82,20 @@ def dump_value(value: float | Relative) -> float | str:
 def no_normal(metric: str) -> str:
     """Why a relative value cannot be used yet (the same words in matching, gates and docs)."""
     return f"no normal measured for {metric}"
+
+
+def unlike_gate(gate: str, value: Relative) -> str:
+    """Why a gate may not be relative to normal: it would compare numbers measured differently."""
+    return (
+        f"{gate} is '{value}': a gate reads the canary's client-side p99 under the target's canary "
+        "workload, while normal is the engine's histogram over the scheduler's snapshot windows "
+        "(another source, another workload), so the two are not comparable. Write it relative to "
+        f"the before-run of the same canary ('{_before_example(gate)}') or as a number"
+    )
+
+
+def _before_example(gate: str) -> str:
+    return "0.5x before" if gate.startswith("max_") else "1x before"
 
 
 def _is_number(value: object) -> bool:

@@ -1,8 +1,9 @@
 """The ADR validator: schema, cross-record rules, and the engine flags an ADR may apply.
 
 Per file: it parses (schema included), its name starts with its id, the id's date is its date,
-an accepted ADR has gates, a draft is only proposed, and `fix.engine_args` passes the allowlist
-and, where vLLM is installed, vLLM's own argument parser. Across files: ids are unique,
+an accepted ADR has gates, no gate compares numbers of unlike kinds (``relative.unlike_gate``),
+a draft is only proposed, and `fix.engine_args` passes the allowlist and, where vLLM is
+installed, vLLM's own argument parser. Across files: ids are unique,
 `supersedes` names real ADRs, and an ADR an accepted one supersedes is marked superseded.
 """
 
@@ -15,6 +16,7 @@ from bot.adr import vllm_args
 from bot.adr.flags import check_engine_args, to_argv
 from bot.adr.models import Adr
 from bot.adr.parse import Problem, date_of_id, parse_with_problems
+from bot.adr.relative import NORMAL, unlike_gate
 from bot.adr.store import DRAFTS, GLOB
 
 # Given an argv, vLLM's reason for refusing it, or None; None as a whole means "not checked".
@@ -85,6 +87,11 @@ def check_record(adr: Adr, *, path: Path, checker: ArgvChecker | None = None) ->
                 "(max_ttft_p99_ms, max_tpot_p99_ms, min_goodput_ratio, max_kv_fragmentation)",
             )
         )
+    if adr.gates is not None:
+        problems += [
+            Problem(file, f"gates.{key}", unlike_gate(key, value))
+            for key, value in adr.gates.relative(NORMAL).items()
+        ]
     if path.parent.name == DRAFTS and adr.status != "proposed":
         problems.append(
             Problem(

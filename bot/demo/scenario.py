@@ -64,6 +64,10 @@ SNAPSHOTS = 3  # "normal" is their median, as the scheduler's `normal_of_last`
 WINDOW_S = 8.0  # the snapshot and diagnosis window on a machine where chats are quick
 LOAD_S = 900.0  # the loads run until stopped; this only bounds a forgotten one
 WAIT_S = 600.0  # a load whose requests do not finish in this long means a broken engine
+START_TIMEOUT_S = 600.0  # the engine's restart with the fix
+DIAGNOSIS_WINDOWS = 4  # the diagnosis takes at most this many windows (two probes sample one)
+SLACK_S = 120.0  # headroom past what was measured, for the bot's own work
+CANARY_ROUNDS = 12  # warm-up and 16 requests over 4 streams, twice (before and after), plus margin
 
 
 class DemoFailed(RuleloopError):
@@ -107,7 +111,8 @@ def settings(ws: Path, *, base_url: str, state_dir: Path) -> Settings:
                 TARGET: {
                     "vllm_url": base_url,
                     "actuator": {"kind": "local", "flags": BAD_FLAGS,
-                                 "state_dir": str(state_dir), "start_timeout_s": 600},
+                                 "state_dir": str(state_dir),
+                                 "start_timeout_s": START_TIMEOUT_S},
                     # the gate: 4 chats beside 4 streams of long prompts (as the incident)
                     "canary": {"concurrency": 4, "num_requests": 16, "prompt_length": 128,
                                "output_length": 32, "background_concurrency": 4,
@@ -189,8 +194,11 @@ def check_incident(adr: Adr, summary: Mapping[str, Any]) -> MatchResult:
     )
 
 
-def gate_lines(gates: AdrGates, limits: Mapping[str, float], numbers: Numbers) -> list[str]:
-    """Each gate as written, the limit it came to, the canary's number and whether it was met."""
+def gate_lines(
+    gates: AdrGates, limits: Mapping[str, float], numbers: Numbers, before: Numbers | None = None
+) -> list[str]:
+    """Each gate as written, the limit it came to, the canary's number and whether it was met;
+    with the before-run of the same canary, the change ('before 1,710 ms, -87 %')."""
     labels = {key: label for key, label, *_ in FOUR}
     lines = []
     for gate, metric in GATE_METRICS.items():
@@ -206,9 +214,14 @@ def gate_lines(gates: AdrGates, limits: Mapping[str, float], numbers: Numbers) -
             and limit is not None
             and (value >= limit if at_least else value <= limit)
         )
+        was = (before or {}).get(metric)
+        change = ""
+        if was is not None and value is not None and was != 0:
+            change = f" (before {number(metric, was)}, {(value - was) / was * 100:+.0f} %)"
         lines.append(
             f"{labels[metric]} {number(metric, value)} {'≥' if at_least else '≤'} {shown}: "
             + ("met" if met else "MISSED")
+            + change
         )
     return lines
 
@@ -296,6 +309,7 @@ class Demo:
         self._target: Target = self._settings.targets[TARGET]
         self._transcript = transcript
         self._adr = load(ws / "adr" / ADR_FILE)
+        self._slowest = WAIT_S  # the slowest incident chat (s), once measured
 
     async def run(self) -> Result:
         """The whole story; DemoFailed when a step did not happen on this machine."""
@@ -340,7 +354,10 @@ class Demo:
             state=rem.state,
             matched=[c.explain() for c in matched.conditions],
             gates=gate_lines(
-                self._adr.gates, rem.result.get("gates") or {}, rem.result.get("numbers") or {}
+                self._adr.gates,
+                rem.result.get("gates") or {},
+                rem.result.get("numbers") or {},
+                rem.result.get("before_numbers") or {},
             ),
             chart=next(iter(sorted((self.ws / "charts").glob("*.png"))), None),
             draft=draft,
@@ -391,6 +408,7 @@ class Demo:
             "chats' next tokens ..."
         )
         slowest = await load.steady()
+        self._slowest = slowest
         window = max(WINDOW_S, float(math.ceil(2 * slowest)))
         write_runbook(self.ws, window_s=window)
         return window
@@ -408,7 +426,8 @@ class Demo:
             raise DemoFailed(f"the bot refused the alert: {response.text}")
         incident_id = int(response.json()["incident"])
         self._say(f"    incident #{incident_id} opened; diagnosing over {window:g} s ...")
-        await bot.flows.tasks.drain(timeout_s=300)
+        # the runbook's probes each sample one window; the rest is scrapes and the chart
+        await bot.flows.tasks.drain(timeout_s=DIAGNOSIS_WINDOWS * window + SLACK_S)
         return incident_id
 
     def _summary(self, bot: Bot, incident_id: int) -> dict[str, Any]:
@@ -431,7 +450,9 @@ class Demo:
             "--max-num-batched-tokens 512 and the canary (4 chat streams beside 4 long-prompt "
             "streams) checks the ADR's gates ..."
         )
-        await bot.flows.tasks.drain(timeout_s=1800)
+        # a restart of the engine, and two canaries whose chats are no slower than the incident's
+        timeout = START_TIMEOUT_S + CANARY_ROUNDS * self._slowest + SLACK_S
+        await bot.flows.tasks.drain(timeout_s=timeout)
         with bot.db.transaction() as s:
             done = s.get(Remediation, rem.id)
             assert done is not None

@@ -45,20 +45,21 @@ class Baseline:
     limits: Mapping[str, Limit] = field(default_factory=dict)
 
     @classmethod
-    def from_adrs(cls, adrs: Iterable[Adr], normal: Normal) -> Baseline:
+    def from_adrs(cls, adrs: Iterable[Adr], before: Normal | None = None) -> Baseline:
         """Strictest limit per number over the accepted ADRs' gates (lowest max, highest min).
 
-        A gate written as 'Nx normal' counts as N times the target's ``normal`` of its metric;
-        one whose metric has no normal yet sets no limit.
+        A gate written 'Nx before' counts as N times ``before`` (the before-run of the change
+        that put the ADR in force) and sets no limit without it; one written 'Nx normal' never
+        does: it would compare the canary with the engine's histograms (``relative.unlike_gate``).
         """
         limits: dict[str, Limit] = {}
         for adr in adrs:
             if adr.status != "accepted" or adr.gates is None:
                 continue
-            gates = adr.gates.resolve(normal, strict=False)
+            gates = adr.gates.resolve({}, before=before, strict=False)
             for key, _, _, worse_up in FOUR:
                 value = getattr(gates, GATE_OF[key])
-                if value is None:  # unset, or relative to a normal not measured yet
+                if value is None:  # unset, or relative to nothing measured
                     continue
                 held = limits.get(key)
                 stricter = held is None or (value < held.value if worse_up else value > held.value)

@@ -98,7 +98,7 @@ class Diagnoser:
         t1 = self._monotonic()
         accepted = await asyncio.to_thread(self._adrs.accepted)
         normal = await self._read_normal(target.name)
-        baseline = Baseline.from_adrs(accepted, normal)
+        baseline = Baseline.from_adrs(accepted)
         headline = {key: result.reading(f"vllm_metrics.{key}") for key, *_ in FOUR}
         matches = matching(accepted, match_report(result.readings), normal)
         windows = ctx.sampled()
@@ -117,7 +117,7 @@ class Diagnoser:
                 window_value=result.reading(MATCH_READINGS.get(metric, f"vllm_metrics.{metric}")),
                 details=result.details,
                 alert_start=None if alert_start is None else alert_start.timestamp(),
-                gate=_gate(metric, matches, baseline, normal),
+                gate=_gate(metric, matches, baseline),
                 normal=normal.get(metric),
             )
         return Diagnosis(
@@ -154,11 +154,9 @@ class Diagnoser:
         return await asyncio.to_thread(render_chart, diagnosis.chart)
 
 
-def _gate(
-    metric: str, matches: list[MatchResult], baseline: Baseline, normal: Mapping[str, float | None]
-) -> tuple[float, str] | None:
-    """The chart's gate line: the matched ADR's gate on the metric (relative ones resolved),
-    else the strictest accepted one."""
+def _gate(metric: str, matches: list[MatchResult], baseline: Baseline) -> tuple[float, str] | None:
+    """The chart's gate line: the matched ADR's gate on the metric (a number: a relative one
+    multiplies a canary run the chart does not show), else the strictest accepted one."""
     gate = GATE_OF.get(metric)
     if gate is None:
         return None
@@ -166,7 +164,7 @@ def _gate(
         gates = result.adr.gates
         if gates is None:
             continue
-        value = getattr(gates.resolve(normal, strict=False), gate)
+        value = getattr(gates.resolve({}, strict=False), gate)
         if isinstance(value, int | float):
             return float(value), result.adr.id
     limit = baseline.limits.get(metric)

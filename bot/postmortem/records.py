@@ -18,6 +18,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from bot.adr.models import Adr, AdrGates, Status
+from bot.adr.relative import BEFORE, NORMAL
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
 from bot.chat.messages import MessageRef
@@ -228,12 +229,17 @@ class DraftRecords:
 
 
 def _as_judged(adr: Adr, limits: dict[str, float] | None) -> Adr:
-    """The ADR with the gates its canary was judged by: 'Nx normal' as the numbers it meant."""
-    if adr.gates is None or not adr.gates.relative():
+    """The ADR with the gates its canary was judged by: 'Nx normal' as the numbers it meant.
+
+    'Nx before' stays as written: the next change measures its own before-run, on any machine.
+    """
+    if adr.gates is None or not adr.gates.relative(NORMAL):
         return adr
     # Resolved when the remediation ran; a run that ended before that keeps only numbers.
-    gates = AdrGates(**limits) if limits is not None else adr.gates.resolve({}, strict=False)
-    return adr.model_copy(update={"gates": gates})
+    judged = adr.gates.resolve({}, strict=False).model_dump(exclude_none=True)
+    judged |= {key: (limits or {}).get(key) for key in adr.gates.relative(NORMAL)}
+    judged |= adr.gates.relative(BEFORE)
+    return adr.model_copy(update={"gates": AdrGates(**judged)})
 
 
 def _draft(adr_id: str) -> Select[AdrDraft]:

@@ -25,25 +25,43 @@ def value_text(value: float | None, unit: str) -> str:
 
 
 def gate_lines(gates: dict[str, float], relative: dict[str, str] | None = None) -> list[str]:
-    """'TTFT p99 ≤ 350.0 ms', one per gate; relative: 'TPOT p99 ≤ 2x normal (= 19.8 ms)'."""
+    """'TTFT p99 ≤ 350.0 ms', one per gate; relative: 'TPOT p99 ≤ 0.5x before (= 855.0 ms)'."""
     out = []
     relative = relative or {}
     for key, (label, op, unit) in GATE_LABELS.items():
         limit = gates.get(key)
         if key in relative:
-            number = (
-                f"= {value_text(limit, unit)}" if limit is not None else "no normal measured yet"
-            )
+            pending = "after the before-run" if "before" in relative[key] else "no normal yet"
+            number = f"= {value_text(limit, unit)}" if limit is not None else pending
             out.append(f"{label} {op} {relative[key]} ({number})")
         elif limit is not None:
             out.append(f"{label} {op} {value_text(limit, unit)}")
     return out
 
 
-def number_lines(numbers: dict[str, float | None]) -> list[str]:
-    """'TTFT p99 212.4 ms', one per measured number."""
-    return [
-        f"{label} {value_text(numbers.get(key), unit)}"
-        for key, (label, unit) in NUMBER_LABELS.items()
-        if key in numbers
-    ]
+def number_lines(
+    numbers: dict[str, float | None], before: dict[str, float | None] | None = None
+) -> list[str]:
+    """'TTFT p99 212.4 ms', one per measured number; with the before-run of the same canary,
+    the change: 'TPOT p99 1,710.0 → 214.8 ms (-87 %)'."""
+    out = []
+    for key, (label, unit) in NUMBER_LABELS.items():
+        if key not in numbers:
+            continue
+        now, was = numbers.get(key), (before or {}).get(key)
+        if was is None or now is None:
+            out.append(f"{label} {value_text(now, unit)}")
+        else:
+            out.append(f"{label} {change_text(was, now, unit)}")
+    return out
+
+
+def change_text(was: float, now: float, unit: str) -> str:
+    """'1,710.0 → 214.8 ms (-87 %)': a number against the before-run of the same canary."""
+    if unit == "ms":
+        shown = f"{was:,.1f} → {now:,.1f} ms"
+    else:
+        shown = f"{was * 100:.1f} → {now * 100:.1f} %"
+    if was == 0:
+        return shown
+    return f"{shown} ({(now - was) / was * 100:+.0f} %)"

@@ -50,8 +50,9 @@ class RemediationView:
     note: str = ""  # the latest step, or why it ended
     gateway: dict[str, Any] = field(default_factory=dict)  # ADR gateway rules to set
     numbers: dict[str, float | None] = field(default_factory=dict)  # canary matrix values
+    before_numbers: dict[str, float | None] = field(default_factory=dict)  # the before-run's
     failures: list[str] = field(default_factory=list)
-    relative_gates: dict[str, str] = field(default_factory=dict)  # gate -> '2x normal'
+    relative_gates: dict[str, str] = field(default_factory=dict)  # gate -> '0.5x before'
 
 
 class RemediationNotifier(DraftNotifier, Protocol):

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from bot.adr.models import Adr, AdrGates, GatewayRules
-from bot.adr.relative import NoNormal, Normal
+from bot.adr.relative import BEFORE, NORMAL, unlike_gate
 from bot.adr.shared import SharedAdrStore
 from bot.chat.messages import MessageRef
 from bot.config import Settings, Target
@@ -44,7 +44,6 @@ ThreadFinder = Callable[[int, str | None], Awaitable[MessageRef]]
 ActuatorFactory = Callable[[str, Target], Actuator]
 GateRunner = Callable[..., Awaitable[GateRun]]
 AfterChange = Callable[[int, str], Awaitable[None]]
-NormalReader = Callable[[str], Awaitable[Normal]]  # a target's normal numbers (snapshots)
 
 
 class RemediationService:
@@ -63,7 +62,6 @@ class RemediationService:
         gate: GateRunner = run_gate,
         after_change: AfterChange | None = None,
         members: Members | None = None,
-        normal: NormalReader | None = None,
     ) -> None:
         self.settings = settings
         self.records = RemediationRecords(db=db, clock=clock)
@@ -77,7 +75,6 @@ class RemediationService:
         self._gate = gate
         self._after_change = after_change
         self.members = members or Members(settings.access)
-        self._normal = normal
 
     # --- request ------------------------------------------------------------------------
     async def request(
@@ -129,11 +126,8 @@ class RemediationService:
         busy = await asyncio.to_thread(self.records.in_flight, name)
         if busy is not None:  # refused before the actuator is asked anything
             raise TargetBusy(busy)
-        if adr.gates is not None:
-            try:
-                await self._resolve(name, adr.gates)
-            except NoNormal as exc:  # refused now rather than after the approval
-                raise NoNormal(f"{adr.id}'s gates cannot be checked on {name} yet: {exc}") from exc
+        if adr.gates is not None:  # refused now rather than after the approval
+            like_for_like(adr.id, adr.gates)
         actuator = self._actuator_for(name, spec)
         before = await actuator.current()
         after = merge(before.flags, plan.change)
@@ -284,21 +278,26 @@ class RemediationService:
             return
         assert adr.gates is not None  # the policy refused ADRs without gates
         try:
-            gates = await self._resolve(name, adr.gates)
-        except NoNormal as exc:
+            like_for_like(adr.id, adr.gates)
+            # 'Nx before' gates need the before-run: the same canary on the flags serving now
+            measured = None
+            if spec.canary.baseline or adr.gates.relative(BEFORE):
+                measured = await self._baseline(rem, spec, before, adr.gates, runner)
+            was = None if measured is None else measured.values.four()
+            gates = adr.gates.resolve({}, before=was)
+        except UsageError as exc:
             await self._step(
                 rem.id, "cancelled", "remediation.cancelled", {"reason": str(exc)},
                 note=f"nothing was changed: {exc}", owner=runner, expect=["approved"],
             )  # fmt: skip
             return
         limits = gates.model_dump(exclude_none=True)  # what the canary checks, as numbers
-        if spec.canary.baseline:
-            await self._baseline(rem, spec, before, gates, runner)
         await self._step(
             rem.id, "applying", "remediation.applying",
             {"flags": flags, "before": rem.before, "gates": limits,
              "gates_as_written": adr.gates.describe(gates)},
-            note=f"applying with the {actuator.kind} actuator…", result={"gates": limits},
+            note=f"applying with the {actuator.kind} actuator…",
+            result={"gates": limits, "before_numbers": was or {}},
             owner=runner, expect=["approved"],
         )  # fmt: skip
         try:
@@ -346,7 +345,8 @@ class RemediationService:
         await self._step(
             rem.id, "promoting", "remediation.canary_passed", {"numbers": numbers},
             note="canary passed; rolling out…",
-            result={"numbers": numbers, "failures": [], "gates": limits},
+            result={"numbers": numbers, "failures": [], "gates": limits,
+                    "before_numbers": was or {}},
             owner=runner, expect=["canary"],
         )  # fmt: skip
         try:
@@ -364,18 +364,21 @@ class RemediationService:
 
     async def _baseline(
         self, rem: Remediation, spec: Target, before: Deployed, gates: AdrGates, runner: str
-    ) -> None:
-        """The same canary on the flags serving now: the matrix's "before" row."""
+    ) -> GateRun | None:
+        """The same canary on the flags serving now: the matrix's "before" row, and what
+        'Nx before' gates multiply. None when it could not run (gates that need it then say
+        so when they are resolved)."""
         await self._step(
             rem.id, "approved", "remediation.baseline_started", {"flags": before.flags},
             note="measuring the current flags with the same canary first…",
             owner=runner, expect=["approved"],
         )  # fmt: skip
         try:
-            result = await self._gate(before.base_url, spec.canary, gates)
+            # judged by the absolute gates only: the relative ones multiply what this measures
+            result = await self._gate(before.base_url, spec.canary, gates.resolve({}, strict=False))
         except RuleloopError as exc:
             log.warning("baseline canary of remediation %s failed: %s", rem.id, exc)
-            return
+            return None
         await asyncio.to_thread(
             self.records.add_canary,
             incident_id=rem.incident_id,
@@ -384,6 +387,7 @@ class RemediationService:
             passed=result.passed,
             report=result.report,
         )
+        return result
 
     async def _roll_back(
         self,
@@ -400,8 +404,9 @@ class RemediationService:
         """Back to the recorded flags, from state ``expect``, as run ``owner``."""
         result = {"numbers": numbers or {}, "failures": failures or [], "reason": reason}
         current = await asyncio.to_thread(self.records.get, rem.id)
-        if "gates" in current.result:  # the resolved limits stay on the record
-            result["gates"] = current.result["gates"]
+        for kept in ("gates", "before_numbers"):  # the resolved limits stay on the record
+            if kept in current.result:
+                result[kept] = current.result[kept]
         await self._step(
             rem.id, "rolling_back", "remediation.rolling_back", {"reason": reason},
             note=f"{reason}; rolling back…", result=result, owner=owner, expect=expect,
@@ -510,15 +515,8 @@ class RemediationService:
                 await self._show(rem.id, note="nobody approved in time; nothing was changed")
         return count
 
-    # --- gates relative to normal ----------------------------------------------------------
-    async def _resolve(self, target: str, gates: AdrGates) -> AdrGates:
-        """The ADR's gates as numbers: each 'Nx normal' times the target's normal (NoNormal)."""
-        if not gates.relative():
-            return gates
-        normal = await self._normal(target) if self._normal is not None else {}
-        return gates.resolve(normal)
-
-    async def _shown_gates(
+    # --- gates relative to a measurement -------------------------------------------------------
+    def _shown_gates(
         self, rem: Remediation, gates: AdrGates | None
     ) -> tuple[dict[str, float], dict[str, str]]:
         """The limits for the card (those the canary used once it ran) and the relative ones."""
@@ -527,12 +525,8 @@ class RemediationService:
         relative = {key: str(value) for key, value in gates.relative().items()}
         if "gates" in rem.result:
             return dict(rem.result["gates"]), relative
-        if relative:
-            try:
-                gates = await self._resolve(rem.target, gates)
-            except NoNormal:
-                gates = gates.resolve({}, strict=False)  # the card says no normal yet
-        return gates.model_dump(exclude_none=True), relative
+        # until the before-run, a relative gate has no number: the card says what it waits for
+        return gates.resolve({}, strict=False).model_dump(exclude_none=True), relative
 
     # --- showing ---------------------------------------------------------------------------
     async def _step(
@@ -581,7 +575,7 @@ class RemediationService:
                 else {}
             )
         adr = await asyncio.to_thread(self._adrs.find, rem.adr_id)
-        gates, relative = await self._shown_gates(rem, adr[1].gates if adr else None)
+        gates, relative = self._shown_gates(rem, adr[1].gates if adr else None)
         spec = self.settings.targets.get(rem.target)
         return RemediationView(
             id=rem.id,
@@ -601,8 +595,16 @@ class RemediationService:
             note=note,
             gateway=dict(rem.after.get("gateway") or {}),
             numbers=dict(rem.result.get("numbers", {})),
+            before_numbers=dict(rem.result.get("before_numbers", {})),
             failures=list(rem.result.get("failures", [])),
         )
+
+
+def like_for_like(adr_id: str, gates: AdrGates) -> None:
+    """Refuse gates that would compare unlike numbers (relative to the engine's normal)."""
+    unlike = [unlike_gate(key, value) for key, value in gates.relative(NORMAL).items()]
+    if unlike:
+        raise UsageError(f"{adr_id}'s gates cannot be checked like for like: " + "; ".join(unlike))
 
 
 def _numbers(result: GateRun) -> dict[str, float | None]:

@@ -16,13 +16,13 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
 from bot.adr.models import GATE_METRICS, Adr, AdrGates
-from bot.adr.relative import Normal
+from bot.adr.relative import NORMAL, Normal
 from bot.adr.store import AdrStore
 from bot.chat.messages import Notifier
 from bot.config import Target
@@ -46,10 +46,10 @@ def drift_key(target: str) -> str:
     return f"baseline-drift:{target}"
 
 
-def strictest(adrs: Sequence[Adr], normal: Normal) -> tuple[AdrGates, dict[str, str]]:
-    """The strictest gate per number over ``adrs`` (relative ones against ``normal``), and
-    which ADR set each."""
-    limits = Baseline.from_adrs(adrs, normal).limits
+def strictest(adrs: Sequence[Adr], before: Normal | None) -> tuple[AdrGates, dict[str, str]]:
+    """The strictest gate per number over ``adrs`` ('Nx before' against ``before``), and which
+    ADR set each."""
+    limits = Baseline.from_adrs(adrs, before).limits
     gates = AdrGates(**{GATE_OF[key]: limit.value for key, limit in limits.items()})
     return gates, {GATE_OF[key]: limit.adr_id for key, limit in limits.items()}
 
@@ -68,11 +68,9 @@ class BaselineCanary:
         gate: GateRunner,
         flows: IncidentFlows,
         notifier: Notifier,
-        normal: Callable[[str], Awaitable[Normal]],
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.name = name
-        self._normal = normal
         self._target = target
         self._listed = list(listed)
         self._db = db
@@ -84,14 +82,14 @@ class BaselineCanary:
 
     async def __call__(self, now: dt.datetime) -> Outcome:
         """Run the canary; open, update or resolve the drift incident."""
-        in_force, missing = await asyncio.to_thread(self.in_force)
+        in_force, missing, before = await asyncio.to_thread(self.in_force)
         if not in_force:
             return Outcome({"skipped": "no accepted ADR in force here", "missing": missing})
-        # Gates written as 'Nx normal' are checked against the target's normal of today; until
-        # the scheduler has a snapshot of that metric they are left out and named in the detail.
-        normal = await self._normal(self.name)
-        gates, setters = strictest(in_force, normal)
-        unresolved = _unresolved(in_force, normal)
+        # Gates written as 'Nx before' are checked against the before-run of the change that put
+        # the ADR in force (the same canary); without one they are left out and named in the
+        # detail, as are gates relative to normal, which would compare unlike numbers.
+        gates, setters = strictest(in_force, before)
+        unresolved = _unresolved(in_force, before)
         if gates.is_empty():
             return Outcome({"skipped": "the ADRs in force set no gate they can check yet",
                             "adrs": _ids(in_force), "unresolved": unresolved})  # fmt: skip
@@ -124,11 +122,13 @@ class BaselineCanary:
         await self._flows.reply(incident_id, text)
         return Outcome(detail | {"incident": incident_id, "opened": opened})
 
-    def in_force(self) -> tuple[list[Adr], list[str]]:
-        """The accepted ADRs in force on this target, and the ids that name no accepted ADR."""
+    def in_force(self) -> tuple[list[Adr], list[str], Normal | None]:
+        """The accepted ADRs in force on this target, the ids that name no accepted ADR, and
+        the before-run numbers of the change that put them in force (None: no such change)."""
         with self._db.transaction() as s:
-            promoted = store.promoted_adr(s, target=self.name)
-        ids = [promoted] if promoted else self._listed
+            promoted = store.promoted_change(s, target=self.name)
+        before = None if promoted is None else promoted.result.get("before_numbers") or None
+        ids = [promoted.adr_id] if promoted else self._listed
         found, missing = [], []
         for adr_id in ids:
             entry = self._adrs.find(adr_id)
@@ -138,7 +138,7 @@ class BaselineCanary:
                 missing.append(adr_id)
         if missing:
             log.warning("%s: not accepted ADRs, left out of the baseline: %s", self.name, missing)
-        return found, missing
+        return found, missing, before
 
     def _open(
         self, now: dt.datetime, result: GateRun, detail: dict[str, Any]
@@ -186,14 +186,15 @@ class BaselineCanary:
             return held.id
 
 
-def _unresolved(adrs: Sequence[Adr], normal: Normal) -> list[str]:
-    """'ADR-x max_tpot_p99_ms' for each relative gate that has no normal to multiply yet."""
+def _unresolved(adrs: Sequence[Adr], before: Normal | None) -> list[str]:
+    """'ADR-x max_tpot_p99_ms' for each relative gate the canary cannot check: relative to
+    normal (unlike numbers), or to a before-run this target has no record of."""
     return [
         f"{adr.id} {key}"
         for adr in adrs
         if adr.gates is not None
         for key, value in adr.gates.relative().items()
-        if value.of(GATE_METRICS[key], normal) is None
+        if value.base == NORMAL or value.of(GATE_METRICS[key], before or {}) is None
     ]
 
 

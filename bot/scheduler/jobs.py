@@ -26,7 +26,7 @@ from bot.scheduler.baseline import BaselineCanary
 from bot.scheduler.reminders import DraftReminders
 from bot.scheduler.runner import Job, JobRunner, Outcome
 from bot.scheduler.scheduler import Scheduler
-from bot.scheduler.snapshots import MetricsSampler, NormalReader, Sampler, SnapshotJob
+from bot.scheduler.snapshots import MetricsSampler, Sampler, SnapshotJob
 from bot.store.db import Database
 from bot.store.leases import Leases
 
@@ -86,7 +86,6 @@ def build_jobs(
     window = config.snapshot_window_s
     sample = sampler or MetricsSampler(http=http, window_s=window, clock=probe_clock, sleep=sleep)
     adrs = SharedAdrStore(root=settings.paths.adr, db=db)
-    normal = NormalReader(db=db, last=config.normal_of_last)
     jobs = []
     for name, target in settings.targets.items():
         own = config.targets.get(name, ScheduledTarget())
@@ -98,7 +97,7 @@ def build_jobs(
         every = _either(own.baseline_every_s, config.baseline_every_s)
         if every:
             baseline = BaselineCanary(name=name, target=target, listed=own.adrs, db=db, adrs=adrs,
-                                      gate=gate, flows=flows, notifier=notifier, normal=normal,
+                                      gate=gate, flows=flows, notifier=notifier,
                                       monotonic=monotonic)  # fmt: skip
             jobs.append(Job(f"baseline:{name}", every, baseline))
     if config.draft_reminder_every_s:

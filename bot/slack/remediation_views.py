@@ -80,7 +80,7 @@ def card_text(view: RemediationView) -> str:
     if view.approved_by:
         lines.append("approved by " + ", ".join(f"<@{u}>" for u in view.approved_by))
     if view.numbers:
-        lines.append("canary: " + "; ".join(number_lines(view.numbers)))
+        lines.append("canary: " + "; ".join(number_lines(view.numbers, view.before_numbers)))
     if view.failures:
         lines.append("failed gates: " + "; ".join(view.failures))
     if view.note:
@@ -97,7 +97,7 @@ def card_update_text(view: RemediationView) -> str:
     if view.note:
         lines.append(view.note)
     if view.numbers and view.state in ("promoting", "promoted", "rolled_back", "failed"):
-        lines.append("canary: " + "; ".join(number_lines(view.numbers)))
+        lines.append("canary: " + "; ".join(number_lines(view.numbers, view.before_numbers)))
     return "\n".join(lines)
 
 
@@ -126,7 +126,7 @@ def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
     people = [view.requested_by, *view.approved_by]
     details = []
     if view.numbers:
-        details.append("*Canary:* " + " · ".join(number_lines(view.numbers)))
+        details.append("*Canary:* " + " · ".join(number_lines(view.numbers, view.before_numbers)))
     if view.failures:
         details.append("*Failed gates:* " + plain("; ".join(view.failures)))
     if view.note:  # the bot's words, quoting error text; "approved by <@U..>" stays a mention

@@ -228,10 +228,10 @@ def prune_snapshots(session: Session, *, target: str, before: dt.datetime) -> in
     return int(getattr(result, "rowcount", 0) or 0)
 
 
-def promoted_adr(session: Session, *, target: str) -> str | None:
-    """The ADR of the newest remediation promoted on a target (what it runs now), if any."""
+def promoted_change(session: Session, *, target: str) -> Remediation | None:
+    """The newest remediation promoted on a target (its ADR is what it runs now), if any."""
     query = (
-        select(Remediation.adr_id)
+        select(Remediation)
         .where(Remediation.target == target, Remediation.state == "promoted")
         .order_by(Remediation.updated_at.desc(), Remediation.id.desc())
         .limit(1)

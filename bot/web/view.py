@@ -292,7 +292,9 @@ def _remediation(r: RemediationRow) -> RemediationCard:
         approved_by=list(r.approved_by),
         diff=[f"--{name}: {_flag(old)} → {_flag(new)}" for name, old, new in changed],
         gates=gate_lines(dict(r.result.get("gates") or {})),
-        numbers=number_lines(dict(r.result.get("numbers") or {})),
+        numbers=number_lines(
+            dict(r.result.get("numbers") or {}), dict(r.result.get("before_numbers") or {})
+        ),
         failures=[str(f) for f in r.result.get("failures") or []],
         reason=str(r.result.get("reason") or ""),
     )
