@@ -114,6 +114,13 @@ class LocalActuatorSpec(_Section):
     flags: list[str] = Field(default_factory=lambda: ["--enforce-eager"])
     state_dir: Path | None = None
     start_timeout_s: float = Field(default=300.0, gt=0)
+    cpu_limit: float | None = Field(
+        default=None,
+        ge=0.01,
+        le=1024,
+        description="cores of CPU time for the engine's processes (a cgroup quota; needs root): "
+        "makes a fast machine as slow as a user's",
+    )
 
 
 class KubernetesActuatorSpec(_Section):

@@ -210,7 +210,7 @@ def _diagnoser(
         adrs=adrs,
         context=context,
         clock=clock,
-        normal=normal,
+        normal=normal.read,
     )
 
 

@@ -145,7 +145,7 @@ async def test_apply_button_posts_the_confirmation_card(h: Harness, slack: FakeS
     assert card.args["thread_ts"] == root_ts
     assert card.args["text"] == "ADR-20260831-01 on prod-a: waiting for approval"
     blocks = json.dumps(card.args["blocks"], ensure_ascii=False)
-    assert "--block-size: (unset) \u2192 32" in blocks and "TTFT p99 \u2264 350.0 ms" in blocks
+    assert "--block-size: (unset) \u2192 32" in blocks and "TTFT p99 \u2264 350 ms" in blocks
     with h.bot.db.transaction() as s:
         entry = store.audit_trail(s)[-1]
     assert (entry.action, entry.actor, entry.detail["adr"]) == (

@@ -18,6 +18,7 @@ from bot.adr.render import render
 from bot.cli import Command
 from bot.demo import screen
 from bot.demo.scenario import ADR_FILE, ADR_ID, HERE, DemoFailed, check_incident, gate_lines
+from bot.numbers.reading import Bound, Measured
 
 DEMO_ADR = HERE / ADR_FILE
 NORMAL = {"ttft_p99_ms": 39.1, "tpot_p99_ms": 9.9, "goodput_ratio": 1.0, "kv_fragmentation": 0.4}
@@ -89,24 +90,26 @@ def test_a_diagnosis_that_did_not_match_is_not_overruled() -> None:
 
 
 def test_the_last_screen_has_the_four_numbers_the_verdict_and_the_paths() -> None:
-    gates = AdrGates(max_tpot_p99_ms="6x normal", min_goodput_ratio=0.8)
+    gates = AdrGates(max_tpot_p99_ms="0.5x before", min_goodput_ratio=0.8)
     lines = gate_lines(
         gates,
-        {"max_tpot_p99_ms": 59.4, "min_goodput_ratio": 0.8},
-        {"tpot_p99_ms": 13.0, "goodput_ratio": 0.7},
+        {"max_tpot_p99_ms": 855.0, "min_goodput_ratio": 0.8},
+        {"tpot_p99_ms": 214.8, "goodput_ratio": 0.7},
+        {"tpot_p99_ms": 1710.0, "goodput_ratio": 0.9},
     )
     assert lines == [
-        "TPOT p99 13.0 ms ≤ 6x normal (= 59.4 ms): met",
-        "Goodput 70.0 % ≥ 80.0 %: MISSED",
+        "TPOT p99 215 ms ≤ 0.5x before (= 855 ms): met"
+        " (before → after: 1,710 → 215 ms (-87 %))",
+        "Goodput 70.0 % ≥ 80.0 %: MISSED (before → after: 90.0 → 70.0 % (-22 %))",
     ]
     text = screen.render(
         screen.Result(
             adr_id=ADR_ID,
-            normal=NORMAL,
-            incident={"ttft_p99_ms": 706.0, "tpot_p99_ms": 185.4, "goodput_ratio": 1.0},
-            after={"ttft_p99_ms": 497.4, "tpot_p99_ms": 24.3, "goodput_ratio": 0.96},
+            normal=Measured(NORMAL, {"tpot_p99_ms": Bound.AT_MOST}),
+            incident=Measured({"ttft_p99_ms": 706.0, "tpot_p99_ms": 185.4, "goodput_ratio": 1.0}),
+            after=Measured({"ttft_p99_ms": 497.4, "tpot_p99_ms": 24.3, "goodput_ratio": 0.96}),
             state="promoted",
-            matched=["tpot_p99_ms 185.4 > 3x normal (= 29.7): holds"],
+            matched=["tpot_p99_ms 185.4 > 3x normal (= <= 30): holds"],
             gates=lines,
             chart=Path("/ws/charts/incident-1-ttft-queue.png"),
             draft=Path("/ws/adr/drafts/ADR-20261130-01-x.md"),
@@ -121,12 +124,13 @@ def test_the_last_screen_has_the_four_numbers_the_verdict_and_the_paths() -> Non
     rows = {
         line.split()[0] + line.split()[1]: line.split() for line in shown[header + 1 : header + 5]
     }
-    assert rows["TTFTp99"][2:] == ["39.1", "ms", "706.0", "ms", "497.4", "ms"]
-    assert rows["TPOTp99"][2:] == ["9.9", "ms", "185.4", "ms", "24.3", "ms"]
+    assert rows["TTFTp99"][2:] == ["39.1", "ms", "706", "ms", "497", "ms"]
+    # normal's TPOT p99 fell in vLLM's first bucket: only a bound, and shown as one
+    assert rows["TPOTp99"][2:] == ["≤", "9.9", "ms", "185", "ms", "24.3", "ms"]
     assert rows["Goodput100.0"] == ["Goodput", "100.0", "%", "100.0", "%", "96.0", "%"]
-    assert rows["KVfragmentation"][2:] == ["40.0", "%", "-", "-"]
+    assert rows["KVfragmentation"][2:] == ["40.0", "%", "n/a", "n/a"]
     assert f"ruleloop demo: {ADR_ID} promoted: the canary met every gate" in text
-    assert "  TPOT p99 13.0 ms ≤ 6x normal (= 59.4 ms): met" in text
+    assert "  TPOT p99 215 ms ≤ 0.5x before (= 855 ms): met" in text
     assert "chart: /ws/charts/incident-1-ttft-queue.png" in text
     assert text.rstrip().endswith("draft: /ws/adr/drafts/ADR-20261130-01-x.md")
 

@@ -85,7 +85,7 @@ async def test_apply_adr_shows_the_exact_diff_and_gates_then_applies_after_appro
         "--block-size: (unset) → 32",
         "--enable-chunked-prefill: (unset) → on",
         "--max-num-batched-tokens: (unset) → 2048",
-        "TTFT p99 ≤ 350.0 ms",
+        "TTFT p99 ≤ 350 ms",
         "TPOT p99 ≤ 35.0 ms",
         "goodput ≥ 95.0 %",
     ):

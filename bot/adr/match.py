@@ -4,7 +4,9 @@ A report is a canary report (the JSON `ruleloop canary --output-json` writes) or
 report. Each metric name below reads one number: first from the report's flat ``metrics``
 mapping (how a diagnosis hands over its readings), else from the canary report's fields.
 A relative value ('3x normal') is multiplied out with the target's normal numbers first; with
-no normal for its metric the condition does not hold.
+no normal for its metric the condition does not hold. A number that is only a bound (the
+report's or normal's ``bounds``: '<=' 10 ms, the histogram's first bucket) decides a condition
+only where the bound decides it; otherwise the condition is undecided, and does not hold.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bot.adr.relative import Normal, Relative, no_normal
+from bot.numbers.reading import Bound, Bounds, Reading, bounds_of, compare
 
 if TYPE_CHECKING:
     from bot.adr.models import Adr, Condition
@@ -82,6 +85,9 @@ class ConditionResult:
     value: float | None
     holds: bool
     relative: str | None = None  # '3x normal' when the ADR wrote the limit that way
+    decided: bool = True  # False: a bound on either side does not decide it
+    value_bound: Bound | None = None
+    limit_bound: Bound | None = None
 
     def explain(self) -> str:
         """E.g. 'ttft_p99_ms 1204.5 > 1000: holds' or 'goodput_ratio not in report'."""
@@ -89,12 +95,13 @@ class ConditionResult:
             return f"{self.metric} {self.op} {self.relative}: {no_normal(self.metric)}"
         if self.value is None:
             return f"{self.metric} not in report"
-        limit = f"{self.limit:g}"
+        limit = _with_bound(self.limit, self.limit_bound)
         if self.relative is not None:
             limit = f"{self.relative} (= {limit})"
-        return f"{self.metric} {self.value:g} {self.op} {limit}: " + (
-            "holds" if self.holds else "does not hold"
-        )
+        text = f"{self.metric} {_with_bound(self.value, self.value_bound)} {self.op} {limit}: "
+        if not self.decided:
+            return text + "undecided (a histogram bound on one side does not decide it)"
+        return text + ("holds" if self.holds else "does not hold")
 
 
 @dataclass(frozen=True)
@@ -135,28 +142,60 @@ def _dig(data: object, path: Sequence[str]) -> object:
 
 
 def check(
-    condition: Condition, report: Mapping[str, Any], normal: Normal | None = None
+    condition: Condition,
+    report: Mapping[str, Any],
+    normal: Normal | None = None,
+    *,
+    normal_bounds: Bounds | None = None,
 ) -> ConditionResult:
     """Check one condition; a metric the report lacks, or a normal never measured, does not hold."""
     value = read_metric(report, condition.metric)
-    relative = None
+    value_bound = bounds_of(report.get("bounds")).get(condition.metric)
+    relative, limit_bound = None, None
     if isinstance(condition.value, Relative):
         relative = str(condition.value)
         limit = condition.value.of(condition.metric, normal or {})
+        limit_bound = (normal_bounds or {}).get(condition.metric)
     else:
         limit = condition.value
-    holds = value is not None and limit is not None and OPS[condition.op](value, limit)
-    return ConditionResult(condition.metric, condition.op, limit, value, holds, relative)
+    decided: bool | None = False
+    if value is not None and limit is not None:
+        decided = compare(Reading(value, value_bound), condition.op, Reading(limit, limit_bound))
+    return ConditionResult(
+        condition.metric, condition.op, limit, value, decided is True, relative,
+        decided=decided is not None, value_bound=value_bound, limit_bound=limit_bound,
+    )  # fmt: skip
 
 
-def match(adr: Adr, report: Mapping[str, Any], normal: Normal | None = None) -> MatchResult:
+def match(
+    adr: Adr,
+    report: Mapping[str, Any],
+    normal: Normal | None = None,
+    *,
+    normal_bounds: Bounds | None = None,
+) -> MatchResult:
     """Check all of an ADR's conditions against a report (and the target's normal numbers)."""
-    return MatchResult(adr, tuple(check(c, report, normal) for c in adr.match))
+    return MatchResult(
+        adr, tuple(check(c, report, normal, normal_bounds=normal_bounds) for c in adr.match)
+    )
 
 
 def matching(
-    adrs: Iterable[Adr], report: Mapping[str, Any], normal: Normal | None = None
+    adrs: Iterable[Adr],
+    report: Mapping[str, Any],
+    normal: Normal | None = None,
+    *,
+    normal_bounds: Bounds | None = None,
 ) -> list[MatchResult]:
     """The accepted ADRs whose conditions all hold for the report, in the order given."""
-    results = (match(adr, report, normal) for adr in adrs if adr.status == "accepted")
+    results = (
+        match(adr, report, normal, normal_bounds=normal_bounds)
+        for adr in adrs
+        if adr.status == "accepted"
+    )
     return [r for r in results if r.matches]
+
+
+def _with_bound(value: float | None, bound: Bound | None) -> str:
+    """'71', '<= 10' (a bound, in the condition's own unit)."""
+    return f"{value:g}" if bound is None else f"{bound} {value:g}"

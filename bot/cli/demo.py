@@ -31,8 +31,16 @@ from bot.engine.process import EngineManager, default_state_dir, free_port
     show_default=True,
     help="ADRs to start from (copied; the demo never changes them).",
 )
+@click.option(
+    "--engine-cpu-limit",
+    type=click.FloatRange(0.01, 1024),
+    default=None,
+    metavar="CORES",
+    help="Run the engine under a CPU quota of CORES (e.g. 0.25 = a quarter of one core; needs "
+    "root): see the demo hold on a machine many times slower than this one.",
+)
 @state_dir_option
-def demo(keep: bool, adr_dir: Path, state_dir: Path | None) -> None:
+def demo(keep: bool, adr_dir: Path, engine_cpu_limit: float | None, state_dir: Path | None) -> None:
     """Replay a latency incident on a local vLLM engine: normal, alert, diagnosis, fix, draft.
 
     \b
@@ -51,9 +59,10 @@ def demo(keep: bool, adr_dir: Path, state_dir: Path | None) -> None:
     root = state_dir or default_state_dir()
     ws = workspace(root, adr_dir)
     say(f"1/8 workspace {ws}")
-    manager = EngineManager(state_dir=root)
+    manager = EngineManager(state_dir=root, cpu_limit=engine_cpu_limit)
     port = free_port()
-    say(f"2/8 starting vLLM (CPU, tiny model) on port {port} with {' '.join(BAD_FLAGS)} ...")
+    limit = "" if engine_cpu_limit is None else f", limited to {engine_cpu_limit:g} cores"
+    say(f"2/8 starting vLLM (CPU, tiny model{limit}) on port {port} with {' '.join(BAD_FLAGS)} ...")
     info = manager.start(port=port, flags=BAD_FLAGS, on_progress=lambda s: say(f"    {s}"))
     try:
         scenario = Demo(

@@ -39,11 +39,13 @@ from bot.canary.client import Outcome
 from bot.canary.runner import CanaryRun
 from bot.canary.workload import CancelMode, Workload
 from bot.config import Settings, Target
-from bot.demo.screen import Numbers, Result, number
-from bot.diagnosis.models import FOUR
+from bot.demo.screen import Numbers, Result
 from bot.diagnosis.service import match_report
 from bot.engine.process import EngineManager
 from bot.errors import RuleloopError
+from bot.numbers.reading import Measured, bounds_of
+from bot.numbers.text import FOUR, show
+from bot.numbers.text import change as text_change
 from bot.scheduler.snapshots import MetricsSampler, NormalReader, SnapshotJob
 from bot.server import Bot, create_bot
 from bot.store.db import Database
@@ -100,7 +102,9 @@ def write_runbook(ws: Path, *, window_s: float) -> None:
     )
 
 
-def settings(ws: Path, *, base_url: str, state_dir: Path) -> Settings:
+def settings(
+    ws: Path, *, base_url: str, state_dir: Path, cpu_limit: float | None = None
+) -> Settings:
     """Embedded defaults: one local target, an on-call engineer and an approver."""
     return Settings.model_validate(
         {
@@ -112,7 +116,7 @@ def settings(ws: Path, *, base_url: str, state_dir: Path) -> Settings:
                     "vllm_url": base_url,
                     "actuator": {"kind": "local", "flags": BAD_FLAGS,
                                  "state_dir": str(state_dir),
-                                 "start_timeout_s": START_TIMEOUT_S},
+                                 "start_timeout_s": START_TIMEOUT_S, "cpu_limit": cpu_limit},
                     # the gate: 4 chats beside 4 streams of long prompts (as the incident)
                     "canary": {"concurrency": 4, "num_requests": 16, "prompt_length": 128,
                                "output_length": 32, "background_concurrency": 4,
@@ -183,7 +187,9 @@ def check_incident(adr: Adr, summary: Mapping[str, Any]) -> MatchResult:
             "the bot's diagnosis produced no numbers (it failed; its error is logged above), "
             "so the demo cannot tell whether the incident happened"
         )
-    result = match(adr, match_report(readings), summary.get("normal") or {})
+    report = match_report(readings, bounds_of(summary.get("reading_bounds")))
+    normal_bounds = bounds_of(summary.get("normal_bounds"))
+    result = match(adr, report, summary.get("normal") or {}, normal_bounds=normal_bounds)
     if adr.id in (summary.get("matches") or []) and result.matches:
         return result
     why = "; ".join(c.explain() for c in result.conditions) or "the ADR has no conditions"
@@ -206,7 +212,7 @@ def gate_lines(
         if written is None:
             continue
         at_least = gate.startswith("min_")
-        shown = number(metric, limit)
+        shown = show(metric, limit)
         if isinstance(written, Relative):
             shown = f"{written} (= {shown})"
         met = (
@@ -217,9 +223,9 @@ def gate_lines(
         was = (before or {}).get(metric)
         change = ""
         if was is not None and value is not None and was != 0:
-            change = f" (before {number(metric, was)}, {(value - was) / was * 100:+.0f} %)"
+            change = f" (before → after: {text_change(metric, was, value)})"
         lines.append(
-            f"{labels[metric]} {number(metric, value)} {'≥' if at_least else '≤'} {shown}: "
+            f"{labels[metric]} {show(metric, value)} {'≥' if at_least else '≤'} {shown}: "
             + ("met" if met else "MISSED")
             + change
         )
@@ -305,7 +311,9 @@ class Demo:
         self.ws = ws
         self.base_url = base_url
         self._say = say
-        self._settings = settings(ws, base_url=base_url, state_dir=manager.state_dir)
+        self._settings = settings(
+            ws, base_url=base_url, state_dir=manager.state_dir, cpu_limit=manager.cpu_limit
+        )
         self._target: Target = self._settings.targets[TARGET]
         self._transcript = transcript
         self._adr = load(ws / "adr" / ADR_FILE)
@@ -330,7 +338,7 @@ class Demo:
                 summary = await asyncio.to_thread(self._summary, bot, incident_id)
                 matched = check_incident(self._adr, summary)
                 rem = await self._remediate(bot, incident_id)
-                after = await self._after(http) if rem.state == "promoted" else {}
+                after = await self._after(http) if rem.state == "promoted" else Measured({})
                 draft = await asyncio.to_thread(self._draft, bot, incident_id)
             finally:
                 await bot.flows.tasks.drain(timeout_s=900)
@@ -349,7 +357,7 @@ class Demo:
         return Result(
             adr_id=self._adr.id,
             normal=normal,
-            incident=summary.get("headline") or {},
+            incident=Measured(summary.get("headline") or {}, bounds_of(summary.get("bounds"))),
             after=after,
             state=rem.state,
             matched=[c.explain() for c in matched.conditions],
@@ -370,7 +378,7 @@ class Demo:
         )
 
     # --- 3/8: normal -------------------------------------------------------------------------
-    async def _normal(self, http: httpx.AsyncClient) -> dict[str, float | None]:
+    async def _normal(self, http: httpx.AsyncClient) -> Measured:
         self._say(
             f"3/8 normal: {CHAT_STREAMS} chat streams alone; the scheduler's snapshot job takes "
             f"{SNAPSHOTS} snapshots of the four numbers ({WINDOW_S:g} s each) into the store ..."
@@ -392,7 +400,7 @@ class Demo:
         finally:
             await load.stop()
         try:
-            normal = await NormalReader(db=db, last=SNAPSHOTS)(TARGET)
+            normal = await NormalReader(db=db, last=SNAPSHOTS).read(TARGET)
         finally:
             db.dispose()
         self._say("    normal: " + _four(normal))
@@ -459,13 +467,13 @@ class Demo:
         self._say(f"    outcome: {done.state}")
         return done
 
-    async def _after(self, http: httpx.AsyncClient) -> dict[str, float | None]:
+    async def _after(self, http: httpx.AsyncClient) -> Measured:
         self._say("    the incident's load again, on the fixed engine, read the same way ...")
         load = _Load.start(incident_load(self.base_url))
         try:
             slowest = await load.steady()
             sampler = MetricsSampler(http=http, window_s=max(WINDOW_S, math.ceil(2 * slowest)))
-            return dict(await sampler(TARGET, self._target))
+            return await sampler(TARGET, self._target)
         finally:
             await load.stop()
 
@@ -484,5 +492,8 @@ class Demo:
         return path
 
 
-def _four(numbers: Numbers) -> str:
-    return ", ".join(f"{label} {number(key, numbers.get(key))}" for key, label, *_ in FOUR)
+def _four(sample: Measured) -> str:
+    return ", ".join(
+        f"{label} {show(key, sample.numbers.get(key), sample.bounds.get(key))}"
+        for key, label, *_ in FOUR
+    )

@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bot.diagnosis.models import FOUR
+from bot.numbers.reading import Measured
+from bot.numbers.text import FOUR, show
 
 Numbers = Mapping[str, float | None]
 
@@ -16,22 +17,15 @@ class Result:
     """What one demo run showed, for the last screen."""
 
     adr_id: str
-    normal: Numbers
-    incident: Numbers
-    after: Numbers  # the incident's load on the changed engine (empty: not measured)
+    normal: Measured
+    incident: Measured
+    after: Measured  # the incident's load on the changed engine (empty: not measured)
     state: str  # the remediation's end: promoted, rolled_back, failed, ...
     matched: Sequence[str]  # the matching ADR's conditions, explained
     gates: Sequence[str]  # each gate with the canary's number and whether it was met
     chart: Path | None
     draft: Path
     notes: Sequence[str] = field(default_factory=tuple)
-
-
-def number(key: str, value: float | None) -> str:
-    """'71.0 ms', '98.5 %', or '-' when not measured."""
-    if value is None:
-        return "-"
-    return f"{value:,.1f} ms" if key.endswith("_ms") else f"{value * 100:.1f} %"
 
 
 def render(result: Result) -> str:
@@ -42,10 +36,11 @@ def render(result: Result) -> str:
     }.get(result.state, result.state)
     rows = [f"  {'':<18}{'normal':>14}{'incident':>14}{'after the fix':>16}"]
     for key, label, *_ in FOUR:
-        cells = [number(key, n.get(key)) for n in (result.normal, result.incident)]
-        rows.append(
-            f"  {label:<18}{cells[0]:>14}{cells[1]:>14}{number(key, result.after.get(key)):>16}"
-        )
+        cells = [
+            show(key, n.numbers.get(key), n.bounds.get(key))
+            for n in (result.normal, result.incident, result.after)
+        ]
+        rows.append(f"  {label:<18}{cells[0]:>14}{cells[1]:>14}{cells[2]:>16}")
     lines = [
         "",
         "=" * 64,

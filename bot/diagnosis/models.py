@@ -12,16 +12,11 @@ from bot.adr.match import MatchResult
 from bot.adr.models import Adr
 from bot.adr.relative import Normal
 from bot.diagnosis.chart_data import ChartData
+from bot.numbers.reading import Bounds
+from bot.numbers.text import FOUR
 from bot.probes.sampling import SampledWindow
 from bot.probes.types import Finding
 
-# The four numbers: key, label, unit, and whether bigger is worse.
-FOUR = (
-    ("ttft_p99_ms", "TTFT p99", "ms", True),
-    ("tpot_p99_ms", "TPOT p99", "ms", True),
-    ("goodput_ratio", "Goodput", "ratio", False),
-    ("kv_fragmentation", "KV fragmentation", "ratio", True),
-)
 GATE_OF = {
     "ttft_p99_ms": "max_ttft_p99_ms",
     "tpot_p99_ms": "max_tpot_p99_ms",
@@ -94,6 +89,9 @@ class Diagnosis:
     timings: Mapping[str, float] = field(default_factory=dict)
     normal: Mapping[str, float | None] = field(default_factory=dict)  # median of snapshots
     chart: ChartData | None = None  # what the chart shows (kept: the incident page draws it)
+    bounds: Bounds = field(default_factory=dict)  # headline numbers that are only bounds
+    reading_bounds: Bounds = field(default_factory=dict)  # readings that are (dotted names)
+    normal_bounds: Bounds = field(default_factory=dict)  # normal's numbers that are bounds
 
     def summary(self) -> dict[str, Any]:
         """The headline and every reading, JSON-ready, for the store and the audit log."""
@@ -107,6 +105,9 @@ class Diagnosis:
             "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
             "readings": {k: _finite(v) for k, v in self.readings.items()},
             "normal": {k: _finite(v) for k, v in self.normal.items()},
+            "bounds": {k: str(b) for k, b in self.bounds.items()},
+            "reading_bounds": {k: str(b) for k, b in self.reading_bounds.items()},
+            "normal_bounds": {k: str(b) for k, b in self.normal_bounds.items()},
             "findings": [[str(f.severity), f.message, f.source] for f in self.findings[:50]],
             "chart": None if self.chart is None else self.chart.to_json(),
         }

@@ -18,15 +18,17 @@ from bot.adr.match import MatchResult, matching
 from bot.adr.store import AdrStore
 from bot.diagnosis import chart_data, history
 from bot.diagnosis.chart import render_chart
-from bot.diagnosis.models import FOUR, GATE_OF, Baseline, Diagnosis
+from bot.diagnosis.models import GATE_OF, Baseline, Diagnosis
 from bot.errors import UsageError
+from bot.numbers.reading import Bounds, Measured
+from bot.numbers.text import FOUR
 from bot.probes.context import ProbeContext, TargetRef
 from bot.runbooks.loader import RunbookSet
 from bot.runbooks.runner import RunbookRunner
 
 log = logging.getLogger("ruleloop.diagnosis")
 # A target's "normal" four numbers (the scheduler's snapshots), shown next to "now".
-NormalReader = Callable[[str], Awaitable[Mapping[str, float | None]]]
+NormalReader = Callable[[str], Awaitable[Measured]]
 
 # ADR match metric name -> the runbook reading that gives it.
 MATCH_READINGS = {
@@ -49,10 +51,18 @@ MATCH_READINGS = {
 }
 
 
-def match_report(readings: Mapping[str, float | None]) -> dict[str, Any]:
-    """The report ADR matching reads: a flat ``metrics`` mapping of measured values."""
+def match_report(
+    readings: Mapping[str, float | None], bounds: Bounds | None = None
+) -> dict[str, Any]:
+    """The report ADR matching reads: a flat ``metrics`` mapping of measured values, and the
+    ``bounds`` of those that are only bounds (both keyed by match metric names)."""
     metrics = {name: readings.get(source) for name, source in MATCH_READINGS.items()}
-    return {"metrics": {k: v for k, v in metrics.items() if v is not None}}
+    found = {name: bound for name, source in MATCH_READINGS.items()
+             if (bound := (bounds or {}).get(source)) is not None}  # fmt: skip
+    return {
+        "metrics": {k: v for k, v in metrics.items() if v is not None},
+        "bounds": {k: str(b) for k, b in found.items()},
+    }
 
 
 class Diagnoser:
@@ -100,7 +110,9 @@ class Diagnoser:
         normal = await self._read_normal(target.name)
         baseline = Baseline.from_adrs(accepted)
         headline = {key: result.reading(f"vllm_metrics.{key}") for key, *_ in FOUR}
-        matches = matching(accepted, match_report(result.readings), normal)
+        bounds = {key: b for key, *_ in FOUR if (b := result.bounds.get(f"vllm_metrics.{key}"))}
+        report = match_report(result.readings, result.bounds)
+        matches = matching(accepted, report, normal.numbers, normal_bounds=normal.bounds)
         windows = ctx.sampled()
         t2 = self._monotonic()
         sampling = max((w.pages[-1].at - w.pages[0].at for w in windows), default=0.0)
@@ -118,7 +130,7 @@ class Diagnoser:
                 details=result.details,
                 alert_start=None if alert_start is None else alert_start.timestamp(),
                 gate=_gate(metric, matches, baseline),
-                normal=normal.get(metric),
+                normal=normal.numbers.get(metric),
             )
         return Diagnosis(
             target=target.name,
@@ -133,19 +145,22 @@ class Diagnoser:
             at=self._clock(),
             window=windows[0] if windows else None,
             timings={"runbook_s": t1 - t0, "adrs_s": t2 - t1},
-            normal=normal,
+            normal=normal.numbers,
             chart=chart,
+            bounds=bounds,
+            reading_bounds=result.bounds,
+            normal_bounds=normal.bounds,
         )
 
-    async def _read_normal(self, target: str) -> Mapping[str, float | None]:
+    async def _read_normal(self, target: str) -> Measured:
         """The target's "normal" numbers; none (not a failed diagnosis) when they cannot be read."""
         if self._normal is None:
-            return {}
+            return Measured({})
         try:
             return await self._normal(target)
         except Exception:
             log.warning("could not read the normal numbers of %s", target, exc_info=True)
-            return {}
+            return Measured({})
 
     async def chart(self, diagnosis: Diagnosis) -> bytes | None:
         """The PNG of the incident's metric and queue depth (drawn in a worker thread)."""

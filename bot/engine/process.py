@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from bot.engine.cpu_limit import CpuLimit
 from bot.engine.model import SERVED_MODEL_NAME, write_model_dir
 from bot.errors import EngineError
 
@@ -49,6 +50,7 @@ class EngineInfo:
     log_path: str
     model: str = SERVED_MODEL_NAME
     started_at: float = field(default_factory=time.time)
+    cpu_limit: float | None = None  # cores of CPU time for all its processes (None: no limit)
 
     @property
     def base_url(self) -> str:
@@ -141,9 +143,16 @@ def failure_reason(log_text: str) -> str:
 class EngineManager:
     """Starts and stops engines, keeping one state file per port under ``state_dir``."""
 
-    def __init__(self, *, state_dir: Path | None = None, python: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        state_dir: Path | None = None,
+        python: str | None = None,
+        cpu_limit: float | None = None,
+    ) -> None:
         self.state_dir = state_dir or default_state_dir()
         self.python = python or os.environ.get("RULELOOP_ENGINE_PYTHON") or sys.executable
+        self.cpu_limit = cpu_limit  # cores, for every engine it starts (a slower machine)
 
     def _state_path(self, port: int) -> Path:
         return self.state_dir / f"engine-{port}.json"
@@ -174,13 +183,20 @@ class EngineManager:
             python=self.python, model_dir=model_dir, host=host, port=port, flags=flags
         )
         pid = _spawn_detached(argv, log_path=log_path, env=engine_env())
-        info = EngineInfo(port=port, pid=pid, host=host, flags=list(flags), log_path=str(log_path))
+        info = EngineInfo(
+            port=port, pid=pid, host=host, flags=list(flags), log_path=str(log_path),
+            cpu_limit=self.cpu_limit,
+        )  # fmt: skip
         self._state_path(port).write_text(json.dumps(asdict(info)))
         try:
+            if self.cpu_limit is not None:  # before vLLM starts its engine core (it inherits)
+                _limit_of(info).apply(pid)
             self._wait_ready(info, timeout_s=timeout_s, on_progress=on_progress)
         except BaseException:
             self._kill(pid)
             self._forget(port)
+            if self.cpu_limit is not None:
+                _limit_of(info).remove()
             raise
         return info
 
@@ -258,6 +274,8 @@ class EngineManager:
             return None
         self._kill(info.pid, timeout_s=timeout_s)
         self._forget(port)
+        if info.cpu_limit is not None:
+            _limit_of(info).remove()
         return info
 
     def _forget(self, port: int) -> None:
@@ -280,6 +298,11 @@ class EngineManager:
             return
         while _alive(pid):
             time.sleep(0.1)
+
+
+def _limit_of(info: EngineInfo) -> CpuLimit:
+    assert info.cpu_limit is not None
+    return CpuLimit(cores=info.cpu_limit, name=f"ruleloop-engine-{info.port}")
 
 
 def _spawn_detached(argv: list[str], *, log_path: Path, env: dict[str, str]) -> int:

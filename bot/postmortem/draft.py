@@ -19,8 +19,9 @@ from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
 from bot.adr.parse import date_of_id
 from bot.adr.render import format_ms, format_pct
 from bot.canary.verdict import Values, gates_from, judge, judge_values, values_of
-from bot.diagnosis.models import FOUR, GATE_OF
+from bot.diagnosis.models import GATE_OF
 from bot.errors import UsageError
+from bot.numbers.text import FOUR
 from bot.tune.matrix import PASSED, source_note
 
 KEPT = "promoted"
@@ -82,6 +83,14 @@ class AppliedFix:
     requested_by: str = ""
     approved_by: Sequence[str] = ()
     failed_gates: Sequence[str] = ()
+    limits: Mapping[str, float] = field(default_factory=dict)  # the numbers its canary used
+
+    @property
+    def judged(self) -> AdrGates | None:
+        """The gates as the numbers its canary was judged by ('0.5x before' as 855 ms)."""
+        if self.adr.gates is None or not self.limits:
+            return self.adr.gates
+        return AdrGates(**self.limits)
 
     @property
     def kept(self) -> bool:
@@ -105,6 +114,7 @@ def build_postmortem(
     summary = incident.diagnosis or {}
     headline: Mapping[str, Any] = summary.get("headline") or {}
     gates = applied.adr.gates if applied is not None else _baseline_gates(summary)
+    judged = applied.judged if applied is not None else gates  # numbers, where resolved
     symptoms = _symptoms(headline, gates)
     kept = applied is not None and applied.kept
     return Adr(
@@ -116,8 +126,8 @@ def build_postmortem(
         match=symptoms or (list(applied.adr.match) if applied is not None else []),
         fix=applied.adr.fix if kept and applied is not None else Fix(),
         gates=gates,
-        context=_context(incident, runs, applied, gates),
-        matrix=[_incident_row(headline, gates), *(_canary_row(run, gates) for run in runs)],
+        context=_context(incident, runs, applied, judged),
+        matrix=[_incident_row(headline, gates), *(_canary_row(run, judged) for run in runs)],
         matrix_notes=_notes(incident, runs),
         rules=_rules(incident, applied, gates, symptoms, runs),
     )
@@ -141,7 +151,7 @@ def _symptoms(headline: Mapping[str, Any], gates: AdrGates | None) -> list[Condi
     found = []
     for key, _, _, worse_up in FOUR:
         value, limit = headline.get(key), getattr(gates, GATE_OF[key])
-        if value is None or limit is None:
+        if value is None or not isinstance(limit, float):  # unset, or relative to a canary
             continue
         if worse_up and value > limit:
             found.append(Condition(metric=key, op=">", value=float(limit)))

@@ -100,6 +100,7 @@ class DraftRecords:
                     requested_by=rem.requested_by,
                     approved_by=list(rem.approved_by),
                     failed_gates=list(rem.result.get("failures", [])),
+                    limits=dict(rem.result.get("gates") or {}),
                 )
         return facts, canaries, applied
 

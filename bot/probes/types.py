@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from bot.numbers.reading import Bound
+
 if TYPE_CHECKING:
     from bot.probes.context import ProbeContext, TargetRef
 
@@ -46,6 +48,7 @@ class ProbeResult:
     readings: dict[str, float | None] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
+    bounds: dict[str, Bound] = field(default_factory=dict)  # readings that are only bounds
 
 
 class Params(BaseModel):

@@ -3,6 +3,8 @@ incident page all say them the same way."""
 
 from __future__ import annotations
 
+from bot.numbers.text import change, in_unit
+
 GATE_LABELS = {
     "max_ttft_p99_ms": ("TTFT p99", "≤", "ms"),
     "max_tpot_p99_ms": ("TPOT p99", "≤", "ms"),
@@ -19,9 +21,7 @@ NUMBER_LABELS = {
 
 def value_text(value: float | None, unit: str) -> str:
     """'212.4 ms', '93.0 %' or 'n/a'."""
-    if value is None:
-        return "n/a"
-    return f"{value:,.1f} ms" if unit == "ms" else f"{value * 100:.1f} %"
+    return "n/a" if value is None else in_unit(value, unit)
 
 
 def gate_lines(gates: dict[str, float], relative: dict[str, str] | None = None) -> list[str]:
@@ -52,16 +52,5 @@ def number_lines(
         if was is None or now is None:
             out.append(f"{label} {value_text(now, unit)}")
         else:
-            out.append(f"{label} {change_text(was, now, unit)}")
+            out.append(f"{label} {change(key, was, now)}")
     return out
-
-
-def change_text(was: float, now: float, unit: str) -> str:
-    """'1,710.0 → 214.8 ms (-87 %)': a number against the before-run of the same canary."""
-    if unit == "ms":
-        shown = f"{was:,.1f} → {now:,.1f} ms"
-    else:
-        shown = f"{was * 100:.1f} → {now * 100:.1f} %"
-    if was == 0:
-        return shown
-    return f"{shown} ({(now - was) / was * 100:+.0f} %)"

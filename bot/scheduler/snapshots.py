@@ -17,7 +17,8 @@ import httpx
 from sqlalchemy.orm import Session
 
 from bot.config import Target
-from bot.diagnosis.models import FOUR
+from bot.numbers.reading import Bound, Measured, bounds_of
+from bot.numbers.text import FOUR
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
 from bot.scheduler.runner import Outcome
@@ -28,7 +29,9 @@ KEYS = tuple(key for key, *_ in FOUR)
 KEEP = dt.timedelta(days=14)  # older snapshots are forgotten
 
 Numbers = Mapping[str, float | None]
-Sampler = Callable[[str, Target], Awaitable[Numbers]]
+
+
+Sampler = Callable[[str, Target], Awaitable[Measured]]
 
 
 class MetricsSampler:
@@ -48,13 +51,14 @@ class MetricsSampler:
         self._sleep = sleep
         self.source = f"vllm_metrics {window_s:g}s"
 
-    async def __call__(self, name: str, target: Target) -> Numbers:
-        """Sample the window and read the four numbers (None where not measured)."""
+    async def __call__(self, name: str, target: Target) -> Measured:
+        """Measured the window and read the four numbers (None where not measured)."""
         ctx = ProbeContext(http=self._http, clock=self._clock, sleep=self._sleep)
         result = await VllmMetricsProbe().run(
             target=TargetRef(name, target), params=self._params, ctx=ctx
         )
-        return {key: result.readings.get(key) for key in KEYS}
+        numbers = {key: result.readings.get(key) for key in KEYS}
+        return Measured(numbers, {k: b for k, b in result.bounds.items() if k in KEYS})
 
 
 class SnapshotJob:
@@ -68,15 +72,17 @@ class SnapshotJob:
 
     async def __call__(self, now: dt.datetime) -> Outcome:
         """Measure, and hand the runner the write that keeps the snapshot."""
-        numbers = dict(await self._sample(self.name, self._target))
+        sample = await self._sample(self.name, self._target)
+        numbers, bounds = dict(sample.numbers), {k: str(b) for k, b in sample.bounds.items()}
 
         def write(session: Session) -> None:
             store.add_snapshot(
-                session, target=self.name, at=now, source=self._source, numbers=numbers
-            )
+                session, target=self.name, at=now, source=self._source, numbers=numbers,
+                bounds=bounds,
+            )  # fmt: skip
             store.prune_snapshots(session, target=self.name, before=now - KEEP)
 
-        return Outcome(detail={"numbers": numbers}, write=write)
+        return Outcome(detail={"numbers": numbers, "bounds": bounds}, write=write)
 
 
 class NormalReader:
@@ -88,16 +94,39 @@ class NormalReader:
 
     async def __call__(self, target: str) -> dict[str, float | None]:
         """Median per number over the newest ``last`` snapshots (empty: no snapshot yet)."""
+        return dict((await self.read(target)).numbers)
 
-        def read() -> dict[str, float | None]:
+    async def read(self, target: str) -> Measured:
+        """The medians, and which of them are only bounds (a bound in the middle makes one)."""
+
+        def read() -> Measured:
             with self._db.transaction() as s:
                 snapshots = store.recent_snapshots(s, target=target, limit=self._last)
-                if not snapshots:
-                    return {}
                 normal: dict[str, float | None] = {}
-                for key in KEYS:
-                    values = [v for v in (getattr(x, key) for x in snapshots) if v is not None]
-                    normal[key] = statistics.median(values) if values else None
-                return normal
+                bounds: dict[str, Bound] = {}
+                for key in KEYS if snapshots else ():
+                    known = [
+                        (v, bounds_of(x.bounds).get(key))
+                        for x in snapshots
+                        if (v := getattr(x, key)) is not None
+                    ]
+                    normal[key], bound = median(known)
+                    if bound is not None:
+                        bounds[key] = bound
+                return Measured(normal, bounds)
 
         return await asyncio.to_thread(read)
+
+
+def median(values: list[tuple[float, Bound | None]]) -> tuple[float | None, Bound | None]:
+    """The median of numbers some of which are bounds: a bound when a middle one is (both
+    ways at once: unknown)."""
+    if not values:
+        return None, None
+    ordered = sorted(values, key=lambda pair: pair[0])
+    n = len(ordered)
+    middle = ordered[(n - 1) // 2 : n // 2 + 1]
+    kinds = {bound for _, bound in middle if bound is not None}
+    if len(kinds) > 1:
+        return None, None
+    return statistics.median(v for v, _ in ordered), next(iter(kinds), None)

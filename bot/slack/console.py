@@ -12,11 +12,13 @@ from typing import Any, TextIO
 
 from bot.chat.messages import IncidentView, MessageRef
 from bot.chat.mrkdwn import unescape
-from bot.diagnosis.models import FOUR, Diagnosis
+from bot.diagnosis.models import Diagnosis
+from bot.numbers.reading import bounds_of
+from bot.numbers.text import FOUR, show
 from bot.postmortem.ports import DraftView
 from bot.remediation.ports import RemediationView
 from bot.slack.remediation_views import card_text, card_update_text, draft_text
-from bot.slack.views import NO_MATCH, STATE_TEXT, finding_line, fmt
+from bot.slack.views import NO_MATCH, STATE_TEXT, finding_line
 
 
 class ConsoleNotifier:
@@ -116,10 +118,13 @@ def render_root(view: IncidentView) -> str:
     ]
     headline = view.summary.get("headline") or {}
     baseline = view.summary.get("baseline") or {}
+    bounds = bounds_of(view.summary.get("bounds"))
+    normal_bounds = bounds_of(view.summary.get("normal_bounds"))
     for key, label, _, _ in FOUR if headline else ():
         gate = baseline.get(key)
-        suffix = f" (gate {fmt(key, gate[0])}, {gate[1]})" if gate else ""
+        suffix = f" (gate {show(key, gate[0])}, {gate[1]})" if gate else ""
         normal = (view.summary.get("normal") or {}).get(key)
-        suffix += f" (normal {fmt(key, normal)})" if normal is not None else ""
-        lines.append(f"    {label}: {fmt(key, headline.get(key))}{suffix}")
+        if normal is not None:
+            suffix += f" (normal {show(key, normal, normal_bounds.get(key))})"
+        lines.append(f"    {label}: {show(key, headline.get(key), bounds.get(key))}{suffix}")
     return "\n".join(lines)

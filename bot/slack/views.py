@@ -24,7 +24,9 @@ from slack_sdk.models.blocks import (
 from bot.adr.match import MatchResult
 from bot.chat.messages import IncidentView
 from bot.chat.mrkdwn import clip, escape, plain
-from bot.diagnosis.models import FOUR, Diagnosis
+from bot.diagnosis.models import Diagnosis
+from bot.numbers.reading import Reading, bounds_of, compare
+from bot.numbers.text import FOUR, show
 from bot.probes.types import Finding, Severity
 
 APPLY_ACTION = "apply_adr"
@@ -49,31 +51,24 @@ NO_MATCH = (
 )
 
 
-def fmt(key: str, value: float | None) -> str:
-    """A number as people read it: '2,431 ms', '61.9 %', 'n/a'."""
-    if value is None:
-        return "n/a"
-    unit = next((u for k, _, u, _ in FOUR if k == key), "")
-    return (
-        f"{value:,.0f} ms"
-        if unit == "ms" and value >= 100
-        else (f"{value:.1f} ms" if unit == "ms" else f"{value * 100:.1f} %")
-    )
-
-
 def _number_field(key: str, label: str, summary: dict[str, Any]) -> MarkdownTextObject:
     value = summary.get("headline", {}).get(key)
+    bound = bounds_of(summary.get("bounds")).get(key)
     limit = summary.get("baseline", {}).get(key)
-    text = f"*{label}*\n{fmt(key, value)}"
+    text = f"*{label}*\n{show(key, value, bound)}"
     if limit is not None:
         worse_up = next(w for k, _, _, w in FOUR if k == key)
-        bound, adr = limit
-        ok = None if value is None else (value <= bound if worse_up else value >= bound)
+        edge, adr = limit
+        ok = (
+            None
+            if value is None
+            else compare(Reading(value, bound), "<=" if worse_up else ">=", Reading(edge))
+        )
         mark = "" if ok is None else (" :white_check_mark:" if ok else " :x:")
-        text += f"{mark}  (gate {'≤' if worse_up else '≥'} {fmt(key, bound)}, {plain(adr, 100)})"
+        text += f"{mark}  (gate {'≤' if worse_up else '≥'} {show(key, edge)}, {plain(adr, 100)})"
     normal = summary.get("normal", {}).get(key)
     if normal is not None:
-        text += f"\nnormal {fmt(key, normal)}"
+        text += f"\nnormal {show(key, normal, bounds_of(summary.get('normal_bounds')).get(key))}"
     return MarkdownTextObject(text=text)
 
 

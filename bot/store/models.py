@@ -290,6 +290,8 @@ class MetricSnapshot(Base):
     goodput_ratio: Mapped[float | None]
     kv_fragmentation: Mapped[float | None]
     source: Mapped[str] = mapped_column(String(64))  # what measured it: "vllm_metrics 10s"
+    # the numbers that are only bounds: {"tpot_p99_ms": "<="} (null: all known)
+    bounds: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)
 
 
 class JobRun(Base):

@@ -193,12 +193,15 @@ def add_snapshot(
     at: dt.datetime,
     source: str,
     numbers: Mapping[str, float | None],
+    bounds: Mapping[str, str] | None = None,
 ) -> MetricSnapshot:
-    """Keep the four numbers of a target (keys as in ``MetricSnapshot``; missing ones None)."""
+    """Keep the four numbers of a target (keys as in ``MetricSnapshot``; missing ones None)
+    and which of them are only bounds."""
     snapshot = MetricSnapshot(
         target=target,
         at=at,
         source=source,
+        bounds=dict(bounds) if bounds else None,
         ttft_p99_ms=numbers.get("ttft_p99_ms"),
         tpot_p99_ms=numbers.get("tpot_p99_ms"),
         goodput_ratio=numbers.get("goodput_ratio"),

@@ -8,14 +8,14 @@ kept, when one was). Gates are the accepted ADRs' (the diagnosis's baseline).
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from bot.adr.models import Adr
 from bot.canary.verdict import values_of
-from bot.diagnosis.models import FOUR
+from bot.numbers.reading import Bound, Reading, bounds_of, compare
+from bot.numbers.text import FOUR, show
 from bot.remediation.argv import diff
 from bot.remediation.lines import gate_lines, number_lines
 from bot.remediation.ports import STATES
@@ -35,23 +35,19 @@ KEPT = "promoted"
 ENDED_BAD = {"rolled_back", "failed", "cancelled", "expired", "interrupted"}
 
 
-def four_number(key: str, value: float | None) -> str:
-    """One of the four numbers as people read it: '2,436 ms', '41.3 ms', '61.9 %', 'n/a'."""
-    if value is None:
-        return "n/a"
-    if math.isinf(value):
-        return "∞ (requests failed)"
-    unit = next(u for k, _, u, _ in FOUR if k == key)
-    if unit == "ms":
-        return f"{value:,.0f} ms" if value >= 100 else f"{value:.1f} ms"
-    return f"{value * 100:.1f} %"
+def four_number(key: str, value: float | None, bound: Bound | None = None) -> str:
+    """One of the four numbers as every surface writes it ('≤ 10.0 ms' for a bound); a failed
+    request's unbounded latency says so."""
+    text = show(key, value, bound)
+    return "∞ (requests failed)" if text == "∞" else text
 
 
-def _within(key: str, value: float | None, gate: float | None) -> str:
+def _within(key: str, value: float | None, gate: float | None, bound: Bound | None = None) -> str:
     if value is None or gate is None:
         return NEUTRAL
     worse_up = next(w for k, _, _, w in FOUR if k == key)
-    return GOOD if (value <= gate if worse_up else value >= gate) else BAD
+    ok = compare(Reading(value, bound), "<=" if worse_up else ">=", Reading(gate))
+    return NEUTRAL if ok is None else (GOOD if ok else BAD)
 
 
 @dataclass(frozen=True)
@@ -225,6 +221,10 @@ def _numbers(
     headline = summary.get("headline") or {}
     normal = summary.get("normal") or {}
     baseline = summary.get("baseline") or {}
+    bounds, normal_bounds = (
+        bounds_of(summary.get("bounds")),
+        bounds_of(summary.get("normal_bounds")),
+    )
     rows = []
     for key, label, _, worse_up in FOUR:
         limit, adr = (
@@ -233,9 +233,9 @@ def _numbers(
         rows.append(
             NumberRow(
                 label=label,
-                normal=four_number(key, normal.get(key)),
-                incident=four_number(key, headline.get(key)),
-                incident_tone=_within(key, headline.get(key), limit),
+                normal=four_number(key, normal.get(key), normal_bounds.get(key)),
+                incident=four_number(key, headline.get(key), bounds.get(key)),
+                incident_tone=_within(key, headline.get(key), limit, bounds.get(key)),
                 after="" if after is None else four_number(key, after.get(key)),
                 after_tone=NEUTRAL if after is None else _within(key, after.get(key), limit),
                 gate="none"

@@ -48,7 +48,7 @@ class LocalActuator:
             raise ActuatorError(f"the local actuator needs a port in vllm_url ({vllm_url})")
         self._spec = spec
         self._host, self._port = parts.hostname, parts.port
-        self._manager = manager or EngineManager(state_dir=spec.state_dir)
+        self._manager = manager or EngineManager(state_dir=spec.state_dir, cpu_limit=spec.cpu_limit)
 
     async def current(self) -> Deployed:
         """The running engine's flags, read from its process."""

@@ -1,0 +1,72 @@
+"""A CPU quota for the local engine's processes: a machine 10-30x slower than this one, on demand.
+
+vLLM on a CPU without AVX-512 runs 10-30x slower than on one with it, and a demo or a test that
+holds on a fast machine only proves nothing about a user's laptop. A cgroup's CFS quota makes
+the engine slow the same way on any Linux machine: ``cores`` of CPU time per period for all its
+processes together (0.25 = a quarter of one core). cgroup v1 (``cpu.cfs_quota_us``) and v2
+(``cpu.max``) are both supported; the engine's first process is moved in right after it is
+spawned, so the processes it starts later (vLLM's engine core) inherit the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from bot.errors import EngineError
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PERIOD_US = 100_000
+
+
+@dataclass(frozen=True)
+class CpuLimit:
+    """``cores`` of CPU time for the processes put in the group ``name``."""
+
+    cores: float
+    name: str
+    root: Path = CGROUP_ROOT
+
+    def __post_init__(self) -> None:
+        if not 0.01 <= self.cores <= 1024:
+            raise EngineError(f"a CPU limit is 0.01 to 1024 cores, not {self.cores:g}")
+
+    @property
+    def group(self) -> Path:
+        """The cgroup's directory (v1: under the cpu controller; v2: the unified tree)."""
+        v1 = self.root / "cpu"
+        return (v1 if (v1 / "cgroup.procs").exists() else self.root) / self.name
+
+    def apply(self, pid: int) -> None:
+        """Create the group with its quota and move ``pid`` (all its threads) into it."""
+        group = self.group
+        quota = round(self.cores * PERIOD_US)
+        try:
+            group.mkdir(exist_ok=True)
+            if (group / "cpu.cfs_quota_us").exists():
+                (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                (group / "cpu.cfs_quota_us").write_text(str(quota))
+            else:
+                (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+            (group / "cgroup.procs").write_text(str(pid))
+        except OSError as exc:
+            raise EngineError(
+                f"cannot limit the engine to {self.cores:g} cores: {exc} (a CPU limit needs a "
+                f"writable cgroup cpu controller under {self.root}: run as root, or without the "
+                "limit)"
+            ) from exc
+
+    def throttled(self) -> int:
+        """How many periods the group ran out of quota in (cpu.stat): proof the limit bites."""
+        stat = self.group / "cpu.stat"
+        for line in stat.read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "nr_throttled":
+                return int(value)
+        return 0
+
+    def remove(self) -> None:
+        """Remove the group once its processes are gone (a live one keeps it: no error)."""
+        with contextlib.suppress(OSError):
+            self.group.rmdir()

@@ -1,0 +1,65 @@
+"""The one way a number is written, on every surface: Slack, the incident page, the console, the
+demo's screen, the canary's table.
+
+Latencies in milliseconds ("41.3 ms", "212 ms" from 100 ms up, "1,710 ms"), ratios in percent
+("93.0 %"), a bound with its sign ("≤ 10.0 ms", "> 20,000 ms"), a failed request's unbounded
+latency as "∞", and a number not measured as "n/a".
+"""
+
+from __future__ import annotations
+
+import math
+
+from bot.numbers.reading import Bound
+
+# The four numbers: key, label, unit, and whether bigger is worse.
+FOUR = (
+    ("ttft_p99_ms", "TTFT p99", "ms", True),
+    ("tpot_p99_ms", "TPOT p99", "ms", True),
+    ("goodput_ratio", "Goodput", "ratio", False),
+    ("kv_fragmentation", "KV fragmentation", "ratio", True),
+)
+NOT_MEASURED = "n/a"
+_RATIOS = ("goodput_ratio", "kv_fragmentation", "kv_cache_usage", "slo_attainment")
+
+
+def unit_of(key: str) -> str:
+    """'ms' for latencies, 'ratio' for shares, '' for counts and rates."""
+    if key.endswith("_ms"):
+        return "ms"
+    if key in _RATIOS or key.endswith(("_ratio", "_share", "_rate")):
+        return "ratio"
+    return ""
+
+
+def in_unit(value: float, unit: str) -> str:
+    """The bare number in its unit: '41.3 ms', '212 ms', '1,710 ms', '93.0 %', '4.5'."""
+    if math.isinf(value):
+        return "∞"
+    if unit == "ms":
+        return f"{value:,.0f} ms" if abs(value) >= 100 else f"{value:.1f} ms"
+    if unit == "ratio":
+        return f"{value * 100:.1f} %"
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def show(key: str, value: float | None, bound: Bound | str | None = None) -> str:
+    """A metric's number as every surface writes it, a bound with its sign."""
+    if value is None or math.isnan(value):
+        return NOT_MEASURED
+    text = in_unit(value, unit_of(key))
+    if bound is not None:
+        sign = "≤" if Bound(bound) is Bound.AT_MOST else ">"
+        return f"{sign} {text}"
+    return text
+
+
+def change(key: str, was: float, now: float) -> str:
+    """A number against the before-run of the same canary: '1,710 → 215 ms (-87 %)'."""
+    unit = unit_of(key)
+    was_text, now_text = in_unit(was, unit), in_unit(now, unit)
+    suffix = {"ms": " ms", "ratio": " %"}.get(unit, "")
+    shown = f"{was_text.removesuffix(suffix)} → {now_text}"
+    if was == 0 or math.isinf(was) or math.isinf(now):
+        return shown
+    return f"{shown} ({(now - was) / was * 100:+.0f} %)"

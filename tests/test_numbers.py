@@ -1,0 +1,110 @@
+"""A number knows what it is: histogram quantiles that are only bounds, comparisons they decide
+or leave undecided, and the one way every surface writes them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bot.adr.match import check
+from bot.adr.models import Condition
+from bot.numbers.reading import Bound, Reading, compare
+from bot.numbers.text import change, show
+from bot.probes.exposition import Exposition, quantile_bound
+from bot.probes.vllm_metrics import Quantiles
+from bot.scheduler.snapshots import median
+
+# vLLM's TPOT histogram starts at a 10 ms bucket; its last finite edge here is 20 s
+EDGES = (0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 20.0)
+
+
+def page(counts: dict[float, int], *, at: float) -> Exposition:
+    """A scrape of vllm:request_time_per_output_token_seconds with ``counts`` per bucket."""
+    lines, cumulative, total = [], 0, 0.0
+    lines.append("# TYPE vllm:request_time_per_output_token_seconds histogram")
+    for edge in (*EDGES, math.inf):
+        cumulative += counts.get(edge, 0)
+        total += counts.get(edge, 0) * (edge if math.isfinite(edge) else 30.0)
+        le = "+Inf" if math.isinf(edge) else f"{edge}"
+        lines.append(f'vllm:request_time_per_output_token_seconds_bucket{{le="{le}"}} {cumulative}')
+    lines.append(f"vllm:request_time_per_output_token_seconds_count {cumulative}")
+    lines.append(f"vllm:request_time_per_output_token_seconds_sum {total}")
+    return Exposition.parse("\n".join(lines) + "\n", at=at)
+
+
+def tpot(counts: dict[float, int]) -> Quantiles:
+    names = ("vllm:request_time_per_output_token_seconds",)
+    return Quantiles.from_histogram(page({}, at=0.0), page(counts, at=10.0), names)
+
+
+def test_a_quantile_in_the_first_bucket_is_at_most_its_edge() -> None:
+    fast = tpot({0.01: 200})  # every chat's TPOT under 10 ms (this machine's ~2 ms)
+    assert fast.p99 == pytest.approx(10.0)  # the edge, not 9.9 interpolated inside [0, 10]
+    assert fast.bounds == {"p50": Bound.AT_MOST, "p90": Bound.AT_MOST, "p99": Bound.AT_MOST}
+    assert show("tpot_p99_ms", fast.p99, fast.bounds["p99"]) == "≤ 10.0 ms"
+
+
+def test_a_quantile_in_the_inf_bucket_is_more_than_the_last_edge() -> None:
+    stalled = tpot({0.05: 50, math.inf: 50})
+    assert stalled.p99 == pytest.approx(20_000.0) and stalled.bounds["p99"] is Bound.MORE_THAN
+    assert show("tpot_p99_ms", stalled.p99, stalled.bounds["p99"]) == "> 20,000 ms"
+
+
+def test_a_quantile_inside_the_histogram_is_known_to_its_bucket() -> None:
+    mixed = tpot({0.01: 10, 0.05: 80, 0.1: 10})
+    assert "p99" not in mixed.bounds and "p50" not in mixed.bounds
+    assert 50.0 < mixed.p99 <= 100.0  # type: ignore[operator]
+    assert quantile_bound(0.99, {}) is None  # no observation: no bound either
+
+
+@pytest.mark.parametrize(
+    ("value", "op", "limit", "expected"),
+    [
+        (Reading(186.4), ">", Reading(10.0, Bound.AT_MOST).times(3), True),  # 186 > (≤ 30)
+        (Reading(25.0), ">", Reading(10.0, Bound.AT_MOST).times(3), None),  # 25 vs ≤ 30
+        (Reading(10.0, Bound.AT_MOST), ">", Reading(150.0), False),  # ≤ 10 is never > 150
+        (Reading(10.0, Bound.AT_MOST), "<", Reading(5.0), None),
+        (Reading(20_000.0, Bound.MORE_THAN), ">", Reading(150.0), True),
+        (Reading(20_000.0, Bound.MORE_THAN), "<=", Reading(30_000.0), None),
+        (Reading(71.0), ">", Reading(60.0), True),  # two known numbers: plain comparison
+        (Reading(59.0), ">", Reading(60.0), False),
+        (Reading(10.0, Bound.AT_MOST), "==", Reading(50.0), False),
+    ],
+)
+def test_a_bound_decides_a_comparison_only_where_it_decides_it(
+    value: Reading, op: str, limit: Reading, expected: bool | None
+) -> None:
+    assert compare(value, op, limit) is expected
+
+
+def test_a_relative_condition_on_a_bounded_normal_says_when_it_is_undecided() -> None:
+    condition = Condition(metric="tpot_p99_ms", op=">", value="3x normal")
+    normal, bounds = {"tpot_p99_ms": 10.0}, {"tpot_p99_ms": Bound.AT_MOST}
+    held = check(condition, {"metrics": {"tpot_p99_ms": 186.4}}, normal, normal_bounds=bounds)
+    assert held.holds and held.explain() == "tpot_p99_ms 186.4 > 3x normal (= <= 30): holds"
+    close = check(condition, {"metrics": {"tpot_p99_ms": 25.0}}, normal, normal_bounds=bounds)
+    assert not close.holds and not close.decided
+    assert close.explain().endswith("undecided (a histogram bound on one side does not decide it)")
+    # the same numbers without the bound: decided (25 < 30), as before
+    assert not check(condition, {"metrics": {"tpot_p99_ms": 25.0}}, normal).holds
+
+
+def test_normal_is_a_bound_when_its_middle_snapshot_is_one() -> None:
+    assert median([(10.0, Bound.AT_MOST), (10.0, Bound.AT_MOST), (12.0, None)]) == (
+        10.0,
+        Bound.AT_MOST,
+    )
+    assert median([(10.0, Bound.AT_MOST), (12.0, None), (14.0, None)]) == (12.0, None)
+    assert median([]) == (None, None)
+    assert median([(10.0, Bound.AT_MOST), (20_000.0, Bound.MORE_THAN)]) == (None, None)
+
+
+def test_every_surface_writes_a_number_the_same_way() -> None:
+    assert show("ttft_p99_ms", 41.26) == "41.3 ms" and show("ttft_p99_ms", 212.4) == "212 ms"
+    assert show("ttft_p99_ms", 1710.0) == "1,710 ms"
+    assert show("goodput_ratio", 0.93) == "93.0 %"
+    assert show("tpot_p99_ms", math.inf) == "∞"
+    assert show("tpot_p99_ms", None) == "n/a"
+    assert change("tpot_p99_ms", 1710.0, 214.8) == "1,710 → 215 ms (-87 %)"
+    assert change("goodput_ratio", 0.9, 0.99) == "90.0 → 99.0 % (+10 %)"
