@@ -49,9 +49,15 @@ def test_engine_up_with_flags_vllm_refuses_exits_2_with_its_reason(tmp_path: Pat
     assert "Traceback" not in result.output
 
 
+# A quarter of one core: the demo must hold on a machine many times slower than this one (an
+# AVX2-only CPU ran vLLM 10-30x slower), so every landing proves the slow machine, not the fast.
+DEMO_CPU_LIMIT = "0.25"
+
+
 def test_demo_replays_the_incident_and_drafts_the_adr(tmp_path: Path) -> None:
     root = Path(__file__).parent.parent
-    result = invoke(["demo", "--adr-dir", str(root / "adr")], tmp_path)
+    args = ["demo", "--adr-dir", str(root / "adr"), "--engine-cpu-limit", DEMO_CPU_LIMIT]
+    result = invoke(args, tmp_path)
     assert result.exit_code == 0, result.output
     for step in range(1, 9):
         assert f"{step}/8 " in result.stderr, result.stderr
@@ -61,7 +67,9 @@ def test_demo_replays_the_incident_and_drafts_the_adr(tmp_path: Path) -> None:
     assert "matching ADR ADR-20261129-02" in out and "x normal (= " in out
     assert "ADR-20261129-02 on local: waiting for approval" in out
     assert "--max-num-batched-tokens: 8192 → 512" in out
-    assert "TPOT p99 ≤ 6x normal (= " in out  # the card: the relative gate as a number
+    assert "limited to 0.25 cores" in result.stderr
+    assert "TPOT p99 ≤ 0.5x before (= " in out  # the card: the relative gate as a number
+    assert "TPOT p99 " in out and " → " in out  # the change against the before-run
     assert "approved by <@U0LEAD>" in out
     assert "applied: the canary met every gate" in out  # the loop closed: promoted
     # the drafted ADR, printed in full, and left only in the demo's workspace
@@ -73,10 +81,12 @@ def test_demo_replays_the_incident_and_drafts_the_adr(tmp_path: Path) -> None:
     assert screen.startswith("ruleloop demo: ADR-20261129-02 promoted: the canary met every gate")
     rows = {line.split()[0]: line.split() for line in screen.splitlines()[3:7]}
     assert set(rows) == {"TTFT", "TPOT", "Goodput", "KV"}
-    normal, incident, after = (float(rows["TPOT"][i].replace(",", "")) for i in (2, 4, 6))
+    tpot = [cell for cell in rows["TPOT"] if cell not in ("≤", ">")]  # a bound keeps its edge
+    normal, incident, after = (float(tpot[i].replace(",", "")) for i in (2, 4, 6))
     assert incident > 3 * normal and after < incident  # what the ADR matched, and what it fixed
     assert "matched ADR-20261129-02: tpot_p99_ms " in screen and ": holds" in screen
-    assert "TPOT p99 " in screen and "≤ 6x normal (= " in screen and ": met" in screen
+    assert "TPOT p99 " in screen and "≤ 0.5x before (= " in screen and ": met" in screen
+    assert "(before → after: " in screen
     (chart,) = workspace.glob("charts/*.png")
     assert f"chart: {chart}" in screen and f"draft: {draft}" in screen
     assert chart.read_bytes().startswith(b"\x89PNG")

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import statistics
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import select
 
@@ -21,7 +23,7 @@ from bot.remediation.gate import GateRun
 from bot.scheduler.runner import Job, RunResult
 from bot.store import service as store
 from bot.store.models import AdrDraft, Incident, MetricSnapshot, Remediation
-from tests.fakes.bot import Harness, harness
+from tests.fakes.bot import PAGES, Harness, harness
 from tests.fakes.slack_api import FakeSlack
 
 ADR = "ADR-20260831-01"  # gates: TTFT p99 <= 350 ms, TPOT p99 <= 35 ms, goodput >= 95 %
@@ -301,6 +303,42 @@ async def test_snapshots_are_kept_and_shown_as_normal_next_to_now(
     shown = json.dumps(slack.of("chat.update")[-1].args["blocks"], ensure_ascii=False)
     assert "*TTFT p99*" in shown and "\\nnormal " in shown
     assert "*normal*: the median of the scheduler's recent snapshots" in shown
+
+
+async def test_a_cold_engines_window_is_no_snapshot_and_says_why(
+    tmp_path: Path, slack: FakeSlack, canary: FakeCanary
+) -> None:
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        page = PAGES[len(calls) % len(PAGES)]
+        count = 3.0 if len(calls) < 3 else 79.0
+        calls.append(request.url.path)
+        text = re.sub(
+            r'(vllm:request_success_total\{[^}]*finished_reason="length"[^}]*\}) [0-9.]+',
+            lambda m: f"{m[1]} {count}",
+            page,
+        )
+        return httpx.Response(200, text=text)
+
+    calls: list[str] = []
+    scheduler = {"snapshot_every_s": 300, "snapshot_window_s": 2, "normal_of_last": 3}
+    h = harness(tmp_path, slack=slack, scheduler=scheduler, transport=httpx.MockTransport(handler),
+                bot_options={"gate": canary})  # fmt: skip
+    try:
+        (cold,) = await tick(h, "snapshot:prod-a", after_s=300)
+        assert cold.state == "done"
+        assert cold.detail["skipped"] == (
+            "prod-a had finished 3 requests before the window: still warming up "
+            "(normal is taken once it has finished 10)"
+        )
+        with h.bot.db.transaction() as s:
+            assert s.scalars(select(MetricSnapshot)).all() == []
+        (warm,) = await tick(h, "snapshot:prod-a", after_s=300)
+        assert "skipped" not in warm.detail
+        with h.bot.db.transaction() as s:
+            assert len(s.scalars(select(MetricSnapshot)).all()) == 1
+    finally:
+        await h.close()
 
 
 async def test_baseline_posts_a_drift_incident_a_dead_replica_opened_but_never_posted(

@@ -3,6 +3,11 @@
 The numbers come from the engine's own /metrics over a short window, read by the runbooks'
 ``vllm_metrics`` probe, so a snapshot and a diagnosis measure the same way. Diagnoses show the
 median of the newest snapshots as "normal" next to "now".
+
+Normal is never taken from a cold engine: an engine's first requests pay for its warm-up
+(allocations, caches), so a window is a snapshot only if the engine had finished at least
+``WARM_REQUESTS`` requests before it began (``vllm:request_success_total`` at its first
+scrape); otherwise the period is skipped and says why.
 """
 
 from __future__ import annotations
@@ -17,9 +22,11 @@ import httpx
 from sqlalchemy.orm import Session
 
 from bot.config import Target
+from bot.errors import RuleloopError
 from bot.numbers.reading import Bound, Measured, bounds_of
 from bot.numbers.text import FOUR
 from bot.probes.context import ProbeContext, TargetRef
+from bot.probes.vllm_metrics import REQUEST_SUCCESS
 from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
 from bot.scheduler.runner import Outcome
 from bot.store import service as store
@@ -27,11 +34,16 @@ from bot.store.db import Database
 
 KEYS = tuple(key for key, *_ in FOUR)
 KEEP = dt.timedelta(days=14)  # older snapshots are forgotten
+WARM_REQUESTS = 10  # requests an engine must have finished before its numbers can be normal
 
 Numbers = Mapping[str, float | None]
 
 
 Sampler = Callable[[str, Target], Awaitable[Measured]]
+
+
+class ColdEngine(RuleloopError):
+    """The engine has not served enough requests yet for its numbers to be its normal."""
 
 
 class MetricsSampler:
@@ -57,6 +69,13 @@ class MetricsSampler:
         result = await VllmMetricsProbe().run(
             target=TargetRef(name, target), params=self._params, ctx=ctx
         )
+        (window,) = ctx.sampled()
+        served = window.pages[0].total(REQUEST_SUCCESS[0]) or 0.0
+        if served < WARM_REQUESTS:
+            raise ColdEngine(
+                f"{name} had finished {served:.0f} requests before the window: still warming "
+                f"up (normal is taken once it has finished {WARM_REQUESTS})"
+            )
         numbers = {key: result.readings.get(key) for key in KEYS}
         return Measured(numbers, {k: b for k, b in result.bounds.items() if k in KEYS})
 
@@ -71,8 +90,12 @@ class SnapshotJob:
         self._source = source
 
     async def __call__(self, now: dt.datetime) -> Outcome:
-        """Measure, and hand the runner the write that keeps the snapshot."""
-        sample = await self._sample(self.name, self._target)
+        """Measure, and hand the runner the write that keeps the snapshot (none while the
+        engine warms up)."""
+        try:
+            sample = await self._sample(self.name, self._target)
+        except ColdEngine as cold:
+            return Outcome(detail={"skipped": str(cold)})
         numbers, bounds = dict(sample.numbers), {k: str(b) for k, b in sample.bounds.items()}
 
         def write(session: Session) -> None:
