@@ -96,19 +96,28 @@ async def engine_generated(client: httpx.AsyncClient, engine_url: str) -> float:
         await asyncio.sleep(0.1)
 
 
+GATEWAY_NEW = "ruleloop_gateway_upstream_requests_total"
+
+
 async def upstream_new(client: httpx.AsyncClient, base: str) -> float | None:
     """How many requests a ruleloop gateway has sent on new upstream connections (None: not one)."""
     if not base.startswith("http"):
         return None
     try:
-        page = (await client.get(f"{base}/metrics")).text
+        response = await client.get(f"{base}/metrics")
     except httpx.HTTPError:
         return None
-    for family in text_string_to_metric_families(page):
-        for sample in family.samples:
-            name, labels = sample.name, sample.labels
-            if name == "ruleloop_gateway_upstream_requests_total" and labels["connection"] == "new":
-                return float(sample.value)
+    # LiteLLM answers /metrics with a JSON 404 (or a page of its own): not a ruleloop gateway
+    if response.status_code != 200 or "text/plain" not in response.headers.get("content-type", ""):
+        return None
+    try:
+        for family in text_string_to_metric_families(response.text):
+            for sample in family.samples:
+                name, labels = sample.name, sample.labels
+                if name == GATEWAY_NEW and labels.get("connection") == "new":
+                    return float(sample.value)
+    except (ValueError, TypeError, IndexError):
+        return None  # not the exposition format
     return None
 
 
