@@ -23,6 +23,7 @@ MODULE_SECONDS = {
     "test_bot_e2e": 83, "test_replicas": 60, "test_canary_engine": 48,
     "test_fuzz_alertmanager": 38, "test_engine_process": 34, "test_bot_transports": 28,
     "test_faults_slack": 18, "test_faults_delivery": 14, "test_gateway_app": 13,
+    "test_goodput_engine": 15,
 }  # fmt: skip
 
 

@@ -145,7 +145,7 @@ SEED_TEXT = SEED.read_text(encoding="utf-8")
         (
             _break(SEED_TEXT, "value: 1000.0", "value: 'ttft > 1000'"),
             "match.0.value",
-            "is not a number (e.g. 300 or 0.95) or a multiple of the target's normal",
+            "is not a number (e.g. 300 or 0.95), a multiple of the target's normal",
         ),
         (
             _break(SEED_TEXT, "min_goodput_ratio: 0.95", "min_goodput_ratio: 95"),

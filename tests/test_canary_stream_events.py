@@ -1,16 +1,29 @@
-"""The canary's reading of streamed events: tokens from usage, error events, broken lines."""
+"""The canary's reading of streamed events: tokens from usage, error events, broken lines.
+
+And the stream's framing end to end, against a real local server that frames its events with
+CRLF or CR (both allowed by the SSE spec): the canary counts their tokens, and a run whose
+events carry none is "not measured" and fails its gate, also as the CLI's exit code.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
+from typing import Any
 
 import pytest
 
-from bot.canary.client import RequestRecord, StreamError, _handle_event
+from bot.canary.client import Outcome, RequestRecord, StreamError, _handle_event
+from bot.canary.runner import CanaryRun
+from bot.canary.workload import Workload
+from tests.fakes.sse_engine import MODEL, SseEngine, token_event
+
+GUARD_S = 60.0  # a hang guard for a broken client, never reached by a working one
 
 
-def event(payload: str) -> bytes:
-    return f"data: {payload}".encode()
+def event(payload: str) -> str:
+    return payload  # an event's data, as bot.runtime.sse dispatches it
 
 
 def test_usage_on_every_chunk_counts_tokens_exactly_even_when_one_chunk_carries_several() -> None:
@@ -21,7 +34,7 @@ def test_usage_on_every_chunk_counts_tokens_exactly_even_when_one_chunk_carries_
     assert not _handle_event(event(chunk % ("bcd", 5)), record, 2.0)
     assert (record.output_tokens, record.prompt_tokens) == (5, 7)
     assert (record.first_token_at, record.last_token_at, record.itl_s) == (1.0, 2.0, [0.5, 0.5])
-    assert _handle_event(b"data: [DONE]", record, 3.0)
+    assert _handle_event("[DONE]", record, 3.0)
 
 
 def test_chat_deltas_without_usage_count_one_token_per_chunk() -> None:
@@ -43,3 +56,110 @@ def test_chat_deltas_without_usage_count_one_token_per_chunk() -> None:
 def test_an_error_event_or_a_broken_line_fails_the_request(payload: str, message: str) -> None:
     with pytest.raises(StreamError, match=message):
         _handle_event(event(payload), RequestRecord(sent_at=0.0), 1.0)
+
+
+# -- framing, end to end ---------------------------------------------------------------------
+
+NO_TOKEN = json.dumps({"id": "cmpl-fake", "object": "text_completion", "model": MODEL,
+                       "choices": [{"index": 0, "text": "", "finish_reason": None}]})  # fmt: skip
+
+
+class FramedEngine(SseEngine):
+    """tests/fakes/sse_engine's server with each event framed by ``end`` instead of LF.
+
+    ``split`` sends each event's last byte in a read of its own (a CRLF split between two
+    reads); ``tokens=False`` streams events whose chunks carry no token; ``unterminated``
+    ends the body right after the last token's data line (no blank line, no ``[DONE]``).
+    """
+
+    def __init__(
+        self, end: bytes, *, split: bool = False, tokens: bool = True, unterminated: bool = False
+    ) -> None:
+        super().__init__()
+        self.end, self.split, self.tokens, self.unterminated = end, split, tokens, unterminated
+
+    async def _stream(
+        self, body: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        self.streams += 1
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        n = int(body["max_tokens"])
+        events = [
+            token_event(i, 3, last=i == n - 1) if self.tokens else f"data: {NO_TOKEN}\n\n".encode()
+            for i in range(n)
+        ]
+        if self.unterminated:
+            events[-1] = events[-1].removesuffix(b"\n\n")
+        for raw in events if self.unterminated else [*events, b"data: [DONE]\n\n"]:
+            raw = raw.replace(b"\n", self.end)
+            for piece in [raw[:-1], raw[-1:]] if self.split else [raw]:
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        self.completed += 1
+        return True
+
+
+def workload(engine: SseEngine) -> Workload:
+    return Workload(
+        endpoint=f"{engine.base_url}/v1/completions", concurrency=2, num_requests=4,
+        prompt_length=8, output_length=5,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("end", "split"),
+    [(b"\r\n", False), (b"\r\n", True), (b"\r", False)],
+    ids=["CRLF", "CRLF split over reads", "CR"],
+)
+async def test_the_canary_counts_the_tokens_of_events_framed_with_crlf_or_cr(
+    end: bytes, split: bool
+) -> None:
+    async with FramedEngine(end, split=split) as engine:
+        run = CanaryRun(workload(engine), metrics_url=None)
+        report = (await asyncio.wait_for(run.run(), GUARD_S)).as_dict()
+    assert engine.completed == 4
+    assert [(r.outcome, r.output_tokens) for r in run.records] == [(Outcome.OK, 5)] * 4
+    assert report["tokens"]["delivered"] == 20 and report["tpot_ms"]["count"] == 4
+    assert report["passed"] and [g["name"] for g in report["gates"]] == ["max_error_rate"]
+
+
+async def test_the_last_event_of_a_body_that_ends_without_its_blank_line_still_counts() -> None:
+    async with FramedEngine(b"\r\n", unterminated=True) as engine:
+        run = CanaryRun(workload(engine), metrics_url=None)
+        report = (await asyncio.wait_for(run.run(), GUARD_S)).as_dict()
+    assert [(r.outcome, r.output_tokens) for r in run.records] == [(Outcome.OK, 5)] * 4
+    assert report["passed"]
+
+
+async def test_a_run_whose_events_carry_no_tokens_is_not_measured_and_fails() -> None:
+    async with FramedEngine(b"\n", tokens=False) as engine:
+        run = CanaryRun(workload(engine), metrics_url=None)
+        report = (await asyncio.wait_for(run.run(), GUARD_S)).as_dict()
+    assert report["requests"]["ok"] == 4 and report["tokens"]["streamed"] == 0
+    assert not report["passed"]
+    failed = [g for g in report["gates"] if not g["passed"]]
+    assert [g["name"] for g in failed] == ["measured"]
+    assert failed[0]["reason"] == (
+        "not measured: 4 requests succeeded but streamed no tokens"
+        " (check the server's event framing)"
+    )
+
+
+async def test_latency_checker_exits_1_for_a_run_that_measured_nothing() -> None:
+    async with FramedEngine(b"\r\n", tokens=False) as engine:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "latency_checker", "--endpoint",
+            f"{engine.base_url}/v1/completions", "--num-requests", "4", "--concurrency", "2",
+            "--prompt-length", "8", "--output-length", "3", "--metrics-url", "none",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        output, _ = await asyncio.wait_for(process.communicate(), GUARD_S)
+    text = output.decode()
+    assert process.returncode == 1, text
+    assert "FAIL  measured: not measured: 4 requests succeeded but streamed no tokens" in text
+    assert "gate failed: measured" in text

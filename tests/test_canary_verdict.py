@@ -48,6 +48,13 @@ def failed(cause: str = "HTTP 429") -> RequestRecord:
     return r
 
 
+def silent() -> RequestRecord:
+    """A request that finished normally with no token read: a framing the client missed."""
+    r = RequestRecord(sent_at=0.0, finished_at=0.1)
+    r.outcome = Outcome.OK
+    return r
+
+
 def report_of(records: list[RequestRecord], gates: Gates = GATES) -> CanaryReport:
     return CanaryReport(
         workload={}, records=records, engine=None, samples=[], gates=gates, wall_s=1.0,
@@ -98,6 +105,60 @@ def test_the_error_gate_is_on_without_any_other_gate() -> None:
     assert not two_failed.passed
     assert two_failed.verdict().failures == ["error rate 2% > 1%"]
     assert Gates().max_error_rate == DEFAULT_MAX_ERROR_RATE
+
+
+NOT_MEASURED = (
+    "not measured: 4 requests succeeded but streamed no tokens (check the server's event framing)"
+)
+
+
+def test_a_run_whose_requests_succeeded_without_tokens_fails_as_not_measured() -> None:
+    # Once a canary read no event of a CRLF-framed server: 4 ok, 0 tokens, "all gates passed".
+    data = report_of([silent()] * 4, Gates()).as_dict()
+    assert data["passed"] is False and data["error_rate"] == 0.0
+    assert [(g["name"], g["passed"]) for g in data["gates"]] == [
+        ("measured", False), ("max_error_rate", True),
+    ]  # fmt: skip
+    assert data["gates"][0]["reason"] == NOT_MEASURED
+    table = summary_table(data)
+    assert f"FAIL  measured: {NOT_MEASURED}" in table
+    assert table.rstrip().endswith("verdict: GATE FAILED")
+
+
+@pytest.mark.parametrize(
+    ("values", "failures"),
+    [
+        (Values(None, None, None, None, 0.0, ok=1, delivered_tokens=0, total=1),
+         ["not measured: 1 request succeeded but streamed no tokens (check the server's event"
+          " framing)"]),
+        (Values(None, None, None, None, 0.0, ok=4, delivered_tokens=1, total=4), []),
+        (Values(None, None, None, None, 0.0, ok=4, delivered_tokens=None, total=4), []),
+        (Values(None, None, None, None, 1.0, ok=0, delivered_tokens=0, total=4, failed=4),
+         ["error rate 100% > 1%"]),
+    ],
+    ids=["nothing streamed", "a token", "tokens not reported", "all failed"],
+)  # fmt: skip
+def test_not_measured_only_when_requests_succeeded_and_none_streamed_a_token(
+    values: Values, failures: list[str]
+) -> None:
+    assert judge_values(values, Gates()).failures == failures
+
+
+def test_a_run_where_some_requests_streamed_tokens_was_measured() -> None:
+    assert report_of([ok(0.05)] + [silent()] * 3, Gates()).passed
+
+
+def test_values_of_reads_the_ok_requests_and_their_tokens() -> None:
+    values = values_of({"requests": {"ok": 4, "total": 5, "failed": 1}, "tokens": {"delivered": 0}})
+    assert (values.ok, values.delivered_tokens) == (4, 0)
+    assert values_of({"requests": {"ok": 4, "total": 4}}).delivered_tokens is None
+
+
+def test_the_scheduler_shows_the_not_measured_rule_as_an_always_on_gate() -> None:
+    verdict = judge(report_of([silent()] * 4, Gates()).as_dict(), Gates())
+    assert gate_lines(verdict, {}).splitlines()[0] == (
+        ":x: tokens delivered 0 (gate ≥ 1, always on)"
+    )
 
 
 def test_cancelled_requests_are_not_failures_but_miss_the_slo() -> None:
@@ -162,6 +223,7 @@ STORED = {
     "slow": [ok(0.05)] * 30 + [ok(0.9)] * 10,
     "mostly 429": [ok(0.05)] + [failed() for _ in range(39)],
     "a few timeouts": [ok(0.05)] * 38 + [failed("timeout")] * 2,
+    "no tokens streamed": [silent()] * 40,
 }
 
 

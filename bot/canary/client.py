@@ -21,6 +21,8 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from bot.runtime.sse import DONE, Event, SSEParser
+
 
 class Outcome(StrEnum):
     """How a request ended, as the client saw it."""
@@ -149,29 +151,42 @@ async def _read_events(
     on_first_token: Callable[[], None] | None,
 ) -> bool:
     """Read the stream into ``record``; return True when the client gave up before its end."""
-    buffer = b""
+    parser = SSEParser()  # any framing the spec allows: LF, CRLF or CR (docs/canary.md)
     async for data in response.content.iter_any():
-        buffer += data
-        while True:
-            end = buffer.find(b"\n\n")
-            if end < 0:
-                break
-            event, buffer = buffer[:end], buffer[end + 2 :]
-            had_token = record.first_token_at is not None
-            if _handle_event(event, record, clock()):
-                return False
-            if on_first_token and not had_token and record.first_token_at is not None:
-                on_first_token()
-            # Checked per event, not per read: one read may carry more tokens than the client
-            # was willing to wait for, and those must not count as received. An answer that
-            # is complete (vLLM may pack the last tokens into one chunk) was not given up on.
-            if (
-                cancel_after_tokens is not None
-                and record.output_tokens >= cancel_after_tokens
-                and record.finish_reason is None
-            ):
-                return True
+        for event in parser.feed(data):
+            ended = _on_event(event, record, clock(), cancel_after_tokens, on_first_token)
+            if ended is not None:
+                return ended
+    for event in parser.end():  # a last event the server left without its blank line
+        ended = _on_event(event, record, clock(), cancel_after_tokens, on_first_token)
+        if ended is not None:
+            return ended
     return False
+
+
+def _on_event(
+    event: Event,
+    record: RequestRecord,
+    now: float,
+    cancel_after_tokens: int | None,
+    on_first_token: Callable[[], None] | None,
+) -> bool | None:
+    """Account for one event: None to read on, False at the stream's end, True to give up."""
+    had_token = record.first_token_at is not None
+    if _handle_event(event.data, record, now):
+        return False
+    if on_first_token and not had_token and record.first_token_at is not None:
+        on_first_token()
+    # Checked per event, not per read: one read may carry more tokens than the client was
+    # willing to wait for, and those must not count as received. An answer that is complete
+    # (vLLM may pack the last tokens into one chunk) was not given up on.
+    if (
+        cancel_after_tokens is not None
+        and record.output_tokens >= cancel_after_tokens
+        and record.finish_reason is None
+    ):
+        return True
+    return None
 
 
 class _Usage(msgspec.Struct):
@@ -201,23 +216,20 @@ class _Chunk(msgspec.Struct):
 _decode_chunk = msgspec.json.Decoder(_Chunk).decode
 
 
-def _handle_event(event: bytes, record: RequestRecord, now: float) -> bool:
-    """Account for one SSE event; return True at the end of the stream."""
-    for line in event.split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return True
-        try:
-            chunk = _decode_chunk(payload)
-        except msgspec.DecodeError as exc:
-            raise StreamError(
-                f"the stream carried a line that is not a completion chunk: {payload[:80]!r}"
-            ) from exc
-        if chunk.error is not None:
-            raise StreamError(_error_message(payload.decode(errors="replace")))
-        _count_tokens(chunk, record, now)
+def _handle_event(data: str, record: RequestRecord, now: float) -> bool:
+    """Account for one SSE event's data; return True at the end of the stream."""
+    payload = data.strip()
+    if payload == DONE:
+        return True
+    try:
+        chunk = _decode_chunk(payload)
+    except msgspec.DecodeError as exc:
+        raise StreamError(
+            f"the stream carried an event that is not a completion chunk: {payload[:80]!r}"
+        ) from exc
+    if chunk.error is not None:
+        raise StreamError(_error_message(payload))
+    _count_tokens(chunk, record, now)
     return False
 
 

@@ -15,6 +15,9 @@ Which numbers a gate reads (``values_of``), said again in every gate result's ``
   whose tokens the canary cannot see, the internal (PagedAttention) definition.
 - Error rate: failed requests (HTTP error, timeout, transport or stream error) / all requests.
   Always gated: a release whose requests fail never passes.
+- Measured: requests succeeded but none streamed a token (a server whose event framing the
+  client could not read, events without tokens). Nothing was measured, so the run fails; the
+  rule is always on and shows in the verdict only when it fails.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ class Values:
     fragmentation_source: str = "observed"
     failed: int = 0
     total: int = 0
+    ok: int = 0  # requests that finished normally
+    delivered_tokens: int | None = None  # their output tokens (None: the report did not say)
 
     def four(self) -> dict[str, float | None]:
         """The four numbers, JSON-safe (an unbounded value becomes None)."""
@@ -92,14 +97,14 @@ class GateResult:
 
     def shown(self) -> str:
         """The measured side in words: 'TTFT p99 412ms', 'TTFT p99 ∞', '... not measured'."""
-        label, _, _, fmt = GATES[self.name]
+        label, _, _, fmt = RULES[self.name]
         if self.value is None or math.isnan(self.value):
             return f"{label} not measured"
         return f"{label} {'∞' if math.isinf(self.value) else fmt(self.value)}"
 
     def bound(self) -> str:
         """The gate in words: '≤ 350ms', '≥ 95%'."""
-        _, _, kind, fmt = GATES[self.name]
+        _, _, kind, fmt = RULES[self.name]
         return f"{'≤' if kind == 'max' else '≥'} {fmt(self.limit)}"
 
     def as_dict(self) -> dict[str, Any]:
@@ -153,6 +158,8 @@ GATES: dict[str, tuple[str, str, str, Callable[[float], str]]] = {
     "max_kv_fragmentation": ("KV fragmentation", "kv_fragmentation", "max", _pct),
     "max_error_rate": ("error rate", "error_rate", "max", _pct),
 }
+MEASURED = "measured"  # not a gate one sets: a run that measured nothing never passes
+RULES = GATES | {MEASURED: ("tokens delivered", "delivered_tokens", "min", lambda v: f"{v:,.0f}")}
 
 
 def source_of(name: str, values: Values) -> str:
@@ -190,7 +197,26 @@ def judge_values(values: Values, gates: Gates, *, error_gate: bool = True) -> Ve
             op = ("<=" if passed else ">") if kind == "max" else (">=" if passed else "<")
             reason = f"{label} {fmt(value)} {op} {fmt(limit)}"
         results.append(GateResult(name, limit, value, passed, reason, source_of(name, values)))
-    return Verdict(tuple(results))
+    unmeasured = not_measured(values)
+    return Verdict(tuple(results) if unmeasured is None else (unmeasured, *results))
+
+
+def not_measured(values: Values) -> GateResult | None:
+    """The failed rule when requests succeeded but none streamed a token, else None.
+
+    The run then measured nothing, whatever its other numbers say (an error rate of 0, no
+    latency gate to miss): a server framing events in a way the client does not read once
+    passed the release gate that way, so this fails it.
+    """
+    if values.ok <= 0 or values.delivered_tokens != 0:
+        return None
+    requests = "1 request" if values.ok == 1 else f"{values.ok} requests"
+    reason = (
+        f"not measured: {requests} succeeded but streamed no tokens"
+        " (check the server's event framing)"
+    )
+    source = "output tokens of the requests that finished normally"
+    return GateResult(MEASURED, 1, 0, False, reason, source)
 
 
 def judge(report: Mapping[str, Any], gates: Gates) -> Verdict:
@@ -211,6 +237,7 @@ def values_of(report: Mapping[str, Any]) -> Values:
     requests = report.get("requests") or {}
     total = int(requests.get("total") or 0)
     failed = int(requests.get("failed") or 0)
+    delivered = (report.get("tokens") or {}).get("delivered")
     if mixed:
         goodput, goodput_source = (report.get("engine") or {}).get("goodput_ratio"), "engine"
     else:
@@ -227,6 +254,8 @@ def values_of(report: Mapping[str, Any]) -> Values:
         fragmentation_source="internal" if mixed else "observed",
         failed=failed,
         total=total,
+        ok=int(requests.get("ok") or 0),
+        delivered_tokens=None if delivered is None else int(delivered),
     )
 
 

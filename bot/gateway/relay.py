@@ -5,7 +5,8 @@ of the client connection pulls in to "now" when the client goes away. Either way
 cancelled at whatever it awaits, leaving the upstream response closes its connection, and vLLM
 aborts the request. The hot loop does no JSON parsing: tokens are read from the last
 ``"completion_tokens":`` of each chunk when the client asked for usage, else counted as choice
-events (``"index":``, minus chat's role-only first event).
+events (``"index":``, minus chat's role-only first event). Where events end, and the end
+marker, come from ``bot.runtime.sse``, the canary's parser: any framing the SSE spec allows.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ import httpx
 from bot.gateway import responses
 from bot.gateway.metrics import Outcome
 from bot.gateway.types import Headers, Message, Receive, Send
+from bot.runtime.sse import DONE, SSEParser
 
 USAGE_KEY = b'"completion_tokens":'
-END_MARKER = b"data: [DONE]\n\n"  # how an OpenAI-style stream ends, before the HTTP body does
 END_GRACE_S = 5.0  # how long the engine's body may go on after the end marker (read, not sent)
 CHOICE_KEY = b'"index":'
 _NUMBER = re.compile(rb"\s*(\d+)")
@@ -232,6 +233,7 @@ class Relay:
         chunks = cast(httpx.AsyncByteStream, response.stream)
         counted = 0
         usage = None
+        events = SSEParser()  # where events end, in any framing: LF, CRLF or CR
         held = b""  # the start of an event whose end has not come: never relayed half
         async for chunk in chunks:
             if ex.ended:
@@ -240,10 +242,13 @@ class Relay:
             # not leave half an event before the gateway's own error event (a client's JSON
             # parser would choke on the pair). A read that ends mid-event is rare and its
             # start is useless to the client until the rest comes.
+            found = events.feed(chunk)
+            # the end marker's event ends the read that completes it (whole: never split)
+            end = bool(found) and found[-1].data == DONE
             if held:
                 chunk, held = held + chunk, b""
-            cut = len(chunk) if chunk.endswith(b"\n\n") else _events_end(chunk)
-            if cut < len(chunk):
+            if events.pending:
+                cut = len(chunk) - events.pending
                 chunk, held = chunk[:cut], chunk[cut:]
                 if not chunk:
                     continue
@@ -258,7 +263,6 @@ class Relay:
             counted += chunk.count(CHOICE_KEY)
             ex.counted_tokens = counted
             ex.usage_tokens = usage
-            end = chunk.endswith(END_MARKER)  # whole events: the marker is never split
             try:  # the hot path calls the server's send itself (one coroutine less per event)
                 await to_client({"type": "http.response.body", "body": chunk, "more_body": not end})
             except OSError:
@@ -293,13 +297,6 @@ class Relay:
             # the client went away as well: nobody is left to tell, the first ending stands
             if not ex.client_gone:
                 raise
-
-
-def _events_end(data: bytes) -> int:
-    """Where the last complete SSE event in ``data`` ends (0: none has ended)."""
-    lf = data.rfind(b"\n\n")
-    crlf = data.rfind(b"\r\n\r\n")
-    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
 
 
 def _finished(ex: Exchange) -> Outcome:

@@ -69,6 +69,23 @@ class Measured:
         return None if value is None else Reading(value, self.bounds.get(key))
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """A number known only within bounds (a passive estimate from gauges): the value (None: it
+    cannot be said), the bounds under the stated assumptions, and how it was read or why not.
+    Never clamped: a value outside what it can be is unknown, not 0 or 100 %."""
+
+    value: float | None
+    low: float | None
+    high: float | None
+    basis: str
+
+    @classmethod
+    def unknown(cls, reason: str) -> Estimate:
+        """Nothing can be said, for this reason."""
+        return cls(None, None, None, reason)
+
+
 def bounds_of(raw: object) -> dict[str, Bound]:
     """A ``bounds`` map read back from JSON; unknown entries are dropped."""
     if not isinstance(raw, Mapping):

@@ -6,6 +6,13 @@ Two views (both reported; docs/canary.md):
   and the tokens the canary knows are resident at the moment of the scrape;
 - internal: the PagedAttention paper's definition over the in-flight sequences' lengths,
   sum(ceil(n/B)*B - n) / sum(ceil(n/B)*B): the waste inside each sequence's last block.
+
+Without the sequences' lengths (a passive observer has only the gauges),
+``estimate_fragmentation`` bounds it: each of the n running sequences leaves 0..B-1 slots of its
+last block empty, so the share is in [0, n(B-1) / (used_blocks * B)]; the value is the
+midpoint, exact in expectation when lengths are uniform modulo B. It assumes no other empty
+slots (no blocks reserved ahead for speculative tokens, no sequence mid-prefill with blocks
+allocated beyond what it computed).
 """
 
 from __future__ import annotations
@@ -13,6 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from bot.numbers.reading import Estimate
 
 
 def internal_fragmentation(lengths: Iterable[int], block_size: int) -> float | None:
@@ -40,11 +49,33 @@ def used_blocks(kv_usage: float, num_gpu_blocks: int) -> int:
 def observed_fragmentation(
     *, resident_tokens: int, kv_usage: float, num_gpu_blocks: int, block_size: int
 ) -> float | None:
-    """1 - resident / allocated slots, clamped to [0, 1]; None when nothing is allocated."""
+    """1 - resident / allocated slots; None when nothing is allocated, and None (unknown) when
+    more tokens are said to be resident than the allocated slots hold: the token count and the
+    scrape disagree (taken at different moments), and no share can be read from them."""
     allocated = used_blocks(kv_usage, num_gpu_blocks) * block_size
-    if allocated <= 0 or resident_tokens <= 0:
+    if allocated <= 0 or resident_tokens <= 0 or resident_tokens > allocated:
         return None
-    return min(max(1.0 - resident_tokens / allocated, 0.0), 1.0)
+    return 1.0 - resident_tokens / allocated
+
+
+ESTIMATE_ASSUMPTION = (
+    "each running sequence leaves 0..B-1 slots of its last block empty (uniform modulo B: "
+    "midpoint); no other empty slots"
+)
+
+
+def estimate_fragmentation(*, running: int, blocks: int, block_size: int) -> Estimate | None:
+    """Fragmentation from the gauges alone: ``running`` sequences in ``blocks`` used blocks.
+
+    None when it cannot be said: nothing allocated, no sequence running, or more sequences
+    than blocks (each holds at least one: the gauges were read at different moments).
+    """
+    if block_size < 1:
+        raise ValueError(f"block size must be at least 1, got {block_size}")
+    if running <= 0 or blocks <= 0 or running > blocks:
+        return None
+    high = running * (block_size - 1) / (blocks * block_size)
+    return Estimate(value=high / 2, low=0.0, high=high, basis=ESTIMATE_ASSUMPTION)
 
 
 @dataclass(frozen=True)

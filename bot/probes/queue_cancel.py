@@ -2,9 +2,11 @@
 
 Engine side (vLLM /metrics over the sampling window): queue time, queue depth, prefill tokens
 spent on aborted requests (prompt_tokens_total grows for them, request_prompt_tokens_sum
-does not) and decode tokens that finished requests never delivered. Gateway side, when the
-target has a gateway: its request outcomes and wasted tokens (names in bot/gateway/metrics.py).
-Requests still running when the window closes count as not (yet) finished on both sides.
+does not) and decode tokens of aborted requests. Only requests that ended in the window count:
+the tokens of requests still in flight at either end are estimated and left out, with bounds
+(bot/probes/vllm_metrics.py has the method); a share whose bounds are too wide is None.
+Gateway side, when the target has a gateway: its request outcomes and wasted tokens (names in
+bot/gateway/metrics.py); there, requests still running when the window closes are not counted.
 """
 
 from __future__ import annotations
@@ -30,10 +32,10 @@ READINGS = {
     "queue_time_p50_ms": "time requests waited in vLLM's queue, median",
     "requests_waiting": "peak requests queued in the engine",
     "waiting_share": "peak share of the engine's requests that were queued, not running",
-    "wasted_prefill_tokens": "prefill tokens spent on aborted requests (engine)",
-    "wasted_prefill_share": "share of all prefill tokens spent on aborted requests",
-    "wasted_decode_tokens": "generated tokens no finished request delivered (engine)",
-    "wasted_decode_share": "share of generated tokens no finished request delivered",
+    "wasted_prefill_tokens": "prefill tokens spent on requests aborted in the window (engine)",
+    "wasted_prefill_share": "share of the window's prefill tokens spent on requests aborted in it",
+    "wasted_decode_tokens": "output tokens of requests aborted in the window (engine)",
+    "wasted_decode_share": "share of the output of requests that ended that went to aborted ones",
     "cancelled_share": "share of admitted requests cancelled or timed out (gateway)",
     "gateway_wasted_output_tokens": "output tokens streamed to requests that did not end ok",
     "gateway_rejected": "requests the gateway refused for its token budget",
@@ -42,6 +44,10 @@ READINGS = {
 
 def _share(part: float | None, whole: float | None) -> float | None:
     return None if part is None or not whole else part / whole
+
+
+def _complement(share: float | None) -> float | None:
+    return None if share is None else 1.0 - share
 
 
 class QueueCancelProbe:
@@ -77,21 +83,32 @@ class QueueCancelProbe:
             ),
             default=None,
         )
-        wasted_decode = None
-        if engine.generation_tokens is not None and engine.finished_generation_tokens is not None:
-            wasted_decode = max(engine.generation_tokens - engine.finished_generation_tokens, 0.0)
         readings: dict[str, float | None] = {
             "queue_time_p99_ms": engine.queue_time_ms.p99,
             "queue_time_p50_ms": engine.queue_time_ms.p50,
             "requests_waiting": window.peak("requests_waiting"),
             "waiting_share": peak_share,
-            "wasted_prefill_tokens": engine.wasted_prefill_tokens,
-            "wasted_prefill_share": _share(engine.wasted_prefill_tokens, engine.prompt_tokens),
-            "wasted_decode_tokens": wasted_decode,
-            "wasted_decode_share": _share(wasted_decode, engine.generation_tokens),
+            "wasted_prefill_tokens": engine.wasted_prefill.value,
+            "wasted_prefill_share": engine.wasted_prefill_share.value,
+            "wasted_decode_tokens": engine.wasted_generation.value,
+            "wasted_decode_share": _complement(engine.goodput.value),
             **gateway_readings(g0, g1),
         }
-        return ProbeResult(readings=readings, details={"gateway": target.target.gateway_url})
+        details = {
+            "gateway": target.target.gateway_url,
+            "aborted_requests": engine.aborted_requests,
+            **{
+                f"{name}_bounds": None if e.low is None or e.high is None else [e.low, e.high]
+                for name, e in (
+                    ("wasted_prefill_tokens", engine.wasted_prefill),
+                    ("wasted_prefill_share", engine.wasted_prefill_share),
+                    ("wasted_decode_tokens", engine.wasted_generation),
+                )
+            },
+            "wasted_prefill_basis": engine.wasted_prefill_share.basis,
+            "wasted_decode_basis": engine.goodput.basis,
+        }
+        return ProbeResult(readings=readings, details=details)
 
 
 def gateway_readings(

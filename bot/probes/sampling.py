@@ -12,8 +12,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from bot.numbers.reading import Estimate
 from bot.probes.exposition import Exposition
-from bot.probes.fragmentation import observed_fragmentation
+from bot.probes.fragmentation import (
+    ESTIMATE_ASSUMPTION,
+    estimate_fragmentation,
+    used_blocks,
+)
 from bot.probes.vllm_metrics import (
     KV_USAGE,
     RUNNING,
@@ -91,30 +96,40 @@ class SampledWindow:
         total = (last.total(f"{histogram}_sum") or 0.0) - (first.total(f"{histogram}_sum") or 0.0)
         return total / count if count > 0 else None
 
-    def kv_fragmentation_estimate(self) -> float | None:
-        """Observed-view fragmentation, with resident tokens estimated from mean request lengths.
+    def kv_fragmentation(self) -> Estimate | str:
+        """KV fragmentation from the gauges alone (``estimate_fragmentation``), or why unknown.
 
-        A passive observer does not know which tokens are in flight; it assumes each running
-        request holds its mean prompt plus half its mean output. The canary measures it exactly.
+        Each scrape with requests running gives bounds from its running count and used blocks;
+        the window's value and bounds are the medians over those scrapes (the median of values
+        that each lie within their bounds lies within the medians of the bounds).
         """
         cache = cache_config(self.pages[-1])
-        prompt, output = self.mean_length(PROMPT_LEN), self.mean_length(OUTPUT_LEN)
-        if cache is None or prompt is None or output is None:
-            return None
-        estimates = []
+        if cache is None:
+            return "unknown: the engine exposes no vllm:cache_config_info (block size)"
+        estimates, disagreeing = [], 0
         for point in self.points:
-            if not point.requests_running or not point.kv_cache_usage:
+            if not point.requests_running or point.kv_cache_usage is None:
                 continue
-            resident = round(point.requests_running * (prompt + output / 2))
-            value = observed_fragmentation(
-                resident_tokens=resident,
-                kv_usage=point.kv_cache_usage,
-                num_gpu_blocks=cache.num_gpu_blocks,
+            estimate = estimate_fragmentation(
+                running=round(point.requests_running),
+                blocks=used_blocks(point.kv_cache_usage, cache.num_gpu_blocks),
                 block_size=cache.block_size,
             )
-            if value is not None:
-                estimates.append(value)
-        return statistics.median(estimates) if estimates else None
+            if estimate is None:
+                disagreeing += 1  # more sequences running than blocks in use
+            else:
+                estimates.append(estimate)
+        if disagreeing and not estimates:
+            return "unknown: every scrape showed more requests running than KV blocks in use"
+        if not estimates:
+            return "unknown: no scrape of the window had requests running"
+        return Estimate(
+            value=statistics.median(e.value for e in estimates if e.value is not None),
+            low=statistics.median(e.low for e in estimates if e.low is not None),
+            high=statistics.median(e.high for e in estimates if e.high is not None),
+            basis=f"{ESTIMATE_ASSUMPTION}; median over {len(estimates)} scrape(s) "
+            f"with requests running, block size {cache.block_size}",
+        )
 
 
 async def sample_window(

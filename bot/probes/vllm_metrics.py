@@ -3,18 +3,50 @@
 Metric names moved across vLLM versions; each reading lists its names newest first and takes
 the first one the page exposes. Counters and histograms are read as deltas between two
 scrapes, so a window says what happened between them, not since the engine started.
+
+Goodput and wasted prefill count only requests that *ended* in the window. vLLM counts a
+request's prompt in ``prompt_tokens_total`` at its first token and its output in
+``generation_tokens_total`` as it is generated, but in the ``request_*_tokens`` histograms
+only when it finishes, and an aborted one never (v1 ``OutputProcessor.abort_requests``). So
+over a window, with I(t) the tokens of the requests in flight at scrape t:
+
+    aborted = Δcounter − Δfinished_sum − (I(end) − I(start))
+
+and a request still running at the end is neither goodput nor waste. I(t) is not exposed;
+it is estimated, with stated error bounds, from the gauges at the two scrapes:
+
+- in-flight prompt + generated tokens = the KV slots the running requests hold:
+  used_blocks × B, less 0..B−1 empty slots in each running sequence's last block, plus the
+  one newest token per sequence that has no KV yet (midpoint taken, the rest is the bound);
+  more slack where blocks may be shared (prefix-cache hits in the window) or requests sit
+  preempted in the queue without KV (preemptions, requests waiting);
+- in-flight prompt tokens = running × the mean prompt of the window's finished requests
+  (bound: the gap to the mean prompt of the requests that started in it, times the change in
+  running requests). The in-flight generated tokens are the difference.
+- counts: aborted requests = running(start) + first tokens − finished − running(end); when
+  that is at most 0, nothing was aborted after its first token and nothing was wasted.
+
+goodput = finished output / (finished output + aborted output) over the requests that ended;
+wasted-prefill share = aborted prompt tokens / all prompt tokens prefilled in the window (as
+the shipped VLLMWastedPrefillHigh alert reads it). Each is an ``Estimate`` (value, low, high,
+basis); the value is None, with the reason in ``basis``, when nothing ended or the bounds are
+too wide to tell (the window was too short against what was in flight). Blind spots: a request
+mid-prefill at a scrape counts as running before its prompt is counted, and a request aborted
+before its first token shows in no counter at all.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 
 import httpx
 
 from bot.errors import EndpointError, ProbeError
-from bot.probes.exposition import Exposition, histogram_quantile
+from bot.numbers.reading import Bound, Estimate
+from bot.probes.exposition import Exposition, histogram_quantile, quantile_bound
+from bot.probes.fragmentation import used_blocks
 
 # Each reading: its names, newest first.
 TTFT = ("vllm:time_to_first_token_seconds",)
@@ -32,6 +64,7 @@ GENERATION_TOKENS = ("vllm:generation_tokens_total",)
 PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
 REQUEST_PROMPT_TOKENS_SUM = ("vllm:request_prompt_tokens_sum",)
 REQUEST_GENERATION_TOKENS_SUM = ("vllm:request_generation_tokens_sum",)
+REQUEST_PROMPT_TOKENS_COUNT = ("vllm:request_prompt_tokens_count",)  # requests that finished
 REQUEST_SUCCESS = ("vllm:request_success_total",)
 CACHE_CONFIG = ("vllm:cache_config_info",)
 
@@ -41,7 +74,7 @@ WINDOW_METRICS = frozenset(
     for names in (
         TTFT, ITL, QUEUE_TIME, E2E, RUNNING, WAITING, KV_USAGE, PREEMPTIONS, PREFIX_QUERIES,
         PREFIX_HITS, PREFIX_HIT_RATE, GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_PROMPT_TOKENS_SUM,
-        REQUEST_GENERATION_TOKENS_SUM, REQUEST_SUCCESS, CACHE_CONFIG,
+        REQUEST_GENERATION_TOKENS_SUM, REQUEST_PROMPT_TOKENS_COUNT, REQUEST_SUCCESS, CACHE_CONFIG,
     )
     for name in names
 )  # fmt: skip
@@ -50,13 +83,18 @@ SAMPLE_METRICS = frozenset((*RUNNING, *WAITING, *KV_USAGE, *GENERATION_TOKENS))
 
 @dataclass(frozen=True)
 class Quantiles:
-    """Latency quantiles in milliseconds (None where there was no observation)."""
+    """Latency quantiles in milliseconds (None where there was no observation).
+
+    A quantile that fell in the histogram's lowest or +Inf bucket is only a bound: its value is
+    that bucket's edge and ``bounds`` says which way ("p99": Bound.AT_MOST).
+    """
 
     p50: float | None
     p90: float | None
     p99: float | None
     mean: float | None
     count: int
+    bounds: Mapping[str, Bound] = field(default_factory=dict)
 
     @classmethod
     def from_histogram(
@@ -72,16 +110,26 @@ class Quantiles:
         count = (after.total(f"{base}_count") or 0.0) - (before.total(f"{base}_count") or 0.0)
         total = (after.total(f"{base}_sum") or 0.0) - (before.total(f"{base}_sum") or 0.0)
 
-        def ms(q: float) -> float | None:
+        bounds = {
+            name: bound
+            for name, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+            if (bound := quantile_bound(q, delta)) is not None
+        }
+        lowest = min(delta, default=0.0)
+
+        def ms(name: str, q: float) -> float | None:
             value = histogram_quantile(q, delta)
+            if value is not None and bounds.get(name) is Bound.AT_MOST:
+                value = lowest  # "at most the first edge", not a point inside [0, edge]
             return None if value is None else value * 1000.0
 
         return cls(
-            p50=ms(0.5),
-            p90=ms(0.9),
-            p99=ms(0.99),
+            p50=ms("p50", 0.5),
+            p90=ms("p90", 0.9),
+            p99=ms("p99", 0.99),
             mean=total / count * 1000.0 if count > 0 else None,
             count=int(round(count)),
+            bounds=bounds,
         )
 
 
@@ -91,6 +139,10 @@ class CacheConfig:
 
     block_size: int
     num_gpu_blocks: int
+
+
+# A ratio whose bounds span more than this is not reported: the window was too short to tell.
+MAX_RATIO_SPREAD = 0.2
 
 
 @dataclass(frozen=True)
@@ -112,10 +164,16 @@ class EngineWindow:
     generation_tokens_per_s: float | None
     prompt_tokens_per_s: float | None
     finished_generation_tokens: float | None
-    goodput_ratio: float | None
-    wasted_prefill_tokens: float | None
+    goodput_ratio: float | None  # goodput.value
+    wasted_prefill_tokens: float | None  # wasted_prefill.value
     requests_finished: float | None
     cache: CacheConfig | None
+    # Over the requests that ended in the window (module docstring): estimates with bounds.
+    goodput: Estimate
+    wasted_generation: Estimate  # output tokens of requests aborted in the window
+    wasted_prefill: Estimate  # prompt tokens of requests aborted in the window
+    wasted_prefill_share: Estimate  # of the prompt tokens of the requests that ended
+    aborted_requests: float | None  # aborted after their first token (counts, module docstring)
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict for JSON reports."""
@@ -169,7 +227,6 @@ def read_window(before: Exposition, after: Exposition) -> EngineWindow:
     duration = max(after.at - before.at, 1e-9)
     generated = counter_delta(before, after, GENERATION_TOKENS)
     prompt = counter_delta(before, after, PROMPT_TOKENS)
-    finished_prompt = counter_delta(before, after, REQUEST_PROMPT_TOKENS_SUM)
     finished_generated = counter_delta(before, after, REQUEST_GENERATION_TOKENS_SUM)
     preemptions = counter_delta(before, after, PREEMPTIONS)
     hits = counter_delta(before, after, PREFIX_HITS)
@@ -177,10 +234,7 @@ def read_window(before: Exposition, after: Exposition) -> EngineWindow:
     hit_rate = _ratio(hits, queries)
     if hit_rate is None and queries is None:
         hit_rate = gauge(after, PREFIX_HIT_RATE)
-    wasted = None
-    if prompt is not None and finished_prompt is not None:
-        wasted = max(prompt - finished_prompt, 0.0)
-    goodput = _ratio(finished_generated, generated)
+    waste = _Waste.read(before, after)
     return EngineWindow(
         duration_s=duration,
         ttft_ms=Quantiles.from_histogram(before, after, TTFT),
@@ -197,11 +251,198 @@ def read_window(before: Exposition, after: Exposition) -> EngineWindow:
         generation_tokens_per_s=None if generated is None else generated / duration,
         prompt_tokens_per_s=None if prompt is None else prompt / duration,
         finished_generation_tokens=finished_generated,
-        goodput_ratio=None if goodput is None else min(goodput, 1.0),
-        wasted_prefill_tokens=wasted,
+        goodput_ratio=waste.goodput.value,
+        wasted_prefill_tokens=waste.prefill.value,
         requests_finished=counter_delta(before, after, REQUEST_SUCCESS),
         cache=cache_config(after),
+        goodput=waste.goodput,
+        wasted_generation=waste.generation,
+        wasted_prefill=waste.prefill,
+        wasted_prefill_share=waste.prefill_share,
+        aborted_requests=waste.aborted,
     )
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """What the gauges of one scrape say is in flight (module docstring)."""
+
+    running: float
+    maybe_preempted: float  # queued requests that may hold counted tokens but no KV
+    tokens: float | None  # prompt + generated tokens of the running requests (bound midpoint)
+    tokens_error: float  # half-width of that bound
+    unknown: str = ""  # why ``tokens`` is None
+
+    @classmethod
+    def read(cls, page: Exposition) -> _InFlight | None:
+        """The in-flight reading; None without a running gauge."""
+        running = gauge(page, RUNNING)
+        if running is None:
+            return None
+        preempted = (gauge(page, WAITING) or 0.0) if (gauge(page, PREEMPTIONS) or 0.0) else 0.0
+        if running <= 0:
+            return cls(0.0, preempted, 0.0, 0.0)
+        kv, cache = gauge(page, KV_USAGE), cache_config(page)
+        if kv is None or cache is None:
+            why = "requests were in flight and the engine exposes no KV usage or block size"
+            return cls(running, preempted, None, 0.0, why)
+        blocks = used_blocks(kv, cache.num_gpu_blocks)
+        if blocks < running:
+            why = f"{running:g} requests running in {blocks} KV blocks: the gauges disagree"
+            return cls(running, preempted, None, 0.0, why)
+        b = cache.block_size
+        # Each running sequence: 0..B-1 empty slots in its last block, plus its newest token,
+        # which is counted but has no KV until the next step feeds it in.
+        low, high = blocks * b - running * (b - 1), blocks * b + running
+        return cls(running, preempted, (low + high) / 2, (high - low) / 2)
+
+
+@dataclass(frozen=True)
+class _Waste:
+    """Goodput and wasted tokens over the requests that ended in a window."""
+
+    goodput: Estimate
+    generation: Estimate
+    prefill: Estimate
+    prefill_share: Estimate
+    aborted: float | None
+
+    @classmethod
+    def of(
+        cls, done_output: float, generation: Estimate, prompt: float, prefill: Estimate,
+        aborted: float | None,
+    ) -> _Waste:  # fmt: skip
+        """The shares from the wasted tokens."""
+        goodput = _good_share(done_output, generation, "output tokens")
+        return cls(goodput, generation, prefill, _prefill_share(prefill, prompt), aborted)
+
+    @classmethod
+    def read(cls, before: Exposition, after: Exposition) -> _Waste:
+        """Read the window between two scrapes (the module docstring has the method)."""
+        generated = counter_delta(before, after, GENERATION_TOKENS)
+        prompt = counter_delta(before, after, PROMPT_TOKENS)
+        done_prompt = counter_delta(before, after, REQUEST_PROMPT_TOKENS_SUM)
+        done_output = counter_delta(before, after, REQUEST_GENERATION_TOKENS_SUM)
+        start, end = _InFlight.read(before), _InFlight.read(after)
+        if generated is None or prompt is None or done_prompt is None or done_output is None:
+            none = Estimate.unknown("the engine exposes no token counters and request histograms")
+            return cls(none, none, none, none, None)
+        if start is None or end is None:
+            none = Estimate.unknown("the engine exposes no vllm:num_requests_running")
+            return cls(none, none, none, none, None)
+        finished = counter_delta(before, after, REQUEST_PROMPT_TOKENS_COUNT)
+        if finished is None:
+            finished = counter_delta(before, after, REQUEST_SUCCESS) or 0.0
+        first_tokens = counter_delta(before, after, tuple(f"{n}_count" for n in TTFT))
+        ends = f"in flight at the window's ends: {start.running:g} -> {end.running:g} running"
+
+        # Counts: requests aborted after their first token (a request in the queue at the
+        # start may be a preempted one that had its first token). At most 0: nothing wasted.
+        aborted = floor = None
+        if first_tokens is not None:
+            aborted = start.running + first_tokens - finished - end.running
+            if aborted + start.maybe_preempted <= 0:
+                none = Estimate(
+                    0.0, 0.0, 0.0,
+                    f"no request was aborted after its first token ({finished:g} finished, "
+                    f"{first_tokens:g} first tokens; {ends})",
+                )  # fmt: skip
+                return cls.of(done_output, none, prompt, none, aborted)
+            floor = max(aborted - end.maybe_preempted, 0.0)  # each: >= 1 prompt, 1 output token
+
+        if start.tokens is None or end.tokens is None:
+            none = Estimate.unknown(start.unknown or end.unknown)
+            return cls(none, none, none, none, aborted)
+        mean_prompt = done_prompt / finished if finished else None
+        mean_output = done_output / finished if finished else None
+        started_prompt = prompt / first_tokens if first_tokens else None
+        if mean_prompt is None:
+            mean_prompt = started_prompt
+        preempted = start.maybe_preempted + end.maybe_preempted
+        change = end.running - start.running
+        if ((change or preempted) and mean_prompt is None) or (preempted and mean_output is None):
+            none = Estimate.unknown(
+                "too short to tell: the requests in flight changed and no request finished in "
+                f"the window to take their lengths from ({ends})"
+            )
+            return cls(none, none, none, none, aborted)
+        mean_prompt, mean_output = mean_prompt or 0.0, mean_output or 0.0
+        # In-flight prompt tokens: running x mean prompt; the gap to the mean prompt of the
+        # requests that started in the window bounds how wrong that is for the change.
+        prompt_change = change * mean_prompt
+        prompt_error = preempted * mean_prompt
+        if started_prompt is not None:
+            prompt_error += abs(change) * abs(started_prompt - mean_prompt)
+        # In-flight tokens (prompt + generated) from the KV slots held; a shared prefix's
+        # blocks hold one copy for several requests, preempted requests hold none.
+        per_request_hits = (counter_delta(before, after, PREFIX_HITS) or 0.0) / max(
+            first_tokens or 0.0, 1.0
+        )
+        token_change = end.tokens - start.tokens
+        token_error = (
+            start.tokens_error + end.tokens_error
+            + (start.running + end.running) * per_request_hits
+            + preempted * (mean_prompt + mean_output)
+        )  # fmt: skip
+        counted = "" if aborted is None else f"; {aborted:g} aborted after a first token"
+        basis = f"counter - finished - in-flight change; {ends}{counted}"
+        prefill = _bounded(
+            prompt - done_prompt - prompt_change, prompt_error, floor or 0.0,
+            f"prompt tokens of aborted requests ({basis})",
+        )  # fmt: skip
+        generation = _bounded(
+            generated - done_output - (token_change - prompt_change),
+            token_error + prompt_error, floor or 0.0,
+            f"output tokens of aborted requests ({basis})",
+        )  # fmt: skip
+        return cls.of(done_output, generation, prompt, prefill, aborted)
+
+
+def _bounded(estimate: float, error: float, floor: float, basis: str) -> Estimate:
+    """A token count: the estimate +- its error, and at least what the counts show (>= 0)."""
+    low, high = max(estimate - error, floor, 0.0), estimate + error
+    if low > high:
+        return Estimate.unknown(
+            f"inconsistent: {basis} reads {estimate:.0f} +- {error:.0f}, the counts show at "
+            f"least {floor:.0f}"
+        )
+    return Estimate(
+        min(max(estimate, low), high), low, high, f"{basis}: {estimate:.0f} +- {error:.0f}"
+    )
+
+
+def _good_share(finished: float, waste: Estimate, what: str) -> Estimate:
+    """finished / (finished + waste) over the requests that ended, with its bounds."""
+    if waste.value is None or waste.low is None or waste.high is None:
+        return Estimate.unknown(waste.basis)
+    if finished + waste.high <= 0:
+        return Estimate.unknown("no request ended in the window")
+    if finished <= 0:
+        if waste.low > 0:
+            return Estimate(0.0, 0.0, 0.0, f"every request that ended was aborted ({waste.basis})")
+        return Estimate.unknown(f"too short to tell whether any request ended ({waste.basis})")
+    value = finished / (finished + waste.value)
+    low, high = finished / (finished + waste.high), finished / (finished + waste.low)
+    basis = (
+        f"{finished:.0f} {what} of finished requests against {waste.value:.0f} "
+        f"({waste.low:.0f}..{waste.high:.0f}) {waste.basis}"
+    )
+    if high - low > MAX_RATIO_SPREAD:
+        return Estimate.unknown(f"too short to tell: between {low:.0%} and {high:.0%}; {basis}")
+    return Estimate(value, low, high, basis)
+
+
+def _prefill_share(prefill: Estimate, prompt: float) -> Estimate:
+    """Wasted prefill over all prompt tokens prefilled in the window (as the shipped alert)."""
+    if prefill.value is None or prefill.low is None or prefill.high is None:
+        return prefill
+    if prompt <= 0:
+        return Estimate.unknown("no prompt was prefilled in the window")
+    low, high = prefill.low / prompt, prefill.high / prompt
+    basis = f"of {prompt:.0f} prompt tokens prefilled in the window; {prefill.basis}"
+    if high - low > MAX_RATIO_SPREAD:
+        return Estimate.unknown(f"too short to tell: between {low:.0%} and {high:.0%} {basis}")
+    return Estimate(prefill.value / prompt, low, high, basis)
 
 
 class MetricsScraper:

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 from pydantic import Field
 
+from bot.numbers.reading import Estimate
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.types import Params, ProbeResult
 
@@ -25,8 +26,10 @@ VLLM_READINGS = {
     "tpot_p99_ms": "time per output token, p99 (vLLM's per-request TPOT histogram)",
     "itl_p99_ms": "gap between tokens, p99",
     "e2e_p99_ms": "request latency end to end, p99",
-    "goodput_ratio": "output tokens of finished requests / all generated tokens",
-    "kv_fragmentation": "allocated KV slots holding no token (estimated from mean lengths)",
+    "goodput_ratio": "of the output tokens of requests that ended in the window, the share of "
+    "the finished ones (not aborted); requests still running count as neither (estimate)",
+    "kv_fragmentation": "allocated KV slots holding no token (estimate from running requests "
+    "and used blocks; bounds in details)",
     "kv_cache_usage": "peak share of KV-cache blocks in use",
     "requests_running": "peak requests being decoded",
     "requests_waiting": "peak requests queued",
@@ -35,6 +38,23 @@ VLLM_READINGS = {
     "generation_tokens_per_s": "output tokens per second",
     "requests_finished": "requests that finished in the window",
 }
+
+
+def _bounds(estimate: Estimate) -> list[float] | None:
+    """[low, high] of an estimate, None when it is unknown."""
+    if estimate.low is None or estimate.high is None:
+        return None
+    return [estimate.low, estimate.high]
+
+
+def fragmentation_details(fragmentation: Estimate | str) -> dict[str, object]:
+    """The bounds and basis of the KV fragmentation reading (its value is the midpoint)."""
+    if isinstance(fragmentation, str):
+        return {"kv_fragmentation_bounds": None, "kv_fragmentation_basis": fragmentation}
+    return {
+        "kv_fragmentation_bounds": [fragmentation.low, fragmentation.high],
+        "kv_fragmentation_basis": f"estimate: {fragmentation.basis}",
+    }
 
 
 class VllmMetricsProbe:
@@ -54,6 +74,7 @@ class VllmMetricsProbe:
             target.target.metrics_url, seconds=params.window_s, interval_s=params.interval_s
         )
         engine = window.engine
+        fragmentation = window.kv_fragmentation()
         readings = {
             "ttft_p99_ms": engine.ttft_ms.p99,
             "ttft_p50_ms": engine.ttft_ms.p50,
@@ -61,7 +82,7 @@ class VllmMetricsProbe:
             "itl_p99_ms": engine.itl_ms.p99,
             "e2e_p99_ms": engine.e2e_ms.p99,
             "goodput_ratio": engine.goodput_ratio,
-            "kv_fragmentation": window.kv_fragmentation_estimate(),
+            "kv_fragmentation": None if isinstance(fragmentation, str) else fragmentation.value,
             "kv_cache_usage": window.peak("kv_cache_usage"),
             "requests_running": window.peak("requests_running"),
             "requests_waiting": window.peak("requests_waiting"),
@@ -70,5 +91,24 @@ class VllmMetricsProbe:
             "generation_tokens_per_s": engine.generation_tokens_per_s,
             "requests_finished": engine.requests_finished,
         }
-        details = {"window_s": engine.duration_s, "ttft_count": engine.ttft_ms.count}
-        return ProbeResult(readings=readings, details=details)
+        details: dict[str, object] = {
+            "window_s": engine.duration_s,
+            "ttft_count": engine.ttft_ms.count,
+            "goodput_bounds": _bounds(engine.goodput),
+            "goodput_basis": engine.goodput.basis,
+            "aborted_requests": engine.aborted_requests,
+            **fragmentation_details(fragmentation),
+        }
+        quantiles = {
+            "ttft_p99_ms": (engine.ttft_ms, "p99"),
+            "ttft_p50_ms": (engine.ttft_ms, "p50"),
+            "tpot_p99_ms": (window.tpot_ms, "p99"),
+            "itl_p99_ms": (engine.itl_ms, "p99"),
+            "e2e_p99_ms": (engine.e2e_ms, "p99"),
+        }
+        bounds = {
+            key: bound
+            for key, (histogram, q) in quantiles.items()
+            if (bound := histogram.bounds.get(q)) is not None
+        }
+        return ProbeResult(readings=readings, details=details, bounds=bounds)
