@@ -8,25 +8,19 @@ import jinja2
 import yaml
 
 from bot.adr.models import Adr
+from bot.numbers.text import compact
 
 TEMPLATE = "adr.md.j2"
-MISSING = "-"
 
 
 def format_ms(value: float | None) -> str:
     """A matrix latency cell: '1200ms', '117.8ms', '∞' (failed requests), '-' (not measured)."""
-    if value is None:
-        return MISSING
-    if value == float("inf"):
-        return "∞"
-    return f"{value:.1f}".removesuffix(".0") + "ms"
+    return compact(value, "ms")
 
 
 def format_pct(value: float | None) -> str:
     """A matrix ratio cell as a percentage: '62%', '18.4%', or '-' when not measured."""
-    if value is None:
-        return MISSING
-    return f"{value * 100:.1f}".removesuffix(".0") + "%"
+    return compact(value, "ratio")
 
 
 def format_cell(text: str) -> str:

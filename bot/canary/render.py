@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from bot.canary.runner import Progress
+from bot.numbers.text import NOT_MEASURED, in_unit
 
 
 def progress_line(p: Progress) -> str:
@@ -18,7 +19,7 @@ def progress_line(p: Progress) -> str:
 
 
 def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f} ms"
+    return NOT_MEASURED if value is None else in_unit(value, "ms")
 
 
 def _p(summary: dict[str, Any], key: str) -> str:
@@ -30,7 +31,7 @@ def _p(summary: dict[str, Any], key: str) -> str:
 
 
 def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value * 100:.1f}%"
+    return NOT_MEASURED if value is None else in_unit(value, "ratio")
 
 
 def summary_table(report: dict[str, Any]) -> str:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from bot.errors import UsageError
+from bot.numbers.text import compact
 
 # At most 1 % of requests may fail unless the gate says otherwise (0 allows none).
 DEFAULT_MAX_ERROR_RATE = 0.01
@@ -143,11 +144,11 @@ class Verdict:
 
 
 def _ms(value: float) -> str:
-    return f"{value:.1f}".removesuffix(".0") + "ms"
+    return compact(value, "ms")
 
 
 def _pct(value: float) -> str:
-    return f"{value * 100:.1f}".removesuffix(".0") + "%"
+    return compact(value, "ratio")
 
 
 # gate name -> (label, Values field, "max" | "min", formatter)

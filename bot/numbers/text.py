@@ -1,9 +1,11 @@
 """The one way a number is written, on every surface: Slack, the incident page, the console, the
-demo's screen, the canary's table.
+demo's screen, the canary's table (``show``), and the seed's compact form in ADR matrices and
+gate verdicts (``compact``).
 
 Latencies in milliseconds ("41.3 ms", "212 ms" from 100 ms up, "1,710 ms"), ratios in percent
 ("93.0 %"), a bound with its sign ("≤ 10.0 ms", "> 20,000 ms"), a failed request's unbounded
-latency as "∞", and a number not measured as "n/a".
+latency as "∞", and a number not measured as "n/a". The compact form is the seed ADR's table:
+"1200ms", "117.8ms", "62%", "∞", "-".
 """
 
 from __future__ import annotations
@@ -63,3 +65,14 @@ def change(key: str, was: float, now: float) -> str:
     if was == 0 or math.isinf(was) or math.isinf(now):
         return shown
     return f"{shown} ({(now - was) / was * 100:+.0f} %)"
+
+
+def compact(value: float | None, unit: str) -> str:
+    """The seed's table form (ADR matrices, gate verdicts): '1200ms', '117.8ms', '62%', '∞', '-'."""
+    if value is None or math.isnan(value):
+        return "-"
+    if math.isinf(value):
+        return "∞"
+    if unit == "ms":
+        return f"{value:.1f}".removesuffix(".0") + "ms"
+    return f"{value * 100:.1f}".removesuffix(".0") + "%"
