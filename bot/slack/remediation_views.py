@@ -97,6 +97,8 @@ def card_update_text(view: RemediationView) -> str:
     if view.note:
         lines.append(view.note)
     if view.numbers and view.state in ("promoting", "promoted", "rolled_back", "failed"):
+        if view.relative_gates:  # resolved by the before-run: the limits the canary was held to
+            lines.append("gates: " + "; ".join(gate_lines(view.gates, view.relative_gates)))
         lines.append("canary: " + "; ".join(number_lines(view.numbers, view.before_numbers)))
     return "\n".join(lines)
 
