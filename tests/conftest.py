@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -41,10 +42,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.stem, 10))
 
 
+# RULELOOP_TEST_ENGINE_CPU_LIMIT=0.1 runs every test engine under a tenth of one core (a cgroup
+# quota, root only): the engine modules on a machine many times slower than this one.
+ENGINE_CPU_LIMIT = os.environ.get("RULELOOP_TEST_ENGINE_CPU_LIMIT")
+
+
 @pytest.fixture(scope="session")
 def engine_manager(tmp_path_factory: pytest.TempPathFactory) -> EngineManager:
     """An engine manager whose state (logs, model dir) lives in this session's temp dir."""
-    return EngineManager(state_dir=tmp_path_factory.mktemp("engines"))
+    return EngineManager(
+        state_dir=tmp_path_factory.mktemp("engines"),
+        cpu_limit=float(ENGINE_CPU_LIMIT) if ENGINE_CPU_LIMIT else None,
+    )
 
 
 @pytest.fixture(scope="session")

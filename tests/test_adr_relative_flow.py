@@ -22,6 +22,7 @@ from sqlalchemy import select
 
 from bot.adr.models import AdrGates
 from bot.adr.shared import SharedAdrStore
+from bot.adr.validate import validate
 from bot.canary.verdict import gates_from, judge
 from bot.config import CanarySpec, Target
 from bot.errors import UsageError
@@ -259,3 +260,21 @@ async def test_a_before_run_that_measured_nothing_cancels_the_change_untouched(
     assert done.state == "cancelled" and len(canary.gates) == 1  # nothing applied, no canary
     why = audited(h, "remediation.cancelled")["reason"]
     assert "max_tpot_p99_ms is 0.5x before but the before-run measured no tpot_p99_ms" in why
+
+
+async def test_the_slow_machines_8x_better_fix_is_kept_where_6x_normal_rolled_it_back(
+    h: Harness, canary: RecordingCanary, tmp_path: Path
+) -> None:
+    """The numbers a new user's AVX2-only machine measured: chats alone had TPOT p99 24.1 ms
+    (normal), the gate canary 1,710 ms before the fix and 214.8 ms after it (8x better)."""
+    for _ in range(3):
+        snapshot(h, tpot_p99_ms=24.1)
+    canary.tpot_p99_ms = [1710.0, 214.8]
+    done = await approve(h)
+    assert done.state == "promoted"  # 214.8 <= 0.5 x 1,710: like for like, the fix is kept
+    assert done.result["gates"]["max_tpot_p99_ms"] == 855.0
+    assert 214.8 > 6 * 24.1  # what the unlike gate '6x normal' (144.6 ms) would have rolled back
+    unlike = tmp_path / "adr" / f"{ADR}-chunk-long-prefills.md"
+    unlike.write_text(RELATIVE_ADR.replace("0.5x before", "6x normal"))
+    (problem,) = validate(unlike)
+    assert problem.field == "gates.max_tpot_p99_ms" and "not comparable" in problem.why
