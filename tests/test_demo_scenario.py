@@ -98,8 +98,7 @@ def test_the_last_screen_has_the_four_numbers_the_verdict_and_the_paths() -> Non
         {"tpot_p99_ms": 1710.0, "goodput_ratio": 0.9},
     )
     assert lines == [
-        "TPOT p99 215 ms ≤ 0.5x before (= 855 ms): met"
-        " (before → after: 1,710 → 215 ms (-87 %))",
+        "TPOT p99 215 ms ≤ 0.5x before (= 855 ms): met (before → after: 1,710 → 215 ms (-87 %))",
         "Goodput 70.0 % ≥ 80.0 %: MISSED (before → after: 90.0 → 70.0 % (-22 %))",
     ]
     text = screen.render(

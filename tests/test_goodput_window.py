@@ -29,6 +29,8 @@ from tests.conftest import FIXTURES
 from tests.fakes.clock import FakeTime
 
 BLOCKS = 100_000  # num_gpu_blocks: room for everything below
+# vLLM's prompt-length bucket edges (tokens)
+PROMPT_EDGES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, math.inf)
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,10 @@ def page(
     } | (extra or {})
     lines = [f"{name} {value}" for name, value in values.items()]
     lines.append(f'vllm:cache_config_info{{block_size="{block}",num_gpu_blocks="{BLOCKS}"}} 1')
+    for edge in PROMPT_EDGES:  # the prompt-length histogram of the finished requests
+        le = "+Inf" if math.isinf(edge) else f"{edge:.1f}"
+        count = sum(1 for r in finished if r.prompt <= edge)
+        lines.append(f'vllm:request_prompt_tokens_bucket{{le="{le}"}} {count}')
     return Exposition.parse("\n".join(lines) + "\n", at=float(step))
 
 
@@ -310,3 +316,43 @@ async def test_fragmentation_without_requests_running_is_unknown_and_says_why() 
     assert metrics.readings["kv_fragmentation"] is None
     assert metrics.details["kv_fragmentation_bounds"] is None
     assert metrics.details["kv_fragmentation_basis"].startswith("unknown: no scrape")
+
+
+@st.composite
+def mixed_windows(draw: st.DrawFn) -> tuple[list[Request], int, int, int]:
+    """Chats and long prompts whose mix in flight changes while their number may not (the
+    demo's incident: 2048-token prompts end, 128-token chats start), some chats aborted after
+    starting in the window. (Not generated: the stated blind spot, a request in flight at the
+    start and aborted in the window, of a length nothing else in the window had.)"""
+    block = draw(st.sampled_from([16, 128]))
+    t0 = draw(st.integers(0, 150))
+    t1 = draw(st.integers(t0 + 1, 300))
+    requests = []
+    for _ in range(draw(st.integers(2, 30))):
+        long = draw(st.booleans())
+        prompt = 2048 if long else 128
+        output = draw(st.integers(2, 60)) if long else 32
+        first = draw(st.integers(0, 200))
+        aborted = None
+        if not long and draw(st.integers(0, 4)) == 0:
+            first = draw(st.integers(t0 + 1, t0 + 150))
+            aborted = first + 7
+        requests.append(Request(prompt, output, first, aborted))
+    return requests, t0, t1, block
+
+
+@settings(max_examples=300, deadline=None)
+@given(mixed_windows())
+def test_a_changing_mix_in_flight_never_gives_a_confident_wrong_goodput(
+    case: tuple[list[Request], int, int, int],
+) -> None:
+    # Before the mix was bounded, such a window read "only 16 % of generated tokens went to
+    # requests that finished" where about 90 % had: a critical finding from nothing.
+    requests, t0, t1, block = case
+    window = read_window(page(requests, t0, block=block), page(requests, t1, block=block))
+    done, wasted, _, _ = truth(requests, t0, t1)
+    goodput = window.goodput
+    if goodput.value is None:
+        return  # unknown, and it says why: never a number it cannot stand behind
+    assert goodput.low is not None and goodput.high is not None
+    assert goodput.low - 1e-9 <= done / (done + wasted) <= goodput.high + 1e-9

@@ -154,7 +154,7 @@ def test_build_matrix_has_one_row_per_canary_run_in_time_order_with_its_json_num
         assert run.mixed  # recorded beside background load: the engine's goodput, internal frag
         assert _cells(row) == _rounded(dict(run.report), mixed=True)
         assert _cells(row) != _rounded(dict(run.report), mixed=False)
-    assert "engine view with background load: tokens of requests that finished" in adr.matrix_notes
+    assert "of the canary's own requests (background load beside them)" in adr.matrix_notes
     assert "stored with incident #42" in adr.matrix_notes
 
 

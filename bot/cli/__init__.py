@@ -98,6 +98,7 @@ COMMANDS = {
     "db": "bot.cli.db",
     "config": "bot.cli.config",
     "agent": "bot.cli.agent",
+    "workload": "bot.cli.workload",
 }
 
 

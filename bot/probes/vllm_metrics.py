@@ -65,6 +65,7 @@ PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
 REQUEST_PROMPT_TOKENS_SUM = ("vllm:request_prompt_tokens_sum",)
 REQUEST_GENERATION_TOKENS_SUM = ("vllm:request_generation_tokens_sum",)
 REQUEST_PROMPT_TOKENS_COUNT = ("vllm:request_prompt_tokens_count",)  # requests that finished
+PROMPT_LENGTHS = ("vllm:request_prompt_tokens",)  # the histogram: its buckets bound a mix
 REQUEST_SUCCESS = ("vllm:request_success_total",)
 CACHE_CONFIG = ("vllm:cache_config_info",)
 
@@ -74,7 +75,8 @@ WINDOW_METRICS = frozenset(
     for names in (
         TTFT, ITL, QUEUE_TIME, E2E, RUNNING, WAITING, KV_USAGE, PREEMPTIONS, PREFIX_QUERIES,
         PREFIX_HITS, PREFIX_HIT_RATE, GENERATION_TOKENS, PROMPT_TOKENS, REQUEST_PROMPT_TOKENS_SUM,
-        REQUEST_GENERATION_TOKENS_SUM, REQUEST_PROMPT_TOKENS_COUNT, REQUEST_SUCCESS, CACHE_CONFIG,
+        REQUEST_GENERATION_TOKENS_SUM, REQUEST_PROMPT_TOKENS_COUNT, PROMPT_LENGTHS, REQUEST_SUCCESS,
+        CACHE_CONFIG,
     )
     for name in names
 )  # fmt: skip
@@ -143,6 +145,8 @@ class CacheConfig:
 
 # A ratio whose bounds span more than this is not reported: the window was too short to tell.
 MAX_RATIO_SPREAD = 0.2
+# Finished prompts spanning more than this factor: a mix whose in-flight share cannot be split.
+MIX_RANGE = 4.0
 
 
 @dataclass(frozen=True)
@@ -373,6 +377,27 @@ class _Waste:
         prompt_error = preempted * mean_prompt
         if started_prompt is not None:
             prompt_error += abs(change) * abs(started_prompt - mean_prompt)
+        # The running requests' mix can change while their number does not (a long prompt
+        # ends, a chat starts), and then running x mean prompt says nothing about the prompt
+        # tokens in flight. Where the window's prompts span more than MIX_RANGE x (those that
+        # finished, by histogram bucket, and the mean of those that started), in-flight prompt
+        # and output tokens cannot be told apart. Blind spot: a request in flight at the start
+        # and aborted in the window, of a length nothing else in the window had.
+        low_prompt, high_prompt = _prompt_range(before, after)
+        mixed = high_prompt > MIX_RANGE * max(low_prompt, 1.0)
+        if high_prompt and started_prompt is not None:  # the started ones' mean: another mix
+            mixed = mixed or not low_prompt <= started_prompt <= high_prompt
+            low_prompt, high_prompt = (
+                min(low_prompt, started_prompt),
+                max(high_prompt, started_prompt),
+            )
+        if mixed and (start.running or end.running):
+            none = Estimate.unknown(
+                "too short to tell: prompts of very different lengths ended in the window "
+                f"({low_prompt:g} to {high_prompt:g} tokens), so the tokens of the requests in "
+                f"flight cannot be split into prompt and output ({ends})"
+            )
+            return cls(none, none, none, none, aborted)
         # In-flight tokens (prompt + generated) from the KV slots held; a shared prefix's
         # blocks hold one copy for several requests, preempted requests hold none.
         per_request_hits = (counter_delta(before, after, PREFIX_HITS) or 0.0) / max(
@@ -396,6 +421,21 @@ class _Waste:
             f"output tokens of aborted requests ({basis})",
         )  # fmt: skip
         return cls.of(done_output, generation, prompt, prefill, aborted)
+
+
+def _prompt_range(before: Exposition, after: Exposition) -> tuple[float, float]:
+    """The shortest and longest prompt that finished in the window, to the resolution of
+    vLLM's prompt-length buckets ((0, 0) when none did or the page has no buckets; the +Inf
+    bucket reads as an infinite length)."""
+    b0, b1 = before.buckets(PROMPT_LENGTHS[0]), after.buckets(PROMPT_LENGTHS[0])
+    delta = {le: c - b0.get(le, 0.0) for le, c in b1.items()}
+    below, lower, low, high = 0.0, 0.0, None, 0.0
+    for edge in sorted(delta):
+        if delta[edge] > below:  # some finished prompts fell in (lower, edge]
+            low = lower if low is None else low
+            high = edge
+        below, lower = delta[edge], edge
+    return (0.0, 0.0) if low is None else (low, high)
 
 
 def _bounded(estimate: float, error: float, floor: float, basis: str) -> Estimate:

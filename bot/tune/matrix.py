@@ -29,7 +29,7 @@ REASON_LIMIT = 200
 
 def source_note(*, mixed: bool) -> str:
     """Where each column's number comes from, for the text under the matrix."""
-    goodput = GOODPUT_SOURCES["engine" if mixed else "canary"]
+    goodput = GOODPUT_SOURCES["own" if mixed else "canary"]
     frag = FRAGMENTATION_SOURCES["internal" if mixed else "observed"]
     return (
         "TTFT / TPOT: client-side p99 of the measured canary (a failed request counts as "
