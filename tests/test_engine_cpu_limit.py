@@ -30,7 +30,6 @@ def test_a_busy_process_under_the_limit_is_throttled() -> None:
     finally:
         busy.kill()
         busy.wait()
-        time.sleep(0.1)  # the kernel lets go of the group after the process is reaped
         limit.remove()
     assert not limit.group.exists()
 

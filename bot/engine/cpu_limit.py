@@ -10,7 +10,7 @@ spawned, so the processes it starts later (vLLM's engine core) inherit the group
 
 from __future__ import annotations
 
-import contextlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +66,14 @@ class CpuLimit:
                 return int(value)
         return 0
 
-    def remove(self) -> None:
-        """Remove the group once its processes are gone (a live one keeps it: no error)."""
-        with contextlib.suppress(OSError):
-            self.group.rmdir()
+    def remove(self, *, wait_s: float = 5.0) -> None:
+        """Remove the group once its processes are gone: a process just killed leaves it a
+        moment later, so this waits up to ``wait_s``; a group still in use is left (no error)."""
+        deadline = time.monotonic() + wait_s
+        while self.group.exists():
+            try:
+                self.group.rmdir()
+            except OSError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.05)
