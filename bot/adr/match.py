@@ -12,7 +12,6 @@ only where the bound decides it; otherwise the condition is undecided, and does 
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,15 +21,6 @@ from bot.numbers.reading import Bound, Bounds, Reading, bounds_of, compare
 
 if TYPE_CHECKING:
     from bot.adr.models import Adr, Condition
-
-OPS: dict[str, Callable[[float, float], bool]] = {
-    "<": operator.lt,
-    "<=": operator.le,
-    ">": operator.gt,
-    ">=": operator.ge,
-    "==": operator.eq,
-    "!=": operator.ne,
-}
 
 
 def _cancelled_share(report: Mapping[str, Any]) -> object:

@@ -22,7 +22,7 @@ from pydantic import (
     field_validator,
 )
 
-from bot.adr.match import METRICS, OPS
+from bot.adr.match import METRICS
 from bot.adr.relative import (
     BEFORE,
     NORMAL,
@@ -34,6 +34,7 @@ from bot.adr.relative import (
     no_normal,
     parse_value,
 )
+from bot.numbers.reading import OPS
 
 ID_PATTERN = r"^ADR-\d{8}-\d{2}$"
 Status = Literal["proposed", "accepted", "superseded", "rejected"]

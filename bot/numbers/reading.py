@@ -105,7 +105,8 @@ _ALL: dict[str, Callable[[tuple[float, float], tuple[float, float]], bool]] = {
     ">": lambda v, lim: v[0] > lim[1],
     ">=": lambda v, lim: v[0] >= lim[1],
 }
-_POINT = {
+# The comparison operators a condition may use ({metric, op, value}: no expressions).
+OPS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     "<=": operator.le,
     ">": operator.gt,
@@ -123,7 +124,7 @@ def compare(value: Reading, op: str, limit: Reading) -> bool | None:
     only if it holds for every value the bounds allow, fails only if it fails for every one.
     """
     if value.bound is None and limit.bound is None:
-        return bool(_POINT[op](value.value, limit.value))
+        return bool(OPS[op](value.value, limit.value))
     v, lim = value.interval(), limit.interval()
     if op in ("==", "!="):
         disjoint = v[1] < lim[0] or lim[1] < v[0]

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from bot.adr.match import OPS
+from bot.numbers.reading import OPS
 
 _WHEN = re.compile(r"^\s*(?P<probe>[A-Za-z_]\w*)\.(?P<reading>\w+)\s*(?P<op>[<>]=?|==|!=)\s*"
                    r"(?P<value>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*$")  # fmt: skip
