@@ -108,7 +108,7 @@ def test_the_last_screen_has_the_four_numbers_the_verdict_and_the_paths() -> Non
             incident=Measured({"ttft_p99_ms": 706.0, "tpot_p99_ms": 185.4, "goodput_ratio": 1.0}),
             after=Measured({"ttft_p99_ms": 497.4, "tpot_p99_ms": 24.3, "goodput_ratio": 0.96}),
             state="promoted",
-            matched=["tpot_p99_ms 185.4 > 3x normal (= <= 30): holds"],
+            matched=["tpot_p99_ms 185.4 > 3x normal (= ≤ 30): holds"],
             gates=lines,
             chart=Path("/ws/charts/incident-1-ttft-queue.png"),
             draft=Path("/ws/adr/drafts/ADR-20261130-01-x.md"),

@@ -82,7 +82,7 @@ def test_a_relative_condition_on_a_bounded_normal_says_when_it_is_undecided() ->
     condition = Condition(metric="tpot_p99_ms", op=">", value="3x normal")
     normal, bounds = {"tpot_p99_ms": 10.0}, {"tpot_p99_ms": Bound.AT_MOST}
     held = check(condition, {"metrics": {"tpot_p99_ms": 186.4}}, normal, normal_bounds=bounds)
-    assert held.holds and held.explain() == "tpot_p99_ms 186.4 > 3x normal (= <= 30): holds"
+    assert held.holds and held.explain() == "tpot_p99_ms 186.4 > 3x normal (= ≤ 30): holds"
     close = check(condition, {"metrics": {"tpot_p99_ms": 25.0}}, normal, normal_bounds=bounds)
     assert not close.holds and not close.decided
     assert close.explain().endswith("undecided (a histogram bound on one side does not decide it)")

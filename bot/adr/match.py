@@ -187,5 +187,7 @@ def matching(
 
 
 def _with_bound(value: float | None, bound: Bound | None) -> str:
-    """'71', '<= 10' (a bound, in the condition's own unit)."""
-    return f"{value:g}" if bound is None else f"{bound} {value:g}"
+    """'71', '≤ 10' (a bound, in the condition's own unit)."""
+    if bound is None:
+        return f"{value:g}"
+    return f"{'≤' if bound is Bound.AT_MOST else '>'} {value:g}"
