@@ -226,7 +226,10 @@ _RATIOS = ("min_goodput_ratio", "max_kv_fragmentation")
 def _no_before_text(key: str, before: Normal | None) -> str:
     metric = GATE_METRICS[key]
     if before is None:
-        return "the before-run (the same canary on the flags serving now) has not run yet"
+        return (
+            "no before-run measured it (the same canary on the flags serving now did not run, "
+            "or could not: the bot's log says why)"
+        )
     if before.get(metric) == 0:
         return f"the before-run measured {metric} 0, so a multiple of it is no limit"
     return f"the before-run measured no {metric} (its requests failed, or it streamed no tokens)"
