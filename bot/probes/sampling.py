@@ -21,6 +21,8 @@ from bot.probes.fragmentation import (
 )
 from bot.probes.vllm_metrics import (
     KV_USAGE,
+    OUTPUT_LENGTHS,
+    PROMPT_LENGTHS,
     RUNNING,
     TTFT,
     WAITING,
@@ -34,9 +36,7 @@ from bot.probes.vllm_metrics import (
 )
 
 TPOT = ("vllm:request_time_per_output_token_seconds",)
-PROMPT_LEN = "vllm:request_prompt_tokens"
-OUTPUT_LEN = "vllm:request_generation_tokens"
-SAMPLED_METRICS = WINDOW_METRICS | {*TPOT, PROMPT_LEN, OUTPUT_LEN}
+SAMPLED_METRICS = WINDOW_METRICS | {*TPOT, *PROMPT_LENGTHS, *OUTPUT_LENGTHS}
 
 
 @dataclass(frozen=True)
@@ -86,15 +86,6 @@ class SampledWindow:
         """The largest value a gauge took at any scrape of the window."""
         values = [getattr(p, field) for p in self.points if getattr(p, field) is not None]
         return max(values) if values else None
-
-    def mean_length(self, histogram: str) -> float | None:
-        """Mean tokens per finished request over the window (a request-length histogram)."""
-        first, last = self.pages[0], self.pages[-1]
-        count = (last.total(f"{histogram}_count") or 0.0) - (
-            first.total(f"{histogram}_count") or 0.0
-        )
-        total = (last.total(f"{histogram}_sum") or 0.0) - (first.total(f"{histogram}_sum") or 0.0)
-        return total / count if count > 0 else None
 
     def kv_fragmentation(self) -> Estimate | str:
         """KV fragmentation from the gauges alone (``estimate_fragmentation``), or why unknown.

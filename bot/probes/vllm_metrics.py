@@ -66,6 +66,7 @@ REQUEST_PROMPT_TOKENS_SUM = ("vllm:request_prompt_tokens_sum",)
 REQUEST_GENERATION_TOKENS_SUM = ("vllm:request_generation_tokens_sum",)
 REQUEST_PROMPT_TOKENS_COUNT = ("vllm:request_prompt_tokens_count",)  # requests that finished
 PROMPT_LENGTHS = ("vllm:request_prompt_tokens",)  # the histogram: its buckets bound a mix
+OUTPUT_LENGTHS = ("vllm:request_generation_tokens",)
 REQUEST_SUCCESS = ("vllm:request_success_total",)
 CACHE_CONFIG = ("vllm:cache_config_info",)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from bot.errors import ProbeError, UsageError
+from bot.probes import vllm_metrics
 from bot.probes.exposition import Exposition
 from bot.probes.vllm_metrics import (
     GENERATION_TOKENS,
@@ -41,8 +42,8 @@ from bot.probes.vllm_metrics import (
 )
 from bot.workload.shape import Arrivals, Lengths, Prefix, WorkloadShape, new_shape
 
-PROMPT_LENGTHS = "vllm:request_prompt_tokens"
-OUTPUT_LENGTHS = "vllm:request_generation_tokens"
+PROMPT_LENGTHS = vllm_metrics.PROMPT_LENGTHS[0]  # the engine's per-request length histograms
+OUTPUT_LENGTHS = vllm_metrics.OUTPUT_LENGTHS[0]
 HTTP_REQUESTS = "http_requests_total"  # vLLM's API server: by handler, method and status
 API_HANDLERS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 API_MAJORITY = 0.9  # the share of the window's POSTs one API needs to name the shape's api
