@@ -4,6 +4,8 @@ agree, replicas starting at once migrate safely, and the package ships its migra
 from __future__ import annotations
 
 import shutil
+import sqlite3
+import time
 import tomllib
 import uuid
 from collections.abc import Iterator
@@ -86,6 +88,29 @@ def test_migrations_replicas_starting_at_once(empty: Database) -> None:
     finally:
         for db in replicas:
             db.dispose()
+
+
+def test_a_new_sqlite_file_waits_for_a_writer_before_turning_on_wal(tmp_path: Path) -> None:
+    """SQLite refuses a journal-mode change at once while another connection writes (no busy
+    wait): replicas creating one new file together lost that race. The second one must wait."""
+    path = tmp_path / "ruleloop.db"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.execute("CREATE TABLE first_replica (x)")  # rollback-journal mode, write lock held
+    replica = Database(f"sqlite:///{path}")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            upgrade = pool.submit(replica.create_schema)
+            time.sleep(0.5)  # the replica is now waiting on the writer, not failed
+            assert not upgrade.done(), upgrade.exception()
+            writer.execute("COMMIT")
+            upgrade.result(timeout=60)
+        assert replica.revision() == head()
+        with sqlite3.connect(path) as reader:
+            assert reader.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    finally:
+        writer.close()
+        replica.dispose()
 
 
 def test_migrations_ship_with_the_package() -> None:

@@ -11,6 +11,8 @@ in the database itself.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+SQLITE_BUSY_TIMEOUT_S = 30  # how long a SQLite statement waits for another writer
 MIGRATION_LOCK = 0x72756C65  # pg_advisory_xact_lock key of schema upgrades ("rule")
 
 
@@ -53,7 +56,7 @@ class Database:
         kwargs: dict[str, Any] = {"echo": echo}
         if parsed.get_backend_name() == "sqlite":
             # Used from the event loop's worker threads; every unit of work is its own session.
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S}
         else:
             kwargs["pool_pre_ping"] = True
         self.url = parsed
@@ -125,8 +128,24 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     dbapi_connection.isolation_level = None
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.execute("PRAGMA journal_mode=WAL")
+    if cursor.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        _switch_to_wal(cursor)
     cursor.close()
+
+
+def _switch_to_wal(cursor: Any) -> None:
+    # SQLite answers a journal-mode change "database is locked" at once, without waiting on the
+    # busy timeout, while another connection writes (replicas creating one new file together);
+    # wait for the writer here as long as any other statement would.
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _sqlite_begin_immediate(connection: Any) -> None:
