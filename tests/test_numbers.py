@@ -9,9 +9,10 @@ import pytest
 
 from bot.adr.match import check
 from bot.adr.models import Condition
+from bot.numbers.histogram import quantile_bound
 from bot.numbers.reading import Bound, Reading, compare
 from bot.numbers.text import change, show
-from bot.probes.exposition import Exposition, quantile_bound
+from bot.probes.exposition import Exposition
 from bot.probes.vllm_metrics import Quantiles
 from bot.scheduler.snapshots import median
 

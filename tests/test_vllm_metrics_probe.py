@@ -8,7 +8,8 @@ import httpx
 import pytest
 
 from bot.errors import EndpointError, ProbeError
-from bot.probes.exposition import Exposition, histogram_quantile
+from bot.numbers.histogram import histogram_quantile
+from bot.probes.exposition import Exposition
 from bot.probes.vllm_metrics import (
     KV_USAGE,
     RUNNING,

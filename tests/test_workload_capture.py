@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from bot.errors import ProbeError, UsageError
 from bot.probes.exposition import Exposition
 from bot.probes.vllm_metrics import parse_page
+from bot.probes.workload_capture import CAPTURE_METRICS, CaptureProgress, capture, shape_from_pages
 from bot.workload import shape as shapes
-from bot.workload.capture import CAPTURE_METRICS, CaptureProgress, capture, shape_from_pages
 from tests.fakes.metrics_server import RecordedMetrics
 from tests.workload_pages import CAPTURED_AT, vllm_page
 

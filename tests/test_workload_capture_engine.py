@@ -25,7 +25,7 @@ from bot.canary.workload import PROMPT_ID_RANGE
 from bot.engine.process import EngineInfo
 from bot.probes.exposition import Exposition
 from bot.probes.vllm_metrics import MetricsScraper
-from bot.workload.capture import CAPTURE_METRICS, PROMPT_LENGTHS, capture
+from bot.probes.workload_capture import CAPTURE_METRICS, PROMPT_LENGTHS, capture
 from tests.workload_pages import VLLM_EDGES
 
 pytestmark = pytest.mark.engine

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 from bot.cli import cli
 from bot.numbers.reading import Bound
 from bot.probes.vllm_metrics import parse_page
+from bot.probes.workload_capture import CAPTURE_METRICS, shape_from_pages
 from bot.workload import diff as diffs
 from bot.workload import shape as shapes
-from bot.workload.capture import CAPTURE_METRICS, shape_from_pages
 from bot.workload.shape import Lengths, WorkloadShape
 from tests.workload_pages import CAPTURED_AT, chat, lengths, long_system_prompt, shape, vllm_page
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from bot.errors import UsageError
+from bot.numbers.histogram import histogram_quantile
 from bot.numbers.reading import Bound
-from bot.probes.exposition import histogram_quantile
 from bot.workload import shape as shapes
 from bot.workload.shape import Lengths, ShapeError, WorkloadShape
 from tests.workload_pages import chat, lengths, long_system_prompt

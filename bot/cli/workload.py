@@ -113,7 +113,7 @@ async def _capture(url: str, seconds: float, interval_s: float, *, quiet: bool) 
     import httpx
 
     from bot.probes.vllm_metrics import MetricsScraper
-    from bot.workload.capture import CAPTURE_METRICS, CaptureProgress, capture
+    from bot.probes.workload_capture import CAPTURE_METRICS, CaptureProgress, capture
 
     interactive = sys.stderr.isatty()
 

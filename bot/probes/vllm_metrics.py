@@ -44,8 +44,9 @@ from dataclasses import asdict, dataclass, field
 import httpx
 
 from bot.errors import EndpointError, ProbeError
+from bot.numbers.histogram import histogram_quantile, quantile_bound
 from bot.numbers.reading import Bound, Estimate
-from bot.probes.exposition import Exposition, histogram_quantile, quantile_bound
+from bot.probes.exposition import Exposition
 from bot.probes.fragmentation import used_blocks
 
 # Each reading: its names, newest first.

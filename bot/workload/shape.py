@@ -6,7 +6,7 @@ example file):
 
 - ``version``: the format's version, 1; a file of another version is refused, not guessed at.
 - ``source``: how it was captured: ``metrics <URL> over <N> s (<k> scrapes)`` for a capture
-  from an engine's /metrics (``bot/workload/capture.py``), ``file`` for one a person wrote.
+  from an engine's /metrics (``bot/probes/workload_capture.py``), ``file`` for one a person wrote.
 - ``captured_at``: when (an ISO 8601 time with its time zone).
 - ``api``: ``completions``, ``chat`` or ``unknown``: which OpenAI-compatible API the requests
   used.
@@ -42,9 +42,9 @@ from pydantic import (
 )
 
 from bot.errors import UsageError
+from bot.numbers.histogram import histogram_quantile, quantile_bound
 from bot.numbers.reading import Bound, Reading
 from bot.numbers.text import show
-from bot.probes.exposition import histogram_quantile, quantile_bound
 
 VERSION = 1
 SUFFIXES = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
