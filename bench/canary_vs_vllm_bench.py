@@ -1,24 +1,33 @@
 """Canary vs vLLM's own `vllm bench serve`: same workload, same engine, one run.
 
     python bench/canary_vs_vllm_bench.py [--concurrency 150] [--requests 300] [--rounds 5]
-                                         [--intervals 0.5,1,2]
+                                         [--intervals 0.5,1,2] [--shape FILE]
 
 Starts a local engine, then runs the clients in a rotating order (A B C, B C A, ...) so that
 drift on this noisy 2-core box hits each alike: the canary at each in-flight /metrics sampling
 interval (every sample makes vLLM's API server render its page: the observer effect), the
-canary without sampling, and the peer. Reports the median over rounds of TTFT p50/p99, TPOT
-p50/p99 and client CPU seconds per 1,000 streamed tokens (load phase only), and each client's
-ratio to the peer. Results land in bench/results/canary_vs_vllm_bench.json.
+canary without sampling, the canary replaying a workload shape (``--workload``, sampled at the
+default 2 s), and the peer. The shape is by default the fixed workload's own lengths as a
+shape (buckets (L-1, L]: every prompt and output exactly as long as the fixed ones; arrivals
+far faster than the engine, so the concurrency cap paces them as in the fixed rounds): the
+replay's planning and pacing priced against the fixed canary's; ``--shape FILE`` replays a
+captured one instead. Every run gets its own ``--seed`` (canary and peer alike), so no run is
+served from an earlier run's identical prompts in the engine's prefix cache. Reports the median
+over rounds of TTFT p50/p99, TPOT p50/p99 and client CPU seconds per 1,000 streamed tokens (load
+phase only), and each client's ratio to the peer. Results land in
+bench/results/canary_vs_vllm_bench.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from bot.engine.process import EngineManager, free_port
@@ -28,16 +37,48 @@ RESULTS = ROOT / "bench" / "results"
 PEER = "vllm bench serve"
 
 
+# The shape round's arrivals: far more requests/s than the engine serves, so the concurrency
+# cap paces them, as the fixed rounds' streams are paced.
+SHAPE_RATE = 10_000.0
+
+
+def exact_shape(args: argparse.Namespace) -> str:
+    """The fixed workload as a shape file (YAML): every prompt and output exactly as long."""
+
+    def exactly(n: int) -> str:
+        return f"{{count: {args.requests}, buckets: {{'{n - 1}': 0.0, '{n}': 1.0}}}}"
+
+    return (
+        f"version: 1\nsource: bench fixed workload as a shape\n"
+        f"captured_at: '2026-12-01T00:00:00Z'\napi: completions\n"
+        f"prompt_tokens: {exactly(args.prompt_length)}\n"
+        f"output_tokens: {exactly(args.output_length)}\n"
+        f"arrivals: {{request_rate: {SHAPE_RATE}}}\n"
+    )
+
+
 def run_canary(
-    base_url: str, args: argparse.Namespace, out: Path, *, interval: float | None
+    base_url: str,
+    args: argparse.Namespace,
+    out: Path,
+    *,
+    interval: float | None,
+    seed: int,
+    shape: Path | None = None,
 ) -> dict[str, float]:
-    """One canary run through the real CLI (``interval`` None: no sampling)."""
+    """One canary run through the real CLI (``interval`` None: no sampling; ``shape``: replay
+    it with ``--workload`` instead of the fixed lengths)."""
     extra = ["--metrics-url", "none"] if interval is None else ["--sample-interval", str(interval)]
+    lengths = (
+        ["--workload", str(shape)] if shape is not None
+        else ["--prompt-length", str(args.prompt_length),
+              "--output-length", str(args.output_length)]
+    )  # fmt: skip
     subprocess.run(
         [sys.executable, "-m", "latency_checker", "--endpoint", f"{base_url}/v1/completions",
          "--concurrency", str(args.concurrency), "--num-requests", str(args.requests),
-         "--prompt-length", str(args.prompt_length), "--output-length", str(args.output_length),
-         "--warmup", "4", "--quiet", "--output-json", str(out), *extra],
+         *lengths, "--warmup", "4", "--seed", str(seed), "--quiet", "--output-json", str(out),
+         *extra],
         check=True, cwd=ROOT, stdout=subprocess.DEVNULL,
     )  # fmt: skip
     r = json.loads(out.read_text())
@@ -50,7 +91,7 @@ def run_canary(
 
 
 def run_peer(
-    base_url: str, model_dir: Path, args: argparse.Namespace, out: Path
+    base_url: str, model_dir: Path, args: argparse.Namespace, out: Path, *, seed: int
 ) -> dict[str, float]:
     """One `vllm bench serve` run on the same workload."""
     host, port = base_url.removeprefix("http://").split(":")
@@ -62,7 +103,8 @@ def run_peer(
          "--random-output-len", str(args.output_length), "--random-range-ratio", "0",
          "--num-prompts", str(args.requests), "--max-concurrency", str(args.concurrency),
          "--request-rate", "inf", "--ignore-eos", "--num-warmups", "4", "--disable-tqdm",
-         "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99"],
+         "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
+         "--seed", str(seed)],
         check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     r = json.loads(out.read_text())
@@ -94,21 +136,36 @@ def main() -> None:
         default=[0.5, 1.0, 2.0],
         help="in-flight /metrics sampling intervals to compare (seconds, comma-separated)",
     )
+    parser.add_argument(
+        "--shape",
+        type=Path,
+        default=None,
+        help="a workload shape for the shape round [default: the fixed workload's lengths]",
+    )
     args = parser.parse_args()
+    shape_file = args.shape or Path(tempfile.mkdtemp(prefix="ruleloop-bench-")) / "exact.yaml"
+    if args.shape is None:
+        shape_file.write_text(exact_shape(args))
 
     manager = EngineManager(state_dir=Path(tempfile.mkdtemp(prefix="ruleloop-bench-")))
     port = free_port()
     print(f"starting vLLM on port {port} ...", flush=True)
     info = manager.start(port=port, flags=["--enforce-eager"], on_progress=print)
     model_dir = manager.state_dir / "tiny-llama"
-    clients = {
-        f"canary {interval:g}s": (
-            lambda out, i=interval: run_canary(info.base_url, args, out, interval=i)
-        )
-        for interval in args.intervals
-    }
-    clients["canary, no sampling"] = lambda out: run_canary(info.base_url, args, out, interval=None)
-    clients[PEER] = lambda out: run_peer(info.base_url, model_dir, args, out)
+    Client = Callable[[Path, int], dict[str, float]]  # (report path, seed) -> numbers
+
+    def sampled(interval: float) -> Client:
+        return lambda out, seed: run_canary(info.base_url, args, out, interval=interval, seed=seed)
+
+    clients: dict[str, Client] = {f"canary {i:g}s": sampled(i) for i in args.intervals}
+    clients["canary, no sampling"] = lambda out, seed: run_canary(
+        info.base_url, args, out, interval=None, seed=seed
+    )
+    clients[f"canary --workload {shape_file.name}, 2s"] = lambda out, seed: run_canary(
+        info.base_url, args, out, interval=2.0, seed=seed, shape=shape_file
+    )
+    clients[PEER] = lambda out, seed: run_peer(info.base_url, model_dir, args, out, seed=seed)
+    seeds = itertools.count(1)  # every run its own prompts: none hits an earlier one's cache
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in clients}
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -117,7 +174,8 @@ def main() -> None:
                 names = names[i % len(names) :] + names[: i % len(names)]  # rotate the order
                 for name in names:
                     print(f"round {i + 1}/{args.rounds}: {name} ...", flush=True)
-                    runs[name].append(clients[name](Path(tmp) / f"{i}-{len(runs[name])}.json"))
+                    out = Path(tmp) / f"{i}-{len(runs[name])}.json"
+                    runs[name].append(clients[name](out, next(seeds)))
                     print("   ", {k: round(v, 2) for k, v in runs[name][-1].items()}, flush=True)
     finally:
         manager.stop(port)
@@ -131,6 +189,10 @@ def main() -> None:
         f"\n{args.concurrency} streams, {args.requests} requests, {args.prompt_length} prompt "
         f"+ {args.output_length} output tokens, median of {args.rounds} rotated rounds"
     )
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines()
+                  if line.startswith("Model name")), "unknown CPU")  # fmt: skip
+    print(f"CPU: {model}")
     print("| client | " + " | ".join(rows) + " | TTFT p50 / peer | TPOT p50 / peer | CPU / peer |")
     print("|---" * (len(rows) + 4) + "|")
     for name, side in medians.items():
@@ -142,7 +204,15 @@ def main() -> None:
         print(f"| {name} | {cells} | {ratios} |")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "canary_vs_vllm_bench.json").write_text(
-        json.dumps({"args": vars(args), "runs": runs, "median": medians}, indent=2)
+        json.dumps(
+            {
+                "args": {**vars(args), "shape": str(shape_file)},
+                "cpu": model,
+                "runs": runs,
+                "median": medians,
+            },
+            indent=2,
+        )  # fmt: skip
     )
 
 

@@ -355,6 +355,7 @@ class ScheduledTarget(_Section):
 
     baseline_every_s: float | None = Field(default=None, ge=0)
     snapshot_every_s: float | None = Field(default=None, ge=0)
+    workload_every_s: float | None = Field(default=None, ge=0)
     adrs: list[str] = Field(default_factory=list)  # in force here while none was promoted here
 
 
@@ -365,6 +366,9 @@ class SchedulerSettings(_Section):
     baseline_every_s: float = Field(default=3600.0, ge=0)  # canary vs the ADRs in force
     snapshot_every_s: float = Field(default=300.0, ge=0)  # the four numbers, kept as "normal"
     snapshot_window_s: float = Field(default=10.0, gt=0, le=600)
+    # the live workload shape vs the shape each ADR in force was measured under (docs/workload.md)
+    workload_every_s: float = Field(default=300.0, ge=0)
+    workload_window_s: float = Field(default=60.0, gt=0, le=3600)
     normal_of_last: int = Field(default=12, ge=1)  # "normal" is the median of these snapshots
     draft_reminder_after_s: float = Field(default=86400.0, gt=0)
     draft_reminder_every_s: float = Field(default=900.0, ge=0)

@@ -97,3 +97,17 @@ async def test_an_explicit_metrics_url_that_is_not_vllms_is_an_endpoint_error() 
         run = CanaryRun(workload, metrics_url=f"{engine.base_url}/metrics")
         with pytest.raises(EndpointError, match="HTTP 404, not a metrics page"):
             await run.run()
+
+
+def test_two_runs_of_one_fixed_workload_send_their_own_prompts_of_the_same_lengths() -> None:
+    """A run that re-sent an earlier run's prompts would be served from the prefix cache: the
+    before-run and the run after a change would not measure alike."""
+    workload = Workload(endpoint="http://x/v1/completions", prompt_length=64, prefix_length=16)
+
+    def prompts(run: CanaryRun) -> list[list[int]]:
+        return [run._prompts.token_ids() for _ in range(3)]
+
+    first, second = prompts(CanaryRun(workload)), prompts(CanaryRun(workload))
+    assert [len(p) for p in first] == [len(p) for p in second] == [64, 64, 64]
+    assert {tuple(p[:16]) for p in first} == {tuple(first[0][:16])}  # one prefix within a run
+    assert first[0][:16] != second[0][:16] and first != second  # each run's own tokens

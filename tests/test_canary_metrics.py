@@ -7,7 +7,9 @@ import pytest
 
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.report import CanaryReport, slo_attainment, summarize
+from bot.canary.shape_replay import fixed_shape
 from bot.canary.verdict import Gates
+from bot.canary.workload import Workload
 from bot.probes.fragmentation import (
     FragmentationSample,
     internal_fragmentation,
@@ -15,6 +17,9 @@ from bot.probes.fragmentation import (
     resident_lengths,
     used_blocks,
 )
+
+# The report always says the shape it sent; these reports are of the fixed default workload.
+SHAPE = fixed_shape(Workload(endpoint="http://x/v1/completions"), request_rate=1.0)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +111,7 @@ def test_slo_attainment_counts_ok_requests_within_both_limits() -> None:
 
 def make_report(records, gates: Gates, samples=()) -> CanaryReport:
     return CanaryReport(
-        workload={}, records=records, engine=None, samples=list(samples), gates=gates,
+        shape=SHAPE, workload={}, records=records, engine=None, samples=list(samples), gates=gates,
         wall_s=1.0, client_cpu_s=0.1,
     )  # fmt: skip
 

@@ -14,6 +14,7 @@ from bot.adr.models import AdrGates
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.render import summary_table
 from bot.canary.report import CanaryReport
+from bot.canary.shape_replay import fixed_shape
 from bot.canary.verdict import (
     DEFAULT_MAX_ERROR_RATE,
     Gates,
@@ -24,6 +25,7 @@ from bot.canary.verdict import (
     values_of,
     with_verdict,
 )
+from bot.canary.workload import Workload
 from bot.errors import UsageError
 from bot.postmortem.draft import CanaryFacts, _canary_row
 from bot.remediation.gate import GateRun
@@ -31,6 +33,8 @@ from bot.scheduler.messages import gate_lines
 from bot.tune.matrix import Row
 from bot.tune.plan import Config
 
+# The report always says the shape it sent; these reports are of the fixed default workload.
+SHAPE = fixed_shape(Workload(endpoint="http://x/v1/completions"), request_rate=1.0)
 GATES = Gates(max_ttft_p99_ms=350, max_tpot_p99_ms=35, min_goodput_ratio=0.95)
 
 
@@ -57,7 +61,7 @@ def silent() -> RequestRecord:
 
 def report_of(records: list[RequestRecord], gates: Gates = GATES) -> CanaryReport:
     return CanaryReport(
-        workload={}, records=records, engine=None, samples=[], gates=gates, wall_s=1.0,
+        shape=SHAPE, workload={}, records=records, engine=None, samples=[], gates=gates, wall_s=1.0,
         client_cpu_s=0.1,
     )  # fmt: skip
 

@@ -59,8 +59,8 @@ def test_demo_replays_the_incident_and_drafts_the_adr(tmp_path: Path) -> None:
     args = ["demo", "--adr-dir", str(root / "adr"), "--engine-cpu-limit", DEMO_CPU_LIMIT]
     result = invoke(args, tmp_path)
     assert result.exit_code == 0, result.output
-    for step in range(1, 9):
-        assert f"{step}/8 " in result.stderr, result.stderr
+    for step in range(1, 10):
+        assert f"{step}/9 " in result.stderr, result.stderr
     out = result.stdout
     # the transcript: the alert's incident, its findings against normal, the card, the outcome
     assert "VLLMTimeToFirstTokenP99High" in out and "findings on local" in out
@@ -90,5 +90,16 @@ def test_demo_replays_the_incident_and_drafts_the_adr(tmp_path: Path) -> None:
     (chart,) = workspace.glob("charts/*.png")
     assert f"chart: {chart}" in screen and f"draft: {draft}" in screen
     assert chart.read_bytes().startswith(b"\x89PNG")
+    # the second act: the rule records its traffic, the agents' system prompt drifts from it,
+    # and the drift job re-validates the rule under the live traffic, in one thread
+    assert "ADR-20261129-02 records the traffic it was kept under: Measured at prompt p50" in (
+        result.stderr
+    )
+    act = screen[screen.index("the next workload") :]
+    assert "ADR-20261129-02 was kept under: Measured at prompt p50 " in act
+    assert "production now sends:   Measured at prompt p50 " in act
+    assert "moved: prefix-cache hit rate " in act and "DRIFTED" in act
+    assert "re-validated: ADR-20261129-02: gates " in act and "drift thread posted" in act
+    assert "Workload drift on local" in out and "(the canary replayed the live traffic)" in out
     assert not list((root / "adr").glob("ADR-20261129-02*")), "the demo wrote into the repo"
     assert not list(tmp_path.glob("engine-*.json")), "demo left its engine running"

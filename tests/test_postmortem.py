@@ -35,6 +35,8 @@ from bot.postmortem.draft import INCIDENT_ROW
 from bot.probes.fragmentation import FragmentationSample
 from bot.probes.types import Finding, Severity
 from bot.tune.matrix import PASSED
+from bot.workload.describe import context_line
+from tests.workload_pages import chat, long_system_prompt
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = REPO / "adr" / "ADR-20260831-01-kv-cache-paging-throughput.md"
@@ -68,7 +70,7 @@ def _plain_report(ttft_s: float) -> dict[str, Any]:
         at=0.1, observed=0.123456, internal=0.05, resident_tokens=10, kv_usage=0.2
     )
     report = CanaryReport(
-        workload={"concurrency": 4}, records=records, engine=None, samples=[sample],
+        shape=chat(), workload={"concurrency": 4}, records=records, engine=None, samples=[sample],
         gates=Gates(max_ttft_p99_ms=350), wall_s=2.0, client_cpu_s=0.1,
     )  # fmt: skip
     return json.loads(json.dumps(report.as_dict()))
@@ -276,9 +278,23 @@ def test_build_refuses_an_id_of_another_day() -> None:
         _draft(None, adr_id="ADR-20261130-01")
 
 
+def test_build_records_the_workload_of_the_canary_that_judged_the_change() -> None:
+    judged = long_system_prompt()
+    for state in ("promoted", "rolled_back"):
+        adr = _draft(_applied(state, shape=judged))
+        assert adr.workload == judged
+        text = render(adr)
+        assert text.split("## 2. ", 1)[0].rstrip().endswith(context_line(judged))
+        assert parse(text) == adr
+    # no change judged, or a canary that said no shape: no workload, and no line
+    for applied in (None, _applied("promoted")):
+        adr = _draft(applied)
+        assert adr.workload is None and "Measured at" not in render(adr)
+
+
 @pytest.mark.parametrize("state", ["promoted", "rolled_back", "failed", None])
 def test_build_renders_parses_back_and_validates(tmp_path: Path, state: str | None) -> None:
-    adr = _draft(_applied(state) if state else None)
+    adr = _draft(_applied(state, shape=chat()) if state else None)
     assert parse(render(adr)) == adr
     store = AdrStore(root=tmp_path / "adr")
     store.root.mkdir()

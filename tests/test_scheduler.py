@@ -241,7 +241,7 @@ async def test_scheduler_registers_the_configured_jobs_with_their_intervals(
         intervals = {name: j.trigger.interval.total_seconds() for name, j in jobs.items()}
         assert intervals == {
             "snapshot:prod-a": 60, "baseline:prod-a": 900, "draft_reminder": 600,
-            "approval_expiry": 30, "outbox": 15,
+            "approval_expiry": 30, "outbox": 15, "workload:prod-a": 300,
         }  # fmt: skip
         for name, job in jobs.items():  # every replica fires on the same period boundaries
             assert job.next_run_time.timestamp() % intervals[name] == 0
@@ -254,11 +254,11 @@ async def test_scheduler_registers_the_configured_jobs_with_their_intervals(
     ("scheduler", "expected"),
     [
         ({"enabled": False}, None),
-        ({}, ["snapshot:prod-a", "baseline:prod-a", "draft_reminder", "approval_expiry",
-              "outbox"]),
-        ({"snapshot_every_s": 0, "baseline_every_s": 0, "draft_reminder_every_s": 0,
-          "approval_sweep_every_s": 0, "outbox_every_s": 0}, []),
-        ({"targets": {"prod-a": {"snapshot_every_s": 0}}},
+        ({}, ["snapshot:prod-a", "baseline:prod-a", "workload:prod-a", "draft_reminder",
+              "approval_expiry", "outbox"]),
+        ({"snapshot_every_s": 0, "baseline_every_s": 0, "workload_every_s": 0,
+          "draft_reminder_every_s": 0, "approval_sweep_every_s": 0, "outbox_every_s": 0}, []),
+        ({"targets": {"prod-a": {"snapshot_every_s": 0, "workload_every_s": 0}}},
          ["baseline:prod-a", "draft_reminder", "approval_expiry", "outbox"]),
     ],
 )  # fmt: skip

@@ -10,10 +10,13 @@ from urllib.parse import urlsplit
 import pytest
 from click.testing import CliRunner
 
-from bot.adr.models import AdrGates
-from bot.adr.parse import load
+from bot.adr.models import Adr, AdrGates
+from bot.adr.parse import load, parse
 from bot.adr.render import render
 from bot.adr.validate import validate
+from bot.canary.client import Outcome, RequestRecord
+from bot.canary.report import CanaryReport, Gates
+from bot.canary.shape_replay import fixed_shape
 from bot.canary.verdict import Values, gates_from, judge_values
 from bot.cli import cli
 from bot.engine.process import EngineManager
@@ -21,6 +24,8 @@ from bot.errors import UsageError
 from bot.tune.draft import NO_PICK, build_draft
 from bot.tune.matrix import RECOMMENDED, Row, recommend
 from bot.tune.plan import Experiment, TunePlan, WorkloadSpec, load_plan
+from bot.workload.describe import context_line
+from bot.workload.shape import WorkloadShape
 
 
 def _plan(**changes: object) -> TunePlan:
@@ -141,6 +146,56 @@ def test_recommend_returns_none_when_nothing_passes_and_draft_says_so(tmp_path: 
     )
 
 
+def _report(shape: WorkloadShape, ttft_s: float = 0.2) -> dict[str, object]:
+    """A canary JSON report as the runner keeps it for a row (it says the shape it sent)."""
+    records = []
+    for k in (0.5, 0.8, 1.0):
+        r = RequestRecord(sent_at=10.0, first_token_at=10.0 + ttft_s * k, finished_at=11.0 + k)
+        r.output_tokens, r.outcome = 33, Outcome.OK
+        records.append(r)
+    report = CanaryReport(
+        shape=shape, workload={"concurrency": 8}, records=records, engine=None, samples=[],
+        gates=Gates(), wall_s=2.0, client_cpu_s=0.1,
+    )  # fmt: skip
+    return json.loads(json.dumps(report.as_dict()))
+
+
+def test_the_draft_records_the_workload_its_rows_were_measured_under(tmp_path: Path) -> None:
+    agents = WorkloadSpec(prompt_length=2048, prefix_length=1536, output_length=64)
+    plan = _plan(gates=GATES, workload=agents)
+    rows = _rows(
+        plan, Values(340, 34, 0.99, None), Values(200, 30, 0.99, None), Values(100, 50, 1.0, None)
+    )
+    # at fixed concurrency each run measures its own rate: the shapes differ in it
+    canary = plan.workload.workload("http://127.0.0.1:9")
+    shapes = [fixed_shape(canary, request_rate=rate) for rate in (2.0, 3.5, 3.0)]
+    for row, measured in zip(rows, shapes, strict=True):
+        row.report = _report(measured)
+    pick = recommend(rows, plan.gates)
+    assert pick is rows[1]
+
+    def draft() -> Adr:
+        return build_draft(plan, rows, adr_id="ADR-20261129-01", day=dt.date(2026, 11, 29),
+                           runs_dir=tmp_path, base=tmp_path)  # fmt: skip
+
+    adr = draft()
+    assert adr.workload == shapes[1]  # the recommended row's run: the flags the fix sets
+    text = render(adr)
+    context = text.split("## 2. ", 1)[0]
+    assert context_line(shapes[1]) == (
+        "Measured at prompt p50 3,500 / p99 4,970 tokens, output p50 75 tokens, "
+        "100.0 % sharing a 1,536-token prefix, 3.5 req/s, 8 concurrent."
+    )
+    assert context.rstrip().endswith(context_line(shapes[1]))
+    assert parse(text) == adr
+
+    pick.recommended = False  # nothing recommended: the first measured row's (the baseline's)
+    assert draft().workload == shapes[0]
+    for row in rows:
+        row.report = None  # reports without a shape (or no run at all): nothing is said
+    assert draft().workload is None and "Measured at" not in render(draft())
+
+
 @pytest.mark.parametrize(
     ("failed_at", "label"),
     [
@@ -228,8 +283,11 @@ def test_tune_on_real_engine_writes_draft_with_measured_matrix(
     assert "- mnbt-512: ITL p99 " in draft.matrix_notes  # the supplementary numbers, per row
     picked = [row for row in draft.matrix if row.verdict == RECOMMENDED]
     assert len(picked) == 1
-    picked_config = json.loads(runs[draft.matrix.index(picked[0])].read_text())["engine_args"]
-    assert draft.fix.engine_args == picked_config
+    picked_run = json.loads(runs[draft.matrix.index(picked[0])].read_text())
+    assert draft.fix.engine_args == picked_run["engine_args"]
+    # the workload the recommended row was measured under, as its canary report says it
+    assert draft.workload == WorkloadShape.model_validate(picked_run["report"]["workload_shape"])
+    assert context_line(draft.workload) in draft_path.read_text(encoding="utf-8")
     assert render(draft) == draft_path.read_text(encoding="utf-8")
     # Every engine tune started is stopped again.
     ports = [

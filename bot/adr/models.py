@@ -35,6 +35,7 @@ from bot.adr.relative import (
     parse_value,
 )
 from bot.numbers.reading import OPS
+from bot.workload.shape import WorkloadShape
 
 ID_PATTERN = r"^ADR-\d{8}-\d{2}$"
 Status = Literal["proposed", "accepted", "superseded", "rejected"]
@@ -254,6 +255,8 @@ class FrontMatter(_Strict):
     match: list[Condition] = Field(default_factory=list)
     fix: Fix = Field(default_factory=Fix)
     gates: AdrGates | None = None
+    # The workload shape the matrix was measured under (bot/workload/shape.py), inline.
+    workload: WorkloadShape | None = None
 
     @field_validator("title")
     @classmethod
@@ -261,6 +264,16 @@ class FrontMatter(_Strict):
         if "\n" in title or title != title.strip():
             raise ValueError("must be one line without leading or trailing spaces")
         return title
+
+    @field_validator("workload", mode="before")
+    @classmethod
+    def _inline(cls, value: object) -> object:
+        if isinstance(value, str):
+            raise ValueError(
+                f"{value!r}: write the shape inline (the fields of a shape file: version, "
+                "source, captured_at, prompt_tokens, ...; docs/workload.md), not a file name"
+            )
+        return value
 
     @field_validator("supersedes", mode="before")
     @classmethod
@@ -355,7 +368,10 @@ class Adr(FrontMatter):
     def front_matter(self) -> dict[str, object]:
         """The front matter as plain data, in contract order, unset optional parts left out."""
         data = self.model_dump(
-            mode="json", include=set(FrontMatter.model_fields), exclude_none=True
+            mode="json", include=set(FrontMatter.model_fields) - {"workload"}, exclude_none=True
         )
         data["date"] = self.date  # YAML has dates; as a string it would come out quoted
+        if self.workload is not None:
+            # every field, as a shape file writes it: the block can be copied out into one
+            data["workload"] = self.workload.model_dump(mode="json")
         return data

@@ -10,13 +10,17 @@ import datetime as dt
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import get_args
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from bot.adr.models import Adr, FrontMatter, MatrixRow
 from bot.errors import AdrError
+from bot.workload.describe import context_line
+from bot.workload.shape import VERSION as SHAPE_VERSION
+from bot.workload.shape import WorkloadShape
 
 SECTIONS = (
     "## 1. 变更上下文 (Context)",
@@ -104,6 +108,8 @@ def parse_with_problems(text: str, *, file: str = "<adr>") -> tuple[Adr | None, 
                 f"'# {front.id}: {front.title}' (id and title from the front matter)",
             )
         )
+    if front.workload is not None and "context" in parts:
+        parts["context"] = without_context_line(str(parts["context"]), front.workload)
     try:
         return Adr.model_validate(front.model_dump(exclude_unset=True) | parts), problems
     except ValidationError as exc:
@@ -121,6 +127,13 @@ def _split(text: str) -> tuple[str | None, str]:
     return None, text
 
 
+def without_context_line(context: str, shape: WorkloadShape) -> str:
+    """The Context text without the line the template writes for the shape (it is rendered
+    from ``workload:``, so it is not kept twice); any other line stays as written."""
+    line = context_line(shape)
+    return "\n".join(text for text in context.splitlines() if text.strip() != line)
+
+
 def _loc(loc: tuple[object, ...]) -> str:
     return ".".join(str(part) for part in loc) or "front matter"
 
@@ -128,10 +141,38 @@ def _loc(loc: tuple[object, ...]) -> str:
 def _why(error: ErrorDetails) -> str:
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
+        loc = tuple(error["loc"])
+        if loc[:1] == ("workload",) and (model := _shape_model(loc[1:-1])) is not None:
+            allowed = ", ".join(model.model_fields)
+            return f"unknown field; allowed here: {allowed} (docs/workload.md)"
         return "unknown field (check the spelling; docs/writing-adrs.md lists the ADR fields)"
     if error["type"] == "missing":
         return "required field is missing"
+    if tuple(error["loc"]) == ("workload", "version"):
+        return f"version {error['input']!r}: this ruleloop reads shape version {SHAPE_VERSION}"
+    if error["loc"][:1] == ("workload",) and error["type"].startswith(("timezone", "datetime")):
+        return message + " (write e.g. 2026-09-01T12:00:00Z)"
     return message
+
+
+def _shape_model(loc: tuple[object, ...]) -> type[BaseModel] | None:
+    """The part of a workload shape that ``loc`` (below ``workload``) leads into."""
+    model: type[BaseModel] = WorkloadShape
+    for part in loc:
+        if isinstance(part, int):  # a list index (prefix.groups.0)
+            continue
+        field = model.model_fields.get(str(part))
+        inner = None if field is None else _model_of(field.annotation)
+        if inner is None:
+            return None
+        model = inner
+    return model
+
+
+def _model_of(annotation: object) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for a in get_args(annotation) if (m := _model_of(a)) is not None), None)
 
 
 def _body(body: str, file: str, problems: list[Problem]) -> dict[str, object]:

@@ -9,6 +9,7 @@ import yaml
 
 from bot.adr.models import Adr
 from bot.numbers.text import compact
+from bot.workload.describe import context_line
 
 TEMPLATE = "adr.md.j2"
 
@@ -50,6 +51,11 @@ def front_matter_yaml(adr: Adr) -> str:
 
 
 def render(adr: Adr) -> str:
-    """The ADR as Markdown: YAML front matter, then the seed's three sections."""
+    """The ADR as Markdown: YAML front matter, then the seed's three sections; the Context
+    section ends with the line saying which workload the matrix was measured under, when the
+    front matter records it (``workload:``)."""
     template = _environment().get_template(TEMPLATE)
-    return template.render(adr=adr, front_matter=front_matter_yaml(adr))
+    workload_line = context_line(adr.workload) if adr.workload is not None else ""
+    return template.render(
+        adr=adr, front_matter=front_matter_yaml(adr), workload_line=workload_line
+    )

@@ -17,6 +17,7 @@ from typing import Any
 
 from bot.canary.report import CanaryReport
 from bot.canary.runner import CanaryRun, Progress
+from bot.canary.shape_replay import fixed_shape
 from bot.canary.verdict import Gates, with_verdict
 from bot.canary.workload import Workload
 
@@ -98,7 +99,11 @@ def _raise_if_failed(tasks: Sequence[asyncio.Task[CanaryReport]]) -> None:
 def _client_side(name: str, run: CanaryRun, wall_s: float) -> dict[str, Any]:
     """What a background class saw, from its finished requests (client side only)."""
     finished = [r for r in run.records if r.outcome is not None]
+    shape = run.workload.shape or fixed_shape(
+        run.workload, request_rate=max(len(finished), 1) / wall_s if wall_s > 0 else 1.0
+    )
     report = CanaryReport(
+        shape=shape,
         workload={"name": name, **_plain(run.workload)},
         records=finished,
         engine=None,

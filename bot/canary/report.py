@@ -18,6 +18,7 @@ from bot.canary.client import Outcome, RequestRecord
 from bot.canary.verdict import Gates, Verdict, judge, percentile, with_verdict
 from bot.probes.fragmentation import FragmentationSample
 from bot.probes.vllm_metrics import EngineWindow
+from bot.workload.shape import WorkloadShape
 
 PERCENTILES = {"p50": 50, "p90": 90, "p99": 99}
 FRAGMENTATION_DEFINITIONS = {
@@ -83,8 +84,13 @@ def fragmentation_summary(samples: Sequence[FragmentationSample]) -> dict[str, A
 
 @dataclass
 class CanaryReport:
-    """Everything a run measured; ``as_dict`` is the JSON contract of latency_checker."""
+    """Everything a run measured; ``as_dict`` is the JSON contract of latency_checker.
 
+    ``shape``: the workload shape the run sent: the one replayed (``--workload``), or the one
+    its fixed parameters describe (``bot.canary.shape_replay.fixed_shape``); always set.
+    """
+
+    shape: WorkloadShape
     workload: dict[str, Any]
     records: Sequence[RequestRecord]
     engine: EngineWindow | None
@@ -209,6 +215,7 @@ class CanaryReport:
             "errors": _top_errors(self.records),
             "engine": self.engine.as_dict() if self.engine else None,
             "workload": self.workload,
+            "workload_shape": self.shape.model_dump(mode="json"),
             "timeline": self.timeline,
             "warnings": list(self.warnings),
         }

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import secrets
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from dataclasses import fields as dataclass_fields
 
 import aiohttp
 import httpx
@@ -19,6 +21,7 @@ import msgspec
 
 from bot.canary.client import Outcome, RequestRecord, stream_request
 from bot.canary.report import CanaryReport
+from bot.canary.shape_replay import DEFAULT_BLOCK_SIZE, Plan, ShapeReplay, fixed_shape
 from bot.canary.verdict import Gates
 from bot.canary.workload import Api, CancelMode, PromptFactory, Workload
 from bot.errors import EndpointError
@@ -30,6 +33,8 @@ from bot.probes.fragmentation import (
     resident_lengths,
 )
 from bot.probes.vllm_metrics import (
+    CACHE_CONFIG,
+    GENERATION_TOKENS,
     KV_USAGE,
     RUNNING,
     SAMPLE_METRICS,
@@ -40,6 +45,7 @@ from bot.probes.vllm_metrics import (
     gauge,
     read_window,
 )
+from bot.workload.shape import WorkloadShape
 
 SETTLE_TIMEOUT_S = 5.0
 # Request bodies encoded before the measured window opens (as vLLM's own benchmark builds its
@@ -48,6 +54,8 @@ PREPARED_BODIES = 20_000
 # Where an engine's /metrics may be, relative to the endpoint's host: the engine itself, or a
 # ruleloop gateway in front of it (which serves the upstream engine's page at /engine/metrics).
 METRICS_PATHS = ("/metrics", "/engine/metrics")
+# What a replay reads from /metrics before it plans: the KV block size and prefix caching.
+REPLAY_METRICS = frozenset((*CACHE_CONFIG, *GENERATION_TOKENS))
 
 
 @dataclass(frozen=True)
@@ -97,13 +105,19 @@ class CanaryRun:
         self._on_progress = on_progress
         self._progress_interval_s = progress_interval_s
         self._rng = random.Random(workload.seed + 1)
-        self._prompts = PromptFactory(workload)
+        # Every run sends prompts of its own: a run that re-sent an earlier run's prompts would be
+        # served from the engine's prefix cache, and two runs would no longer measure alike.
+        self._salt = secrets.token_hex(8)
+        self._prompts = PromptFactory(workload, salt=self._salt)
         self.records: list[RequestRecord] = []
         self.samples: list[FragmentationSample] = []
         self.timeline: list[TimelinePoint] = []
         self._cache: CacheConfig | None = None
         self._started = 0.0
         self._prepared: deque[tuple[bytes, int]] = deque()
+        self._max_model_len: int | None = None  # the engine's, from /v1/models
+        self.replay: ShapeReplay | None = None  # the measured requests of a --workload replay
+        self._warmup_replay: ShapeReplay | None = None  # its warmup: same prefixes, own draws
         self._first_token = asyncio.Event()  # a measured stream got its first token
 
     async def run(self) -> CanaryReport:
@@ -111,7 +125,8 @@ class CanaryRun:
         w = self.workload
         # httpx for the few control calls (preflight, /tokenize, /metrics); aiohttp for the
         # streams (see bot.canary.client). Whole-request deadlines live in stream_request.
-        connector = aiohttp.TCPConnector(limit=0 if w.request_rate else w.concurrency + 4)
+        paced = w.request_rate is not None or w.shape is not None
+        connector = aiohttp.TCPConnector(limit=0 if paced else w.concurrency + 4)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0)
         async with (
             httpx.AsyncClient(timeout=10.0) as client,
@@ -121,6 +136,8 @@ class CanaryRun:
             scraper = await self._metrics(client)
             if w.api is Api.CHAT:
                 await self._calibrate_chat(client, model)
+            if w.shape is not None:
+                await self._start_replay(w.shape, scraper)
             if w.warmup_requests:
                 await self._load(
                     session, model, count=w.warmup_requests, duration_s=None, keep=False
@@ -144,12 +161,9 @@ class CanaryRun:
             after = await self._settled(scraper) if scraper else None
         self._fail_if_nothing_worked()
         window = read_window(before, after) if before and after else None
-        workload = {k: (v.value if hasattr(v, "value") else v) for k, v in asdict(w).items()}
-        workload["model"] = model
-        workload["metrics_url"] = scraper.url if scraper else None
-        workload["pattern"] = pattern(w)
         report = CanaryReport(
-            workload=workload,
+            shape=self._shape(wall_s),
+            workload=self._workload_dict(model, scraper),
             records=self.records,
             engine=window,
             samples=self.samples,
@@ -160,6 +174,81 @@ class CanaryRun:
             warnings=self.warnings,
         )
         return report
+
+    def _shape(self, wall_s: float) -> WorkloadShape:
+        """The shape the run sent: the replayed one, or the fixed workload's."""
+        w = self.workload
+        if w.shape is not None:
+            return w.shape
+        rate = max(len(self.records), 1) / wall_s if wall_s > 0 else None
+        count = len(self.records) or None
+        return fixed_shape(w, request_rate=rate, count=count, max_model_len=self._max_model_len)
+
+    def _workload_dict(self, model: str, scraper: MetricsScraper | None) -> dict[str, object]:
+        """The workload as the JSON report lists it."""
+        w = self.workload
+        fields = {f.name: getattr(w, f.name) for f in dataclass_fields(w)}
+        workload = {k: (v.value if hasattr(v, "value") else v) for k, v in fields.items()}
+        workload["model"] = model
+        workload["metrics_url"] = scraper.url if scraper else None
+        workload["pattern"] = pattern(w)
+        workload["shape"] = None if w.shape is None else w.shape.source
+        if self.replay is not None:
+            # The fixed parameters do not apply: the shape's draws do (under "replay").
+            for key in ("prompt_length", "prefix_length", "output_length"):
+                workload[key] = None
+            workload["request_rate"] = w.shape.arrivals.request_rate if w.shape else None
+            workload["replay"] = self.replay.describe()
+        return workload
+
+    async def _start_replay(self, shape: WorkloadShape, scraper: MetricsScraper | None) -> None:
+        """Plan the replay with the engine's limits: max_model_len and the KV block size."""
+        w = self.workload
+        block_size, caching = None, None
+        if scraper is not None:
+            try:
+                page = await scraper(only=REPLAY_METRICS)
+            except EndpointError:
+                page = None
+            if page is not None:
+                cache = cache_config(page)
+                block_size = cache.block_size if cache else None
+                caching = prefix_caching(page)
+        needs_prefix = bool(shape.prefix.groups or shape.prefix.hit_rate)
+        if block_size is None and needs_prefix:
+            self.warnings.append(
+                "the engine's KV block size is unknown (no vllm:cache_config_info): prefixes "
+                f"for the shape's hit rate assume {DEFAULT_BLOCK_SIZE}-token blocks"
+            )
+        if caching is False and needs_prefix:
+            self.warnings.append(
+                "the engine runs without prefix caching (enable_prefix_caching=False): the "
+                "shape's shared prefixes are sent but cannot hit"
+            )
+        if self._max_model_len is None:
+            self.warnings.append(
+                "/v1/models gives no max_model_len: the shape's lengths are not clamped to it"
+            )
+        if shape.api in ("completions", "chat") and shape.api != w.api.value:
+            self.warnings.append(
+                f"the shape was captured on the {shape.api} API; replaying it on {w.api.value}"
+            )
+        self.replay, self._warmup_replay = (
+            ShapeReplay(
+                shape,
+                seed=w.seed,
+                count=count,
+                max_model_len=self._max_model_len,
+                block_size=block_size,
+                stream=stream,
+                salt=self._salt,
+                warm=warm,
+            )
+            for count, stream, warm in (
+                (w.num_requests, "measured", w.warmup_requests > 0),
+                (w.warmup_requests, "warmup", False),
+            )
+        )
 
     async def _metrics(self, client: httpx.AsyncClient) -> MetricsScraper | None:
         """The engine's /metrics: the one given, or found beside the endpoint, or none."""
@@ -200,10 +289,15 @@ class CanaryRun:
                 "is --endpoint an OpenAI-compatible server (vLLM, or a gateway in front of it)?"
             ) from exc
         if self.workload.model:
-            return self.workload.model
-        if not models:
+            chosen = self.workload.model
+        elif not models:
             raise EndpointError(f"{url} lists no models; pass --model")
-        return str(models[0])
+        else:
+            chosen = str(models[0])
+        for entry in response.json()["data"]:
+            if entry.get("id") == chosen and isinstance(entry.get("max_model_len"), int):
+                self._max_model_len = entry["max_model_len"]
+        return chosen
 
     async def _calibrate_chat(self, client: httpx.AsyncClient, model: str) -> None:
         """Measure tokens per prompt word with vLLM's /tokenize so chat prompts hit the length."""
@@ -243,7 +337,8 @@ class CanaryRun:
         async def one() -> None:
             await self._one(session, model, keep=keep)
 
-        if w.request_rate is None:
+        replay = self.replay if keep else self._warmup_replay
+        if w.request_rate is None and replay is None:
             started = time.perf_counter()
             base = w.base_streams() if keep else w.concurrency
 
@@ -271,26 +366,34 @@ class CanaryRun:
             async with gate:
                 await one()
 
+        rate = w.request_rate or 1.0
         while take():
             tasks.append(asyncio.create_task(gated()))
-            await asyncio.sleep(self._rng.expovariate(w.request_rate))
+            await asyncio.sleep(replay.gap() if replay else self._rng.expovariate(rate))
         await asyncio.gather(*tasks)
+        if keep and self.replay is not None:
+            self.warnings.extend(self.replay.warnings())
 
     def _prepare(self, model: str, count: int) -> None:
         """Encode ``count`` request bodies now, so their cost stays out of the measured CPU."""
         self._prepared = deque(self._encoded(model) for _ in range(count))
 
-    def _encoded(self, model: str) -> tuple[bytes, int]:
+    def _encoded(self, model: str, *, keep: bool = True) -> tuple[bytes, int]:
         """One request body as JSON bytes, and its planned prompt length in tokens."""
-        body = self._prompts.body(model)
+        replay = self.replay if keep else self._warmup_replay
+        plan: Plan | None = replay.plan() if replay is not None else None
+        body = self._prompts.body(model, plan)
         prompt = body.get("prompt")
-        planned = len(prompt) if isinstance(prompt, list) else self.workload.prompt_length
+        if isinstance(prompt, list):
+            planned = len(prompt)
+        else:
+            planned = self.workload.prompt_length if plan is None else plan.prompt_tokens
         return msgspec.json.encode(body), planned
 
     async def _one(self, session: aiohttp.ClientSession, model: str, *, keep: bool) -> None:
         w = self.workload
         body, planned = (
-            self._prepared.popleft() if keep and self._prepared else self._encoded(model)
+            self._prepared.popleft() if keep and self._prepared else self._encoded(model, keep=keep)
         )
         cancel = w.cancel_share > 0 and self._rng.random() < w.cancel_share
         headers, abandon, after_tokens = None, None, None
@@ -345,7 +448,7 @@ class CanaryRun:
         kv = gauge(page, KV_USAGE)
         cache = self._cache
         shared = 0
-        if cache:
+        if cache and self.replay is None:  # a replay's prefixes vary: counted as not shared
             shared = self.workload.prefix_length // cache.block_size * cache.block_size
         lengths, resident = resident_lengths(prefilled, shared_prefix=shared)
         now = time.perf_counter() - self._started
@@ -415,8 +518,26 @@ class CanaryRun:
         )
 
 
+def prefix_caching(page: Exposition) -> bool | None:
+    """Whether the engine caches prefixes (vllm:cache_config_info), None when not exposed."""
+    name = page.first_present(CACHE_CONFIG)
+    for labels in page.labels_of(name) if name else []:
+        value = labels.get("enable_prefix_caching")
+        if value is not None:
+            return value.lower() == "true"
+    return None
+
+
 def pattern(workload: Workload) -> dict[str, object]:
     """The load's shape, for the JSON report."""
+    if workload.shape is not None:
+        arrivals = workload.shape.arrivals
+        return {
+            "kind": "shape",
+            "requests_per_s": arrivals.request_rate,
+            "burstiness": arrivals.burstiness,
+            "max_in_flight": workload.concurrency,
+        }
     if workload.request_rate is not None:
         return {"kind": "poisson", "requests_per_s": workload.request_rate,
                 "max_in_flight": workload.concurrency}  # fmt: skip

@@ -13,7 +13,13 @@ import random
 import string
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
+
+from bot.workload.shape import WorkloadShape
+
+if TYPE_CHECKING:
+    from bot.canary.shape_replay import Plan
 
 # Token ids drawn for prompts: low enough to exist in every vocabulary, above the special ids
 # that some tokenizers keep at the very bottom.
@@ -62,6 +68,10 @@ class Workload:
     warmup_requests: int = 0
     seed: int = 0
     timeout_s: float = 600.0
+    # Replay this workload shape (bot/canary/shape_replay.py): lengths, prefixes and arrivals
+    # come from it, and prompt_length, prefix_length, output_length and request_rate are
+    # unused; concurrency is the in-flight cap.
+    shape: WorkloadShape | None = None
 
     @property
     def api(self) -> Api:
@@ -120,6 +130,16 @@ def check(workload: Workload) -> list[str]:
         problems.append(f"--num-requests must be at least 1 (got {workload.num_requests})")
     if workload.duration_s is not None and workload.duration_s <= 0:
         problems.append(f"--duration must be above 0 seconds (got {workload.duration_s})")
+    if workload.shape is not None:
+        if workload.request_rate is not None:
+            problems.append("--request-rate contradicts --workload (the shape's arrivals)")
+        if workload.pulse_period_s is not None:
+            problems.append("--pulse contradicts --workload (the shape's arrivals)")
+        if not workload.ignore_eos:
+            problems.append(
+                "--no-ignore-eos contradicts --workload: the shape's output lengths are sent "
+                "as max_tokens with ignore_eos"
+            )
     if workload.pulse_period_s is not None:
         if workload.request_rate is not None:
             problems.append("--pulse shapes fixed-concurrency load; drop --request-rate")
@@ -179,10 +199,11 @@ def _token_cancel_problems(workload: Workload) -> list[str]:
 
 
 class PromptFactory:
-    """Builds distinct prompts of an exact length that share a common prefix."""
+    """Builds distinct prompts of an exact length that share a common prefix. ``salt`` makes
+    the tokens a run's own (the lengths stay those of the workload)."""
 
-    def __init__(self, workload: Workload) -> None:
-        self._rng = random.Random(workload.seed)
+    def __init__(self, workload: Workload, *, salt: str = "") -> None:
+        self._rng = random.Random(f"{workload.seed}:{salt}")
         self._workload = workload
         self._ids = range(*PROMPT_ID_RANGE)
         self._prefix_ids = self._rng.choices(self._ids, k=workload.prefix_length)
@@ -205,12 +226,23 @@ class PromptFactory:
         count = round(tokens / self.tokens_per_word) if tokens else 0
         return [self._rng.choice(string.ascii_lowercase) for _ in range(count)]
 
-    def body(self, model: str) -> dict[str, object]:
-        """The JSON body of one streaming request."""
+    def plan_text(self, plan: Plan) -> str:
+        """A planned prompt as text: one single-letter word per token id (as many as its length
+        needs), its shared prefix turned into the same words in every request."""
+        shared = plan.prompt_ids[: plan.prefix_tokens]
+        rest = plan.prompt_ids[plan.prefix_tokens :]
+        return " ".join(self._letters(shared) + self._letters(rest))
+
+    def _letters(self, ids: list[int]) -> list[str]:
+        count = min(round(len(ids) / self.tokens_per_word), len(ids)) if ids else 0
+        return [string.ascii_lowercase[i % 26] for i in ids[:count]]
+
+    def body(self, model: str, plan: Plan | None = None) -> dict[str, object]:
+        """The JSON body of one streaming request: the fixed workload's, or ``plan``'s."""
         w = self._workload
         body: dict[str, object] = {
             "model": model,
-            "max_tokens": w.output_length,
+            "max_tokens": w.output_length if plan is None else plan.output_tokens,
             "stream": True,
             # vLLM: usage on every chunk, so we know exactly how many tokens each chunk carried.
             "stream_options": {"include_usage": True, "continuous_usage_stats": True},
@@ -219,7 +251,8 @@ class PromptFactory:
         if w.ignore_eos:
             body["ignore_eos"] = True
         if w.api is Api.CHAT:
-            body["messages"] = [{"role": "user", "content": self.text()}]
+            text = self.text() if plan is None else self.plan_text(plan)
+            body["messages"] = [{"role": "user", "content": text}]
         else:
-            body["prompt"] = self.token_ids()
+            body["prompt"] = self.token_ids() if plan is None else plan.prompt_ids
         return body

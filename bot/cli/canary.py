@@ -8,16 +8,22 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+from click.core import ParameterSource
 
 from bot import loop
 from bot.canary.render import progress_line, summary_table
 from bot.canary.runner import METRICS_PATHS, CanaryRun, Progress
+from bot.canary.shape_replay import default_cap
 from bot.canary.verdict import DEFAULT_MAX_ERROR_RATE, Gates
 from bot.canary.workload import CancelMode, Workload, check
 from bot.cli import Command
 from bot.errors import GateFailed, UsageError
+
+if TYPE_CHECKING:
+    from bot.workload.shape import WorkloadShape
 
 EPILOG = """\b
 Examples:
@@ -31,6 +37,9 @@ Examples:
   # impatient clients: 20% abandon their stream after 300 ms
   ruleloop canary --endpoint http://127.0.0.1:8000/v1/completions \\
       --cancel-share 0.2 --cancel-after-ms 300 --output-json canary.json
+  # replay production's shape (from `ruleloop workload capture`): lengths, prefixes, rate
+  ruleloop canary --endpoint http://canary:8000/v1/completions --workload prod.yaml \\
+      --num-requests 300 --max-ttft-p99-ms 350
 
 \b
 Failed requests fail the gate: --max-error-rate is always on (default 1 %), and a failed
@@ -43,6 +52,17 @@ REQUESTS_PER_STREAM = 5  # default count: every stream sends several, so concurr
 # Seconds between in-flight /metrics samples: each makes the engine render its page. 2 s cost
 # the engine least of 0.5/1/2 s in bench/canary_vs_vllm_bench.py (docs/canary.md).
 DEFAULT_SAMPLE_INTERVAL_S = 2.0
+# Flags a --workload shape decides instead (the option's name, what of the shape decides it).
+SHAPE_DECIDES = {
+    "prompt_length": ("--prompt-length", "prompt_tokens"),
+    "prefix_length": ("--prefix-length", "prefix"),
+    "output_length": ("--output-length", "output_tokens"),
+    "request_rate": ("--request-rate", "arrivals.request_rate"),
+    "pulse": ("--pulse", "arrivals"),
+    "pulse_period_s": ("--pulse-period", "arrivals"),
+    "pulse_width_s": ("--pulse-width", "arrivals"),
+    "pulse_base_share": ("--pulse-base", "arrivals"),
+}
 
 
 def default_num_requests(concurrency: int) -> int:
@@ -103,7 +123,8 @@ def run_canary(
     type=click.IntRange(min=1),
     default=10,
     show_default=True,
-    help="Streams in flight (fixed-concurrency mode), or the cap in --request-rate mode.",
+    help="Streams in flight (fixed-concurrency mode), or the cap with --request-rate or"
+    " --workload.",
 )
 @click.option(
     "--request-rate",
@@ -153,6 +174,15 @@ def run_canary(
     default=0.25,
     show_default=True,
     help="Share of --concurrency that sends between bursts (with --pulse).",
+)
+@click.option(
+    "--workload",
+    "workload_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Replay this workload shape (JSON/YAML, `ruleloop workload capture`): prompt and output"
+    " lengths, shared prefixes and arrivals from it; --concurrency caps what is in flight"
+    " [default cap: 4x the shape's concurrency, at least 10]. See docs/workload.md, Replay.",
 )
 @click.option(
     "--prompt-length",
@@ -300,6 +330,7 @@ def canary(
     sample_interval_s: float,
     output_json: Path | None,
     quiet: bool,
+    workload_file: Path | None,
 ) -> None:
     """Load an inference endpoint with streaming requests and check the four metrics.
 
@@ -307,6 +338,11 @@ def canary(
     cross-checks them against the engine's /metrics over the same window, and checks each
     gate you give. Prints a progress line while it runs and a summary table at the end.
     """
+    shape = None
+    if workload_file is not None:
+        shape = _load_shape(workload_file, ignore_eos=ignore_eos)
+        if _given("concurrency") is None:
+            concurrency = default_cap(shape)
     if num_requests is None and duration_s is None:
         num_requests = default_num_requests(concurrency)
     workload = Workload(
@@ -317,7 +353,7 @@ def canary(
         prefix_length=prefix_length, output_length=output_length, ignore_eos=ignore_eos,
         cancel_share=cancel_share, cancel_after_ms=cancel_after_ms,
         cancel_after_tokens=cancel_after_tokens, cancel_mode=CancelMode(cancel_mode),
-        warmup_requests=warmup_requests, seed=seed,
+        warmup_requests=warmup_requests, seed=seed, shape=shape,
     )  # fmt: skip
     gates = Gates(
         max_ttft_p99_ms=max_ttft_p99_ms, max_tpot_p99_ms=max_tpot_p99_ms,
@@ -338,6 +374,35 @@ def canary(
     if not report["passed"]:
         failed = [g["name"] for g in report["gates"] if not g["passed"]]  # type: ignore[attr-defined]
         raise GateFailed(f"gate failed: {', '.join(failed)}")
+
+
+def _given(name: str) -> str | None:
+    """The flag's name when the user gave the option (command line or environment)."""
+    source = click.get_current_context().get_parameter_source(name)
+    if source in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+        return name
+    return None
+
+
+def _load_shape(path: Path, *, ignore_eos: bool) -> WorkloadShape:
+    """The --workload shape; UsageError for a flag it contradicts or a bad file."""
+    from bot.workload.shape import load
+
+    given = [flag for name, flag in SHAPE_DECIDES.items() if _given(name)]
+    if given:
+        flags = ", ".join(flag for flag, _ in given)
+        decides = ", ".join(dict.fromkeys(field for _, field in given))
+        raise UsageError(
+            f"{flags} contradict{'s' if len(given) == 1 else ''} --workload: the shape's "
+            f"{decides} decide{'s' if len(given) == 1 else ''} that; drop "
+            f"{'it' if len(given) == 1 else 'them'}"
+        )
+    if not ignore_eos:
+        raise UsageError(
+            "--no-ignore-eos contradicts --workload: the shape's output lengths are sent as "
+            "max_tokens with ignore_eos, so the engine generates exactly that many"
+        )
+    return load(path)
 
 
 def register(cli: click.Group) -> None:

@@ -58,11 +58,11 @@ def demo(keep: bool, adr_dir: Path, engine_cpu_limit: float | None, state_dir: P
     say = lambda text: click.echo(text, err=True)  # noqa: E731
     root = state_dir or default_state_dir()
     ws = workspace(root, adr_dir)
-    say(f"1/8 workspace {ws}")
+    say(f"1/9 workspace {ws}")
     manager = EngineManager(state_dir=root, cpu_limit=engine_cpu_limit)
     port = free_port()
     limit = "" if engine_cpu_limit is None else f", limited to {engine_cpu_limit:g} cores"
-    say(f"2/8 starting vLLM (CPU, tiny model{limit}) on port {port} with {' '.join(BAD_FLAGS)} ...")
+    say(f"2/9 starting vLLM (CPU, tiny model{limit}) on port {port} with {' '.join(BAD_FLAGS)} ...")
     info = manager.start(port=port, flags=BAD_FLAGS, on_progress=lambda s: say(f"    {s}"))
     try:
         scenario = Demo(

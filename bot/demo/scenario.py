@@ -9,7 +9,8 @@ incident is what the flag does, on any machine). An Alertmanager-format alert go
 own webhook; the bot diagnoses against that normal and matches the shipped CPU ADR, whose
 condition and gates are multiples of normal; the on-call engineer requests it, a second person
 approves, and the engine restarts with the fix behind the ADR's canary gates. The same load is
-measured again on the fixed engine, and the post-incident ADR is drafted.
+measured again on the fixed engine, and the post-incident ADR is drafted. Then the second act
+(``bot.demo.drift_act``): production starts sending other traffic, and the bot notices.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ from bot.canary.client import Outcome
 from bot.canary.runner import CanaryRun
 from bot.canary.workload import CancelMode, Workload
 from bot.config import Settings, Target
+from bot.demo.drift_act import (
+    AGENT_STREAMS,
+    SYSTEM_PROMPT,
+    DriftShown,
+    agent_load,
+    capture_shape,
+    record_workload,
+    run_second_act,
+)
 from bot.demo.screen import Numbers, Result
 from bot.diagnosis.service import match_report
 from bot.engine.process import EngineManager
@@ -50,6 +60,7 @@ from bot.scheduler.snapshots import MetricsSampler, NormalReader, SnapshotJob
 from bot.server import Bot, create_bot
 from bot.store.db import Database
 from bot.store.models import AdrDraft, Incident, Remediation
+from bot.workload.shape import WorkloadShape
 
 HERE = Path(__file__).parent
 ADR_ID = "ADR-20261129-02"
@@ -339,8 +350,11 @@ class Demo:
                 summary = await asyncio.to_thread(self._summary, bot, incident_id)
                 matched = check_incident(self._adr, summary)
                 rem = await self._remediate(bot, incident_id)
-                after = await self._after(http) if rem.state == "promoted" else Measured({})
+                after, kept_under = Measured({}), None
+                if rem.state == "promoted":
+                    after, kept_under = await self._after(http)
                 draft = await asyncio.to_thread(self._draft, bot, incident_id)
+                drift = None if kept_under is None else await self._second_act(bot, kept_under)
             finally:
                 await bot.flows.tasks.drain(timeout_s=900)
                 await bot.http.aclose()
@@ -370,6 +384,7 @@ class Demo:
             ),
             chart=next(iter(sorted((self.ws / "charts").glob("*.png"))), None),
             draft=draft,
+            drift=drift,
             notes=(
                 f"normal: median of {SNAPSHOTS} snapshots, {CHAT_STREAMS} chat streams alone; "
                 "incident: the diagnosis;",
@@ -378,10 +393,10 @@ class Demo:
             ),
         )
 
-    # --- 3/8: normal -------------------------------------------------------------------------
+    # --- 3/9: normal -------------------------------------------------------------------------
     async def _normal(self, http: httpx.AsyncClient) -> Measured:
         self._say(
-            f"3/8 normal: {CHAT_STREAMS} chat streams alone; the scheduler's snapshot job takes "
+            f"3/9 normal: {CHAT_STREAMS} chat streams alone; the scheduler's snapshot job takes "
             f"{SNAPSHOTS} snapshots of the four numbers ({WINDOW_S:g} s each) into the store ..."
         )
         db = Database(self._settings.database_url(fallback_dir=self.ws))
@@ -415,12 +430,12 @@ class Demo:
         self._say("    normal: " + _four(normal))
         return normal
 
-    # --- 4/8: the incident, the alert, the diagnosis ---------------------------------------------
+    # --- 4/9: the incident, the alert, the diagnosis ---------------------------------------------
     async def _steady(self, load: _Load) -> float:
         """Wait for the incident's steady state; the window (s) the diagnosis needs for chats
         to finish inside it: twice the slowest chat sent in the steady state."""
         self._say(
-            f"4/8 incident: {LONG_STREAMS} streams of {LONG_PROMPT}-token prompts join the chats; "
+            f"4/9 incident: {LONG_STREAMS} streams of {LONG_PROMPT}-token prompts join the chats; "
             "with --max-num-batched-tokens 8192 whole prompts share a scheduler step with the "
             "chats' next tokens ..."
         )
@@ -431,7 +446,7 @@ class Demo:
         return window
 
     async def _alert(self, bot: Bot, window: float) -> int:
-        self._say("5/8 Alertmanager fires VLLMTimeToFirstTokenP99High at the bot's webhook")
+        self._say("5/9 Alertmanager fires VLLMTimeToFirstTokenP99High at the bot's webhook")
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=bot.app), base_url="http://ruleloop"
         ) as client:
@@ -453,9 +468,9 @@ class Demo:
             assert incident is not None
             return dict(incident.summary or {})
 
-    # --- 6/8 and 7/8: request, approval, apply, canary ---------------------------------------
+    # --- 6/9 and 7/9: request, approval, apply, canary ---------------------------------------
     async def _remediate(self, bot: Bot, incident_id: int) -> Remediation:
-        self._say(f"6/8 {ONCALL} asks for {ADR_ID} (as /apply-adr would); {APPROVER} approves")
+        self._say(f"6/9 {ONCALL} asks for {ADR_ID} (as /apply-adr would); {APPROVER} approves")
         ack = await bot.remediation.request(user_id=ONCALL, adr_id=ADR_ID, incident_id=incident_id)
         self._say(f"    bot: {ack}")
         with bot.db.transaction() as s:
@@ -463,7 +478,7 @@ class Demo:
         tokens = bot.remediation.records.tokens(f"remediation:{rem.id}")
         await bot.remediation.click(user_id=APPROVER, token=tokens["approve"])
         self._say(
-            "7/8 the same canary on the current flags first, then the engine restarts with "
+            "7/9 the same canary on the current flags first, then the engine restarts with "
             "--max-num-batched-tokens 512 and the canary (4 chat streams beside 4 long-prompt "
             "streams) checks the ADR's gates ..."
         )
@@ -476,17 +491,44 @@ class Demo:
         self._say(f"    outcome: {done.state}")
         return done
 
-    async def _after(self, http: httpx.AsyncClient) -> Measured:
+    async def _after(self, http: httpx.AsyncClient) -> tuple[Measured, WorkloadShape]:
+        """The four numbers of the incident's load on the fixed engine, and its shape over the
+        same window (the traffic the rule was kept under)."""
         self._say("    the incident's load again, on the fixed engine, read the same way ...")
         load = _Load.start(incident_load(self.base_url))
         try:
             slowest = await load.steady()
-            sampler = MetricsSampler(http=http, window_s=max(WINDOW_S, math.ceil(2 * slowest)))
-            return await sampler(TARGET, self._target)
+            window = max(WINDOW_S, math.ceil(2 * slowest))
+            sampler = MetricsSampler(http=http, window_s=window)
+            return await asyncio.gather(
+                sampler(TARGET, self._target), capture_shape(http, self.base_url, window)
+            )
         finally:
             await load.stop()
 
-    # --- 8/8: the draft ----------------------------------------------------------------------
+    # --- 9/9: the next workload ----------------------------------------------------------------
+    async def _second_act(self, bot: Bot, kept_under: WorkloadShape) -> DriftShown:
+        line = record_workload(self.ws / "adr" / ADR_FILE, kept_under)
+        self._say(f"    {ADR_ID} records the traffic it was kept under: {line}")
+        self._say(
+            f"9/9 a new agent workflow starts beside the chats: {AGENT_STREAMS} streams whose "
+            f"prompts all open with the same {SYSTEM_PROMPT:,}-token system prompt. The "
+            "scheduler's workload job compares the live traffic with the rule's ..."
+        )
+        load = _Load.start([chat_load(self.base_url), agent_load(self.base_url, duration_s=LOAD_S)])
+        try:
+            first = await load.started(1)
+            pace = await load.finished(1, since=first, count=AGENT_STREAMS)
+            shown = await run_second_act(
+                bot, name=TARGET, target=self._target, adr_dir=self.ws / "adr", adr_id=ADR_ID,
+                pace_s=pace, stop_load=load.stop,
+            )  # fmt: skip
+        finally:
+            await load.stop()
+        self._say(f"    {'; '.join(shown.verdict)}")
+        return shown
+
+    # --- 8/9: the draft ----------------------------------------------------------------------
     def _draft(self, bot: Bot, incident_id: int) -> Path | None:
         with bot.db.transaction() as s:
             draft = s.query(AdrDraft).filter_by(incident_id=incident_id).one_or_none()
@@ -497,7 +539,7 @@ class Demo:
         adrs = self.ws / "adr"
         exported = SharedAdrStore(root=adrs, db=bot.db, sync=False).export(adrs)
         path = next(p for p in [*exported.written, *exported.unchanged] if file_id(p) == adr_id)
-        self._say(f"8/8 post-incident ADR drafted for review (exported from the store): {path}")
+        self._say(f"8/9 post-incident ADR drafted for review (exported from the store): {path}")
         return path
 
 

@@ -1,4 +1,5 @@
-"""The demo's last screen: the four numbers normal / incident / after the fix, verdict, paths."""
+"""The demo's last screen: the four numbers normal / incident / after the fix, verdict, paths,
+and the second act's shapes and re-validation."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bot.demo.drift_act import DriftShown
 from bot.numbers.reading import Measured
 from bot.numbers.text import FOUR, show
 
@@ -25,6 +27,7 @@ class Result:
     gates: Sequence[str]  # each gate with the canary's number and whether it was met
     chart: Path | None
     draft: Path
+    drift: DriftShown | None = None  # the second act (None: the fix was not kept)
     notes: Sequence[str] = field(default_factory=tuple)
 
 
@@ -55,5 +58,21 @@ def render(result: Result) -> str:
         "",
         f"chart: {result.chart if result.chart is not None else 'none drawn'}",
         f"draft: {result.draft}",
+        *_drift_lines(result.adr_id, result.drift),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _drift_lines(adr_id: str, drift: DriftShown | None) -> list[str]:
+    """The second act: the rule's traffic, production's now, and the re-validation."""
+    if drift is None:
+        return []
+    return [
+        "",
+        "the next workload (the scheduler's workload-drift job):",
+        f"  {adr_id} was kept under: {drift.rule}",
+        f"  production now sends:   {drift.live}",
+        *(f"  moved: {line}" for line in drift.moved),
+        *(f"  re-validated: {line}" for line in drift.verdict),
+        "  drift thread posted" if drift.posted else "  no thread posted",
+    ]

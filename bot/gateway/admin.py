@@ -3,6 +3,8 @@
   GET   /admin/limits                        the limits in force
   PATCH /admin/limits  {"max_inflight_tokens": 4096, "default_timeout_s": "30s"}
         (PUT is accepted as a synonym) applies the change at once; open streams keep running.
+  GET   /admin/requests[?last_s=N]           the request records (records.py), as JSON:
+        the shape of each admitted request (lengths, arrival, prefix hashes), never content
 
 With no token configured the endpoint answers 403 to everyone (fail closed).
 """
@@ -11,7 +13,9 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Callable
+import math
+from collections.abc import Awaitable, Callable
+from urllib.parse import parse_qs
 
 from bot.gateway.limits import Limits, LimitsError, updated
 from bot.gateway.relay import send_problem
@@ -19,6 +23,7 @@ from bot.gateway.responses import HTTPProblem
 from bot.gateway.types import Receive, Scope, Send
 
 PATH = "/admin/limits"
+REQUESTS_PATH = "/admin/requests"
 MAX_BODY = 64 * 1024
 
 
@@ -31,23 +36,49 @@ class Admin:
         token: str | None,
         get_limits: Callable[[], Limits],
         set_limits: Callable[[Limits], None],
+        export: Callable[..., Awaitable[None]] | None = None,
     ) -> None:
         self._token = token.encode() if token else None
         self._get = get_limits
         self._set = set_limits
+        self._export = export
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Handle one admin request."""
         try:
+            if scope["path"] == REQUESTS_PATH and self._export is not None:
+                last_s = self._requests(scope)
+                await self._export(send, last_s=last_s)
+                return
             await send_json(send, 200, await self._handle(scope, receive))
         except HTTPProblem as problem:
             await send_problem(send, problem)
 
+    def _requests(self, scope: Scope) -> float | None:
+        """Check a /admin/requests call; the ``last_s`` it asks for (None: all records)."""
+        self._authorize(scope)
+        if scope["method"] != "GET":
+            raise HTTPProblem(405, f"{REQUESTS_PATH} takes GET", code="method_not_allowed")
+        query = parse_qs((scope.get("query_string") or b"").decode("latin-1"))
+        if "last_s" not in query:
+            return None
+        try:
+            last_s = float(query["last_s"][-1])
+        except ValueError:
+            last_s = math.nan
+        if not last_s > 0 or math.isinf(last_s):
+            raise HTTPProblem(
+                400, "last_s must be a positive number of seconds", param="last_s",
+                code="invalid_request",
+            )  # fmt: skip
+        return last_s
+
     async def _handle(self, scope: Scope, receive: Receive) -> dict[str, object]:
         if scope["path"] != PATH:
             raise HTTPProblem(
-                404, f"no admin resource {scope['path']}; use {PATH}", code="not_found"
-            )
+                404, f"no admin resource {scope['path']}; use {PATH} or {REQUESTS_PATH}",
+                code="not_found",
+            )  # fmt: skip
         self._authorize(scope)
         method = scope["method"]
         if method == "GET":

@@ -5,6 +5,7 @@
   GET  /metrics                                the gateway's own metrics (see metrics.py)
   GET  /engine/metrics                         the engine's /metrics, verbatim (engine_page.py)
   /admin/limits                                live limits (see admin.py)
+  /admin/requests                              the request records (see records.py)
   anything else                                passed through to the engine unchanged
 
 Order of checks for an inference request: timeout header, body size, JSON, model and prompt,
@@ -27,6 +28,7 @@ from bot.gateway.deadlines import HEADER as TIMEOUT_HEADER
 from bot.gateway.deadlines import BadTimeout, request_timeout
 from bot.gateway.limits import Limits
 from bot.gateway.metrics import CONTENT_TYPE, GatewayMetrics, Outcome
+from bot.gateway.records import MAX_RECORDS, Recorder
 from bot.gateway.relay import Exchange, Relay, send_problem, upstream_headers
 from bot.gateway.responses import HTTPProblem
 from bot.gateway.types import Receive, Scope, Send
@@ -49,15 +51,18 @@ class Gateway:
         costing: Costing | None = None,
         admin_token: str | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        record_requests: int = MAX_RECORDS,
     ) -> None:
         self.limits = limits or Limits()
         self.budget = TokenBudget(self.limits.max_inflight_tokens)
         self.metrics = GatewayMetrics(self.budget, upstream=getattr(client, "upstream", None))
         self.costing = costing or Costing()
         self.relay = Relay(client, clock=clock)
+        self.recorder = Recorder(record_requests)
         self.admin = Admin(
-            token=admin_token, get_limits=lambda: self.limits, set_limits=self.set_limits
-        )
+            token=admin_token, get_limits=lambda: self.limits, set_limits=self.set_limits,
+            export=self.recorder.export,
+        )  # fmt: skip
         self._clock = clock
 
     def set_limits(self, limits: Limits) -> None:
@@ -91,7 +96,7 @@ class Gateway:
 
     async def _inference(self, scope: Scope, receive: Receive, send: Send, *, chat: bool) -> None:
         loop = asyncio.get_running_loop()
-        arrived, arrived_s = loop.time(), self._clock()
+        arrived, arrived_s, arrived_at = loop.time(), self._clock(), self.recorder.wall_clock()
         limits = self.limits
         try:
             timeout_s, raw = await self._read_request(scope, receive, limits)
@@ -121,6 +126,7 @@ class Gateway:
         finally:
             self.budget.release(cost.total)
             self._account(ex, cost, arrived_s=arrived_s)
+            self._record(body, ex, cost, chat=chat, at=arrived_at, took=loop.time() - arrived)
 
     async def _refuse(self, send: Send, problem: HTTPProblem, outcome: Outcome) -> None:
         self.metrics.refused(outcome)
@@ -147,6 +153,25 @@ class Gateway:
                 tpot = (ex.last_byte_s - ex.first_byte_s) / (tokens - 1)
         self.metrics.finished(ex.outcome, prompt_tokens=cost.prompt_tokens,
                               output_tokens=ex.output_tokens, ttft_s=ttft, tpot_s=tpot)  # fmt: skip
+
+    def _record(
+        self, body: dict[str, object], ex: Exchange | None, cost: Cost, *, chat: bool, at: float,
+        took: float,
+    ) -> None:  # fmt: skip
+        if ex is not None and ex.prompt_tokens is not None:
+            prompt, prompt_from = ex.prompt_tokens, "usage"
+        else:
+            prompt_from = "ids" if not chat and _token_ids(body.get("prompt")) else "estimate"
+            prompt = cost.prompt_tokens
+        if ex is None:
+            output, output_from, outcome = 0, "events", Outcome.CLIENT_CANCEL.value
+        else:
+            output, outcome = ex.output_tokens, ex.outcome.value
+            output_from = "usage" if ex.usage_tokens is not None else "events"
+        self.recorder.record(
+            body=body, chat=chat, at=at, outcome=outcome, duration_s=took, prompt_tokens=prompt,
+            prompt_from=prompt_from, output_tokens=output, output_from=output_from,
+        )  # fmt: skip
 
     async def _read_request(
         self, scope: Scope, receive: Receive, limits: Limits
@@ -180,6 +205,11 @@ class Gateway:
             headers=upstream_headers(scope["headers"]), deadline_s=self.limits.max_timeout_s,
             stream=True,
         )  # fmt: skip
+
+
+def _token_ids(prompt: object) -> bool:
+    """A token-id prompt (or a batch of them): its length is the exact token count."""
+    return isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], str)
 
 
 def _target(scope: Scope) -> str:

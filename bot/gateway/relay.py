@@ -28,6 +28,7 @@ from bot.gateway.types import Headers, Message, Receive, Send
 from bot.runtime.sse import DONE, SSEParser
 
 USAGE_KEY = b'"completion_tokens":'
+PROMPT_KEY = b'"prompt_tokens":'  # read once, from the first chunk that carries usage
 END_GRACE_S = 5.0  # how long the engine's body may go on after the end marker (read, not sent)
 CHOICE_KEY = b'"index":'
 _NUMBER = re.compile(rb"\s*(\d+)")
@@ -52,6 +53,7 @@ class Exchange:
     last_byte_s: float | None = None
     counted_tokens: int = 0
     usage_tokens: int | None = None
+    prompt_tokens: int | None = None  # the engine's usage.prompt_tokens, when it said
     role_events: int = 0
     head_sent: bool = False
     done: bool = False
@@ -260,6 +262,8 @@ class Relay:
             k = chunk.rfind(USAGE_KEY)
             if k >= 0 and (m := _NUMBER.match(chunk, k + len(USAGE_KEY))) and m.end() < len(chunk):
                 usage = int(m.group(1))
+                if ex.prompt_tokens is None:
+                    _prompt_usage(chunk, ex)
             counted += chunk.count(CHOICE_KEY)
             ex.counted_tokens = counted
             ex.usage_tokens = usage
@@ -307,7 +311,14 @@ def _count(payload: bytes, ex: Exchange) -> None:
     k = payload.rfind(USAGE_KEY)
     if k >= 0 and (m := _NUMBER.match(payload, k + len(USAGE_KEY))):
         ex.usage_tokens = int(m.group(1))
+        _prompt_usage(payload, ex)
     ex.counted_tokens = payload.count(CHOICE_KEY)
+
+
+def _prompt_usage(data: bytes, ex: Exchange) -> None:
+    k = data.rfind(PROMPT_KEY)
+    if k >= 0 and (m := _NUMBER.match(data, k + len(PROMPT_KEY))) and m.end() < len(data):
+        ex.prompt_tokens = int(m.group(1))
 
 
 async def send_problem(send: Send, problem: responses.HTTPProblem) -> None:

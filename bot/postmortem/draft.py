@@ -23,6 +23,7 @@ from bot.diagnosis.models import GATE_OF
 from bot.errors import UsageError
 from bot.numbers.text import FOUR
 from bot.tune.matrix import PASSED, source_note
+from bot.workload.shape import WorkloadShape
 
 KEPT = "promoted"
 ROLLED_BACK = "rolled_back"
@@ -84,6 +85,7 @@ class AppliedFix:
     approved_by: Sequence[str] = ()
     failed_gates: Sequence[str] = ()
     limits: Mapping[str, float] = field(default_factory=dict)  # the numbers its canary used
+    shape: WorkloadShape | None = None  # the workload the canary that judged it sent
 
     @property
     def judged(self) -> AdrGates | None:
@@ -126,6 +128,9 @@ def build_postmortem(
         match=symptoms or (list(applied.adr.match) if applied is not None else []),
         fix=applied.adr.fix if kept and applied is not None else Fix(),
         gates=gates,
+        # what the matrix's verdict on the change was measured under; the template says it in
+        # a line of the Context section
+        workload=applied.shape if applied is not None else None,
         context=_context(incident, runs, applied, judged),
         matrix=[_incident_row(headline, gates), *(_canary_row(run, judged) for run in runs)],
         matrix_notes=_notes(incident, runs),

@@ -9,9 +9,11 @@ other gets ``AlreadyDecided`` and nothing changes.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Callable
 from typing import Any, cast
 
+from pydantic import ValidationError
 from sqlalchemy import Select, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
@@ -30,6 +32,9 @@ from bot.store import adrs as records
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import ActionToken, AdrDraft, Incident, Remediation
+from bot.workload.shape import WorkloadShape
+
+log = logging.getLogger(__name__)
 
 ENDED = ("promoted", "rolled_back", "failed")
 ID_TRIES = 5  # replicas drafting on one day at once: each takes the next free id
@@ -101,6 +106,7 @@ class DraftRecords:
                     approved_by=list(rem.approved_by),
                     failed_gates=list(rem.result.get("failures", [])),
                     limits=dict(rem.result.get("gates") or {}),
+                    shape=_shape(rem.result.get("workload_shape"), remediation_id=rem.id),
                 )
         return facts, canaries, applied
 
@@ -241,6 +247,20 @@ def _as_judged(adr: Adr, limits: dict[str, float] | None) -> Adr:
     judged |= {key: (limits or {}).get(key) for key in adr.gates.relative(NORMAL)}
     judged |= adr.gates.relative(BEFORE)
     return adr.model_copy(update={"gates": AdrGates(**judged)})
+
+
+def _shape(data: object, *, remediation_id: int) -> WorkloadShape | None:
+    """The workload shape the remediation's judging canary sent (stored as JSON beside its
+    numbers); None when it recorded none, or one this version cannot read (the draft is still
+    written, without ``workload:``)."""
+    if data is None:
+        return None
+    try:
+        return WorkloadShape.model_validate(data)
+    except ValidationError as exc:
+        log.warning("remediation %s: its canary's workload shape is unreadable: %s",
+                    remediation_id, exc.errors()[0]["msg"])  # fmt: skip
+        return None
 
 
 def _draft(adr_id: str) -> Select[AdrDraft]:

@@ -18,14 +18,20 @@ bucket edges kept. Beside them:
 A window in which no request finished has no shape and is refused, as is one across an engine
 restart (its counters fall). Scraping is ``bot/probes``' (``MetricsScraper``); this module only
 turns pages into a shape.
+
+One builder for every source: pages become a ``Window`` (the counts' growth over the window),
+and ``shape_from_window`` makes the shape of it. Prometheus's history
+(``prometheus_capture.py``) and the gateway's request records (``gateway_capture.py``) make
+their own ``Window`` and go through the same builder, so the arithmetic (shares, quantiles,
+hit rate, rate, the API's majority) is written once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from bot.errors import ProbeError, UsageError
@@ -40,7 +46,7 @@ from bot.probes.vllm_metrics import (
     counter_delta,
     gauge,
 )
-from bot.workload.shape import Arrivals, Lengths, Prefix, WorkloadShape, new_shape
+from bot.workload.shape import Arrivals, Lengths, Prefix, PrefixGroup, WorkloadShape, new_shape
 
 PROMPT_LENGTHS = vllm_metrics.PROMPT_LENGTHS[0]  # the engine's per-request length histograms
 OUTPUT_LENGTHS = vllm_metrics.OUTPUT_LENGTHS[0]
@@ -102,6 +108,65 @@ async def capture(
     return shape_from_pages(pages, url=url, captured_at=now())
 
 
+@dataclass(frozen=True)
+class Histogram:
+    """A length histogram's growth over a window: cumulative counts by upper edge, and its sum."""
+
+    cumulative: Mapping[float, float]
+    total: float | None  # the growth of its _sum: tokens in all; None when not known
+
+    @property
+    def count(self) -> float:
+        """Observations in the window: the +Inf bucket's (the highest edge's) count."""
+        return self.cumulative[max(self.cumulative)] if self.cumulative else 0.0
+
+
+@dataclass(frozen=True)
+class Window:
+    """What one window of traffic counted, whichever source read it (an engine's /metrics
+    pages, Prometheus's history of them, the gateway's request records): the one input of
+    ``shape_from_window``, so every source's shape is made by the same arithmetic."""
+
+    seconds: float
+    prompt: Histogram
+    output: Histogram
+    prefix_hits: float | None = None  # tokens; hits and queries together, or neither
+    prefix_queries: float | None = None
+    hit_rate_gauge: float | None = None  # older engines' gauge, averaged (when no counters)
+    running: float | None = None  # mean requests running
+    posts: Mapping[str, float] = field(default_factory=dict)  # api -> POSTs in the window
+    requests: float | None = None  # the rate's numerator; default: the prompt histogram's count
+    groups: tuple[PrefixGroup, ...] = ()
+    burstiness: float | None = None
+
+
+def shape_from_window(
+    window: Window, *, source: str, captured_at: datetime, where: str, longer: str
+) -> WorkloadShape:
+    """The shape of a window's counts. ``where`` names the source in errors (a URL, a
+    selector); ``longer`` is the advice for an empty window (which flag makes it longer)."""
+    finished = window.prompt.count
+    if finished < 0.5:  # Prometheus's increase() estimates: half a request is none
+        raise UsageError(
+            f"no request finished in the {window.seconds:.0f} s window at {where}: there is no "
+            f"shape to take; capture longer ({longer}) or while the engine serves traffic"
+        )
+    requests = finished if window.requests is None else window.requests
+    return new_shape(
+        source=source,
+        captured_at=captured_at,
+        api=api_of(window.posts),
+        prompt_tokens=_lengths(window.prompt, PROMPT_LENGTHS, where),
+        output_tokens=_lengths(window.output, OUTPUT_LENGTHS, where),
+        prefix=Prefix(hit_rate=hit_rate(window), groups=window.groups),
+        arrivals=Arrivals(
+            request_rate=round(requests / window.seconds, 4),
+            concurrency=None if window.running is None else round(window.running, 3),
+            burstiness=window.burstiness,
+        ),
+    )
+
+
 def shape_from_pages(
     pages: Sequence[Exposition], *, url: str, captured_at: datetime
 ) -> WorkloadShape:
@@ -109,8 +174,8 @@ def shape_from_pages(
     if len(pages) < 2:
         raise UsageError("a capture needs two scrapes at least: the window's start and end")
     first, last = pages[0], pages[-1]
-    window = last.at - first.at
-    if window <= 0:
+    seconds = last.at - first.at
+    if seconds <= 0:
         raise UsageError("the scrapes are 0 s apart: capture over a window (--seconds)")
     for name in (PROMPT_LENGTHS, OUTPUT_LENGTHS):
         if not all(page.has(f"{name}_count") for page in pages):
@@ -119,22 +184,24 @@ def shape_from_pages(
                 "(vLLM has exposed it since its V1 engine; is this a vLLM engine's /metrics?)"
             )
     _refuse_restart(pages, url)
-    finished = _count(last, PROMPT_LENGTHS) - _count(first, PROMPT_LENGTHS)
-    if finished <= 0:
-        raise UsageError(
-            f"no request finished in the {window:.0f} s window at {url}: there is no shape to "
-            "take; capture longer (--seconds) or while the engine serves traffic"
-        )
-    return new_shape(
-        source=f"metrics {url} over {window:.0f} s ({len(pages)} scrapes)",
+    rates = [r for page in pages if (r := gauge(page, PREFIX_HIT_RATE)) is not None]
+    running = [v for page in pages if (v := gauge(page, RUNNING)) is not None]
+    window = Window(
+        seconds=seconds,
+        prompt=_growth(first, last, PROMPT_LENGTHS, url),
+        output=_growth(first, last, OUTPUT_LENGTHS, url),
+        prefix_hits=counter_delta(first, last, PREFIX_HITS),
+        prefix_queries=counter_delta(first, last, PREFIX_QUERIES),
+        hit_rate_gauge=math.fsum(rates) / len(rates) if rates else None,
+        running=math.fsum(running) / len(running) if running else None,
+        posts=_posts(first, last),
+    )
+    return shape_from_window(
+        window,
+        source=f"metrics {url} over {seconds:.0f} s ({len(pages)} scrapes)",
         captured_at=captured_at,
-        api=_api(first, last),
-        prompt_tokens=_lengths(first, last, PROMPT_LENGTHS, url),
-        output_tokens=_lengths(first, last, OUTPUT_LENGTHS, url),
-        prefix=Prefix(hit_rate=_hit_rate(pages)),
-        arrivals=Arrivals(
-            request_rate=round(finished / window, 4), concurrency=_mean_running(pages)
-        ),
+        where=url,
+        longer="--seconds",
     )
 
 
@@ -154,42 +221,47 @@ def _refuse_restart(pages: Sequence[Exposition], url: str) -> None:
                 )
 
 
-def _lengths(first: Exposition, last: Exposition, histogram: str, url: str) -> Lengths:
-    """The histogram's growth over the window, as shares of its requests."""
+def _growth(first: Exposition, last: Exposition, histogram: str, url: str) -> Histogram:
+    """A histogram's growth between two pages."""
     b0, b1 = first.buckets(histogram), last.buckets(histogram)
     delta = {edge: count - b0.get(edge, 0.0) for edge, count in b1.items()}
-    if not delta or any(value < 0 for value in delta.values()):
-        raise ProbeError(f"{url}: the buckets of {histogram} do not add up between the scrapes")
-    if delta[max(delta)] <= 0:
-        raise ProbeError(f"{url}: {histogram} counted no request in the window")
     grew = (last.total(f"{histogram}_sum") or 0.0) - (first.total(f"{histogram}_sum") or 0.0)
-    return Lengths.from_cumulative(delta, total=grew if grew >= 0 else None)
+    return Histogram(delta, grew if grew >= 0 else None)
 
 
-def _hit_rate(pages: Sequence[Exposition]) -> float | None:
-    """Prefix-cache hits over queries in the window; older engines' gauge averaged; else None."""
-    first, last = pages[0], pages[-1]
-    hits = counter_delta(first, last, PREFIX_HITS)
-    queries = counter_delta(first, last, PREFIX_QUERIES)
+def _lengths(histogram: Histogram, name: str, where: str) -> Lengths:
+    """The histogram's growth over the window, as shares of its requests."""
+    delta = histogram.cumulative
+    if not delta or any(value < 0 for value in delta.values()):
+        raise ProbeError(f"{where}: the buckets of {name} do not add up over the window")
+    if histogram.count <= 0:
+        raise ProbeError(f"{where}: {name} counted no request in the window")
+    total = histogram.total if histogram.total is None or histogram.total >= 0 else None
+    return Lengths.from_cumulative(delta, total=total)
+
+
+def hit_rate(window: Window) -> float | None:
+    """Prefix-cache hits over queries in the window; older engines' gauge; else None."""
+    hits, queries = window.prefix_hits, window.prefix_queries
     if hits is not None and queries is not None:
         return round(min(hits / queries, 1.0), 4) if queries > 0 else None
-    rates = [r for page in pages if (r := gauge(page, PREFIX_HIT_RATE)) is not None]
-    return round(min(math.fsum(rates) / len(rates), 1.0), 4) if rates else None
+    if window.hit_rate_gauge is not None:
+        return round(min(window.hit_rate_gauge, 1.0), 4)
+    return None
 
 
-def _mean_running(pages: Sequence[Exposition]) -> float | None:
-    """The running-requests gauge averaged over the scrapes; None when not exposed."""
-    values = [v for page in pages if (v := gauge(page, RUNNING)) is not None]
-    return round(math.fsum(values) / len(values), 3) if values else None
-
-
-def _api(first: Exposition, last: Exposition) -> str:
-    """The API nearly all of the window's POSTs used, by the engine's HTTP counter."""
+def _posts(first: Exposition, last: Exposition) -> dict[str, float]:
+    """The window's POSTs per API, by the engine's HTTP counter."""
     posts = {}
     for handler, api in API_HANDLERS.items():
         where = {"handler": handler, "method": "POST"}
         was, now = first.total(HTTP_REQUESTS, where=where), last.total(HTTP_REQUESTS, where=where)
         posts[api] = max((now or 0.0) - (was or 0.0), 0.0)
+    return posts
+
+
+def api_of(posts: Mapping[str, float]) -> str:
+    """The API that got at least ``API_MAJORITY`` of the window's POSTs, else 'unknown'."""
     total = math.fsum(posts.values())
     if total <= 0:
         return "unknown"

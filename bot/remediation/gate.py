@@ -21,6 +21,7 @@ from bot.canary.verdict import Values, Verdict, gates_from, judge, values_of
 from bot.canary.workload import Workload
 from bot.config import CanarySpec
 from bot.errors import EndpointError
+from bot.workload.shape import WorkloadShape
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,26 @@ class GateRun:
         return self.verdict.passed
 
 
-GateRunner = Callable[[str, CanarySpec, AdrGates], Awaitable[GateRun]]
+GateRunner = Callable[..., Awaitable[GateRun]]  # (base_url, spec, gates, *, shape=None)
 
 
-def workloads(base_url: str, spec: CanarySpec) -> tuple[Workload, list[tuple[str, Workload]]]:
-    """The measured canary and its background load for one target."""
+def workloads(
+    base_url: str, spec: CanarySpec, shape: WorkloadShape | None = None
+) -> tuple[Workload, list[tuple[str, Workload]]]:
+    """The measured canary and its background load for one target. With ``shape`` the canary
+    replays it (lengths, prefixes, arrivals) instead of the target's fixed canary load, and
+    sends no background: the shape already holds the long requests production sends."""
     endpoint = f"{base_url}/v1/completions"
+    if shape is not None:
+        replay = Workload(
+            endpoint=endpoint,
+            concurrency=spec.concurrency,
+            num_requests=spec.num_requests,
+            shape=shape,
+            warmup_requests=min(spec.concurrency, 4),
+            timeout_s=spec.timeout_s,
+        )
+        return replay, []
     canary = Workload(
         endpoint=endpoint,
         concurrency=spec.concurrency,
@@ -87,10 +102,12 @@ async def run_gate(
     spec: CanarySpec,
     gates: AdrGates,
     *,
+    shape: WorkloadShape | None = None,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> GateRun:
-    """Run the canary against ``base_url`` and judge it by ``gates``."""
-    canary, background = workloads(base_url, spec)
+    """Run the canary against ``base_url`` (replaying ``shape`` when given) and judge it by
+    ``gates``."""
+    canary, background = workloads(base_url, spec, shape)
     limits = gates_from(gates)
     report = await measure_async(
         canary,

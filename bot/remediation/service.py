@@ -327,6 +327,7 @@ class RemediationService:
             )  # fmt: skip
             return
         numbers = _numbers(result)
+        shape = result.report.get("workload_shape")  # what this canary sent, for the draft
         await asyncio.to_thread(
             self.records.add_canary,
             incident_id=rem.incident_id,
@@ -339,14 +340,15 @@ class RemediationService:
             await self._roll_back(
                 rem, actuator, before,
                 reason="canary failed the gates: " + "; ".join(result.failures),
-                numbers=numbers, failures=result.failures, owner=runner, expect=["canary"],
+                numbers=numbers, failures=result.failures, shape=shape, owner=runner,
+                expect=["canary"],
             )  # fmt: skip
             return
         await self._step(
             rem.id, "promoting", "remediation.canary_passed", {"numbers": numbers},
             note="canary passed; rolling out…",
             result={"numbers": numbers, "failures": [], "gates": limits,
-                    "before_numbers": was or {}},
+                    "before_numbers": was or {}, "workload_shape": shape},
             owner=runner, expect=["canary"],
         )  # fmt: skip
         try:
@@ -400,13 +402,17 @@ class RemediationService:
         expect: list[str],
         numbers: dict[str, float | None] | None = None,
         failures: list[str] | None = None,
+        shape: dict[str, Any] | None = None,
     ) -> None:
         """Back to the recorded flags, from state ``expect``, as run ``owner``."""
         result = {"numbers": numbers or {}, "failures": failures or [], "reason": reason}
         current = await asyncio.to_thread(self.records.get, rem.id)
-        for kept in ("gates", "before_numbers"):  # the resolved limits stay on the record
+        # the resolved limits and the judging canary's workload stay on the record
+        for kept in ("gates", "before_numbers", "workload_shape"):
             if kept in current.result:
                 result[kept] = current.result[kept]
+        if shape is not None:
+            result["workload_shape"] = shape
         await self._step(
             rem.id, "rolling_back", "remediation.rolling_back", {"reason": reason},
             note=f"{reason}; rolling back…", result=result, owner=owner, expect=expect,

@@ -1,13 +1,16 @@
-"""Scheduled jobs: baseline canary, four-metric snapshots, ADR draft reminders, approval expiry,
-and the outbox (Slack messages still owed, ``bot.incidents.outbox``).
+"""Scheduled jobs: baseline canary, four-metric snapshots, workload drift, ADR draft reminders,
+approval expiry, and the outbox (Slack messages still owed, ``bot.incidents.outbox``).
 
 Every replica runs APScheduler 3.x and fires every job's tick; which replica does a period's
-work is decided in the store, by a lease row per (job, period): see ``leases``.
+work is decided in the store, by a lease row per (job, period).
 
-    leases.py     claim, renew, finish and take over a period (``job_runs``)
+    (bot/store/leases.py: claim, renew, finish and take over a period, ``job_runs``)
     runner.py     ``Job`` and ``JobRunner.tick``: one period under its lease, with a heartbeat
     scheduler.py  APScheduler wiring: one interval trigger per job, aligned to its periods
+    in_force.py   which ADRs are in force on a target (the baseline and drift jobs check them)
     baseline.py   canary against the gates of the ADRs in force; a drift opens an incident
+    workload_drift.py  the live workload shape vs each ADR's; on drift, its gates re-run under it
+    messages.py   what the jobs say in Slack
     snapshots.py  the four numbers every few minutes; "normal" for diagnoses
     reminders.py  one reminder in the thread for an ADR draft nobody reviewed
     jobs.py       the jobs a bot's settings ask for

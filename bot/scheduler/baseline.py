@@ -1,8 +1,7 @@
 """The baseline canary: a target's canary workload against the gates of the ADRs in force there.
 
-The ADRs *in force* on a target are the ADR of the newest remediation promoted on it (what it
-runs now); while none was promoted there, the ADRs its ``[scheduler.targets.X] adrs`` lists.
-Only accepted ADRs count; the strictest gate of each number wins (as the diagnosis baseline).
+Which ADRs are in force on a target is ``bot.scheduler.in_force``'s to say; the strictest gate
+of each number wins (as the diagnosis baseline).
 
 A canary that misses a gate opens an incident (source ``scheduler``, title naming the gates
 with the numbers) and posts it like an alert would: root message, diagnosis, then the canary's
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,12 +29,12 @@ from bot.incidents.flows import IncidentFlows
 from bot.remediation.gate import GateRun
 from bot.remediation.service import GateRunner
 from bot.scheduler import messages
+from bot.scheduler.in_force import InForce, adrs_in_force
 from bot.scheduler.runner import Outcome, json_safe
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import CanaryResult
 
-log = logging.getLogger("ruleloop.scheduler")
 SOURCE = "scheduler"
 ALERTNAME = "RuleloopBaselineDrift"
 
@@ -82,7 +80,8 @@ class BaselineCanary:
 
     async def __call__(self, now: dt.datetime) -> Outcome:
         """Run the canary; open, update or resolve the drift incident."""
-        in_force, missing, before = await asyncio.to_thread(self.in_force)
+        found = await asyncio.to_thread(self.in_force)
+        in_force, missing, before = found.adrs, found.missing, found.before
         if not in_force:
             return Outcome({"skipped": "no accepted ADR in force here", "missing": missing})
         # Gates written as 'Nx before' are checked against the before-run of the change that put
@@ -122,23 +121,9 @@ class BaselineCanary:
         await self._flows.reply(incident_id, text)
         return Outcome(detail | {"incident": incident_id, "opened": opened})
 
-    def in_force(self) -> tuple[list[Adr], list[str], Normal | None]:
-        """The accepted ADRs in force on this target, the ids that name no accepted ADR, and
-        the before-run numbers of the change that put them in force (None: no such change)."""
-        with self._db.transaction() as s:
-            promoted = store.promoted_change(s, target=self.name)
-        before = None if promoted is None else promoted.result.get("before_numbers") or None
-        ids = [promoted.adr_id] if promoted else self._listed
-        found, missing = [], []
-        for adr_id in ids:
-            entry = self._adrs.find(adr_id)
-            if entry is not None and entry[1].status == "accepted":
-                found.append(entry[1])
-            else:
-                missing.append(adr_id)
-        if missing:
-            log.warning("%s: not accepted ADRs, left out of the baseline: %s", self.name, missing)
-        return found, missing, before
+    def in_force(self) -> InForce:
+        """What is in force on this target now."""
+        return adrs_in_force(self._db, self._adrs, target=self.name, listed=self._listed)
 
     def _open(
         self, now: dt.datetime, result: GateRun, detail: dict[str, Any]

@@ -27,6 +27,7 @@ from bot.scheduler.reminders import DraftReminders
 from bot.scheduler.runner import Job, JobRunner, Outcome
 from bot.scheduler.scheduler import Scheduler
 from bot.scheduler.snapshots import MetricsSampler, Sampler, SnapshotJob
+from bot.scheduler.workload_drift import LiveShape, ShapeReader, WorkloadDrift
 from bot.store.db import Database
 from bot.store.leases import Leases
 
@@ -73,11 +74,13 @@ def build_jobs(
     gate: GateRunner,
     remediation: ExpiresApprovals | None = None,
     sampler: Sampler | None = None,
+    read_shape: ShapeReader | None = None,
     probe_clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     monotonic: Callable[[], float] = time.monotonic,
 ) -> list[Job]:
-    """Snapshot and baseline jobs per target, the draft reminder, approval expiry, the outbox."""
+    """Snapshot, baseline and workload-drift jobs per target, the draft reminder, approval
+    expiry, the outbox."""
     config = settings.scheduler
     unknown = sorted(set(config.targets) - set(settings.targets))
     if unknown:
@@ -85,6 +88,9 @@ def build_jobs(
         raise UsageError(f"[scheduler.targets] names unknown targets {unknown}; targets: {known}")
     window = config.snapshot_window_s
     sample = sampler or MetricsSampler(http=http, window_s=window, clock=probe_clock, sleep=sleep)
+    live_shape = read_shape or LiveShape(
+        http=http, window_s=config.workload_window_s, sleep=sleep, clock=probe_clock
+    )
     adrs = SharedAdrStore(root=settings.paths.adr, db=db)
     jobs = []
     for name, target in settings.targets.items():
@@ -100,6 +106,11 @@ def build_jobs(
                                       gate=gate, flows=flows, notifier=notifier,
                                       monotonic=monotonic)  # fmt: skip
             jobs.append(Job(f"baseline:{name}", every, baseline))
+        every = _either(own.workload_every_s, config.workload_every_s)
+        if every:
+            drift = WorkloadDrift(name=name, target=target, listed=own.adrs, db=db, adrs=adrs,
+                                  gate=gate, flows=flows, read_shape=live_shape)  # fmt: skip
+            jobs.append(Job(f"workload:{name}", every, drift))
     if config.draft_reminder_every_s:
         reminders = DraftReminders(db=db, notifier=notifier, after_s=config.draft_reminder_after_s,
                                    reviewers=settings.access.review)  # fmt: skip

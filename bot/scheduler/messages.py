@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from bot.canary.verdict import Verdict
+from bot.workload.describe import PREFIX, context_line
+
+if TYPE_CHECKING:
+    from bot.adr.models import Adr
+    from bot.scheduler.workload_drift import Revalidation
+    from bot.workload.diff import ShapeDiff
+    from bot.workload.shape import WorkloadShape
 
 DRIFT_TITLE = "Baseline drift on {target}: {failures}"
 DRIFT_NUMBERS = (
@@ -52,3 +60,59 @@ def drift_title(target: str, failures: Sequence[str]) -> str:
 def still_drifting(at: dt.datetime, load: str, lines: str) -> str:
     """A later canary that still misses the gates, in the open incident's thread."""
     return STILL_DRIFTING.format(at=at, load=load, lines=lines)
+
+
+# --- workload drift -----------------------------------------------------------------------
+WORKLOAD_DRIFT_TITLE = "Workload drift on {target}: {adrs} measured on other traffic"
+WORKLOAD_DRIFT = (
+    ":world_map: *Workload drift on {target}.* *{adr}* was measured at {then}\n"
+    "Production now sends {now}\nWhat moved: {moved}\n{verdict}"
+)
+WORKLOAD_ALIKE = (
+    ":white_check_mark: *{target}* sends the traffic {adrs} {were} measured under again: {now}"
+)
+
+
+def _traffic(shape: WorkloadShape) -> str:
+    """'prompt p50 512 / p99 2,048 tokens, ...' (the Context line without its 'Measured at')."""
+    return context_line(shape).removeprefix(PREFIX)
+
+
+def workload_drift_title(target: str, adrs: Sequence[str], failing: Sequence[str]) -> str:
+    """The drift thread's title; which ADRs fail under the live traffic, if any."""
+    title = WORKLOAD_DRIFT_TITLE.format(target=target, adrs=", ".join(adrs))
+    return title + (f"; under it {'; '.join(failing)}" if failing else "")
+
+
+def workload_drift(
+    target: str, adr: Adr, live: WorkloadShape, moved: ShapeDiff, check: Revalidation
+) -> str:
+    """One ADR's part of the drift thread: then, now, what moved, the re-validated gates."""
+    result = check.result
+    if result is None:
+        verdict = f"{adr.id} sets no gate the canary can check, so it was not re-validated."
+    else:
+        head = (
+            ":white_check_mark: Under it the gates still hold"
+            if result.passed
+            else ":x: Under it the gates fail"
+        )
+        lines = gate_lines(result.verdict, check.setters)
+        verdict = f"{head} (the canary replayed the live traffic):\n{lines}"
+    assert adr.workload is not None
+    return WORKLOAD_DRIFT.format(
+        target=target,
+        adr=adr.id,
+        then=context_line(adr.workload).removeprefix(PREFIX),
+        now=_traffic(live),
+        moved="; ".join(d.line for d in moved.dimensions if d.drifted),
+        verdict=verdict,
+    )
+
+
+def workload_alike(target: str, adrs: Sequence[Adr], live: WorkloadShape) -> str:
+    """The drift thread's last line: production looks like the measured traffic again."""
+    ids = ", ".join(adr.id for adr in adrs)
+    return WORKLOAD_ALIKE.format(
+        target=target, adrs=ids, were="was" if len(adrs) == 1 else "were", now=_traffic(live)
+    )

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import datetime as dt
 import platform
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
 
 from bot.adr import vllm_args
 from bot.adr.models import Adr, Fix, MatrixRow
 from bot.adr.render import format_ms
 from bot.tune.matrix import Row, source_note
 from bot.tune.plan import TunePlan
+from bot.workload.shape import WorkloadShape
 
 NO_PICK = (
     "无配置达标 (no configuration met the gates): 保持现有配置，查明原因后再调优 "
@@ -32,11 +37,31 @@ def build_draft(
         match=plan.match,
         fix=Fix(engine_args=pick.config.engine_args if pick else {}, gateway=plan.gateway),
         gates=plan.gates,
+        workload=measured_under(rows),
         context=_context(plan, rows),
         matrix=[_matrix_row(row) for row in rows],
         matrix_notes=_notes(plan, rows, runs_dir=runs_dir, base=base),
         rules=_rules(plan, pick),
     )
+
+
+def shape_of(report: Mapping[str, Any] | None) -> WorkloadShape | None:
+    """The workload shape a canary report says its run sent (``workload_shape``), None in a
+    report without one (written before canaries said it)."""
+    data = (report or {}).get("workload_shape")
+    if data is None:
+        return None
+    try:
+        return WorkloadShape.model_validate(data)
+    except ValidationError:
+        return None  # a report of another shape version: the draft says nothing, not a guess
+
+
+def measured_under(rows: list[Row]) -> WorkloadShape | None:
+    """The shape the matrix was measured under: the recommended row's run, else the first
+    measured row's (every row runs the same canary workload; the baseline comes first)."""
+    ordered = sorted(rows, key=lambda row: not row.recommended)  # stable: plan order kept
+    return next((shape for row in ordered if (shape := shape_of(row.report))), None)
 
 
 def _matrix_row(row: Row) -> MatrixRow:

@@ -6,15 +6,18 @@ example file):
 
 - ``version``: the format's version, 1; a file of another version is refused, not guessed at.
 - ``source``: how it was captured: ``metrics <URL> over <N> s (<k> scrapes)`` for a capture
-  from an engine's /metrics (``bot/probes/workload_capture.py``), ``file`` for one a person wrote.
+  from an engine's /metrics (``bot/probes/workload_capture.py``), ``prometheus <URL> <selector>
+  over <N> s to <time>`` for one from Prometheus's history (``bot/probes/prometheus_capture.py``),
+  ``gateway <URL> over <N> s (<k> requests)`` for one from the gateway's request records
+  (``bot/probes/gateway_capture.py``), ``file`` for one a person wrote.
 - ``captured_at``: when (an ISO 8601 time with its time zone).
 - ``api``: ``completions``, ``chat`` or ``unknown``: which OpenAI-compatible API the requests
   used.
 - ``prompt_tokens``, ``output_tokens``: length distributions (``Lengths``): the engine's own
   histogram buckets (upper edge in tokens -> share of the requests in that bucket), the number
   of requests, their mean, and the p50/p90/p99 derived from the buckets.
-- ``prefix``: the prefix-cache hit rate over the window and, optionally, declared shared-prefix
-  groups (``Prefix``).
+- ``prefix``: the prefix-cache hit rate over the window and shared-prefix groups, captured by
+  the gateway or declared in a file (``Prefix``).
 - ``arrivals``: finished requests per second, mean concurrency, burstiness (``Arrivals``).
 
 Loading a bad file raises ``ShapeError`` (a ``UsageError``): the file, the field and what is
@@ -252,14 +255,19 @@ class PrefixGroup(BaseModel):
 class Prefix(BaseModel):
     """Prefix sharing. ``hit_rate``: the prefix-cache hit rate over the window, in tokens (vLLM's
     prefix_cache_hits / prefix_cache_queries), None when the engine exposes no prefix-cache
-    counters or nothing was queried. ``groups``: shared-prefix groups a person declares in a
-    file. A capture from /metrics can only give the hit rate: the engine does not say which
-    requests shared which prefix, so a captured shape has no groups."""
+    counters or nothing was queried (and from the gateway, which does not see the cache).
+    ``groups``: shared-prefix groups, captured from the gateway's request records (requests
+    whose prompts hash alike up to a level: the group's length is that level, a lower bound
+    within 2x; ``bot/probes/gateway_capture.py``) or declared by a person in a file. A capture
+    from /metrics or Prometheus can only give the hit rate: the engine does not say which
+    requests shared which prefix, so such a shape has no groups."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     hit_rate: float | None = Field(default=None, ge=0, le=1, description="hits / queries")
-    groups: tuple[PrefixGroup, ...] = Field(default=(), description="declared, never captured")
+    groups: tuple[PrefixGroup, ...] = Field(
+        default=(), description="captured by the gateway, or declared in a file"
+    )
 
     @field_validator("groups")
     @classmethod
@@ -273,10 +281,13 @@ class Prefix(BaseModel):
 class Arrivals(BaseModel):
     """How requests arrive. ``request_rate``: requests finished per second over the window (the
     engine counts a request when it ends, so over a window long against one request this is
-    the arrival rate). ``concurrency``: requests running, the engine's gauge averaged over the
-    scrapes (None when not exposed). ``burstiness``: the shape of gamma-distributed gaps between
-    arrivals as ``vllm bench serve --burstiness`` takes it (1 Poisson, below 1 burstier, above 1
-    more even); None when unknown, and a capture from /metrics does not know it."""
+    the arrival rate; from the gateway's records it is the arrival rate itself).
+    ``concurrency``: requests running, the engine's gauge averaged over the scrapes (None when
+    not exposed; from the gateway: requests in flight there, running or waiting, by Little's
+    law). ``burstiness``: the shape of gamma-distributed gaps between arrivals as
+    ``vllm bench serve --burstiness`` takes it (1 Poisson, below 1 burstier, above 1 more even);
+    None when unknown. Captured from the gateway's arrival times (mean² / variance of the
+    gaps); a capture from /metrics or Prometheus does not know it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -311,7 +322,7 @@ class WorkloadShape(BaseModel):
             f"output tokens: {self.output_tokens.summary()}",
             "prefix-cache hit rate: "
             + ("n/a" if hit is None else show("hit_rate", hit))
-            + (f", {len(self.prefix.groups)} declared groups" if self.prefix.groups else ""),
+            + (f", {len(self.prefix.groups)} shared-prefix groups" if self.prefix.groups else ""),
             f"arrivals: {show('tokens', rate)} requests/s finished"
             + (
                 "" if concurrency is None else f", {show('tokens', concurrency)} running on average"

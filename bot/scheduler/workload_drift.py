@@ -1,0 +1,243 @@
+"""Workload drift: production stops sending the traffic an ADR in force was measured under.
+
+Every period the job captures the target's live workload shape from its engine's /metrics
+(``bot.probes.workload_capture``) and compares it (``bot.workload.diff``) with the shape each
+ADR in force records (its front matter's ``workload``). When one drifted, it re-runs that ADR's
+gates with the canary replaying the *live* shape and posts one thread: what the ADR was
+measured at, what production sends now, and whether the gates hold under it, before any
+latency alert fires.
+
+One open drift thread per target (its incident's ``open_key``): while it is open, a drifting
+period adds nothing; a period whose live shape is alike again closes it. No ADR in force that
+records a workload, or a window in which nothing finished, is a skipped period: unknown is not
+"alike", so neither opens nor closes a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from sqlalchemy.exc import IntegrityError
+
+from bot.adr.models import Adr
+from bot.adr.store import AdrStore
+from bot.config import Target
+from bot.errors import RuleloopError
+from bot.incidents.flows import IncidentFlows
+from bot.probes.exposition import Exposition
+from bot.probes.vllm_metrics import MetricsScraper
+from bot.probes.workload_capture import CAPTURE_METRICS, capture
+from bot.remediation.gate import GateRun
+from bot.remediation.service import GateRunner
+from bot.scheduler import messages
+from bot.scheduler.baseline import SOURCE, strictest
+from bot.scheduler.in_force import adrs_in_force
+from bot.scheduler.runner import Outcome, json_safe
+from bot.store import service as store
+from bot.store.db import Database
+from bot.workload.describe import context_line
+from bot.workload.diff import ShapeDiff, diff
+from bot.workload.shape import WorkloadShape
+
+ALERTNAME = "RuleloopWorkloadDrift"
+ShapeReader = Callable[[str, Target], Awaitable[WorkloadShape]]
+
+
+@dataclass(frozen=True)
+class Revalidation:
+    """An ADR's gates re-run under the live shape (``result`` None: it sets no gate the canary
+    can check) and which ADR set each gate."""
+
+    adr_id: str
+    result: GateRun | None
+    setters: dict[str, str]
+
+    @property
+    def failed(self) -> bool:
+        """The gates were run and at least one failed."""
+        return self.result is not None and not self.result.passed
+
+    @property
+    def summary(self) -> str:
+        """'ADR-x: gates hold' / 'ADR-x: gates fail: TTFT p99 ...' / 'ADR-x: no gate ...'."""
+        if self.result is None:
+            return f"{self.adr_id}: no gate it can check"
+        if self.result.passed:
+            return f"{self.adr_id}: gates hold"
+        return f"{self.adr_id}: gates fail: " + "; ".join(self.result.failures)
+
+
+def drift_key(target: str) -> str:
+    """The open_key of a target's workload-drift thread: one open at a time."""
+    return f"workload-drift:{target}"
+
+
+class LiveShape:
+    """Captures a target's live shape from its /metrics over ``window_s`` seconds."""
+
+    def __init__(
+        self,
+        *,
+        http: httpx.AsyncClient,
+        window_s: float,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._http, self._window_s, self._sleep, self._clock = http, window_s, sleep, clock
+
+    async def __call__(self, name: str, target: Target) -> WorkloadShape:
+        url = f"{target.vllm_url.rstrip('/')}/metrics"
+        scraper = MetricsScraper(url, client=self._http, clock=self._clock)
+
+        async def scrape() -> Exposition:
+            return await scraper(only=CAPTURE_METRICS)
+
+        interval = min(5.0, self._window_s / 2)
+        return await capture(
+            scrape, url=url, seconds=self._window_s, interval_s=interval, sleep=self._sleep
+        )
+
+
+class WorkloadDrift:
+    """The workload-drift job of one target: ``await job(now)`` runs one period."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        target: Target,
+        listed: Sequence[str],
+        db: Database,
+        adrs: AdrStore,
+        gate: GateRunner,
+        flows: IncidentFlows,
+        read_shape: ShapeReader,
+    ) -> None:
+        self.name = name
+        self._target = target
+        self._listed = list(listed)
+        self._db = db
+        self._adrs = adrs
+        self._gate = gate
+        self._flows = flows
+        self._read_shape = read_shape
+
+    async def __call__(self, now: dt.datetime) -> Outcome:
+        """Capture the live shape; open, keep or close the target's drift thread."""
+        found = await asyncio.to_thread(
+            adrs_in_force, self._db, self._adrs, target=self.name, listed=self._listed
+        )
+        measured = [adr for adr in found.adrs if adr.workload is not None]
+        if not measured:
+            return Outcome({"skipped": "no ADR in force records the workload it was measured "
+                            "under", "adrs": found.ids, "missing": found.missing})  # fmt: skip
+        try:
+            live = await self._read_shape(self.name, self._target)
+        except RuleloopError as exc:  # no traffic, engine restarted, /metrics unreachable
+            return Outcome({"skipped": f"no live shape this period: {exc}", "adrs": found.ids})
+        diffs = {adr.id: diff(_shape(adr), live) for adr in measured}
+        drifted = [adr for adr in measured if diffs[adr.id].drifted]
+        detail: dict[str, Any] = {
+            "adrs": [adr.id for adr in measured],
+            "drifted": [adr.id for adr in drifted],
+            "dimensions": {i: _drifted_dimensions(d) for i, d in diffs.items()},
+            "live": context_line(live),
+        }
+        if not drifted:
+            closed = await asyncio.to_thread(self._close, now, detail)
+            if closed is not None:
+                await self._flows.show_resolved(closed)
+                text = messages.workload_alike(self.name, measured, live)
+                await self._flows.reply(closed, text)  # owed: kept while Slack is down
+            return Outcome(detail | {"resolved": closed})
+        held = await asyncio.to_thread(self._still_open, now, detail)
+        if held is not None:
+            return Outcome(detail | {"incident": held, "opened": False})
+        checks = [await self._revalidate(adr, live, found.before) for adr in drifted]
+        detail["revalidated"] = [check.summary for check in checks]
+        incident_id, opened = await asyncio.to_thread(self._open, now, drifted, checks, detail)
+        if opened:
+            parts = [messages.workload_drift(self.name, adr, live, diffs[adr.id], check)
+                     for adr, check in zip(drifted, checks, strict=True)]  # fmt: skip
+            await self._flows.reply(incident_id, "\n\n".join(parts))
+        return Outcome(detail | {"incident": incident_id, "opened": opened})
+
+    async def _revalidate(self, adr: Adr, live: WorkloadShape, before: Any) -> Revalidation:
+        """The ADR's gates, by the canary replaying ``live`` on this target."""
+        gates, setters = strictest([adr], before)
+        if gates.is_empty():
+            return Revalidation(adr.id, None, {})
+        result = await self._gate(self._target.vllm_url, self._target.canary, gates, shape=live)
+        return Revalidation(adr.id, result, setters)
+
+    def _still_open(self, now: dt.datetime, detail: dict[str, Any]) -> int | None:
+        """The open drift thread's incident, noted in the audit log (None: none open)."""
+        with self._db.transaction() as s:
+            held = store.find_open(s, key=drift_key(self.name))
+            if held is None:
+                return None
+            store.audit(s, at=now, actor="ruleloop", action="workload.drifting",
+                        incident=held, detail=json_safe(detail))  # fmt: skip
+            return held.id
+
+    def _open(
+        self,
+        now: dt.datetime,
+        drifted: Sequence[Adr],
+        checks: Sequence[Revalidation],
+        detail: dict[str, Any],
+    ) -> tuple[int, bool]:
+        """The drift thread's incident: its id, and whether this replica opened it now."""
+        key = drift_key(self.name)
+        failing = [check.summary for check in checks if check.failed]
+        try:
+            with self._db.transaction() as s:
+                held = store.find_open(s, key=key)
+                if held is not None:  # another replica opened it while we re-validated
+                    return held.id, False
+                incident = store.create(
+                    s,
+                    key=key,
+                    source=SOURCE,
+                    title=messages.workload_drift_title(
+                        self.name, [adr.id for adr in drifted], failing
+                    ),
+                    target=self.name,
+                    labels={"alertname": ALERTNAME, "ruleloop_target": self.name,
+                            "severity": "warning" if failing else "info"},
+                    at=now,
+                )  # fmt: skip
+                store.audit(s, at=now, actor="ruleloop", action="workload.drift",
+                            incident=incident, detail=json_safe(detail))  # fmt: skip
+                return incident.id, True
+        except IntegrityError:  # another replica opened it between our read and our write
+            with self._db.transaction() as s:
+                held = store.find_open(s, key=key)
+                assert held is not None
+                return held.id, False
+
+    def _close(self, now: dt.datetime, detail: dict[str, Any]) -> int | None:
+        """Close the open drift thread's incident, if any; its id."""
+        with self._db.transaction() as s:
+            held = store.find_open(s, key=drift_key(self.name))
+            if held is None:
+                return None
+            store.close(s, held, at=now)
+            store.audit(s, at=now, actor="ruleloop", action="workload.alike",
+                        incident=held, detail=json_safe(detail))  # fmt: skip
+            return held.id
+
+
+def _shape(adr: Adr) -> WorkloadShape:
+    assert adr.workload is not None
+    return adr.workload
+
+
+def _drifted_dimensions(result: ShapeDiff) -> list[str]:
+    return [d.line for d in result.dimensions if d.drifted]

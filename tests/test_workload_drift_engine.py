@@ -1,0 +1,144 @@
+"""The workload-drift job against a real vLLM engine (CPU): the ADR in force records the shape
+of chat traffic captured from this engine; the job captures the engine's live shape from its
+own /metrics while the test sends traffic, and re-validates the ADR's gates with the real
+canary replaying the live shape. Chats again: nothing is posted. Agents behind a long shared
+system prompt: one thread, with the gates re-run under that traffic.
+
+Waits come from what the engine does here: the capture window is sized from the measured time
+of a chat request, so that each window holds enough finished requests on any machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bot.adr.shared import SharedAdrStore
+from bot.canary.runner import CanaryRun
+from bot.canary.workload import Workload
+from bot.engine.process import EngineInfo
+from bot.probes.vllm_metrics import MetricsScraper
+from bot.probes.workload_capture import CAPTURE_METRICS, capture
+from bot.remediation.gate import run_gate
+from bot.scheduler.in_force import adrs_in_force
+from bot.scheduler.workload_drift import LiveShape, WorkloadDrift
+from bot.store import service as store
+from bot.workload.shape import WorkloadShape
+from tests.fakes.bot import Harness, harness
+from tests.fakes.slack_api import FakeSlack
+from tests.test_scheduler_workload_drift import ADR, record_workload
+
+pytestmark = [pytest.mark.engine, pytest.mark.slow]
+CONCURRENCY = 2
+CHATS = {"prompt_length": 96, "output_length": 8}
+AGENTS = {"prompt_length": 1400, "prefix_length": 1200, "output_length": 8}
+WINDOW_REQUESTS = 24  # requests a capture window should hold, at the measured chat pace
+GENEROUS = "  max_ttft_p99_ms: 600000\n  max_tpot_p99_ms: 60000\n  min_goodput_ratio: 0.5\n"
+
+
+def traffic(url: str, seconds: float, **shape: int) -> CanaryRun:
+    """Closed-loop traffic of one fixed kind for ``seconds``."""
+    workload = Workload(endpoint=f"{url}/v1/completions", concurrency=CONCURRENCY,
+                        num_requests=None, duration_s=seconds, seed=3, **shape)  # fmt: skip
+    return CanaryRun(workload, metrics_url=None)
+
+
+async def chat_pace(url: str) -> float:
+    """Seconds per finished chat request here, with CONCURRENCY streams (warm engine)."""
+    await traffic(url, 2.0, **CHATS).run()  # warm-up: the first requests pay for allocations
+    run = traffic(url, 4.0, **CHATS)
+    started = time.perf_counter()
+    report = await run.run()
+    finished = max(1, report.outcomes()["ok"])
+    return (time.perf_counter() - started) / finished
+
+
+async def captured(url: str, window_s: float, **kind: int) -> WorkloadShape:
+    """The engine's shape while ``kind`` of traffic runs (the traffic outlasts the window)."""
+    async with httpx.AsyncClient(timeout=30.0) as client:
+        scraper = MetricsScraper(f"{url}/metrics", client=client)
+        load = asyncio.create_task(traffic(url, window_s + 30.0, **kind).run())
+        await asyncio.sleep(1.0)  # the window starts with the load already running
+        try:
+            return await capture(lambda: scraper(only=CAPTURE_METRICS), url=f"{url}/metrics",
+                                 seconds=window_s, interval_s=window_s / 4)  # fmt: skip
+        finally:
+            load.cancel()
+            await asyncio.gather(load, return_exceptions=True)
+
+
+@pytest.fixture
+async def bot(tmp_path: Path, slack: FakeSlack, engine: EngineInfo) -> AsyncIterator[Harness]:
+    canary = {"concurrency": CONCURRENCY, "num_requests": 12, "timeout_s": 600}
+    target = {"vllm_url": engine.base_url, "canary": canary}
+    h = harness(tmp_path, slack=slack, targets={"prod-a": target},
+                scheduler={"targets": {"prod-a": {"adrs": [ADR]}}})  # fmt: skip
+    seed = next(Path(h.bot.flows.settings.paths.adr).glob(f"{ADR}-*.md"))
+    text = seed.read_text()
+    for gate, value in (("max_ttft_p99_ms", "350.0"), ("max_tpot_p99_ms", "35.0"),
+                        ("min_goodput_ratio", "0.95")):  # fmt: skip
+        assert f"  {gate}: {value}\n" in text
+        text = text.replace(f"  {gate}: {value}\n", "")
+    seed.write_text(text.replace("gates:\n", "gates:\n" + GENEROUS, 1))
+    yield h
+    await h.close()
+
+
+async def test_drift_on_a_real_engine_posts_one_thread_with_the_gates_rerun_under_it(
+    bot: Harness, slack: FakeSlack, engine: EngineInfo
+) -> None:
+    url = engine.base_url
+    pace = await chat_pace(url)
+    window = max(6.0, WINDOW_REQUESTS * pace)
+    adr_dir = Path(bot.bot.flows.settings.paths.adr)
+    record_workload(adr_dir, await captured(url, window, **CHATS))  # what the ADR was proven on
+    adrs = SharedAdrStore(root=adr_dir, db=bot.bot.db)
+
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        job = WorkloadDrift(
+            name="prod-a",
+            target=bot.bot.flows.settings.targets["prod-a"],
+            listed=[ADR],
+            db=bot.bot.db,
+            adrs=adrs,
+            gate=run_gate,  # the real canary, replaying the live shape against the engine
+            flows=bot.bot.flows,
+            read_shape=LiveShape(http=http, window_s=window),
+        )
+        in_force = adrs_in_force(bot.bot.db, adrs, target="prod-a", listed=[ADR])
+        assert in_force.ids == [ADR] and in_force.adrs[0].workload is not None
+
+        async def period(**kind: int) -> dict[str, object]:
+            load = asyncio.create_task(traffic(url, window + 30.0, **kind).run())
+            await asyncio.sleep(1.0)
+            try:
+                outcome = await job(bot.wall.now())
+            finally:
+                load.cancel()
+                await asyncio.gather(load, return_exceptions=True)
+            await bot.bot.flows.tasks.drain()
+            return outcome.detail
+
+        alike = await period(**CHATS)
+        assert alike.get("drifted") == [], alike
+        assert slack.of("chat.postMessage") == []  # no drift, no message
+
+        drift = await period(**AGENTS)
+        assert drift["drifted"] == [ADR] and drift["opened"], drift
+        assert drift["revalidated"] == [f"{ADR}: gates hold"], drift
+
+    with bot.bot.db.transaction() as s:
+        (incident,) = list(store.incidents(s))
+    assert incident.status == "firing" and incident.target == "prod-a"
+    root, thread = slack.of("chat.postMessage")
+    text = thread.args["text"]
+    assert "Workload drift on prod-a" in root.args["text"]
+    assert f"*{ADR}* was measured at prompt p50 " in text
+    assert "What moved: prompt tokens" in text
+    assert ":white_check_mark: Under it the gates still hold (the canary replayed" in text
+    assert ":white_check_mark: TTFT p99 " in text and ", ADR-20260831-01)" in text
