@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.report import CanaryReport, slo_attainment, summarize
 from bot.canary.shape_replay import fixed_shape
-from bot.canary.verdict import Gates
+from bot.canary.verdict import Gates, values_of
 from bot.canary.workload import Workload
 from bot.probes.fragmentation import (
     FragmentationSample,
@@ -17,7 +20,9 @@ from bot.probes.fragmentation import (
     resident_lengths,
     used_blocks,
 )
+from bot.probes.vllm_metrics import EngineWindow, parse_page, read_window
 
+VLLM = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
 # The report always says the shape it sent; these reports are of the fixed default workload.
 SHAPE = fixed_shape(Workload(endpoint="http://x/v1/completions"), request_rate=1.0)
 
@@ -177,3 +182,31 @@ def test_report_json_has_the_contract_keys() -> None:
         "source": "TTFT p99: client side; requests that failed count as infinitely slow",
     }  # fmt: skip
     assert [g["name"] for g in data["gates"]] == ["max_ttft_p99_ms", "max_error_rate"]
+
+
+def engine_window(*, finished: float, generated: float) -> EngineWindow:
+    """A real window read from two recorded vLLM pages, with these counts."""
+    before, after = (parse_page((VLLM / f"{n}.prom").read_text(), url="x", at=t)
+                     for n, t in (("before", 0.0), ("after", 10.0)))  # fmt: skip
+    window = read_window(before, after)
+    return replace(window, requests_finished=finished, aborted_requests=0.0,
+                   generation_tokens=generated)  # fmt: skip
+
+
+def test_goodput_reads_the_engine_when_it_served_the_canary_alone() -> None:
+    records = [record(0.1, 1.1, 30), record(0.1, 1.1, 30)]
+    report = replace(make_report(records, Gates()), engine=engine_window(finished=2, generated=80))
+    assert report.goodput_ratio() == (pytest.approx(60 / 80), "engine")
+    assert report.numbers()["other_clients_requests"] == 0
+
+
+def test_goodput_beside_other_clients_reads_the_canarys_own_requests() -> None:
+    """A production engine's other clients are not the canary's waste: 2 canary requests
+    beside 40 others would read 60 / 2,000 tokens from the engine's count."""
+    records = [record(0.1, 1.1, 30), record(0.1, 1.1, 30)]
+    shared = replace(
+        make_report(records, Gates()), engine=engine_window(finished=42, generated=2000)
+    )
+    value, source = shared.goodput_ratio()
+    assert value == pytest.approx(1.0) and source.startswith("shared (the engine also ended 40 ")
+    assert values_of(shared.as_dict()).goodput_source == "shared"

@@ -82,6 +82,12 @@ def fragmentation_summary(samples: Sequence[FragmentationSample]) -> dict[str, A
     }
 
 
+# Requests the engine may end in a window beyond the canary's own without meaning other clients
+# (a request of the run's warmup or a retried connection crossing the window's edge).
+OTHERS_SLACK = 2
+OTHERS_SHARE = 0.1
+
+
 @dataclass
 class CanaryReport:
     """Everything a run measured; ``as_dict`` is the JSON contract of latency_checker.
@@ -163,12 +169,32 @@ class CanaryReport:
         """Output tokens any request received, cancelled ones included."""
         return sum(r.output_tokens for r in self.records)
 
+    def others_requests(self) -> int | None:
+        """Requests the engine ended in the canary's window beyond the canary's own: other
+        clients were served beside it (None: the engine does not say)."""
+        if self.engine is None or self.engine.requests_finished is None:
+            return None
+        ended = self.engine.requests_finished + (self.engine.aborted_requests or 0)
+        return max(0, round(ended) - len(self.records))
+
     def goodput_ratio(self) -> tuple[float | None, str]:
-        """Delivered / engine-generated tokens, and where the denominator came from."""
+        """Delivered / engine-generated tokens, and where the denominator came from.
+
+        The engine's count is the canary's only when the engine served nobody else in the
+        window: beside other clients (a production engine, a target under traffic) it counts
+        their tokens too, and the ratio would read their traffic as the canary's waste, so the
+        canary's own requests are read instead (delivered / streamed), and the source says so.
+        """
         delivered = self.delivered_tokens()
+        streamed = self.streamed_tokens()
+        others = self.others_requests()
+        if others is not None and others > max(OTHERS_SLACK, OTHERS_SHARE * len(self.records)):
+            if streamed:
+                return delivered / streamed, f"shared (the engine also ended {others} requests "
+                "of other clients: the canary's own, delivered / streamed)"
+            return None, "none"
         if self.engine is not None and self.engine.generation_tokens:
             return min(delivered / self.engine.generation_tokens, 1.0), "engine"
-        streamed = self.streamed_tokens()
         if streamed:
             # Without the engine's count, tokens generated after a client left are invisible:
             # this is an upper bound, and the report says so.
@@ -194,6 +220,8 @@ class CanaryReport:
             "kv_fragmentation": fragmentation_summary(self.samples),
             "wasted_prefill_tokens": self.engine.wasted_prefill_tokens if self.engine else None,
             "requests": outcomes,
+            # requests the engine ended in the window that were not the canary's (None: unknown)
+            "other_clients_requests": self.others_requests(),
             "error_rate": outcomes["failed"] / outcomes["total"] if outcomes["total"] else None,
             "tokens": {
                 "delivered": self.delivered_tokens(),

@@ -14,7 +14,9 @@ Which numbers a gate reads (``values_of``), said again in every gate result's ``
   teardown), so the canary's own requests are read: tokens delivered by those that finished
   normally / all tokens they streamed (exact when none cancels; an upper bound when some do,
   as tokens generated after a client left are not seen). Before-run and after-run of the same
-  canary read it the same way.
+  canary read it the same way. The same holds when the engine served other clients in the
+  canary's window (more requests ended than the canary sent: a target under production
+  traffic), source "shared".
 - KV fragmentation: observed (1 - resident tokens / allocated KV slots); with background load,
   whose tokens the canary cannot see, the internal (PagedAttention) definition.
 - Error rate: failed requests (HTTP error, timeout, transport or stream error) / all requests.
@@ -42,6 +44,8 @@ GOODPUT_SOURCES = {
     "own": "of the canary's own requests (background load beside them): delivered / streamed"
     " (an upper bound when some cancel)",
     "client": "client view (no engine metrics): delivered / streamed; an upper bound",
+    "shared": "of the canary's own requests (the engine served other clients too): delivered /"
+    " streamed (an upper bound when some cancel)",
 }
 FRAGMENTATION_SOURCES = {
     "observed": "observed: 1 - resident tokens / allocated KV slots",
@@ -251,7 +255,9 @@ def values_of(report: Mapping[str, Any]) -> Values:
     else:
         goodput = report.get("goodput_ratio")
         source = str(report.get("goodput_source") or "canary")
-        goodput_source = "client" if source.startswith("client") else "canary"
+        goodput_source = next(
+            (kind for kind in ("client", "shared") if source.startswith(kind)), "canary"
+        )
     return Values(
         ttft_p99_ms=_p99(report.get("ttft_ms")),
         tpot_p99_ms=_p99(report.get("tpot_ms")),

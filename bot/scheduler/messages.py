@@ -66,7 +66,7 @@ def still_drifting(at: dt.datetime, load: str, lines: str) -> str:
 WORKLOAD_DRIFT_TITLE = "Workload drift on {target}: {adrs} measured on other traffic"
 WORKLOAD_DRIFT = (
     ":world_map: *Workload drift on {target}.* *{adr}* was measured at {then}\n"
-    "Production now sends {now}\nWhat moved: {moved}\n{verdict}"
+    "Production now sends {now}\nWhat moved:\n{moved}\n{verdict}"
 )
 WORKLOAD_ALIKE = (
     ":white_check_mark: *{target}* sends the traffic {adrs} {were} measured under again: {now}"
@@ -105,7 +105,7 @@ def workload_drift(
         adr=adr.id,
         then=context_line(adr.workload).removeprefix(PREFIX),
         now=_traffic(live),
-        moved="; ".join(d.line for d in moved.dimensions if d.drifted),
+        moved="\n".join(f"• {d.line}" for d in moved.dimensions if d.drifted),
         verdict=verdict,
     )
 
