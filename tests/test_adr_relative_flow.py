@@ -81,7 +81,9 @@ class RecordingCanary:
         self.gates: list[AdrGates] = []
         self.tpot_p99_ms = [60.0, 21.5]
 
-    async def __call__(self, base_url: str, spec: CanarySpec, gates: AdrGates) -> GateRun:
+    async def __call__(
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+    ) -> GateRun:
         tpot = self.tpot_p99_ms[len(self.gates)]
         self.gates.append(gates)
         report = {"ttft_ms": {"p99": 180.0}, "tpot_ms": {"p99": tpot}, "goodput_ratio": 0.99,

@@ -56,7 +56,9 @@ class HeldCanary:
         self.started = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def __call__(self, base_url: str, spec: CanarySpec, gates: AdrGates) -> GateRun:
+    async def __call__(
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+    ) -> GateRun:
         self.started.set()
         await self.release.wait()
         return GateRun(PASSING, judge(PASSING, gates_from(gates)))

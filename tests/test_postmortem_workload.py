@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from sqlalchemy import select
 
 from bot.adr.models import AdrGates
@@ -82,8 +83,12 @@ class ShapedCanary:
             (21.5, JUDGING_SHAPE),
         ]
         self.calls = 0
+        self.replayed: list[object] = []  # the shape each run was asked to replay
 
-    async def __call__(self, base_url: str, spec: CanarySpec, gates: AdrGates) -> GateRun:
+    async def __call__(
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+    ) -> GateRun:
+        self.replayed.append(shape)
         tpot, shape = self.runs[self.calls]
         self.calls += 1
         report: dict[str, Any] = {
@@ -183,3 +188,22 @@ async def test_a_canary_that_says_no_shape_drafts_no_workload(
     assert done.state == "promoted" and done.result["workload_shape"] is None
     assert parse(markdown).workload is None
     assert "workload:" not in markdown and "Measured at" not in markdown
+
+
+async def test_an_adr_that_records_its_workload_is_judged_under_it_before_and_after(
+    h: Harness, canary: ShapedCanary, tmp_path: Path
+) -> None:
+    path = tmp_path / "adr" / f"{ADR}-chunk-long-prefills.md"
+    _, front, body = path.read_text().split("---\n", 2)
+    data = yaml.safe_load(front) | {"workload": JUDGING_SHAPE.model_dump(mode="json")}
+    path.write_text(f"---\n{yaml.safe_dump(data, sort_keys=False)}---\n{body}")
+    done, _ = await _apply(h)
+    assert done.state == "promoted"
+    assert canary.replayed == [JUDGING_SHAPE, JUDGING_SHAPE]  # the before-run and the judge
+
+
+async def test_an_adr_without_a_workload_runs_the_targets_canary_load(
+    h: Harness, canary: ShapedCanary
+) -> None:
+    await _apply(h)
+    assert canary.replayed == [None, None]

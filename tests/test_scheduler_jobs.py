@@ -25,6 +25,8 @@ from bot.store import service as store
 from bot.store.models import AdrDraft, Incident, MetricSnapshot, Remediation
 from tests.fakes.bot import PAGES, Harness, harness
 from tests.fakes.slack_api import FakeSlack
+from tests.test_scheduler_workload_drift import record_workload
+from tests.workload_pages import chat
 
 ADR = "ADR-20260831-01"  # gates: TTFT p99 <= 350 ms, TPOT p99 <= 35 ms, goodput >= 95 %
 
@@ -35,9 +37,13 @@ class FakeCanary:
     def __init__(self) -> None:
         self.ttft_p99_ms = 180.0
         self.calls: list[tuple[str, AdrGates]] = []
+        self.shapes: list[object] = []
 
-    async def __call__(self, base_url: str, spec: CanarySpec, gates: AdrGates) -> GateRun:
+    async def __call__(
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+    ) -> GateRun:
         self.calls.append((base_url, gates))
+        self.shapes.append(shape)
         report = {"ttft_ms": {"p99": self.ttft_p99_ms}, "tpot_ms": {"p99": 21.5},
                   "goodput_ratio": 0.99, "kv_fragmentation": {"observed": 0.12},
                   "requests": {"total": 32, "failed": 0}}  # fmt: skip
@@ -141,6 +147,19 @@ async def test_baseline_drift_opens_one_incident_with_the_numbers_until_it_recov
     assert [a for a in actions(h) if a.startswith("baseline.")] == [
         "baseline.drift", "baseline.drifting", "baseline.recovered"
     ]  # fmt: skip
+
+
+async def test_baseline_replays_the_workload_the_adr_in_force_records(
+    h: Harness, slack: FakeSlack, canary: FakeCanary
+) -> None:
+    (plain,) = await tick(h, "baseline:prod-a")
+    assert canary.shapes == [None]  # no recorded workload: the target's canary load
+    record_workload(Path(h.bot.flows.settings.paths.adr), chat())
+    canary.ttft_p99_ms = 412.0
+    await tick(h, "baseline:prod-a", after_s=3600)
+    assert canary.shapes[-1] == chat()
+    numbers = slack.of("chat.postMessage")[-1].args["text"]
+    assert f"48 requests replaying the workload {ADR} records" in numbers
 
 
 async def test_baseline_gates_come_from_the_adr_promoted_on_the_target(

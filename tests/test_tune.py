@@ -24,8 +24,10 @@ from bot.errors import UsageError
 from bot.tune.draft import NO_PICK, build_draft
 from bot.tune.matrix import RECOMMENDED, Row, recommend
 from bot.tune.plan import Experiment, TunePlan, WorkloadSpec, load_plan
+from bot.workload import shape as shapes
 from bot.workload.describe import context_line
 from bot.workload.shape import WorkloadShape
+from tests.workload_pages import long_system_prompt
 
 
 def _plan(**changes: object) -> TunePlan:
@@ -90,6 +92,28 @@ def test_background_workload_runs_until_cancelled() -> None:
     assert (workload.num_requests, workload.warmup_requests) == (None, 0)
     assert workload.duration_s is not None and workload.duration_s >= 3600
     assert spec.describe(background=True).startswith("agent: alongside until the canary ends")
+
+
+def test_a_workload_shape_is_replayed_by_every_configuration(tmp_path: Path) -> None:
+    path = tmp_path / "prod.yaml"
+    shapes.save(long_system_prompt(), path)
+    spec = WorkloadSpec(shape=path, num_requests=24, concurrency=4)
+    workload = spec.workload("http://127.0.0.1:9")
+    assert workload.shape == long_system_prompt() and workload.num_requests == 24
+    assert spec.describe() == f"canary: 24 requests, at most 4 streams, replaying {path}"
+    with pytest.raises(ValueError, match="prompt_length contradict the workload shape"):
+        WorkloadSpec(shape=path, prompt_length=512)
+
+
+def test_cli_tune_refuses_a_bad_shape_file_before_starting_engines(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 2\n")
+    args = ["tune", "--adr-dir", str(tmp_path / "adr"), "--state-dir", str(tmp_path / "s"),
+            "--exp", "a=--block-size 32", "--workload", str(bad)]  # fmt: skip
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 2, result.output
+    assert "bad.yaml" in result.stderr and "version" in result.stderr
+    assert not (tmp_path / "s").exists()
 
 
 GATES = AdrGates(max_ttft_p99_ms=350, max_tpot_p99_ms=35, min_goodput_ratio=0.95)

@@ -28,6 +28,10 @@ Examples:
       --exp mnbt-512="--max-num-batched-tokens 512" \\
       --prompt-length 1024 --prefix-length 768 --concurrency 8 --num-requests 32 \\
       --max-ttft-p99-ms 2000 --max-tpot-p99-ms 150
+  # every configuration under production's traffic, captured from its engine
+  ruleloop workload capture --metrics-url http://vllm-prod-0:8000/metrics --seconds 60 -o prod.yaml
+  ruleloop tune --baseline "--enforce-eager" --exp mnbt-512="--max-num-batched-tokens 512" \
+      --workload prod.yaml --num-requests 48 --max-tpot-p99-ms 150
   # everything in a file, background load included (see docs/adr.md)
   ruleloop tune --plan bench/tune-mixed.yaml
 
@@ -46,6 +50,7 @@ WORKLOAD_OPTIONS = (
     "warmup_requests",
     "cancel_share",
     "seed",
+    "shape",
 )
 
 
@@ -89,6 +94,13 @@ def _experiment(text: str) -> Experiment:
 @click.option("--warmup", "warmup_requests", type=click.IntRange(min=0), default=None)
 @click.option("--cancel-share", type=click.FloatRange(0, 1), default=None)
 @click.option("--seed", type=int, default=None)
+@click.option(
+    "--workload",
+    "shape",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Replay this workload shape (`ruleloop workload capture -o`) instead of fixed lengths.",
+)
 @click.option("--max-ttft-p99-ms", type=click.FloatRange(min=0, min_open=True), default=None)
 @click.option("--max-tpot-p99-ms", type=click.FloatRange(min=0, min_open=True), default=None)
 @click.option("--min-goodput-ratio", type=click.FloatRange(0, 1), default=None)

@@ -282,7 +282,7 @@ class RemediationService:
             # 'Nx before' gates need the before-run: the same canary on the flags serving now
             measured = None
             if spec.canary.baseline or adr.gates.relative(BEFORE):
-                measured = await self._baseline(rem, spec, before, adr.gates, runner)
+                measured = await self._baseline(rem, spec, before, adr, runner)
             was = None if measured is None else measured.values.four()
             gates = adr.gates.resolve({}, before=was)
         except UsageError as exc:
@@ -315,11 +315,15 @@ class RemediationService:
             {"base_url": deployed.base_url, "flags": deployed.flags,
              "workload": spec.canary.model_dump()},
             note=f"canary: {spec.canary.num_requests} requests, {spec.canary.concurrency} "
-            f"streams against {deployed.base_url}…",
+            f"streams against {deployed.base_url}"
+            + (", replaying the workload the ADR was measured under" if adr.workload else "")
+            + "…",
             after=deployed.to_json(), owner=runner, expect=["applying"],
         )  # fmt: skip
         try:
-            result = await self._gate(deployed.base_url, spec.canary, gates)
+            # An ADR that records the workload it was measured under is judged under it again,
+            # before and after the change alike; otherwise the target's canary load.
+            result = await self._gate(deployed.base_url, spec.canary, gates, shape=adr.workload)
         except RuleloopError as exc:
             await self._roll_back(
                 rem, actuator, before, reason=f"the canary could not run: {exc}", owner=runner,
@@ -365,7 +369,7 @@ class RemediationService:
         )  # fmt: skip
 
     async def _baseline(
-        self, rem: Remediation, spec: Target, before: Deployed, gates: AdrGates, runner: str
+        self, rem: Remediation, spec: Target, before: Deployed, adr: Adr, runner: str
     ) -> GateRun | None:
         """The same canary on the flags serving now: the matrix's "before" row, and what
         'Nx before' gates multiply. None when it could not run (gates that need it then say
@@ -377,7 +381,11 @@ class RemediationService:
         )  # fmt: skip
         try:
             # judged by the absolute gates only: the relative ones multiply what this measures
-            result = await self._gate(before.base_url, spec.canary, gates.resolve({}, strict=False))
+            assert adr.gates is not None
+            result = await self._gate(
+                before.base_url, spec.canary, adr.gates.resolve({}, strict=False),
+                shape=adr.workload,
+            )  # fmt: skip
         except RuleloopError as exc:
             log.warning("baseline canary of remediation %s failed: %s", rem.id, exc)
             return None

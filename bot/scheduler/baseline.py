@@ -92,7 +92,10 @@ class BaselineCanary:
         if gates.is_empty():
             return Outcome({"skipped": "the ADRs in force set no gate they can check yet",
                             "adrs": _ids(in_force), "unresolved": unresolved})  # fmt: skip
-        result = await self._gate(self._target.vllm_url, self._target.canary, gates)
+        # One ADR in force that records its workload is checked under it, as it was measured;
+        # several (their shapes differ) share the target's canary load.
+        shape = in_force[0].workload if len(in_force) == 1 else None
+        result = await self._gate(self._target.vllm_url, self._target.canary, gates, shape=shape)
         detail: dict[str, Any] = {
             "adrs": _ids(in_force),
             "missing": missing,
@@ -103,6 +106,8 @@ class BaselineCanary:
         lines = messages.gate_lines(result.verdict, setters)
         spec = self._target.canary
         load = messages.load_text(spec.concurrency, spec.num_requests, spec.prompt_length)
+        if shape is not None:
+            load = f"{spec.num_requests} requests replaying the workload {in_force[0].id} records"
         if result.passed:
             resolved = await asyncio.to_thread(self._resolve, now, detail)
             if resolved is not None:

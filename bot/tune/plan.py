@@ -12,14 +12,17 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from bot.adr.flags import canonical, check_engine_args, to_argv
 from bot.adr.models import AdrGates, Condition, EngineValue, GatewayRules
 from bot.canary.workload import Workload, check
 from bot.errors import UsageError
+from bot.workload import shape as shapes
 
 BASELINE = "baseline"
+# What a replayed shape decides, so a plan may not also write it.
+SHAPE_DECIDES = ("request_rate", "prompt_length", "prefix_length", "output_length")
 # Background load runs until the measured canary is done, then it is cancelled.
 BACKGROUND_DURATION_S = 24 * 3600.0
 
@@ -41,13 +44,34 @@ class WorkloadSpec(BaseModel):
     cancel_share: float = Field(default=0.0, ge=0, le=1)
     cancel_after_ms: float = Field(default=500.0, gt=0)
     seed: int = 0
+    # a workload shape file (bot/workload/shape.py) to replay instead of the fixed lengths:
+    # every configuration is measured under production's traffic (docs/workload.md)
+    shape: Path | None = None
+
+    @model_validator(mode="after")
+    def _shape_or_lengths(self) -> WorkloadSpec:
+        fixed = self.model_fields_set & set(SHAPE_DECIDES)
+        if self.shape is not None and fixed:
+            raise ValueError(
+                f"{', '.join(sorted(fixed))} contradict the workload shape {self.shape}: the "
+                "shape's lengths and arrivals decide them; drop them"
+            )
+        if self.shape is not None:
+            try:
+                shapes.load(self.shape)  # a bad file is refused before any engine starts
+            except UsageError as exc:
+                raise ValueError(str(exc)) from None
+        return self
 
     def workload(self, base_url: str, *, background: bool = False) -> Workload:
         """The canary Workload against an engine at ``base_url``."""
         path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
-        fields = self.model_dump(exclude={"name", "api"})
+        fields = self.model_dump(exclude={"name", "api", "shape"})
         if background:
             fields |= {"num_requests": None, "warmup_requests": 0}
+        if self.shape is not None:
+            fields = {k: v for k, v in fields.items() if k not in SHAPE_DECIDES}
+            fields["shape"] = shapes.load(self.shape)  # ShapeError: file, field and why
         workload = Workload(
             endpoint=base_url + path,
             duration_s=BACKGROUND_DURATION_S if background else None,
@@ -61,6 +85,10 @@ class WorkloadSpec(BaseModel):
     def describe(self, *, background: bool = False) -> str:
         """The workload in one line: name, requests, streams, prompt and output tokens."""
         count = "alongside until the canary ends" if background else f"{self.num_requests} requests"
+        if self.shape is not None:
+            return (
+                f"{self.name}: {count}, at most {self.concurrency} streams, replaying {self.shape}"
+            )
         rate = f", {self.request_rate:g} req/s" if self.request_rate else ""
         cancel = (
             f", {self.cancel_share:.0%} cancel after {self.cancel_after_ms:g} ms"

@@ -49,7 +49,9 @@ class Wall:
         return self.now
 
 
-async def recorded_canary(base_url: str, spec: CanarySpec, gates: AdrGates) -> GateRun:
+async def recorded_canary(
+    base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+) -> GateRun:
     """The gate's canary: a recorded passing report, judged against the ADR's gates."""
     return GateRun(PASSING, judge(PASSING, gates_from(gates)))
 
