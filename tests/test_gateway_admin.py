@@ -78,4 +78,5 @@ async def test_admin_changes_limits_live_without_dropping_open_streams(make_gate
     assert refused.status_code == 429
     assert rest[-1] == "data: [DONE]"
     assert shown.json()["default_timeout_s"] == 30.0 and app.budget.limit == 7
-    assert bad.status_code == 400 and "max_inflight_tokens" in bad.json()["error"]["message"]
+    assert bad.status_code == 422 and "max_inflight_tokens" in bad.json()["error"]["message"]
+    assert bad.json()["error"]["param"] == "max_inflight_tokens"

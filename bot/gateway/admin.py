@@ -3,6 +3,8 @@
   GET   /admin/limits                        the limits in force
   PATCH /admin/limits  {"max_inflight_tokens": 4096, "default_timeout_s": "30s"}
         (PUT is accepted as a synonym) applies the change at once; open streams keep running.
+        A body that is not a JSON object (or nests too deeply to read) is a 400; a value that
+        is wrong (a bool for a number, an unknown key) a 422 naming the field in ``param``.
   GET   /admin/requests[?last_s=N]           the request records (records.py), as JSON:
         the shape of each admitted request (lengths, arrival, prefix hashes), never content
 
@@ -92,14 +94,22 @@ class Admin:
             raise HTTPProblem(
                 400, "the limits change is not valid JSON", code="invalid_request"
             ) from None
+        except RecursionError:  # e.g. 30,000 nested arrays: the parser's stack runs out
+            raise HTTPProblem(
+                400, "the limits change is not usable JSON: nested too deeply",
+                code="invalid_request",
+            ) from None  # fmt: skip
         if not isinstance(change, dict):
             raise HTTPProblem(
                 400, "the limits change must be a JSON object", code="invalid_request"
             )
         try:
             new = updated(self._get(), change)
-        except LimitsError as exc:
-            raise HTTPProblem(400, f"limits not changed: {exc}", code="invalid_limits") from None
+        except LimitsError as exc:  # JSON read, a value wrong: 422, naming the (first) field
+            raise HTTPProblem(
+                422, f"limits not changed: {exc}", param=exc.fields[0] if exc.fields else None,
+                code="invalid_limits",
+            ) from None  # fmt: skip
         self._set(new)
         return new.as_dict()
 

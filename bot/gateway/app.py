@@ -6,7 +6,15 @@
   GET  /engine/metrics                         the engine's /metrics, verbatim (engine_page.py)
   /admin/limits                                live limits (see admin.py)
   /admin/requests                              the request records (see records.py)
-  anything else                                passed through to the engine unchanged
+  the engine paths of PASSTHROUGH              passed through to the engine as sent
+  anything else                                404, never forwarded
+
+Routing is on the path exactly as the client sent it (``raw_path``), and only a path that has
+one reading gets that far: a request target that is not a plain absolute path (``*``, dot
+segments, ``//``, a backslash, any percent-encoding) is a 400. A path the gateway lets through
+is then the path the engine routes on, byte for byte: no spelling of /v1/completions reaches
+the engine without the budget, the deadline and the counting (the upstream URL removes dot
+segments, the engine decodes ``%2f``; neither can turn an unknown path into a known one).
 
 Order of checks for an inference request: timeout header, body size, JSON, model and prompt,
 budget. A request refused at any of them is answered here and never reaches the engine.
@@ -15,6 +23,7 @@ budget. A request refused at any of them is answered here and never reaches the 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 
@@ -34,6 +43,24 @@ from bot.gateway.responses import HTTPProblem
 from bot.gateway.types import Receive, Scope, Send
 
 INFERENCE_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> is chat
+# The engine's paths the gateway forwards (path -> methods): reads and tokenizer calls, none of
+# which holds the engine's capacity. Generation anywhere else (/v1/embeddings, /v1/responses,
+# /invocations, which vLLM dispatches to completions or chat by the body) and vLLM's operator
+# endpoints (/reset_prefix_cache, /sleep, /v1/load_lora_adapter...) would bypass the limits.
+PASSTHROUGH: dict[str, tuple[str, ...]] = {
+    "/v1/models": ("GET", "HEAD"),
+    "/health": ("GET", "HEAD"),
+    "/ping": ("GET", "HEAD"),
+    "/version": ("GET", "HEAD"),
+    "/tokenize": ("POST",),
+    "/detokenize": ("POST",),
+}
+OWN_PATHS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(INFERENCE_PATHS, ("POST",)),
+    "/metrics": ("GET",),
+    engine_page.PATH: ("GET",),
+}
+_AMBIGUOUS = re.compile(rb"//|\\|%|(?:^|/)\.\.?(?:/|$)")
 
 
 class ClientGone(Exception):
@@ -77,20 +104,32 @@ class Gateway:
             return
         if scope["type"] != "http":
             return
-        path = scope["path"]
+        try:
+            path = route_path(scope)
+        except HTTPProblem as problem:
+            await send_problem(send, problem)
+            return
+        if path.startswith("/admin/"):
+            await self.admin(scope, receive, send)
+            return
+        methods = OWN_PATHS.get(path) or PASSTHROUGH.get(path)
+        if methods is None:
+            await send_problem(send, responses.no_such_path(path, [*OWN_PATHS, *PASSTHROUGH]))
+            return
+        if scope["method"] not in methods:
+            await send_problem(send, responses.wrong_method(path, methods))
+            return
         chat = INFERENCE_PATHS.get(path)
-        if chat is not None and scope["method"] == "POST":
+        if chat is not None:
             await self._inference(scope, receive, send, chat=chat)
-        elif path == "/metrics" and scope["method"] == "GET":
+        elif path == "/metrics":
             body = self.metrics.exposition()
             length = str(len(body)).encode()
             headers = [(b"content-type", CONTENT_TYPE), (b"content-length", length)]
             await send({"type": "http.response.start", "status": 200, "headers": headers})
             await send({"type": "http.response.body", "body": body})
-        elif path == engine_page.PATH and scope["method"] == "GET":
+        elif path == engine_page.PATH:
             await engine_page.serve(self.relay.client, scope, send)
-        elif path.startswith("/admin/"):
-            await self.admin(scope, receive, send)
         else:
             await self._passthrough(scope, receive, send)
 
@@ -210,6 +249,26 @@ class Gateway:
 def _token_ids(prompt: object) -> bool:
     """A token-id prompt (or a batch of them): its length is the exact token count."""
     return isinstance(prompt, list) and bool(prompt) and not isinstance(prompt[0], str)
+
+
+def route_path(scope: Scope) -> str:
+    """The path to route on: the request target's path as sent; 400 when it has two readings.
+
+    Refused: a target that is not an absolute path (``*``, the asterisk form), dot segments
+    (``/v1/./completions``, ``/v1/x/../completions``, ``/v1/completions/.``), empty segments
+    (``//``), backslashes, and percent-encoding of any kind (``%2e``, ``%2f``, ``%63``): the
+    gateway's own paths and the engine's it forwards are plain ASCII, and an engine, a proxy or
+    a URL library may read any of these as another path than the gateway would.
+    """
+    raw = scope.get("raw_path")
+    if raw is None:  # a server that gives no raw path: the decoded one, which is all there is
+        raw = scope["path"].encode("utf-8", "surrogateescape")
+    if not raw.startswith(b"/") or _AMBIGUOUS.search(raw):
+        raise responses.ambiguous_path(raw.decode("latin-1"))
+    try:
+        return raw.decode("ascii")
+    except UnicodeDecodeError:
+        raise responses.ambiguous_path(raw.decode("latin-1")) from None
 
 
 def _target(scope: Scope) -> str:

@@ -49,6 +49,8 @@ def parse_body(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"request body is not valid JSON ({exc})") from None
+    except RecursionError:  # e.g. 30,000 nested arrays: the parser's stack runs out
+        raise bad_request("request body is not usable JSON: nested too deeply") from None
     if not isinstance(body, dict):
         raise bad_request("request body must be a JSON object")
     return body

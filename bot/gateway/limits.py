@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from bot.gateway.deadlines import BadTimeout, parse_timeout
 
@@ -51,7 +59,16 @@ class LimitsUpdate(BaseModel):
     max_body_bytes: int | None = Field(default=None, ge=1024)
     retry_after_s: int | None = Field(default=None, ge=1)
     default_max_tokens: int | None = Field(default=None, ge=1)
-    require_timeout_header: bool | None = None
+    require_timeout_header: StrictBool | None = None  # true or false: not 1, not "yes"
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_a_number(cls, value: object, info: ValidationInfo) -> object:
+        # pydantic reads true as 1 and false as 0 for a number: {"max_inflight_tokens": true}
+        # became a budget of one token
+        if isinstance(value, bool) and info.field_name != "require_timeout_header":
+            raise ValueError("must be a number, not true or false")
+        return value
 
     @field_validator("default_timeout_s", "max_timeout_s", mode="before")
     @classmethod
@@ -67,7 +84,11 @@ class LimitsUpdate(BaseModel):
 
 
 class LimitsError(ValueError):
-    """A limits change that cannot be applied; the message says what to fix."""
+    """A limits change that cannot be applied; the message says what to fix, ``fields`` where."""
+
+    def __init__(self, message: str, *, fields: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.fields = fields or []
 
 
 # An ADR's fix.gateway keys (bot.adr.models.GatewayRules) -> the limit each one sets.
@@ -102,15 +123,15 @@ def updated(limits: Limits, change: Mapping[str, Any]) -> Limits:
     try:
         update = LimitsUpdate.model_validate(from_adr(change))
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()
-        )
-        raise LimitsError(problems) from None
+        where = [".".join(str(p) for p in e["loc"]) or "body" for e in exc.errors()]
+        problems = "; ".join(f"{w}: {e['msg']}" for w, e in zip(where, exc.errors(), strict=True))
+        raise LimitsError(problems, fields=list(dict.fromkeys(where))) from None
     new = dataclasses.replace(limits, **update.model_dump(exclude_none=True))
     if new.default_timeout_s > new.max_timeout_s:
         raise LimitsError(
             f"default_timeout_s ({new.default_timeout_s:g}) is above max_timeout_s "
-            f"({new.max_timeout_s:g})"
+            f"({new.max_timeout_s:g})",
+            fields=["default_timeout_s"],
         )
     return new
 
@@ -122,6 +143,8 @@ def read_limits_file(path: Path) -> dict[str, Any]:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (OSError, ValueError, yaml.YAMLError) as exc:
         raise LimitsError(f"cannot read limits file {path}: {exc}") from None
+    except RecursionError:  # e.g. 30,000 nested arrays: the parser's stack runs out
+        raise LimitsError(f"cannot read limits file {path}: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

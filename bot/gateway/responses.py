@@ -134,3 +134,37 @@ def upstream_broke_mid_stream(detail: str) -> bytes:
     return sse_error(
         f"the inference engine's stream broke ({detail})", type="upstream_error", code="bad_gateway"
     )
+
+
+def ambiguous_path(target: str) -> HTTPProblem:
+    """400: a request target that may name another path to the engine than to the gateway."""
+    shown = target if len(target) <= 200 else target[:200] + "..."
+    return HTTPProblem(
+        400,
+        f"request target {shown!r} is refused: the gateway takes a plain absolute path only "
+        "(no '.' or '..' segments, no '//', no backslash, no percent-encoding), so that it "
+        "routes on the path the engine will see",
+        code="ambiguous_path",
+    )
+
+
+def no_such_path(path: str, known: list[str]) -> HTTPProblem:
+    """404: a path the gateway neither serves nor forwards."""
+    shown = path if len(path) <= 200 else path[:200] + "..."
+    return HTTPProblem(
+        404,
+        f"the gateway has no route {shown}; it serves and forwards only {', '.join(known)}, "
+        "/admin/limits and /admin/requests",
+        code="not_found",
+    )
+
+
+def wrong_method(path: str, methods: tuple[str, ...]) -> HTTPProblem:
+    """405: a known path asked with a method it does not take."""
+    allow = ", ".join(methods)
+    return HTTPProblem(
+        405,
+        f"{path} takes {allow}",
+        code="method_not_allowed",
+        headers=[(b"allow", allow.encode())],
+    )
