@@ -219,8 +219,9 @@ class Target(_Section):
 
     @property
     def hostport(self) -> str:
-        """host:port of the engine, as Prometheus writes it in the `instance` label."""
-        return urlsplit(self.vllm_url).netloc
+        """host:port of the engine, as Prometheus writes it in the `instance` label (never the
+        URL's user info: it is matched against labels and written into Prometheus queries)."""
+        return urlsplit(self.vllm_url).netloc.rpartition("@")[2]
 
 
 class RemediationSettings(_Section):
@@ -281,12 +282,42 @@ class PathSettings(_Section):
     )
 
 
+WEBHOOK_TOKEN_MIN = 16  # characters; `openssl rand -hex 32` makes 64
+# the examples' and tutorials' stand-ins: a token anyone can guess
+PLACEHOLDER_TOKENS = frozenset(
+    {"replace-me", "replaceme", "changeme", "change-me", "changeme-changeme", "secret", "s3cret",
+     "token", "password", "example", "xxxxxxxxxxxxxxxx", "your-token-here", "<token>"}
+)  # fmt: skip
+
+
 class AlertmanagerSettings(_Section):
     """The webhook's bearer token; unset means every webhook is refused."""
 
     token: SecretStr | None = Field(
-        default=None, description="Alertmanager sends it as Authorization: Bearer <token>"
+        default=None,
+        description="Alertmanager sends it as Authorization: Bearer <token>; at least "
+        f"{WEBHOOK_TOKEN_MIN} characters, not a placeholder (`openssl rand -hex 32`)",
     )
+
+    @field_validator("token")
+    @classmethod
+    def _guessable(cls, token: SecretStr | None) -> SecretStr | None:
+        # a placeholder (the example Secret's `replace-me`) or a short token let anyone who
+        # can reach /alertmanager open incidents; the value itself is never echoed
+        if token is None:
+            return None
+        value = token.get_secret_value().strip()
+        if value.lower() in PLACEHOLDER_TOKENS or "replace-me" in value.lower():
+            raise ValueError(
+                "is a placeholder from an example: set a random token "
+                "(`openssl rand -hex 32`) in RULELOOP_ALERTMANAGER_TOKEN and in Alertmanager"
+            )
+        if len(value) < WEBHOOK_TOKEN_MIN:
+            raise ValueError(
+                f"is {len(value)} characters; use at least {WEBHOOK_TOKEN_MIN} "
+                "(`openssl rand -hex 32`)"
+            )
+        return token
 
 
 class ServerSettings(_Section):

@@ -4,6 +4,7 @@
     ├── UsageError (exit 2)           bad flags, bad values, bad files
     │   ├── AdrError (exit 2)         an ADR file breaks the format or a rule (file, field, why)
     │   ├── RequestRejected (exit 2)  an inbound webhook is refused (carries its HTTP status)
+    │   ├── UnknownAdr (exit 2)       no ADR has this id (chat_text: without server paths)
     │   └── NotAllowed (exit 2)       a Slack user may not do this; says who may
     ├── EndpointError (exit 2)        a server cannot be reached or does not speak the protocol
     │   └── ProbeError (exit 2)       a /metrics page or other probe source is unusable
@@ -69,6 +70,25 @@ class RequestRejected(UsageError):
     def __init__(self, why: str, *, status: int = 400) -> None:
         self.status = status
         super().__init__(why)
+
+
+class UnknownAdr(UsageError):
+    """No ADR has this id. The message names where the CLI looked; ``chat_text`` (for Slack)
+    names only the id and the known ones: a chat user is not shown the server's paths."""
+
+    def __init__(self, adr_id: str, *, known: list[str], where: str) -> None:
+        self.adr_id, self.known = adr_id, known
+        super().__init__(f"no ADR {adr_id} under {where} (known: {self._known()})")
+
+    def _known(self) -> str:
+        return ", ".join(self.known) or "none"
+
+    def chat_text(self) -> str:
+        """The message for a chat user."""
+        return (
+            f"no ADR {self.adr_id} (known: {self._known()}); `ruleloop adr list` on the bot's "
+            "host lists them."
+        )
 
 
 class NotAllowed(UsageError):

@@ -1,4 +1,5 @@
-"""`ruleloop serve`'s ASGI app: /slack/events, /alertmanager, /healthz, /metrics, /incidents.
+"""`ruleloop serve`'s ASGI app: /slack/events, /alertmanager, /livez, /readyz, /healthz, /metrics,
+/incidents.
 
 ``create_bot`` wires the parts from one ``Settings``; every outside seam (Slack's Web API client,
 the HTTP client for probes, clocks, the NVML module, the console stream) can be passed in.
@@ -25,7 +26,7 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, SQLAlchemyError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -43,9 +44,9 @@ from bot.intake.service import Intake, Outcome
 from bot.postmortem.service import DraftService
 from bot.probes.context import ProbeContext
 from bot.remediation import actuators
-from bot.remediation.gate import run_gate
+from bot.remediation.gate import GateRunner, run_gate
 from bot.remediation.ports import RemediationNotifier
-from bot.remediation.service import ActuatorFactory, GateRunner, RemediationService
+from bot.remediation.service import ActuatorFactory, RemediationService
 from bot.request_body import read_body, replay
 from bot.runbooks.builtin import default_registry
 from bot.runbooks.loader import load_dir
@@ -56,6 +57,7 @@ from bot.runtime.metrics import BotMetrics
 from bot.scheduler.jobs import build_jobs, create_scheduler
 from bot.scheduler.scheduler import Scheduler
 from bot.scheduler.snapshots import NormalReader
+from bot.slack import shapes
 from bot.slack.app import build_app, web_client
 from bot.slack.console import ConsoleNotifier
 from bot.slack.notifier import SlackNotifier
@@ -63,6 +65,7 @@ from bot.slack.replay import ReplayGuard
 from bot.slack.services import Services
 from bot.slack.usergroups import SlackUserGroups
 from bot.store.db import Database
+from bot.store.readings import StoreReading, read_store
 from bot.web.links import PageLinks, page_links
 from bot.web.routes import IncidentPages
 
@@ -121,7 +124,8 @@ def create_bot(
 
     diagnoser = _diagnoser(settings, adrs=adrs, normal=normal, context=probe_context, clock=clock)
     links = page_links(settings.web, clock=wall_clock)  # None: the incident page is off
-    client, notifier = _notifier(settings, slack_client, console, state_dir / "charts", links)
+    charts = (settings.paths.state or state_dir) / "charts"  # next to the store, as documented
+    client, notifier = _notifier(settings, slack_client, console, charts, links)
     owner = replica_id()  # this replica, in job leases and outbox claims
     flows = IncidentFlows(
         settings=settings,
@@ -222,8 +226,9 @@ def _notifier(
     links: PageLinks | None,
 ) -> tuple[AsyncWebClient | None, BotNotifier]:
     """Slack's Web API client and notifier, or (no Slack configured) the console's."""
-    if not settings.slack.enabled:
-        return None, ConsoleNotifier(stream=console, chart_dir=chart_dir)
+    if not settings.slack.enabled:  # the page's link, relative without [web] public_url
+        page = links.incident_url if links else None
+        return None, ConsoleNotifier(stream=console, chart_dir=chart_dir, page_url=page)
     client = slack_client or web_client(settings.slack)
     linked = links.incident_url if links and settings.web.public_url else None
     return client, SlackNotifier(client, page_url=linked)
@@ -297,6 +302,8 @@ def _http_app(routes: Routes, pages: IncidentPages, *, lifespan: Lifespan) -> St
         routes=[
             Route("/slack/events", routes.slack_events, methods=["POST"]),
             Route("/alertmanager", routes.alertmanager, methods=["POST"]),
+            Route("/livez", routes.livez, methods=["GET"]),
+            Route("/readyz", routes.readyz, methods=["GET"]),
             Route("/healthz", routes.healthz, methods=["GET"]),
             Route("/metrics", routes.metrics, methods=["GET"]),
             *pages.routes(),
@@ -380,6 +387,13 @@ class Routes:
             log.info("Slack retried a request (%s): acknowledged, already handled",
                      request.headers.get("x-slack-retry-reason", "no reason given"))  # fmt: skip
             return Response(status_code=200)
+        try:  # what bolt and the listeners will read, checked first (bot.slack.shapes)
+            shapes.read(body, request.headers)
+        except shapes.Unreadable as exc:
+            metrics.labels("malformed").inc()
+            log.info("refused a Slack request: %s", exc)
+            status, answer = exc.answer()
+            return JSONResponse(answer, status_code=status)
         metrics.labels("accepted").inc()
         return await self._slack.handle(replay(request, body))
 
@@ -403,6 +417,14 @@ class Routes:
         except RequestRejected as exc:
             self._flows.metrics.webhooks.labels("rejected").inc()
             return _reason(exc.status, str(exc))
+        except DataError:  # the input's fault (SQLSTATE 22): a retry gets the same, never a 503
+            error_id = new_error_id()
+            self._flows.metrics.webhooks.labels("rejected").inc()
+            log.warning("the store refused a notification's value (id %s)", error_id, exc_info=True)
+            return _reason(
+                422, f"the incident store refused a value of this notification (id {error_id}; "
+                "details in the bot's log): fix the alert, a retry gets the same answer",
+            )  # fmt: skip
         except SQLAlchemyError:
             error_id = new_error_id()
             log.error("incident store unavailable (id %s)", error_id, exc_info=True)
@@ -417,8 +439,21 @@ class Routes:
             status_code=STATUS[result.outcome],
         )
 
+    async def livez(self, request: Request) -> Response:
+        """Liveness: the process serves HTTP. Asks nothing else (no store, no Slack), so that a
+        PostgreSQL or Slack outage takes the pods out of the Service, never restarts them."""
+        return JSONResponse({"status": "ok"})
+
     async def healthz(self, request: Request) -> Response:
-        """Up, with the store reachable."""
+        """Kept for what already asks it (Docker's HEALTHCHECK, scripts): the same as /readyz."""
+        return await self.readyz(request)
+
+    async def readyz(self, request: Request) -> Response:
+        """Readiness: the store answers (503 if not); the Slack transport and its owed messages.
+
+        Slack being unreachable does not make the pod unready: webhooks are still taken and the
+        outbox holds the messages until Slack answers again (``slack_messages`` shows them).
+        """
         try:
             await asyncio.to_thread(self._ping)
             owed = await asyncio.to_thread(self._flows.outbox.counts)
@@ -431,12 +466,21 @@ class Routes:
              "slack_messages": owed}
         )  # fmt: skip
 
+    def _store_reading(self) -> StoreReading:
+        with self._db.transaction() as session:
+            return read_store(session, now=dt.datetime.now(dt.UTC))
+
     def _ping(self) -> None:
         with self._db.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
 
     async def metrics(self, request: Request) -> Response:
-        """The bot's own metrics."""
+        """The bot's own metrics, with the store's backlog numbers when the store answers."""
+        try:
+            reading = await asyncio.wait_for(asyncio.to_thread(self._store_reading), timeout=2.0)
+        except (SQLAlchemyError, TimeoutError):
+            reading = None  # ruleloop_store_up 0: the scrape itself still succeeds
+        self._flows.metrics.observe_store(reading)
         return Response(self._flows.metrics.exposition(), media_type="text/plain; version=0.0.4")
 
 

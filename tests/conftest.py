@@ -19,12 +19,13 @@ ENGINE_FIXTURES = {"engine", "engine_factory", "engine_manager", "long_engine"}
 # Seconds per module in a serial run (`--durations=0`, 2-core box), for the order below; a
 # module not listed counts as 10 s.
 MODULE_SECONDS = {
-    "test_engine_cli": 365, "test_remediation_engine": 196, "test_gateway_engine": 115,
+    "test_engine_cli": 405, "test_remediation_engine": 196, "test_gateway_engine": 115,
     "test_canary_gateway_engine": 110, "test_faults_kill_apply": 103, "test_tune": 103,
     "test_bot_e2e": 83, "test_replicas": 60, "test_canary_engine": 48,
     "test_fuzz_alertmanager": 38, "test_engine_process": 34, "test_bot_transports": 28,
     "test_faults_slack": 18, "test_faults_delivery": 14, "test_gateway_app": 13,
-    "test_goodput_engine": 15,
+    "test_goodput_engine": 15, "test_fuzz_slack": 40, "test_workload_drift_engine": 45,
+    "test_workload_fidelity_engine": 41,
 }  # fmt: skip
 
 

@@ -122,7 +122,12 @@ async def test_healthz_needs_no_token(served: tuple[httpx.AsyncClient, FakeNvml]
     client, _ = served
     response = await client.get("/healthz")
     assert response.status_code == 200
-    assert response.json() == {"status": "ok", "host": "gpu-node-7", "nvml": "not read yet"}
+    # the node's name only to a client with the token (issue 22, item 7)
+    assert response.json() == {"status": "ok", "nvml": "not read yet"}
+    with_token = await client.get("/healthz", headers=AUTH)
+    assert with_token.json() == {"status": "ok", "host": "gpu-node-7", "nvml": "not read yet"}
+    wrong = await client.get("/healthz", headers={"Authorization": "Bearer wrong"})
+    assert wrong.status_code == 200 and "host" not in wrong.json()
     await client.get("/snapshot", headers=AUTH)
     assert (await client.get("/healthz")).json()["nvml"] == "ok"
 

@@ -81,7 +81,7 @@ def test_serve_process_console_transport(tmp_path: Path) -> None:
     with RecordedMetrics(PAGES) as engine:
         env = {
             **os.environ,
-            "RULELOOP_ALERTMANAGER_TOKEN": "tok",
+            "RULELOOP_ALERTMANAGER_TOKEN": "tok-0123456789abcdef",
             "RULELOOP_CONFIG": str(config(tmp_path, vllm_url=engine.base_url)),
         }
         for var in ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN"):
@@ -101,7 +101,10 @@ def test_serve_process_console_transport(tmp_path: Path) -> None:
                     pass
                 assert proc.poll() is None and time.monotonic() < deadline, "serve did not start"
                 time.sleep(0.3)
-            headers = {"Authorization": "Bearer tok", "Content-Type": "application/json"}
+            headers = {
+                "Authorization": "Bearer tok-0123456789abcdef",
+                "Content-Type": "application/json",
+            }
             instance = engine.base_url.removeprefix("http://")
             response = httpx.post(
                 f"{url}/alertmanager", content=body(alert(instance=instance)), headers=headers

@@ -33,14 +33,14 @@ def nothing_stored(h: Harness) -> bool:
     [
         (None, body(), 401, "missing or wrong bearer token"),
         ("wrong", body(), 401, "missing or wrong bearer token"),
-        ("am-secret-token", b"{oops", 400, "body is not JSON"),
+        ("am-secret-token-0123456789", b"{oops", 400, "body is not JSON"),
         (
-            "am-secret-token",
+            "am-secret-token-0123456789",
             body(version="3"),
             422,
             "not an Alertmanager webhook v4 payload: version",
         ),
-        ("am-secret-token", b"x" * (1 << 20 + 1), 413, "body over"),
+        ("am-secret-token-0123456789", b"x" * (1 << 20 + 1), 413, "body over"),
     ],
 )
 async def test_webhook_refusals_store_nothing(
@@ -125,7 +125,7 @@ async def test_healthz_and_metrics(h: Harness) -> None:
     assert health.json() == {"status": "ok", "transport": "slack", "background": 0,
                              "slack_messages": {"pending": 0, "failed": 0}}  # fmt: skip
     await h.webhook(body(alert()))
-    await h.webhook(b"{", token="am-secret-token")
+    await h.webhook(b"{", token="am-secret-token-0123456789")
     await h.bot.flows.tasks.drain()
     text = (await h.client.get("/metrics")).text
     assert 'ruleloop_webhooks_total{outcome="opened"} 1.0' in text

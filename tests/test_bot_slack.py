@@ -169,14 +169,18 @@ async def test_apply_button_refuses_who_may_not(h: Harness, slack: FakeSlack) ->
 async def test_unexpected_error_shows_an_id_not_a_trace(
     h: Harness, slack: FakeSlack, caplog: pytest.LogCaptureFixture
 ) -> None:
-    await h.click('{"adr": "ADR-20260831-01", "incident": 1e999}')  # int(inf): a bug, not advice
+    from sqlalchemy import text
+
+    with h.bot.db.engine.begin() as connection:  # a store without its tokens: a bug, not advice
+        connection.execute(text("DROP TABLE action_tokens"))
+    await h.click("a-token", action_id="remediation_approve")
     (reply,) = await slack.until("response_url")
     match = re.fullmatch(
         r"Something went wrong on the bot's side \(error id `([0-9a-f]{8})`\)\. .*",
         reply.args["text"],
     )
     assert match is not None and "Traceback" not in reply.args["text"]
-    assert match[1] in caplog.text and "OverflowError" in caplog.text
+    assert match[1] in caplog.text and "OperationalError" in caplog.text
 
 
 async def test_slack_429_is_retried(h: Harness, slack: FakeSlack) -> None:

@@ -58,7 +58,8 @@ def rendered() -> list[dict]:
 def test_overlay_renders_objects_that_fit_the_kubernetes_schema(rendered: list[dict]) -> None:
     kinds = sorted(obj["kind"] for obj in rendered)
     assert kinds == sorted(
-        ["Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ConfigMap", "Service", "Deployment"]
+        ["Namespace", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "ConfigMap", "Service", "Deployment",
+         "PodDisruptionBudget", "NetworkPolicy"]
     )  # fmt: skip
     assert schema_problems(rendered) == []
     for obj in rendered:
@@ -110,8 +111,9 @@ def test_deployment_runs_serve_as_non_root_with_probes_and_secrets(rendered: lis
     assert pod["securityContext"]["runAsUser"] == 10001  # the Dockerfile's user
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # liveness never asks the store (tests/test_health.py stops PostgreSQL under them)
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "http"}
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"http": 3000}
     assert set(container["resources"]["requests"]) == {"cpu", "memory"}
     assert "memory" in container["resources"]["limits"]
@@ -208,8 +210,11 @@ def test_alert_rules_config_map_carries_the_shipped_rules(rendered: list[dict]) 
     (rules,) = [
         c for c in by_kind(rendered, "ConfigMap") if c["metadata"]["name"] == "vllm-alert-rules"
     ]
-    shipped = (ROOT / "deploy" / "prometheus" / "vllm-alerts.rules.yml").read_text()
-    assert rules["data"] == {"vllm-alerts.rules.yml": shipped}
+    shipped = ROOT / "deploy" / "prometheus"
+    assert rules["data"] == {
+        name: (shipped / name).read_text()
+        for name in ("vllm-alerts.rules.yml", "ruleloop-alerts.rules.yml")  # the bot's own too
+    }
 
 
 def test_secret_example_is_valid_but_not_applied(rendered: list[dict]) -> None:

@@ -96,7 +96,7 @@ def test_operator_objects_carry_the_release_label_and_replace_the_plain_rules(
     rendered: list[dict],
 ) -> None:
     monitoring = [o for o in rendered if o["apiVersion"].startswith("monitoring.coreos.com/")]
-    assert sorted(o["kind"] for o in monitoring) == ["AlertmanagerConfig", "PrometheusRule", "ServiceMonitor", "ServiceMonitor"]  # fmt: skip
+    assert sorted(o["kind"] for o in monitoring) == ["AlertmanagerConfig", "PrometheusRule", "PrometheusRule", "ServiceMonitor", "ServiceMonitor"]  # fmt: skip
     for obj in monitoring:
         assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack", obj["kind"]
     (config_map,) = by_kind(rendered, "ConfigMap")  # vllm-alert-rules is gone
@@ -119,10 +119,12 @@ def test_service_monitors_select_the_bot_service_and_the_gateways(rendered: list
 def test_alertmanager_config_routes_as_the_plain_file_to_the_bot(rendered: list[dict]) -> None:
     config = one(rendered, "AlertmanagerConfig", "ruleloop")
     plain = yaml.safe_load(PLAIN_ALERTMANAGER.read_text())
-    (plain_route,) = plain["route"]["routes"]
+    plain_route = plain["route"]["routes"][0]  # the bot's; the pager's routes follow it
     (plain_hook,) = next(r for r in plain["receivers"] if r["name"] == plain_route["receiver"])["webhook_configs"]  # fmt: skip
     route = config["spec"]["route"]
     assert route["groupBy"] == plain["route"]["group_by"]
+    # the alerts go on to the rest of the tree (the pager) after the bot, as in the plain file
+    assert route["continue"] is plain_route["continue"] is True
     for mine, theirs in (("groupWait", "group_wait"), ("groupInterval", "group_interval"), ("repeatInterval", "repeat_interval")):  # fmt: skip
         assert route[mine] == plain["route"][theirs]
     (matcher,) = route["matchers"]

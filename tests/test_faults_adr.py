@@ -80,7 +80,7 @@ def test_an_adr_id_must_be_exact_not_a_prefix(tmp_path: Path, prefix: str) -> No
 async def test_apply_adr_with_an_id_prefix_is_refused(h: Harness, slack: FakeSlack) -> None:
     await h.slash("ADR prod-a", command="/apply-adr")
     (reply,) = await slack.until("response_url")
-    assert reply.args["text"].startswith("no ADR ADR under")
+    assert reply.args["text"].startswith("no ADR ADR (known: ")  # no server path (issue 22)
     assert slack.of("chat.postMessage") == []
 
 

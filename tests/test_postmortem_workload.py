@@ -22,15 +22,14 @@ from bot.adr.parse import parse
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
 from bot.canary.verdict import gates_from, judge
-from bot.config import CanarySpec, Target
-from bot.remediation.actuators.base import Deployed
-from bot.remediation.argv import FlagValues
+from bot.config import CanarySpec
 from bot.remediation.gate import GateRun
 from bot.store.models import AdrDraft, Remediation
 from bot.workload.describe import context_line
 from bot.workload.shape import WorkloadShape
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
+from tests.test_adr_relative_flow import MemoryActuator
 from tests.workload_pages import chat, long_system_prompt
 
 ADR = "ADR-20261130-01"
@@ -98,30 +97,6 @@ class ShapedCanary:
         if shape is not None:
             report["workload_shape"] = shape.model_dump(mode="json")
         return GateRun(report, judge(report, gates_from(gates)))
-
-
-class MemoryActuator:
-    """An engine's flags held in memory: apply, promote and rollback just record them."""
-
-    kind = "memory"
-
-    def __init__(self, name: str, spec: Target) -> None:
-        self.flags: FlagValues = {"max-num-batched-tokens": 8192}
-        self.url = spec.vllm_url
-
-    async def current(self) -> Deployed:
-        return Deployed(flags=dict(self.flags), base_url=self.url)
-
-    async def apply(self, flags: FlagValues) -> Deployed:
-        self.flags = dict(flags)
-        return await self.current()
-
-    async def promote(self, flags: FlagValues) -> Deployed:
-        return await self.current()
-
-    async def rollback(self, before: Deployed) -> Deployed:
-        self.flags = dict(before.flags)
-        return await self.current()
 
 
 @pytest.fixture

@@ -213,7 +213,7 @@ async def test_bad_usage_says_how(h: Harness, slack: FakeSlack) -> None:
     # each is answered when its own work ends (reading the ADR store takes its own time)
     usage, unknown_adr, unknown_target = sorted(await answers(slack, 3))  # U < n < u
     assert usage.startswith("Usage: /apply-adr ADR-ID [target]")
-    assert unknown_adr.startswith("no ADR ADR-20990101-01 under") and ADR in unknown_adr
+    assert unknown_adr.startswith("no ADR ADR-20990101-01 (known: ") and ADR in unknown_adr
     assert unknown_target == "unknown target 'prod-z'; known targets: prod-a"
 
 

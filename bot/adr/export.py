@@ -5,6 +5,8 @@ record the bot wrote as ``bot.adr.render`` rendered it. A record goes to ``DIR/<
 to ``DIR/drafts/<name>``; another ``ADR-*.md`` file there with the same id (the draft of an ADR
 since accepted, an old slug) is removed, so that one file carries each id. Files of ids the
 store does not know are left alone. Each file is replaced atomically (written aside, renamed).
+A stored name that is not a plain ``ADR-<id>-….md`` file name of its record (``../x``, a path)
+is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class Exported:
 def write_records(records: Iterable[StoredText], target: Path) -> Exported:
     """Write each record under ``target``; UsageError when ``target`` cannot be written."""
     records = list(records)
+    for record in records:  # all checked before anything is written
+        _refuse_unsafe_name(record)
     done = Exported()
     try:
         (target / DRAFTS).mkdir(parents=True, exist_ok=True)
@@ -59,6 +63,25 @@ def write_records(records: Iterable[StoredText], target: Path) -> Exported:
     except OSError as exc:
         raise UsageError(f"cannot write the ADRs into {target}: {exc}") from exc
     return done
+
+
+def _refuse_unsafe_name(record: StoredText) -> None:
+    """UsageError unless the stored name is a plain ``ADR-*.md`` file name of the record's own
+    id: a name with ``../`` (or a path, or a backslash) wrote outside DIR."""
+    name = record.name
+    plain = (
+        name not in ("", ".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\x00" not in name
+        and Path(name).name == name
+        and file_id(Path(name)) == record.adr_id
+    )
+    if not plain:
+        raise UsageError(
+            f"{record.adr_id}: the stored file name {name!r} is not a file name of that ADR "
+            "(ADR-…-slug.md, no directories): nothing was exported; fix the record's name"
+        )
 
 
 def _replace(path: Path, data: bytes) -> None:

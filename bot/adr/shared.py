@@ -26,7 +26,7 @@ from bot.adr.parse import parse
 from bot.adr.render import render
 from bot.adr.store import DRAFTS, GLOB, AdrStore, file_name
 from bot.adr.sync import Imported, import_files, read_dir
-from bot.errors import AdrError, UsageError
+from bot.errors import AdrError, UnknownAdr
 from bot.store import adrs as rows
 from bot.store.db import Database
 from bot.store.models import AdrRecord
@@ -149,8 +149,8 @@ class SharedAdrStore(AdrStore):
         """The record with this id; UsageError naming the known ids when there is none."""
         found = self.find(adr_id)
         if found is None:
-            known = ", ".join(r.adr_id for r in self.rows()) or "none"
-            raise UsageError(f"no ADR {adr_id} under {self.root} or in the store (known: {known})")
+            known = [r.adr_id for r in self.rows()]
+            raise UnknownAdr(adr_id, known=known, where=f"{self.root} or in the store")
         return found[1]
 
     def next_id(self, day: dt.date) -> str:

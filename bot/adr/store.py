@@ -19,7 +19,7 @@ from pathlib import Path
 from bot.adr.models import Adr
 from bot.adr.parse import load
 from bot.adr.render import render
-from bot.errors import AdrError, UsageError
+from bot.errors import AdrError, UnknownAdr, UsageError
 
 log = logging.getLogger("ruleloop.adr")
 GLOB = "ADR-*.md"
@@ -118,8 +118,8 @@ class AdrStore:
         """The record with this id; UsageError naming the known ids when there is none."""
         found = self.find(adr_id)
         if found is None:
-            known = ", ".join("-".join(p.name.split("-")[:3]) for p in self.paths()) or "none"
-            raise UsageError(f"no ADR {adr_id} under {self.root} (known: {known})")
+            known = ["-".join(p.name.split("-")[:3]) for p in self.paths()]
+            raise UnknownAdr(adr_id, known=known, where=str(self.root))
         return found[1]
 
     def next_id(self, day: dt.date) -> str:

@@ -4,7 +4,8 @@
                                       503: {"error": {"code": "nvml_unavailable", ...}} no driver
                                       500: {"error": {"code": "nvml_error", ...}} NVML failed
                                       401: no or wrong bearer token
-    GET /healthz                      200 always while the process serves (no token needed)
+    GET /healthz                      200 always while the process serves (no token needed;
+                                      the host's name only with the bearer token)
 
 Every answer is JSON, errors included: ``{"error": {"code", "message", "hint"}}``.
 """
@@ -60,7 +61,8 @@ class Authorizer:
 
 def _max_processes(request: Request) -> int:
     raw = request.query_params.get("max_processes", str(DEFAULT_PROCESSES))
-    if not raw.isdigit() or int(raw) > MAX_PROCESSES:
+    # ASCII digits only: str.isdigit() is true of "²", which int() refuses (it was a 500)
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_PROCESSES:
         raise HTTPException(400, f"max_processes must be a whole number 0..{MAX_PROCESSES}")
     return int(raw)
 
@@ -87,8 +89,12 @@ def create_app(session: NvmlSession, *, token: str | None) -> Starlette:
             return error(status, exc.code, str(exc), hint)
         return JSONResponse(body)
 
-    async def healthz(_request: Request) -> Response:
-        return JSONResponse({"status": "ok", "host": session.hostname, "nvml": session.status()})
+    async def healthz(request: Request) -> Response:
+        # no token needed (the kubelet's probes); the node's name only to a client with the token
+        body = {"status": "ok", "nvml": session.status()}
+        if auth.refusal(request) is None:
+            body["host"] = session.hostname
+        return JSONResponse(body)
 
     async def http_error(_request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from bot.agent.reading import SCHEMA
+from bot.runtime.redact import redact
 
 
 class AgentError(Exception):
@@ -52,11 +53,12 @@ async def fetch_snapshot(
     timeout_s: float,
 ) -> dict[str, Any]:  # fmt: skip
     """GET <agent>/snapshot; AgentError names the failure (401, down, timeout, no NVML)."""
-    url = f"{base_url.rstrip('/')}/snapshot"
+    fetched = f"{base_url.rstrip('/')}/snapshot"
+    url, base_url = redact(fetched), redact(base_url)  # what the messages name
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     try:
         response = await http.get(
-            url, params={"max_processes": max_processes}, headers=headers, timeout=timeout_s
+            fetched, params={"max_processes": max_processes}, headers=headers, timeout=timeout_s
         )
     except httpx.TimeoutException:
         raise AgentError(
@@ -65,7 +67,7 @@ async def fetch_snapshot(
         ) from None
     except httpx.HTTPError as exc:
         raise AgentError(
-            f"cannot reach the GPU agent at {base_url} ({exc or type(exc).__name__}); "
+            f"cannot reach the GPU agent at {base_url} ({redact(str(exc)) or type(exc).__name__}); "
             "check that `ruleloop agent` runs there and the port is open to the bot"
         ) from None
     if response.status_code == 401:

@@ -45,6 +45,7 @@ from bot.probes.vllm_metrics import (
     gauge,
     read_window,
 )
+from bot.runtime.redact import redact
 from bot.workload.shape import WorkloadShape
 
 SETTLE_TIMEOUT_S = 5.0
@@ -189,8 +190,9 @@ class CanaryRun:
         w = self.workload
         fields = {f.name: getattr(w, f.name) for f in dataclass_fields(w)}
         workload = {k: (v.value if hasattr(v, "value") else v) for k, v in fields.items()}
+        workload["endpoint"] = redact(w.endpoint)  # the report is stored and shown
         workload["model"] = model
-        workload["metrics_url"] = scraper.url if scraper else None
+        workload["metrics_url"] = redact(scraper.url) if scraper else None
         workload["pattern"] = pattern(w)
         workload["shape"] = None if w.shape is None else w.shape.source
         if self.replay is not None:
@@ -277,21 +279,24 @@ class CanaryRun:
     async def _preflight(self, client: httpx.AsyncClient) -> str:
         """Check the endpoint speaks the OpenAI API and find the model to ask for."""
         url = f"{self.workload.base_url}/v1/models"
+        shown = redact(url)  # what errors say: never a URL's credentials
         try:
             response = await client.get(url, timeout=10.0)
         except httpx.HTTPError as exc:
-            raise EndpointError(f"cannot reach {url}: {exc or type(exc).__name__}") from exc
+            raise EndpointError(
+                redact(f"cannot reach {shown}: {exc or type(exc).__name__}")
+            ) from exc
         try:
             models = [m["id"] for m in response.json()["data"]]
         except (ValueError, KeyError, TypeError) as exc:
             raise EndpointError(
-                f"{url} answered HTTP {response.status_code} without an OpenAI model list; "
+                f"{shown} answered HTTP {response.status_code} without an OpenAI model list; "
                 "is --endpoint an OpenAI-compatible server (vLLM, or a gateway in front of it)?"
             ) from exc
         if self.workload.model:
             chosen = self.workload.model
         elif not models:
-            raise EndpointError(f"{url} lists no models; pass --model")
+            raise EndpointError(f"{shown} lists no models; pass --model")
         else:
             chosen = str(models[0])
         for entry in response.json()["data"]:

@@ -4,7 +4,10 @@ Transient: Slack did not answer (refused or dropped connections, timeouts), answ
 rate limited the call (429, honouring Retry-After): the message is tried again later, and the
 outbox job stops its round, since the next message would meet the same Slack. Permanent: Slack
 answered and refused this message (``channel_not_found``, ``not_in_channel``, ``invalid_auth``,
-``invalid_blocks``...): trying again cannot help, so it ends ``failed`` with the reason.
+``invalid_blocks``...): trying again cannot help, so it ends ``failed`` with the reason. So does
+a message slack_sdk refuses to build before sending anything (``SlackObjectFormationError``: a
+block over Slack's limits; ``SlackRequestError``: a request it cannot make): it is this
+message's fault, not Slack's, and the incident's later messages go on.
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ import logging
 from dataclasses import dataclass
 
 import aiohttp
-from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.errors import (
+    SlackApiError,
+    SlackClientError,
+    SlackObjectFormationError,
+    SlackRequestError,
+)
 
 from bot.errors import RuleloopError
 from bot.runtime.ids import new_error_id
@@ -51,6 +59,9 @@ def classify(exc: BaseException) -> Failure:
         if status >= 500 or error in TRANSIENT:
             return Failure(False, f"Slack is failing ({said})", None, True)
         return Failure(True, advice or f"Slack refused it: {said}")
+    built = _cause(exc, SlackObjectFormationError, SlackRequestError)
+    if built is not None:  # refused here, before Slack saw it: the same every time
+        return Failure(True, f"the message could not be built ({type(built).__name__}: {built})")
     if _cause(exc, aiohttp.ClientError, asyncio.TimeoutError, OSError, SlackClientError):
         return Failure(False, f"Slack unreachable: {type(exc).__name__}: {exc}", None, True)
     if advice is not None:

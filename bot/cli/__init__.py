@@ -65,14 +65,38 @@ class Group(ErrorBoundary, click.Group):
 
     `python -m latency_checker` and `ruleloop canary` should not pay for importing the bot,
     the gateway or vLLM's argument parser. Each module in ``lazy`` has ``register(group)``.
+    The group's own help lists the lazy commands by their line in ``summaries`` without
+    importing them (`ruleloop --help` would otherwise load matplotlib, Slack and the bot).
     """
 
-    def __init__(self, *args: object, lazy: dict[str, str] | None = None, **kwargs: object) -> None:
+    def __init__(
+        self,
+        *args: object,
+        lazy: dict[str, str] | None = None,
+        summaries: dict[str, str] | None = None,
+        **kwargs: object,
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.lazy = dict(lazy or {})
+        self.summaries = dict(summaries or {})
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The commands and their one line each, from ``summaries`` where it has one (so the help
+        reads the same whether a command was imported yet or not), without importing it."""
+        rows = []
+        for name in self.list_commands(ctx):
+            if name in self.summaries:
+                rows.append((name, self.summaries[name]))
+                continue
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, command.get_short_help_str(formatter.width - 6 - len(name))))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         module = self.lazy.pop(cmd_name, None)
@@ -100,9 +124,29 @@ COMMANDS = {
     "agent": "bot.cli.agent",
     "workload": "bot.cli.workload",
 }
+# Subcommand name -> its line in `ruleloop --help` (tests/test_cli_help.py keeps them in step).
+SUMMARIES = {
+    "adr": "The pre-approved fixes (ADRs): list, show, validate, match.",
+    "agent": "Serve this host's GPU (NVML) snapshot to the bot over HTTP.",
+    "canary": "Load an endpoint with streaming requests; check the gates.",
+    "config": "The bot's settings (TOML file + environment).",
+    "db": "The incident store: schema, undelivered messages, resend.",
+    "demo": "The whole loop on a local CPU engine, incident to draft.",
+    "engine": "Run a real vLLM engine locally (CPU, tiny dummy model).",
+    "gateway": "Serve an inference gateway: deadlines, token budgets.",
+    "page-link": "Print a signed link to an incident's page (or the index).",
+    "serve": "Run the bot: Slack, Alertmanager intake, incident pages.",
+    "tune": "Measure vLLM configurations in turn; draft the ADR.",
+    "workload": "Workload shapes: capture from /metrics, diff for drift.",
+}
 
 
-@click.group(cls=Group, lazy=COMMANDS, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=Group,
+    lazy=COMMANDS,
+    summaries=SUMMARIES,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(package_name="ruleloop")
 def cli() -> None:
     """ruleloop: diagnose vLLM latency incidents, apply pre-approved ADR fixes behind a canary,
@@ -112,7 +156,9 @@ def cli() -> None:
     Start here:
       ruleloop engine up            start a local vLLM engine (tiny model, CPU)
       ruleloop canary --endpoint http://127.0.0.1:8000/v1/completions
-      ruleloop demo                 both, and print the four-metric baseline
+      ruleloop demo                 the whole loop on a local engine: an incident, its
+                                    diagnosis, the ADR applied behind a canary, the
+                                    draft, and a workload drift re-validation
     """
     import os
 

@@ -6,6 +6,7 @@ address in use) or --once could not read NVML.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from pathlib import Path
@@ -34,11 +35,12 @@ The bot reads it when a target names it (ruleloop.toml):
   [targets.prod-a]
   vllm_url = "http://10.0.0.5:8000"
   gpu_agent_url = "http://10.0.0.5:9401"
-  gpu_agent_token_file = "/var/run/secrets/ruleloop-agent/token"
+  gpu_agent_token_file = "/var/run/secrets/ruleloop-nvml-agent/token"
 
 \b
 Run it where the GPUs are: a sidecar in the vLLM pod or a DaemonSet on GPU nodes
-(deploy/kubernetes/components/nvml-agent). Docs: docs/agent.md.
+(deploy/kubernetes/components/nvml-agent, which mounts the Secret `ruleloop-nvml-agent`
+at /var/run/secrets/ruleloop-nvml-agent/token in the agent and in the bot). Docs: docs/agent.md.
 """
 
 
@@ -47,6 +49,21 @@ def _listen(value: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
         raise UsageError(f"--listen {value!r} must be HOST:PORT, e.g. 0.0.0.0:9401")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def refuse_insecure_off_loopback(host: str) -> None:
+    """UsageError unless ``host`` is a loopback address: without a token, anyone who reaches
+    the address reads the GPUs (0.0.0.0 is every network of the node)."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost: it may resolve anywhere
+        loopback = False
+    if not loopback:
+        raise UsageError(
+            f"--insecure-no-auth is only allowed on a loopback address (127.0.0.1, ::1), not "
+            f"{host}: anyone who reaches it would read the GPUs. Serve with --token-file (or "
+            f"${TOKEN_ENV}) there"
+        )
 
 
 def read_token(token_file: Path | None, *, insecure: bool) -> str | None:
@@ -96,7 +113,7 @@ def read_token(token_file: Path | None, *, insecure: bool) -> str | None:
 @click.option(
     "--insecure-no-auth",
     is_flag=True,
-    help="Serve /snapshot without a token (only on a loopback or otherwise private address).",
+    help="Serve /snapshot without a token (only on a loopback --listen address).",
 )
 @click.option(
     "--watch-xid/--no-watch-xid",
@@ -121,6 +138,8 @@ def agent(
         return
     host, port = _listen(listen)
     token = read_token(token_file, insecure=insecure_no_auth)
+    if insecure_no_auth:
+        refuse_insecure_off_loopback(host)
     loop.run(_serve(NvmlSession(watch_xid=watch_xid), host, port, token))
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -51,13 +51,14 @@ def _where(database: Database) -> str:
 @click.group("db")
 def db() -> None:
     """The incident store: upgrade its schema, show its revision, list undelivered Slack
-    messages, write a migration.
+    messages and resend failed ones, write a migration.
 
     \b
     Examples:
       RULELOOP_DATABASE_URL=postgresql+psycopg://ruleloop@db/ruleloop ruleloop db upgrade
       ruleloop db current --config ruleloop.toml
       ruleloop db deliveries --config ruleloop.toml
+      ruleloop db deliveries --config ruleloop.toml --resend 42
     """
 
 
@@ -98,12 +99,36 @@ def current(config_path: Path | None, state_dir: Path | None) -> None:
 @CONFIG
 @STATE
 @click.option("--limit", default=20, show_default=True, help="How many failed messages to list.")
-def deliveries(config_path: Path | None, state_dir: Path | None, limit: int) -> None:
+@click.option(
+    "--resend",
+    "resend_ids",
+    type=int,
+    multiple=True,
+    metavar="ID",
+    help="Make failed message ID (as listed) due again; repeatable.",
+)
+@click.option(
+    "--failed", "resend_failed", is_flag=True, help="Make every failed message due again."
+)
+def deliveries(
+    config_path: Path | None,
+    state_dir: Path | None,
+    limit: int,
+    resend_ids: tuple[int, ...],
+    resend_failed: bool,
+) -> None:
     """Slack messages incidents are still owed, and the ones Slack refused for good (why).
 
-    A failed message is not tried again until Alertmanager repeats its incident (or sends it
-    anew); fix what the reason says (the channel, the token, a scope) and it goes then.
+    A failed message is tried again when Alertmanager repeats its incident (or sends it anew),
+    or when you resend it: fix what the reason says (the channel, the token, a scope), then
+    `--resend ID` (or `--failed` for all of them). A resent message is due at once and the
+    running bot's outbox job sends it within [scheduler] outbox_every_s (15 s), in its
+    incident's order; a thread message whose incident's first message was refused takes that
+    one with it. This command never talks to Slack itself.
     """
+    if resend_ids or resend_failed:
+        _resend(config_path, state_dir, list(resend_ids), every=resend_failed)
+        return
     from bot.store import outbox as items
 
     database = _database(config_path, state_dir)
@@ -111,14 +136,84 @@ def deliveries(config_path: Path | None, state_dir: Path | None, limit: int) -> 
         _revision(database)
         with database.transaction() as s:
             counts = items.counts(s)
-            failed = [(i.incident_id, i.kind, i.done_at, i.attempts, i.last_error)
+            failed = [(i.id, i.incident_id, i.kind, i.done_at, i.attempts, i.last_error)
                       for i in items.failed(s, limit=limit)]  # fmt: skip
     finally:
         database.dispose()
     click.echo(f"{_where(database)}: {counts['pending']} pending, {counts['failed']} failed")
-    for incident_id, kind, done_at, attempts, why in failed:
+    for item_id, incident_id, kind, done_at, attempts, why in failed:
         when = f"{done_at:%Y-%m-%d %H:%M} UTC" if done_at else "?"
-        click.echo(f"  incident {incident_id} {kind} (failed {when}, {attempts} tries): {why}")
+        click.echo(
+            f"  [{item_id}] incident {incident_id} {kind} (failed {when}, {attempts} tries): {why}"
+        )
+    if failed:
+        click.echo("resend one once fixed: ruleloop db deliveries --resend ID (all: --failed)")
+
+
+def _resend(
+    config_path: Path | None, state_dir: Path | None, ids: list[int], *, every: bool
+) -> None:
+    """Make the chosen failed messages due again, audited; UsageError for an id that is none."""
+    import datetime as dt
+
+    from bot.store import outbox as items
+    from bot.store import service as store
+    from bot.store.models import OutboxItem
+
+    if ids and every:
+        raise UsageError("give --resend ID or --failed, not both")
+    database = _database(config_path, state_dir)
+    try:
+        _revision(database)
+        now = dt.datetime.now(dt.UTC)
+        with database.transaction() as s:
+            if every:
+                chosen = items.all_failed(s)
+            else:
+                chosen = [_failed_item(s.get(OutboxItem, n), n) for n in dict.fromkeys(ids)]
+            resent = items.resend(s, chosen, now=now)
+            for item in resent:
+                store.audit(
+                    s, at=now, actor=f"cli:{_user()}", action="slack.delivery_resent",
+                    incident=store.get(s, item.incident_id),
+                    detail={"item": item.id, "kind": item.kind, "key": item.key},
+                )  # fmt: skip
+            shown = [(i.id, i.incident_id, i.kind) for i in resent]
+    finally:
+        database.dispose()
+    click.echo(f"{_where(database)}: {len(shown)} message(s) due again")
+    for item_id, incident_id, kind in shown:
+        click.echo(f"  [{item_id}] incident {incident_id} {kind}")
+    if shown:
+        click.echo("the running bot's outbox job sends them within [scheduler] outbox_every_s")
+
+
+def _failed_item(item: object, item_id: int) -> Any:
+    """``item`` when it is a failed message; UsageError (exit 2) saying what it is otherwise."""
+    from bot.store import outbox as items
+    from bot.store.models import OutboxItem
+
+    if not isinstance(item, OutboxItem) or item.kind not in items.MESSAGES:
+        raise UsageError(
+            f"no Slack message {item_id} in the store: "
+            "`ruleloop db deliveries` lists the failed ones with their ids"
+        )
+    if item.state != items.FAILED:
+        states = {items.PENDING: "still pending: the outbox keeps trying it",
+                  items.SENT: "already delivered"}  # fmt: skip
+        what = states.get(item.state, f"{item.state}, not failed")
+        raise UsageError(f"message {item_id} (incident {item.incident_id} {item.kind}) is {what}")
+    return item
+
+
+def _user() -> str:
+    """Who resends, for the audit log."""
+    import getpass
+
+    try:
+        return str(getpass.getuser())
+    except (KeyError, OSError):  # no name for this uid (a container)
+        return "unknown"
 
 
 @db.command("revision")

@@ -2,7 +2,8 @@
 
 Replays the article's incident in miniature on the local CPU engine (see bot/demo/scenario.py):
 the engine's normal measured, a bad flag's incident under mixed load, an alert, the diagnosis,
-the matching ADR applied behind its canary gates, and the post-incident ADR drafted. The
+the matching ADR applied behind its canary gates, the post-incident ADR drafted, and then a
+workload drift the scheduler's workload job re-validates the ADR against. The
 transcript (what the bot would post in Slack), the draft and a last screen with the numbers go
 to stdout; progress to stderr. When the loop does not close (no incident on this machine, a
 failed remediation, no draft) it exits 1 and says why.
@@ -17,9 +18,6 @@ from pathlib import Path
 import click
 
 from bot.cli.engine import state_dir_option
-from bot.demo import screen
-from bot.demo.scenario import BAD_FLAGS, Demo, workspace
-from bot.engine.process import EngineManager, default_state_dir, free_port
 
 
 @click.command("demo")
@@ -41,7 +39,7 @@ from bot.engine.process import EngineManager, default_state_dir, free_port
 )
 @state_dir_option
 def demo(keep: bool, adr_dir: Path, engine_cpu_limit: float | None, state_dir: Path | None) -> None:
-    """Replay a latency incident on a local vLLM engine: normal, alert, diagnosis, fix, draft.
+    """The whole loop on a local CPU engine: incident, diagnosis, fix, draft, drift.
 
     \b
     1. a workspace with copies of the ADRs (plus one for the CPU engine) and a runbook
@@ -51,10 +49,16 @@ def demo(keep: bool, adr_dir: Path, engine_cpu_limit: float | None, state_dir: P
     5. an Alertmanager alert goes to the bot's webhook; the bot diagnoses against normal
     6. the matching ADR (TPOT p99 > 3x normal) is requested and approved by a second person
     7. the engine restarts with the fix; a canary checks the ADR's gates (rollback if not met)
-    8. the post-incident ADR is drafted; the draft and the numbers are printed at the end
+    8. the post-incident ADR is drafted for review
+    9. the workload drifts (an agent workflow joins): the scheduler's workload job re-runs
+       the ADR's gates on the live shape; the draft and the numbers are printed at the end
     Takes a few minutes; nothing outside the workspace is changed. Exits 1, saying why, when
     the loop does not close on this machine.
     """
+    from bot.demo import screen  # here: `ruleloop --help` does not load the bot and matplotlib
+    from bot.demo.scenario import BAD_FLAGS, Demo, workspace
+    from bot.engine.process import EngineManager, default_state_dir, free_port
+
     say = lambda text: click.echo(text, err=True)  # noqa: E731
     root = state_dir or default_state_dir()
     ws = workspace(root, adr_dir)

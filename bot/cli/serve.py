@@ -11,14 +11,15 @@ import os
 import signal
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
-import uvicorn
 
 from bot.cli import Command
-from bot.config import Settings
 from bot.errors import UsageError
-from bot.listening import QuietServer, bind
+
+if TYPE_CHECKING:
+    from bot.config import Settings
 
 EPILOG = """\b
 Configuration: a TOML file (--config or $RULELOOP_CONFIG) plus the environment:
@@ -32,12 +33,16 @@ With no Slack tokens, messages are printed on stdout (console transport).
 
 \b
 Example:
-  RULELOOP_ALERTMANAGER_TOKEN=s3cret ruleloop serve --config ruleloop.toml --port 3000
+  export RULELOOP_ALERTMANAGER_TOKEN=$(openssl rand -hex 24)
+  ruleloop serve --config ruleloop.toml --port 3000
 """
 
 
 async def run(settings: Settings, *, state_dir: Path, sock: socket.socket) -> None:
     """Serve until SIGINT/SIGTERM; Socket Mode runs beside HTTP when an app token is set."""
+    import uvicorn
+
+    from bot.listening import QuietServer
     from bot.server import create_bot
 
     bot = create_bot(settings, state_dir=state_dir)
@@ -75,18 +80,26 @@ async def run(settings: Settings, *, state_dir: Path, sock: socket.socket) -> No
 @click.option(
     "--host", default=None, help="Address to listen on (default: [server] host, 127.0.0.1)."
 )
-@click.option("--port", type=int, default=None, help="Port (default: [server] port, 3000).")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Port, 0-65535 (0: any free port; default: [server] port, 3000).",
+)
 @click.option(
     "--state-dir",
     type=click.Path(path_type=Path),
     default=None,
-    help="Where the SQLite store and console charts go (default: ~/.local/state/ruleloop).",
+    help="Where the SQLite store and console charts go when [paths] state is unset "
+    "(default: ~/.local/state/ruleloop).",
 )
 def serve(
     config_path: Path | None, host: str | None, port: int | None, state_dir: Path | None
 ) -> None:
     """Run the bot: Slack app, Alertmanager intake, runbooks, diagnosis, incident pages."""
+    from bot.config import Settings
     from bot.engine.process import default_state_dir
+    from bot.listening import bind
 
     settings = Settings.load(os.environ, path=config_path)
     sock = bind(host or settings.server.host, settings.server.port if port is None else port)
@@ -114,6 +127,7 @@ def page_link(incident_id: int | None, config_path: Path | None) -> None:
     """
     import time
 
+    from bot.config import Settings
     from bot.web.links import page_links
 
     settings = Settings.load(os.environ, path=config_path)

@@ -16,7 +16,7 @@ from typing import Literal
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.dates import DateFormatter, date2num
+from matplotlib.dates import AutoDateLocator, ConciseDateFormatter, date2num
 from matplotlib.figure import Figure
 
 from bot.diagnosis.chart_data import ChartData, Point
@@ -29,22 +29,27 @@ METRIC, QUEUE, GATE, NORMAL, ALERT, WINDOW = (
 
 def render_chart(chart: ChartData, *, fmt: Literal["png", "svg"] = "png") -> bytes:
     """The chart as PNG (Slack) or SVG (the incident page)."""
+    out = io.BytesIO()
+    draw_chart(chart).savefig(out, format=fmt, metadata=_metadata(fmt))
+    return out.getvalue()
+
+
+def draw_chart(chart: ChartData) -> Figure:
+    """The chart's figure. Laid out by matplotlib's constrained layout, so axis labels, tick
+    labels and the legends below the panels stay inside the figure whatever their widths."""
     if chart.history:
-        figure = Figure(figsize=(10, 4.4), dpi=100)
+        figure = Figure(figsize=(10, 4.4), dpi=100, layout="constrained")
         FigureCanvasAgg(figure)
-        grid = figure.add_gridspec(1, 2, width_ratios=(3, 1.2), wspace=0.45)
+        grid = figure.add_gridspec(1, 2, width_ratios=(3, 1.2))
         _history_panel(figure.add_subplot(grid[0]), chart)
         _window_panel(figure.add_subplot(grid[1]), chart, compact=True)
-        figure.subplots_adjust(left=0.07, right=0.93, top=0.88, bottom=0.3)
     else:
-        figure = Figure(figsize=(8, 4.2), dpi=100)
+        figure = Figure(figsize=(8, 4.2), dpi=100, layout="constrained")
         FigureCanvasAgg(figure)
         _window_panel(figure.add_subplot(), chart, compact=False)
-        figure.subplots_adjust(left=0.09, right=0.91, top=0.9, bottom=0.3)  # not tight_layout
+    figure.get_layout_engine().set(w_pad=0.1, h_pad=0.08, wspace=0.06)  # type: ignore[union-attr, call-arg]
     figure.suptitle(chart.title, fontsize="medium")
-    out = io.BytesIO()
-    figure.savefig(out, format=fmt, metadata=_metadata(fmt))
-    return out.getvalue()
+    return figure
 
 
 def _metadata(fmt: str) -> dict[str, str | None]:
@@ -99,16 +104,24 @@ def _history_panel(ax: Axes, chart: ChartData) -> None:
                 ha="right", fontsize="x-small",
                 arrowprops={"arrowstyle": "->", "color": "darkgoldenrod"})  # fmt: skip
     start = chart.history[0][0]
+    # Alertmanager's startsAt is when the alert fired: it was pending for its rule's `for:`
+    # before, and neither the webhook nor the history says since when, so the mark says firing
     if chart.alert_start is not None and start <= chart.alert_start <= chart.window_end:
-        ax.axvline(_when(chart.alert_start), color=ALERT, linestyle="-.", linewidth=1,
-                   label=f"alert fired {clock(chart.alert_start)}")  # fmt: skip
+        label = f"alert firing from {clock(chart.alert_start)} (pending before)"
+        ax.axvline(_when(chart.alert_start), color=ALERT, linestyle="-.", linewidth=1, label=label)
     elif chart.alert_start is not None:
-        ax.plot([], [], " ", label=f"alert fired {clock(chart.alert_start)} (before this)")
+        ax.plot([], [], " ", label=f"alert firing from {clock(chart.alert_start)} (before this)")
     ax.set_ylabel(_axis_label(chart))
     ax.set_ylim(bottom=0)
     ax.set_xlim(_when(start), _when(chart.window_end))
     ax.xaxis_date(dt.UTC)
-    ax.xaxis.set_major_formatter(DateFormatter("%H:%M", tz=dt.UTC))
+    locator = AutoDateLocator(tz=dt.UTC, minticks=3, maxticks=8)
+    formatter = ConciseDateFormatter(locator, tz=dt.UTC, show_offset=False)
+    # each tick says the time to the precision the ticks differ at: never 07:37 07:37
+    formatter.formats = ["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S"]
+    formatter.zero_formats = ["", "%Y", "%b %d", "%b %d %H:%M", "%H:%M", "%H:%M:%S"]
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(formatter)
     ax.set_xlabel("time (UTC)")
     handles = ax.get_legend_handles_labels()[0]
     if chart.history_waiting:

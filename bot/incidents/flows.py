@@ -84,8 +84,9 @@ class IncidentFlows:
             self.tasks.spawn(
                 self.drive(incident_id, received=received), name=f"diagnose-{incident_id}"
             )
-        elif result.outcome is Outcome.RESOLVED or result.owed:
-            # a repeat of an incident Slack never got is the moment to try it again
+        elif result.outcome in (Outcome.RESOLVED, Outcome.UPDATED) or result.owed:
+            # an alert that joined or resolved has its thread line (bot.intake.service); a
+            # repeat of an incident Slack never got is the moment to try it again
             self.tasks.spawn(self.drive(incident_id), name=f"deliver-{incident_id}")
 
     async def drive(self, incident_id: int, *, received: float | None = None) -> None:

@@ -134,6 +134,7 @@ def parse_webhook(body: bytes) -> Webhook:
         raise RequestRejected("body is not usable JSON: nested too deeply", status=400) from None
     if not isinstance(data, dict):
         raise RequestRejected("body must be a JSON object (Alertmanager webhook v4)", status=400)
+    refuse_unstorable(data)
     try:
         return Webhook.model_validate(data)
     except ValidationError as exc:
@@ -142,3 +143,38 @@ def parse_webhook(body: bytes) -> Webhook:
         raise RequestRejected(
             f"not an Alertmanager webhook v4 payload: {where}: {first['msg']}", status=422
         ) from None
+
+
+def refuse_unstorable(data: object) -> None:
+    """RequestRejected (422, naming the field) for text no store can hold: a NUL character
+    (PostgreSQL refused it with a DataError, answered 503, which Alertmanager retried forever;
+    SQLite took it) or a lone surrogate (not UTF-8: a 500). Any string of the payload, keys too."""
+    stack: list[tuple[tuple[str, ...], object]] = [((), data)]
+    while stack:  # iterative: a body as deep as json.loads allows is not a RecursionError here
+        where, value = stack.pop()
+        keys: list[str] = []
+        if isinstance(value, str):
+            keys = [value]
+        elif isinstance(value, dict):
+            keys = list(value)
+            stack.extend(((*where, str(k)), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend(((*where, str(n)), v) for n, v in reversed(list(enumerate(value))))
+        for text in keys:
+            why = _unstorable(text)
+            if why:
+                field = ".".join(where) or "payload"
+                what = "" if isinstance(value, str) else "a key "
+                raise RequestRejected(
+                    f"not an Alertmanager webhook v4 payload: {field}: {what}{why}", status=422
+                )
+
+
+def _unstorable(value: str) -> str | None:
+    if "\x00" in value:
+        return "contains a NUL character (\\u0000), which the incident store cannot hold"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate (not Unicode text), which the incident store cannot hold"
+    return None

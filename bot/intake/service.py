@@ -3,7 +3,8 @@
 Rules:
 - an alert instance is (fingerprint, startsAt); an instance already stored never adds anything,
   whatever Alertmanager retries, repeats or delivers out of order;
-- a group key has at most one open incident; new firing instances join it;
+- a group key has at most one open incident; new firing instances join it, and what joins or
+  changes state in an open incident is one message in its thread ("X joined (firing)");
 - a resolved notification closes the incident, creating it closed if its firing was never seen;
 - everything one notification changes commits in one transaction, audit entry included, and so
   do the Slack messages and the diagnosis it makes owed (``bot.store.outbox``, sent by
@@ -21,14 +22,16 @@ from enum import StrEnum
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from bot.chat.mrkdwn import escape
 from bot.config import Target
 from bot.intake.models import Webhook, WebhookAlert
 from bot.store import outbox as items
 from bot.store import service as store
 from bot.store.db import Database
-from bot.store.models import Incident
+from bot.store.models import Alert, Incident
 
 TARGET_LABEL = "ruleloop_target"
+NEWS_LINES = 10  # alerts named in one thread line about the alerts that changed
 
 
 class Outcome(StrEnum):
@@ -102,23 +105,32 @@ class Intake:
                 opened = True
             else:
                 opened = False
-            for alert in new:
+            joined = [
                 store.add_alert(
                     session, incident, **_key(alert), status=alert.status, ends_at=alert.ends_at,
                     labels=alert.labels, annotations=alert.annotations,
-                )  # fmt: skip
+                )
+                for alert in new
+            ]  # fmt: skip
             changed = self._update_known(session, incident, known)
+            if not opened and webhook.status != "resolved" and (joined or changed):
+                # the thread hears what changed, in the transaction that changed it
+                text = alerts_news(incident, joined=joined, changed=changed)
+                items.owe(session, incident.id, kind=items.REPLY, at=now, payload={"text": text})
             return self._conclude(
-                session, incident, webhook, opened=opened, new=len(new), changed=changed, now=now
-            )
+                session, incident, webhook, opened=opened, new=len(new), changed=len(changed),
+                now=now,
+            )  # fmt: skip
 
-    def _update_known(self, session: Session, incident: Incident, known: list[WebhookAlert]) -> int:
-        changed = 0
+    def _update_known(
+        self, session: Session, incident: Incident, known: list[WebhookAlert]
+    ) -> list[Alert]:
+        changed = []
         for alert in known:
             row = store.find_alert(session, **_key(alert))
             if row is not None and row.incident_id == incident.id and row.status != alert.status:
                 row.status, row.ends_at = alert.status, alert.ends_at
-                changed += 1
+                changed.append(row)
         session.flush()
         return changed
 
@@ -177,6 +189,29 @@ class Intake:
             if instance and instance == target.hostport:
                 return name
         return None
+
+
+def alerts_news(incident: Incident, *, joined: list[Alert], changed: list[Alert]) -> str:
+    """The thread's line per alert that joined or changed state (mrkdwn), e.g.
+    "`VLLMQueueTimeP99High` joined (firing)", "`VLLMx` resolved; 1 of 2 still firing"."""
+    names = [str(a.labels.get("alertname") or a.fingerprint) for a in incident.alerts]
+
+    def name(alert: Alert) -> str:
+        text = str(alert.labels.get("alertname") or alert.fingerprint)
+        instance = alert.labels.get("instance")
+        if names.count(text) > 1 and instance:  # the same alert on several instances
+            text = f"{text} on {instance}"
+        return f"`{escape(text[:200])}`"
+
+    lines = [f"{name(a)} joined ({escape(a.status)})" for a in joined]
+    lines += [f"{name(a)} {escape(a.status)}" for a in changed]
+    shown = lines[:NEWS_LINES]
+    if len(lines) > len(shown):
+        shown.append(f"…and {len(lines) - len(shown)} more")
+    firing = sum(1 for a in incident.alerts if a.status == "firing")
+    if any(a.status != "firing" for a in [*joined, *changed]):
+        shown[-1] += f"; {firing} of {len(incident.alerts)} still firing"
+    return "\n".join(shown)
 
 
 def _repeat(session: Session, incident_id: int, reason: str, now: dt.datetime) -> IntakeResult:

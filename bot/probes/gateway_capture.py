@@ -43,6 +43,7 @@ import httpx
 
 from bot.errors import EndpointError, ProbeError, UsageError
 from bot.probes.workload_capture import Histogram, Window, shape_from_window
+from bot.runtime.redact import redact
 from bot.workload.shape import PrefixGroup, WorkloadShape
 
 TOKEN_ENV = "RULELOOP_GATEWAY_ADMIN_TOKEN"  # the gateway's own admin token variable
@@ -170,6 +171,7 @@ def window_from_records(
 
 def shape_from_export(data: Any, *, url: str) -> WorkloadShape:
     """The shape of an /admin/requests export (its JSON, parsed)."""
+    url = redact(url)  # named in messages and the shape's source only
     if not isinstance(data, dict) or data.get("kind") != "ruleloop.gateway.requests":
         raise ProbeError(f"{url} did not answer with the gateway's request records")
     if data.get("version") != EXPORT_VERSION:
@@ -207,24 +209,25 @@ async def capture_from_gateway(
     client: httpx.AsyncClient, base_url: str, *, token: str, since_s: float | None = None
 ) -> WorkloadShape:
     """Fetch the gateway's records (of the last ``since_s`` seconds, or all) as a shape."""
-    url = base_url.rstrip("/") + EXPORT_PATH
+    fetched = base_url.rstrip("/") + EXPORT_PATH
     params = {} if since_s is None else {"last_s": since_s}
     try:
         response = await client.get(
-            url, params=params, headers={"Authorization": f"Bearer {token}"}
+            fetched, params=params, headers={"Authorization": f"Bearer {token}"}
         )
     except httpx.HTTPError as exc:
         raise EndpointError(
-            f"cannot reach the gateway at {base_url}: {exc or type(exc).__name__}"
+            redact(f"cannot reach the gateway at {base_url}: {exc or type(exc).__name__}")
         ) from exc
+    url, shown = redact(fetched), redact(base_url)  # what the messages name
     if response.status_code in (401, 403):
         raise UsageError(
-            f"the gateway at {base_url} refused the admin token (HTTP {response.status_code}): "
+            f"the gateway at {shown} refused the admin token (HTTP {response.status_code}): "
             f"{_message(response)}"
         )
     if response.status_code == 404:
         raise ProbeError(
-            f"{url} is not there (HTTP 404): is {base_url} a ruleloop gateway recent enough "
+            f"{url} is not there (HTTP 404): is {shown} a ruleloop gateway recent enough "
             "to keep request records?"
         )
     if response.status_code != 200:

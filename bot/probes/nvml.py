@@ -23,6 +23,7 @@ from bot.agent.client import AgentError, fetch_snapshot, read_token_file
 from bot.agent.reading import NvmlUnavailable, import_pynvml, read_once
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.types import Finding, Params, ProbeResult, Severity
+from bot.runtime.redact import redact
 
 READINGS = {
     "gpu_count": "GPUs visible to NVML",
@@ -93,7 +94,8 @@ class NvmlProbe:
     async def _from_agent(
         self, url: str, target: TargetRef, params: NvmlParams, ctx: ProbeContext
     ) -> ProbeResult:
-        source = {"kind": "agent", "where": url}
+        shown = redact(url)  # what the texts name
+        source = {"kind": "agent", "where": shown}
         try:
             token = read_token_file(target.target.gpu_agent_token_file)
             snapshot = await fetch_snapshot(
@@ -102,9 +104,9 @@ class NvmlProbe:
             )  # fmt: skip
         except AgentError as exc:
             if exc.no_gpu:
-                return _no_gpu(f"from the agent at {url}", str(exc), source, Severity.WARNING)
+                return _no_gpu(f"from the agent at {shown}", str(exc), source, Severity.WARNING)
             return _failed(f"GPU reading failed: {exc}", source)
-        where = f"from the agent at {url} (host {snapshot.get('host') or '?'})"
+        where = f"from the agent at {shown} (host {snapshot.get('host') or '?'})"
         return summarize(snapshot, source=source, where=where)
 
 

@@ -16,6 +16,7 @@ from pydantic import Field, field_validator
 from bot.errors import EndpointError, ProbeError
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.types import Finding, Params, ProbeResult, Severity
+from bot.runtime.redact import redact
 
 
 class PrometheusParams(Params):
@@ -85,13 +86,17 @@ async def query_range(
             params={"query": query, "start": start, "end": end, "step": step_s},
         )
     except httpx.HTTPError as exc:
-        raise EndpointError(f"cannot reach Prometheus at {base_url}: {exc}") from exc
+        raise EndpointError(redact(f"cannot reach Prometheus at {base_url}: {exc}")) from exc
     try:
         body: dict[str, Any] = response.json()
     except ValueError:
-        raise ProbeError(f"{base_url} answered HTTP {response.status_code} without JSON") from None
+        raise ProbeError(
+            redact(f"{base_url} answered HTTP {response.status_code} without JSON")
+        ) from None
     if body.get("status") != "success":
-        raise ProbeError(f"Prometheus refused {query!r}: {body.get('error', response.status_code)}")
+        raise ProbeError(
+            redact(f"Prometheus refused {query!r}: {body.get('error', response.status_code)}")
+        )
     summed: dict[float, float] = {}
     for result in body.get("data", {}).get("result", []):
         for t, v in result.get("values", []):

@@ -19,6 +19,7 @@ from bot.probes.exposition import Exposition
 from bot.probes.types import Params, ProbeResult
 from bot.probes.vllm_metrics import MetricsScraper
 from bot.probes.vllm_window import WindowParams
+from bot.runtime.redact import redact
 
 GATEWAY_REQUESTS = "ruleloop_gateway_requests_total"
 GATEWAY_OUTPUT = "ruleloop_gateway_output_tokens_total"
@@ -95,7 +96,7 @@ class QueueCancelProbe:
             **gateway_readings(g0, g1),
         }
         details = {
-            "gateway": target.target.gateway_url,
+            "gateway": target.target.gateway_url and redact(target.target.gateway_url),
             "aborted_requests": engine.aborted_requests,
             **{
                 f"{name}_bounds": None if e.low is None or e.high is None else [e.low, e.high]

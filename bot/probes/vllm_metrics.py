@@ -48,6 +48,7 @@ from bot.numbers.histogram import histogram_quantile, quantile_bound
 from bot.numbers.reading import Bound, Estimate
 from bot.probes.exposition import Exposition
 from bot.probes.fragmentation import used_blocks
+from bot.runtime.redact import redact
 
 # Each reading: its names, newest first.
 TTFT = ("vllm:time_to_first_token_seconds",)
@@ -513,12 +514,14 @@ class MetricsScraper:
                 # reused; a scrape is idempotent, so ask once more on a new connection.
                 response = await self._client.get(self.url)
         except httpx.HTTPError as exc:
-            raise EndpointError(f"cannot scrape {self.url}: {exc}") from exc
+            raise EndpointError(redact(f"cannot scrape {self.url}: {exc}")) from exc
         if response.status_code != 200:
-            raise ProbeError(f"{self.url} answered HTTP {response.status_code}, not a metrics page")
+            raise ProbeError(
+                redact(f"{self.url} answered HTTP {response.status_code}, not a metrics page")
+            )
         return parse_page(
             response.text,
-            url=self.url,
+            url=redact(self.url),  # names it in messages only
             at=self._clock(),
             require_vllm=self._require_vllm,
             only=only,
@@ -537,10 +540,13 @@ def parse_page(
     try:
         page = Exposition.parse(text, at=at, only=only)
     except ProbeError as exc:
-        raise ProbeError(f"{url} is not a Prometheus metrics page: {exc}") from exc
+        raise ProbeError(redact(f"{url} is not a Prometheus metrics page: {exc}")) from exc
     if require_vllm and not is_vllm(page):
         raise ProbeError(
-            f"{url} is a metrics page but not a vLLM engine's (no vllm:generation_tokens_total); "
-            "point --metrics-url at the engine itself, not at a gateway or exporter"
+            redact(
+                f"{url} is a metrics page but not a vLLM engine's (no "
+                "vllm:generation_tokens_total); point --metrics-url at the engine itself, not "
+                "at a gateway or exporter"
+            )
         )
     return page

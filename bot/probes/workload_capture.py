@@ -46,6 +46,7 @@ from bot.probes.vllm_metrics import (
     counter_delta,
     gauge,
 )
+from bot.runtime.redact import redact
 from bot.workload.shape import Arrivals, Lengths, Prefix, PrefixGroup, WorkloadShape, new_shape
 
 PROMPT_LENGTHS = vllm_metrics.PROMPT_LENGTHS[0]  # the engine's per-request length histograms
@@ -171,6 +172,7 @@ def shape_from_pages(
     pages: Sequence[Exposition], *, url: str, captured_at: datetime
 ) -> WorkloadShape:
     """The shape of the requests that finished between the first and the last page."""
+    url = redact(url)  # named in messages and the shape's source only
     if len(pages) < 2:
         raise UsageError("a capture needs two scrapes at least: the window's start and end")
     first, last = pages[0], pages[-1]

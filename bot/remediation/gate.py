@@ -21,6 +21,7 @@ from bot.canary.verdict import Values, Verdict, gates_from, judge, values_of
 from bot.canary.workload import Workload
 from bot.config import CanarySpec
 from bot.errors import EndpointError
+from bot.runtime.redact import redact
 from bot.workload.shape import WorkloadShape
 
 
@@ -133,4 +134,4 @@ async def verify_serving(base_url: str, *, timeout_s: float = 60.0) -> None:
             )
             response.raise_for_status()
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-        raise EndpointError(f"{base_url} does not serve completions: {exc}") from exc
+        raise EndpointError(redact(f"{base_url} does not serve completions: {exc}")) from exc

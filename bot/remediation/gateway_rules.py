@@ -15,6 +15,7 @@ import httpx
 from bot.adr.models import GatewayRules
 from bot.errors import UsageError
 from bot.remediation.actuators.base import ActuatorError
+from bot.runtime.redact import redact
 
 PATH = "/admin/limits"
 
@@ -52,15 +53,19 @@ class GatewayAdmin:
                     method, f"{self._url}{PATH}", json=body, headers=self._headers
                 )
         except httpx.HTTPError as exc:
-            raise ActuatorError(f"the gateway at {self._url} did not answer: {exc}") from exc
+            raise ActuatorError(
+                redact(f"the gateway at {self._url} did not answer: {exc}")
+            ) from exc
         if response.status_code != 200:
             try:  # the gateway answers OpenAI-shaped errors
                 why = response.json()["error"]["message"]
             except (ValueError, KeyError, TypeError):
                 why = response.text
             raise ActuatorError(
-                f"the gateway at {self._url} refused {method} {PATH} "
-                f"({response.status_code}): {why}"
+                redact(
+                    f"the gateway at {self._url} refused {method} {PATH} "
+                    f"({response.status_code}): {why}"
+                )
             )
         limits: dict[str, Any] = response.json()
         return limits

@@ -127,7 +127,8 @@ class RemediationRecords:
                             now=now,
                         )  # fmt: skip
                     )
-                    assert incident is not None, incident_id
+                    if incident is None:  # a button of an incident the store no longer has
+                        raise UsageError(f"there is no incident {incident_id}")
                     return self._insert(
                         s, incident=incident, adr_id=adr_id, target=target, user_id=user_id,
                         two_person=two_person, change=change, before=before,

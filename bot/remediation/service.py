@@ -26,7 +26,7 @@ from bot.remediation import actuators
 from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
 from bot.remediation.argv import diff, merge
 from bot.remediation.exclusion import TargetBusy, refusal
-from bot.remediation.gate import GateRun, run_gate, verify_serving
+from bot.remediation.gate import GateRun, GateRunner, run_gate, verify_serving
 from bot.remediation.gateway_rules import GatewayAdmin
 from bot.remediation.liveness import LostRun, owned
 from bot.remediation.policy import Policy
@@ -34,15 +34,16 @@ from bot.remediation.ports import ACTIVE, RemediationNotifier, RemediationView
 from bot.remediation.records import RemediationRecords
 from bot.runtime.access import Members
 from bot.runtime.ids import new_error_id, replica_id
+from bot.runtime.redact import redact
 from bot.runtime.tasks import TaskSupervisor
 from bot.store.db import Database
 from bot.store.models import Remediation
+from bot.store.readings import ROLLBACK_FAILED
 
 log = logging.getLogger("ruleloop.remediation")
 
 ThreadFinder = Callable[[int, str | None], Awaitable[MessageRef]]
 ActuatorFactory = Callable[[str, Target], Actuator]
-GateRunner = Callable[..., Awaitable[GateRun]]
 AfterChange = Callable[[int, str], Awaitable[None]]
 
 
@@ -312,7 +313,7 @@ class RemediationService:
             return
         await self._step(
             rem.id, "canary", "remediation.canary_started",
-            {"base_url": deployed.base_url, "flags": deployed.flags,
+            {"base_url": redact(deployed.base_url), "flags": deployed.flags,
              "workload": spec.canary.model_dump()},
             note=f"canary: {spec.canary.num_requests} requests, {spec.canary.concurrency} "
             f"streams against {deployed.base_url}"
@@ -437,7 +438,7 @@ class RemediationService:
             )
             log.error("rollback of remediation %s failed", rem.id, exc_info=exc)
             await self._step(
-                rem.id, "failed", "remediation.rollback_failed", {"error": error},
+                rem.id, "failed", ROLLBACK_FAILED, {"error": error},
                 note=f"{reason}; the ROLLBACK FAILED: {error}. Manual action needed: restore "
                 f"{_flags_text(before.flags)} on {rem.target}.",
                 owner=owner, expect=["rolling_back"],
@@ -563,7 +564,7 @@ class RemediationService:
         )  # fmt: skip
         if not moved:
             raise LostRun(f"remediation {remediation_id} is no longer run by {owner}")
-        await self._show(remediation_id, note=note)
+        await self._show(remediation_id, note=redact(note))  # no URL's credentials on the card
 
     async def _show(self, remediation_id: int, *, note: str) -> None:
         rem = await asyncio.to_thread(self.records.get, remediation_id)

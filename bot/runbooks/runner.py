@@ -18,6 +18,7 @@ from bot.probes.types import Finding, ProbeResult, Severity
 from bot.runbooks.loader import LoadedRunbook
 from bot.runbooks.registry import ProbeRegistry
 from bot.runtime.ids import new_error_id
+from bot.runtime.redact import redact
 
 log = logging.getLogger("ruleloop.runbooks")
 
@@ -99,7 +100,7 @@ def evaluate(
 def _failed(probe: str, exc: BaseException) -> ProbeResult:
     if isinstance(exc, RuleloopError):
         return ProbeResult(
-            findings=[Finding(Severity.WARNING, f"{probe} could not run: {exc}", probe)]
+            findings=[Finding(Severity.WARNING, redact(f"{probe} could not run: {exc}"), probe)]
         )
     error_id = new_error_id()
     log.error("probe %s failed unexpectedly (id %s)", probe, error_id, exc_info=exc)

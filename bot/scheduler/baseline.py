@@ -26,8 +26,7 @@ from bot.chat.messages import Notifier
 from bot.config import Target
 from bot.diagnosis.models import GATE_OF, Baseline
 from bot.incidents.flows import IncidentFlows
-from bot.remediation.gate import GateRun
-from bot.remediation.service import GateRunner
+from bot.remediation.gate import GateRun, GateRunner
 from bot.scheduler import messages
 from bot.scheduler.in_force import InForce, adrs_in_force
 from bot.scheduler.runner import Outcome, json_safe

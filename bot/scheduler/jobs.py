@@ -20,7 +20,7 @@ from bot.chat.messages import Notifier
 from bot.config import ScheduledTarget, Settings
 from bot.errors import UsageError
 from bot.incidents.flows import IncidentFlows
-from bot.remediation.service import GateRunner
+from bot.remediation.gate import GateRunner
 from bot.runtime.ids import replica_id
 from bot.scheduler.baseline import BaselineCanary
 from bot.scheduler.reminders import DraftReminders

@@ -33,8 +33,7 @@ from bot.incidents.flows import IncidentFlows
 from bot.probes.exposition import Exposition
 from bot.probes.vllm_metrics import MetricsScraper
 from bot.probes.workload_capture import CAPTURE_METRICS, capture
-from bot.remediation.gate import GateRun
-from bot.remediation.service import GateRunner
+from bot.remediation.gate import GateRun, GateRunner
 from bot.scheduler import messages
 from bot.scheduler.baseline import SOURCE, strictest
 from bot.scheduler.in_force import adrs_in_force

@@ -23,7 +23,7 @@ from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetry
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.config import SlackSettings
-from bot.slack import listeners
+from bot.slack import listeners, shapes
 from bot.slack.errors import handle_error
 from bot.slack.services import KEY as SERVICES
 from bot.slack.services import Services
@@ -68,11 +68,24 @@ def build_app(
         context[SERVICES] = services
         return await next()
 
-    app.middleware(workspace_guard(settings, HomeTeams(client)))  # before anything else runs
+    app.middleware(well_formed)  # before anything else runs (HTTP checks it before bolt too)
+    app.middleware(workspace_guard(settings, HomeTeams(client)))
     app.middleware(inject)
     app.error(handle_error)
     listeners.register(app)
     return app
+
+
+async def well_formed(body: dict[str, Any], next: Callable[[], Awaitable[Any]]) -> Any:
+    """Answer a request whose fields are not what Slack sends (``bot.slack.shapes``) with a
+    400, or a slash command with a short ephemeral "could not read this request"; over Socket
+    Mode too, where no HTTP route reads the request first."""
+    try:
+        shapes.check(body)
+    except shapes.Unreadable as exc:
+        log.info("refused a Slack request: %s", exc)
+        return exc.bolt_response()
+    return await next()
 
 
 def static_authorize(token: str | None) -> Callable[..., Awaitable[AuthorizeResult]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -24,10 +25,21 @@ from bot.slack.views import NO_MATCH, STATE_TEXT, finding_line
 class ConsoleNotifier:
     """Prints what the Slack notifier would post."""
 
-    def __init__(self, *, stream: TextIO | None = None, chart_dir: Path) -> None:
+    def __init__(
+        self,
+        *,
+        stream: TextIO | None = None,
+        chart_dir: Path,
+        page_url: Callable[[int], str] | None = None,
+    ) -> None:
         self._stream = stream
         self._chart_dir = chart_dir
+        self._page_url = page_url  # an incident's signed page link ([web] link_secret set)
         self._ts = itertools.count(1)
+
+    def _page(self, incident_id: int) -> str:
+        """' | page <url>', or '' when the incident page is off."""
+        return "" if self._page_url is None else f" | page {self._page_url(incident_id)}"
 
     def _print(self, text: str) -> None:
         stream = self._stream or sys.stdout
@@ -37,12 +49,13 @@ class ConsoleNotifier:
     async def post_root(self, *, channel: str, view: IncidentView) -> MessageRef:
         """Print the root message; the ts is a counter."""
         ref = MessageRef(channel=channel, ts=f"console.{next(self._ts)}")
-        self._print(f"[{channel} {ref.ts}] " + render_root(view))
+        self._print(f"[{channel} {ref.ts}] " + render_root(view, page=self._page(view.id)))
         return ref
 
     async def update_root(self, ref: MessageRef, *, view: IncidentView) -> None:
         """Print the root message again, marked as an update."""
-        self._print(f"[{ref.channel} {ref.ts} updated] " + render_root(view))
+        shown = render_root(view, page=self._page(view.id))
+        self._print(f"[{ref.channel} {ref.ts} updated] " + shown)
 
     def render_diagnosis(self, diagnosis: Diagnosis, *, incident_id: int) -> list[dict[str, Any]]:
         """Findings and the matching ADRs as one printed message (already plain text)."""
@@ -109,12 +122,13 @@ def _indent(text: str) -> str:
     return "\n".join([first, *(f"    {line}" for line in rest)])
 
 
-def render_root(view: IncidentView) -> str:
-    """The root message as text: title, status, and the four numbers against their gates."""
+def render_root(view: IncidentView, *, page: str = "") -> str:
+    """The root message as text: title, status, and the four numbers against their gates
+    (``page``: the incident page's part of the first line, as the Slack message links it)."""
     status = view.status if view.source != "slash" else "on demand"
     lines = [
         f"{view.title} | {status}, {STATE_TEXT.get(view.state, view.state)} | "
-        f"target {view.target or 'unknown'} | incident #{view.id}"
+        f"target {view.target or 'unknown'} | incident #{view.id}{page}"
     ]
     headline = view.summary.get("headline") or {}
     baseline = view.summary.get("baseline") or {}

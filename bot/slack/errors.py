@@ -12,7 +12,7 @@ from typing import Any
 from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_bolt.response import BoltResponse
 
-from bot.errors import RuleloopError
+from bot.errors import RuleloopError, UnknownAdr
 from bot.runtime.ids import new_error_id
 
 log = logging.getLogger("ruleloop.slack")
@@ -23,6 +23,8 @@ UNEXPECTED = "Something went wrong on the bot's side (error id `{id}`). Nothing 
 
 def error_text(error: BaseException) -> str:
     """What the person sees for an error."""
+    if isinstance(error, UnknownAdr):  # without the server's ADR directory
+        return error.chat_text()
     if isinstance(error, RuleloopError):
         return str(error)
     error_id = new_error_id()

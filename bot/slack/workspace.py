@@ -8,7 +8,10 @@ shared incident channel, even where an access list says "*". Their home workspac
 the click's payload (``user.team_id``) or, for slash commands, from users.info (cached; a user
 who cannot be looked up may not change anything). The bot's own workspace is ``[slack]
 team_id`` or, unset, what auth.test says (cached). Those two look-ups are Slack calls, so the
-check runs after the ack, first in the deferred work (``bot.slack.deferred``).
+check runs after the ack, first in the deferred work (``bot.slack.deferred``). What counts as a
+change is what the listener bolt dispatches to will do, whatever the payload type (bolt's
+``app.action(name)`` also matches a legacy attachment or dialog ``callback_id``); payload types
+the bot never sends (anything but ``block_actions``) are refused outright.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from bot.config import SlackSettings
 from bot.errors import EndpointError, NotAllowed
 from bot.slack.deferred import MEMBER_CHECK
 from bot.slack.remediation_views import DECIDE_ACTIONS, REVIEW_ACTIONS
+from bot.slack.shapes import BUTTONS
 from bot.slack.views import APPLY_ACTION
 
 log = logging.getLogger("ruleloop.slack")
@@ -53,11 +57,20 @@ def request_origin(body: dict[str, Any]) -> tuple[str | None, str | None]:
 
 
 def changes_something(body: dict[str, Any]) -> bool:
-    """Whether the request applies, approves (or cancels) or reviews a change."""
-    if body.get("command") in CHANGE_COMMANDS:
+    """Whether the request would reach a listener that applies, approves (or cancels) or
+    reviews a change: by its command, an action's action_id, or a callback_id (bolt's
+    ``app.action(name)`` also matches a legacy ``interactive_message`` or ``dialog_*``
+    payload, or a view, by that name), whatever the payload type."""
+    command = body.get("command")
+    if isinstance(command, str) and command in CHANGE_COMMANDS:
         return True
-    actions = body.get("actions") or []
-    return any(a.get("action_id") in CHANGE_ACTIONS for a in actions if isinstance(a, dict))
+    actions = body.get("actions")
+    named = [a.get("action_id") for a in actions if isinstance(a, dict)] if isinstance(
+        actions, list
+    ) else []  # fmt: skip
+    view = body.get("view")
+    named += [body.get("callback_id"), view.get("callback_id") if isinstance(view, dict) else None]
+    return any(isinstance(name, str) and name in CHANGE_ACTIONS for name in named)
 
 
 class HomeTeams:
@@ -111,6 +124,11 @@ def workspace_guard(settings: SlackSettings, homes: HomeTeams) -> Callable[..., 
     async def guard(
         body: dict[str, Any], context: AsyncBoltContext, next: Callable[[], Awaitable[Any]]
     ) -> Any:
+        if body.get("type", BUTTONS) != BUTTONS:  # legacy attachments, dialogs, modals...
+            raise NotAllowed(
+                "This bot sends Block Kit buttons only; it does not act on this kind of "
+                "request. Nothing was done."
+            )
         team, enterprise = request_origin(body)
         if settings.team_id and team != settings.team_id:
             raise NotAllowed(

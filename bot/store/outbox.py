@@ -23,6 +23,7 @@ ROOT, UPDATE, REPLY, CHART, DIAGNOSE = "root", "update", "reply", "chart", "diag
 MESSAGES = (ROOT, UPDATE, REPLY, CHART)
 KEEP_SENT = dt.timedelta(days=2)
 KEEP_FAILED = dt.timedelta(days=14)
+ROOT_REFUSED = "the incident's root message was refused"  # why its thread messages failed
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ def owe(
     root = None if kind in (ROOT, DIAGNOSE) else find(session, incident_id, ROOT)
     if root is not None and root.state == FAILED:  # no thread to go into (a repeat re-arms it)
         item.state, item.done_at = FAILED, at
-        item.last_error = f"the incident's root message was refused: {root.last_error}"
+        item.last_error = f"{ROOT_REFUSED}: {root.last_error}"
     session.add(item)
     session.flush()
     return item
@@ -312,6 +313,42 @@ def failed(session: Session, *, limit: int = 20) -> list[OutboxItem]:
         .limit(limit)
     )
     return list(session.scalars(query).all())
+
+
+def resend(session: Session, chosen: list[OutboxItem], *, now: dt.datetime) -> list[OutboxItem]:
+    """Make failed messages due again (a person fixed what their reason said); those made due.
+
+    Each goes pending, due since it failed (so, now), with a fresh give-up clock and no
+    tries; the outbox job of a running bot sends them in their incident's order. A thread
+    message whose incident's root was refused takes the root with it: it has no thread to go
+    into otherwise; a root takes the thread messages that failed only because it was refused.
+    """
+    again = {item.id: item for item in chosen if item.state == FAILED and item.kind in MESSAGES}
+    for item in list(again.values()):
+        root = item if item.kind == ROOT else find(session, item.incident_id, ROOT)
+        if root is None or root.state != FAILED:
+            continue
+        again.setdefault(root.id, root)
+        behind = select(OutboxItem).where(
+            OutboxItem.incident_id == item.incident_id,
+            OutboxItem.state == FAILED,
+            OutboxItem.kind.in_(MESSAGES),
+            OutboxItem.last_error.startswith(ROOT_REFUSED),
+        )
+        for follower in session.scalars(behind).all():
+            again.setdefault(follower.id, follower)
+    for item in again.values():
+        item.state, item.next_at, item.created_at = PENDING, min(item.done_at or now, now), now
+        item.done_at = item.last_error = item.claimed_by = item.claimed_until = None
+        item.attempts = 0
+    session.flush()
+    return sorted(again.values(), key=lambda item: item.id)
+
+
+def all_failed(session: Session) -> list[OutboxItem]:
+    """Every failed message, oldest first."""
+    query = select(OutboxItem).where(OutboxItem.state == FAILED, OutboxItem.kind.in_(MESSAGES))
+    return list(session.scalars(query.order_by(OutboxItem.id)).all())
 
 
 def prune(session: Session, *, now: dt.datetime) -> None:

@@ -23,7 +23,7 @@ ROOT = Path(__file__).parent.parent.parent
 PAGES = [
     (FIXTURES / "vllm-0.32.0" / f"{n}.prom").read_text() for n in ("before", "during", "after")
 ]
-AM_TOKEN = "am-secret-token"
+AM_TOKEN = "am-secret-token-0123456789"  # [alertmanager] token: 16 characters at least
 RUNBOOK = """
 name: test-latency
 probes:

@@ -27,12 +27,12 @@ async def handle(
     async def work() -> None:
         try:
             value = json.loads(action["value"])
-            adr_id, incident_id = str(value["adr"]), int(value["incident"])
+            adr_id, incident_id = str(value["adr"]), value["incident"]
             target = value.get("target")
-        except (KeyError, TypeError, ValueError):
-            raise UsageError(
-                "this button carries no ADR; it may be from an older bot version"
-            ) from None
+        except (KeyError, TypeError, ValueError, AttributeError):
+            incident_id = None
+        if type(incident_id) is not int or not 0 < incident_id < 2**63:  # a store id
+            raise UsageError("this button carries no ADR; it may be from an older bot version")
         await services_of(context).remediation.request(
             user_id=body["user"]["id"],
             adr_id=adr_id,

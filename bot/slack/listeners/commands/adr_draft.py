@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from slack_bolt.context.ack.async_ack import AsyncAck
@@ -13,6 +14,7 @@ from bot.slack.deferred import later
 from bot.slack.services import services_of
 
 USAGE = "Usage: /adr-draft [incident-id] (default: the newest incident)"
+INCIDENT_ID = re.compile(r"#?[0-9]{1,18}", re.ASCII)  # 18 digits: a 64-bit integer
 
 
 async def handle(
@@ -22,8 +24,9 @@ async def handle(
     await ack()
 
     async def work() -> str:
-        words = command.get("text", "").split()
-        if len(words) > 1 or (words and not words[0].lstrip("#").isdigit()):
+        words = str(command.get("text") or "").split()
+        # 0-9 only: "²" and "١" pass isdigit(), and int() reads "١" (a store id is ASCII)
+        if len(words) > 1 or (words and not INCIDENT_ID.fullmatch(words[0])):
             raise UsageError(USAGE)
         incident_id = int(words[0].lstrip("#")) if words else None
         text: str = await services_of(context).drafts.request(
