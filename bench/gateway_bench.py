@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import _gateway_bench_procs as procs
+import _gateway_bench_wave as wave
 import aiohttp
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -64,24 +65,46 @@ def bodies(count: int, words: int, output: int, seed: int) -> list[dict[str, obj
 
 
 async def drive(
-    url: str, requests: list[dict[str, object]], concurrency: int
+    url: str,
+    requests: list[dict[str, object]],
+    concurrency: int,
+    *,
+    session: aiohttp.ClientSession | None = None,
+    arrivals: wave.Arrivals | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """Send every request with ``concurrency`` streams in flight; return records and wall time."""
+    """Send every request with ``concurrency`` streams in flight; return records and wall time.
+
+    With ``session`` the requests go on that session's connections (opened before, when it was
+    warmed); without, on a new session that opens its own. With ``arrivals`` each request's
+    head is stamped as it goes out (request ``i`` carries ``x-bench-seq: i``).
+    """
+    if session is None:
+        async with new_session(concurrency, arrivals) as own:
+            return await drive(url, requests, concurrency, session=own, arrivals=arrivals)
     records: list[RequestRecord] = []
     queue = list(reversed(requests))
-    connector = aiohttp.TCPConnector(limit=concurrency + 8)
+
+    async def worker() -> None:
+        while queue:
+            seq = len(records)
+            record = RequestRecord(sent_at=time.perf_counter())
+            records.append(record)
+            headers = {"x-bench-seq": str(seq)} if arrivals is not None else None
+            await stream_request(session, url, queue.pop(), record, headers=headers, timeout_s=600)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return records, time.perf_counter() - started
+
+
+def new_session(
+    concurrency: int, arrivals: wave.Arrivals | None = None
+) -> aiohttp.ClientSession:
+    """A client session with room for ``concurrency`` connections (kept alive between rounds)."""
+    connector = aiohttp.TCPConnector(limit=concurrency + 8, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=60)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
-
-        async def worker() -> None:
-            while queue:
-                record = RequestRecord(sent_at=time.perf_counter())
-                records.append(record)
-                await stream_request(session, url, queue.pop(), record, timeout_s=600)
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return records, time.perf_counter() - started
+    traces = [arrivals.config] if arrivals is not None else []
+    return aiohttp.ClientSession(connector=connector, timeout=timeout, trace_configs=traces)
 
 
 async def engine_generated(client: httpx.AsyncClient, engine_url: str) -> float:

@@ -7,7 +7,6 @@ import asyncio
 import datetime as dt
 import logging
 import shutil
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -28,7 +27,7 @@ from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import ActionToken, AdrRecord, AdrRevision, AuditEntry
 from tests.fakes.bot import Harness, harness
-from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
+from tests.test_bot_store import new_database, postgres  # noqa: F401  (the real PostgreSQL server fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = "ADR-20260831-01"
@@ -43,12 +42,7 @@ def new_url(request: pytest.FixtureRequest, tmp_path: Path, backend: str) -> str
     if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'state' / 'ruleloop.db'}"
     server = request.getfixturevalue("postgres")
-    name = f"a_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    return f"{server}/{name}"
+    return new_database(server, prefix="a")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -30,6 +30,16 @@ T0 = dt.datetime(2026, 9, 1, 2, 13, tzinfo=dt.UTC)
 PG_BIN = max(Path("/usr/lib/postgresql").glob("*/bin"), default=Path("/nonexistent"))
 
 
+def new_database(server: str, *, prefix: str = "t") -> str:
+    """The URL of a new, empty database on the PostgreSQL ``server``."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f"CREATE DATABASE {name}"))
+    admin.dispose()
+    return f"{server}/{name}"
+
+
 @pytest.fixture(scope="module")
 def postgres() -> Iterator[str]:
     """A throwaway PostgreSQL server (Debian's package) on a free loopback port."""
@@ -80,12 +90,7 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
         database = Database(f"sqlite:///{tmp_path / 'state' / 'incidents.db'}")
     else:
         server = request.getfixturevalue("postgres")
-        name = f"t_{uuid.uuid4().hex[:12]}"
-        admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
-        with admin.connect() as connection:
-            connection.execute(text(f"CREATE DATABASE {name}"))
-        admin.dispose()
-        database = Database(f"{server}/{name}")
+        database = Database(new_database(server, prefix="t"))
     database.create_schema()
     yield database
     database.dispose()

@@ -4,18 +4,16 @@ requests get a clear 4xx at once, never a swollen process, a 500 or a 503 retry 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from bot.store import service as store
 from tests.fakes.alerts import alert, body, payload
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
-from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
+from tests.test_bot_store import new_database, postgres  # noqa: F401  (the real PostgreSQL server fixture)
 
 pytestmark = pytest.mark.faults
 
@@ -114,12 +112,7 @@ async def test_a_deeply_nested_body_is_a_400_not_a_500(h: Harness) -> None:
 @pytest.fixture
 def pg_store(postgres: str) -> Iterator[str]:  # noqa: F811
     """A new, empty database on the real PostgreSQL server."""
-    name = f"f_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(f"{postgres}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    yield f"{postgres}/{name}"
+    yield new_database(postgres, prefix="f")
 
 
 @pytest.mark.parametrize(

@@ -6,19 +6,17 @@ were intake ever to let such a value through, the store's refusal is still a 4xx
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
 
 from bot.intake import models
 from bot.store import service as store
 from tests.fakes.alerts import alert, payload
 from tests.fakes.bot import harness
-from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
+from tests.test_bot_store import new_database, postgres  # noqa: F401  (the real PostgreSQL server fixture)
 
 pytestmark = pytest.mark.faults
 
@@ -26,12 +24,7 @@ pytestmark = pytest.mark.faults
 @pytest.fixture
 def pg_store(postgres: str) -> Iterator[str]:  # noqa: F811
     """A new, empty database on the real PostgreSQL server."""
-    name = f"t_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(f"{postgres}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    yield f"{postgres}/{name}"
+    yield new_database(postgres, prefix="t")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import select, text
 from sqlalchemy.exc import DatabaseError
 
 from bot.adr.shared import SharedAdrStore
@@ -32,7 +31,7 @@ from bot.store.models import AdrRecord
 from tests.conftest import FIXTURES
 from tests.fakes.nvml import FakeNvml
 from tests.fakes.nvml_agent import TOKEN
-from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
+from tests.test_bot_store import new_database, postgres  # noqa: F401  (the real PostgreSQL server fixture)
 
 pytestmark = pytest.mark.faults
 
@@ -64,12 +63,7 @@ async def test_a_max_processes_that_is_not_ascii_digits_is_a_400_not_a_500(raw: 
 @pytest.fixture
 def pg_url(postgres: str) -> Iterator[str]:  # noqa: F811
     """A new, empty database on the real PostgreSQL server."""
-    name = f"s_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(f"{postgres}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    yield f"{postgres}/{name}"
+    yield new_database(postgres, prefix="s")
 
 
 @pytest.mark.parametrize(

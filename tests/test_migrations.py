@@ -7,7 +7,6 @@ import shutil
 import sqlite3
 import time
 import tomllib
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,12 +17,12 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from click.testing import CliRunner
-from sqlalchemy import create_engine, inspect, text
+from sqlalchemy import inspect
 
 from bot.cli import cli
 from bot.store.db import MIGRATIONS, Database
 from bot.store.models import Base
-from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
+from tests.test_bot_store import new_database, postgres  # noqa: F401  (the real PostgreSQL server fixture)
 
 ROOT = Path(__file__).parent.parent
 
@@ -33,12 +32,7 @@ def new_url(request: pytest.FixtureRequest, tmp_path: Path, backend: str) -> str
     if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'state' / 'ruleloop.db'}"
     server = request.getfixturevalue("postgres")
-    name = f"m_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(f"{server}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    return f"{server}/{name}"
+    return new_database(server, prefix="m")
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

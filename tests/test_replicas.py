@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import create_engine, select, text
+from sqlalchemy import select
 
 from bot.engine.process import free_port
 from bot.slack.views import NO_MATCH
@@ -32,7 +32,7 @@ from tests.fakes.bot import AM_TOKEN, PAGES, RUNBOOK
 from tests.fakes.metrics_server import RecordedMetrics
 from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack, signed_headers
 from tests.test_bot_e2e import Process
-from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
+from tests.test_bot_store import new_database, postgres  # noqa: F401  (the real PostgreSQL server fixture)
 
 pytestmark = pytest.mark.slow
 SNAPSHOT = "snapshot:tiny"
@@ -96,12 +96,7 @@ class Replicas:
 @pytest.fixture
 def pg_url(postgres: str) -> Iterator[str]:  # noqa: F811
     """A new, empty database on the PostgreSQL server (the replicas migrate it at start)."""
-    name = f"r_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(f"{postgres}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f"CREATE DATABASE {name}"))
-    admin.dispose()
-    yield f"{postgres}/{name}"
+    yield new_database(postgres, prefix="r")
 
 
 @pytest.fixture
