@@ -26,7 +26,6 @@ STATES = {
     "interrupted": "interrupted by a bot restart",
     "dry_run": "dry run: nothing was changed",
 }
-TERMINAL = {"promoted", "rolled_back", "failed", "cancelled", "expired", "dry_run", "interrupted"}
 ACTIVE = set(IN_FLIGHT) - {"pending"}  # approved and running: a replica works on these
 
 
