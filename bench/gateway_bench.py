@@ -1,6 +1,7 @@
 """Gateway overhead: the same streaming load direct to vLLM, through the gateway, through LiteLLM.
 
     python bench/gateway_bench.py [--concurrency 200] [--requests 400] [--rounds 5] [--no-litellm]
+        [--wave warm|cold] [--trace-gateway] [--split-cpus]
 
 Starts its own engine (EngineManager), the gateway (`ruleloop gateway`, its own process), the
 same gateway with aiohttp's client as its upstream transport (_aiohttp_upstream.py; --no-aiohttp
@@ -9,14 +10,40 @@ older checkout in DIR (path "gw-before", to measure a change in one run) in fron
 runs the same chat workload against each with the canary's timed streaming client, rotating the
 order every round and waiting for every proxy to go idle before each run. Per path: TTFT
 p50/p99, TPOT p99, streamed tokens/s, the proxy process's CPU seconds per 1,000 streamed tokens,
-and the CPU other people's jobs took on this shared box during the run. Then: TTFT one stream at
-a time (the latency a proxy adds when nothing queues; the paths take turns, 10 requests each),
-and tokens the engine generated after a client left mid-stream, direct vs through the gateway.
+and the CPU the box spent outside our processes during the run. Then: TTFT one stream at a time
+(the latency a proxy adds when nothing queues), and tokens the engine generated after a client
+left mid-stream, direct vs through the gateway.
+
+How a round's wave is sent (``--wave``, issue 20 item 7). ``warm`` (the default): the round's
+client session first sends ``--concurrency`` one-token requests at once and reads each to its
+end, so it holds a kept-alive connection per stream to every path (and a proxy as many to the
+engine); the measured requests then go out on those connections, read to their end too
+(``_gateway_bench_wave.stream_to_end``: the canary's own event handling). ``cold``: the bench
+before: 16 warm-up requests on a session of their own, then the wave on a new session that opens
+a connection per stream, with the canary's ``stream_request``, which leaves each response at
+``[DONE]``; straight to vLLM that drops the connection on about one request in three (vLLM ends
+the chunked body in a write of its own after ``[DONE]``; the gateway ends it in the same write),
+so the direct client opened 204-327 connections per 400-request round, the gateway's 200. Every
+round now reports how its wave went out, per path: connections the client and the proxy opened,
+when the first ``--concurrency`` requests left the client and reached vLLM (for the gateway its
+``upstream_write``, with ``--trace-gateway``: bench/_gateway_trace_hooks.py loaded into it), and
+vLLM's own view from its /metrics (TTFT and queue-time means, ``vllm:iteration_tokens_total``:
+how many engine steps, how many of 16 tokens or fewer, how many over 1024).
+
+The single-stream phase uses two clients, one after the other, the paths taking turns request
+by request on kept-alive, warmed connections: the canary's event handling read to the end
+(``bench``) and an independent plain-httpx client (``httpx``,
+bench/gateway_lone_stream_check.py); it prints each one's added p50/p99 and the median of the
+paired differences side by side. (It used to be the canary's client in blocks of 10 on a new
+session per block, unpaired: every 10th request paid a new connection, and straight to vLLM a
+third of the others did too.) bench/gateway_lone_stream_check.py runs the old phase, the
+canary's client, the new phase and httpx in one run.
+
 With --split-cpus the engine runs on the first CPU and everything else (the proxies, this
 client) on the others, so that no proxy's CPU is taken from the engine, as on a GPU host.
---engine-keep-alive S sets how long the engine keeps an idle connection (vLLM's default: 5 s,
-shorter than the pause between rounds, so every round starts with new upstream connections).
-Results: bench/results/gateway_bench.json.
+--engine-keep-alive S sets how long the engine keeps an idle connection (vLLM's default: 5 s;
+``--max-idle-wait`` keeps the wait before a round under it, so warmed connections stay open).
+Results: bench/results/gateway_bench.json. Numbers: docs/gateway.md, "Results".
 """
 
 from __future__ import annotations
@@ -36,6 +63,7 @@ from pathlib import Path
 import _gateway_bench_procs as procs
 import _gateway_bench_wave as wave
 import aiohttp
+import gateway_lone_stream_check as lone
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -72,16 +100,20 @@ async def drive(
     *,
     session: aiohttp.ClientSession | None = None,
     arrivals: wave.Arrivals | None = None,
+    to_end: bool = False,
 ) -> tuple[list[RequestRecord], float]:
     """Send every request with ``concurrency`` streams in flight; return records and wall time.
 
     With ``session`` the requests go on that session's connections (opened before, when it was
     warmed); without, on a new session that opens its own. With ``arrivals`` each request's
-    head is stamped as it goes out (request ``i`` carries ``x-bench-seq: i``).
+    head is stamped as it goes out (request ``i`` carries ``x-trace-id: i``). With ``to_end``
+    each response is read to its end (``wave.stream_to_end``), so no connection is dropped.
     """
     if session is None:
         async with new_session(concurrency, arrivals) as own:
-            return await drive(url, requests, concurrency, session=own, arrivals=arrivals)
+            return await drive(
+                url, requests, concurrency, session=own, arrivals=arrivals, to_end=to_end
+            )
     records: list[RequestRecord] = []
     queue = list(reversed(requests))
 
@@ -90,17 +122,16 @@ async def drive(
             seq = len(records)
             record = RequestRecord(sent_at=time.perf_counter())
             records.append(record)
-            headers = {"x-bench-seq": str(seq)} if arrivals is not None else None
-            await stream_request(session, url, queue.pop(), record, headers=headers, timeout_s=600)
+            headers = {"x-trace-id": str(seq)} if arrivals is not None else None
+            send = wave.stream_to_end if to_end else stream_request
+            await send(session, url, queue.pop(), record, headers=headers, timeout_s=600)
 
     started = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return records, time.perf_counter() - started
 
 
-def new_session(
-    concurrency: int, arrivals: wave.Arrivals | None = None
-) -> aiohttp.ClientSession:
+def new_session(concurrency: int, arrivals: wave.Arrivals | None = None) -> aiohttp.ClientSession:
     """A client session with room for ``concurrency`` connections (kept alive between rounds)."""
     connector = aiohttp.TCPConnector(limit=concurrency + 8, keepalive_timeout=60)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=60)
@@ -165,7 +196,7 @@ async def measure(
         if args.wave == "warm":
             session = await stack.enter_async_context(new_session(args.concurrency, arrivals))
             warm = bodies(args.concurrency, args.prompt_words, 1, seed + 99)
-            await drive(url, warm, args.concurrency, session=session)
+            await drive(url, warm, args.concurrency, session=session, to_end=True)
         else:
             await drive(url, bodies(16, args.prompt_words, 8, seed + 99), 16)  # warm connections
             session = None
@@ -181,10 +212,13 @@ async def measure(
                 time.process_time(),
             )
             new0 = await upstream_new(client, base) if pid else None
-            started = time.perf_counter()
+            if args.trace_gateway:
+                args.trace_gateway.write_text("")
+            conns0, started = arrivals.new, time.time()
             records, wall = await drive(
-                url, work, args.concurrency, session=session, arrivals=arrivals
-            )
+                url, work, args.concurrency, session=session, arrivals=arrivals,
+                to_end=args.wave == "warm",
+            )  # fmt: skip
             new1 = await upstream_new(client, base) if pid else None
             cpu1, busy1, self1 = (
                 [procs.cpu_seconds(p) for p in ours],
@@ -203,6 +237,13 @@ async def measure(
     ttft = summarize([r.ttft_s * 1000 for r in ok if r.ttft_s is not None])
     tpot = summarize([r.tpot_s * 1000 for r in ok if r.tpot_s is not None])
     first = [r.ttft_s * 1000 for r in ok[: args.concurrency] if r.ttft_s is not None]
+    if pid is None:  # direct: the client's write is the engine's arrival (loopback)
+        reached = wave.spread("engine_wave", arrivals.sent, started, args.concurrency)
+    elif args.trace_gateway and pid == paths["gateway"][1]:
+        writes = wave.upstream_writes(args.trace_gateway)
+        reached = wave.spread("engine_wave", writes, started, args.concurrency)
+    else:
+        reached = {}
     return {
         "ttft_p50": ttft["p50"], "ttft_p99": ttft["p99"], "tpot_p99": tpot["p99"],
         "first_wave_ttft_p50": statistics.median(first) if first else -1.0,
@@ -212,27 +253,35 @@ async def measure(
         "others_cpu_s_per_s": max(others, 0.0) / wall, "idle_wait_s": waited,
         "client_cpu_s": self1 - self0,
         "upstream_new": new1 - new0 if new0 is not None and new1 is not None else -1.0,
-        **arrivals.wave(started, args.concurrency),
+        "client_new_conns": arrivals.new - conns0,
+        **wave.spread("wave", arrivals.sent, started, args.concurrency),
+        **reached,
         **wave.engine_view(page0, page1),
     }  # type: ignore[dict-item]  # fmt: skip
 
 
-async def one_at_a_time(paths: Paths, args: argparse.Namespace) -> dict[str, dict[str, float]]:
+async def one_at_a_time(
+    paths: Paths, args: argparse.Namespace
+) -> dict[str, dict[str, dict[str, float]]]:
     """TTFT of sequential single streams: what a proxy adds when nothing queues.
 
-    The paths take turns in blocks of 10 requests (each on its own keep-alive connection), so
-    the box's drift over the run lands on every path alike.
+    Two clients, one after the other: the canary's (``bench``: aiohttp, one kept-alive session
+    per path, warmed before the clock) and an independent one (``httpx``: plain
+    ``httpx.AsyncClient``, its own SSE reading; bench/gateway_lone_stream_check.py). With each,
+    the paths take turns request by request, so the box's drift lands on every path alike, and
+    each proxy request is paired with the direct request sent just before it.
     """
-    ttft: dict[str, list[float]] = {name: [] for name in paths}
-    blocks = max(1, args.single_requests // 10)
-    for block in range(blocks):
-        for name, (base, _) in paths.items():
-            work = bodies(10, args.prompt_words, 16, 7 + block)
-            records, _ = await drive(f"{base}/v1/chat/completions", work, 1)
-            ttft[name] += [
-                r.ttft_s * 1000 for r in records if r.ttft_s is not None and r.outcome is Outcome.OK
-            ]
-    return {name: summarize(values) for name, values in ttft.items()}  # type: ignore[misc]
+    urls = {name: f"{base}/v1/chat/completions" for name, (base, _) in paths.items()}
+    n = args.single_requests + 1  # the first one warms the connection
+
+    def fresh(seed: int) -> dict[str, list[dict[str, object]]]:
+        return {name: bodies(n, args.prompt_words, 16, seed + i) for i, name in enumerate(urls)}
+
+    print("  client        path      TTFT ms", flush=True)
+    return {
+        "bench": lone.table("bench", await lone.lone_aiohttp(urls, fresh(7))),
+        "httpx": lone.table("httpx", await lone.lone_httpx(urls, fresh(700))),
+    }
 
 
 async def disconnect_drain(base: str, engine_url: str, trials: int) -> list[float]:
@@ -273,8 +322,6 @@ async def run_all(
     print(f"one stream at a time ({args.single_requests} requests per path) ...", flush=True)
     await asyncio.to_thread(procs.quiesce, [p for _, p in paths.values() if p])
     single = await one_at_a_time(paths, args)
-    for name, s in single.items():
-        print(f"    {name}:", {k: round(v, 2) for k, v in s.items() if v is not None}, flush=True)
     drain = {}
     for name in ("direct", "gateway", *(["gw-before"] if "gw-before" in paths else [])):
         print(f"disconnect drain: {name} ({args.drain_trials} trials) ...", flush=True)
@@ -287,7 +334,7 @@ async def run_all(
 def print_table(result: dict[str, object], args: argparse.Namespace) -> None:
     """The comparison tables: each path against direct."""
     median: dict[str, dict[str, float]] = result["median"]  # type: ignore[assignment]
-    single: dict[str, dict[str, float]] = result["single"]  # type: ignore[assignment]
+    single: dict[str, dict[str, dict[str, float]]] = result["single"]  # type: ignore[assignment]
     direct = median["direct"]
     print(
         f"\n{args.concurrency} concurrent streams, {args.requests} chat requests, "
@@ -308,11 +355,46 @@ def print_table(result: dict[str, object], args: argparse.Namespace) -> None:
         print(f"{name:<11}{m['ttft_p50']:>9.0f}{m['ttft_p99']:>9.0f}{ttft_ratio:>10.3f}"
               f"{m['tpot_p99']:>9.0f}{m['tokens_per_s']:>7.0f}{tps_ratio:>12.3f}"
               f"{cpu:>19}{m['others_cpu_s_per_s']:>10.2f}c")  # fmt: skip
-    print(f"\none stream at a time ({args.single_requests} requests, 16 tokens): TTFT ms")
-    base = single["direct"]
-    for name, s in single.items():
-        added = f"added: p50 {s['p50'] - base['p50']:+6.2f}  p99 {s['p99'] - base['p99']:+6.2f}"
-        print(f"  {name:<11}p50 {s['p50']:7.2f}  p99 {s['p99']:7.2f}  {added}")
+    print(
+        f"\nhow each wave went out ({args.wave} connections; median of rounds): new connections "
+        "the client opened / the proxy opened to vLLM; ms after the round began at which the "
+        f"first {args.concurrency} requests left the client and reached vLLM (first-last); and "
+        "what vLLM saw (its TTFT and queue-time means, engine steps: all, of <=16 tokens, "
+        "of >1024)"
+    )
+    head = (
+        f"{'path':<11}{'conns':>10}{'client wave':>14}{'at vLLM':>14}{'1st-wave TTFT':>14}"
+        f"{'vLLM TTFT':>10}{'queue':>7}{'steps':>7}{'<=16':>6}{'>1024':>6}"
+    )
+    print(head + "\n" + "-" * len(head))
+    for name, m in median.items():
+        conns = f"{m['client_new_conns']:.0f}/" + (
+            f"{m['upstream_new']:.0f}" if m["upstream_new"] >= 0 else "-"
+        )
+        client = f"{m.get('wave_first_ms', -1):.0f}-{m.get('wave_last_ms', -1):.0f}"
+        at = (
+            f"{m['engine_wave_first_ms']:.0f}-{m['engine_wave_last_ms']:.0f}"
+            if "engine_wave_first_ms" in m
+            else "?"
+        )
+        small = sum(m.get(f"eng_steps_le_{n}", 0.0) for n in (1, 8, 16))
+        big = sum(v for k, v in m.items() if k.startswith("eng_steps_le_") and float(k[13:]) > 1024)
+        print(f"{name:<11}{conns:>10}{client:>14}{at:>14}{m['first_wave_ttft_p50']:>14.0f}"
+              f"{m['eng_ttft_mean']:>10.0f}{m['eng_queue_mean']:>7.0f}{m['eng_steps']:>7.0f}"
+              f"{small:>6.0f}{big:>6.0f}")  # fmt: skip
+    print(f"\none stream at a time ({args.single_requests} requests per path and client, "
+          "16 tokens, paths taking turns per request): TTFT ms")  # fmt: skip
+    for client, rows in single.items():
+        for name, r in rows.items():
+            if name == "direct":
+                print(f"  {client:<7}{name:<11}p50 {r['p50']:7.2f}  p99 {r['p99']:7.2f}")
+                continue
+            other = "httpx" if client == "bench" else "bench"
+            o = single.get(other, {}).get(name, {})
+            print(f"  {client:<7}{name:<11}p50 {r['p50']:7.2f}  p99 {r['p99']:7.2f}  added: p50 "
+                  f"{r['added_p50']:+6.2f}  p99 {r['added_p99']:+6.2f}  paired median "
+                  f"{r['paired_median']:+6.2f}"
+                  + (f"  ({other}: {o['paired_median']:+6.2f})" if o else ""))  # fmt: skip
     drain: dict[str, list[float]] = result["drain"]  # type: ignore[assignment]
     print("\nextra tokens generated after a client left mid-stream (median; all trials):")
     for name, values in drain.items():
@@ -333,6 +415,11 @@ def main() -> None:
         "--wave", choices=("warm", "cold"), default="warm",
         help="warm: each round's wave goes out on connections opened before the clock starts "
         "(the default); cold: on new connections, as the bench did before",
+    )  # fmt: skip
+    parser.add_argument(
+        "--trace-gateway", action="store_true",
+        help="load bench/_gateway_trace_hooks.py into the gateway, to report when its wave "
+        "reached vLLM (engine_wave_*: direct, when the client wrote it)",
     )  # fmt: skip
     parser.add_argument(
         "--max-idle-wait", type=float, default=3.0, metavar="S",
@@ -382,7 +469,13 @@ def main() -> None:
     started = []
     try:
         gw_port = free_port()
-        gateway = procs.start_gateway(info.base_url, gw_port, tmp / "gateway.log")
+        if args.trace_gateway:  # the gateway's hooks stamp when each request left for vLLM
+            args.trace_gateway = tmp / "gateway-hooks.log"
+            os.environ["RULELOOP_GATEWAY_TRACE"] = str(args.trace_gateway)
+        gateway = procs.start_gateway(
+            info.base_url, gw_port, tmp / "gateway.log",
+            prelude="import _gateway_trace_hooks; " if args.trace_gateway else "",
+        )  # fmt: skip
         started.append(gateway)
         paths: Paths = {
             "direct": (info.base_url, None),

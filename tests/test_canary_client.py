@@ -52,6 +52,27 @@ async def test_client_gives_up_after_n_tokens_and_hangs_up() -> None:
     assert engine.disconnects == [5] and engine.completed == 0
 
 
+async def test_a_finished_stream_gives_its_connection_back_when_the_body_ends_later() -> None:
+    """vLLM ends its HTTP body in a write after `[DONE]`. A client that stopped reading at
+    `[DONE]` dropped the connection, so the next request paid for a new one, straight to vLLM
+    only (a gateway ends both in one write): the two paths were not measured alike."""
+    async with SseEngine(hold_body_end=True) as engine, aiohttp.ClientSession() as session:
+        url = f"{engine.base_url}/v1/completions"
+        first = RequestRecord(sent_at=time.perf_counter())
+        task = asyncio.create_task(stream_request(session, url, body(4), first, timeout_s=GUARD_S))
+        async with asyncio.timeout(GUARD_S):
+            while first.finish_reason is None:  # the last token is in: [DONE] follows at once
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the client has read [DONE]; now the body ends
+        engine.body_end.set()
+        await task
+        second = RequestRecord(sent_at=time.perf_counter())
+        await stream_request(session, url, body(4), second, timeout_s=GUARD_S)
+    assert (first.outcome, second.outcome) == (Outcome.OK, Outcome.OK)
+    assert first.output_tokens == second.output_tokens == 4
+    assert engine.connections == 1  # the second request reused the first one's connection
+
+
 async def test_cancel_after_first_token() -> None:
     async with SseEngine(hold_after=2) as engine:
         record = await stream(engine, 16, cancel_after_tokens=1)
