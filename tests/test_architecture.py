@@ -6,6 +6,7 @@ bot/ is on it, and its layer table is the order import-linter enforces (pyprojec
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 import tomllib
@@ -73,3 +74,36 @@ def test_every_package_is_on_the_map() -> None:
                "bot.request_body", "bot.shipped", "bot.templates"}  # fmt: skip
     missing = sorted(packages - on_map - helpers)
     assert not missing, f"packages missing from docs/architecture.md: {missing}"
+
+
+def awaits_inside_a_transaction(source: str) -> list[int]:
+    """Lines of `with ....transaction()` / `.begin()` blocks that await inside them."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.With | ast.AsyncWith):
+            continue
+        if not any(
+            isinstance(item.context_expr, ast.Call)
+            and isinstance(item.context_expr.func, ast.Attribute)
+            and item.context_expr.func.attr in ("transaction", "begin")
+            for item in node.items
+        ):
+            continue
+        if any(isinstance(sub, ast.Await) for sub in ast.walk(node)):
+            found.append(node.lineno)
+    return found
+
+
+def test_nothing_awaits_while_a_store_transaction_is_open() -> None:
+    """On SQLite a unit of work holds the write lock from its start (BEGIN IMMEDIATE): awaiting
+    inside one lets other work on the loop wait for that lock until "database is locked" (a
+    test that drained the bot's tasks inside one failed CI that way)."""
+    held = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for folder in ("bot", "tests", "bench")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for line in awaits_inside_a_transaction(path.read_text())
+    ]
+    assert not held, f"await inside an open store transaction: {held}"
+    bad = "async def f(db):\n    with db.transaction() as s:\n        await g(s)\n"
+    assert awaits_inside_a_transaction(bad) == [2]  # the check itself sees the fault

@@ -141,10 +141,12 @@ async def finished(h: Harness, remediation_id: int, *, timeout_s: float = 900) -
     for _ in range(int(timeout_s)):
         with h.bot.db.transaction() as s:
             rem = s.get(Remediation, remediation_id)
-            assert rem is not None
-            if rem.state in ("promoted", "rolled_back", "failed", "dry_run"):
-                await h.bot.flows.tasks.drain(timeout_s=120)
-                return rem
+        assert rem is not None
+        if rem.state in ("promoted", "rolled_back", "failed", "dry_run"):
+            # Outside the transaction: on SQLite it holds the write lock, and the work being
+            # drained (the post-incident draft) waited for it until "database is locked".
+            await h.bot.flows.tasks.drain(timeout_s=120)
+            return rem
         await asyncio.sleep(1)
     raise AssertionError(f"remediation {remediation_id} still {rem.state}")
 
