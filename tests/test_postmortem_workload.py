@@ -29,46 +29,12 @@ from bot.workload.describe import context_line
 from bot.workload.shape import WorkloadShape
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
-from tests.test_adr_relative_flow import MemoryActuator
+from tests.test_adr_relative_flow import ADR, RELATIVE_ADR, MemoryActuator
 from tests.workload_pages import chat, long_system_prompt
 
-ADR = "ADR-20261130-01"
-CHUNKING_ADR = f"""---
-id: {ADR}
-title: Chunk long prefills when chats slow down
-status: accepted
-date: 2026-11-30
-deciders:
-- inference-platform-oncall
-supersedes: []
-match:
-- metric: tpot_p99_ms
-  op: '>'
-  value: 50.0
-fix:
-  engine_args:
-    max-num-batched-tokens: 512
-gates:
-  max_tpot_p99_ms: 0.5x before
-  min_goodput_ratio: 0.95
----
-
-# {ADR}: Chunk long prefills when chats slow down
-
-## 1. 变更上下文 (Context)
-
-Chats slowed down beside long prompts.
-
-## 2. 实验对比数据 (Metrics Matrix)
-
-| 配置参数 | TTFT (P99) | TPOT (P99) | Goodput | 显存碎片率 | 结论 |
-| :--- | :--- | :--- | :--- | :--- | :--- |
-| max-num-batched-tokens=512 | - | 30ms | - | - | 生产推荐配置 |
-
-## 3. 固化的系统规则 (Solidified Rules)
-
-- Chunk long prefills.
-"""
+# The relative-gate test's ADR, its match an absolute number (this bot has no normal yet).
+CHUNKING_ADR = RELATIVE_ADR.replace("value: 3x normal", "value: 50.0")
+assert CHUNKING_ADR != RELATIVE_ADR
 BEFORE_SHAPE, JUDGING_SHAPE = chat(), long_system_prompt()
 
 
