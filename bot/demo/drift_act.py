@@ -30,8 +30,6 @@ from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
 from bot.canary.workload import Workload
 from bot.config import Target
-from bot.probes.vllm_metrics import MetricsScraper
-from bot.probes.workload_capture import CAPTURE_METRICS, capture
 from bot.remediation.gate import GateRun, run_gate
 from bot.scheduler.workload_drift import LiveShape, WorkloadDrift
 from bot.server import Bot
@@ -52,14 +50,6 @@ def agent_load(base_url: str, *, duration_s: float) -> Workload:
         duration_s=duration_s, prompt_length=AGENT_PROMPT, prefix_length=SYSTEM_PROMPT,
         output_length=AGENT_OUTPUT, seed=3,
     )  # fmt: skip
-
-
-async def capture_shape(http: httpx.AsyncClient, base_url: str, window_s: float) -> WorkloadShape:
-    """The engine's shape over ``window_s`` seconds, as ``ruleloop workload capture`` takes it."""
-    url = f"{base_url}/metrics"
-    scraper = MetricsScraper(url, client=http)
-    return await capture(lambda: scraper(only=CAPTURE_METRICS), url=url, seconds=window_s,
-                         interval_s=max(1.0, window_s / 8))  # fmt: skip
 
 
 def record_workload(adr_path: Path, shape: WorkloadShape) -> str:

@@ -45,7 +45,6 @@ from bot.demo.drift_act import (
     SYSTEM_PROMPT,
     DriftShown,
     agent_load,
-    capture_shape,
     record_workload,
     run_second_act,
 )
@@ -57,6 +56,7 @@ from bot.numbers.reading import Measured, bounds_of
 from bot.numbers.text import FOUR, show
 from bot.numbers.text import change as text_change
 from bot.scheduler.snapshots import MetricsSampler, NormalReader, SnapshotJob
+from bot.scheduler.workload_drift import LiveShape
 from bot.server import Bot, create_bot
 from bot.store.db import Database
 from bot.store.models import AdrDraft, Incident, Remediation
@@ -501,7 +501,8 @@ class Demo:
             window = max(WINDOW_S, math.ceil(2 * slowest))
             sampler = MetricsSampler(http=http, window_s=window)
             return await asyncio.gather(
-                sampler(TARGET, self._target), capture_shape(http, self.base_url, window)
+                sampler(TARGET, self._target),
+                LiveShape(http=http, window_s=window)(TARGET, self._target),  # as the job reads it
             )
         finally:
             await load.stop()
