@@ -11,6 +11,7 @@ from bot.adr.models import Adr, AdrGates, Condition, Fix, GatewayRules, MatrixRo
 from bot.adr.parse import load, parse
 from bot.adr.render import format_ms, format_pct, render
 from bot.errors import AdrError
+from bot.numbers.reading import Bound
 
 SEED = Path(__file__).parent.parent / "adr" / "ADR-20260831-01-kv-cache-paging-throughput.md"
 
@@ -71,6 +72,26 @@ def test_render_parse_round_trip_gives_same_record(record: Adr) -> None:
     text = render(record)
     assert parse(text) == record
     assert render(parse(text)) == text
+
+
+def test_a_matrix_row_keeps_its_bounds_and_spans_through_markdown() -> None:
+    row = MatrixRow(
+        config="事故现场 (incident)",
+        ttft_p99_ms=20_000.0,
+        tpot_p99_ms=10.0,
+        goodput_ratio=0.9,
+        kv_fragmentation=0.12,
+        bounds={"ttft_p99_ms": Bound.MORE_THAN, "tpot_p99_ms": Bound.AT_MOST},
+        spans={"kv_fragmentation": (0.0, 0.24), "goodput_ratio": (0.85, 0.95)},
+    )
+    record = _record(matrix=[row])
+    text = render(record)
+    assert "| >20000ms | ≤10ms | 90% (85-95%) | 12% (0-24%) |" in text
+    assert parse(text) == record
+    # a hand-written '<=' reads as the same bound; a broken span is refused with the form to use
+    assert parse(text.replace("≤10ms", "<=10ms")) == record
+    with pytest.raises(AdrError, match=r"an estimate like 95% \(0-95%\)"):
+        parse(text.replace("12% (0-24%)", "12% (0-x)"))
 
 
 def test_seed_adr_parses_and_renders_back_byte_for_byte() -> None:

@@ -10,8 +10,8 @@ import pytest
 from bot.adr.match import check
 from bot.adr.models import Condition
 from bot.numbers.histogram import quantile_bound
-from bot.numbers.reading import Bound, Reading, compare
-from bot.numbers.text import change, show
+from bot.numbers.reading import Bound, Measured, Reading, compare, spans_of
+from bot.numbers.text import change, compact, show, show_reading
 from bot.probes.exposition import Exposition
 from bot.probes.vllm_metrics import Quantiles
 from bot.scheduler.snapshots import median
@@ -109,3 +109,94 @@ def test_every_surface_writes_a_number_the_same_way() -> None:
     assert show("tpot_p99_ms", None) == "n/a"
     assert change("tpot_p99_ms", 1710.0, 214.8) == "1,710 → 215 ms (-87 %)"
     assert change("goodput_ratio", 0.9, 0.99) == "90.0 → 99.0 % (+10 %)"
+
+
+@pytest.mark.parametrize(
+    ("span", "op", "limit", "expected"),
+    [
+        ((0.20, 0.30), ">", 0.15, True),  # the whole span is over the limit
+        ((0.05, 0.30), ">", 0.15, None),  # it reaches both sides: undecided, never the midpoint
+        ((0.0, 0.10), ">", 0.15, False),
+        ((0.0, 0.10), "<=", 0.15, True),
+    ],
+)
+def test_an_estimate_decides_a_comparison_only_where_its_whole_span_does(
+    span: tuple[float, float], op: str, limit: float, expected: bool | None
+) -> None:
+    midpoint = (span[0] + span[1]) / 2
+    assert compare(Reading(midpoint, span=span), op, Reading(limit)) is expected
+
+
+def test_an_estimate_is_written_with_its_span_on_every_surface() -> None:
+    assert show("kv_fragmentation", 0.12, span=(0.0, 0.24)) == "12.0 % (0.0–24.0 %)"
+    assert show("ttft_p99_ms", 120.0, span=(100.0, 140.0)) == "120 ms (100–140 ms)"
+    assert compact(0.12, "ratio", span=(0.0, 0.24)) == "12% (0-24%)"
+    assert compact(10.0, "ms", "<=") == "≤10ms" and compact(20_000.0, "ms", ">") == ">20000ms"
+    # a span that reads the same at both ends is a number, not a range
+    assert show("goodput_ratio", 0.995, span=(0.9951, 0.9952)) == "99.5 %"
+    measured = Measured.from_json(
+        {"kv_fragmentation": 0.12, "tpot_p99_ms": 10.0, "ttft_p99_ms": "n/a"},
+        {"tpot_p99_ms": "<="},
+        {"kv_fragmentation": [0.0, 0.24]},
+    )
+    assert show_reading("kv_fragmentation", measured.reading("kv_fragmentation")) == (
+        "12.0 % (0.0–24.0 %)"
+    )
+    assert show_reading("tpot_p99_ms", measured.reading("tpot_p99_ms")) == "≤ 10.0 ms"
+    assert show_reading("ttft_p99_ms", measured.reading("ttft_p99_ms")) == "n/a"
+
+
+def test_spans_read_back_from_json_drop_what_is_not_a_span() -> None:
+    raw = {"a": [0.1, 0.2], "b": [0.3, 0.1], "c": [None, 1], "d": "x", "e": [0, float("inf")]}
+    assert spans_of(raw) == {"a": (0.1, 0.2)}
+    assert spans_of(None) == {}
+
+
+def test_a_condition_on_an_estimate_says_when_its_span_leaves_it_undecided() -> None:
+    condition = Condition(metric="kv_fragmentation", op=">", value=0.15)
+    wide = {"metrics": {"kv_fragmentation": 0.175}, "spans": {"kv_fragmentation": [0.05, 0.3]}}
+    held = check(condition, wide)
+    assert not held.holds and not held.decided
+    assert held.explain() == (
+        "kv_fragmentation 0.175 (0.05-0.3) > 0.15: undecided (the estimate's span reaches both "
+        "sides of the limit)"
+    )
+    narrow = {"metrics": {"kv_fragmentation": 0.25}, "spans": {"kv_fragmentation": [0.2, 0.3]}}
+    assert check(condition, narrow).holds
+    # the midpoint alone, as before spans were carried, would have matched the wide one
+    assert check(condition, {"metrics": {"kv_fragmentation": 0.175}}).holds
+
+
+def test_slack_the_console_and_the_page_show_an_estimate_with_its_span_and_judge_it_honestly() -> (
+    None
+):
+    import datetime as dt
+
+    from bot.chat.messages import IncidentView
+    from bot.slack.console import render_root
+    from bot.slack.views import root_message
+    from bot.web.view import BAD, NEUTRAL, _numbers
+
+    summary = {
+        "runbook": "vllm-latency",
+        "headline": {"tpot_p99_ms": 10.0, "kv_fragmentation": 0.12, "goodput_ratio": 0.5},
+        "bounds": {"tpot_p99_ms": "<="},
+        "spans": {"kv_fragmentation": [0.0, 0.24], "goodput_ratio": [0.45, 0.55]},
+        # fragmentation's span reaches both sides of 15 %; goodput's is wholly under 95 %
+        "baseline": {"kv_fragmentation": [0.15, "ADR-1"], "goodput_ratio": [0.95, "ADR-1"]},
+    }
+    view = IncidentView(
+        id=7, title="VLLMHighTPOT", status="firing", source="alertmanager", target="prod-a",
+        opened_at=dt.datetime(2026, 9, 1, tzinfo=dt.UTC), closed_at=None, state="diagnosed",
+        summary=summary,
+    )  # fmt: skip
+    _, blocks = root_message(view)
+    shown = str(blocks)
+    assert "12.0 % (0.0–24.0 %)  (gate ≤ 15.0 %, ADR-1)" in shown  # no mark: undecided
+    assert "50.0 % (45.0–55.0 %) :x:" in shown and "≤ 10.0 ms" in shown
+    console = render_root(view)
+    assert "KV fragmentation: 12.0 % (0.0–24.0 %)" in console and "TPOT p99: ≤ 10.0 ms" in console
+    rows = {row.label: row for row in _numbers(summary, None)}
+    assert rows["KV fragmentation"].incident == "12.0 % (0.0–24.0 %)"
+    assert rows["KV fragmentation"].incident_tone == NEUTRAL
+    assert rows["Goodput"].incident_tone == BAD

@@ -185,6 +185,25 @@ def test_build_incident_row_is_the_diagnosis_headline_with_missing_numbers_empty
     assert row.verdict == "事故现场 (incident: TTFT p99 2431.3ms > 350ms; goodput 61.9% < 95%)"
 
 
+def test_build_incident_row_marks_bounds_and_estimates_and_judges_only_what_they_decide() -> None:
+    summary = _summary(goodput=0.935)
+    summary["headline"] |= {"tpot_p99_ms": 10.0, "kv_fragmentation": 0.12}
+    summary["bounds"] = {"tpot_p99_ms": "<="}  # the quantile fell in TPOT's first bucket
+    summary["spans"] = {"goodput_ratio": [0.90, 0.97], "kv_fragmentation": [0.0, 0.24]}
+    adr = _draft(None, incident=_incident(diagnosis=summary))
+    row = adr.matrix[0]
+    text = render(adr)
+    assert "| 2431.3ms | ≤10ms | 93.5% (90-97%) | 12% (0-24%) |" in text
+    assert parse(text).matrix[0] == row
+    # goodput's span reaches both sides of the 95 % gate: not a symptom, and the row says why
+    assert row.verdict == (
+        "事故现场 (incident: TTFT p99 2431.3ms > 350ms; goodput 93.5% (90-97%) against 95%: "
+        "undecided)"
+    )
+    assert adr.match == [Condition(metric="ttft_p99_ms", op=">", value=350.0)]
+    assert "TPOT p99 ≤10ms" in adr.context and "KV fragmentation 12% (0-24%)" in adr.context
+
+
 def test_build_match_is_the_symptoms_observed_at_the_gates() -> None:
     adr = _draft(_applied("promoted"))
     assert adr.match == [

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bot.adr.relative import Normal, Relative, no_normal
-from bot.numbers.reading import Bound, Bounds, Reading, bounds_of, compare
+from bot.numbers.reading import Bound, Bounds, Reading, bounds_of, compare, spans_of
+from bot.numbers.text import sign_of
 
 if TYPE_CHECKING:
     from bot.adr.models import Adr, Condition
@@ -78,6 +79,7 @@ class ConditionResult:
     decided: bool = True  # False: a bound on either side does not decide it
     value_bound: Bound | None = None
     limit_bound: Bound | None = None
+    value_span: tuple[float, float] | None = None
 
     def explain(self) -> str:
         """E.g. 'ttft_p99_ms 1204.5 > 1000: holds' or 'goodput_ratio not in report'."""
@@ -88,7 +90,10 @@ class ConditionResult:
         limit = _with_bound(self.limit, self.limit_bound)
         if self.relative is not None:
             limit = f"{self.relative} (= {limit})"
-        text = f"{self.metric} {_with_bound(self.value, self.value_bound)} {self.op} {limit}: "
+        value = _with_bound(self.value, self.value_bound, self.value_span)
+        text = f"{self.metric} {value} {self.op} {limit}: "
+        if not self.decided and self.value_span is not None:
+            return text + "undecided (the estimate's span reaches both sides of the limit)"
         if not self.decided:
             return text + "undecided (a histogram bound on one side does not decide it)"
         return text + ("holds" if self.holds else "does not hold")
@@ -141,6 +146,7 @@ def check(
     """Check one condition; a metric the report lacks, or a normal never measured, does not hold."""
     value = read_metric(report, condition.metric)
     value_bound = bounds_of(report.get("bounds")).get(condition.metric)
+    value_span = spans_of(report.get("spans")).get(condition.metric)
     relative, limit_bound = None, None
     if isinstance(condition.value, Relative):
         relative = str(condition.value)
@@ -150,10 +156,13 @@ def check(
         limit = condition.value
     decided: bool | None = False
     if value is not None and limit is not None:
-        decided = compare(Reading(value, value_bound), condition.op, Reading(limit, limit_bound))
+        decided = compare(
+            Reading(value, value_bound, value_span), condition.op, Reading(limit, limit_bound)
+        )
     return ConditionResult(
         condition.metric, condition.op, limit, value, decided is True, relative,
         decided=decided is not None, value_bound=value_bound, limit_bound=limit_bound,
+        value_span=value_span,
     )  # fmt: skip
 
 
@@ -186,8 +195,12 @@ def matching(
     return [r for r in results if r.matches]
 
 
-def _with_bound(value: float | None, bound: Bound | None) -> str:
-    """'71', '≤ 10' (a bound, in the condition's own unit)."""
-    if bound is None:
-        return f"{value:g}"
-    return f"{'≤' if bound is Bound.AT_MOST else '>'} {value:g}"
+def _with_bound(
+    value: float | None, bound: Bound | None, span: tuple[float, float] | None = None
+) -> str:
+    """'71', '≤ 10' (a bound), '0.12 (0-0.24)' (an estimate; in the condition's own unit)."""
+    if bound is not None:
+        return f"{sign_of(bound)} {value:g}"
+    if span is not None:
+        return f"{value:g} ({span[0]:g}-{span[1]:g})"
+    return f"{value:g}"

@@ -34,7 +34,8 @@ from bot.adr.relative import (
     no_normal,
     parse_value,
 )
-from bot.numbers.reading import OPS
+from bot.numbers.reading import OPS, Bound
+from bot.numbers.text import compact
 from bot.workload.shape import WorkloadShape
 
 ID_PATTERN = r"^ADR-\d{8}-\d{2}$"
@@ -289,12 +290,18 @@ class FrontMatter(_Strict):
         return ids
 
 
+# The matrix's four numbers, by their field names.
+MatrixMetric = Literal["ttft_p99_ms", "tpot_p99_ms", "goodput_ratio", "kv_fragmentation"]
+
+
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(float(value), digits)
 
 
 class MatrixRow(_Strict):
-    """One configuration tried: the four metrics (None: not measured) and the verdict."""
+    """One configuration tried: the four metrics (None: not measured) and the verdict; a number
+    that is only a histogram bound says so (``bounds``: '≤10ms'), an estimate carries its span
+    (``spans``: '12% (0-24%)')."""
 
     config: str = Field(min_length=1)
     ttft_p99_ms: float | None = None
@@ -302,6 +309,8 @@ class MatrixRow(_Strict):
     goodput_ratio: float | None = Field(default=None, ge=0, le=1)
     kv_fragmentation: float | None = Field(default=None, ge=0, le=1)
     verdict: str = ""
+    bounds: dict[MatrixMetric, Bound] = Field(default_factory=dict)
+    spans: dict[MatrixMetric, tuple[float, float]] = Field(default_factory=dict)
 
     @field_validator("ttft_p99_ms", "tpot_p99_ms")
     @classmethod
@@ -313,12 +322,31 @@ class MatrixRow(_Strict):
     def _tenth_percent(cls, value: float | None) -> float | None:
         return _round(value, 3)
 
+    @field_validator("spans")
+    @classmethod
+    def _spans_as_cells(
+        cls, spans: dict[str, tuple[float, float]]
+    ) -> dict[str, tuple[float, float]]:
+        # to the cell's resolution, so a rendered matrix parses back to the same row
+        digits = {k: 1 if k.endswith("_ms") else 3 for k in spans}
+        out = {}
+        for key, (low, high) in spans.items():
+            if low > high:
+                raise ValueError(f"{key}: a span's low end {low} is above its high end {high}")
+            out[key] = (round(low, digits[key]), round(high, digits[key]))
+        return out
+
     @field_validator("config", "verdict")
     @classmethod
     def _cell(cls, text: str) -> str:
         if "\n" in text:
             raise ValueError("a table cell must be one line")
         return text.strip()
+
+    def cell(self, key: MatrixMetric) -> str:
+        """One number's cell: '1200ms', '≤10ms', '12% (0-24%)', '-'."""
+        unit = "ms" if key.endswith("_ms") else "ratio"
+        return compact(getattr(self, key), unit, self.bounds.get(key), self.spans.get(key))
 
 
 class Adr(FrontMatter):

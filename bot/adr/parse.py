@@ -16,8 +16,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from bot.adr.models import Adr, FrontMatter, MatrixRow
+from bot.adr.models import Adr, FrontMatter
 from bot.errors import AdrError
+from bot.numbers.reading import Bound, Reading
 from bot.workload.describe import context_line
 from bot.workload.shape import VERSION as SHAPE_VERSION
 from bot.workload.shape import WorkloadShape
@@ -32,6 +33,11 @@ _SEPARATOR = re.compile(r"^\|(\s*:?-{3,}:?\s*\|)+$")
 _PIPE = re.compile(r"(?<!\\)\|")
 _LATENCY = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)$")
 _PERCENT = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*%$")
+# a cell: an optional bound sign, the number, an optional span "(low-high)" with its unit(s)
+_CELL = re.compile(
+    r"^(?P<sign>≤|<=|>)?\s*(?P<n>[^\s(]+)"
+    r"(?:\s*\((?P<low>[\d.]+\s*(?:ms|s|%)?)\s*[-–]\s*(?P<high>[\d.]+\s*(?:ms|s|%))\))?$"
+)
 
 
 @dataclass(frozen=True)
@@ -249,30 +255,58 @@ def _matrix(
             )
             continue
         config, ttft, tpot, goodput, frag, verdict = cells
-        values = [
-            _number(cell, kind, f"matrix row {n}, {column}", file, problems)
-            for cell, kind, column in (
-                (ttft, "ms", "TTFT (P99)"),
-                (tpot, "ms", "TPOT (P99)"),
-                (goodput, "%", "Goodput"),
-                (frag, "%", "显存碎片率"),
-            )
-        ]
-        rows.append(dict(zip(MatrixRow.model_fields, [config, *values, verdict], strict=True)))
+        row: dict[str, object] = {"config": config, "verdict": verdict, "bounds": {}, "spans": {}}
+        for cell, key, kind, column in (
+            (ttft, "ttft_p99_ms", "ms", "TTFT (P99)"),
+            (tpot, "tpot_p99_ms", "ms", "TPOT (P99)"),
+            (goodput, "goodput_ratio", "%", "Goodput"),
+            (frag, "kv_fragmentation", "%", "显存碎片率"),
+        ):
+            number = _number(cell, kind, f"matrix row {n}, {column}", file, problems)
+            row[key] = number.value if number else None
+            if number and number.bound is not None:
+                row["bounds"][key] = number.bound  # type: ignore[index]
+            if number and number.span is not None:
+                row["spans"][key] = number.span  # type: ignore[index]
+        rows.append(row)
     return rows, "\n".join(lines[end:])
 
 
-def _number(cell: str, kind: str, field: str, file: str, problems: list[Problem]) -> float | None:
+def _number(cell: str, kind: str, field: str, file: str, problems: list[Problem]) -> Reading | None:
+    """A matrix cell: '350ms', '1.2s', '95%', a bound '≤10ms' / '>20000ms', an estimate
+    '12% (0-24%)'; None for '-' (not measured)."""
     if cell in ("-", ""):
         return None
-    if kind == "ms" and (m := _LATENCY.match(cell)):
-        return float(m["n"]) * (1000 if m["unit"] == "s" else 1)
-    if kind == "%" and (m := _PERCENT.match(cell)):
-        return float(m["n"]) / 100
+    m = _CELL.match(cell)
+    texts = [] if m is None else [m["n"]]
+    if m and m["high"]:
+        high = m["high"].replace(" ", "")
+        unit = high.lstrip("0123456789.")
+        low = m["low"].replace(" ", "")
+        texts += [low if low.endswith(("ms", "s", "%")) else low + unit, high]
+    numbers = [n for text in texts if (n := _plain_number(text, kind)) is not None]
+    if m and texts and len(numbers) == len(texts):
+        bound = {"≤": Bound.AT_MOST, "<=": Bound.AT_MOST, ">": Bound.MORE_THAN}.get(m["sign"] or "")
+        span = (numbers[1], numbers[2]) if len(numbers) == 3 else None
+        return Reading(numbers[0], bound, span)
     example = "350ms" if kind == "ms" else "95%"
     problems.append(
-        Problem(file, field, f"{cell!r} is not a value like {example} (or '-' if not measured)")
+        Problem(
+            file,
+            field,
+            f"{cell!r} is not a value like {example} (a bound like ≤{example}, an estimate like "
+            f"{example} (0-{example}), or '-' if not measured)",
+        )
     )
+    return None
+
+
+def _plain_number(text: str, kind: str) -> float | None:
+    """'350ms' / '1.2s' in milliseconds, '95%' as 0.95; None when it is not one."""
+    if kind == "ms" and (m := _LATENCY.match(text)):
+        return float(m["n"]) * (1000 if m["unit"] == "s" else 1)
+    if kind == "%" and (m := _PERCENT.match(text)):
+        return float(m["n"]) / 100
     return None
 
 

@@ -52,8 +52,8 @@ from bot.demo.screen import Numbers, Result
 from bot.diagnosis.service import match_report
 from bot.engine.process import EngineManager
 from bot.errors import RuleloopError
-from bot.numbers.reading import Measured, bounds_of
-from bot.numbers.text import FOUR, show
+from bot.numbers.reading import Measured, bounds_of, spans_of
+from bot.numbers.text import FOUR, show, show_reading
 from bot.numbers.text import change as text_change
 from bot.scheduler.snapshots import MetricsSampler, NormalReader, SnapshotJob
 from bot.scheduler.workload_drift import LiveShape
@@ -199,7 +199,9 @@ def check_incident(adr: Adr, summary: Mapping[str, Any]) -> MatchResult:
             "the bot's diagnosis produced no numbers (it failed; its error is logged above), "
             "so the demo cannot tell whether the incident happened"
         )
-    report = match_report(readings, bounds_of(summary.get("reading_bounds")))
+    report = match_report(
+        readings, bounds_of(summary.get("reading_bounds")), spans_of(summary.get("reading_spans"))
+    )
     normal_bounds = bounds_of(summary.get("normal_bounds"))
     result = match(adr, report, summary.get("normal") or {}, normal_bounds=normal_bounds)
     if adr.id in (summary.get("matches") or []) and result.matches:
@@ -372,7 +374,11 @@ class Demo:
         return Result(
             adr_id=self._adr.id,
             normal=normal,
-            incident=Measured(summary.get("headline") or {}, bounds_of(summary.get("bounds"))),
+            incident=Measured(
+                summary.get("headline") or {},
+                bounds_of(summary.get("bounds")),
+                spans_of(summary.get("spans")),
+            ),
             after=after,
             state=rem.state,
             matched=[c.explain() for c in matched.conditions],
@@ -545,7 +551,4 @@ class Demo:
 
 
 def _four(sample: Measured) -> str:
-    return ", ".join(
-        f"{label} {show(key, sample.numbers.get(key), sample.bounds.get(key))}"
-        for key, label, *_ in FOUR
-    )
+    return ", ".join(f"{label} {show_reading(key, sample.reading(key))}" for key, label, *_ in FOUR)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bot.demo.drift_act import DriftShown
 from bot.numbers.reading import Measured
-from bot.numbers.text import FOUR, show
+from bot.numbers.text import FOUR, show_reading
 
 Numbers = Mapping[str, float | None]
 
@@ -37,13 +37,19 @@ def render(result: Result) -> str:
         "promoted": "promoted: the canary met every gate",
         "rolled_back": "rolled back: the canary missed a gate",
     }.get(result.state, result.state)
-    rows = [f"  {'':<18}{'normal':>14}{'incident':>14}{'after the fix':>16}"]
-    for key, label, *_ in FOUR:
-        cells = [
-            show(key, n.numbers.get(key), n.bounds.get(key))
+    cells = {
+        key: [
+            show_reading(key, n.reading(key))
             for n in (result.normal, result.incident, result.after)
         ]
-        rows.append(f"  {label:<18}{cells[0]:>14}{cells[1]:>14}{cells[2]:>16}")
+        for key, *_ in FOUR
+    }
+    # an estimate's span ("12.0 % (0.0–24.0 %)") widens its column
+    width = max(14, *(len(c) + 2 for row in cells.values() for c in row))
+    rows = [f"  {'':<18}{'normal':>{width}}{'incident':>{width}}{'after the fix':>{width + 2}}"]
+    for key, label, *_ in FOUR:
+        normal, incident, after = cells[key]
+        rows.append(f"  {label:<18}{normal:>{width}}{incident:>{width}}{after:>{width + 2}}")
     lines = [
         "",
         "=" * 64,

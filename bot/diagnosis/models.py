@@ -12,7 +12,7 @@ from bot.adr.match import MatchResult
 from bot.adr.models import Adr
 from bot.adr.relative import Normal
 from bot.diagnosis.chart_data import ChartData
-from bot.numbers.reading import Bounds
+from bot.numbers.reading import Bounds, Spans, spans_json
 from bot.numbers.text import FOUR
 from bot.probes.sampling import SampledWindow
 from bot.probes.types import Finding
@@ -90,7 +90,9 @@ class Diagnosis:
     normal: Mapping[str, float | None] = field(default_factory=dict)  # median of snapshots
     chart: ChartData | None = None  # what the chart shows (kept: the incident page draws it)
     bounds: Bounds = field(default_factory=dict)  # headline numbers that are only bounds
+    spans: Spans = field(default_factory=dict)  # headline numbers that are estimates
     reading_bounds: Bounds = field(default_factory=dict)  # readings that are (dotted names)
+    reading_spans: Spans = field(default_factory=dict)  # readings that are estimates
     normal_bounds: Bounds = field(default_factory=dict)  # normal's numbers that are bounds
 
     def summary(self) -> dict[str, Any]:
@@ -106,7 +108,9 @@ class Diagnosis:
             "readings": {k: _finite(v) for k, v in self.readings.items()},
             "normal": {k: _finite(v) for k, v in self.normal.items()},
             "bounds": {k: str(b) for k, b in self.bounds.items()},
+            "spans": spans_json(self.spans),
             "reading_bounds": {k: str(b) for k, b in self.reading_bounds.items()},
+            "reading_spans": spans_json(self.reading_spans),
             "normal_bounds": {k: str(b) for k, b in self.normal_bounds.items()},
             "findings": [[str(f.severity), f.message, f.source] for f in self.findings[:50]],
             "chart": None if self.chart is None else self.chart.to_json(),

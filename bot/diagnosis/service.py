@@ -20,7 +20,7 @@ from bot.diagnosis import chart_data, history
 from bot.diagnosis.chart import render_chart
 from bot.diagnosis.models import GATE_OF, Baseline, Diagnosis
 from bot.errors import UsageError
-from bot.numbers.reading import Bounds, Measured
+from bot.numbers.reading import Bounds, Measured, Spans, spans_json
 from bot.numbers.text import FOUR
 from bot.probes.context import ProbeContext, TargetRef
 from bot.runbooks.loader import RunbookSet
@@ -52,16 +52,20 @@ MATCH_READINGS = {
 
 
 def match_report(
-    readings: Mapping[str, float | None], bounds: Bounds | None = None
+    readings: Mapping[str, float | None], bounds: Bounds | None = None, spans: Spans | None = None
 ) -> dict[str, Any]:
-    """The report ADR matching reads: a flat ``metrics`` mapping of measured values, and the
-    ``bounds`` of those that are only bounds (both keyed by match metric names)."""
+    """The report ADR matching reads: a flat ``metrics`` mapping of measured values, the
+    ``bounds`` of those that are only bounds and the ``spans`` of those that are estimates (all
+    keyed by match metric names)."""
     metrics = {name: readings.get(source) for name, source in MATCH_READINGS.items()}
     found = {name: bound for name, source in MATCH_READINGS.items()
              if (bound := (bounds or {}).get(source)) is not None}  # fmt: skip
+    spanned = {name: span for name, source in MATCH_READINGS.items()
+               if (span := (spans or {}).get(source)) is not None}  # fmt: skip
     return {
         "metrics": {k: v for k, v in metrics.items() if v is not None},
         "bounds": {k: str(b) for k, b in found.items()},
+        "spans": spans_json(spanned),
     }
 
 
@@ -111,7 +115,8 @@ class Diagnoser:
         baseline = Baseline.from_adrs(accepted)
         headline = {key: result.reading(f"vllm_metrics.{key}") for key, *_ in FOUR}
         bounds = {key: b for key, *_ in FOUR if (b := result.bounds.get(f"vllm_metrics.{key}"))}
-        report = match_report(result.readings, result.bounds)
+        spans = {key: s for key, *_ in FOUR if (s := result.spans.get(f"vllm_metrics.{key}"))}
+        report = match_report(result.readings, result.bounds, result.spans)
         matches = matching(accepted, report, normal.numbers, normal_bounds=normal.bounds)
         windows = ctx.sampled()
         t2 = self._monotonic()
@@ -148,7 +153,9 @@ class Diagnoser:
             normal=normal.numbers,
             chart=chart,
             bounds=bounds,
+            spans=spans,
             reading_bounds=result.bounds,
+            reading_spans=result.spans,
             normal_bounds=normal.bounds,
         )
 

@@ -6,6 +6,10 @@ engine's "9.9 ms" is "<= 10 ms"); one in the `+Inf` bucket only to be more than 
 edge. Such a number is a bound everywhere it goes: in JSON (a ``bounds`` map beside the numbers,
 "<=" or ">"), on every surface ("≤ 10.0 ms"), and in every comparison, which it decides only
 where the bound decides it (``compare``): otherwise the comparison is undecided, never a guess.
+
+A passive estimate (KV fragmentation from the gauges, goodput with requests in flight) is known
+only within a span [low, high]; it travels as a ``spans`` map beside the numbers, reads
+"12.0 % (0.0–24.0 %)" on every surface, and decides a comparison only where the whole span does.
 """
 
 from __future__ import annotations
@@ -34,17 +38,28 @@ class Source(StrEnum):
 
 # metric -> bound, beside a mapping of numbers (JSON: {"tpot_p99_ms": "<="})
 Bounds = Mapping[str, Bound]
+# metric -> (low, high) of an estimate, beside a mapping of numbers (JSON: [low, high])
+Spans = Mapping[str, tuple[float, float]]
 
 
 @dataclass(frozen=True)
 class Reading:
-    """One number: ``value`` (for a bound, the bound's edge), its bound, if it is one."""
+    """One number: ``value`` (for a bound, the bound's edge), its bound, if it is one, and the
+    span an estimate lies in, if it is one."""
 
     value: float
     bound: Bound | None = None
+    span: tuple[float, float] | None = None
+
+    @property
+    def exact(self) -> bool:
+        """A measured number, neither a bound nor an estimate's span."""
+        return self.bound is None and self.span is None
 
     def interval(self) -> tuple[float, float]:
-        """The values it may be: a point, [0, edge] or [edge, inf]."""
+        """The values it may be: a point, [0, edge], [edge, inf] or an estimate's span."""
+        if self.span is not None:
+            return self.span
         if self.bound is Bound.AT_MOST:
             return (min(0.0, self.value), self.value)
         if self.bound is Bound.MORE_THAN:
@@ -53,20 +68,36 @@ class Reading:
 
     def times(self, factor: float) -> Reading:
         """``factor`` times this number (a multiple of a bound is a bound)."""
-        return Reading(self.value * factor, self.bound)
+        span = None if self.span is None else (self.span[0] * factor, self.span[1] * factor)
+        return Reading(self.value * factor, self.bound, span)
 
 
 @dataclass(frozen=True)
 class Measured:
-    """Numbers by metric (None: not measured), and which of them are only bounds."""
+    """Numbers by metric (None: not measured), which of them are only bounds, and the spans of
+    those that are estimates."""
 
     numbers: Mapping[str, float | None]
     bounds: Bounds = field(default_factory=dict)
+    spans: Spans = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, numbers: object, bounds: object = None, spans: object = None) -> Measured:
+        """Numbers stored as JSON (a diagnosis summary's ``headline`` with its ``bounds`` and
+        ``spans``); what is not a number is not measured."""
+        plain = {
+            str(k): float(v)
+            for k, v in (numbers.items() if isinstance(numbers, Mapping) else ())
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        return cls(plain, bounds_of(bounds), spans_of(spans))
 
     def reading(self, key: str) -> Reading | None:
-        """One number with its bound; None when not measured."""
+        """One number with its bound or span; None when not measured."""
         value = self.numbers.get(key)
-        return None if value is None else Reading(value, self.bounds.get(key))
+        if value is None:
+            return None
+        return Reading(value, self.bounds.get(key), self.spans.get(key))
 
 
 @dataclass(frozen=True)
@@ -84,6 +115,26 @@ class Estimate:
     def unknown(cls, reason: str) -> Estimate:
         """Nothing can be said, for this reason."""
         return cls(None, None, None, reason)
+
+
+def spans_of(raw: object) -> dict[str, tuple[float, float]]:
+    """A ``spans`` map read back from JSON ({metric: [low, high]}); malformed entries dropped."""
+    if not isinstance(raw, Mapping):
+        return {}
+    out = {}
+    for key, value in raw.items():
+        if not isinstance(value, list | tuple) or len(value) != 2:
+            continue
+        low, high = value
+        numbers = all(isinstance(x, int | float) and not isinstance(x, bool) for x in value)
+        if numbers and math.isfinite(low) and math.isfinite(high) and low <= high:
+            out[str(key)] = (float(low), float(high))
+    return out
+
+
+def spans_json(spans: Spans) -> dict[str, list[float]]:
+    """A ``spans`` map as JSON."""
+    return {k: [low, high] for k, (low, high) in spans.items()}
 
 
 def bounds_of(raw: object) -> dict[str, Bound]:
@@ -120,10 +171,10 @@ _NEGATION = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
 def compare(value: Reading, op: str, limit: Reading) -> bool | None:
     """Whether ``value op limit`` holds: True or False where the bounds decide it, else None.
 
-    Two known numbers compare as numbers. With a bound on either side the comparison holds
+    Two known numbers compare as numbers. With a bound or a span on either side it holds
     only if it holds for every value the bounds allow, fails only if it fails for every one.
     """
-    if value.bound is None and limit.bound is None:
+    if value.exact and limit.exact:
         return bool(OPS[op](value.value, limit.value))
     v, lim = value.interval(), limit.interval()
     if op in ("==", "!="):

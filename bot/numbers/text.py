@@ -3,7 +3,8 @@ demo's screen, the canary's table (``show``), and the seed's compact form in ADR
 gate verdicts (``compact``).
 
 Latencies in milliseconds ("41.3 ms", "212 ms" from 100 ms up, "1,710 ms"), ratios in percent
-("93.0 %"), a bound with its sign ("≤ 10.0 ms", "> 20,000 ms"), a failed request's unbounded
+("93.0 %"), a bound with its sign ("≤ 10.0 ms", "> 20,000 ms"), an estimate with its span
+("12.0 % (0.0–24.0 %)"; compact "12% (0-24%)"), a failed request's unbounded
 latency as "∞", and a number not measured as "n/a". The compact form is the seed ADR's table:
 "1200ms", "117.8ms", "62%", "∞", "-".
 """
@@ -11,8 +12,9 @@ latency as "∞", and a number not measured as "n/a". The compact form is the se
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
-from bot.numbers.reading import Bound
+from bot.numbers.reading import Bound, Reading
 
 # The four numbers: key, label, unit, and whether bigger is worse.
 FOUR = (
@@ -45,15 +47,49 @@ def in_unit(value: float, unit: str) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
-def show(key: str, value: float | None, bound: Bound | str | None = None) -> str:
-    """A metric's number as every surface writes it, a bound with its sign."""
+def show(
+    key: str,
+    value: float | None,
+    bound: Bound | str | None = None,
+    span: tuple[float, float] | None = None,
+) -> str:
+    """A metric's number as every surface writes it, a bound with its sign, an estimate with
+    its span."""
     if value is None or math.isnan(value):
         return NOT_MEASURED
-    text = in_unit(value, unit_of(key))
+    unit = unit_of(key)
+    text = in_unit(value, unit)
     if bound is not None:
-        sign = "≤" if Bound(bound) is Bound.AT_MOST else ">"
-        return f"{sign} {text}"
+        return f"{sign_of(bound)} {text}"
+    if span is not None and _wide(span, unit, in_unit):
+        return f"{text} ({_range(span, unit, in_unit, ' ')})"
     return text
+
+
+def show_reading(key: str, reading: Reading | None) -> str:
+    """``show`` for a Reading (None: not measured)."""
+    if reading is None:
+        return NOT_MEASURED
+    return show(key, reading.value, reading.bound, reading.span)
+
+
+def sign_of(bound: Bound | str) -> str:
+    """'≤' for a number at most its edge, '>' for one beyond the last."""
+    return "≤" if Bound(bound) is Bound.AT_MOST else ">"
+
+
+def _wide(span: tuple[float, float], unit: str, write: Callable[[float, str], str]) -> bool:
+    """A span whose ends differ as written (a point estimate reads as a number)."""
+    return write(span[0], unit) != write(span[1], unit)
+
+
+def _range(
+    span: tuple[float, float], unit: str, write: Callable[[float, str], str], gap: str
+) -> str:
+    """'0.0–24.0 %': both ends in the unit, the unit written once."""
+    suffix = {"ms": f"{gap}ms", "ratio": f"{gap}%"}.get(unit, "")
+    low, high = (write(x, unit).removesuffix(suffix) for x in span)
+    return f"{low}–{high}{suffix}" if gap else f"{low}-{high}{suffix}"
 
 
 def change(key: str, was: float, now: float) -> str:
@@ -67,12 +103,27 @@ def change(key: str, was: float, now: float) -> str:
     return f"{shown} ({(now - was) / was * 100:+.0f} %)"
 
 
-def compact(value: float | None, unit: str) -> str:
-    """The seed's table form (ADR matrices, gate verdicts): '1200ms', '117.8ms', '62%', '∞', '-'."""
+def compact(
+    value: float | None,
+    unit: str,
+    bound: Bound | str | None = None,
+    span: tuple[float, float] | None = None,
+) -> str:
+    """The seed's table form (ADR matrices, gate verdicts): '1200ms', '117.8ms', '62%', '∞', '-';
+    a bound '≤10ms' / '>20000ms', an estimate '12% (0-24%)'."""
     if value is None or math.isnan(value):
         return "-"
     if math.isinf(value):
         return "∞"
+    text = _compact(value, unit)
+    if bound is not None:
+        return sign_of(bound) + text
+    if span is not None and _wide(span, unit, _compact):
+        return f"{text} ({_range(span, unit, _compact, '')})"
+    return text
+
+
+def _compact(value: float, unit: str) -> str:
     if unit == "ms":
         return f"{value:.1f}".removesuffix(".0") + "ms"
     return f"{value * 100:.1f}".removesuffix(".0") + "%"

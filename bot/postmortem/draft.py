@@ -17,11 +17,11 @@ from typing import Any
 from bot.adr.flags import canonical
 from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
 from bot.adr.parse import date_of_id
-from bot.adr.render import format_ms, format_pct
-from bot.canary.verdict import Values, gates_from, judge, judge_values, values_of
+from bot.canary.verdict import GATES, Values, gates_from, judge, judge_values, values_of
 from bot.diagnosis.models import GATE_OF
 from bot.errors import UsageError
-from bot.numbers.text import FOUR
+from bot.numbers.reading import Measured, Reading, compare
+from bot.numbers.text import FOUR, compact
 from bot.tune.matrix import PASSED, source_note
 from bot.workload.shape import WorkloadShape
 
@@ -114,7 +114,9 @@ def build_postmortem(
         raise UsageError(f"the ADR id {adr_id} must carry the draft's date {day:%Y%m%d}")
     runs = sorted(canaries, key=lambda run: _utc(run.at))
     summary = incident.diagnosis or {}
-    headline: Mapping[str, Any] = summary.get("headline") or {}
+    headline = Measured.from_json(
+        summary.get("headline"), summary.get("bounds"), summary.get("spans")
+    )
     gates = applied.adr.gates if applied is not None else _baseline_gates(summary)
     judged = applied.judged if applied is not None else gates  # numbers, where resolved
     symptoms = _symptoms(headline, gates)
@@ -149,19 +151,19 @@ def _baseline_gates(summary: Mapping[str, Any]) -> AdrGates | None:
     return AdrGates(**limits) if limits else None
 
 
-def _symptoms(headline: Mapping[str, Any], gates: AdrGates | None) -> list[Condition]:
-    """One condition per headline number that was outside its gate, at the gate's value."""
+def _symptoms(headline: Measured, gates: AdrGates | None) -> list[Condition]:
+    """One condition per headline number that was outside its gate, at the gate's value (a
+    bound or an estimate's span only where it is outside whatever the value is)."""
     if gates is None:
         return []
     found = []
     for key, _, _, worse_up in FOUR:
-        value, limit = headline.get(key), getattr(gates, GATE_OF[key])
-        if value is None or not isinstance(limit, float):  # unset, or relative to a canary
+        reading, limit = headline.reading(key), getattr(gates, GATE_OF[key])
+        if reading is None or not isinstance(limit, float):  # unset, or relative to a canary
             continue
-        if worse_up and value > limit:
-            found.append(Condition(metric=key, op=">", value=float(limit)))
-        elif not worse_up and value < limit:
-            found.append(Condition(metric=key, op="<", value=float(limit)))
+        op = ">" if worse_up else "<"
+        if compare(reading, op, Reading(limit)) is True:
+            found.append(Condition(metric=key, op=op, value=float(limit)))
     return found
 
 
@@ -212,10 +214,12 @@ def _context(
 def _diagnosis_lines(summary: Mapping[str, Any] | None) -> list[str]:
     if not summary or not summary.get("headline"):
         return ["- 诊断 (diagnosis): none recorded for this incident."]
-    headline, baseline = summary["headline"], summary.get("baseline") or {}
+    headline = Measured.from_json(summary["headline"], summary.get("bounds"), summary.get("spans"))
+    baseline = summary.get("baseline") or {}
     numbers = []
     for key, label, _, worse_up in FOUR:
-        text = f"{label} {_number(key, headline.get(key))}"
+        reading = headline.reading(key)
+        text = f"{label} {_number(key, reading)}"
         if limit := baseline.get(key):
             text += f" (gate {'≤' if worse_up else '≥'} {_number(key, limit[0])}, {limit[1]})"
         numbers.append(text)
@@ -270,29 +274,22 @@ def _failed(applied: AppliedFix, last: Values | None, gates: AdrGates | None) ->
 
 
 # --- section 2: metrics matrix ------------------------------------------------------------
-def _incident_row(headline: Mapping[str, Any], gates: AdrGates | None) -> MatrixRow:
+def _incident_row(headline: Measured, gates: AdrGates | None) -> MatrixRow:
     values = Values(
-        ttft_p99_ms=headline.get("ttft_p99_ms"),
-        tpot_p99_ms=headline.get("tpot_p99_ms"),
-        goodput_ratio=headline.get("goodput_ratio"),
-        kv_fragmentation=headline.get("kv_fragmentation"),
+        ttft_p99_ms=headline.numbers.get("ttft_p99_ms"),
+        tpot_p99_ms=headline.numbers.get("tpot_p99_ms"),
+        goodput_ratio=headline.numbers.get("goodput_ratio"),
+        kv_fragmentation=headline.numbers.get("kv_fragmentation"),
     )
-    if not headline:
+    if not headline.numbers:
         verdict = "事故现场 (incident: not diagnosed)"
     elif gates is None:
         verdict = "事故现场 (incident)"
     else:
-        # A number the diagnosis could not read is not a symptom: gate only what was measured.
-        measured = AdrGates(
-            **{
-                GATE_OF[key]: getattr(gates, GATE_OF[key])
-                for key, *_ in FOUR
-                if getattr(values, key) is not None
-            }
-        )
-        missed = _missed(values, measured, error_gate=False)
+        missed = _outside(headline, gates)
         verdict = f"事故现场 (incident: {'; '.join(missed) if missed else 'within the gates'})"
-    return _row(INCIDENT_ROW, values, verdict)
+    # the engine's histograms know a quantile to its bucket, the gauges fragmentation to a span
+    return _row(INCIDENT_ROW, values, verdict, headline)
 
 
 def _canary_row(run: CanaryFacts, gates: AdrGates | None) -> MatrixRow:
@@ -305,6 +302,25 @@ def _canary_row(run: CanaryFacts, gates: AdrGates | None) -> MatrixRow:
     return _row(_one_line(run.label) or "canary", values, verdict)
 
 
+def _outside(headline: Measured, gates: AdrGates) -> list[str]:
+    """The gates the diagnosis's numbers were outside, in the canary verdict's words; a bound or
+    an estimate's span that reaches both sides says so. A number the diagnosis could not read
+    is not a symptom: only what was measured is gated."""
+    limits = gates_from(gates, numbers_only=True)
+    out = []
+    for name, (label, key, kind, write) in GATES.items():
+        limit, reading = getattr(limits, name), headline.reading(key)
+        if name == "max_error_rate" or limit is None or reading is None:
+            continue
+        op = ">" if kind == "max" else "<"
+        outside = compare(reading, op, Reading(limit))
+        if outside is None:
+            out.append(f"{label} {_number(key, reading)} against {write(limit)}: undecided")
+        elif outside:
+            out.append(f"{label} {_number(key, reading)} {op} {write(limit)}")
+    return out
+
+
 def _missed(values: Values, gates: AdrGates | None, *, error_gate: bool = True) -> list[str]:
     """The gates ``values`` miss, in the canary verdict's words."""
     if gates is None:
@@ -313,14 +329,25 @@ def _missed(values: Values, gates: AdrGates | None, *, error_gate: bool = True) 
     return judge_values(values, limits, error_gate=error_gate).failures
 
 
-def _row(config: str, values: Values, verdict: str) -> MatrixRow:
-    return MatrixRow(
+def _row(config: str, values: Values, verdict: str, known: Measured | None = None) -> MatrixRow:
+    """A matrix row; ``known`` says which of its numbers are only bounds or spans."""
+    row = MatrixRow(
         config=config,
         ttft_p99_ms=values.ttft_p99_ms,
         tpot_p99_ms=values.tpot_p99_ms,
         goodput_ratio=_ratio(values.goodput_ratio),
         kv_fragmentation=_ratio(values.kv_fragmentation),
         verdict=verdict,
+    )
+    if known is None:
+        return row
+    shown = {key for key, *_ in FOUR if getattr(row, key) is not None}
+    return MatrixRow.model_validate(
+        {
+            **row.model_dump(),
+            "bounds": {k: b for k, b in known.bounds.items() if k in shown},
+            "spans": {k: s for k, s in known.spans.items() if k in shown},
+        }
     )
 
 
@@ -459,11 +486,13 @@ def _was(value: object) -> str:
     return f"was {value}"
 
 
-def _number(key: str, value: float | None) -> str:
+def _number(key: str, value: Reading | float | None) -> str:
+    """A number in the seed's compact form, with its bound or span."""
     if value is None:
         return "n/a"
+    reading = value if isinstance(value, Reading) else Reading(value)
     unit = next((u for k, _, u, _ in FOUR if k == key), "ms")
-    return format_ms(value) if unit == "ms" else format_pct(value)
+    return compact(reading.value, unit, reading.bound, reading.span)
 
 
 def _metric_label(key: str) -> str:

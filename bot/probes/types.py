@@ -49,6 +49,7 @@ class ProbeResult:
     findings: list[Finding] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     bounds: dict[str, Bound] = field(default_factory=dict)  # readings that are only bounds
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)  # estimates' spans
 
 
 class Params(BaseModel):

@@ -40,6 +40,19 @@ VLLM_READINGS = {
 }
 
 
+def _spans(**estimates: Estimate | str) -> dict[str, tuple[float, float]]:
+    """The spans of the estimates that have one (their readings are the midpoints)."""
+    return {
+        key: (e.low, e.high)
+        for key, e in estimates.items()
+        if isinstance(e, Estimate)
+        and e.value is not None
+        and e.low is not None
+        and e.high is not None
+        and e.high > e.low
+    }
+
+
 def _bounds(estimate: Estimate) -> list[float] | None:
     """[low, high] of an estimate, None when it is unknown."""
     if estimate.low is None or estimate.high is None:
@@ -111,4 +124,5 @@ class VllmMetricsProbe:
             for key, (histogram, q) in quantiles.items()
             if (bound := histogram.bounds.get(q)) is not None
         }
-        return ProbeResult(readings=readings, details=details, bounds=bounds)
+        spans = _spans(goodput_ratio=engine.goodput, kv_fragmentation=fragmentation)
+        return ProbeResult(readings=readings, details=details, bounds=bounds, spans=spans)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.errors import RuleloopError
-from bot.numbers.reading import Bound, Bounds, Reading, compare
+from bot.numbers.reading import Bound, Bounds, Reading, Spans, compare
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.types import Finding, ProbeResult, Severity
 from bot.runbooks.loader import LoadedRunbook
@@ -32,6 +32,7 @@ class RunbookResult:
     findings: list[Finding] = field(default_factory=list)
     details: dict[str, dict[str, Any]] = field(default_factory=dict)
     bounds: dict[str, Bound] = field(default_factory=dict)  # readings that are only bounds
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)  # estimates' spans
 
     def reading(self, name: str) -> float | None:
         """One reading by its dotted name, None when absent or unmeasured."""
@@ -67,25 +68,32 @@ class RunbookRunner:
                 result.readings[f"{step.probe}.{name}"] = value
             for name, bound in probe_result.bounds.items():
                 result.bounds[f"{step.probe}.{name}"] = bound
+            for name, span in probe_result.spans.items():
+                result.spans[f"{step.probe}.{name}"] = span
             result.findings.extend(probe_result.findings)
             if probe_result.details:
                 result.details[step.probe] = probe_result.details
-        result.findings.extend(evaluate(loaded, result.readings, result.bounds))
+        result.findings.extend(evaluate(loaded, result.readings, result.bounds, result.spans))
         result.findings.sort(key=lambda f: -f.severity)
         return result
 
 
 def evaluate(
-    loaded: LoadedRunbook, readings: dict[str, float | None], bounds: Bounds | None = None
+    loaded: LoadedRunbook,
+    readings: dict[str, float | None],
+    bounds: Bounds | None = None,
+    spans: Spans | None = None,
 ) -> list[Finding]:
     """The findings whose rule holds for the readings (an unmeasured reading never holds, nor
-    does a bound that does not decide the rule: '≤ 10 ms' is not over 5 ms, nor under it)."""
+    does a bound or an estimate's span that does not decide the rule: '≤ 10 ms' is not over
+    5 ms, nor under it)."""
     found = []
     for rule in loaded.runbook.findings:
         probe, reading, op, limit = rule.parts
         value = readings.get(f"{probe}.{reading}")
         bound = (bounds or {}).get(f"{probe}.{reading}")
-        if value is not None and compare(Reading(value, bound), op, Reading(limit)):
+        span = (spans or {}).get(f"{probe}.{reading}")
+        if value is not None and compare(Reading(value, bound, span), op, Reading(limit)):
             found.append(
                 Finding(
                     severity=Severity.parse(rule.severity),

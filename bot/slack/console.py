@@ -14,8 +14,8 @@ from typing import Any, TextIO
 from bot.chat.messages import IncidentView, MessageRef
 from bot.chat.mrkdwn import unescape
 from bot.diagnosis.models import Diagnosis
-from bot.numbers.reading import bounds_of
-from bot.numbers.text import FOUR, show
+from bot.numbers.reading import Measured, bounds_of
+from bot.numbers.text import FOUR, show, show_reading
 from bot.postmortem.ports import DraftView
 from bot.remediation.ports import RemediationView
 from bot.slack.remediation_views import card_text, card_update_text, draft_text
@@ -132,7 +132,7 @@ def render_root(view: IncidentView, *, page: str = "") -> str:
     ]
     headline = view.summary.get("headline") or {}
     baseline = view.summary.get("baseline") or {}
-    bounds = bounds_of(view.summary.get("bounds"))
+    measured = Measured.from_json(headline, view.summary.get("bounds"), view.summary.get("spans"))
     normal_bounds = bounds_of(view.summary.get("normal_bounds"))
     for key, label, _, _ in FOUR if headline else ():
         gate = baseline.get(key)
@@ -140,5 +140,5 @@ def render_root(view: IncidentView, *, page: str = "") -> str:
         normal = (view.summary.get("normal") or {}).get(key)
         if normal is not None:
             suffix += f" (normal {show(key, normal, normal_bounds.get(key))})"
-        lines.append(f"    {label}: {show(key, headline.get(key), bounds.get(key))}{suffix}")
+        lines.append(f"    {label}: {show_reading(key, measured.reading(key))}{suffix}")
     return "\n".join(lines)

@@ -25,8 +25,8 @@ from bot.adr.match import MatchResult
 from bot.chat.messages import IncidentView
 from bot.chat.mrkdwn import clip, escape, plain
 from bot.diagnosis.models import Diagnosis
-from bot.numbers.reading import Reading, bounds_of, compare
-from bot.numbers.text import FOUR, show
+from bot.numbers.reading import Measured, Reading, bounds_of, compare
+from bot.numbers.text import FOUR, show, show_reading
 from bot.probes.types import Finding, Severity
 
 APPLY_ACTION = "apply_adr"
@@ -52,17 +52,16 @@ NO_MATCH = (
 
 
 def _number_field(key: str, label: str, summary: dict[str, Any]) -> MarkdownTextObject:
-    value = summary.get("headline", {}).get(key)
-    bound = bounds_of(summary.get("bounds")).get(key)
+    reading = Measured.from_json(
+        summary.get("headline"), summary.get("bounds"), summary.get("spans")
+    ).reading(key)
     limit = summary.get("baseline", {}).get(key)
-    text = f"*{label}*\n{show(key, value, bound)}"
+    text = f"*{label}*\n{show_reading(key, reading)}"
     if limit is not None:
         worse_up = next(w for k, _, _, w in FOUR if k == key)
         edge, adr = limit
         ok = (
-            None
-            if value is None
-            else compare(Reading(value, bound), "<=" if worse_up else ">=", Reading(edge))
+            None if reading is None else compare(reading, "<=" if worse_up else ">=", Reading(edge))
         )
         mark = "" if ok is None else (" :white_check_mark:" if ok else " :x:")
         text += f"{mark}  (gate {'≤' if worse_up else '≥'} {show(key, edge)}, {plain(adr, 100)})"
@@ -115,8 +114,8 @@ def root_message(
                             "Engine-side numbers over the sampling window (runbook "
                             f"`{plain(view.summary.get('runbook'), 200)}`); gates from the "
                             "accepted ADRs. "
-                            "KV fragmentation is estimated from mean request lengths; "
-                            "a canary measures it exactly."
+                            "An estimate shows its span in brackets (KV fragmentation from "
+                            "the engine's gauges); a canary measures it exactly."
                             + (NORMAL_NOTE if view.summary.get("normal") else "")
                         )
                     )

@@ -14,8 +14,8 @@ from typing import Any
 
 from bot.adr.models import Adr
 from bot.canary.verdict import values_of
-from bot.numbers.reading import Bound, Reading, bounds_of, compare
-from bot.numbers.text import FOUR, show
+from bot.numbers.reading import Bound, Measured, Reading, bounds_of, compare
+from bot.numbers.text import FOUR, show_reading
 from bot.remediation.argv import diff
 from bot.remediation.lines import gate_lines, number_lines
 from bot.remediation.ports import STATES
@@ -35,18 +35,20 @@ KEPT = "promoted"
 ENDED_BAD = {"rolled_back", "failed", "cancelled", "expired", "interrupted"}
 
 
-def four_number(key: str, value: float | None, bound: Bound | None = None) -> str:
-    """One of the four numbers as every surface writes it ('≤ 10.0 ms' for a bound); a failed
-    request's unbounded latency says so."""
-    text = show(key, value, bound)
+def four_number(key: str, value: Reading | float | None, bound: Bound | None = None) -> str:
+    """One of the four numbers as every surface writes it ('≤ 10.0 ms' for a bound, an
+    estimate with its span); a failed request's unbounded latency says so."""
+    reading = value if isinstance(value, Reading) or value is None else Reading(value, bound)
+    text = show_reading(key, reading)
     return "∞ (requests failed)" if text == "∞" else text
 
 
-def _within(key: str, value: float | None, gate: float | None, bound: Bound | None = None) -> str:
+def _within(key: str, value: Reading | float | None, gate: float | None) -> str:
     if value is None or gate is None:
         return NEUTRAL
+    reading = value if isinstance(value, Reading) else Reading(value)
     worse_up = next(w for k, _, _, w in FOUR if k == key)
-    ok = compare(Reading(value, bound), "<=" if worse_up else ">=", Reading(gate))
+    ok = compare(reading, "<=" if worse_up else ">=", Reading(gate))
     return NEUTRAL if ok is None else (GOOD if ok else BAD)
 
 
@@ -221,10 +223,8 @@ def _numbers(
     headline = summary.get("headline") or {}
     normal = summary.get("normal") or {}
     baseline = summary.get("baseline") or {}
-    bounds, normal_bounds = (
-        bounds_of(summary.get("bounds")),
-        bounds_of(summary.get("normal_bounds")),
-    )
+    measured = Measured.from_json(headline, summary.get("bounds"), summary.get("spans"))
+    normal_bounds = bounds_of(summary.get("normal_bounds"))
     rows = []
     for key, label, _, worse_up in FOUR:
         limit, adr = (
@@ -234,8 +234,8 @@ def _numbers(
             NumberRow(
                 label=label,
                 normal=four_number(key, normal.get(key), normal_bounds.get(key)),
-                incident=four_number(key, headline.get(key), bounds.get(key)),
-                incident_tone=_within(key, headline.get(key), limit, bounds.get(key)),
+                incident=four_number(key, measured.reading(key)),
+                incident_tone=_within(key, measured.reading(key), limit),
                 after="" if after is None else four_number(key, after.get(key)),
                 after_tone=NEUTRAL if after is None else _within(key, after.get(key), limit),
                 gate="none"
