@@ -15,8 +15,8 @@ from slack_sdk.models.blocks.basic_components import MarkdownTextObject
 from slack_sdk.web import internal_utils
 from sqlalchemy import select
 
-from bot.chat.failures import classify
-from bot.errors import EndpointError
+from bot.chat.failures import DeliveryFailed, classify
+from bot.slack.failures import slack_boundary
 from bot.store import outbox as items
 from bot.store.models import OutboxItem
 from tests.fakes.alerts import body
@@ -74,10 +74,11 @@ def _formation_error() -> SlackObjectFormationError:
     ids=["SlackObjectFormationError", "SlackRequestError"],
 )
 def test_a_message_built_wrong_here_is_permanent_not_slack_unreachable(cause: Exception) -> None:
-    """As the notifier raises it: its EndpointError, slack_sdk's error as the cause."""
+    """As the notifier raises it: through its Slack boundary, which decides the verdict."""
     try:
-        raise EndpointError(f"Slack refused a thread message: {cause}") from cause
-    except EndpointError as exc:
+        with slack_boundary("Slack refused a thread message"):
+            raise cause
+    except DeliveryFailed as exc:
         failure = classify(exc)
     assert failure.permanent and not failure.unreachable
     assert failure.reason.startswith("the message could not be built"), failure.reason

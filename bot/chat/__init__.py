@@ -2,5 +2,5 @@
 
 messages.py  ``MessageRef``, ``IncidentView`` and the ``Notifier`` role Slack and the console play
 mrkdwn.py    escaping and clipping text for mrkdwn (no alert text becomes a live mention)
-failures.py  which Slack API failures are worth retrying, and how to say the others
+failures.py  a failed delivery and its verdict on retrying (the Slack notifier decides it)
 """

@@ -1,1 +1,2 @@
-"""The Slack surface: bolt app, listeners, Block Kit views, and the Slack or console notifier."""
+"""The Slack surface: bolt app, listeners, Block Kit views, the Slack or console notifier, and
+the one boundary where a Slack error is judged (failures.py)."""

@@ -1,7 +1,8 @@
 """Posts incidents to Slack through the Web API (chat.postMessage, chat.update, files upload v2).
 
 The ``AsyncWebClient`` is injected: production points it at slack.com, tests at a local fake.
-Slack API errors become ``EndpointError`` here, the one boundary for this client.
+Slack's errors become ``DeliveryFailed`` here, the one boundary for this client, with the verdict
+on trying again decided where the error happened (``bot/slack/failures.py``).
 
 Messages reach a public channel without the bot in it (``chat:write.public``); files do not:
 files upload v2 answers ``not_in_channel``. The bot then joins the channel
@@ -14,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from slack_sdk.errors import SlackApiError, SlackClientError
+from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.chat.messages import IncidentView, MessageRef
@@ -22,6 +23,7 @@ from bot.diagnosis.models import Diagnosis
 from bot.errors import EndpointError
 from bot.postmortem.ports import DraftView
 from bot.remediation.ports import RemediationView
+from bot.slack.failures import SLACK_ERRORS, slack_boundary, slack_failure
 from bot.slack.remediation_views import draft_message, remediation_card
 from bot.slack.views import adr_message, findings_message, root_message
 
@@ -40,26 +42,18 @@ class SlackNotifier:
 
     async def post_root(self, *, channel: str, view: IncidentView) -> MessageRef:
         """chat.postMessage in the channel; the answer's channel ID and ts name the thread."""
-        text, blocks = root_message(view, page_url=self._page(view.id))
-        try:
+        with slack_boundary(f"Slack refused the incident message in {channel}"):
+            text, blocks = root_message(view, page_url=self._page(view.id))
             response = await self._client.chat_postMessage(
                 channel=channel, text=text, blocks=blocks
             )
-        except (SlackApiError, SlackClientError) as exc:
-            raise EndpointError(
-                f"Slack refused the incident message in {channel}: {_why(exc)}"
-            ) from exc
         return MessageRef(channel=str(response["channel"]), ts=str(response["ts"]))
 
     async def update_root(self, ref: MessageRef, *, view: IncidentView) -> None:
         """chat.update of the root message (with a fresh page link)."""
-        text, blocks = root_message(view, page_url=self._page(view.id))
-        try:
+        with slack_boundary("Slack refused to update the incident message"):
+            text, blocks = root_message(view, page_url=self._page(view.id))
             await self._client.chat_update(channel=ref.channel, ts=ref.ts, text=text, blocks=blocks)
-        except (SlackApiError, SlackClientError) as exc:
-            raise EndpointError(
-                f"Slack refused to update the incident message: {_why(exc)}"
-            ) from exc
 
     def render_diagnosis(self, diagnosis: Diagnosis, *, incident_id: int) -> list[dict[str, Any]]:
         """Findings, then the matching ADRs: two thread messages (text and blocks)."""
@@ -73,12 +67,10 @@ class SlackNotifier:
 
     async def post_chart(self, ref: MessageRef, *, png: bytes, title: str, filename: str) -> None:
         """files upload v2 (get URL, upload, complete) into the thread."""
-        try:
+        with slack_boundary("Slack refused the chart upload"):
             await self._upload(
                 channel=ref.channel, thread_ts=ref.ts, content=png, filename=filename, title=title
             )
-        except (SlackApiError, SlackClientError) as exc:
-            raise EndpointError(f"Slack refused the chart upload: {_why(exc)}") from exc
 
     async def post_reply(self, ref: MessageRef, *, text: str) -> None:
         """A plain message in the thread."""
@@ -86,19 +78,21 @@ class SlackNotifier:
 
     async def post_remediation(self, thread: MessageRef, *, view: RemediationView) -> MessageRef:
         """The confirmation card in the thread; later steps update it."""
-        text, blocks = remediation_card(view)
+        with slack_boundary("Slack refused a thread message"):
+            text, blocks = remediation_card(view)
         return await self._reply(thread, text=text, blocks=blocks)
 
     async def update_remediation(self, ref: MessageRef, *, view: RemediationView) -> None:
         """chat.update of the card."""
-        text, blocks = remediation_card(view)
+        with slack_boundary("Slack refused to update a message"):
+            text, blocks = remediation_card(view)
         await self._update(ref, text=text, blocks=blocks)
 
     async def permalink(self, ref: MessageRef) -> str | None:
         """chat.getPermalink of a message; None when Slack will not say."""
         try:
             response = await self._client.chat_getPermalink(channel=ref.channel, message_ts=ref.ts)
-        except (SlackApiError, SlackClientError):
+        except SLACK_ERRORS:
             return None
         link = response.get("permalink")
         return str(link) if link else None
@@ -107,9 +101,10 @@ class SlackNotifier:
         self, thread: MessageRef, *, view: DraftView, markdown: str, filename: str
     ) -> MessageRef:
         """The draft's summary with review buttons, then the Markdown file, in the thread."""
-        text, blocks = draft_message(view)
+        with slack_boundary("Slack refused a thread message"):
+            text, blocks = draft_message(view)
         ref = await self._reply(thread, text=text, blocks=blocks)
-        try:
+        with slack_boundary("Slack refused the ADR draft upload"):
             await self._upload(
                 channel=thread.channel,
                 thread_ts=thread.ts,
@@ -117,13 +112,12 @@ class SlackNotifier:
                 filename=filename,
                 title=f"{view.adr_id} (draft)",
             )
-        except (SlackApiError, SlackClientError) as exc:
-            raise EndpointError(f"Slack refused the ADR draft upload: {_why(exc)}") from exc
         return ref
 
     async def update_draft(self, ref: MessageRef, *, view: DraftView) -> None:
         """chat.update of the draft's summary."""
-        text, blocks = draft_message(view)
+        with slack_boundary("Slack refused to update a message"):
+            text, blocks = draft_message(view)
         await self._update(ref, text=text, blocks=blocks)
 
     async def _upload(self, *, channel: str, **file: Any) -> None:
@@ -137,6 +131,8 @@ class SlackNotifier:
         try:
             await self._client.conversations_join(channel=channel)
         except SlackApiError as exc:
+            if not slack_failure(exc).permanent:
+                raise  # Slack is failing: try again later, not "invite the bot"
             raise EndpointError(
                 f"the bot is not a member of channel {channel} and cannot join it "
                 f"({exc.response.get('error')}): invite it with `/invite @ruleloop` "
@@ -145,24 +141,14 @@ class SlackNotifier:
         await self._client.files_upload_v2(channel=channel, **file)
 
     async def _update(self, ref: MessageRef, *, text: str, blocks: list[dict[str, object]]) -> None:
-        try:
+        with slack_boundary("Slack refused to update a message"):
             await self._client.chat_update(channel=ref.channel, ts=ref.ts, text=text, blocks=blocks)
-        except (SlackApiError, SlackClientError) as exc:
-            raise EndpointError(f"Slack refused to update a message: {_why(exc)}") from exc
 
     async def _reply(
         self, ref: MessageRef, *, text: str, blocks: list[dict[str, object]] | None
     ) -> MessageRef:
-        try:
+        with slack_boundary("Slack refused a thread message"):
             response = await self._client.chat_postMessage(
                 channel=ref.channel, thread_ts=ref.ts, text=text, blocks=blocks
             )
-        except (SlackApiError, SlackClientError) as exc:
-            raise EndpointError(f"Slack refused a thread message: {_why(exc)}") from exc
         return MessageRef(channel=str(response["channel"]), ts=str(response["ts"]))
-
-
-def _why(exc: Exception) -> str:
-    if isinstance(exc, SlackApiError):
-        return str(exc.response.get("error", exc.response.status_code))
-    return str(exc)
