@@ -278,3 +278,23 @@ def test_scheduler_unknown_target_is_refused_at_startup(tmp_path: Path) -> None:
         UsageError, match=r"\[scheduler.targets\] names unknown targets \['prod-z'\]"
     ):
         harness(tmp_path, slack=None, scheduler={"targets": {"prod-z": {}}})
+
+
+async def test_normal_of_estimates_keeps_their_span_through_the_store(db: Database) -> None:  # noqa: F811
+    """Fragmentation from the gauges is an estimate: normal keeps its span (the medians of the
+    snapshots' ends), on both backends, and a number known exactly is not given one."""
+    from bot.scheduler.snapshots import NormalReader
+
+    for i, (frag, span) in enumerate([(0.10, (0.0, 0.2)), (0.12, (0.0, 0.24)), (0.30, None)]):
+        with db.transaction() as s:
+            store.add_snapshot(
+                s, target="t", at=at(i), source="test",
+                numbers={"kv_fragmentation": frag, "tpot_p99_ms": 10.0},
+                bounds={"tpot_p99_ms": "<="},
+                spans={} if span is None else {"kv_fragmentation": span},
+            )  # fmt: skip
+    normal = await NormalReader(db=db, last=3).read("t")
+    assert normal.numbers["kv_fragmentation"] == pytest.approx(0.12)
+    # ends (0, 0.2), (0, 0.24), (0.3, 0.3): medians 0.0 and 0.24; the median 0.12 lies within
+    assert normal.spans == {"kv_fragmentation": pytest.approx((0.0, 0.24))}
+    assert normal.bounds == {"tpot_p99_ms": "<="} and "tpot_p99_ms" not in normal.spans

@@ -49,6 +49,7 @@ from bot.demo.drift_act import (
     run_second_act,
 )
 from bot.demo.screen import Numbers, Result
+from bot.diagnosis.models import summary_numbers
 from bot.diagnosis.service import match_report
 from bot.engine.process import EngineManager
 from bot.errors import RuleloopError
@@ -374,11 +375,7 @@ class Demo:
         return Result(
             adr_id=self._adr.id,
             normal=normal,
-            incident=Measured(
-                summary.get("headline") or {},
-                bounds_of(summary.get("bounds")),
-                spans_of(summary.get("spans")),
-            ),
+            incident=summary_numbers(summary),
             after=after,
             state=rem.state,
             matched=[c.explain() for c in matched.conditions],

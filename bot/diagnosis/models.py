@@ -12,7 +12,7 @@ from bot.adr.match import MatchResult
 from bot.adr.models import Adr
 from bot.adr.relative import Normal
 from bot.diagnosis.chart_data import ChartData
-from bot.numbers.reading import Bounds, Spans, spans_json
+from bot.numbers.reading import Bounds, Measured, Spans, spans_json
 from bot.numbers.text import FOUR
 from bot.probes.sampling import SampledWindow
 from bot.probes.types import Finding
@@ -94,6 +94,7 @@ class Diagnosis:
     reading_bounds: Bounds = field(default_factory=dict)  # readings that are (dotted names)
     reading_spans: Spans = field(default_factory=dict)  # readings that are estimates
     normal_bounds: Bounds = field(default_factory=dict)  # normal's numbers that are bounds
+    normal_spans: Spans = field(default_factory=dict)  # normal's numbers that are estimates
 
     def summary(self) -> dict[str, Any]:
         """The headline and every reading, JSON-ready, for the store and the audit log."""
@@ -112,9 +113,19 @@ class Diagnosis:
             "reading_bounds": {k: str(b) for k, b in self.reading_bounds.items()},
             "reading_spans": spans_json(self.reading_spans),
             "normal_bounds": {k: str(b) for k, b in self.normal_bounds.items()},
+            "normal_spans": spans_json(self.normal_spans),
             "findings": [[str(f.severity), f.message, f.source] for f in self.findings[:50]],
             "chart": None if self.chart is None else self.chart.to_json(),
         }
+
+
+def summary_numbers(summary: Mapping[str, Any], which: str = "headline") -> Measured:
+    """The four numbers of a stored summary (``Diagnosis.summary()``) with their bounds and
+    spans: ``which`` is "headline" (the incident) or "normal" (the target's normal)."""
+    prefix = "" if which == "headline" else f"{which}_"
+    return Measured.from_json(
+        summary.get(which), summary.get(f"{prefix}bounds"), summary.get(f"{prefix}spans")
+    )
 
 
 def _finite(value: float | None) -> float | None:

@@ -157,6 +157,7 @@ class Diagnoser:
             reading_bounds=result.bounds,
             reading_spans=result.spans,
             normal_bounds=normal.bounds,
+            normal_spans=normal.spans,
         )
 
     async def _read_normal(self, target: str) -> Measured:

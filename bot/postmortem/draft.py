@@ -18,7 +18,7 @@ from bot.adr.flags import canonical
 from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
 from bot.adr.parse import date_of_id
 from bot.canary.verdict import GATES, Values, gates_from, judge, judge_values, values_of
-from bot.diagnosis.models import GATE_OF
+from bot.diagnosis.models import GATE_OF, summary_numbers
 from bot.errors import UsageError
 from bot.numbers.reading import Measured, Reading, compare
 from bot.numbers.text import FOUR, compact
@@ -114,9 +114,7 @@ def build_postmortem(
         raise UsageError(f"the ADR id {adr_id} must carry the draft's date {day:%Y%m%d}")
     runs = sorted(canaries, key=lambda run: _utc(run.at))
     summary = incident.diagnosis or {}
-    headline = Measured.from_json(
-        summary.get("headline"), summary.get("bounds"), summary.get("spans")
-    )
+    headline = summary_numbers(summary)
     gates = applied.adr.gates if applied is not None else _baseline_gates(summary)
     judged = applied.judged if applied is not None else gates  # numbers, where resolved
     symptoms = _symptoms(headline, gates)
@@ -214,7 +212,7 @@ def _context(
 def _diagnosis_lines(summary: Mapping[str, Any] | None) -> list[str]:
     if not summary or not summary.get("headline"):
         return ["- 诊断 (diagnosis): none recorded for this incident."]
-    headline = Measured.from_json(summary["headline"], summary.get("bounds"), summary.get("spans"))
+    headline = summary_numbers(summary)
     baseline = summary.get("baseline") or {}
     numbers = []
     for key, label, _, worse_up in FOUR:

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from bot.config import Target
 from bot.errors import RuleloopError
-from bot.numbers.reading import Bound, Measured, bounds_of
+from bot.numbers.reading import Bound, Measured, bounds_of, spans_json, spans_of
 from bot.numbers.text import FOUR
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.vllm_metrics import REQUEST_SUCCESS
@@ -77,7 +77,11 @@ class MetricsSampler:
                 f"up (normal is taken once it has finished {WARM_REQUESTS})"
             )
         numbers = {key: result.readings.get(key) for key in KEYS}
-        return Measured(numbers, {k: b for k, b in result.bounds.items() if k in KEYS})
+        return Measured(
+            numbers,
+            {k: b for k, b in result.bounds.items() if k in KEYS},
+            {k: s for k, s in result.spans.items() if k in KEYS},
+        )
 
 
 class SnapshotJob:
@@ -97,15 +101,17 @@ class SnapshotJob:
         except ColdEngine as cold:
             return Outcome(detail={"skipped": str(cold)})
         numbers, bounds = dict(sample.numbers), {k: str(b) for k, b in sample.bounds.items()}
+        spans = dict(sample.spans)
 
         def write(session: Session) -> None:
             store.add_snapshot(
                 session, target=self.name, at=now, source=self._source, numbers=numbers,
-                bounds=bounds,
+                bounds=bounds, spans=spans,
             )  # fmt: skip
             store.prune_snapshots(session, target=self.name, before=now - KEEP)
 
-        return Outcome(detail={"numbers": numbers, "bounds": bounds}, write=write)
+        detail = {"numbers": numbers, "bounds": bounds, "spans": spans_json(spans)}
+        return Outcome(detail=detail, write=write)
 
 
 class NormalReader:
@@ -120,25 +126,39 @@ class NormalReader:
         return dict((await self.read(target)).numbers)
 
     async def read(self, target: str) -> Measured:
-        """The medians, and which of them are only bounds (a bound in the middle makes one)."""
+        """The medians, which of them are only bounds (a bound in the middle makes one), and
+        the spans of estimates (the medians of their ends: the median of values that each lie
+        within their span lies within them)."""
 
         def read() -> Measured:
             with self._db.transaction() as s:
                 snapshots = store.recent_snapshots(s, target=target, limit=self._last)
                 normal: dict[str, float | None] = {}
                 bounds: dict[str, Bound] = {}
+                spans: dict[str, tuple[float, float]] = {}
                 for key in KEYS if snapshots else ():
-                    known = [
-                        (v, bounds_of(x.bounds).get(key))
-                        for x in snapshots
-                        if (v := getattr(x, key)) is not None
-                    ]
+                    taken = [x for x in snapshots if getattr(x, key) is not None]
+                    known = [(getattr(x, key), bounds_of(x.bounds).get(key)) for x in taken]
                     normal[key], bound = median(known)
                     if bound is not None:
                         bounds[key] = bound
-                return Measured(normal, bounds)
+                    estimates = [(getattr(x, key), spans_of(x.bounds).get(key)) for x in taken]
+                    if span := median_span(estimates):
+                        spans[key] = span
+                return Measured(normal, bounds, spans)
 
         return await asyncio.to_thread(read)
+
+
+def median_span(
+    values: list[tuple[float, tuple[float, float] | None]],
+) -> tuple[float, float] | None:
+    """The span of the median of numbers some of which are estimates: the medians of their low
+    and high ends, a known number counting as its own span (None: none was an estimate)."""
+    if all(span is None for _, span in values):
+        return None
+    ends = [span or (value, value) for value, span in values]
+    return statistics.median(lo for lo, _ in ends), statistics.median(hi for _, hi in ends)
 
 
 def median(values: list[tuple[float, Bound | None]]) -> tuple[float | None, Bound | None]:

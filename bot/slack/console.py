@@ -13,8 +13,7 @@ from typing import Any, TextIO
 
 from bot.chat.messages import IncidentView, MessageRef
 from bot.chat.mrkdwn import unescape
-from bot.diagnosis.models import Diagnosis
-from bot.numbers.reading import Measured, bounds_of
+from bot.diagnosis.models import Diagnosis, summary_numbers
 from bot.numbers.text import FOUR, show, show_reading
 from bot.postmortem.ports import DraftView
 from bot.remediation.ports import RemediationView
@@ -132,13 +131,11 @@ def render_root(view: IncidentView, *, page: str = "") -> str:
     ]
     headline = view.summary.get("headline") or {}
     baseline = view.summary.get("baseline") or {}
-    measured = Measured.from_json(headline, view.summary.get("bounds"), view.summary.get("spans"))
-    normal_bounds = bounds_of(view.summary.get("normal_bounds"))
+    measured, normal = summary_numbers(view.summary), summary_numbers(view.summary, "normal")
     for key, label, _, _ in FOUR if headline else ():
         gate = baseline.get(key)
         suffix = f" (gate {show(key, gate[0])}, {gate[1]})" if gate else ""
-        normal = (view.summary.get("normal") or {}).get(key)
-        if normal is not None:
-            suffix += f" (normal {show(key, normal, normal_bounds.get(key))})"
+        if (usual := normal.reading(key)) is not None:
+            suffix += f" (normal {show_reading(key, usual)})"
         lines.append(f"    {label}: {show_reading(key, measured.reading(key))}{suffix}")
     return "\n".join(lines)

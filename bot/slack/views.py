@@ -24,8 +24,8 @@ from slack_sdk.models.blocks import (
 from bot.adr.match import MatchResult
 from bot.chat.messages import IncidentView
 from bot.chat.mrkdwn import clip, escape, plain
-from bot.diagnosis.models import Diagnosis
-from bot.numbers.reading import Measured, Reading, bounds_of, compare
+from bot.diagnosis.models import Diagnosis, summary_numbers
+from bot.numbers.reading import Reading, compare
 from bot.numbers.text import FOUR, show, show_reading
 from bot.probes.types import Finding, Severity
 
@@ -52,9 +52,7 @@ NO_MATCH = (
 
 
 def _number_field(key: str, label: str, summary: dict[str, Any]) -> MarkdownTextObject:
-    reading = Measured.from_json(
-        summary.get("headline"), summary.get("bounds"), summary.get("spans")
-    ).reading(key)
+    reading = summary_numbers(summary).reading(key)
     limit = summary.get("baseline", {}).get(key)
     text = f"*{label}*\n{show_reading(key, reading)}"
     if limit is not None:
@@ -65,9 +63,9 @@ def _number_field(key: str, label: str, summary: dict[str, Any]) -> MarkdownText
         )
         mark = "" if ok is None else (" :white_check_mark:" if ok else " :x:")
         text += f"{mark}  (gate {'≤' if worse_up else '≥'} {show(key, edge)}, {plain(adr, 100)})"
-    normal = summary.get("normal", {}).get(key)
+    normal = summary_numbers(summary, "normal").reading(key)
     if normal is not None:
-        text += f"\nnormal {show(key, normal, bounds_of(summary.get('normal_bounds')).get(key))}"
+        text += f"\nnormal {show_reading(key, normal)}"
     return MarkdownTextObject(text=text)
 
 

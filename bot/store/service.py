@@ -194,14 +194,17 @@ def add_snapshot(
     source: str,
     numbers: Mapping[str, float | None],
     bounds: Mapping[str, str] | None = None,
+    spans: Mapping[str, tuple[float, float]] | None = None,
 ) -> MetricSnapshot:
     """Keep the four numbers of a target (keys as in ``MetricSnapshot``; missing ones None)
-    and which of them are only bounds."""
+    and how those not known exactly are known: in the ``bounds`` column, a bound's sign
+    ('<=') or an estimate's span ([low, high]); ``bounds_of`` and ``spans_of`` read it back."""
+    known: dict[str, object] = {**(bounds or {}), **{k: list(s) for k, s in (spans or {}).items()}}
     snapshot = MetricSnapshot(
         target=target,
         at=at,
         source=source,
-        bounds=dict(bounds) if bounds else None,
+        bounds=known or None,
         ttft_p99_ms=numbers.get("ttft_p99_ms"),
         tpot_p99_ms=numbers.get("tpot_p99_ms"),
         goodput_ratio=numbers.get("goodput_ratio"),

@@ -14,7 +14,8 @@ from typing import Any
 
 from bot.adr.models import Adr
 from bot.canary.verdict import values_of
-from bot.numbers.reading import Bound, Measured, Reading, bounds_of, compare
+from bot.diagnosis.models import summary_numbers
+from bot.numbers.reading import Bound, Reading, compare
 from bot.numbers.text import FOUR, show_reading
 from bot.remediation.argv import diff
 from bot.remediation.lines import gate_lines, number_lines
@@ -220,11 +221,8 @@ def index_rows(rows: Sequence[IndexRow]) -> list[dict[str, Any]]:
 def _numbers(
     summary: Mapping[str, Any], after: Mapping[str, float | None] | None
 ) -> list[NumberRow]:
-    headline = summary.get("headline") or {}
-    normal = summary.get("normal") or {}
     baseline = summary.get("baseline") or {}
-    measured = Measured.from_json(headline, summary.get("bounds"), summary.get("spans"))
-    normal_bounds = bounds_of(summary.get("normal_bounds"))
+    measured, usual = summary_numbers(summary), summary_numbers(summary, "normal")
     rows = []
     for key, label, _, worse_up in FOUR:
         limit, adr = (
@@ -233,7 +231,7 @@ def _numbers(
         rows.append(
             NumberRow(
                 label=label,
-                normal=four_number(key, normal.get(key), normal_bounds.get(key)),
+                normal=four_number(key, usual.reading(key)),
                 incident=four_number(key, measured.reading(key)),
                 incident_tone=_within(key, measured.reading(key), limit),
                 after="" if after is None else four_number(key, after.get(key)),
