@@ -183,7 +183,8 @@ async def measure(info: EngineInfo, *, cancel: bool) -> dict[str, Any]:
             for task in longs:
                 task.cancel()
             await asyncio.gather(*longs, return_exceptions=True)
-        (window,) = ctx.sampled()
+        window = metrics.window
+        assert window is not None
         return {
             "metrics": metrics,
             "queue": queue,

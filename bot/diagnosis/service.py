@@ -118,18 +118,20 @@ class Diagnoser:
         spans = {key: s for key, *_ in FOUR if (s := result.spans.get(f"vllm_metrics.{key}"))}
         report = match_report(result.readings, result.bounds, result.spans)
         matches = matching(accepted, report, normal.numbers, normal_bounds=normal.bounds)
-        windows = ctx.sampled()
+        window = result.windows.get("vllm_metrics")  # the four numbers' window, charted
         t2 = self._monotonic()
-        sampling = max((w.pages[-1].at - w.pages[0].at for w in windows), default=0.0)
+        sampling = max(
+            (w.pages[-1].at - w.pages[0].at for w in result.windows.values()), default=0.0
+        )
         chart = None
-        if windows and windows[0].points:
+        if window is not None and window.points:
             metric = chart_data.incident_metric(
                 matches=matches, labels=labels, findings=result.findings
             )
             chart = chart_data.build(
                 target=target.name,
                 metric=metric,
-                window=windows[0],
+                window=window,
                 window_end=ended,
                 window_value=result.reading(MATCH_READINGS.get(metric, f"vllm_metrics.{metric}")),
                 details=result.details,
@@ -148,7 +150,7 @@ class Diagnoser:
             details=result.details,
             sampling_s=sampling,
             at=self._clock(),
-            window=windows[0] if windows else None,
+            window=window,
             timings={"runbook_s": t1 - t0, "adrs_s": t2 - t1},
             normal=normal.numbers,
             chart=chart,

@@ -91,7 +91,8 @@ class IncidentFlows:
 
     async def drive(self, incident_id: int, *, received: float | None = None) -> None:
         """Deliver what the incident is owed; with ``received`` (it was just opened or asked
-        for), run its diagnosis too, when one is owed and no one runs it."""
+        for), run its diagnosis too, when one is owed and no one runs it. The root message goes
+        first: on-call sees the incident while its window is sampled, before the numbers."""
         await self.outbox.deliver(incident_id)
         # a repeat or a resolution delivers only: a diagnosis a stopped process left is the
         # outbox job's, and never after the alert resolved
@@ -153,11 +154,12 @@ class IncidentFlows:
         if not kept:  # a replica that took the diagnosis over finished it first
             log.warning("incident %s: another replica's diagnosis was kept", incident_id)
             return
+        await self._owe_chart(incident_id, diagnosis)
+        # one delivery for what the diagnosis owes (the root went before the window was sampled)
         await self.outbox.deliver(incident_id)
-        await self._post_chart(incident_id, diagnosis)
 
-    async def _post_chart(self, incident_id: int, diagnosis: Diagnosis) -> None:
-        """The chart follows the numbers: drawing it costs about half a second of CPU."""
+    async def _owe_chart(self, incident_id: int, diagnosis: Diagnosis) -> None:
+        """Owe the chart, after the numbers in the thread (or a line saying it failed)."""
         try:
             png = await self._diagnoser.chart(diagnosis)
         except Exception as exc:
@@ -174,7 +176,6 @@ class IncidentFlows:
                 payload={"title": diagnosis.chart.title,
                          "filename": f"incident-{incident_id}-{diagnosis.chart.slug}-queue.png"},
             )  # fmt: skip
-        await self.outbox.deliver(incident_id)
 
     async def show_resolved(self, incident_id: int) -> None:
         """Show the incident resolved: an update of its root (the root, if none was owed)."""

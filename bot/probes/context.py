@@ -52,11 +52,3 @@ class ProbeContext:
                 sample_window(scraper, seconds=seconds, interval_s=interval_s, sleep=self.sleep)
             )
         return await asyncio.shield(self._windows[key])
-
-    def sampled(self) -> list[SampledWindow]:
-        """Windows that finished sampling successfully (for the chart)."""
-        return [
-            t.result()
-            for t in self._windows.values()
-            if t.done() and not t.cancelled() and t.exception() is None
-        ]

@@ -13,6 +13,7 @@ from bot.numbers.reading import Bound
 
 if TYPE_CHECKING:
     from bot.probes.context import ProbeContext, TargetRef
+    from bot.probes.sampling import SampledWindow
 
 
 class Severity(IntEnum):
@@ -50,6 +51,7 @@ class ProbeResult:
     details: dict[str, Any] = field(default_factory=dict)
     bounds: dict[str, Bound] = field(default_factory=dict)  # readings that are only bounds
     spans: dict[str, tuple[float, float]] = field(default_factory=dict)  # estimates' spans
+    window: SampledWindow | None = None  # the engine window it read (the chart draws it)
 
 
 class Params(BaseModel):

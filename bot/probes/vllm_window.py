@@ -125,4 +125,6 @@ class VllmMetricsProbe:
             if (bound := histogram.bounds.get(q)) is not None
         }
         spans = _spans(goodput_ratio=engine.goodput, kv_fragmentation=fragmentation)
-        return ProbeResult(readings=readings, details=details, bounds=bounds, spans=spans)
+        return ProbeResult(
+            readings=readings, details=details, bounds=bounds, spans=spans, window=window
+        )

@@ -14,6 +14,7 @@ from typing import Any
 from bot.errors import RuleloopError
 from bot.numbers.reading import Bound, Bounds, Reading, Spans, compare
 from bot.probes.context import ProbeContext, TargetRef
+from bot.probes.sampling import SampledWindow
 from bot.probes.types import Finding, ProbeResult, Severity
 from bot.runbooks.loader import LoadedRunbook
 from bot.runbooks.registry import ProbeRegistry
@@ -33,6 +34,7 @@ class RunbookResult:
     details: dict[str, dict[str, Any]] = field(default_factory=dict)
     bounds: dict[str, Bound] = field(default_factory=dict)  # readings that are only bounds
     spans: dict[str, tuple[float, float]] = field(default_factory=dict)  # estimates' spans
+    windows: dict[str, SampledWindow] = field(default_factory=dict)  # by probe, those read
 
     def reading(self, name: str) -> float | None:
         """One reading by its dotted name, None when absent or unmeasured."""
@@ -70,6 +72,8 @@ class RunbookRunner:
                 result.bounds[f"{step.probe}.{name}"] = bound
             for name, span in probe_result.spans.items():
                 result.spans[f"{step.probe}.{name}"] = span
+            if probe_result.window is not None:
+                result.windows[step.probe] = probe_result.window
             result.findings.extend(probe_result.findings)
             if probe_result.details:
                 result.details[step.probe] = probe_result.details

@@ -69,8 +69,8 @@ class MetricsSampler:
         result = await VllmMetricsProbe().run(
             target=TargetRef(name, target), params=self._params, ctx=ctx
         )
-        (window,) = ctx.sampled()
-        served = window.pages[0].total(REQUEST_SUCCESS[0]) or 0.0
+        assert result.window is not None  # the probe reads one window, or raises
+        served = result.window.pages[0].total(REQUEST_SUCCESS[0]) or 0.0
         if served < WARM_REQUESTS:
             raise ColdEngine(
                 f"{name} had finished {served:.0f} requests before the window: still warming "
