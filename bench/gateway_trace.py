@@ -51,9 +51,9 @@ from types import SimpleNamespace
 import _gateway_bench_procs as procs
 import aiohttp
 
-from bot import loop
 from bot.canary.client import Outcome, RequestRecord, stream_request
 from bot.engine.process import EngineManager, free_port
+from bot.runtime import loop
 
 FIRST_TOKEN = re.compile(r'"completion_tokens":\s*1[,}]')
 PACKET = re.compile(r"^(\d+\.\d+) IP 127\.0\.0\.1\.(\d+) > 127\.0\.0\.1\.(\d+):")

@@ -168,7 +168,7 @@ async def run(targets: int, periods: int, every: float, window: float) -> dict[s
                 results.extend(ran)
                 missed += not any(r.state == "done" for r in ran)
                 skipped += sum(1 for r in ran if "skipped" in r.detail)
-            await h.bot.flows.tasks.drain()
+            await h.bot.tasks.drain()
             with h.bot.db.transaction() as s:
                 open_threads = sum(1 for i in store.incidents(s) if i.open_key)
             rows.append({

@@ -146,7 +146,7 @@ def snapshot(h: Harness, **numbers: float) -> None:
 
 async def diagnose(h: Harness) -> dict[str, Any]:
     await h.bot.flows.manual("prod-a", user_id="U1", channel_id="C0INCIDENTS")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:
         incident = s.scalars(select(Incident).order_by(Incident.id.desc())).first()
         assert incident is not None
@@ -196,7 +196,7 @@ async def approve(h: Harness) -> Remediation:
         (rem,) = s.scalars(select(Remediation)).all()
     tokens = h.bot.remediation.records.tokens(f"remediation:{rem.id}")
     await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:
         done = s.get(Remediation, rem.id)
         assert done is not None
@@ -213,7 +213,7 @@ async def test_the_gate_is_taken_from_the_before_run_and_the_card_shows_the_chan
         (rem,) = s.scalars(select(Remediation)).all()
     tokens = h.bot.remediation.records.tokens(f"remediation:{rem.id}")
     await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
 
     # the before-run is judged by the absolute gates only; the change by 0.5 x its 60 ms
     assert canary.gates == [

@@ -218,7 +218,7 @@ async def test_slack_findings_name_the_agent(
     try:
         assert (await h.slash("prod-a")).status_code == 200
         await slack.until("chat.update")
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     finally:
         await h.close()
     _, findings_message, *_ = slack.of("chat.postMessage")
@@ -233,7 +233,7 @@ async def test_console_findings_say_in_process_and_no_gpu(tmp_path: Path) -> Non
     h = harness(tmp_path, slack=None)
     try:
         assert (await h.webhook(body())).status_code == 202
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     finally:
         await h.close()
     printed = h.console.getvalue()

@@ -77,19 +77,19 @@ async def test_webhook_firing_duplicate_resolved_one_thread(h: Harness, slack: F
         },
     )
     await slack.until("chat.update")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     root = slack.of("chat.postMessage")[0]
     assert "VLLMTimeToFirstTokenP99High" in root.args["text"]
     resolved = await h.webhook(body(alert(status="resolved")))
     assert (resolved.status_code, resolved.json()["outcome"]) == (202, "resolved")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     updates = slack.of("chat.update")
     assert len(updates) == 2 and {u.args["ts"] for u in updates} == {"1790000000.000001"}
     last = json.dumps(updates[-1].args["blocks"], ensure_ascii=False)
     assert ":white_check_mark: Resolved:" in last and "*TTFT p99*" in last  # numbers kept
     late = await h.webhook(body(alert()))  # a firing copy delivered after the resolution
     assert late.json()["outcome"] == "duplicate"
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert len(slack.of("chat.postMessage")) == 3  # root + findings + ADR note: one thread only
     assert all(
         c.args.get("thread_ts") == "1790000000.000001" for c in slack.of("chat.postMessage")[1:]
@@ -101,7 +101,7 @@ async def test_webhook_resolved_never_seen_firing_posts_resolved_root(
 ) -> None:
     response = await h.webhook(body(alert(status="resolved")))
     assert response.json()["outcome"] == "resolved"
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     (root,) = slack.of("chat.postMessage")
     assert root.args["text"].startswith(":white_check_mark: Resolved: VLLMTimeToFirstTokenP99High")
     assert slack.of("chat.update") == []
@@ -110,7 +110,7 @@ async def test_webhook_resolved_never_seen_firing_posts_resolved_root(
 async def test_webhook_unknown_target_says_how_to_fix(h: Harness, slack: FakeSlack) -> None:
     await h.webhook(body(alert(instance="10.9.9.9:8000")))
     await slack.until("chat.update")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     _, reply = slack.of("chat.postMessage")
     assert reply.args["text"].startswith(
         "Diagnosis failed: no configured target matches this alert"
@@ -126,7 +126,7 @@ async def test_healthz_and_metrics(h: Harness) -> None:
                              "slack_messages": {"pending": 0, "failed": 0}}  # fmt: skip
     await h.webhook(body(alert()))
     await h.webhook(b"{", token="am-secret-token-0123456789")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     text = (await h.client.get("/metrics")).text
     assert 'ruleloop_webhooks_total{outcome="opened"} 1.0' in text
     assert 'ruleloop_webhooks_total{outcome="rejected"} 1.0' in text
@@ -140,9 +140,9 @@ async def test_console_transport_prints_the_diagnosis(tmp_path: Path) -> None:
         assert (await h.client.get("/healthz")).json()["transport"] == "console"
         assert (await h.client.post("/slack/events", content=b"x")).status_code == 404
         await h.webhook(body(alert()))
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         await h.webhook(body(alert(status="resolved")))
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     finally:
         await h.close()
     out = h.console.getvalue()
@@ -191,7 +191,7 @@ async def test_resolution_overtaking_the_diagnosis_is_not_painted_over(
         assert first.args["text"].startswith(":white_check_mark: Resolved:")
         assert "diagnosing" in json.dumps(first.args["blocks"], ensure_ascii=False)
         release.set()
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         last = slack.of("chat.update")[-1]
         shown = json.dumps(last.args["blocks"], ensure_ascii=False)
         assert last.args["text"].startswith(":white_check_mark: Resolved:")  # still resolved

@@ -35,7 +35,7 @@ async def test_diagnose_posts_one_thread_with_numbers_chart_and_adr(
     assert response.status_code == 200
     assert response.text == "Diagnosing *prod-a*: the result will be posted in this channel."
     await slack.until("chat.update")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     root, findings, adrs = slack.of("chat.postMessage")
     assert root.args["channel"] == "C0INCIDENTS" and "thread_ts" not in root.args
     root_ts = slack.messages[("C0INCIDENTS", "1790000000.000001")]["ts"]
@@ -91,7 +91,7 @@ async def test_diagnose_refusals_are_ephemeral(
     assert response.status_code == 200
     (reply,) = await slack.until("response_url")
     assert (reply.args["text"], reply.args["response_type"]) == (answer, "ephemeral")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert slack.of("chat.postMessage") == []
 
 
@@ -125,7 +125,7 @@ async def test_unsigned_bad_stale_and_replayed_requests_are_refused(
         401,
         "this signed request was already received (replay)",
     )
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert len(slack.of("response_url")) == 1  # only the first one was handled
     assert slack.of("chat.postMessage") == []
 
@@ -133,7 +133,7 @@ async def test_unsigned_bad_stale_and_replayed_requests_are_refused(
 async def _diagnosed(h: Harness, slack: FakeSlack) -> str:
     await h.slash("prod-a")
     await slack.until("chat.update")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     return slack.of("chat.postMessage")[-1].args["blocks"][1]["accessory"]["value"]
 
 
@@ -187,7 +187,7 @@ async def test_slack_429_is_retried(h: Harness, slack: FakeSlack) -> None:
     slack.rate_limit("chat.postMessage", times=1, retry_after=0)
     await h.slash("prod-a")
     await slack.until("chat.update")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     statuses = [c.status for c in slack.calls if c.method == "chat.postMessage"]
     assert statuses == [429, 200, 200, 200]
 

@@ -144,7 +144,7 @@ async def diagnose(h: Harness) -> dict[str, Any]:
     alert = alerts.alert(starts_at=ALERT, instance=INSTANCE, ruleloop_target="prod-a")
     response = await h.webhook(alerts.body(alert))
     assert response.status_code == 202, response.text
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:
         incident = s.get(Incident, response.json()["incident"])
         assert incident is not None

@@ -43,7 +43,7 @@ async def tick(h: Harness, *, after_s: float) -> dict[str, Any]:
     h.wall.advance(after_s)
     job = next(j for j in h.bot.scheduler.jobs if j.name == "outbox")
     (result,) = await h.bot.scheduler.runner.tick(job)
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     return dict(result.detail)
 
 
@@ -53,7 +53,7 @@ async def refused(tmp_path: Path, slack: FakeSlack) -> Any:
     slack.missing.add("#gone")
     h = harness(tmp_path, slack=slack, matching_adr=True, slack_extra={"channel": "#gone"})
     assert (await h.webhook(body(alert(ruleloop_target="prod-a")))).status_code == 202
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert {m.state for m in messages(h)} == {"failed"}
     yield h
     await h.close()

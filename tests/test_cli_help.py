@@ -100,7 +100,7 @@ async def test_console_charts_go_to_the_configured_state_directory(tmp_path: Pat
     h = harness(tmp_path, slack=None, matching_adr=True, paths=paths)
     try:
         assert (await h.webhook(body(alert(ruleloop_target="prod-a")))).status_code == 202
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     finally:
         await h.close()
     assert (configured / "ruleloop.db").is_file()

@@ -99,7 +99,7 @@ async def served_metrics(tmp_path: Path, slack: FakeSlack) -> set[str]:
     try:
         slack.outage("5xx")  # a delivery retried: the labelled counters appear
         await h.webhook(body(alert()))
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         text = (await h.client.get("/metrics")).text
     finally:
         await h.close()

@@ -48,7 +48,7 @@ async def test_a_malformed_adr_is_skipped_and_reported_and_the_diagnosis_posted(
     with caplog.at_level(logging.WARNING, logger="ruleloop.adr"):
         await h.slash("prod-a")
         await slack.until("chat.update")
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     root, findings, adrs = slack.of("chat.postMessage")
     shown = json.dumps(findings.args["blocks"], ensure_ascii=False)
     assert f"skipped ADR file {BROKEN}: front matter: line 2: not valid YAML" in shown
@@ -200,7 +200,7 @@ def test_a_state_dir_adr_written_by_an_earlier_version_is_still_imported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from bot.config import Settings
-    from bot.defaults import SEED_ADRS, with_defaults
+    from bot.runtime.defaults import SEED_ADRS, with_defaults
 
     elsewhere = Settings.model_validate({})
     monkeypatch.chdir(tmp_path)  # no adr/ here

@@ -42,7 +42,7 @@ async def tick(h: Harness, *, after_s: float) -> dict[str, Any]:
     assert h.bot.scheduler is not None
     h.wall.advance(after_s)
     (result,) = await h.bot.scheduler.runner.tick(job(h, "outbox"))
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     return dict(result.detail)
 
 
@@ -94,7 +94,7 @@ async def test_slack_down_two_minutes_during_20_openings_then_each_posted_and_di
     for n in range(INCIDENTS):
         answer = await h.webhook(incident_body(n))
         assert (answer.status_code, answer.json()["outcome"]) == (202, "opened")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert slack.of("chat.postMessage") == [] and len(slack.calls) >= INCIDENTS  # really down
     assert audit(h)["diagnosis.finished"] == INCIDENTS  # measured at once, Slack or not
     # Alertmanager repeats one: not dropped, its messages are tried again
@@ -139,7 +139,7 @@ async def test_refused_connections_are_retried_and_a_repeat_triggers_delivery(
     delivers at once, before the outbox job's next round."""
     slack.outage("refuse")
     assert (await h.webhook(incident_body(1))).status_code == 202
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     (root, *_) = outbox(h)
     assert root.kind == "root" and root.state == "pending" and root.attempts == 1
     assert "Slack unreachable" in (root.last_error or "")
@@ -147,7 +147,7 @@ async def test_refused_connections_are_retried_and_a_repeat_triggers_delivery(
     repeat = await h.webhook(incident_body(1))  # before the job ticks again
     assert "tried again now" in repeat.json()["reason"]
     await slack.until("chat.update")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert len(roots(slack)) == 1 and set(per_thread(slack).values()) == {2}
 
 
@@ -161,7 +161,7 @@ async def test_a_channel_slack_refuses_is_failed_with_the_reason_not_retried_for
     try:
         with caplog.at_level(logging.ERROR, logger="ruleloop.outbox"):
             assert (await h.webhook(incident_body(1))).status_code == 202
-            await h.bot.flows.tasks.drain()
+            await h.bot.tasks.drain()
         for _ in range(10):
             await tick(h, after_s=300)
         refused = [c for c in slack.calls if c.method == "chat.postMessage"]
@@ -203,7 +203,7 @@ async def test_an_incident_whose_process_stopped_is_posted_and_diagnosed_by_the_
     first = harness(tmp_path, slack=slack, matching_adr=True)
     slack.outage("5xx")
     assert (await first.webhook(incident_body(1))).status_code == 202
-    await first.bot.flows.tasks.drain(timeout_s=0)  # stopped: the diagnosis is cancelled
+    await first.bot.tasks.drain(timeout_s=0)  # stopped: the diagnosis is cancelled
     await first.close()
     slack.recover()
     second = harness(tmp_path, slack=slack, matching_adr=True)  # the same store
@@ -211,7 +211,7 @@ async def test_an_incident_whose_process_stopped_is_posted_and_diagnosed_by_the_
         await tick(second, after_s=15)
         done = await tick(second, after_s=16 * 60)  # the stopped process's claim ran out
         assert done["rediagnosed"] == [1]
-        await second.bot.flows.tasks.drain()
+        await second.bot.tasks.drain()
         await tick(second, after_s=15)
         assert len(roots(slack)) == 1 and set(per_thread(slack).values()) == {2}
         assert audit(second)["diagnosis.finished"] == 1
@@ -235,7 +235,7 @@ async def test_two_replicas_delivering_at_once_send_each_message_once(
         slack.outage("5xx")
         for n in range(5):
             assert (await a.webhook(incident_body(n))).status_code == 202
-        await a.bot.flows.tasks.drain()
+        await a.bot.tasks.drain()
         slack.recover()
         for h in (a, b):
             h.wall.advance(600)
@@ -263,12 +263,12 @@ async def test_an_incident_posted_before_the_outbox_existed_gets_an_update_not_a
     no outbox row: their resolution updates that message, never posts another."""
     assert (await h.webhook(incident_body(1))).status_code == 202
     await slack.until("chat.update")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:  # as the store was before the upgrade
         s.execute(OutboxItem.__table__.delete())
     resolved = incident_body(1).replace(b'"status": "firing"', b'"status": "resolved"')
     assert (await h.webhook(resolved)).json()["outcome"] == "resolved"
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert len(roots(slack)) == 1
     last = slack.of("chat.update")[-1]
     assert ":white_check_mark: Resolved:" in str(last.args["blocks"])

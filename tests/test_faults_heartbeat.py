@@ -177,7 +177,7 @@ async def test_heartbeat_writes_failing_for_30_s_end_in_one_run_and_one_state(
     await asyncio.wait_for(beats_again(), timeout=BEAT_S * 4)  # the heartbeat did not end
     assert await replicas.two.bot.remediation.resume() == 0
     replicas.canary.release.set()
-    await replicas.one.bot.flows.tasks.drain()
+    await replicas.one.bot.tasks.drain()
     assert replicas.remediation().state == "promoted"
     assert replicas.actions() == [
         "remediation.requested", "remediation.approved", "remediation.applying",
@@ -199,7 +199,7 @@ async def test_a_replica_whose_clock_runs_ahead_takes_no_live_run_over(
     await asyncio.sleep(BEAT_S * 2)
     assert await replicas.two.bot.remediation.resume() == 0
     replicas.canary.release.set()
-    await replicas.one.bot.flows.tasks.drain()
+    await replicas.one.bot.tasks.drain()
     assert replicas.remediation().state == "promoted"
     assert "remediation.resumed" not in replicas.actions()
 
@@ -219,7 +219,7 @@ async def test_a_resume_that_takes_over_a_live_run_stops_it_at_its_next_step(
     assert replicas.kube.args("vllm") == ARGS
     patches = len(replicas.kube.patches())
     replicas.canary.release.set()  # the live run's canary ends now
-    await replicas.one.bot.flows.tasks.drain()
+    await replicas.one.bot.tasks.drain()
     rem = replicas.remediation()
     assert rem.state == "rolled_back"
     assert replicas.actions() == [

@@ -83,7 +83,7 @@ async def test_the_same_alert_twice_in_one_payload_opens_one_incident(
     assert (first.status_code, first.json()["outcome"]) == (202, "opened"), first.text
     again = await h.webhook(twice)
     assert (again.status_code, again.json()["outcome"]) == (200, "duplicate")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:
         (incident,) = store.incidents(s)
         assert len(incident.alerts) == 1
@@ -93,7 +93,7 @@ async def test_the_later_copy_of_a_repeated_alert_wins(h: Harness) -> None:
     """A firing and a resolved copy of one instance in one payload: the last one is its state."""
     mixed = body(alert(), alert(status="resolved"), status="firing")
     assert (await h.webhook(mixed)).status_code == 202
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:
         (incident,) = store.incidents(s)
         assert [a.status for a in incident.alerts] == ["resolved"]

@@ -79,7 +79,7 @@ async def test_ten_concurrent_requests_on_one_target_make_one_change(
     # the one change runs; once it has ended the target takes the next request
     approve = buttons(cards[0])["remediation_approve"]
     await h.click(approve, user="U2", action_id="remediation_approve")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert remediations(h)[0].state == "dry_run"
     again = await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
     assert again.startswith(f"{ADR} on prod-a: the confirmation card is in the incident thread")
@@ -99,7 +99,7 @@ async def test_ten_concurrent_signed_apply_adr_commands_make_one_change(
     )
     assert all((r.status_code, r.text) == (200, "") for r in responses)  # acked at once
     refusals = await answers(slack, REQUESTS - 1)  # then each answered: one card, 9 refusals
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     acks = [c for c in slack.of("response_url") if c.args["text"].startswith(CARD_IS)]
     assert len(acks) == 1
     (rem,) = remediations(h)

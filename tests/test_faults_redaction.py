@@ -70,7 +70,7 @@ async def test_a_failing_probe_never_shows_the_password_of_its_url(
     try:
         response = await h.webhook(body(alert(ruleloop_target="prod-a")))
         assert response.status_code == 202, response.text
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         sent = json.dumps([c.args for c in slack.calls])
         with h.bot.db.transaction() as s:
             audit = json.dumps([(e.action, e.detail, e.note) for e in store.audit_trail(s)])

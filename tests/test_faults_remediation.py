@@ -40,7 +40,7 @@ async def test_by_default_the_requester_cannot_approve_their_own_change(
     assert text.startswith(f"{ADR} needs a second person: the requester cannot approve it")
     assert remediations(h)[0].state == "pending"
     await h.click(tokens["remediation_approve"], user="U2", action_id="remediation_approve")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     (rem,) = remediations(h)
     assert (rem.state, rem.approved_by) == ("dry_run", ["U2"])
 
@@ -52,7 +52,7 @@ async def test_self_approval_is_an_explicit_opt_out(tmp_path: Path, slack: FakeS
         card = slack.of("chat.postMessage")[-1]
         assert "two-person rule" not in str(card.args["blocks"])
         await h.click(tokens["remediation_approve"], user="U1", action_id="remediation_approve")
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         (rem,) = remediations(h)
         assert (rem.state, rem.approved_by) == ("dry_run", ["U1"])
     finally:

@@ -69,10 +69,10 @@ async def change_and_roll_back(h: Harness, slack: FakeSlack) -> str:
     assert (await h.slash(f"{ADR} prod-a", command="/apply-adr")).text == ""  # acked at once
     (reply,) = await slack.until("response_url")  # then answered: where the card is
     assert reply.args["text"].startswith(f"{ADR} on prod-a: the confirmation card"), reply.args
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     card = [c for c in slack.of("chat.postMessage") if buttons(c)][-1]
     await h.click(buttons(card)["remediation_approve"], user="U2", action_id="remediation_approve")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     return json.dumps(slack.of("chat.update")[-1].args)
 
 

@@ -71,7 +71,7 @@ async def test_alert_labels_never_become_a_live_mention_or_link(
     sent = body(evil, groupLabels={"alertname": "VLLMTimeToFirstTokenP99High", "instance": EVIL})
     assert (await h.webhook(sent)).status_code == 202
     await slack.until("chat.update")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert live_markup(slack) == []
     shown = json.dumps([c.args for c in slack.calls], ensure_ascii=False)
     assert "&lt;!channel&gt; &lt;https://x|Re-authenticate&gt;" in shown  # shown, as text
@@ -89,13 +89,13 @@ async def test_adr_text_never_becomes_live_markup_in_the_thread_or_the_card(
     seed.write_text(text.replace(title[0], f"title: '{EVIL} {title[1]}'"))
     await h.slash("prod-a")
     await slack.until("chat.update")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     adrs = slack.of("chat.postMessage")[2]
     button = adrs.args["blocks"][1]["accessory"]
     assert button["action_id"] == "apply_adr"
     await h.click(button["value"])
     (*_, card) = await slack.until("chat.postMessage", 4)
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert live_markup(slack) == []
     assert "&lt;!channel&gt;" in json.dumps(card.args["blocks"], ensure_ascii=False)
 
@@ -114,7 +114,7 @@ async def test_one_huge_finding_line_is_clipped_and_the_diagnosis_posted(
     try:
         await h.slash("prod-a")
         await slack.until("chat.update")
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         findings = slack.of("chat.postMessage")[1]
         sections = [b["text"]["text"] for b in findings.args["blocks"]]
         lines = [line for s in sections for line in s.splitlines()]
@@ -189,7 +189,7 @@ async def test_a_pinned_workspace_refuses_requests_from_another_team(
             "This bot serves the Slack workspace T0FAKE only; this request came from T0EVIL. "
             "Nothing was done."
         )
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         assert slack.of("chat.postMessage") == []
         assert (await h.slash("prod-a")).status_code == 200  # its own workspace: served
         await slack.until("chat.update")
@@ -244,7 +244,7 @@ async def test_external_users_may_not_apply_approve_or_review_even_with_star(
             (rem,) = s.query(Remediation).all()
             assert rem.state == "pending"
         await h.click(approve, user="U2", action_id="remediation_approve")  # a colleague can
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         with h.bot.db.transaction() as s:
             assert s.query(Remediation).one().state == "dry_run"
         assert (await h.slash("prod-a", user="U0EXT")).status_code == 200  # diagnose: allowed
@@ -260,7 +260,7 @@ async def test_the_chart_reaches_a_public_channel_the_bot_had_not_joined(
     slack.joined.clear()
     await h.slash("prod-a")
     await slack.until("files.completeUploadExternal")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     (joined,) = slack.of("conversations.join")
     assert joined.args["channel"] == "C0INCIDENTS"
     refused = [
@@ -279,7 +279,7 @@ async def test_a_private_channel_the_bot_is_not_in_says_what_to_do(
     slack.private.add("C0INCIDENTS")
     await h.slash("prod-a")
     await slack.until("chat.update")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     last = slack.of("chat.postMessage")[-1].args["text"]
     assert last == (
         "The chart could not be posted: the bot is not a member of channel C0INCIDENTS and "
@@ -353,7 +353,7 @@ async def test_apply_adr_is_acked_before_any_slack_call_and_a_retry_makes_no_sec
         again = await client.post("/slack/events", content=request, headers=retry)
         assert (again.status_code, again.text) == (200, "")
         (answer,) = await slack.until("response_url")
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         web_api = [c for c in slack.calls if c.method != "response_url"]
         assert min(c.at for c in web_api) >= first_at  # every one came after it
         assert [c.status for c in web_api if c.method == "chat.postMessage"] == [429, 200, 200]
@@ -392,7 +392,7 @@ async def test_over_socket_mode_apply_adr_is_acked_before_any_slack_call(
         assert acked.status == 200 and slack.calls == []  # the ack, before any Slack call
         (answer,) = await slack.until("response_url")
         assert "the confirmation card is in the incident thread" in answer.args["text"]
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         assert len(slack.of("chat.postMessage")) == 2  # the thread and one card
     finally:
         await h.close()

@@ -78,12 +78,12 @@ async def test_a_legacy_payload_from_an_external_user_cannot_approve(
     only at actions[].action_id)."""
     approve = (await card_buttons(h, slack))["remediation_approve"]
     answered = await post_payload(h, legacy(kind, "remediation_approve", approve, slack))
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert states(h) == ["pending"]  # not approved, not run
     assert answered.status_code == 400
     assert answered.json()["error"].startswith(UNREADABLE)
     await h.click(approve, user="U2", action_id="remediation_approve")  # a colleague can
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert states(h) == ["dry_run"]
 
 
@@ -93,7 +93,7 @@ async def test_legacy_payloads_cannot_apply_or_review_either(
 ) -> None:
     value = json.dumps({"adr": ADR, "incident": 1, "target": "prod-a"})
     answered = await post_payload(h, legacy("interactive_message", callback_id, value, slack))
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert states(h) == [] and slack.of("chat.postMessage") == []
     assert answered.status_code == 400
     assert slack.of("response_url") == []
@@ -146,7 +146,7 @@ async def test_a_malformed_signed_body_is_a_400_not_a_500(
         answered = await h.client.post(
             "/slack/events", content=raw, headers={**signed_headers(raw), "Content-Type": ctype}
         )
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     assert answered.status_code == 400, answered.text
     assert answered.json()["error"].startswith(UNREADABLE)
     assert [r for r in caplog.records if r.exc_info] == []
@@ -177,7 +177,7 @@ async def test_a_malformed_signed_click_is_a_400(
 ) -> None:
     with caplog.at_level(logging.INFO):
         answered = await post_payload(h, well_formed_click(slack, **changes))
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     assert answered.status_code == 400, answered.text
     assert answered.json()["error"].startswith(UNREADABLE)
     assert [r for r in caplog.records if r.exc_info] == []
@@ -194,7 +194,7 @@ async def test_a_slash_command_missing_a_field_gets_a_short_ephemeral_answer(
     del form[drop]
     with caplog.at_level(logging.INFO):
         answered = await post_form(h, form)
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     assert answered.status_code == 200
     reply = answered.json()
     assert reply["response_type"] == "ephemeral"
@@ -211,7 +211,7 @@ async def test_adr_draft_with_a_digit_that_is_not_0_to_9_says_how(
     with caplog.at_level(logging.INFO):
         await h.slash(text, command="/adr-draft")
         (reply,) = await slack.until("response_url")
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     assert reply.args["text"] == "Usage: /adr-draft [incident-id] (default: the newest incident)"
     assert [r for r in caplog.records if r.exc_info] == []
 
@@ -237,7 +237,7 @@ async def test_an_apply_button_with_an_impossible_incident_id_says_so(
     with caplog.at_level(logging.INFO):
         await h.click(f'{{"adr": "{ADR}", "incident": {incident}}}')
         (reply,) = await slack.until("response_url")
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     assert reply.args["text"] == "this button carries no ADR; it may be from an older bot version"
     assert [r for r in caplog.records if r.exc_info] == []
 
@@ -254,7 +254,7 @@ async def test_over_socket_mode_a_legacy_payload_cannot_approve_either(
     payload = legacy("interactive_message", "remediation_approve", approve, slack)
     envelope = SocketModeRequest(type="interactive", envelope_id="e-2", payload=payload)
     answered = await run_async_bolt_app(h.bot.slack, envelope)
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert states(h) == ["pending"]
     assert answered.status == 400 and UNREADABLE in str(answered.body)
 
@@ -272,6 +272,6 @@ async def test_an_apply_button_of_an_incident_that_is_gone_says_so(
     with caplog.at_level(logging.INFO):
         await h.click(json.dumps({"adr": ADR, "incident": 999, "target": "prod-a"}))
         (reply,) = await slack.until("response_url")
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     assert reply.args["text"] == "there is no incident 999"
     assert [r for r in caplog.records if r.exc_info] == [] and states(h) == []

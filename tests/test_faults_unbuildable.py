@@ -37,7 +37,7 @@ async def test_a_chart_slack_sdk_refuses_to_send_fails_at_once_and_the_rest_goes
     h = harness(tmp_path, slack=slack)
     try:
         assert (await h.webhook(body())).status_code == 202
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         with h.bot.db.transaction() as s:
             chart = s.scalars(select(OutboxItem).where(OutboxItem.kind == items.CHART)).one()
             assert (chart.state, chart.attempts) == ("failed", 1)

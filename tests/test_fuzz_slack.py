@@ -144,7 +144,7 @@ def fuzzed(tmp_path: Path, slack: FakeSlack) -> Iterator[Fuzzed]:
     root.addHandler(handler)
     try:
         yield found
-        loop.run(h.bot.flows.tasks.drain())  # the deferred work of every example, done
+        loop.run(h.bot.tasks.drain())  # the deferred work of every example, done
         # not vacuous: some examples were refused as unreadable, some reached the listeners
         assert found.statuses.get(400) and found.statuses.get(200), found.statuses
         assert [f"{r.name}: {r.getMessage()}" for r in found.tracebacks] == []

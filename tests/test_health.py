@@ -123,7 +123,7 @@ async def test_a_slack_outage_keeps_the_bot_ready_and_shows_what_is_owed(
     try:
         slack.outage("5xx")
         assert (await h.webhook(body(alert()))).status_code == 202
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         ready = await h.client.get("/readyz")
         assert ready.status_code == 200 and ready.json()["transport"] == "slack"
         assert ready.json()["slack_messages"]["pending"] >= 1

@@ -40,7 +40,7 @@ async def test_an_alert_joining_and_one_resolving_are_said_in_the_thread(
     try:
         first = await h.webhook(notification(alert(ruleloop_target="prod-a", **TTFT)))
         assert first.json()["outcome"] == "opened"
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         before = len(thread_texts(slack))
         joined = await h.webhook(
             notification(
@@ -48,7 +48,7 @@ async def test_an_alert_joining_and_one_resolving_are_said_in_the_thread(
             )  # fmt: skip
         )
         assert joined.json()["outcome"] == "updated"
-        await h.bot.flows.tasks.drain()  # delivered at once, not at the next outbox round
+        await h.bot.tasks.drain()  # delivered at once, not at the next outbox round
         assert thread_texts(slack)[before:] == ["`VLLMQueueTimeP99High` joined (firing)"]
         one_left = await h.webhook(
             notification(
@@ -57,7 +57,7 @@ async def test_an_alert_joining_and_one_resolving_are_said_in_the_thread(
             )  # fmt: skip
         )
         assert one_left.json()["outcome"] == "updated"
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         assert thread_texts(slack)[before + 1 :] == [
             "`VLLMTimeToFirstTokenP99High` resolved; 1 of 2 still firing"
         ]
@@ -68,7 +68,7 @@ async def test_an_alert_joining_and_one_resolving_are_said_in_the_thread(
             )  # fmt: skip
         )
         assert again.json()["outcome"] == "duplicate"  # a repeat says nothing new
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         assert len(thread_texts(slack)) == before + 2
     finally:
         await h.close()
@@ -81,7 +81,7 @@ async def test_the_console_prints_the_incident_page_link(tmp_path: Path) -> None
                                            "public_url": "https://ruleloop.example"})  # fmt: skip
     try:
         assert (await h.webhook(body(alert(ruleloop_target="prod-a")))).status_code == 202
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     finally:
         await h.close()
     (root,) = [line for line in h.console.getvalue().splitlines() if "incident #1" in line][:1]

@@ -86,7 +86,7 @@ async def _apply(h: Harness) -> tuple[Remediation, str]:
         (rem,) = s.scalars(select(Remediation)).all()
     tokens = h.bot.remediation.records.tokens(f"remediation:{rem.id}")
     await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:
         done = s.get(Remediation, rem.id)
         draft = s.scalars(select(AdrDraft)).one_or_none()

@@ -145,7 +145,7 @@ async def finished(h: Harness, remediation_id: int, *, timeout_s: float = 900) -
         if rem.state in ("promoted", "rolled_back", "failed", "dry_run"):
             # Outside the transaction: on SQLite it holds the write lock, and the work being
             # drained (the post-incident draft) waited for it until "database is locked".
-            await h.bot.flows.tasks.drain(timeout_s=120)
+            await h.bot.tasks.drain(timeout_s=120)
             return rem
         await asyncio.sleep(1)
     raise AssertionError(f"remediation {remediation_id} still {rem.state}")
@@ -250,7 +250,7 @@ async def test_a_restart_mid_canary_is_rolled_back_by_the_next_bot(
     rem = await approve(h, slack, HANG)
     await asyncio.wait_for(started.wait(), timeout=900)
     assert engine_flags(manager, port)["max-num-batched-tokens"] == 768
-    await h.bot.flows.tasks.drain(timeout_s=0.1)  # "kill": the run is cancelled mid-canary
+    await h.bot.tasks.drain(timeout_s=0.1)  # "kill": the run is cancelled mid-canary
     await h.close()
     with h.bot.db.transaction() as s:
         assert s.get(Remediation, rem.id).state == "canary"  # type: ignore[union-attr]

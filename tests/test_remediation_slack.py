@@ -94,7 +94,7 @@ async def test_apply_adr_shows_the_exact_diff_and_gates_then_applies_after_appro
     assert (
         await h.click(tokens["remediation_approve"], user="U2", action_id="remediation_approve")
     ).status_code == 200
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     (rem,) = remediations(h)
     assert (rem.state, rem.approved_by) == ("dry_run", ["U2"])
     last = slack.of("chat.update")[-1]
@@ -158,7 +158,7 @@ async def test_two_person_rule_refuses_self_approval_then_takes_another_approver
         with h.bot.db.transaction() as s:  # the refused click did not use the button up
             assert all(t.used_at is None for t in s.scalars(select(ActionToken)))
         await h.click(tokens["remediation_approve"], user="U2", action_id="remediation_approve")
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
         assert remediations(h)[0].state == "dry_run"
     finally:
         await h.close()
@@ -167,7 +167,7 @@ async def test_two_person_rule_refuses_self_approval_then_takes_another_approver
 async def test_a_used_button_is_refused_the_second_time(h: Harness, slack: FakeSlack) -> None:
     tokens = await request(h, slack)
     await h.click(tokens["remediation_approve"], user="U2", action_id="remediation_approve")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     updates = len(slack.of("chat.update"))
     await h.click(tokens["remediation_approve"], user="U2", action_id="remediation_approve")
     await h.click(tokens["remediation_deny"], user="U1", action_id="remediation_deny")
@@ -175,7 +175,7 @@ async def test_a_used_button_is_refused_the_second_time(h: Harness, slack: FakeS
     assert first.startswith("This button was already used by <@U2> at ")
     assert "is now dry_run" in first and first.endswith("Nothing was changed.")
     assert second.startswith("This button was already used by <@U2>")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert len(slack.of("chat.update")) == updates  # the card did not change
     assert actions(h).count("remediation.approved") == 1
 
@@ -201,7 +201,7 @@ async def test_an_expired_button_is_refused_and_the_sweep_marks_it(
 async def test_cancel_by_the_requester(h: Harness, slack: FakeSlack) -> None:
     tokens = await request(h, slack)
     await h.click(tokens["remediation_deny"], user="U1", action_id="remediation_deny")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     assert remediations(h)[0].state == "cancelled"
     assert actions(h)[-1] == "remediation.cancelled"
 
@@ -222,12 +222,12 @@ async def test_adr_draft_is_posted_and_reviewed_by_someone_else(
 ) -> None:
     await h.slash("prod-a")  # a diagnosis: the draft's baseline row and gates
     await slack.until("chat.update")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     response = await h.slash("", command="/adr-draft")
     assert (response.status_code, response.text) == (200, "")  # acked; the draft follows
     (drafted,) = await slack.until("response_url")
     assert drafted.args["text"].startswith("Drafted ADR-20261129-01")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     summary = slack.of("chat.postMessage")[-1]
     upload = slack.of("upload")[-1]  # the chart came first
     assert upload.body.startswith(b"---\nid: ADR-20261129-01\n")
@@ -236,7 +236,7 @@ async def test_adr_draft_is_posted_and_reviewed_by_someone_else(
     (text,) = await answers(slack, 1)
     assert text.startswith("You may not review ADR drafts. Allowed: <@U2>.")
     await h.click(review["adr_draft_accept"], user="U2", action_id="adr_draft_accept")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     adrs = SharedAdrStore(root=tmp_path / "adr", db=h.bot.db, sync=False)
     assert "ADR-20261129-01" in [a.id for a in adrs.accepted()]  # in the store, for every replica
     assert not list((tmp_path / "adr").rglob("ADR-20261129-01*"))  # nothing written into adr/

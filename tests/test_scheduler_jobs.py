@@ -79,7 +79,7 @@ async def tick(h: Harness, name: str, *, after_s: float = 0) -> list[RunResult]:
     assert h.bot.scheduler is not None
     h.wall.advance(after_s)
     results = await h.bot.scheduler.runner.tick(job(h, name))
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     return results
 
 
@@ -296,7 +296,7 @@ async def test_an_expired_approval_can_no_longer_be_used(h: Harness, slack: Fake
     await h.click(approve, user="U2", action_id="remediation_approve")
     (_, answer) = await slack.until("response_url", 2)  # where the card is; then the click's
     assert answer.args["text"].startswith("This button expired at")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:
         assert s.scalars(select(Remediation.state)).all() == ["expired"]
     assert "remediation.approved" not in actions(h) and "remediation.applying" not in actions(h)
@@ -316,7 +316,7 @@ async def test_snapshots_are_kept_and_shown_as_normal_next_to_now(
     assert len(rows) == 4 and {r.source for r in rows} == {"vllm_metrics 2s"}
     assert rows[0].ttft_p99_ms is not None and rows[0].goodput_ratio is not None
     await h.slash("prod-a")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     summary: dict[str, Any] = incidents(h)[0].summary
     assert summary["normal"]["ttft_p99_ms"] == pytest.approx(normal)
     shown = json.dumps(slack.of("chat.update")[-1].args["blocks"], ensure_ascii=False)

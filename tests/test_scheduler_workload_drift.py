@@ -113,7 +113,7 @@ async def tick(h: Harness, *, after_s: float = 0) -> RunResult:
     h.wall.advance(after_s)
     job = next(j for j in h.bot.scheduler.jobs if j.name == "workload:prod-a")
     (result,) = await h.bot.scheduler.runner.tick(job)
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()
     return result
 
 

@@ -69,7 +69,7 @@ async def test_the_private_channel_and_no_gpu_messages_are_the_ones_quoted(
     try:
         await h.slash("prod-a")
         await slack.until("chat.update")
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     finally:
         await h.close()
     texts = [json.dumps(c.args, ensure_ascii=False) for c in slack.of("chat.postMessage")]
@@ -91,7 +91,7 @@ async def test_a_metrics_page_that_is_not_vllms_reads_as_quoted_from_the_bot(
     try:
         await h.slash("prod-a")
         await slack.until("chat.update")
-        await h.bot.flows.tasks.drain()
+        await h.bot.tasks.drain()
     finally:
         await h.close()
     said = "\n".join(json.dumps(c.args, ensure_ascii=False) for c in slack.calls)

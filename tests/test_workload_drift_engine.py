@@ -133,7 +133,7 @@ async def test_drift_on_a_real_engine_posts_one_thread_with_the_gates_rerun_unde
                 outcome = await job(bot.wall.now())
             finally:
                 await quiet()
-            await bot.bot.flows.tasks.drain()
+            await bot.bot.tasks.drain()
             return outcome.detail
 
         alike = await period(**CHATS)

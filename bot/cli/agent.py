@@ -13,11 +13,11 @@ from pathlib import Path
 
 import click
 
-from bot import loop
 from bot.agent.reading import NvmlUnavailable
 from bot.agent.session import NvmlSession
 from bot.cli import Command
 from bot.errors import UsageError
+from bot.runtime import loop
 
 TOKEN_ENV = "RULELOOP_AGENT_TOKEN"
 MIN_TOKEN = 16

@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
-from bot import loop
 from bot.canary.render import progress_line, summary_table
 from bot.canary.runner import METRICS_PATHS, CanaryRun, Progress
 from bot.canary.shape_replay import default_cap
@@ -21,6 +20,7 @@ from bot.canary.verdict import DEFAULT_MAX_ERROR_RATE, Gates
 from bot.canary.workload import CancelMode, Workload, check
 from bot.cli import Command
 from bot.errors import GateFailed, UsageError
+from bot.runtime import loop
 
 if TYPE_CHECKING:
     from bot.workload.shape import WorkloadShape

@@ -18,7 +18,7 @@ def config() -> None:
 @config.command("reference")
 def reference() -> None:
     """Print the configuration reference (every table, key, type, default, env var) as Markdown."""
-    from bot.config_reference import render
+    from bot.cli.config_reference import render
 
     click.echo(render(), nl=False)
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import click
 
-from bot import loop
 from bot.cli import Command
 from bot.errors import UsageError
 from bot.gateway.app import Gateway
@@ -18,6 +17,7 @@ from bot.gateway.costing import Costing, tokenizer_counter
 from bot.gateway.deadlines import BadTimeout, parse_timeout
 from bot.gateway.limits import Limits, LimitsError, read_limits_file, updated
 from bot.gateway.server import GatewayServer, upstream_client
+from bot.runtime import loop
 
 ADMIN_TOKEN_ENV = "RULELOOP_GATEWAY_ADMIN_TOKEN"
 

@@ -149,8 +149,8 @@ def capture_command(
     token_file: Path | None, output: Path, quiet: bool,
 ) -> None:  # fmt: skip
     """Capture the shape of an engine's traffic: from /metrics, Prometheus or the gateway."""
-    from bot import loop
     from bot.errors import UsageError
+    from bot.runtime import loop
     from bot.workload import shape as shapes
 
     given = {"--metrics-url": metrics_url, "--prometheus": prometheus_url,

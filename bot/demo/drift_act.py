@@ -100,7 +100,7 @@ async def run_second_act(
             flows=bot.flows, read_shape=LiveShape(http=http, window_s=window),
         )  # fmt: skip
         outcome = await job(dt.datetime.now(dt.UTC))
-    await bot.flows.tasks.drain(timeout_s=600)
+    await bot.tasks.drain(timeout_s=600)
     detail = outcome.detail
     entry = adrs.find(adr_id)
     rule = entry[1].workload if entry is not None else None

@@ -359,7 +359,7 @@ class Demo:
                 draft = await asyncio.to_thread(self._draft, bot, incident_id)
                 drift = None if kept_under is None else await self._second_act(bot, kept_under)
             finally:
-                await bot.flows.tasks.drain(timeout_s=900)
+                await bot.tasks.drain(timeout_s=900)
                 await bot.http.aclose()
                 bot.db.dispose()
         if rem.state == "failed":
@@ -462,7 +462,7 @@ class Demo:
         incident_id = int(response.json()["incident"])
         self._say(f"    incident #{incident_id} opened; diagnosing over {window:g} s ...")
         # the runbook's probes each sample one window; the rest is scrapes and the chart
-        await bot.flows.tasks.drain(timeout_s=DIAGNOSIS_WINDOWS * window + SLACK_S)
+        await bot.tasks.drain(timeout_s=DIAGNOSIS_WINDOWS * window + SLACK_S)
         return incident_id
 
     def _summary(self, bot: Bot, incident_id: int) -> dict[str, Any]:
@@ -487,7 +487,7 @@ class Demo:
         )
         # a restart of the engine, and two canaries whose chats are no slower than the incident's
         timeout = START_TIMEOUT_S + CANARY_ROUNDS * self._slowest + SLACK_S
-        await bot.flows.tasks.drain(timeout_s=timeout)
+        await bot.tasks.drain(timeout_s=timeout)
         with bot.db.transaction() as s:
             done = s.get(Remediation, rem.id)
             assert done is not None

@@ -54,9 +54,9 @@ class IncidentFlows:
         notifier: Notifier,
         diagnoser: Diagnoser,
         clock: Callable[[], dt.datetime],
+        metrics: BotMetrics,
+        tasks: TaskSupervisor,
         monotonic: Callable[[], float] = time.monotonic,
-        metrics: BotMetrics | None = None,
-        tasks: TaskSupervisor | None = None,
         adrs: AdrStore | None = None,
         owner: str | None = None,
     ) -> None:
@@ -66,28 +66,28 @@ class IncidentFlows:
         self._diagnoser = diagnoser
         self._clock = clock
         self._monotonic = monotonic
-        self.metrics = metrics or BotMetrics()
-        self.tasks = tasks or TaskSupervisor()
+        self._metrics = metrics  # the bot's, shared with the endpoints and the outbox
+        self._tasks = tasks  # the bot's supervisor, drained when it stops
         self.owner = owner or replica_id()
         self._records = IncidentRecords(db=db, clock=clock)
         self.outbox = Outbox(
             db=db, notifier=notifier, settings=settings, clock=clock, owner=self.owner,
-            metrics=self.metrics, monotonic=monotonic,
+            metrics=metrics, monotonic=monotonic,
         )  # fmt: skip
 
     # --- Alertmanager ---------------------------------------------------------------------
     def after_intake(self, result: IntakeResult, *, received: float) -> None:
         """Start what an intake outcome calls for, in the background."""
-        self.metrics.webhooks.labels(result.outcome.value).inc()
+        self._metrics.webhooks.labels(result.outcome.value).inc()
         incident_id = result.incident_id
         if result.outcome is Outcome.OPENED:
-            self.tasks.spawn(
+            self._tasks.spawn(
                 self.drive(incident_id, received=received), name=f"diagnose-{incident_id}"
             )
         elif result.outcome in (Outcome.RESOLVED, Outcome.UPDATED) or result.owed:
             # an alert that joined or resolved has its thread line (bot.intake.service); a
             # repeat of an incident Slack never got is the moment to try it again
-            self.tasks.spawn(self.drive(incident_id), name=f"deliver-{incident_id}")
+            self._tasks.spawn(self.drive(incident_id), name=f"deliver-{incident_id}")
 
     async def drive(self, incident_id: int, *, received: float | None = None) -> None:
         """Deliver what the incident is owed; with ``received`` (it was just opened or asked
@@ -118,7 +118,7 @@ class IncidentFlows:
                 incident_id, owner=self.owner, ttl_s=DIAGNOSIS_CLAIM_S
             ):
                 rediagnosed.append(incident_id)
-                self.tasks.spawn(self._diagnose(incident_id, received=None),
+                self._tasks.spawn(self._diagnose(incident_id, received=None),
                                  name=f"rediagnose-{incident_id}")  # fmt: skip
         await asyncio.to_thread(self.outbox.prune)
         left = await asyncio.to_thread(self.outbox.counts)
@@ -199,7 +199,7 @@ class IncidentFlows:
             known = ", ".join(sorted(self.settings.targets))
             raise UsageError(f"Usage: /diagnose [target]. Known targets: {known}")
         name, _ = self.settings.target(words[0] if words else None)
-        self.tasks.spawn(
+        self._tasks.spawn(
             self.manual(name, user_id=user_id, channel_id=channel_id), name=f"manual-{name}"
         )
         return f"Diagnosing *{name}*: the result will be posted in this channel."
@@ -258,7 +258,7 @@ class IncidentFlows:
                 f"Diagnosis failed unexpectedly (id {error_id}; the details are in the bot's log)."
             )
             detail = {"error_id": error_id}
-        self.metrics.diagnoses.labels("failed").inc()
+        self._metrics.diagnoses.labels("failed").inc()
         kept = await self._records.diagnosed(
             incident_id, action="diagnosis.failed", detail=detail, summary={"failed": True},
             messages=[{"text": text}], update={},

@@ -22,11 +22,7 @@ class Services:
     flows: IncidentFlows
     remediation: RemediationService
     drafts: DraftService
-
-    @property
-    def tasks(self) -> TaskSupervisor:
-        """Where deferred work runs: supervised, drained when the bot stops."""
-        return self.flows.tasks
+    tasks: TaskSupervisor  # where deferred work runs: supervised, drained when the bot stops
 
 
 def services_of(context: AsyncBoltContext) -> Services:

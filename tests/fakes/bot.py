@@ -136,7 +136,7 @@ class Harness:
 
     async def close(self) -> None:
         """Finish background work and release clients."""
-        await self.bot.flows.tasks.drain()
+        await self.bot.tasks.drain()
         await self.client.aclose()
         await self.bot.http.aclose()
         self.bot.db.dispose()

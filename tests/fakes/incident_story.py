@@ -103,7 +103,7 @@ async def incident_story(
             response = await h.webhook(alerts.body(alert))
             assert response.status_code == 202, response.text
             incident_id = int(response.json()["incident"])
-            await h.bot.flows.tasks.drain()
+            await h.bot.tasks.drain()
             if remediate:
                 await _fix(h, slack)
             yield Story(h=h, incident_id=incident_id, wall=wall, slack=slack)
@@ -128,4 +128,4 @@ async def _fix(h: Harness, slack: FakeSlack) -> None:
 
     token = await asyncio.wait_for(approve_token(), timeout=30)
     await h.click(token, user="U2", action_id="remediation_approve")
-    await h.bot.flows.tasks.drain()
+    await h.bot.tasks.drain()

@@ -1,14 +1,12 @@
 """The runbooks and seed ADR shipped inside the package, for a bot started outside the checkout.
 
-`ruleloop serve` reads `runbooks/` and `adr/` relative to where it starts; installed from a
-wheel and started anywhere else, it stopped with "runbook directory runbooks does not exist".
-When ``[paths] runbooks`` is not set and there is no such directory, the packaged copies of the
-repository's runbooks (``bot/shipped/runbooks``) are used. When ``[paths] adr`` is not set and
-there is no ``adr/`` either, the packaged seed ADR (``bot/shipped/adr``) is imported in place:
-the directory is only read (drafts and decisions live in the store, bot.adr.shared), so it
-needs no writable copy. A ``<state dir>/adr`` that an earlier version seeded and wrote drafts
-into is read instead, so that its ADRs still reach the store. A directory that is configured is
-used as it is: a missing one is still an error that names it.
+`ruleloop serve` reads `runbooks/` and `adr/` relative to where it starts. When ``[paths]
+runbooks`` is not set and there is no such directory, the packaged copies of the repository's
+runbooks (``bot/shipped/runbooks``) are used. When ``[paths] adr`` is not set and there is no
+``adr/`` either, the packaged seed ADR (``bot/shipped/adr``) is imported in place: the directory
+is only read (drafts and decisions live in the store, bot.adr.shared), so it needs no writable
+copy. A ``<state dir>/adr`` with ADRs in it is read instead, so that they reach the store. A
+directory that is configured is used as it is: a missing one is an error that names it.
 """
 
 from __future__ import annotations
@@ -19,7 +17,7 @@ from pathlib import Path
 from bot.config import Settings
 
 log = logging.getLogger("ruleloop.config")
-SHIPPED = Path(__file__).parent / "shipped"
+SHIPPED = Path(__file__).parent.parent / "shipped"
 RUNBOOKS = SHIPPED / "runbooks"
 SEED_ADRS = SHIPPED / "adr"
 
