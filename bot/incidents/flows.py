@@ -44,7 +44,9 @@ REDIAGNOSE_AFTER = dt.timedelta(minutes=1)  # the task that owed a diagnosis run
 
 
 class IncidentFlows:
-    """Drives incidents from intake to a posted diagnosis, and answers Slack requests."""
+    """Drives incidents from intake (or a /diagnose) to a posted diagnosis, and gives the other
+    services an incident's thread (``ensure_thread``); every message goes through the outbox.
+    The bot's tasks and metrics are injected (``bot.server``), not owned here."""
 
     def __init__(
         self,
@@ -188,17 +190,14 @@ class IncidentFlows:
         await self.outbox.deliver(incident_id)
 
     # --- Slack requests -------------------------------------------------------------------
-    def request_diagnosis(self, *, user_id: str, text: str, channel_id: str) -> str:
-        """Check a /diagnose request and start it; the returned text acknowledges it."""
+    def request_diagnosis(self, *, user_id: str, target: str | None, channel_id: str) -> str:
+        """Check who asks and for which target, and start it; the returned text acknowledges it
+        (``target`` None: the only one configured)."""
         if not self.settings.access.allows("diagnose", user_id):
             raise NotAllowed(
                 f"You may not run /diagnose. Allowed: {who_may(self.settings.access.diagnose)}."
             )
-        words = text.split()
-        if len(words) > 1:
-            known = ", ".join(sorted(self.settings.targets))
-            raise UsageError(f"Usage: /diagnose [target]. Known targets: {known}")
-        name, _ = self.settings.target(words[0] if words else None)
+        name, _ = self.settings.target(target)
         self._tasks.spawn(
             self.manual(name, user_id=user_id, channel_id=channel_id), name=f"manual-{name}"
         )

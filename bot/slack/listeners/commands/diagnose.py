@@ -7,12 +7,20 @@ from typing import Any
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 
+from bot.errors import UsageError
 from bot.slack.services import services_of
 
 
 async def handle(ack: AsyncAck, command: dict[str, Any], context: AsyncBoltContext) -> None:
     """Ack (ephemeral) that it started; a refusal is answered by the error handler."""
-    text = services_of(context).flows.request_diagnosis(
-        user_id=command["user_id"], text=command.get("text", ""), channel_id=command["channel_id"]
+    services = services_of(context)
+    words = command.get("text", "").split()
+    if len(words) > 1:
+        known = ", ".join(sorted(services.flows.settings.targets))
+        raise UsageError(f"Usage: /diagnose [target]. Known targets: {known}")
+    text = services.flows.request_diagnosis(
+        user_id=command["user_id"],
+        target=words[0] if words else None,
+        channel_id=command["channel_id"],
     )
     await ack(text=text)
