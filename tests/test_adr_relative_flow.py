@@ -31,6 +31,7 @@ from bot.remediation.argv import FlagValues
 from bot.remediation.gate import GateRun
 from bot.store import service as store
 from bot.store.models import AdrDraft, Incident, Remediation
+from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 
@@ -223,7 +224,7 @@ async def test_the_gate_is_taken_from_the_before_run_and_the_card_shows_the_chan
     with h.bot.db.transaction() as s:
         done = s.get(Remediation, rem.id)
         assert done is not None
-        applying = next(e for e in store.audit_trail(s) if e.action == "remediation.applying")
+        applying = next(e for e in store_reads.audit_trail(s) if e.action == "remediation.applying")
         draft = s.scalars(select(AdrDraft)).one()
     assert done.state == "promoted"
     assert done.result["gates"] == {"max_tpot_p99_ms": 30.0, "min_goodput_ratio": 0.95}
@@ -239,7 +240,7 @@ async def test_the_gate_is_taken_from_the_before_run_and_the_card_shows_the_chan
 
 def audited(h: Harness, action: str) -> dict[str, Any]:
     with h.bot.db.transaction() as s:
-        return dict(next(e for e in store.audit_trail(s) if e.action == action).detail)
+        return dict(next(e for e in store_reads.audit_trail(s) if e.action == action).detail)
 
 
 async def test_a_change_that_does_not_halve_tpot_is_rolled_back_with_both_numbers(

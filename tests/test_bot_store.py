@@ -23,6 +23,7 @@ from bot.intake.models import parse_webhook
 from bot.intake.service import Intake, Outcome
 from bot.store import service as store
 from bot.store.db import AppendOnlyError, Database
+from tests import store_reads
 
 T0 = dt.datetime(2026, 9, 1, 2, 13, tzinfo=dt.UTC)
 
@@ -131,21 +132,21 @@ def test_store_transaction_rolls_back_everything(db: Database) -> None:
         store.audit(s, at=T0, actor="u", action="x", incident=incident)
         raise RuntimeError("boom")
     with db.transaction() as s:
-        assert store.incidents(s) == [] and store.audit_trail(s) == []
+        assert store_reads.incidents(s) == [] and store_reads.audit_trail(s) == []
 
 
 def test_audit_log_is_append_only(db: Database) -> None:
     with db.transaction() as s:
         store.audit(s, at=T0, actor="U1", action="incident.opened", detail={"n": 1})
     with pytest.raises(AppendOnlyError), db.transaction() as s:
-        store.audit_trail(s)[0].note = "rewritten"
+        store_reads.audit_trail(s)[0].note = "rewritten"
     with pytest.raises(AppendOnlyError), db.transaction() as s:
-        s.delete(store.audit_trail(s)[0])
+        s.delete(store_reads.audit_trail(s)[0])
     for statement in ("UPDATE audit_log SET note = 'x'", "DELETE FROM audit_log"):
         with pytest.raises(DatabaseError, match="append-only"), db.transaction() as s:
             s.execute(text(statement))
     with db.transaction() as s:
-        (entry,) = store.audit_trail(s)
+        (entry,) = store_reads.audit_trail(s)
         assert (entry.action, entry.detail, entry.note) == ("incident.opened", {"n": 1}, "")
 
 
@@ -174,4 +175,4 @@ def test_intake_racing_twins_on_each_backend(db: Database) -> None:
         results = list(pool.map(lambda _: intake.receive(hook), range(8)))
     assert [r.outcome for r in results].count(Outcome.OPENED) == 1
     with db.transaction() as s:
-        assert len(store.incidents(s)) == 1
+        assert len(store_reads.incidents(s)) == 1

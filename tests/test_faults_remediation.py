@@ -15,6 +15,7 @@ from bot.remediation.records import RemediationRecords
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import ActionToken, Remediation
+from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import WallClock
 from tests.fakes.slack_api import FakeSlack
@@ -102,7 +103,7 @@ def test_a_button_that_expired_after_its_check_claims_nothing(tmp_path: Path) ->
         with db.transaction() as s:
             assert s.get(Remediation, rem.id).state == "pending"  # type: ignore[union-attr]
             assert all(t.used_at is None for t in s.scalars(select(ActionToken)))
-            assert [e.action for e in store.audit_trail(s)] == ["remediation.requested"]
+            assert [e.action for e in store_reads.audit_trail(s)] == ["remediation.requested"]
         wall.at -= dt.timedelta(seconds=2)  # still valid: the same claim goes through
         assert records.claim(
             token=tokens["approve"], user_id="U2", remediation_id=rem.id, to_state="approved",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,17 +20,9 @@ from bot.canary.report import CanaryReport, Gates
 from bot.canary.verdict import values_of
 from bot.diagnosis.models import Baseline, Diagnosis
 from bot.errors import AdrError, NotAllowed, UsageError
-from bot.postmortem import (
-    AppliedFix,
-    CanaryFacts,
-    IncidentFacts,
-    accept_draft,
-    build_postmortem,
-    check_reviewer,
-    reject_draft,
-    review,
-)
+from bot.postmortem import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
 from bot.postmortem.draft import INCIDENT_ROW
+from bot.postmortem.review import check_reviewer, decided, rejection_note
 from bot.probes.fragmentation import FragmentationSample
 from bot.probes.types import Finding, Severity
 from bot.tune.matrix import PASSED
@@ -324,130 +315,46 @@ def test_build_renders_parses_back_and_validates(tmp_path: Path, state: str | No
 
 
 # --- review -----------------------------------------------------------------------------------
-def _store(tmp_path: Path, adr: Adr | None = None) -> tuple[AdrStore, Path]:
-    store = AdrStore(root=tmp_path / "adr")
-    store.root.mkdir()
-    (store.root / SEED.name).write_text(SEED.read_text(encoding="utf-8"), encoding="utf-8")
-    return store, store.write_draft(adr or _draft(_applied("promoted")))
+# The decision a review makes of a draft (the bot keeps it in the store: bot.postmortem.records).
+def _decided(adr: Adr | None = None, **changes: Any) -> Adr:
+    args: dict[str, Any] = {
+        "status": "accepted", "reviewer": "U0LEAD", "note": "accepted by U0LEAD.", "day": DAY,
+        "name": f"{ADR_ID}-x.md",
+    }  # fmt: skip
+    return decided(adr or _draft(_applied("promoted")), **(args | changes))
 
 
-def _snapshot(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
-    }
-
-
-def test_accept_moves_the_draft_into_the_accepted_records(tmp_path: Path) -> None:
-    store, draft = _store(tmp_path)
-    path = accept_draft(store, ADR_ID, reviewer="U0LEAD", day=DAY)
-    assert path == store.root / draft.name
-    assert path.exists() and not draft.exists()
-    assert not [p for p in store.root.rglob("*") if p.name.endswith(".tmp")]
-    accepted = {adr.id: adr for adr in store.accepted()}
-    record = accepted[ADR_ID]
+def test_accepting_a_draft_records_the_reviewer_and_the_review() -> None:
+    draft = _draft(_applied("promoted"))
+    record = _decided(draft)
     assert record.status == "accepted"
     assert record.deciders == ["inference-platform-oncall", "U0ONCALL", "U0LEAD"]
     assert record.notes == "## 评审记录 (Review)\n\n- 2026-12-01: accepted by U0LEAD."
-    assert record.fix == _seed().fix and record.matrix == load(path).matrix
-    assert [str(p) for p in validate(store.root)] == []
+    assert record.fix == _seed().fix and record.matrix == draft.matrix
 
 
-def test_accept_keeps_a_reviewer_already_among_the_deciders_once(tmp_path: Path) -> None:
-    store, _ = _store(tmp_path)
-    accept_draft(store, ADR_ID, reviewer="U0ONCALL", day=DAY)
-    record = store.get_or_raise(ADR_ID)
-    assert record.deciders == ["inference-platform-oncall", "U0ONCALL"]
+def test_accepting_keeps_a_reviewer_already_among_the_deciders_once() -> None:
+    assert _decided(reviewer="U0ONCALL").deciders == ["inference-platform-oncall", "U0ONCALL"]
 
 
-def test_accept_moves_a_tune_drafts_canary_runs_beside_it(tmp_path: Path) -> None:
-    store, draft = _store(tmp_path)
-    runs = draft.with_suffix(".runs")
-    runs.mkdir()
-    (runs / "01-baseline.json").write_text("{}", encoding="utf-8")
-    path = accept_draft(store, ADR_ID, reviewer="U0LEAD", day=DAY)
-    assert (path.with_suffix(".runs") / "01-baseline.json").exists() and not runs.exists()
-
-
-def test_accept_twice_is_refused_and_changes_nothing(tmp_path: Path) -> None:
-    store, _ = _store(tmp_path)
-    accept_draft(store, ADR_ID, reviewer="U0LEAD", day=DAY)
-    before = _snapshot(tmp_path)
-    with pytest.raises(AdrError, match=f"{ADR_ID} is already a record here \\(status accepted\\)"):
-        accept_draft(store, ADR_ID, reviewer="U0OTHER", day=DAY)
-    with pytest.raises(AdrError, match="already a record here"):
-        reject_draft(store, ADR_ID, reviewer="U0OTHER", reason="changed my mind")
-    assert _snapshot(tmp_path) == before
-
-
-def test_accept_refuses_an_id_that_is_not_a_draft(tmp_path: Path) -> None:
-    store, _ = _store(tmp_path)
-    before = _snapshot(tmp_path)
-    with pytest.raises(UsageError, match=f"no draft ADR-20261201-02 in .*drafts: {ADR_ID}-"):
-        accept_draft(store, "ADR-20261201-02", reviewer="U0LEAD", day=DAY)
-    with pytest.raises(AdrError, match="ADR-20260831-01 is already a record here"):
-        accept_draft(store, "ADR-20260831-01", reviewer="U0LEAD", day=DAY)
-    assert _snapshot(tmp_path) == before
-
-
-def test_accept_refuses_a_draft_that_is_no_longer_proposed(tmp_path: Path) -> None:
-    store, draft = _store(tmp_path)
-    draft.write_text(
-        draft.read_text(encoding="utf-8").replace("status: proposed", "status: rejected"),
-        encoding="utf-8",
-    )
-    before = _snapshot(tmp_path)
+def test_a_draft_that_is_no_longer_proposed_cannot_be_decided() -> None:
+    rejected = _draft(_applied("promoted")).model_copy(update={"status": "rejected"})
     with pytest.raises(AdrError, match="status: already rejected"):
-        accept_draft(store, ADR_ID, reviewer="U0LEAD", day=DAY)
-    assert _snapshot(tmp_path) == before
+        _decided(rejected)
 
 
-def test_accept_refuses_a_draft_without_gates(tmp_path: Path) -> None:
-    store, _ = _store(tmp_path, _draft(None, incident=_incident(diagnosis=None)))
-    before = _snapshot(tmp_path)
+def test_a_draft_without_gates_cannot_be_accepted() -> None:
     with pytest.raises(AdrError, match="an accepted ADR needs canary gates"):
-        accept_draft(store, ADR_ID, reviewer="U0LEAD", day=DAY)
-    assert _snapshot(tmp_path) == before
+        _decided(_draft(None, incident=_incident(diagnosis=None)))
 
 
-def test_accept_that_fails_midway_leaves_the_draft_as_it_was(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store, draft = _store(tmp_path)
-    before = _snapshot(tmp_path)
-    real = os.replace
-
-    def replace(src: Any, dst: Any) -> None:
-        if Path(src).name.endswith(".tmp"):  # the decided text replacing the moved draft
-            raise OSError("disk full")
-        real(src, dst)
-
-    monkeypatch.setattr(review.os, "replace", replace)
-    with pytest.raises(AdrError, match="cannot move the draft .*disk full"):
-        accept_draft(store, ADR_ID, reviewer="U0LEAD", day=DAY)
-    assert _snapshot(tmp_path) == before and draft.exists()
-
-
-def test_reject_records_the_reason_and_never_becomes_a_fix(tmp_path: Path) -> None:
-    store, draft = _store(tmp_path)
-    path = reject_draft(
-        store, ADR_ID, reviewer="U0LEAD", reason="one\nincident is not\nevidence", day=DAY
-    )
-    assert path == store.root / draft.name and not draft.exists()
-    record = load(path)
+def test_a_rejection_records_its_reason_on_one_line_and_needs_one() -> None:
+    note = rejection_note(ADR_ID, reviewer="U0LEAD", reason="one\nincident is not\nevidence")
+    record = _decided(status="rejected", note=note)
     assert record.status == "rejected"
     assert record.notes.endswith("- 2026-12-01: rejected by U0LEAD: one incident is not evidence")
-    assert ADR_ID not in {adr.id for adr in store.accepted()}
-    assert [str(p) for p in validate(store.root)] == []
-    with pytest.raises(AdrError, match="already a record here \\(status rejected\\)"):
-        accept_draft(store, ADR_ID, reviewer="U0LEAD", day=DAY)
-
-
-def test_reject_needs_a_reason(tmp_path: Path) -> None:
-    store, _ = _store(tmp_path)
-    before = _snapshot(tmp_path)
     with pytest.raises(UsageError, match="say why"):
-        reject_draft(store, ADR_ID, reviewer="U0LEAD", reason="  ")
-    assert _snapshot(tmp_path) == before
+        rejection_note(ADR_ID, reviewer="U0LEAD", reason="  ")
 
 
 @pytest.mark.parametrize(

@@ -24,9 +24,9 @@ from sqlalchemy import select
 
 from bot.engine.process import free_port
 from bot.slack.views import NO_MATCH
-from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import AdrRevision, JobRun, MetricSnapshot
+from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import AM_TOKEN, PAGES, RUNBOOK
 from tests.fakes.metrics_server import RecordedMetrics
@@ -188,8 +188,8 @@ async def test_replicas_same_webhook_to_both_makes_one_incident(
     finally:
         replicas.stop()
     with db.transaction() as s:
-        incidents = store.incidents(s)
-        opened = [e for e in store.audit_trail(s) if e.action == "incident.opened"]
+        incidents = store_reads.incidents(s)
+        opened = [e for e in store_reads.audit_trail(s) if e.action == "incident.opened"]
     assert len(incidents) == 4 and len(opened) == 4
     roots = [c for c in slack.of("chat.postMessage") if not c.args.get("thread_ts")]
     assert len(roots) == 4 and len(slack.of("chat.update")) == 4
@@ -270,7 +270,9 @@ async def test_replicas_a_click_delivered_to_both_acts_once(
         def approvals() -> list[str]:
             with db.transaction() as s:
                 return [
-                    e.action for e in store.audit_trail(s) if e.action.startswith("remediation.")
+                    e.action
+                    for e in store_reads.audit_trail(s)
+                    if e.action.startswith("remediation.")
                 ]
 
         wait_for(lambda: "remediation.approved" in approvals(), timeout=30, what="the approval")
@@ -345,7 +347,7 @@ def listed(pg_url: str, *args: str) -> str:
 
 def decided(db: Database) -> list[str]:
     with db.transaction() as s:
-        return [e.action for e in store.audit_trail(s)
+        return [e.action for e in store_reads.audit_trail(s)
                 if e.action in ("adr_draft.accepted", "adr_draft.rejected")]  # fmt: skip
 
 

@@ -11,14 +11,12 @@ service.py the flow: /adr-draft and the draft a remediation ends with, posted in
 """
 
 from bot.postmortem.draft import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
-from bot.postmortem.review import accept_draft, check_reviewer, reject_draft
+from bot.postmortem.review import check_reviewer
 
 __all__ = [
     "AppliedFix",
     "CanaryFacts",
     "IncidentFacts",
-    "accept_draft",
     "build_postmortem",
     "check_reviewer",
-    "reject_draft",
 ]

@@ -169,7 +169,6 @@ class EngineWindow:
     generation_tokens: float | None
     prompt_tokens: float | None
     generation_tokens_per_s: float | None
-    prompt_tokens_per_s: float | None
     finished_generation_tokens: float | None
     goodput_ratio: float | None  # goodput.value
     wasted_prefill_tokens: float | None  # wasted_prefill.value
@@ -256,7 +255,6 @@ def read_window(before: Exposition, after: Exposition) -> EngineWindow:
         generation_tokens=generated,
         prompt_tokens=prompt,
         generation_tokens_per_s=None if generated is None else generated / duration,
-        prompt_tokens_per_s=None if prompt is None else prompt / duration,
         finished_generation_tokens=finished_generated,
         goodput_ratio=waste.goodput.value,
         wasted_prefill_tokens=waste.prefill.value,

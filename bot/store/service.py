@@ -105,12 +105,6 @@ def close(session: Session, incident: Incident, *, at: dt.datetime) -> None:
     session.flush()
 
 
-def set_target(session: Session, incident: Incident, *, target: str | None) -> None:
-    """Record which configured target the incident is about."""
-    incident.target = target
-    session.flush()
-
-
 def set_summary(session: Session, incident: Incident, *, summary: Mapping[str, Any]) -> None:
     """Keep the last diagnosis's headline numbers, so the root message can be re-rendered."""
     incident.summary = dict(summary)
@@ -160,19 +154,6 @@ def audit(
     session.add(entry)
     session.flush()
     return entry
-
-
-def audit_trail(session: Session, *, incident_id: int | None = None) -> Sequence[AuditEntry]:
-    """Audit entries in the order written, optionally those of one incident."""
-    query = select(AuditEntry).order_by(AuditEntry.id)
-    if incident_id is not None:
-        query = query.where(AuditEntry.incident_id == incident_id)
-    return session.scalars(query).all()
-
-
-def incidents(session: Session) -> Sequence[Incident]:
-    """All incidents, oldest first."""
-    return session.scalars(select(Incident).order_by(Incident.id)).all()
 
 
 def canary_results(session: Session, incident_id: int) -> Sequence[CanaryResult]:

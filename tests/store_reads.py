@@ -1,0 +1,23 @@
+"""Reads of the store only tests make: the whole audit log and every incident, in order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from bot.store.models import AuditEntry, Incident
+
+
+def audit_trail(session: Session, *, incident_id: int | None = None) -> Sequence[AuditEntry]:
+    """Audit entries in the order written, optionally those of one incident."""
+    query = select(AuditEntry).order_by(AuditEntry.id)
+    if incident_id is not None:
+        query = query.where(AuditEntry.incident_id == incident_id)
+    return session.scalars(query).all()
+
+
+def incidents(session: Session) -> Sequence[Incident]:
+    """All incidents, oldest first."""
+    return session.scalars(select(Incident).order_by(Incident.id)).all()
