@@ -4,12 +4,24 @@
     ├── UsageError (exit 2)           bad flags, bad values, bad files
     │   ├── AdrError (exit 2)         an ADR file breaks the format or a rule (file, field, why)
     │   ├── RequestRejected (exit 2)  an inbound webhook is refused (carries its HTTP status)
+    │   │   └── Unreadable            a Slack body of a shape bolt cannot read (slack/shapes.py)
     │   ├── UnknownAdr (exit 2)       no ADR has this id (chat_text: without server paths)
-    │   └── NotAllowed (exit 2)       a Slack user may not do this; says who may
+    │   ├── NotAllowed (exit 2)       a Slack user may not do this; says who may
+    │   ├── NoNormal                  a relative value with no normal measured (adr/relative.py)
+    │   ├── ShapeError                a workload shape file is wrong (workload/shape.py)
+    │   ├── AlreadyDecided            a draft someone else decided first (postmortem/records.py)
+    │   └── TargetBusy                a change runs on the target already (remediation/exclusion.py)
     ├── EndpointError (exit 2)        a server cannot be reached or does not speak the protocol
-    │   └── ProbeError (exit 2)       a /metrics page or other probe source is unusable
+    │   ├── ProbeError (exit 2)       a /metrics page or other probe source is unusable
+    │   └── DeliveryFailed            Slack did not take a message; retry or not (chat/failures.py)
     ├── EngineError (exit 2)          the local vLLM engine failed to start or stop
+    ├── ActuatorError                 a change could not be made or did not become healthy
+    │                                 (remediation/actuators/base.py)
+    ├── ColdEngine                    the engine still warms up: no normal (scheduler/snapshots.py)
+    ├── DemoFailed (exit 1)           `ruleloop demo` did not close the loop here (demo/scenario.py)
     └── GateFailed (exit 1)           the canary measured numbers outside an ADR's gates
+
+Errors defined beside their users are named with their module; a test keeps this tree whole.
 
 Library errors (httpx, yaml, pydantic) are translated into these at one boundary per module
 (``raise EndpointError(...) from exc``); the CLI's ``main`` is the one place that prints them.

@@ -107,3 +107,22 @@ def test_nothing_awaits_while_a_store_transaction_is_open() -> None:
     assert not held, f"await inside an open store transaction: {held}"
     bad = "async def f(db):\n    with db.transaction() as s:\n        await g(s)\n"
     assert awaits_inside_a_transaction(bad) == [2]  # the check itself sees the fault
+
+
+def test_every_error_class_is_in_the_error_tree() -> None:
+    """bot/errors.py's docstring is the map of what ruleloop raises on purpose: a RuleloopError
+    defined anywhere in bot/ that it does not name is an error nobody will look for."""
+    import bot.errors
+
+    named = set(re.findall(r"[├└]── (\w+)", bot.errors.__doc__ or ""))
+    bases: dict[str, set[str]] = {}
+    for path in (ROOT / "bot").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef):
+                bases[node.name] = {b.id for b in node.bases if isinstance(b, ast.Name)}
+    ours, grew = {"RuleloopError"}, True
+    while grew:  # the classes that are RuleloopErrors, through any chain of bases
+        found = {name for name, of in bases.items() if of & ours}
+        grew, ours = not found <= ours, ours | found
+    missing = sorted(ours - named - {"RuleloopError"})
+    assert not missing, f"error classes missing from bot/errors.py's tree: {missing}"
