@@ -29,8 +29,8 @@ import pytest
 
 from bot.engine.process import EngineInfo, free_port
 from bot.probes.exposition import Exposition
-from bot.store import service as store
 from bot.store.db import Database
+from tests import store_reads
 from tests.conftest import EngineFactory
 from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack
 
@@ -309,8 +309,8 @@ async def test_alert_to_diagnosis_thread_and_resolution(stack: dict[str, object]
     db = Database(f"sqlite:///{stack['state']}/ruleloop.db")  # type: ignore[operator]
     try:
         with db.transaction() as s:
-            incidents = store.incidents(s)
-            trail = store.audit_trail(s)
+            incidents = store_reads.incidents(s)
+            trail = store_reads.audit_trail(s)
             summary = incidents[0].summary
     finally:
         db.dispose()

@@ -14,6 +14,7 @@ from bot.intake.models import parse_time, parse_webhook
 from bot.intake.service import Intake, Outcome
 from bot.store import service as store
 from bot.store.db import Database
+from tests import store_reads
 from tests.fakes.alerts import alert, body, payload
 
 T0 = dt.datetime(2026, 9, 1, 2, 13, tzinfo=dt.UTC)
@@ -75,9 +76,9 @@ def test_intake_opens_once_whatever_is_retried(intake: Intake, db: Database) -> 
         again = receive(intake, alert())
         assert (again.outcome, again.incident_id) == (Outcome.DUPLICATE, first.incident_id)
     with db.transaction() as s:
-        (incident,) = store.incidents(s)
+        (incident,) = store_reads.incidents(s)
         assert incident.target == "prod-a" and len(incident.alerts) == 1
-        assert [e.action for e in store.audit_trail(s)] == ["incident.opened"]
+        assert [e.action for e in store_reads.audit_trail(s)] == ["incident.opened"]
 
 
 def test_intake_new_instance_joins_open_incident(intake: Intake, db: Database) -> None:
@@ -97,7 +98,7 @@ def test_intake_resolved_closes_and_late_firing_is_stale(intake: Intake, db: Dat
     assert (late.outcome, late.incident_id) == (Outcome.DUPLICATE, opened.incident_id)
     assert "resolved" in late.reason
     with db.transaction() as s:
-        (incident,) = store.incidents(s)
+        (incident,) = store_reads.incidents(s)
         assert incident.status == "resolved" and incident.closed_at == T0
 
 
@@ -106,9 +107,9 @@ def test_intake_resolved_without_firing_creates_closed(intake: Intake, db: Datab
     assert result.outcome is Outcome.RESOLVED and "never seen" in result.reason
     assert receive(intake, alert()).outcome is Outcome.DUPLICATE  # the firing one, out of order
     with db.transaction() as s:
-        (incident,) = store.incidents(s)
+        (incident,) = store_reads.incidents(s)
         assert incident.status == "resolved"
-        assert store.audit_trail(s)[0].detail["firing_seen"] is False
+        assert store_reads.audit_trail(s)[0].detail["firing_seen"] is False
 
 
 def test_intake_next_episode_is_a_new_incident(intake: Intake) -> None:
@@ -140,7 +141,7 @@ def test_intake_racing_twins_make_one_incident(intake: Intake, db: Database) -> 
     assert sorted(r.outcome for r in results).count(Outcome.OPENED) == 1
     assert len({r.incident_id for r in results}) == 1
     with db.transaction() as s:
-        assert len(store.incidents(s)) == 1
+        assert len(store_reads.incidents(s)) == 1
 
 
 def test_group_of_several_alerts_title_and_labels() -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from bot.errors import UsageError
 from bot.server import create_bot
-from bot.store import service as store
+from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import Harness, harness, settings
 from tests.fakes.slack_api import FakeSlack
@@ -25,7 +25,7 @@ async def h(tmp_path: Path, slack: FakeSlack) -> AsyncIterator[Harness]:
 
 def nothing_stored(h: Harness) -> bool:
     with h.bot.db.transaction() as s:
-        return not store.incidents(s) and not store.audit_trail(s)
+        return not store_reads.incidents(s) and not store_reads.audit_trail(s)
 
 
 @pytest.mark.parametrize(
@@ -117,7 +117,7 @@ async def test_webhook_unknown_target_says_how_to_fix(h: Harness, slack: FakeSla
     )
     assert "`ruleloop_target` label" in reply.args["text"] and "prod-a" in reply.args["text"]
     with h.bot.db.transaction() as s:
-        assert store.audit_trail(s)[-1].action == "diagnosis.failed"
+        assert store_reads.audit_trail(s)[-1].action == "diagnosis.failed"
 
 
 async def test_healthz_and_metrics(h: Harness) -> None:

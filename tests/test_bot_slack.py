@@ -12,7 +12,7 @@ import pytest
 
 from bot.errors import UsageError
 from bot.slack.errors import error_text
-from bot.store import service as store
+from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack, signed_headers
 
@@ -64,9 +64,9 @@ async def test_diagnose_posts_one_thread_with_numbers_chart_and_adr(
         "target": "prod-a",
     }
     with h.bot.db.transaction() as s:
-        (incident,) = store.incidents(s)
+        (incident,) = store_reads.incidents(s)
         assert incident.status == "resolved" and incident.source == "slash"
-        actions = [e.action for e in store.audit_trail(s)]
+        actions = [e.action for e in store_reads.audit_trail(s)]
     assert actions == [
         "diagnose.requested",
         "slack.root_posted",
@@ -147,7 +147,7 @@ async def test_apply_button_posts_the_confirmation_card(h: Harness, slack: FakeS
     blocks = json.dumps(card.args["blocks"], ensure_ascii=False)
     assert "--block-size: (unset) \u2192 32" in blocks and "TTFT p99 \u2264 350 ms" in blocks
     with h.bot.db.transaction() as s:
-        entry = store.audit_trail(s)[-1]
+        entry = store_reads.audit_trail(s)[-1]
     assert (entry.action, entry.actor, entry.detail["adr"]) == (
         "remediation.requested",
         "U1",

@@ -16,8 +16,8 @@ from click.testing import CliRunner, Result
 from sqlalchemy import select
 
 from bot.cli import cli
-from bot.store import service as store
 from bot.store.models import OutboxItem
+from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
@@ -85,7 +85,7 @@ async def test_resend_of_a_refused_root_sends_it_and_its_thread_once_the_channel
     assert sum(1 for c in posted if not c.args.get("thread_ts")) == 1  # the root, once
     assert sum(1 for c in posted if c.args.get("thread_ts")) >= 2  # findings, matching ADRs
     with h.bot.db.transaction() as s:
-        actions = Counter(e.action for e in store.audit_trail(s))
+        actions = Counter(e.action for e in store_reads.audit_trail(s))
     assert actions["slack.delivery_resent"] == 1 + len(rest)
 
 

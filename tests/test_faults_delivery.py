@@ -18,8 +18,8 @@ from sqlalchemy import select
 from bot.cli import cli
 from bot.scheduler.runner import Job
 from bot.store import outbox as items
-from bot.store import service as store
 from bot.store.models import OutboxItem, SlackMessage
+from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import Call, FakeSlack
@@ -70,7 +70,7 @@ def per_thread(slack: FakeSlack) -> Counter[str]:
 
 def audit(h: Harness) -> Counter[str]:
     with h.bot.db.transaction() as s:
-        return Counter(e.action for e in store.audit_trail(s))
+        return Counter(e.action for e in store_reads.audit_trail(s))
 
 
 def outbox(h: Harness) -> list[OutboxItem]:

@@ -26,9 +26,9 @@ from bot.canary.verdict import gates_from, judge
 from bot.config import CanarySpec
 from bot.remediation.argv import read_flags
 from bot.remediation.gate import GateRun
-from bot.store import service as store
 from bot.store.dbtime import db_now
 from bot.store.models import AdrDraft, Remediation
+from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import FakeTime
 from tests.fakes.kube_api import FakeKube, KubeActuators
@@ -88,7 +88,7 @@ class Replicas:
 
     def actions(self) -> list[str]:
         with self.one.bot.db.transaction() as s:
-            trail = store.audit_trail(s)
+            trail = store_reads.audit_trail(s)
             return [e.action for e in trail if e.action.startswith("remediation.")]
 
     def db_now(self) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.store import service as store
+from tests import store_reads
 from tests.fakes.alerts import alert, body, payload
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
@@ -85,7 +85,7 @@ async def test_the_same_alert_twice_in_one_payload_opens_one_incident(
     assert (again.status_code, again.json()["outcome"]) == (200, "duplicate")
     await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:
-        (incident,) = store.incidents(s)
+        (incident,) = store_reads.incidents(s)
         assert len(incident.alerts) == 1
 
 
@@ -95,7 +95,7 @@ async def test_the_later_copy_of_a_repeated_alert_wins(h: Harness) -> None:
     assert (await h.webhook(mixed)).status_code == 202
     await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:
-        (incident,) = store.incidents(s)
+        (incident,) = store_reads.incidents(s)
         assert [a.status for a in incident.alerts] == ["resolved"]
 
 
@@ -141,6 +141,6 @@ async def test_over_long_keys_are_a_422_on_postgresql_not_a_503_loop(
             f"not an Alertmanager webhook v4 payload: {field}"
         )
         with h.bot.db.transaction() as s:
-            assert store.incidents(s) == []
+            assert store_reads.incidents(s) == []
     finally:
         await h.close()

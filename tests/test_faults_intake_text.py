@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bot.intake import models
-from bot.store import service as store
+from tests import store_reads
 from tests.fakes.alerts import alert, payload
 from tests.fakes.bot import harness
 from tests.test_bot_store import new_database, postgres  # noqa: F401  (the real PostgreSQL server fixture)
@@ -79,7 +79,7 @@ async def test_text_the_store_cannot_hold_is_a_422_naming_the_field(
             assert error.startswith(f"not an Alertmanager webhook v4 payload: {field}: "), error
             assert why in error
         with h.bot.db.transaction() as s:
-            assert store.incidents(s) == []
+            assert store_reads.incidents(s) == []
         sent = payload(alert())  # the store still takes the next good notification
         assert (await h.webhook(json.dumps(sent).encode())).status_code == 202
     finally:
@@ -102,6 +102,6 @@ async def test_a_value_the_store_refuses_is_a_422_not_store_unavailable(
         assert "the incident store refused a value of this notification" in error
         assert "unavailable" not in error
         with h.bot.db.transaction() as s:
-            assert store.incidents(s) == []
+            assert store_reads.incidents(s) == []
     finally:
         await h.close()

@@ -30,9 +30,9 @@ from sqlalchemy import select
 from bot.engine.process import free_port
 from bot.remediation.argv import read_flags
 from bot.remediation.ports import STATES
-from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import AuditEntry, Remediation
+from tests import store_reads
 from tests.fakes.bot import PAGES, RUNBOOK, adr_dir
 from tests.fakes.kube_api import TOKEN, FakeKube
 from tests.fakes.kube_server import KubeServer
@@ -93,7 +93,7 @@ class Cluster:
         with self.db.transaction() as s:
             return [
                 e
-                for e in store.audit_trail(s)
+                for e in store_reads.audit_trail(s)
                 if e.action.startswith("remediation.")
                 and e.detail.get("remediation") == remediation_id
             ]

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import select
 
 from bot.errors import UsageError
-from bot.store import service as store
 from bot.store.models import Remediation
+from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
@@ -37,7 +37,7 @@ async def h(tmp_path: Path, slack: FakeSlack) -> AsyncIterator[Harness]:
 
 def incidents(h: Harness) -> int:
     with h.bot.db.transaction() as s:
-        return len(store.incidents(s))
+        return len(store_reads.incidents(s))
 
 
 def assert_names_the_first(

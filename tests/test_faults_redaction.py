@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from bot.runtime.redact import redact
-from bot.store import service as store
+from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import harness
 from tests.fakes.slack_api import FakeSlack
@@ -73,7 +73,7 @@ async def test_a_failing_probe_never_shows_the_password_of_its_url(
         await h.bot.tasks.drain()
         sent = json.dumps([c.args for c in slack.calls])
         with h.bot.db.transaction() as s:
-            audit = json.dumps([(e.action, e.detail, e.note) for e in store.audit_trail(s)])
+            audit = json.dumps([(e.action, e.detail, e.note) for e in store_reads.audit_trail(s)])
         found = LINK.search(json.dumps(slack.of("chat.postMessage")[0].args["blocks"]))
         assert found
         link = found[1].replace("&amp;", "&").removeprefix("https://ruleloop.example.com")

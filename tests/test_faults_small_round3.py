@@ -28,6 +28,7 @@ from bot.errors import UsageError
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import AdrRecord
+from tests import store_reads
 from tests.conftest import FIXTURES
 from tests.fakes.nvml import FakeNvml
 from tests.fakes.nvml_agent import TOKEN
@@ -119,7 +120,7 @@ def test_the_audit_log_cannot_be_truncated_on_postgresql(pg_url: str) -> None:
         with pytest.raises(DatabaseError, match="append-only"), db.engine.begin() as connection:
             connection.execute(text("TRUNCATE incidents CASCADE"))  # reaches audit_log too
         with db.transaction() as s:
-            assert [e.action for e in store.audit_trail(s)] == ["test.entry"]
+            assert [e.action for e in store_reads.audit_trail(s)] == ["test.entry"]
     finally:
         db.dispose()
 

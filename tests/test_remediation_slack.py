@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import select
 
 from bot.adr.shared import SharedAdrStore
-from bot.store import service as store
 from bot.store.models import ActionToken, Remediation
+from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import Call, FakeSlack
 
@@ -72,7 +72,7 @@ def remediations(h: Harness) -> list[Remediation]:
 
 def actions(h: Harness) -> list[str]:
     with h.bot.db.transaction() as s:
-        return [e.action for e in store.audit_trail(s)]
+        return [e.action for e in store_reads.audit_trail(s)]
 
 
 async def test_apply_adr_shows_the_exact_diff_and_gates_then_applies_after_approval(

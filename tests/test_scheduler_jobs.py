@@ -23,6 +23,7 @@ from bot.remediation.gate import GateRun
 from bot.scheduler.runner import Job, RunResult
 from bot.store import service as store
 from bot.store.models import AdrDraft, Incident, MetricSnapshot, Remediation
+from tests import store_reads
 from tests.fakes.bot import PAGES, Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_scheduler_workload_drift import record_workload
@@ -85,12 +86,12 @@ async def tick(h: Harness, name: str, *, after_s: float = 0) -> list[RunResult]:
 
 def incidents(h: Harness) -> list[Incident]:
     with h.bot.db.transaction() as s:
-        return list(store.incidents(s))
+        return list(store_reads.incidents(s))
 
 
 def actions(h: Harness) -> list[str]:
     with h.bot.db.transaction() as s:
-        return [e.action for e in store.audit_trail(s)]
+        return [e.action for e in store_reads.audit_trail(s)]
 
 
 # --- baseline canary ------------------------------------------------------------------------

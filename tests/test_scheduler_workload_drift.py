@@ -19,9 +19,9 @@ from bot.canary.verdict import gates_from, judge
 from bot.config import CanarySpec
 from bot.remediation.gate import GateRun
 from bot.scheduler.runner import RunResult
-from bot.store import service as store
 from bot.store.models import Incident
 from bot.workload.shape import WorkloadShape
+from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.workload_pages import chat, vllm_page
@@ -119,7 +119,7 @@ async def tick(h: Harness, *, after_s: float = 0) -> RunResult:
 
 def incidents(h: Harness) -> list[Incident]:
     with h.bot.db.transaction() as s:
-        return list(store.incidents(s))
+        return list(store_reads.incidents(s))
 
 
 async def test_traffic_like_the_adrs_posts_nothing(

@@ -28,8 +28,8 @@ from bot.probes.workload_capture import CAPTURE_METRICS, capture
 from bot.remediation.gate import GateRun, run_gate
 from bot.scheduler.in_force import adrs_in_force
 from bot.scheduler.workload_drift import LiveShape, WorkloadDrift
-from bot.store import service as store
 from bot.workload.shape import WorkloadShape
+from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_scheduler_workload_drift import ADR, record_workload
@@ -145,7 +145,7 @@ async def test_drift_on_a_real_engine_posts_one_thread_with_the_gates_rerun_unde
         assert drift["revalidated"] == [f"{ADR}: gates hold"], drift
 
     with bot.bot.db.transaction() as s:
-        (incident,) = list(store.incidents(s))
+        (incident,) = list(store_reads.incidents(s))
     assert incident.status == "firing" and incident.target == "prod-a"
     root, thread = slack.of("chat.postMessage")
     text = thread.args["text"]
