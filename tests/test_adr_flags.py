@@ -66,9 +66,30 @@ def test_to_argv_raises_adr_error_naming_file_and_field() -> None:
         to_argv({"block-size": 7}, file="adr/x.md")
 
 
+@pytest.mark.parametrize(
+    ("name", "described"),
+    [
+        ("enable-chunked-prefill", "true or false"),
+        ("block-size", "an integer from 8 to 512, a multiple of 8"),
+        ("gpu-memory-utilization", "a number from 0.05 to 1"),
+        ("scheduling-policy", "one of fcfs, priority"),
+    ],
+)
+def test_a_tunable_flag_describes_its_values_in_words(name: str, described: str) -> None:
+    assert TUNABLE[name].describe() == described
+
+
 def test_every_tunable_flag_describes_its_values() -> None:
     for spec in TUNABLE.values():
-        assert spec.describe() and spec.help
+        text = spec.describe()
+        # a description names the kind and, for numbers, both ends of the range
+        kind = {"bool": "true or false", "int": "an integer", "float": "a number"}
+        assert text.startswith(kind.get(spec.kind, "one of ")), (spec.name, text)
+        if spec.kind in ("int", "float"):
+            assert f"{spec.minimum:g}" in text and f"{spec.maximum:g}" in text, (spec.name, text)
+        if spec.kind == "choice":
+            assert all(choice in text for choice in spec.choices), (spec.name, text)
+        assert len(spec.help.split()) >= 2, f"{spec.name}: say what the flag does"
 
 
 @pytest.mark.parametrize(

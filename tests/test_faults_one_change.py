@@ -120,6 +120,11 @@ async def test_a_running_change_refuses_the_next_request_until_it_ends(
         await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
     assert_names_the_first(str(refused.value), remediations(h)[0], doing="running")
     assert len(remediations(h)) == 1
+    with h.bot.db.transaction() as s:  # the run ends: its change is kept
+        s.scalars(select(Remediation)).one().state = "promoted"
+    again = await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
+    assert again.startswith(f"{ADR} on prod-a: the confirmation card is in the incident thread")
+    assert [r.state for r in remediations(h)] == ["promoted", "pending"]
 
 
 async def test_concurrent_requests_on_postgresql_from_two_bots_make_one_change(
