@@ -48,18 +48,8 @@ class IncidentRecords:
                 return incident, state or items.display_state(s, incident)
 
         i, shown = await asyncio.to_thread(read)
-        return IncidentView(
-            id=i.id,
-            title=i.title,
-            status=i.status,
-            source=i.source,
-            target=i.target,
-            opened_at=i.opened_at,
-            closed_at=i.closed_at,
-            state=shown,
-            summary=dict(i.summary or {}),
-            requested_by=i.labels.get("requested_by") if i.source == "slash" else None,
-        )
+        requested_by = i.labels.get("requested_by") if i.source == "slash" else None
+        return IncidentView(**store.head(i), state=shown, requested_by=requested_by)
 
     async def alert_start(self, incident_id: int) -> dt.datetime | None:
         """When the incident's earliest alert started firing (None: a /diagnose run)."""

@@ -105,6 +105,15 @@ def close(session: Session, incident: Incident, *, at: dt.datetime) -> None:
     session.flush()
 
 
+def head(incident: Incident) -> dict[str, Any]:
+    """An incident's own fields as plain data (what every view of it starts from)."""
+    return {
+        "id": incident.id, "title": incident.title, "status": incident.status,
+        "source": incident.source, "target": incident.target, "opened_at": incident.opened_at,
+        "closed_at": incident.closed_at, "summary": dict(incident.summary or {}),
+    }  # fmt: skip
+
+
 def set_summary(session: Session, incident: Incident, *, summary: Mapping[str, Any]) -> None:
     """Keep the last diagnosis's headline numbers, so the root message can be re-rendered."""
     incident.summary = dict(summary)

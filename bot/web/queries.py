@@ -168,9 +168,7 @@ def incident(db: Database, incident_id: int) -> IncidentRecord | None:
             )
         )
         return IncidentRecord(
-            id=row.id, title=row.title, status=row.status, source=row.source, target=row.target,
-            labels=dict(row.labels or {}), opened_at=row.opened_at, closed_at=row.closed_at,
-            summary=dict(row.summary or {}), alerts=alerts, audit=audit,
+            **store.head(row), labels=dict(row.labels or {}), alerts=alerts, audit=audit,
             remediations=remediations, canaries=canaries, drafts=drafts,
         )  # fmt: skip
 
@@ -186,16 +184,4 @@ def recent(db: Database, *, limit: int = 200) -> list[IndexRow]:
     """The newest incidents first."""
     with db.transaction() as s:
         rows = s.scalars(select(Incident).order_by(Incident.id.desc()).limit(limit)).all()
-        return [
-            IndexRow(
-                id=r.id,
-                title=r.title,
-                status=r.status,
-                source=r.source,
-                target=r.target,
-                opened_at=r.opened_at,
-                closed_at=r.closed_at,
-                summary=dict(r.summary or {}),
-            )  # fmt: skip
-            for r in rows
-        ]
+        return [IndexRow(**store.head(r)) for r in rows]
