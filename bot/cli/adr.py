@@ -27,6 +27,7 @@ from bot.adr.relative import NORMAL_METRICS
 from bot.adr.shared import SharedAdrStore
 from bot.adr.store import AdrStore
 from bot.adr.validate import default_checker, validate
+from bot.cli.options import config_option
 from bot.errors import AdrError, UsageError
 
 if TYPE_CHECKING:
@@ -41,13 +42,9 @@ adr_dir_option = click.option(
     show_default=True,
     help="The decision store: ADRs here, drafts in its drafts/.",
 )
-config_option = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="TOML settings (default: $RULELOOP_CONFIG): with [store] url (or "
-    "$RULELOOP_DATABASE_URL) the store's ADRs are read, not --adr-dir's files.",
+config = config_option(
+    "TOML settings (default: $RULELOOP_CONFIG): with [store] url (or "
+    "$RULELOOP_DATABASE_URL) the store's ADRs are read, not --adr-dir's files."
 )
 date_option = click.option(
     "--date",
@@ -84,7 +81,7 @@ def adr() -> None:
 )
 @click.option("--drafts/--no-drafts", default=True, show_default=True, help="Include drafts.")
 @adr_dir_option
-@config_option
+@config
 def list_(status: str | None, drafts: bool, adr_dir: Path, config_path: Path | None) -> None:
     """List the ADRs: id, status, date, title and file (or place in the store)."""
     with _store(adr_dir, config_path) as store:
@@ -107,7 +104,7 @@ def list_(status: str | None, drafts: bool, adr_dir: Path, config_path: Path | N
 @click.argument("adr_id")
 @click.option("--json", "as_json", is_flag=True, help="The record as JSON.")
 @adr_dir_option
-@config_option
+@config
 def show(adr_id: str, as_json: bool, adr_dir: Path, config_path: Path | None) -> None:
     """Print one ADR and the vLLM flags its fix applies."""
     with _store(adr_dir, config_path) as store:
@@ -208,7 +205,7 @@ def validate_cmd(path: Path | None, use_vllm: bool | None, adr_dir: Path) -> Non
     "('3x normal') are multiplied out with its numbers. Without it they do not hold.",
 )  # fmt: skip
 @adr_dir_option
-@config_option
+@config
 def match_cmd(
     report_path: Path,
     as_json: bool,
@@ -267,7 +264,7 @@ def match_cmd(
 
 @adr.command("export")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@config_option
+@config
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),

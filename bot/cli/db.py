@@ -14,18 +14,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from bot.cli.options import config_option
 from bot.errors import UsageError
 
 if TYPE_CHECKING:
     from bot.store.db import Database
 
-CONFIG = click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="TOML settings file (default: $RULELOOP_CONFIG); the store is [store] url or "
-    "$RULELOOP_DATABASE_URL.",
+CONFIG = config_option(
+    "TOML settings file (default: $RULELOOP_CONFIG); the store is [store] url or "
+    "$RULELOOP_DATABASE_URL."
 )
 STATE = click.option(
     "--state-dir",

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import click
 
 from bot.cli import Command
+from bot.cli.options import config_option
 from bot.errors import UsageError
 
 if TYPE_CHECKING:
@@ -70,13 +71,7 @@ async def run(settings: Settings, *, state_dir: Path, sock: socket.socket) -> No
 @click.command(
     "serve", cls=Command, epilog=EPILOG, context_settings={"help_option_names": ["-h", "--help"]}
 )
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="TOML settings file (default: $RULELOOP_CONFIG).",
-)
+@config_option()
 @click.option(
     "--host", default=None, help="Address to listen on (default: [server] host, 127.0.0.1)."
 )
@@ -111,13 +106,7 @@ def serve(
 
 @click.command("page-link", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("incident_id", type=int, required=False)
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="TOML settings file (default: $RULELOOP_CONFIG).",
-)
+@config_option()
 def page_link(incident_id: int | None, config_path: Path | None) -> None:
     """Print a signed link to an incident's page (no INCIDENT_ID: to the index of incidents).
 

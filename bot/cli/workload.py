@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from bot.cli.options import config_option
+
 if TYPE_CHECKING:
     from bot.workload.shape import WorkloadShape
 
@@ -123,12 +125,7 @@ SOURCE_FLAGS = {
 @click.option("--until", help="--prometheus: the window's end (ISO 8601 or unix s; default now).")
 @click.option("--selector", help="--prometheus: the engine's series, e.g. '{instance=\"h:8000\"}'.")
 @click.option("--target", "target_name", help="--prometheus: a configured target (its vllm_url).")
-@click.option(
-    "--config",
-    "config_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="--target: the ruleloop config file (default $RULELOOP_CONFIG).",
-)
+@config_option("--target: the ruleloop config file (default $RULELOOP_CONFIG).")
 @click.option(
     "--token-file",
     type=click.Path(dir_okay=False, path_type=Path),
