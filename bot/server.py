@@ -95,7 +95,7 @@ class Seams:
     def probe_context(self) -> ProbeContext:
         """A fresh context for one diagnosis's probes."""
         return ProbeContext(
-            http=self.http, clock=self.probe_clock, wall_clock=self.wall_clock,
+            http=self.http, monotonic=self.probe_clock, wall_clock=self.wall_clock,
             sleep=self.sleep, nvml=self.nvml,
         )  # fmt: skip
 

@@ -44,7 +44,7 @@ def serve(routes: dict[str, list[str]]) -> httpx.MockTransport:
 def context(transport: httpx.MockTransport, **kwargs: object) -> tuple[ProbeContext, FakeTime]:
     time = FakeTime()
     http = httpx.AsyncClient(transport=transport)
-    return ProbeContext(http=http, clock=time.clock, sleep=time.sleep, **kwargs), time  # type: ignore[arg-type]
+    return ProbeContext(http=http, monotonic=time.clock, sleep=time.sleep, **kwargs), time  # type: ignore[arg-type]
 
 
 async def test_vllm_metrics_window_reads_the_four_numbers() -> None:

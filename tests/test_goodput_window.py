@@ -282,7 +282,7 @@ async def probe(pages: list[str]) -> tuple[ProbeResult, ProbeResult]:
 
     time = FakeTime()
     async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-        ctx = ProbeContext(http=http, clock=time.clock, sleep=time.sleep)
+        ctx = ProbeContext(http=http, monotonic=time.clock, sleep=time.sleep)
         target = TargetRef("a", Target(vllm_url="http://engine:8000"))
         params = WindowParams(window_s=len(pages) - 1, interval_s=1)
         metrics = await VllmMetricsProbe().run(target=target, params=params, ctx=ctx)

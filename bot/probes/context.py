@@ -34,8 +34,8 @@ class ProbeContext:
     """Injected seams for probes: nothing here reads the real clock or network unless given it."""
 
     http: httpx.AsyncClient
-    clock: Callable[[], float] = time.monotonic
-    wall_clock: Callable[[], float] = time.time
+    monotonic: Callable[[], float] = time.monotonic  # seconds, for windows and intervals
+    wall_clock: Callable[[], float] = time.time  # seconds since the epoch, as Prometheus has
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     nvml: ModuleType | Any | None = None  # None: import pynvml when the nvml probe runs
     hostname: str = field(default_factory=socket.gethostname)
@@ -47,7 +47,7 @@ class ProbeContext:
         """The sampled window of one /metrics URL; probes asking for the same one share it."""
         key = (url, seconds, interval_s)
         if key not in self._windows:
-            scraper = MetricsScraper(url, client=self.http, clock=self.clock)
+            scraper = MetricsScraper(url, client=self.http, clock=self.monotonic)
             self._windows[key] = asyncio.ensure_future(
                 sample_window(scraper, seconds=seconds, interval_s=interval_s, sleep=self.sleep)
             )

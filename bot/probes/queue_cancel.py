@@ -67,7 +67,7 @@ class QueueCancelProbe:
         gateway = None
         if target.target.gateway_url:
             gateway = MetricsScraper(
-                f"{target.target.gateway_url}/metrics", client=ctx.http, clock=ctx.clock,
+                f"{target.target.gateway_url}/metrics", client=ctx.http, clock=ctx.monotonic,
                 require_vllm=False,
             )  # fmt: skip
         g0 = await gateway(only=GATEWAY_METRICS) if gateway else None

@@ -65,7 +65,7 @@ class MetricsSampler:
 
     async def __call__(self, name: str, target: Target) -> Measured:
         """Measured the window and read the four numbers (None where not measured)."""
-        ctx = ProbeContext(http=self._http, clock=self._clock, sleep=self._sleep)
+        ctx = ProbeContext(http=self._http, monotonic=self._clock, sleep=self._sleep)
         result = await VllmMetricsProbe().run(
             target=TargetRef(name, target), params=self._params, ctx=ctx
         )
