@@ -143,12 +143,7 @@ def create_bot(
     slack_app = (
         build_app(settings=settings.slack, services=services, client=client) if client else None
     )
-    jobs = build_jobs(
-        settings, db=db, flows=flows, notifier=notifier, http=seams.http, gate=gate,
-        remediation=services.remediation, probe_clock=seams.probe_clock, sleep=sleep,
-        monotonic=monotonic,
-    )  # fmt: skip
-    scheduler = create_scheduler(settings, db=db, jobs=jobs, clock=clock, owner=owner)
+    scheduler = _scheduler(settings, db, flows, services, seams, notifier=notifier, gate=gate)
     routes = Routes(
         settings=settings, intake=Intake(db=db, targets=settings.targets, clock=clock),
         flows=flows, metrics=metrics, tasks=tasks, db=db, slack=slack_app,
@@ -161,6 +156,26 @@ def create_bot(
         http=seams.http, remediation=services.remediation, drafts=services.drafts, tasks=tasks,
         metrics=metrics, scheduler=scheduler,
     )  # fmt: skip
+
+
+def _scheduler(
+    settings: Settings,
+    db: Database,
+    flows: IncidentFlows,
+    services: Services,
+    seams: Seams,
+    *,
+    notifier: BotNotifier,
+    gate: GateRunner,
+) -> Scheduler | None:
+    """The scheduled jobs (snapshots, baseline canary, workload drift, outbox...), leased per
+    period under this replica's id (the flows')."""
+    jobs = build_jobs(
+        settings, db=db, flows=flows, notifier=notifier, http=seams.http, gate=gate,
+        remediation=services.remediation, probe_clock=seams.probe_clock, sleep=seams.sleep,
+        monotonic=seams.monotonic,
+    )  # fmt: skip
+    return create_scheduler(settings, db=db, jobs=jobs, clock=seams.clock, owner=flows.owner)
 
 
 def _database(settings: Settings, state_dir: Path) -> Database:

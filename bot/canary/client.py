@@ -105,18 +105,9 @@ async def stream_request(
     limit = abandon_after_s if abandon_after_s is not None else timeout_s
     try:
         async with asyncio.timeout(limit):
-            if isinstance(body, bytes):
-                headers = {"Content-Type": "application/json", **(headers or {})}
-                request = session.post(url, data=body, headers=headers)
-            else:
-                request = session.post(url, json=body, headers=headers)
-            async with request as response:
+            async with _post(session, url, body, headers) as response:
                 if response.status != 200:
-                    detail = (await response.read()).decode(errors="replace")[:300]
-                    record.finished_at = clock()
-                    record.outcome = Outcome.FAILED
-                    record.error = f"HTTP {response.status}: {_error_message(detail)}"
-                    record.cause = f"HTTP {response.status}"
+                    await _refused(response, record, clock)
                     return
                 gave_up = await _read_events(
                     response, record, clock, cancel_after_tokens, on_first_token
@@ -131,23 +122,48 @@ async def stream_request(
         record.finished_at = ended_at
         record.outcome = Outcome.CANCELLED if gave_up else Outcome.OK
     except TimeoutError:
-        record.finished_at = clock()
         if abandon_after_s is not None:
+            record.finished_at = clock()
             record.outcome = Outcome.CANCELLED
         else:
-            record.outcome = Outcome.FAILED
-            record.error = f"no complete response within {timeout_s:g} s"
-            record.cause = "timeout"
+            _failed(record, clock(), f"no complete response within {timeout_s:g} s", "timeout")
     except StreamError as exc:
-        record.finished_at = clock()
-        record.outcome = Outcome.FAILED
-        record.error = str(exc)
-        record.cause = "stream error"
+        _failed(record, clock(), str(exc), "stream error")
     except aiohttp.ClientError as exc:
-        record.finished_at = clock()
-        record.outcome = Outcome.FAILED
-        record.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        record.cause = "transport"
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        _failed(record, clock(), error, "transport")
+
+
+def _post(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: dict[str, Any] | bytes,
+    headers: dict[str, str] | None,
+) -> contextlib.AbstractAsyncContextManager[aiohttp.ClientResponse]:
+    """The POST of a request body: a ready-encoded one says it is JSON, a dict is encoded."""
+    if isinstance(body, bytes):
+        headers = {"Content-Type": "application/json", **(headers or {})}
+        return session.post(url, data=body, headers=headers)
+    return session.post(url, json=body, headers=headers)
+
+
+async def _refused(
+    response: aiohttp.ClientResponse, record: RequestRecord, clock: Callable[[], float]
+) -> None:
+    """A request the server answered with an error status: failed, with the error's message."""
+    detail = (await response.read()).decode(errors="replace")[:300]
+    _failed(
+        record, clock(), f"HTTP {response.status}: {_error_message(detail)}",
+        f"HTTP {response.status}",
+    )  # fmt: skip
+
+
+def _failed(record: RequestRecord, now: float, error: str, cause: str) -> None:
+    """End ``record`` as failed at ``now``: the error to show, the cause to count it under."""
+    record.finished_at = now
+    record.outcome = Outcome.FAILED
+    record.error = error
+    record.cause = cause
 
 
 async def _read_to_the_end(response: aiohttp.ClientResponse) -> None:

@@ -59,6 +59,29 @@ METRICS_PATHS = ("/metrics", "/engine/metrics")
 REPLAY_METRICS = frozenset((*CACHE_CONFIG, *GENERATION_TOKENS))
 
 
+class _Quota:
+    """How many more requests a load may start: up to ``count``, and until ``deadline``."""
+
+    __slots__ = ("count", "deadline", "issued")
+
+    def __init__(self, count: int | None, deadline: float | None) -> None:
+        self.count, self.deadline, self.issued = count, deadline, 0
+
+    @property
+    def counted_out(self) -> bool:
+        """All ``count`` requests have started."""
+        return self.count is not None and self.issued >= self.count
+
+    def take(self) -> bool:
+        """Start one more request, if the count and the deadline leave room for it."""
+        if self.counted_out:
+            return False
+        if self.deadline is not None and time.perf_counter() >= self.deadline:
+            return False
+        self.issued += 1
+        return True
+
+
 @dataclass(frozen=True)
 class Progress:
     """A snapshot for the progress line."""
@@ -326,58 +349,68 @@ class CanaryRun:
         duration_s: float | None,
         keep: bool,
     ) -> None:
-        w = self.workload
+        """Send up to ``count`` requests or for ``duration_s``: at fixed concurrency, or as
+        arrivals (Poisson at the request rate, or the replayed shape's)."""
         deadline = None if duration_s is None else time.perf_counter() + duration_s
-        issued = 0
-
-        def take() -> bool:
-            nonlocal issued
-            if count is not None and issued >= count:
-                return False
-            if deadline is not None and time.perf_counter() >= deadline:
-                return False
-            issued += 1
-            return True
-
-        async def one() -> None:
-            await self._one(session, model, keep=keep)
-
+        quota = _Quota(count, deadline)
         replay = self.replay if keep else self._warmup_replay
-        if w.request_rate is None and replay is None:
-            started = time.perf_counter()
-            base = w.base_streams() if keep else w.concurrency
-
-            async def worker(index: int) -> None:
-                while True:
-                    # A burst stream (pulse) sends only inside a burst: re-checked after every
-                    # sleep, since a busy loop may wake it after the burst has ended.
-                    while index >= base and not w.in_burst(time.perf_counter() - started):
-                        wait = w.next_burst_in(time.perf_counter() - started)
-                        if deadline is not None and time.perf_counter() + wait >= deadline:
-                            return
-                        if count is not None and issued >= count:
-                            return
-                        await asyncio.sleep(wait)
-                    if not take():
-                        return
-                    await one()
-
-            await asyncio.gather(*(worker(i) for i in range(w.concurrency)))
+        if self.workload.request_rate is None and replay is None:
+            await self._closed_loop(session, model, quota, keep=keep)
             return
+        await self._arrivals(session, model, quota, replay, keep=keep)
+        if keep and self.replay is not None:
+            self.warnings.extend(self.replay.warnings())
+
+    async def _closed_loop(
+        self, session: aiohttp.ClientSession, model: str, quota: _Quota, *, keep: bool
+    ) -> None:
+        """Fixed concurrency: each stream sends its next request when its last one ends (a
+        pulse's burst streams only inside a burst)."""
+        w = self.workload
+        started = time.perf_counter()
+        base = w.base_streams() if keep else w.concurrency
+
+        async def worker(index: int) -> None:
+            while True:
+                # A burst stream (pulse) sends only inside a burst: re-checked after every
+                # sleep, since a busy loop may wake it after the burst has ended.
+                while index >= base and not w.in_burst(time.perf_counter() - started):
+                    wait = w.next_burst_in(time.perf_counter() - started)
+                    if quota.deadline is not None and time.perf_counter() + wait >= quota.deadline:
+                        return
+                    if quota.counted_out:
+                        return
+                    await asyncio.sleep(wait)
+                if not quota.take():
+                    return
+                await self._one(session, model, keep=keep)
+
+        await asyncio.gather(*(worker(i) for i in range(w.concurrency)))
+
+    async def _arrivals(
+        self,
+        session: aiohttp.ClientSession,
+        model: str,
+        quota: _Quota,
+        replay: ShapeReplay | None,
+        *,
+        keep: bool,
+    ) -> None:
+        """Requests at their own arrival times (the shape's gaps, else Poisson at the request
+        rate), at most ``concurrency`` of them in flight."""
+        w = self.workload
         gate = asyncio.Semaphore(w.concurrency)
         tasks = []
 
         async def gated() -> None:
             async with gate:
-                await one()
+                await self._one(session, model, keep=keep)
 
         rate = w.request_rate or 1.0
-        while take():
+        while quota.take():
             tasks.append(asyncio.create_task(gated()))
             await asyncio.sleep(replay.gap() if replay else self._rng.expovariate(rate))
         await asyncio.gather(*tasks)
-        if keep and self.replay is not None:
-            self.warnings.extend(self.replay.warnings())
 
     def _prepare(self, model: str, count: int) -> None:
         """Encode ``count`` request bodies now, so their cost stays out of the measured CPU."""

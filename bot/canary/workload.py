@@ -109,17 +109,38 @@ class Workload:
 
 def check(workload: Workload) -> list[str]:
     """Everything wrong with a workload, as messages that say what to change (empty if fine)."""
-    problems = []
+    problems = [
+        *_endpoint_problems(workload),
+        *_amount_problems(workload),
+        *_shape_problems(workload),
+        *_pulse_problems(workload),
+        *_length_problems(workload),
+        *_cancel_problems(workload),
+        *_token_cancel_problems(workload),
+    ]
+    if workload.warmup_requests < 0:
+        problems.append(f"--warmup must be 0 or more (got {workload.warmup_requests})")
+    return problems
+
+
+def _endpoint_problems(workload: Workload) -> list[str]:
+    """What is wrong with --endpoint: an http(s) URL of one of the two completion APIs."""
     parts = urlsplit(workload.endpoint)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        problems.append(
+        return [
             f"--endpoint {workload.endpoint!r} is not an http(s) URL; "
             "use e.g. http://127.0.0.1:8000/v1/completions"
-        )
-    elif not parts.path.rstrip("/").endswith("completions"):
-        problems.append(
+        ]
+    if not parts.path.rstrip("/").endswith("completions"):
+        return [
             f"--endpoint {workload.endpoint!r} must end in /v1/completions or /v1/chat/completions"
-        )
+        ]
+    return []
+
+
+def _amount_problems(workload: Workload) -> list[str]:
+    """What is wrong with how much the run sends: streams, rate, requests and duration."""
+    problems = []
     if workload.concurrency < 1:
         problems.append(f"--concurrency must be at least 1 (got {workload.concurrency})")
     if workload.request_rate is not None and workload.request_rate <= 0:
@@ -130,30 +151,50 @@ def check(workload: Workload) -> list[str]:
         problems.append(f"--num-requests must be at least 1 (got {workload.num_requests})")
     if workload.duration_s is not None and workload.duration_s <= 0:
         problems.append(f"--duration must be above 0 seconds (got {workload.duration_s})")
-    if workload.shape is not None:
-        if workload.request_rate is not None:
-            problems.append("--request-rate contradicts --workload (the shape's arrivals)")
-        if workload.pulse_period_s is not None:
-            problems.append("--pulse contradicts --workload (the shape's arrivals)")
-        if not workload.ignore_eos:
-            problems.append(
-                "--no-ignore-eos contradicts --workload: the shape's output lengths are sent "
-                "as max_tokens with ignore_eos"
-            )
+    return problems
+
+
+def _shape_problems(workload: Workload) -> list[str]:
+    """The options a replayed --workload shape contradicts (it brings its own arrivals)."""
+    if workload.shape is None:
+        return []
+    problems = []
+    if workload.request_rate is not None:
+        problems.append("--request-rate contradicts --workload (the shape's arrivals)")
     if workload.pulse_period_s is not None:
-        if workload.request_rate is not None:
-            problems.append("--pulse shapes fixed-concurrency load; drop --request-rate")
-        if workload.pulse_period_s <= 0 or workload.pulse_width_s <= 0:
-            problems.append("--pulse-period and --pulse-width must be above 0 seconds")
-        elif workload.pulse_width_s >= workload.pulse_period_s:
-            problems.append(
-                f"--pulse-width ({workload.pulse_width_s:g} s) must be shorter than "
-                f"--pulse-period ({workload.pulse_period_s:g} s)"
-            )
-        if not 0.0 <= workload.pulse_base_share < 1.0:
-            problems.append(
-                f"--pulse-base must be at least 0 and below 1 (got {workload.pulse_base_share})"
-            )
+        problems.append("--pulse contradicts --workload (the shape's arrivals)")
+    if not workload.ignore_eos:
+        problems.append(
+            "--no-ignore-eos contradicts --workload: the shape's output lengths are sent "
+            "as max_tokens with ignore_eos"
+        )
+    return problems
+
+
+def _pulse_problems(workload: Workload) -> list[str]:
+    """What is wrong with --pulse and its period, width and base share."""
+    if workload.pulse_period_s is None:
+        return []
+    problems = []
+    if workload.request_rate is not None:
+        problems.append("--pulse shapes fixed-concurrency load; drop --request-rate")
+    if workload.pulse_period_s <= 0 or workload.pulse_width_s <= 0:
+        problems.append("--pulse-period and --pulse-width must be above 0 seconds")
+    elif workload.pulse_width_s >= workload.pulse_period_s:
+        problems.append(
+            f"--pulse-width ({workload.pulse_width_s:g} s) must be shorter than "
+            f"--pulse-period ({workload.pulse_period_s:g} s)"
+        )
+    if not 0.0 <= workload.pulse_base_share < 1.0:
+        problems.append(
+            f"--pulse-base must be at least 0 and below 1 (got {workload.pulse_base_share})"
+        )
+    return problems
+
+
+def _length_problems(workload: Workload) -> list[str]:
+    """What is wrong with the prompt, prefix and output lengths."""
+    problems = []
     if workload.prompt_length < 1:
         problems.append(f"--prompt-length must be at least 1 token (got {workload.prompt_length})")
     if not 0 <= workload.prefix_length < max(workload.prompt_length, 1):
@@ -163,13 +204,16 @@ def check(workload: Workload) -> list[str]:
         )
     if workload.output_length < 1:
         problems.append(f"--output-length must be at least 1 token (got {workload.output_length})")
+    return problems
+
+
+def _cancel_problems(workload: Workload) -> list[str]:
+    """What is wrong with the share of impatient clients and when they give up."""
+    problems = []
     if not 0.0 <= workload.cancel_share <= 1.0:
         problems.append(f"--cancel-share must be between 0 and 1 (got {workload.cancel_share})")
     if workload.cancel_after_ms <= 0:
         problems.append(f"--cancel-after-ms must be above 0 (got {workload.cancel_after_ms})")
-    problems.extend(_token_cancel_problems(workload))
-    if workload.warmup_requests < 0:
-        problems.append(f"--warmup must be 0 or more (got {workload.warmup_requests})")
     return problems
 
 

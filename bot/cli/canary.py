@@ -338,13 +338,8 @@ def canary(
     cross-checks them against the engine's /metrics over the same window, and checks each
     gate you give. Prints a progress line while it runs and a summary table at the end.
     """
-    shape = None
-    if workload_file is not None:
-        shape = _load_shape(workload_file, ignore_eos=ignore_eos)
-        if _given("concurrency") is None:
-            concurrency = default_cap(shape)
-    if num_requests is None and duration_s is None:
-        num_requests = default_num_requests(concurrency)
+    shape = None if workload_file is None else _load_shape(workload_file, ignore_eos=ignore_eos)
+    concurrency, num_requests = _sized(shape, concurrency, num_requests, duration_s)
     workload = Workload(
         endpoint=endpoint, model=model, concurrency=concurrency, request_rate=request_rate,
         num_requests=num_requests, duration_s=duration_s,
@@ -360,13 +355,39 @@ def canary(
         min_goodput_ratio=min_goodput_ratio, max_kv_fragmentation=max_kv_fragmentation,
         max_error_rate=max_error_rate,
     )  # fmt: skip
-    discover = metrics_url is None
-    if metrics_url is not None and metrics_url.lower() == "none":
-        metrics_url = None
     report = run_canary(
-        workload, gates=gates, metrics_url=metrics_url, discover_metrics=discover,
-        sample_interval_s=sample_interval_s, progress=not quiet,
+        workload, gates=gates, sample_interval_s=sample_interval_s, progress=not quiet,
+        metrics_url=_metrics_url(metrics_url), discover_metrics=metrics_url is None,
     )  # fmt: skip
+    _report(report, output_json)
+
+
+def _sized(
+    shape: WorkloadShape | None,
+    concurrency: int,
+    num_requests: int | None,
+    duration_s: float | None,
+) -> tuple[int, int | None]:
+    """The in-flight cap and request count the run uses: a replayed shape's default cap where
+    --concurrency was not given, and the default count where neither --num-requests nor
+    --duration was."""
+    if shape is not None and _given("concurrency") is None:
+        concurrency = default_cap(shape)
+    if num_requests is None and duration_s is None:
+        num_requests = default_num_requests(concurrency)
+    return concurrency, num_requests
+
+
+def _metrics_url(metrics_url: str | None) -> str | None:
+    """The engine's /metrics the run scrapes: --metrics-url, where 'none' means none (and not
+    given, none either: the run looks for one beside the endpoint)."""
+    if metrics_url is not None and metrics_url.lower() == "none":
+        return None
+    return metrics_url
+
+
+def _report(report: dict[str, object], output_json: Path | None) -> None:
+    """Write the report where --output-json says, print its summary, and fail on a gate."""
     if output_json is not None:
         output_json.parent.mkdir(parents=True, exist_ok=True)
         output_json.write_text(json.dumps(report, indent=2))

@@ -362,15 +362,7 @@ class Demo:
                 await bot.tasks.drain(timeout_s=900)
                 await bot.http.aclose()
                 bot.db.dispose()
-        if rem.state == "failed":
-            raise DemoFailed(
-                f"the remediation failed: {rem.result.get('reason') or 'see the card above'}; "
-                f"the engine on {self.base_url} may need a manual restart"
-            )
-        if draft is None:
-            raise DemoFailed(
-                f"the remediation ended {rem.state} but no post-incident ADR was drafted"
-            )
+        draft = self._story_ended(rem, draft)
         assert self._adr.gates is not None  # an accepted ADR has gates (the validator insists)
         return Result(
             adr_id=self._adr.id,
@@ -395,6 +387,20 @@ class Demo:
                 f"(vllm_metrics, {WINDOW_S:g} s or longer)",
             ),
         )
+
+    def _story_ended(self, rem: Remediation, draft: Path | None) -> Path:
+        """The post-incident ADR the story ends with; DemoFailed when the remediation failed
+        or drafted none (the last screen would show a story that did not happen)."""
+        if rem.state == "failed":
+            raise DemoFailed(
+                f"the remediation failed: {rem.result.get('reason') or 'see the card above'}; "
+                f"the engine on {self.base_url} may need a manual restart"
+            )
+        if draft is None:
+            raise DemoFailed(
+                f"the remediation ended {rem.state} but no post-incident ADR was drafted"
+            )
+        return draft
 
     # --- 3/9: normal -------------------------------------------------------------------------
     async def _normal(self, http: httpx.AsyncClient) -> Measured:

@@ -23,8 +23,8 @@ from bot.errors import UsageError
 from bot.numbers.reading import Bounds, Measured, Spans, spans_json
 from bot.numbers.text import FOUR
 from bot.probes.context import ProbeContext, TargetRef
-from bot.runbooks.loader import RunbookSet
-from bot.runbooks.runner import RunbookRunner
+from bot.runbooks.loader import LoadedRunbook, RunbookSet
+from bot.runbooks.runner import RunbookResult, RunbookRunner
 
 log = logging.getLogger("ruleloop.diagnosis")
 # A target's "normal" four numbers (the scheduler's snapshots), shown next to "now".
@@ -100,11 +100,7 @@ class Diagnoser:
     ) -> Diagnosis:
         """Run the runbook that fits ``labels`` on ``target`` and read the result (with
         ``alert_start``, the chart and the history's finding place the alert)."""
-        loaded = self._runbooks.select(labels)
-        if loaded is None:
-            raise UsageError(
-                f"no runbook matches {dict(labels)}; add one with an empty `match` as a default"
-            )
+        loaded = self._select(labels)
         ctx = self._context()
         t0 = self._monotonic()
         result = await self._runner.run(loaded, target=target, ctx=ctx)
@@ -113,9 +109,7 @@ class Diagnoser:
         accepted = await asyncio.to_thread(self._adrs.accepted)
         normal = await self._read_normal(target.name)
         baseline = Baseline.from_adrs(accepted)
-        headline = {key: result.reading(f"vllm_metrics.{key}") for key, *_ in FOUR}
-        bounds = {key: b for key, *_ in FOUR if (b := result.bounds.get(f"vllm_metrics.{key}"))}
-        spans = {key: s for key, *_ in FOUR if (s := result.spans.get(f"vllm_metrics.{key}"))}
+        headline, bounds, spans = _four_numbers(result)
         report = match_report(result.readings, result.bounds, result.spans)
         matches = matching(accepted, report, normal.numbers, normal_bounds=normal.bounds)
         window = result.windows.get("vllm_metrics")  # the four numbers' window, charted
@@ -123,22 +117,9 @@ class Diagnoser:
         sampling = max(
             (w.pages[-1].at - w.pages[0].at for w in result.windows.values()), default=0.0
         )
-        chart = None
-        if window is not None and window.points:
-            metric = chart_data.incident_metric(
-                matches=matches, labels=labels, findings=result.findings
-            )
-            chart = chart_data.build(
-                target=target.name,
-                metric=metric,
-                window=window,
-                window_end=ended,
-                window_value=result.reading(MATCH_READINGS.get(metric, f"vllm_metrics.{metric}")),
-                details=result.details,
-                alert_start=None if alert_start is None else alert_start.timestamp(),
-                gate=_gate(metric, matches, baseline),
-                normal=normal.numbers.get(metric),
-            )
+        chart = _chart(
+            target, labels, result, matches, baseline, normal, ended=ended, alert_start=alert_start
+        )
         return Diagnosis(
             target=target.name,
             runbook=loaded.name,
@@ -162,6 +143,15 @@ class Diagnoser:
             normal_spans=normal.spans,
         )
 
+    def _select(self, labels: Mapping[str, str]) -> LoadedRunbook:
+        """The runbook for the alert's labels; a usage error names them when none fits."""
+        loaded = self._runbooks.select(labels)
+        if loaded is None:
+            raise UsageError(
+                f"no runbook matches {dict(labels)}; add one with an empty `match` as a default"
+            )
+        return loaded
+
     async def _read_normal(self, target: str) -> Measured:
         """The target's "normal" numbers; none (not a failed diagnosis) when they cannot be read."""
         if self._normal is None:
@@ -177,6 +167,46 @@ class Diagnoser:
         if diagnosis.chart is None:
             return None
         return await asyncio.to_thread(render_chart, diagnosis.chart)
+
+
+def _four_numbers(
+    result: RunbookResult,
+) -> tuple[dict[str, float | None], Bounds, Spans]:
+    """The headline four numbers of a run, with the bounds and spans of those that have them."""
+    headline = {key: result.reading(f"vllm_metrics.{key}") for key, *_ in FOUR}
+    bounds = {key: b for key, *_ in FOUR if (b := result.bounds.get(f"vllm_metrics.{key}"))}
+    spans = {key: s for key, *_ in FOUR if (s := result.spans.get(f"vllm_metrics.{key}"))}
+    return headline, bounds, spans
+
+
+def _chart(
+    target: TargetRef,
+    labels: Mapping[str, str],
+    result: RunbookResult,
+    matches: list[MatchResult],
+    baseline: Baseline,
+    normal: Measured,
+    *,
+    ended: float,
+    alert_start: dt.datetime | None,
+) -> chart_data.ChartData | None:
+    """The chart's data for the incident's metric over the four numbers' window; None when the
+    run sampled no window to draw."""
+    window = result.windows.get("vllm_metrics")
+    if window is None or not window.points:
+        return None
+    metric = chart_data.incident_metric(matches=matches, labels=labels, findings=result.findings)
+    return chart_data.build(
+        target=target.name,
+        metric=metric,
+        window=window,
+        window_end=ended,
+        window_value=result.reading(MATCH_READINGS.get(metric, f"vllm_metrics.{metric}")),
+        details=result.details,
+        alert_start=None if alert_start is None else alert_start.timestamp(),
+        gate=_gate(metric, matches, baseline),
+        normal=normal.numbers.get(metric),
+    )
 
 
 def _gate(metric: str, matches: list[MatchResult], baseline: Baseline) -> tuple[float, str] | None:

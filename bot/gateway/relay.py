@@ -104,6 +104,39 @@ class _ToClient:
             raise
 
 
+class _Deadline:
+    """The exchange's deadline, moved by what happens around it: pulled in to now when the
+    client goes away, and to at most END_GRACE_S once the client has the end marker.
+
+    One per exchange, in place of two closures over the same three names.
+    """
+
+    __slots__ = ("_ex", "_loop", "_timeout")
+
+    def __init__(
+        self, timeout: asyncio.Timeout, loop: asyncio.AbstractEventLoop, ex: Exchange
+    ) -> None:
+        self._timeout, self._loop, self._ex = timeout, loop, ex
+
+    def on_disconnect(self, task: asyncio.Task[None]) -> None:
+        """The client-connection watcher's done callback."""
+        ex = self._ex
+        # after the end marker the client's response is complete: the server says
+        # "disconnect" to every receive then, and the engine's body is drained
+        if task.cancelled() or ex.done or ex.ended:
+            return
+        ex.client_gone = True
+        # RuntimeError: the deadline is already firing; it ends the exchange anyway.
+        with contextlib.suppress(RuntimeError):
+            self._timeout.reschedule(self._loop.time())
+
+    def end_grace(self) -> None:
+        """What follows the end marker is only read for the connection's sake."""
+        when = min(self._timeout.when() or math.inf, self._loop.time() + END_GRACE_S)
+        with contextlib.suppress(RuntimeError):
+            self._timeout.reschedule(when)
+
+
 class Relay:
     """Runs exchanges against one upstream client (its ``base_url`` is the engine's root)."""
 
@@ -138,56 +171,24 @@ class Relay:
         watcher = loop.create_task(_wait_disconnect(receive))
         try:
             async with asyncio.timeout(deadline_s) as timeout:
-
-                def on_disconnect(task: asyncio.Task[None]) -> None:
-                    # after the end marker the client's response is complete: the server says
-                    # "disconnect" to every receive then, and the engine's body is drained
-                    if task.cancelled() or ex.done or ex.ended:
-                        return
-                    ex.client_gone = True
-                    # RuntimeError: the deadline is already firing; it ends the exchange anyway.
-                    with contextlib.suppress(RuntimeError):
-                        timeout.reschedule(loop.time())
-
-                def end_grace() -> None:
-                    # what follows the end marker is only read for the connection's sake
-                    when = min(timeout.when() or math.inf, loop.time() + END_GRACE_S)
-                    with contextlib.suppress(RuntimeError):
-                        timeout.reschedule(when)
-
-                watcher.add_done_callback(on_disconnect)
+                deadline = _Deadline(timeout, loop, ex)
+                watcher.add_done_callback(deadline.on_disconnect)
                 request = self._request(method, target, headers, body)
                 response = await self.client.send(request, stream=True)
                 try:
                     ex.status = response.status_code
                     if stream and response.status_code == 200:
-                        await self._stream(response, send, to_client, ex, end_grace)
+                        await self._stream(response, send, to_client, ex, deadline.end_grace)
                     else:
                         payload = b"".join([c async for c in response.aiter_raw()])
-                        ex.first_byte_s = ex.last_byte_s = self.clock()
-                        _count(payload, ex)
-                        ex.done = True
-                        hdrs = response_headers(response)
-                        hdrs.append((b"content-length", str(len(payload)).encode()))
-                        await send(
-                            {"type": "http.response.start", "status": ex.status, "headers": hdrs}
-                        )
+                        await send(self._whole_start(response, payload, ex))
                         ex.head_sent = True
                         await send({"type": "http.response.body", "body": payload})
                 finally:
                     await response.aclose()
             ex.outcome = _finished(ex)
         except TimeoutError:
-            # Fired while closing a response that was complete, or after the client had the
-            # stream's end marker and left before the engine's HTTP body ended: it got it all.
-            if ex.done or ex.ended:
-                ex.outcome = _finished(ex)
-            elif ex.client_gone:
-                ex.outcome = Outcome.CLIENT_CANCEL
-            else:
-                ex.outcome = Outcome.DEADLINE
-                await self._fail(send, ex, responses.deadline_mid_stream(deadline_s),
-                                 responses.deadline_before_output(deadline_s))  # fmt: skip
+            await self._timed_out(send, ex, deadline_s)
         except httpx.HTTPError as exc:
             ex.outcome = Outcome.UPSTREAM_ERROR
             detail = str(exc) or type(exc).__name__
@@ -200,6 +201,29 @@ class Relay:
         finally:
             watcher.cancel()
         return ex
+
+    def _whole_start(self, response: httpx.Response, payload: bytes, ex: Exchange) -> Message:
+        """The head of a response relayed whole (not streamed), its body read and counted: the
+        exchange's bookkeeping, kept out of ``run`` and without an await of its own."""
+        ex.first_byte_s = ex.last_byte_s = self.clock()
+        _count(payload, ex)
+        ex.done = True
+        hdrs = response_headers(response)
+        hdrs.append((b"content-length", str(len(payload)).encode()))
+        return {"type": "http.response.start", "status": ex.status, "headers": hdrs}
+
+    async def _timed_out(self, send: Send, ex: Exchange, deadline_s: float) -> None:
+        """How an exchange the deadline cut ended, and the client told when it is still there."""
+        # Fired while closing a response that was complete, or after the client had the
+        # stream's end marker and left before the engine's HTTP body ended: it got it all.
+        if ex.done or ex.ended:
+            ex.outcome = _finished(ex)
+        elif ex.client_gone:
+            ex.outcome = Outcome.CLIENT_CANCEL
+        else:
+            ex.outcome = Outcome.DEADLINE
+            await self._fail(send, ex, responses.deadline_mid_stream(deadline_s),
+                             responses.deadline_before_output(deadline_s))  # fmt: skip
 
     def _request(
         self, method: str, target: str, headers: list[tuple[bytes, bytes]], body: bytes
@@ -272,22 +296,33 @@ class Relay:
             except OSError:
                 ex.client_gone = True
                 raise
-            if end:
-                # The end marker ends the client's response in the same write. Sent after it,
-                # the body's end came too late for a client that stops reading at the marker
-                # (the canary, OpenAI's SDKs): it dropped the connection as unfinished and paid
-                # a new one on its next request, most requests here (docs/gateway.md).
-                ex.ended = True
-                ex.last_byte_s = self.clock()
-                at_end()
+            if end:  # once a stream (_marked_end: why the marker ends the last write)
+                self._marked_end(ex, at_end)
         ex.done = True
-        if ex.ended:
-            return
+        if not ex.ended:
+            await self._unmarked_end(send, ex, hdrs, held)
+
+    def _marked_end(self, ex: Exchange, at_end: Callable[[], None]) -> None:
+        """The end marker reached the client: the exchange has ended, what follows is drained.
+
+        The end marker ends the client's response in the same write. Sent after it, the body's
+        end came too late for a client that stops reading at the marker (the canary, OpenAI's
+        SDKs): it dropped the connection as unfinished and paid a new one on its next request,
+        most requests here (docs/gateway.md).
+        """
+        ex.ended = True
+        ex.last_byte_s = self.clock()
+        at_end()
+
+    async def _unmarked_end(
+        self, send: Send, ex: Exchange, hdrs: list[tuple[bytes, bytes]], held: bytes
+    ) -> None:
+        """The body ended without the end marker: what it held after its last event goes as
+        is (after the head, when no whole event came)."""
         ex.last_byte_s = self.clock()
         if not ex.head_sent:
             await send({"type": "http.response.start", "status": 200, "headers": hdrs})
             ex.head_sent = True
-        # The body ended without the end marker: what it held after its last event goes as is.
         await send({"type": "http.response.body", "body": held})
 
     @staticmethod

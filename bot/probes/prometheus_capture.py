@@ -170,62 +170,22 @@ async def capture_from_prometheus(
     prom = Prometheus(client, base_url)
     inner = matchers(selector)
     sel = "{" + inner + "}"
-    start = end - seconds
-    names = {
-        row.get("__name__", "")
-        for row in await prom.series(_with(inner, '__name__=~"vllm:.+"'), start, end)
-    }
+    names = await _vllm_names(prom, inner, start=end - seconds, end=end)
     where = f"{sel} in Prometheus {prom.base}"
-    if not names:
-        engines = await _engines(prom, start, end)
-        raise ProbeError(
-            f"Prometheus at {prom.base} holds no vLLM series matching {sel} between "
-            f"{_iso(start)} and {_iso(end)}: check the selector (labels as Prometheus writes "
-            f'them, e.g. instance="host:port") and --since/--until. {engines}'
-        )
     for name in (PROMPT_LENGTHS, OUTPUT_LENGTHS):
         if f"{name}_bucket" not in names:
             raise ProbeError(
                 f"{where} holds no {name} histogram: the request lengths a shape is made of "
                 "(vLLM has exposed it since its V1 engine)"
             )
-    w = f"[{seconds:.0f}s]"
-
-    async def histogram(name: str) -> Histogram:
-        rows = await prom.vector(f"sum by (le) (increase({name}_bucket{sel}{w}))", end)
-        cumulative: dict[float, float] = {}
-        for labels, value in rows:  # engines may write one edge two ways: le="100", "100.0"
-            edge = float(labels.get("le", "nan"))
-            if not math.isnan(edge):
-                cumulative[edge] = cumulative.get(edge, 0.0) + value
-        cumulative = dict(sorted(cumulative.items()))
-        total = await prom.scalar(f"sum(increase({name}_sum{sel}{w}))", end)
-        return Histogram(cumulative, total)
-
-    async def increase(candidates: tuple[str, ...]) -> float | None:
-        name = next((n for n in candidates if n in names), None)
-        return None if name is None else await prom.scalar(f"sum(increase({name}{sel}{w}))", end)
-
-    hits, queries = await increase(PREFIX_HITS), await increase(PREFIX_QUERIES)
-    if hits is None or queries is None:
-        hits = queries = None
-    gauge = None
-    if hits is None and PREFIX_HIT_RATE[0] in names:
-        gauge = await prom.scalar(f"avg(avg_over_time({PREFIX_HIT_RATE[0]}{sel}{w}))", end)
-    running = None
-    if RUNNING[0] in names:
-        running = await prom.scalar(f"sum(avg_over_time({RUNNING[0]}{sel}{w}))", end)
-    posts = dict.fromkeys(API_HANDLERS.values(), 0.0)
-    post = _with(inner, 'method="POST"')
-    rows = await prom.vector(f"sum by (handler) (increase({HTTP_REQUESTS}{post}{w}))", end)
-    for labels, value in rows:
-        api = API_HANDLERS.get(labels.get("handler", ""))
-        if api is not None:
-            posts[api] += max(value, 0.0)
+    q = _WindowQueries(prom, inner, f"[{seconds:.0f}s]", end, names)
+    hits, queries, gauge = await q.prefix_cache()
+    running = await q.running()
+    posts = await q.posts()
     window = Window(
         seconds=seconds,
-        prompt=await histogram(PROMPT_LENGTHS),
-        output=await histogram(OUTPUT_LENGTHS),
+        prompt=await q.histogram(PROMPT_LENGTHS),
+        output=await q.histogram(OUTPUT_LENGTHS),
         prefix_hits=hits,
         prefix_queries=queries,
         hit_rate_gauge=gauge,
@@ -239,6 +199,84 @@ async def capture_from_prometheus(
         where=where,
         longer="--since",
     )
+
+
+async def _vllm_names(prom: Prometheus, inner: str, *, start: float, end: float) -> set[str]:
+    """The vLLM metric names the selected engines have series of in the window; a selector
+    that matches none is refused, naming the engines Prometheus does hold."""
+    names = {
+        row.get("__name__", "")
+        for row in await prom.series(_with(inner, '__name__=~"vllm:.+"'), start, end)
+    }
+    if not names:
+        sel = "{" + inner + "}"
+        engines = await _engines(prom, start, end)
+        raise ProbeError(
+            f"Prometheus at {prom.base} holds no vLLM series matching {sel} between "
+            f"{_iso(start)} and {_iso(end)}: check the selector (labels as Prometheus writes "
+            f'them, e.g. instance="host:port") and --since/--until. {engines}'
+        )
+    return names
+
+
+class _WindowQueries:
+    """The window's queries over the selected engines, each evaluated at the window's end."""
+
+    def __init__(self, prom: Prometheus, inner: str, w: str, end: float, names: set[str]) -> None:
+        self.prom, self.inner, self.sel = prom, inner, "{" + inner + "}"
+        self.w, self.end, self.names = w, end, names
+
+    async def histogram(self, name: str) -> Histogram:
+        """A length histogram's growth in the window, summed over engines by bucket edge."""
+        sel, w = self.sel, self.w
+        rows = await self.prom.vector(f"sum by (le) (increase({name}_bucket{sel}{w}))", self.end)
+        cumulative: dict[float, float] = {}
+        for labels, value in rows:  # engines may write one edge two ways: le="100", "100.0"
+            edge = float(labels.get("le", "nan"))
+            if not math.isnan(edge):
+                cumulative[edge] = cumulative.get(edge, 0.0) + value
+        cumulative = dict(sorted(cumulative.items()))
+        total = await self.prom.scalar(f"sum(increase({name}_sum{sel}{w}))", self.end)
+        return Histogram(cumulative, total)
+
+    async def increase(self, candidates: tuple[str, ...]) -> float | None:
+        """A counter's growth in the window under the first of its names Prometheus holds."""
+        name = next((n for n in candidates if n in self.names), None)
+        if name is None:
+            return None
+        return await self.prom.scalar(f"sum(increase({name}{self.sel}{self.w}))", self.end)
+
+    async def prefix_cache(self) -> tuple[float | None, float | None, float | None]:
+        """Prefix-cache hits and queries in the window, or else the older hit-rate gauge."""
+        hits, queries = await self.increase(PREFIX_HITS), await self.increase(PREFIX_QUERIES)
+        if hits is None or queries is None:
+            hits = queries = None
+        gauge = None
+        if hits is None and PREFIX_HIT_RATE[0] in self.names:
+            gauge = await self.prom.scalar(
+                f"avg(avg_over_time({PREFIX_HIT_RATE[0]}{self.sel}{self.w}))", self.end
+            )
+        return hits, queries, gauge
+
+    async def running(self) -> float | None:
+        """The mean number of requests running over the window, summed over engines."""
+        if RUNNING[0] not in self.names:
+            return None
+        query = f"sum(avg_over_time({RUNNING[0]}{self.sel}{self.w}))"
+        return await self.prom.scalar(query, self.end)
+
+    async def posts(self) -> dict[str, float]:
+        """POST requests in the window by API (the handlers ``API_HANDLERS`` knows)."""
+        posts = dict.fromkeys(API_HANDLERS.values(), 0.0)
+        post = _with(self.inner, 'method="POST"')
+        rows = await self.prom.vector(
+            f"sum by (handler) (increase({HTTP_REQUESTS}{post}{self.w}))", self.end
+        )
+        for labels, value in rows:
+            api = API_HANDLERS.get(labels.get("handler", ""))
+            if api is not None:
+                posts[api] += max(value, 0.0)
+        return posts
 
 
 def _with(inner: str, matcher: str) -> str:

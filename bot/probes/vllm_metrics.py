@@ -303,6 +303,68 @@ class _InFlight:
 
 
 @dataclass(frozen=True)
+class _Window:
+    """The counter deltas and in-flight gauges of one window: read once, for _Waste's steps."""
+
+    generated: float
+    prompt: float
+    done_prompt: float  # prompt tokens of the requests that finished
+    done_output: float  # output tokens of the requests that finished
+    finished: float
+    first_tokens: float | None
+    prefix_hits: float
+    prompt_range: tuple[float, float]  # _prompt_range
+    start: _InFlight
+    end: _InFlight
+
+    @classmethod
+    def read(cls, before: Exposition, after: Exposition) -> _Window | Estimate:
+        """The window's readings, or why the engine's page cannot give them (unknown)."""
+        generated = counter_delta(before, after, GENERATION_TOKENS)
+        prompt = counter_delta(before, after, PROMPT_TOKENS)
+        done_prompt = counter_delta(before, after, REQUEST_PROMPT_TOKENS_SUM)
+        done_output = counter_delta(before, after, REQUEST_GENERATION_TOKENS_SUM)
+        start, end = _InFlight.read(before), _InFlight.read(after)
+        if generated is None or prompt is None or done_prompt is None or done_output is None:
+            return Estimate.unknown("the engine exposes no token counters and request histograms")
+        if start is None or end is None:
+            return Estimate.unknown("the engine exposes no vllm:num_requests_running")
+        finished = counter_delta(before, after, REQUEST_PROMPT_TOKENS_COUNT)
+        if finished is None:
+            finished = counter_delta(before, after, REQUEST_SUCCESS) or 0.0
+        return cls(
+            generated, prompt, done_prompt, done_output, finished,
+            first_tokens=counter_delta(before, after, tuple(f"{n}_count" for n in TTFT)),
+            prefix_hits=counter_delta(before, after, PREFIX_HITS) or 0.0,
+            prompt_range=_prompt_range(before, after),
+            start=start, end=end,
+        )  # fmt: skip
+
+    @property
+    def ends(self) -> str:
+        """The running requests at both ends, for the bases."""
+        return (
+            f"in flight at the window's ends: {self.start.running:g} -> {self.end.running:g} "
+            "running"
+        )
+
+    @property
+    def preempted(self) -> float:
+        """Queued requests at either end that may hold counted tokens but no KV."""
+        return self.start.maybe_preempted + self.end.maybe_preempted
+
+    @property
+    def change(self) -> float:
+        """How many more requests were running at the end than at the start."""
+        return self.end.running - self.start.running
+
+    @property
+    def started_prompt(self) -> float | None:
+        """The mean prompt of the requests that had their first token in the window."""
+        return self.prompt / self.first_tokens if self.first_tokens else None
+
+
+@dataclass(frozen=True)
 class _Waste:
     """Goodput and wasted tokens over the requests that ended in a window."""
 
@@ -322,106 +384,118 @@ class _Waste:
         return cls(goodput, generation, prefill, _prefill_share(prefill, prompt), aborted)
 
     @classmethod
+    def unknown(cls, why: str, aborted: float | None) -> _Waste:
+        """A window whose waste cannot be told, every share for the same reason."""
+        none = Estimate.unknown(why)
+        return cls(none, none, none, none, aborted)
+
+    @classmethod
     def read(cls, before: Exposition, after: Exposition) -> _Waste:
         """Read the window between two scrapes (the module docstring has the method)."""
-        generated = counter_delta(before, after, GENERATION_TOKENS)
-        prompt = counter_delta(before, after, PROMPT_TOKENS)
-        done_prompt = counter_delta(before, after, REQUEST_PROMPT_TOKENS_SUM)
-        done_output = counter_delta(before, after, REQUEST_GENERATION_TOKENS_SUM)
-        start, end = _InFlight.read(before), _InFlight.read(after)
-        if generated is None or prompt is None or done_prompt is None or done_output is None:
-            none = Estimate.unknown("the engine exposes no token counters and request histograms")
-            return cls(none, none, none, none, None)
-        if start is None or end is None:
-            none = Estimate.unknown("the engine exposes no vllm:num_requests_running")
-            return cls(none, none, none, none, None)
-        finished = counter_delta(before, after, REQUEST_PROMPT_TOKENS_COUNT)
-        if finished is None:
-            finished = counter_delta(before, after, REQUEST_SUCCESS) or 0.0
-        first_tokens = counter_delta(before, after, tuple(f"{n}_count" for n in TTFT))
-        ends = f"in flight at the window's ends: {start.running:g} -> {end.running:g} running"
-
+        w = _Window.read(before, after)
+        if isinstance(w, Estimate):
+            return cls(w, w, w, w, None)
         # Counts: requests aborted after their first token (a request in the queue at the
         # start may be a preempted one that had its first token). At most 0: nothing wasted.
         aborted = floor = None
-        if first_tokens is not None:
-            aborted = start.running + first_tokens - finished - end.running
-            if aborted + start.maybe_preempted <= 0:
+        if w.first_tokens is not None:
+            aborted = w.start.running + w.first_tokens - w.finished - w.end.running
+            if aborted + w.start.maybe_preempted <= 0:
                 none = Estimate(
                     0.0, 0.0, 0.0,
-                    f"no request was aborted after its first token ({finished:g} finished, "
-                    f"{first_tokens:g} first tokens; {ends})",
+                    f"no request was aborted after its first token ({w.finished:g} finished, "
+                    f"{w.first_tokens:g} first tokens; {w.ends})",
                 )  # fmt: skip
-                return cls.of(done_output, none, prompt, none, aborted)
-            floor = max(aborted - end.maybe_preempted, 0.0)  # each: >= 1 prompt, 1 output token
+                return cls.of(w.done_output, none, w.prompt, none, aborted)
+            floor = max(aborted - w.end.maybe_preempted, 0.0)  # each: >= 1 prompt, 1 output token
 
-        if start.tokens is None or end.tokens is None:
-            none = Estimate.unknown(start.unknown or end.unknown)
-            return cls(none, none, none, none, aborted)
-        mean_prompt = done_prompt / finished if finished else None
-        mean_output = done_output / finished if finished else None
-        started_prompt = prompt / first_tokens if first_tokens else None
-        if mean_prompt is None:
-            mean_prompt = started_prompt
-        preempted = start.maybe_preempted + end.maybe_preempted
-        change = end.running - start.running
-        if ((change or preempted) and mean_prompt is None) or (preempted and mean_output is None):
-            none = Estimate.unknown(
-                "too short to tell: the requests in flight changed and no request finished in "
-                f"the window to take their lengths from ({ends})"
-            )
-            return cls(none, none, none, none, aborted)
-        mean_prompt, mean_output = mean_prompt or 0.0, mean_output or 0.0
+        if w.start.tokens is None or w.end.tokens is None:
+            return cls.unknown(w.start.unknown or w.end.unknown, aborted)
+        lengths = _mean_lengths(w)
+        if isinstance(lengths, str):
+            return cls.unknown(lengths, aborted)
+        if (mixed := _mixed_prompts(w)) is not None:
+            return cls.unknown(mixed, aborted)
+        token_change = w.end.tokens - w.start.tokens
+        return cls._bounded_by_counters(w, token_change, *lengths, floor or 0.0, aborted)
+
+    @classmethod
+    def _bounded_by_counters(
+        cls, w: _Window, token_change: float, mean_prompt: float, mean_output: float,
+        floor: float, aborted: float | None,
+    ) -> _Waste:  # fmt: skip
+        """The wasted tokens: counter - finished - in-flight change, each with its error."""
         # In-flight prompt tokens: running x mean prompt; the gap to the mean prompt of the
         # requests that started in the window bounds how wrong that is for the change.
-        prompt_change = change * mean_prompt
-        prompt_error = preempted * mean_prompt
+        prompt_change = w.change * mean_prompt
+        prompt_error = w.preempted * mean_prompt
+        started_prompt = w.started_prompt
         if started_prompt is not None:
-            prompt_error += abs(change) * abs(started_prompt - mean_prompt)
-        # The running requests' mix can change while their number does not (a long prompt
-        # ends, a chat starts), and then running x mean prompt says nothing about the prompt
-        # tokens in flight. Where the window's prompts span more than MIX_RANGE x (those that
-        # finished, by histogram bucket, and the mean of those that started), in-flight prompt
-        # and output tokens cannot be told apart. Blind spot: a request in flight at the start
-        # and aborted in the window, of a length nothing else in the window had.
-        low_prompt, high_prompt = _prompt_range(before, after)
-        mixed = high_prompt > MIX_RANGE * max(low_prompt, 1.0)
-        if high_prompt and started_prompt is not None:  # the started ones' mean: another mix
-            mixed = mixed or not low_prompt <= started_prompt <= high_prompt
-            low_prompt, high_prompt = (
-                min(low_prompt, started_prompt),
-                max(high_prompt, started_prompt),
-            )
-        if mixed and (start.running or end.running):
-            none = Estimate.unknown(
-                "too short to tell: prompts of very different lengths ended in the window "
-                f"({low_prompt:g} to {high_prompt:g} tokens), so the tokens of the requests in "
-                f"flight cannot be split into prompt and output ({ends})"
-            )
-            return cls(none, none, none, none, aborted)
+            prompt_error += abs(w.change) * abs(started_prompt - mean_prompt)
         # In-flight tokens (prompt + generated) from the KV slots held; a shared prefix's
         # blocks hold one copy for several requests, preempted requests hold none.
-        per_request_hits = (counter_delta(before, after, PREFIX_HITS) or 0.0) / max(
-            first_tokens or 0.0, 1.0
-        )
-        token_change = end.tokens - start.tokens
+        per_request_hits = w.prefix_hits / max(w.first_tokens or 0.0, 1.0)
         token_error = (
-            start.tokens_error + end.tokens_error
-            + (start.running + end.running) * per_request_hits
-            + preempted * (mean_prompt + mean_output)
+            w.start.tokens_error + w.end.tokens_error
+            + (w.start.running + w.end.running) * per_request_hits
+            + w.preempted * (mean_prompt + mean_output)
         )  # fmt: skip
         counted = "" if aborted is None else f"; {aborted:g} aborted after a first token"
-        basis = f"counter - finished - in-flight change; {ends}{counted}"
+        basis = f"counter - finished - in-flight change; {w.ends}{counted}"
         prefill = _bounded(
-            prompt - done_prompt - prompt_change, prompt_error, floor or 0.0,
+            w.prompt - w.done_prompt - prompt_change, prompt_error, floor,
             f"prompt tokens of aborted requests ({basis})",
         )  # fmt: skip
         generation = _bounded(
-            generated - done_output - (token_change - prompt_change),
-            token_error + prompt_error, floor or 0.0,
+            w.generated - w.done_output - (token_change - prompt_change),
+            token_error + prompt_error, floor,
             f"output tokens of aborted requests ({basis})",
         )  # fmt: skip
-        return cls.of(done_output, generation, prompt, prefill, aborted)
+        return cls.of(w.done_output, generation, w.prompt, prefill, aborted)
+
+
+def _mean_lengths(w: _Window) -> tuple[float, float] | str:
+    """The mean prompt and output of the window's requests, to size what is in flight; or why
+    nothing in the window gives them while the requests in flight changed."""
+    mean_prompt = w.done_prompt / w.finished if w.finished else None
+    mean_output = w.done_output / w.finished if w.finished else None
+    if mean_prompt is None:
+        mean_prompt = w.started_prompt
+    preempted = w.preempted
+    if ((w.change or preempted) and mean_prompt is None) or (preempted and mean_output is None):
+        return (
+            "too short to tell: the requests in flight changed and no request finished in "
+            f"the window to take their lengths from ({w.ends})"
+        )
+    return mean_prompt or 0.0, mean_output or 0.0
+
+
+def _mixed_prompts(w: _Window) -> str | None:
+    """Why the tokens in flight cannot be split into prompt and output, or None when they can.
+
+    The running requests' mix can change while their number does not (a long prompt ends, a
+    chat starts), and then running x mean prompt says nothing about the prompt tokens in
+    flight. Where the window's prompts span more than MIX_RANGE x (those that finished, by
+    histogram bucket, and the mean of those that started), in-flight prompt and output tokens
+    cannot be told apart. Blind spot: a request in flight at the start and aborted in the
+    window, of a length nothing else in the window had.
+    """
+    low_prompt, high_prompt = w.prompt_range
+    started_prompt = w.started_prompt
+    mixed = high_prompt > MIX_RANGE * max(low_prompt, 1.0)
+    if high_prompt and started_prompt is not None:  # the started ones' mean: another mix
+        mixed = mixed or not low_prompt <= started_prompt <= high_prompt
+        low_prompt, high_prompt = (
+            min(low_prompt, started_prompt),
+            max(high_prompt, started_prompt),
+        )
+    if mixed and (w.start.running or w.end.running):
+        return (
+            "too short to tell: prompts of very different lengths ended in the window "
+            f"({low_prompt:g} to {high_prompt:g} tokens), so the tokens of the requests in "
+            f"flight cannot be split into prompt and output ({w.ends})"
+        )
+    return None
 
 
 def _prompt_range(before: Exposition, after: Exposition) -> tuple[float, float]:

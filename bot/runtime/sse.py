@@ -81,14 +81,11 @@ class SSEParser:
                 chunk = chunk[1:]  # the LF of a CRLF whose CR ended the last read
                 self._lines += 1  # still a byte fed after the last event's end
         data = self._tail + chunk if self._tail else chunk
-        if self._bom:
-            if len(data) < len(BOM) and BOM.startswith(data):
-                self._tail = data
+        if self._bom:  # the stream's first bytes only: no cost per event
+            after_bom = self._skip_bom(data)
+            if after_bom is None:
                 return []
-            self._bom = False
-            if data.startswith(BOM):
-                data = data[len(BOM) :]
-                self._lines += len(BOM)  # relayed with the first event, as it came
+            data = after_bom
         lines = data.splitlines(True)  # keepends
         if lines and lines[-1][-1] not in _LINE_ENDS:
             self._tail = lines.pop()
@@ -121,6 +118,19 @@ class SSEParser:
             elif name == b"retry" and value.isdigit():  # bytes.isdigit: ASCII digits only
                 self.retry_ms = int(value)
         return events
+
+    def _skip_bom(self, data: bytes) -> bytes | None:
+        """The stream's first bytes without a leading BOM; None while they may still be the
+        start of one (held as the tail until the rest comes). Kept out of ``feed``: it runs
+        until the first bytes are read, never again."""
+        if len(data) < len(BOM) and BOM.startswith(data):
+            self._tail = data
+            return None
+        self._bom = False
+        if data.startswith(BOM):
+            data = data[len(BOM) :]
+            self._lines += len(BOM)  # relayed with the first event, as it came
+        return data
 
     def end(self) -> list[Event]:
         """The body ended: dispatch an event it left without a blank line (see module doc)."""
