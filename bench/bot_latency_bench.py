@@ -33,7 +33,7 @@ import uvicorn  # noqa: E402
 from bot.config import Settings  # noqa: E402
 from bot.engine.process import free_port  # noqa: E402
 from bot.server import create_bot  # noqa: E402
-from bot.store import service as store  # noqa: E402
+from tests import store_reads  # noqa: E402
 from tests.fakes.alerts import alert, body  # noqa: E402
 from tests.fakes.bot import PAGES  # noqa: E402
 from tests.fakes.metrics_server import RecordedMetrics  # noqa: E402
@@ -111,7 +111,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         server.should_exit = True
         await serving
         with bot.db.transaction() as s:
-            trail = store.audit_trail(s)
+            trail = store_reads.audit_trail(s)
             posted = [e.detail for e in trail if e.action == "diagnosis.posted"]
             timings = [e.detail["timings_s"] for e in trail if e.action == "diagnosis.finished"]
     bot_side = [d["latency_s"] for d in posted]

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
-from bot.store import service as store  # noqa: E402
+from tests import store_reads  # noqa: E402
 from tests.fakes.bot import harness  # noqa: E402
 from tests.test_scheduler_workload_drift import ADR, ShapeCanary, record_workload  # noqa: E402
 from tests.workload_pages import LABELS, VLLM_EDGES, chat  # noqa: E402
@@ -170,7 +170,7 @@ async def run(targets: int, periods: int, every: float, window: float) -> dict[s
                 skipped += sum(1 for r in ran if "skipped" in r.detail)
             await h.bot.tasks.drain()
             with h.bot.db.transaction() as s:
-                open_threads = sum(1 for i in store.incidents(s) if i.open_key)
+                open_threads = sum(1 for i in store_reads.incidents(s) if i.open_key)
             rows.append({
                 "period": period,
                 "cpu_s": round(time.process_time() - c - (fleet.cpu_s - fake), 3),
