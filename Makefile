@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.ruleloop-installed
 
-.PHONY: demo test lint venv clean system-deps
+.PHONY: demo test durations lint venv clean system-deps
 
 venv: $(STAMP)
 
@@ -42,6 +42,10 @@ TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
 	$(BIN)/lint-imports
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
+# The order above comes from tests/module_seconds.json: this rewrites it from a whole passing run.
+durations:
+	RULELOOP_RECORD_DURATIONS=1 $(MAKE) test
 
 lint: $(STAMP)
 	$(BIN)/ruff check bot latency_checker tests bench

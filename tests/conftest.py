@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -16,17 +17,33 @@ TEST_FLAGS = ("--enforce-eager",)  # same throughput on this tiny model, ready i
 
 EngineFactory = Callable[[Sequence[str]], EngineInfo]
 ENGINE_FIXTURES = {"engine", "engine_factory", "engine_manager", "long_engine"}
-# Seconds per module in a serial run (`--durations=0`, 2-core box), for the order below; a
-# module not listed counts as 10 s.
-MODULE_SECONDS = {
-    "test_engine_cli": 405, "test_remediation_engine": 196, "test_gateway_engine": 115,
-    "test_canary_gateway_engine": 110, "test_faults_kill_apply": 103, "test_tune": 103,
-    "test_bot_e2e": 83, "test_replicas": 60, "test_canary_engine": 48,
-    "test_fuzz_alertmanager": 38, "test_engine_process": 34, "test_bot_transports": 28,
-    "test_faults_slack": 18, "test_faults_delivery": 14, "test_gateway_app": 13,
-    "test_goodput_engine": 15, "test_fuzz_slack": 40, "test_workload_drift_engine": 45,
-    "test_workload_fidelity_engine": 41,
-}  # fmt: skip
+# Seconds per module (setup + call + teardown) from the last recorded run, for the order below
+# (`make durations` rewrites the file); a module not in it counts as 10 s.
+MODULE_SECONDS_FILE = Path(__file__).with_name("module_seconds.json")
+MODULE_SECONDS: dict[str, float] = (
+    json.loads(MODULE_SECONDS_FILE.read_text()) if MODULE_SECONDS_FILE.exists() else {}
+)
+# RULELOOP_RECORD_DURATIONS=1 (`make durations`) writes this run's seconds per module there.
+RECORD_DURATIONS = os.environ.get("RULELOOP_RECORD_DURATIONS") == "1"
+_ran: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up each module's seconds (under xdist the controller hears every worker's)."""
+    if RECORD_DURATIONS:
+        module = Path(report.nodeid.split("::", 1)[0]).stem
+        _ran[module] = _ran.get(module, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """With RULELOOP_RECORD_DURATIONS=1, keep the seconds of the modules this run ran for the
+    next run's order (on the controller only, and only when the run passed)."""
+    if not RECORD_DURATIONS or hasattr(session.config, "workerinput") or exitstatus != 0:
+        return
+    ran = {module: round(seconds) for module, seconds in _ran.items()}
+    MODULE_SECONDS_FILE.write_text(
+        json.dumps(dict(sorted((MODULE_SECONDS | ran).items())), indent=0) + "\n"
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
