@@ -25,6 +25,7 @@ from starlette.applications import Starlette
 from bot.adr.shared import SharedAdrStore
 from bot.chat.messages import Notifier
 from bot.config import Settings
+from bot.diagnosis.normal import NormalReader
 from bot.diagnosis.service import Diagnoser
 from bot.incidents.flows import IncidentFlows
 from bot.intake.service import Intake, Outcome
@@ -45,7 +46,6 @@ from bot.runtime.metrics import BotMetrics
 from bot.runtime.tasks import TaskSupervisor
 from bot.scheduler.jobs import build_jobs, create_scheduler
 from bot.scheduler.scheduler import Scheduler
-from bot.scheduler.snapshots import NormalReader
 from bot.slack.app import build_app, web_client
 from bot.slack.console import ConsoleNotifier
 from bot.slack.notifier import SlackNotifier
@@ -137,13 +137,15 @@ def create_bot(
     )  # fmt: skip
     members = Members(settings.access, SlackUserGroups(client) if client is not None else None)
     services = _services(
-        settings, db=db, flows=flows, notifier=notifier, members=members, clock=clock,
-        tasks=tasks, actuator_for=actuator_for, gate=gate,
+        settings, db=db, adrs=adrs, flows=flows, notifier=notifier, members=members,
+        clock=clock, tasks=tasks, actuator_for=actuator_for, gate=gate,
     )  # fmt: skip
     slack_app = (
         build_app(settings=settings.slack, services=services, client=client) if client else None
     )
-    scheduler = _scheduler(settings, db, flows, services, seams, notifier=notifier, gate=gate)
+    scheduler = _scheduler(
+        settings, db, flows, services, seams, adrs=adrs, notifier=notifier, gate=gate
+    )
     routes = Routes(
         settings=settings, intake=Intake(db=db, targets=settings.targets, clock=clock),
         flows=flows, metrics=metrics, tasks=tasks, db=db, slack=slack_app,
@@ -165,13 +167,14 @@ def _scheduler(
     services: Services,
     seams: Seams,
     *,
+    adrs: SharedAdrStore,
     notifier: BotNotifier,
     gate: GateRunner,
 ) -> Scheduler | None:
     """The scheduled jobs (snapshots, baseline canary, workload drift, outbox...), leased per
     period under this replica's id (the flows')."""
     jobs = build_jobs(
-        settings, db=db, flows=flows, notifier=notifier, http=seams.http, gate=gate,
+        settings, db=db, adrs=adrs, flows=flows, notifier=notifier, http=seams.http, gate=gate,
         remediation=services.remediation, probe_clock=seams.probe_clock, sleep=seams.sleep,
         monotonic=seams.monotonic,
     )  # fmt: skip
@@ -230,6 +233,7 @@ def _services(
     settings: Settings,
     *,
     db: Database,
+    adrs: SharedAdrStore,
     flows: IncidentFlows,
     notifier: BotNotifier,
     members: Members,
@@ -242,6 +246,7 @@ def _services(
     drafts = DraftService(
         settings=settings,
         db=db,
+        adrs=adrs,
         notifier=notifier,
         threads=flows.ensure_thread,
         clock=clock,

@@ -9,12 +9,12 @@ import pytest
 
 from bot.adr.match import check
 from bot.adr.models import Condition
+from bot.diagnosis.normal import median
 from bot.numbers.histogram import quantile_bound
 from bot.numbers.reading import Bound, Measured, Reading, compare, spans_of
 from bot.numbers.text import change, compact, show, show_reading
 from bot.probes.exposition import Exposition
 from bot.probes.vllm_metrics import Quantiles
-from bot.scheduler.snapshots import median
 
 # vLLM's TPOT histogram starts at a 10 ms bucket; its last finite edge here is 20 s
 EDGES = (0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 20.0)

@@ -283,7 +283,7 @@ def test_scheduler_unknown_target_is_refused_at_startup(tmp_path: Path) -> None:
 async def test_normal_of_estimates_keeps_their_span_through_the_store(db: Database) -> None:  # noqa: F811
     """Fragmentation from the gauges is an estimate: normal keeps its span (the medians of the
     snapshots' ends), on both backends, and a number known exactly is not given one."""
-    from bot.scheduler.snapshots import NormalReader
+    from bot.diagnosis.normal import NormalReader
 
     for i, (frag, span) in enumerate([(0.10, (0.0, 0.2)), (0.12, (0.0, 0.24)), (0.30, None)]):
         with db.transaction() as s:

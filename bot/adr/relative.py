@@ -6,7 +6,7 @@ of a number measured the same way on the same target says the same thing on ever
 rule is like for like: a relative value multiplies a number of the same source and workload as
 the number it is compared with.
 - `Nx normal` (match conditions): the diagnosis's engine-window numbers against the median of
-  the scheduler's engine-window snapshots of the target (``NormalReader``).
+  the scheduler's engine-window snapshots of the target (``bot.diagnosis.normal``).
 - `Nx before` (gates): the gate canary's client-side numbers against the before-run, the same
   canary on the same target on the flags serving before the change.
 A gate written `Nx normal` would compare the canary's client-side numbers under its own workload

@@ -50,13 +50,14 @@ from bot.demo.drift_act import (
 )
 from bot.demo.screen import Numbers, Result
 from bot.diagnosis.models import summary_numbers
+from bot.diagnosis.normal import NormalReader
 from bot.diagnosis.service import match_report
 from bot.engine.process import EngineManager
 from bot.errors import RuleloopError
 from bot.numbers.reading import Measured, bounds_of, spans_of
 from bot.numbers.text import FOUR, show, show_reading
 from bot.numbers.text import change as text_change
-from bot.scheduler.snapshots import MetricsSampler, NormalReader, SnapshotJob
+from bot.scheduler.snapshots import MetricsSampler, SnapshotJob
 from bot.scheduler.workload_drift import LiveShape
 from bot.server import Bot, create_bot
 from bot.store.db import Database

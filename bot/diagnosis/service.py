@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bot.adr.match import MatchResult, matching
@@ -19,6 +19,7 @@ from bot.adr.store import AdrStore
 from bot.diagnosis import chart_data, history
 from bot.diagnosis.chart import render_chart
 from bot.diagnosis.models import GATE_OF, Baseline, Diagnosis
+from bot.diagnosis.normal import ReadNormal
 from bot.errors import UsageError
 from bot.numbers.reading import Bounds, Measured, Spans, spans_json
 from bot.numbers.text import FOUR
@@ -28,7 +29,6 @@ from bot.runbooks.runner import RunbookResult, RunbookRunner
 
 log = logging.getLogger("ruleloop.diagnosis")
 # A target's "normal" four numbers (the scheduler's snapshots), shown next to "now".
-NormalReader = Callable[[str], Awaitable[Measured]]
 
 # ADR match metric name -> the runbook reading that gives it.
 MATCH_READINGS = {
@@ -81,7 +81,7 @@ class Diagnoser:
         context: Callable[[], ProbeContext],
         clock: Callable[[], dt.datetime],
         monotonic: Callable[[], float] = time.monotonic,
-        normal: NormalReader | None = None,
+        normal: ReadNormal | None = None,
     ) -> None:
         self._normal = normal
         self._runbooks = runbooks

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import statistics
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
@@ -22,17 +21,15 @@ import httpx
 from sqlalchemy.orm import Session
 
 from bot.config import Target
+from bot.diagnosis.normal import KEYS
 from bot.errors import RuleloopError
-from bot.numbers.reading import Bound, Measured, bounds_of, spans_json, spans_of
-from bot.numbers.text import FOUR
+from bot.numbers.reading import Measured, spans_json
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.vllm_metrics import REQUEST_SUCCESS
 from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
 from bot.scheduler.runner import Outcome
 from bot.store import service as store
-from bot.store.db import Database
 
-KEYS = tuple(key for key, *_ in FOUR)
 KEEP = dt.timedelta(days=14)  # older snapshots are forgotten
 WARM_REQUESTS = 10  # requests an engine must have finished before its numbers can be normal
 
@@ -112,64 +109,3 @@ class SnapshotJob:
 
         detail = {"numbers": numbers, "bounds": bounds, "spans": spans_json(spans)}
         return Outcome(detail=detail, write=write)
-
-
-class NormalReader:
-    """ "Normal" for a target: the median of each number over its newest snapshots."""
-
-    def __init__(self, *, db: Database, last: int) -> None:
-        self._db = db
-        self._last = last
-
-    async def __call__(self, target: str) -> dict[str, float | None]:
-        """Median per number over the newest ``last`` snapshots (empty: no snapshot yet)."""
-        return dict((await self.read(target)).numbers)
-
-    async def read(self, target: str) -> Measured:
-        """The medians, which of them are only bounds (a bound in the middle makes one), and
-        the spans of estimates (the medians of their ends: the median of values that each lie
-        within their span lies within them)."""
-
-        def read() -> Measured:
-            with self._db.transaction() as s:
-                snapshots = store.recent_snapshots(s, target=target, limit=self._last)
-                normal: dict[str, float | None] = {}
-                bounds: dict[str, Bound] = {}
-                spans: dict[str, tuple[float, float]] = {}
-                for key in KEYS if snapshots else ():
-                    taken = [x for x in snapshots if getattr(x, key) is not None]
-                    known = [(getattr(x, key), bounds_of(x.bounds).get(key)) for x in taken]
-                    normal[key], bound = median(known)
-                    if bound is not None:
-                        bounds[key] = bound
-                    estimates = [(getattr(x, key), spans_of(x.bounds).get(key)) for x in taken]
-                    if span := median_span(estimates):
-                        spans[key] = span
-                return Measured(normal, bounds, spans)
-
-        return await asyncio.to_thread(read)
-
-
-def median_span(
-    values: list[tuple[float, tuple[float, float] | None]],
-) -> tuple[float, float] | None:
-    """The span of the median of numbers some of which are estimates: the medians of their low
-    and high ends, a known number counting as its own span (None: none was an estimate)."""
-    if all(span is None for _, span in values):
-        return None
-    ends = [span or (value, value) for value, span in values]
-    return statistics.median(lo for lo, _ in ends), statistics.median(hi for _, hi in ends)
-
-
-def median(values: list[tuple[float, Bound | None]]) -> tuple[float | None, Bound | None]:
-    """The median of numbers some of which are bounds: a bound when a middle one is (both
-    ways at once: unknown)."""
-    if not values:
-        return None, None
-    ordered = sorted(values, key=lambda pair: pair[0])
-    n = len(ordered)
-    middle = ordered[(n - 1) // 2 : n // 2 + 1]
-    kinds = {bound for _, bound in middle if bound is not None}
-    if len(kinds) > 1:
-        return None, None
-    return statistics.median(v for v, _ in ordered), next(iter(kinds), None)
