@@ -137,3 +137,18 @@ def test_the_last_screen_has_the_four_numbers_the_verdict_and_the_paths() -> Non
 def test_a_diagnosis_that_failed_is_not_mistaken_for_no_incident() -> None:
     with pytest.raises(DemoFailed, match="the bot's diagnosis produced no numbers"):
         check_incident(load(DEMO_ADR), {})
+
+
+def test_the_demo_stamps_each_step_with_the_time_since_its_start(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import time
+
+    from bot.cli.demo import _elapsed, _stepper
+
+    say = _stepper(time.monotonic() - 125)  # started 2 min 5 s ago
+    say("5/9 Alertmanager fires")
+    say("    incident #1 opened")
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["[2:05] 5/9 Alertmanager fires", "    incident #1 opened"]
+    assert _elapsed(3599.9) == "59:59"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -59,7 +61,8 @@ def demo(keep: bool, adr_dir: Path, engine_cpu_limit: float | None, state_dir: P
     from bot.demo.scenario import BAD_FLAGS, Demo, workspace
     from bot.engine.process import EngineManager, default_state_dir, free_port
 
-    say = lambda text: click.echo(text, err=True)  # noqa: E731
+    started = time.monotonic()
+    say = _stepper(started)
     root = state_dir or default_state_dir()
     ws = workspace(root, adr_dir)
     say(f"1/9 workspace {ws}")
@@ -76,6 +79,7 @@ def demo(keep: bool, adr_dir: Path, engine_cpu_limit: float | None, state_dir: P
     finally:
         if not keep:
             manager.stop(port)
+    say(f"the loop took {_elapsed(time.monotonic() - started)}")
     click.echo(f"\n----- {result.draft} -----\n")
     click.echo(result.draft.read_text(encoding="utf-8"))
     click.echo(screen.render(result), nl=False)
@@ -87,3 +91,21 @@ def demo(keep: bool, adr_dir: Path, engine_cpu_limit: float | None, state_dir: P
 def register(cli: click.Group) -> None:
     """Add `demo` to the ruleloop command line."""
     cli.add_command(demo)
+
+
+def _stepper(started: float) -> Callable[[str], None]:
+    """Progress on stderr; each step's line ("5/9 ...") shows the time since the start, so a
+    slow machine shows where its minutes went."""
+
+    def say(text: str) -> None:
+        step = text[:1].isdigit() and text[1:3] == "/9"
+        stamp = f"[{_elapsed(time.monotonic() - started)}] " if step else ""
+        click.echo(stamp + text, err=True)
+
+    return say
+
+
+def _elapsed(seconds: float) -> str:
+    """'4:07' (minutes:seconds)."""
+    minutes, rest = divmod(int(seconds), 60)
+    return f"{minutes}:{rest:02d}"
