@@ -145,6 +145,180 @@ class KubernetesActuatorSpec(_Section):
         return self
 
 
+class ForgeSpec(_Section):
+    """The forge that hosts the repository: ruleloop opens and merges pull requests (GitHub) or
+    merge requests (GitLab) through its REST API (docs/remediation-gitops.md)."""
+
+    kind: Literal["github", "gitlab"]
+    project: str = Field(
+        min_length=1, description="GitHub: owner/repo; GitLab: the project's path or numeric id"
+    )
+    token_file: Path = Field(
+        description="file holding the API token (a mounted Secret), read on every request; "
+        "GitHub fine-grained: contents and pull_requests write; GitLab: api"
+    )
+    api_url: str | None = Field(
+        default=None,
+        description="unset: https://api.github.com, or https://gitlab.com/api/v4 for GitLab",
+    )
+    merge_method: Literal["rebase", "squash"] = Field(
+        default="rebase",
+        description="how a pull request lands; both keep the branch's history linear (GitLab: "
+        "rebase means a fast-forward merge, set the project's merge method to match)",
+    )
+    approvals: Literal["ruleloop", "forge"] = Field(
+        default="ruleloop",
+        description="ruleloop: the approvals collected in Slack suffice, the bot merges at "
+        "once; forge: it waits (up to approval_timeout_s) for the forge's own rules (reviews, "
+        "checks) to allow the merge",
+    )
+    approval_timeout_s: float = Field(default=1800.0, gt=0)
+
+
+class GitRepoSpec(_Section):
+    """A git repository ruleloop commits to, with the `git` CLI (SSH deploy keys and
+    credential helpers work as they do for people)."""
+
+    repo_url: str = Field(
+        min_length=1,
+        description="what `git clone` takes: git@github.com:acme/fleet.git, https://..., a path",
+    )
+    branch: str = Field(default="main", min_length=1, description="the branch the team deploys")
+    forge: ForgeSpec | None = None  # unset: only direct_push, no pull requests
+    direct_push: bool = Field(
+        default=False,
+        description="commit straight to `branch` instead of through a pull request (refused "
+        "by the remote when the branch is protected)",
+    )
+    deploy_key_file: Path | None = Field(
+        default=None, description="SSH private key for git@ URLs (a mounted Secret, mode 0400)"
+    )
+    known_hosts_file: Path | None = Field(
+        default=None, description="the SSH host keys to trust; unset: ssh's own known_hosts"
+    )
+    author_name: str = "ruleloop"
+    author_email: str = "ruleloop@users.noreply.github.com"
+    workdir: Path | None = Field(
+        default=None,
+        description="where the clone is kept (e.g. under serve's --state-dir); unset: the "
+        "system's temporary directory",
+    )
+
+    @field_validator("branch")
+    @classmethod
+    def _plain_branch(cls, branch: str) -> str:
+        if branch.startswith(("-", "refs/")) or " " in branch or ".." in branch:
+            raise ValueError(f"{branch!r} is not a branch name like main")
+        return branch
+
+    @model_validator(mode="after")
+    def _forge_or_push(self) -> GitRepoSpec:
+        if self.forge is None and not self.direct_push:
+            raise ValueError(
+                "set [forge] (pull requests through GitHub or GitLab) or direct_push = true"
+            )
+        return self
+
+
+def _repo_path(path: str) -> str:
+    """A path inside the repository: relative, no '..' (refused otherwise)."""
+    parts = Path(path).parts
+    if not parts or Path(path).is_absolute() or ".." in parts or path.startswith("-"):
+        raise ValueError(f"{path!r} is not a path inside the repository (relative, no '..')")
+    return path
+
+
+class GitLocatorSpec(_Section):
+    """Where the vLLM flags are in the repository: one YAML file (a kustomize patch, a Helm
+    values file, a manifest) and either the path to the container's args list or the path to
+    each flag's value, e.g. `spec.template.spec.containers[name=vllm].args`."""
+
+    file: str = Field(min_length=1, description="the YAML file, relative to the repository root")
+    document: int = Field(default=0, ge=0, description="which document of a multi-document file")
+    args: str | None = Field(
+        default=None, description="path to the args list (dotted keys, [n], [key=value])"
+    )
+    flags: dict[str, str] = Field(
+        default_factory=dict,
+        description="flag -> path of its value (Helm values), e.g. "
+        '{ max-num-batched-tokens = "vllm.maxNumBatchedTokens" }',
+    )
+
+    @field_validator("file")
+    @classmethod
+    def _inside(cls, file: str) -> str:
+        return _repo_path(file)
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> GitLocatorSpec:
+        if (self.args is None) == (not self.flags):
+            raise ValueError("set exactly one of `args` (the args list) or `flags` (each value)")
+        return self
+
+
+class GitClusterSpec(_Section):
+    """The Deployment that serves what the repository says, read (never written) through the
+    Kubernetes API to see the change served."""
+
+    api_url: str = "https://kubernetes.default.svc"
+    namespace: str = Field(min_length=1)
+    deployment: str = Field(min_length=1)
+    container: str | None = None  # unset: the Deployment's first container
+    canary_deployment: str | None = None  # serves canary_locator's file
+    token_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
+    ca_file: Path | None = Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+
+
+class ArgoCdSyncSpec(_Section):
+    """An Argo CD Application that deploys the repository: the change counts as served once it
+    is Synced at (or after) the change's commit and Healthy."""
+
+    kind: Literal["argocd"]
+    application: str = Field(min_length=1)
+    namespace: str = "argocd"
+
+
+class FluxSyncSpec(_Section):
+    """A Flux Kustomization that deploys the repository: the change counts as served once its
+    Ready condition is True at (or after) the change's commit."""
+
+    kind: Literal["flux"]
+    kustomization: str = Field(min_length=1)
+    namespace: str = "flux-system"
+
+
+class GitActuatorSpec(GitRepoSpec):
+    """Commit the flags to the deployment repository (a pull request the bot merges, or a
+    direct push), then wait until the cluster serves them; roll back with a revert commit."""
+
+    kind: Literal["git"]
+    locator: GitLocatorSpec
+    canary_locator: GitLocatorSpec | None = None  # a canary's own file: changed first
+    canary_url: str | None = None  # where the canary serves; required with canary_locator
+    cluster: GitClusterSpec
+    sync: Annotated[ArgoCdSyncSpec | FluxSyncSpec, Field(discriminator="kind")] | None = None
+    rollout_timeout_s: float = Field(
+        default=900.0,
+        gt=0,
+        description="from the merge until the cluster serves it: the GitOps tool's polling "
+        "interval (Argo CD: 3 minutes) plus the rollout",
+    )
+    poll_interval_s: float = Field(default=5.0, gt=0)
+
+    @model_validator(mode="after")
+    def _canary_complete(self) -> GitActuatorSpec:
+        given = [
+            self.canary_locator is not None,
+            bool(self.canary_url),
+            bool(self.cluster.canary_deployment),
+        ]
+        if any(given) and not all(given):
+            raise ValueError(
+                "a canary needs all three: canary_locator, canary_url and cluster.canary_deployment"
+            )
+        return self
+
+
 class DryRunActuatorSpec(_Section):
     """Change nothing: say exactly what would change."""
 
@@ -152,7 +326,8 @@ class DryRunActuatorSpec(_Section):
 
 
 ActuatorSpec = Annotated[
-    LocalActuatorSpec | KubernetesActuatorSpec | DryRunActuatorSpec, Field(discriminator="kind")
+    LocalActuatorSpec | KubernetesActuatorSpec | GitActuatorSpec | DryRunActuatorSpec,
+    Field(discriminator="kind"),
 ]
 
 
@@ -381,6 +556,20 @@ class WebSettings(_Section):
         return self
 
 
+class AdrPublishSettings(GitRepoSpec):
+    """Accepted ADRs as pull requests to the team's repository: accepting a draft in Slack
+    opens one that adds the ADR's file (optional; unset: ADRs stay in the store)."""
+
+    directory: str = Field(
+        default="adr", description="the ADR directory, relative to the repository root"
+    )
+
+    @field_validator("directory")
+    @classmethod
+    def _inside(cls, directory: str) -> str:
+        return _repo_path(directory)
+
+
 class ScheduledTarget(_Section):
     """One target's overrides of the scheduler (intervals in seconds; 0 turns the job off)."""
 
@@ -445,6 +634,7 @@ class Settings(_Section):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     web: WebSettings = Field(default_factory=WebSettings)
+    adr_publish: AdrPublishSettings | None = None
 
     @field_validator("default_target")
     @classmethod

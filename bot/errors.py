@@ -16,7 +16,14 @@
     │   └── DeliveryFailed            Slack did not take a message; retry or not (chat/failures.py)
     ├── EngineError (exit 2)          the local vLLM engine failed to start or stop
     ├── ActuatorError                 a change could not be made or did not become healthy
-    │                                 (remediation/actuators/base.py)
+    │   │                             (remediation/actuators/base.py)
+    │   └── LocatorError              a git locator does not find the flags in its YAML file
+    │                                 (remediation/actuators/yaml_flags.py)
+    ├── GitOpsError                   git, the forge or a repository file did not do what was
+    │   │                             needed (gitops/errors.py)
+    │   └── Conflict                  someone else changed it first; nothing was left behind
+    ├── RestoreFailed                 a tuning session could not put the target's flags back:
+    │                                 manual action (remediation/tuning.py)
     ├── ColdEngine                    the engine still warms up: no normal (scheduler/snapshots.py)
     ├── DemoFailed (exit 1)           `ruleloop demo` did not close the loop here (demo/scenario.py)
     └── GateFailed (exit 1)           the canary measured numbers outside an ADR's gates

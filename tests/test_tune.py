@@ -81,8 +81,14 @@ def test_load_plan_names_file_and_field(tmp_path: Path) -> None:
     )
     with pytest.raises(UsageError, match=r"plan.yaml: workload.concurency: Extra inputs"):
         load_plan(path)
-    path.write_text("experiments: []\n")
-    with pytest.raises(UsageError, match=r"plan.yaml: experiments: List should have at least 1"):
+    path.write_text("experiments: []\n")  # a file may leave them to the command line's --exp
+    with pytest.raises(UsageError, match=r"plan: give at least one experiment .* or a space"):
+        load_plan(path).check_kind()
+    path.write_text(
+        "experiments:\n  - name: a\nspace: {max-num-seqs: {values: [4, 8]}}\n"
+        "objective: {maximize: goodput_rps}\n"
+    )
+    with pytest.raises(UsageError, match=r"plan.yaml: plan: .*give experiments: .* not both"):
         load_plan(path)
 
 

@@ -136,7 +136,7 @@ SUMMARIES = {
     "gateway": "Serve an inference gateway: deadlines, token budgets.",
     "page-link": "Print a signed link to an incident's page (or the index).",
     "serve": "Run the bot: Slack, Alertmanager intake, incident pages.",
-    "tune": "Measure vLLM configurations in turn; draft the ADR.",
+    "tune": "Measure vLLM configurations (in turn, or a search); draft the ADR.",
     "workload": "Workload shapes: capture from /metrics, diff for drift.",
 }
 

@@ -21,6 +21,7 @@ from bot.adr.shared import SharedAdrStore
 from bot.chat.messages import MessageRef
 from bot.config import Settings
 from bot.errors import NotAllowed, UsageError
+from bot.gitops.adr_publish import publish_accepted
 from bot.postmortem.ports import DraftNotifier, DraftView
 from bot.postmortem.records import AlreadyDecided, DraftRecords
 from bot.postmortem.review import check_reviewer
@@ -39,6 +40,7 @@ class DraftService:
         *,
         settings: Settings,
         db: Database,
+        adrs: SharedAdrStore,
         notifier: DraftNotifier,
         threads: Callable[[int, str | None], Awaitable[MessageRef]],
         clock: Callable[[], dt.datetime],
@@ -48,7 +50,7 @@ class DraftService:
         self._members = members or Members(settings.access)
         self._notifier = notifier
         self._threads = threads
-        self._adrs = SharedAdrStore(root=settings.paths.adr, db=db, clock=clock)
+        self._adrs = adrs  # the bot's one ADR store (bot.server)
         self._records = DraftRecords(db=db, adrs=self._adrs, clock=clock)
         self._lock = asyncio.Lock()  # one id at a time in this process (the DB refuses twins)
 
@@ -110,6 +112,10 @@ class DraftService:
             raise _already(await asyncio.to_thread(self._records.draft, adr_id), adr_id) from None
         if state == "accepted":
             note = f"It is now {where} in the store: every replica can apply it."
+            # and, with [adr_publish], proposed to the team's repository (never raises)
+            note += await publish_accepted(
+                self.settings.adr_publish, self._adrs.row, adr_id, reviewer=user_id
+            )
         else:
             note = f"Kept on record as {where} in the store."
         view = await asyncio.to_thread(self._view, adr_id, note=note)

@@ -9,6 +9,7 @@ allow_self_approval`` opts out, except for targets with ``two_person`` and the A
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from bot.adr.flags import canonical, check_engine_args
@@ -96,6 +97,46 @@ class Policy:
                 f"{adr_id} needs a second person: the requester cannot approve it "
                 f"(two-person rule). Ask one of {who_may(access.approve)}. Nothing was changed."
             )
+
+    def check_tuning(
+        self, *, target: str, requested_by: str | None, approved_by: Sequence[str]
+    ) -> list[str]:
+        """The approvers of a tuning session on ``target`` (checked as an apply's request and
+        approval are); NotAllowed/UsageError says who is missing.
+
+        A session changes the target's flags trial by trial, so it is approved like an apply:
+        the requester needs ``apply``, each approver ``approve``, and under the two-person rule
+        (the default, and always on ``two_person`` targets) one approver who is not the
+        requester. Without the two-person rule the requester approves their own session.
+        """
+        access = self._settings.access
+        if not requested_by:
+            raise UsageError(
+                f"tuning {target} changes its flags trial by trial, so it is approved like an "
+                "apply: name who asks (--requested-by, a Slack user ID in [access] apply) and "
+                "who approves (--approved-by, in [access] approve). Nothing was changed."
+            )
+        if not access.allows("apply", requested_by):
+            raise NotAllowed(
+                f"{requested_by} may not request changes to {target}. Allowed: "
+                f"{who_may(access.apply)}. Nothing was changed."
+            )
+        refused = [user for user in approved_by if not access.allows("approve", user)]
+        if refused:
+            raise NotAllowed(
+                f"{', '.join(refused)} may not approve changes. Approvers: "
+                f"{who_may(access.approve)}. Nothing was changed."
+            )
+        spec = self._settings.targets[target]
+        two_person = not self._settings.remediation.allow_self_approval or spec.two_person
+        others = sorted({user for user in approved_by if user != requested_by})
+        if two_person and not others:
+            raise NotAllowed(
+                f"tuning {target} needs a second person (two-person rule): add --approved-by "
+                f"with one of {who_may(access.approve)} other than {requested_by}. Nothing was "
+                "changed."
+            )
+        return others if two_person else sorted({*approved_by} or {requested_by})
 
     def check_cancel(
         self, *, user_id: str, requested_by: str, members: AccessSettings | None = None

@@ -113,6 +113,7 @@ class RemediationRecords:
         expires = now + dt.timedelta(seconds=ttl_s)
         try:
             with self._db.transaction() as s:
+                exclusion.lock(s, target)
                 busy = exclusion.holder(s, target)
                 if busy is None:
                     incident = (

@@ -23,8 +23,9 @@ from bot.chat.messages import MessageRef
 from bot.config import Settings, Target
 from bot.errors import RuleloopError, UsageError
 from bot.remediation import actuators
-from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
+from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed, TakesContext
 from bot.remediation.argv import diff, merge
+from bot.remediation.change_note import give_context
 from bot.remediation.exclusion import TargetBusy, refusal
 from bot.remediation.gate import GateRun, GateRunner, run_gate, verify_serving
 from bot.remediation.gateway_rules import GatewayAdmin
@@ -32,6 +33,8 @@ from bot.remediation.liveness import LostRun, owned
 from bot.remediation.policy import Policy
 from bot.remediation.ports import ACTIVE, RemediationNotifier, RemediationView
 from bot.remediation.records import RemediationRecords
+from bot.remediation.tune_records import TuneRecords
+from bot.remediation.tuning import restore_stale
 from bot.runtime.access import Members
 from bot.runtime.ids import new_error_id, replica_id
 from bot.runtime.redact import redact
@@ -66,6 +69,7 @@ class RemediationService:
     ) -> None:
         self.settings = settings
         self.records = RemediationRecords(db=db, clock=clock)
+        self.tuning = TuneRecords(db=db, clock=clock)
         self.policy = Policy(settings)
         self._adrs = SharedAdrStore(root=settings.paths.adr, db=db, clock=clock)
         self._notifier = notifier
@@ -293,6 +297,7 @@ class RemediationService:
             )  # fmt: skip
             return
         limits = gates.model_dump(exclude_none=True)  # what the canary checks, as numbers
+        await self._give_context(actuator, rem, before, adr_title=adr.title, numbers=was)
         await self._step(
             rem.id, "applying", "remediation.applying",
             {"flags": flags, "before": rem.before, "gates": limits,
@@ -430,6 +435,9 @@ class RemediationService:
             if rem.before.get("gateway") is not None:
                 name, spec = self.settings.target(rem.target)
                 await self._gateway(name, spec).restore(rem.before["gateway"])
+            await self._give_context(
+                actuator, rem, before, numbers=current.result.get("before_numbers"), reason=reason
+            )
             restored = await actuator.rollback(before)
             await verify_serving(restored.base_url)
         except Exception as exc:
@@ -461,6 +469,28 @@ class RemediationService:
                 owner=owner, expect=sorted(ACTIVE),
             )  # fmt: skip
 
+    async def _give_context(
+        self,
+        actuator: Actuator,
+        rem: Remediation,
+        before: Deployed,
+        *,
+        adr_title: str = "",
+        numbers: dict[str, float | None] | None = None,
+        reason: str = "",
+    ) -> None:
+        """The change's story for an actuator that records it (a git commit, a pull request)."""
+        if not isinstance(actuator, TakesContext):
+            return
+        link = None
+        if rem.channel and rem.ts:
+            with contextlib.suppress(Exception):  # only a link: never a reason to stop a change
+                link = await self._notifier.permalink(MessageRef(channel=rem.channel, ts=rem.ts))
+        give_context(
+            actuator, rem, before=before, adr_title=adr_title, link=link, numbers=numbers,
+            reason=reason,
+        )  # fmt: skip
+
     def _gateway(self, name: str, spec: Target) -> GatewayAdmin:
         if spec.gateway_url is None or spec.gateway_admin_token_file is None:
             raise UsageError(
@@ -475,8 +505,9 @@ class RemediationService:
 
         Stale means no step or heartbeat for ``stale_s`` (default ``[remediation]
         stale_after_s``) on the database's clock; taking a change over is one conditional
-        UPDATE that checks it again, so a run that beat meanwhile keeps its change. How many
-        were taken over."""
+        UPDATE that checks it again, so a run that beat meanwhile keeps its change. A tuning
+        session (`ruleloop tune --target`) whose process died is restored the same way
+        (``bot.remediation.tuning.restore_stale``). How many were taken over."""
         if stale_s is None:
             stale_s = self.settings.remediation.stale_after_s
         stale = await asyncio.to_thread(self.records.stale, older_than_s=stale_s, states=ACTIVE)
@@ -511,6 +542,9 @@ class RemediationService:
                 expect=["rolling_back"],
             )
             await self._owned(rem.id, runner, rollback)
+        taken += await restore_stale(
+            self.settings, self.tuning, actuator_for=self._actuator_for, stale_s=stale_s
+        )
         return taken
 
     async def expire_due(self) -> int:

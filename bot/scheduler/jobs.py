@@ -68,6 +68,7 @@ def build_jobs(
     settings: Settings,
     *,
     db: Database,
+    adrs: SharedAdrStore,
     flows: IncidentFlows,
     notifier: Notifier,
     http: httpx.AsyncClient,
@@ -91,7 +92,6 @@ def build_jobs(
     live_shape = read_shape or LiveShape(
         http=http, window_s=config.workload_window_s, sleep=sleep, clock=probe_clock
     )
-    adrs = SharedAdrStore(root=settings.paths.adr, db=db)
     jobs = []
     for name, target in settings.targets.items():
         own = config.targets.get(name, ScheduledTarget())

@@ -180,6 +180,50 @@ class Remediation(Base):
     heartbeat_at: Mapped[dt.datetime | None]  # the database's clock (bot.store.dbtime)
 
 
+# A tuning session in one of these states holds its target: it changes the flags trial by trial
+# (and restores them), so no remediation may start there, nor a second session.
+TUNING = ("running", "restoring")
+_TUNING_SQL = "state IN (" + ", ".join(f"'{state}'" for state in TUNING) + ")"
+
+
+class TuneSession(Base):
+    """One `ruleloop tune --target` session: who asked and approved it, the plan it searches,
+    and ``before``, what served when it started (the actuator's record, enough to restore it).
+
+    ``state`` moves running -> restoring -> restored, or ends failed (the restore did not
+    work: manual action). ``trial`` is the trial in progress (its number, flags and phase), so
+    a bot that finds the session silent knows what it is restoring from. ``runner`` and
+    ``heartbeat_at`` (the database's clock) say which process works on it and that it lives:
+    a session silent past ``[remediation] stale_after_s`` is restored by the next bot or
+    `ruleloop tune --restore`, as a stopped remediation is rolled back.
+    """
+
+    __tablename__ = "tune_sessions"
+    __table_args__ = (
+        Index(
+            "uq_tune_sessions_in_flight_target",
+            "target",
+            unique=True,
+            sqlite_where=text(_TUNING_SQL),
+            postgresql_where=text(_TUNING_SQL),
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    requested_by: Mapped[str] = mapped_column(String(64))
+    approved_by: Mapped[list[str]] = mapped_column(JSON, default=list)
+    plan: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    before: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    trial: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    result: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[dt.datetime]
+    updated_at: Mapped[dt.datetime]
+    runner: Mapped[str | None] = mapped_column(String(200))
+    heartbeat_at: Mapped[dt.datetime | None]
+
+
 class ActionToken(Base):
     """A single-use button: approve, deny, accept or reject; used at most once, until it expires.
 

@@ -24,9 +24,19 @@ NO_PICK = (
 
 
 def build_draft(
-    plan: TunePlan, rows: list[Row], *, adr_id: str, day: dt.date, runs_dir: Path, base: Path
+    plan: TunePlan,
+    rows: list[Row],
+    *,
+    adr_id: str,
+    day: dt.date,
+    runs_dir: Path,
+    base: Path,
+    how: list[str] | None = None,
 ) -> Adr:
-    """The proposed ADR for a finished run; the recommended row's flags become its fix."""
+    """The proposed ADR for a finished run; the recommended row's flags become its fix.
+
+    ``how``: what ran, in the context's words (a search says its sampler, space and objective);
+    None: the configurations of the plan, each on a freshly started engine."""
     pick = next((row for row in rows if row.recommended), None)
     return Adr(
         id=adr_id,
@@ -38,7 +48,7 @@ def build_draft(
         fix=Fix(engine_args=pick.config.engine_args if pick else {}, gateway=plan.gateway),
         gates=plan.gates,
         workload=measured_under(rows),
-        context=_context(plan, rows),
+        context=_context(plan, rows, how),
         matrix=[_matrix_row(row) for row in rows],
         matrix_notes=_notes(plan, rows, runs_dir=runs_dir, base=base),
         rules=_rules(plan, pick),
@@ -76,22 +86,31 @@ def _matrix_row(row: Row) -> MatrixRow:
     )
 
 
-def _context(plan: TunePlan, rows: list[Row]) -> str:
+def _context(plan: TunePlan, rows: list[Row], how: list[str] | None) -> str:
     lines = [plan.context.strip(), ""] if plan.context.strip() else []
-    lines.append(
-        f"`ruleloop tune` measured {len(rows)} vLLM configurations one after another, each on a "
-        f"freshly started engine, under the same canary workload (vLLM {vllm_args.version()}, "
-        f"{platform.machine()} {platform.system()})."
-    )
-    lines.append("")
+    if how is None:
+        lines.append(
+            f"`ruleloop tune` measured {len(rows)} vLLM configurations one after another, each "
+            "on a freshly started engine, under the same canary workload "
+            f"({where_measured()})."
+        )
+        lines.append("")
+    else:
+        lines += how
     lines.append(f"- measured: {plan.workload.describe()}")
     lines += [f"- background: {b.describe(background=True)}" for b in plan.background]
     return "\n".join(lines)
 
 
+def where_measured() -> str:
+    """The vLLM version and the machine, as the context says them."""
+    return f"vLLM {vllm_args.version()}, {platform.machine()} {platform.system()}"
+
+
 def _notes(plan: TunePlan, rows: list[Row], *, runs_dir: Path, base: Path) -> str:
     notes = [source_note(mixed=bool(plan.background))]
-    also = [line for row in rows if (line := _also(row))]
+    metric = plan.objective.metric if plan.objective is not None else None
+    also = [line for row in rows if (line := _also(row, metric))]
     if also:
         notes.append("Also measured (same runs):\n" + "\n".join(also))
     cited = [Path(r.report_path) for r in rows if r.report_path]
@@ -103,7 +122,7 @@ def _notes(plan: TunePlan, rows: list[Row], *, runs_dir: Path, base: Path) -> st
     return "\n\n".join(notes)
 
 
-def _also(row: Row) -> str | None:
+def _also(row: Row, plan_metric: str | None) -> str | None:
     """Token gaps, queueing and the other classes' TTFT: what step budgets move besides TPOT."""
     report = row.report
     if not report:
@@ -117,6 +136,8 @@ def _also(row: Row) -> str | None:
         done = (other.get("requests") or {}).get("ok", 0)
         ttft = format_ms((other.get("ttft_ms") or {}).get("p99"))
         parts.append(f"{other['workload']['name']} TTFT p99 {ttft} ({done} requests)")
+    if row.score is not None and plan_metric is not None:
+        parts.insert(0, f"{plan_metric} {row.score:,.4g}")
     return f"- {row.config.name}: " + ", ".join(parts)
 
 
@@ -131,9 +152,15 @@ def _rules(plan: TunePlan, pick: Row | None) -> list[str]:
     if pick is None:
         return [NO_PICK]
     argv = " ".join(pick.config.argv) or "(vLLM defaults)"
+    best = ""
+    if pick.score is not None and plan.objective is not None:
+        best = (
+            f", the best {plan.objective.metric} ({pick.score:,.4g}) of the trials that met "
+            "every gate"
+        )
     rules = [
         f"推荐配置 (recommended) `{pick.config.name}`: vLLM 启动参数 `{argv}` "
-        "(front matter `fix.engine_args`)."
+        f"(front matter `fix.engine_args`){best}."
     ]
     gates = plan.gates
     if gates is not None and not gates.is_empty():

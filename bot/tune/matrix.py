@@ -49,6 +49,7 @@ class Row:
     report: dict[str, Any] | None = field(default=None, repr=False)
     report_path: str | None = None
     recommended: bool = False
+    score: float | None = None  # a search's objective value for this row (None: not a search)
 
     @property
     def passed(self) -> bool:

@@ -1,8 +1,11 @@
-"""What `ruleloop tune` runs: a baseline flag set, named experiments, one canary workload.
+"""What `ruleloop tune` runs: a baseline flag set, then named experiments or a search, one
+canary workload.
 
-A plan comes from a YAML file or from command-line options. Every configuration's flags are
-checked against the tunable-flag allowlist before any engine starts, so a typo fails the run
-in the first second, not after the baseline has been measured.
+A plan comes from a YAML file or from command-line options. It lists ``experiments`` (each
+measured in turn) or declares a ``space`` to search with an ``objective`` (bot/tune/space.py,
+bot/tune/objective.py). Every configuration's flags are checked against the tunable-flag
+allowlist before any engine starts, so a typo fails the run in the first second, not after the
+baseline has been measured.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from bot.adr.flags import canonical, check_engine_args, to_argv
 from bot.adr.models import AdrGates, Condition, EngineValue, GatewayRules
 from bot.canary.workload import Workload, check
 from bot.errors import UsageError
+from bot.tune.objective import Objective
+from bot.tune.search import Sampler
+from bot.tune.space import Dimension, Flags, Space, build_space
 from bot.workload import shape as shapes
 
 BASELINE = "baseline"
@@ -25,6 +31,7 @@ BASELINE = "baseline"
 SHAPE_DECIDES = ("request_rate", "prompt_length", "prefix_length", "output_length")
 # Background load runs until the measured canary is done, then it is cancelled.
 BACKGROUND_DURATION_S = 24 * 3600.0
+MAX_DEFAULT_TRIALS = 30  # without `trials:` a search measures half the space, at most this
 
 
 class WorkloadSpec(BaseModel):
@@ -134,8 +141,28 @@ class Config:
         return f"{self.name}: `{' '.join(parts)}`"
 
 
+class SearchSettings(BaseModel):
+    """How a ``space`` is searched: TPE (default) or the full grid, how many trials, the seed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sampler: Sampler = "tpe"
+    trials: int | None = Field(default=None, ge=1)  # None: half the space, at most 30
+    seed: int = 0
+    startup_trials: int | None = Field(default=None, ge=0)  # None: a third of the trials
+
+    def budget(self, space: Space) -> int:
+        """Trials to measure: ``trials``, else half the space (at most 30); never more than
+        the space holds; the grid measures it all."""
+        if self.sampler == "grid":
+            return space.size if self.trials is None else min(self.trials, space.size)
+        wanted = self.trials or min(MAX_DEFAULT_TRIALS, max(1, space.size // 2))
+        return min(wanted, space.size)
+
+
 class TunePlan(BaseModel):
-    """The whole experiment: configurations, workload, gates, and what the draft should say."""
+    """The whole experiment: configurations (or a space to search), workload, gates, and what
+    the draft should say."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -143,12 +170,60 @@ class TunePlan(BaseModel):
     context: str = ""
     deciders: list[str] = Field(default_factory=list)
     baseline: dict[str, EngineValue] = Field(default_factory=dict)
-    experiments: list[Experiment] = Field(min_length=1)
+    experiments: list[Experiment] = Field(default_factory=list)
+    space: dict[str, Dimension] = Field(default_factory=dict)
+    objective: Objective | None = None
+    search: SearchSettings = Field(default_factory=SearchSettings)
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     background: list[WorkloadSpec] = Field(default_factory=list)
     gates: AdrGates | None = None
     match: list[Condition] = Field(default_factory=list)
     gateway: GatewayRules | None = None
+
+    @model_validator(mode="after")
+    def _experiments_or_space(self) -> TunePlan:
+        if self.experiments and self.space:
+            raise ValueError("give experiments: (measured in turn) or space: (searched), not both")
+        return self
+
+    def check_kind(self, *, source: str = "plan") -> None:
+        """UsageError unless the plan measures experiments, or searches a space for an
+        objective (checked once the command line's options are merged into a file's plan)."""
+        if not self.experiments and not self.space:
+            raise UsageError(
+                f"{source}: give at least one experiment (--exp NAME=FLAGS, or experiments: in "
+                "--plan), or a space to search (--space FLAG=V1,V2,... with --maximize METRIC, "
+                "or space: and objective: in --plan)"
+            )
+        if self.space and self.objective is None:
+            raise UsageError(
+                f"{source}: a search needs an objective: --maximize goodput_rps (or "
+                "objective: {maximize: goodput_rps} in the plan); see docs/tune.md"
+            )
+        if self.objective is not None and not self.space:
+            raise UsageError(
+                f"{source}: an objective is for a search: declare the space to search "
+                "(--space FLAG=V1,V2,..., or space: in the plan)"
+            )
+
+    @property
+    def searches(self) -> bool:
+        """Whether this plan searches a space (else it measures its experiments in turn)."""
+        return bool(self.space)
+
+    def search_space(self, *, source: str = "plan") -> Space:
+        """The checked space; UsageError on a flag the allowlist refuses or a bad value."""
+        check = check_engine_args(self.baseline)
+        if check:
+            field, why = check[0]
+            raise UsageError(f"{source}: baseline: {field.removeprefix('fix.engine_args.')}: {why}")
+        return build_space(self.space, source=source)
+
+    def trial_config(self, number: int, flags: Flags) -> Config:
+        """Trial ``number``: the baseline with the searched flags set."""
+        merged: dict[str, EngineValue] = {canonical(k): v for k, v in self.baseline.items()}
+        merged.update(flags)
+        return _config(f"t{number:02d}", dict(flags), merged, source=f"trial {number}")
 
     def configs(self, *, source: str = "plan") -> list[Config]:
         """Baseline first, then each experiment; UsageError on a flag the allowlist refuses."""

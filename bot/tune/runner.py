@@ -7,12 +7,13 @@ measured, into the directory the draft's matrix cites.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 from bot.adr.render import format_ms, format_pct
-from bot.canary.measure import measure
+from bot.canary.measure import measure_async
 from bot.canary.render import progress_line
 from bot.canary.verdict import Gates, gates_from, judge, values_of
 from bot.engine.process import START_TIMEOUT_S, EngineManager, free_port
@@ -46,16 +47,16 @@ class TuneRunner:
 
     def run(self) -> list[Row]:
         """Measure each configuration in turn; one row per configuration, in plan order."""
-        self.runs_dir.mkdir(parents=True, exist_ok=True)
         rows = []
         for index, config in enumerate(self.configs, start=1):
             tag = f"[{index}/{len(self.configs)}] {config.name}"
-            row = self._one(config, tag)
-            row.report_path = str(self._write(index, config, row))
+            row = self.measure(config, tag)
+            row.report_path = str(write_row(self.runs_dir, index, config, row))
             rows.append(row)
         return rows
 
-    def _one(self, config: Config, tag: str) -> Row:
+    def measure(self, config: Config, tag: str) -> Row:
+        """One configuration on a freshly started engine, stopped again afterwards."""
         port = free_port()
         flags = " ".join(config.argv) or "(vLLM defaults)"
         self.echo(f"{tag}: starting vLLM on port {port}: {flags}")
@@ -72,50 +73,88 @@ class TuneRunner:
             self.echo(f"{tag}: {'refused' if refused else 'did not start'}: {exc}")
             return Row(config, error=str(exc), failed_at="refused" if refused else "start")
         try:
-            return self._measure(config, tag, info.base_url)
+            return self.measure_at(config, tag, info.base_url)
         finally:
             self.manager.stop(port)
 
-    def _measure(self, config: Config, tag: str, base_url: str) -> Row:
-        spec = self.plan.workload
-        gates = gates_from(self.plan.gates) if self.plan.gates else Gates()
-        self.echo(f"{tag}: canary {spec.describe()}")
-        try:
-            background = [
-                (b.name, b.workload(base_url, background=True)) for b in self.plan.background
-            ]
-            report = measure(
-                spec.workload(base_url),
-                gates=gates,
-                metrics_url=f"{base_url}/metrics",
-                background=background,
+    def measure_at(self, config: Config, tag: str, base_url: str) -> Row:
+        """The plan's canary against an engine already serving ``config``."""
+        return asyncio.run(
+            measure_canary(
+                self.plan,
+                config,
+                base_url,
+                tag=tag,
+                echo=self.echo,
                 sample_interval_s=self.sample_interval_s,
-                on_progress=lambda p: self.echo(f"{tag}: {progress_line(p)}"),
-            )
-        except RuleloopError as exc:
-            self.echo(f"{tag}: canary failed: {exc}")
-            return Row(config, error=str(exc), failed_at="canary")
-        failures = judge(report, gates).failures
-        row = Row(config, values=values_of(report), failures=failures, report=report)
-        self.echo(f"{tag}: {_summary(row)}")
-        return row
-
-    def _write(self, index: int, config: Config, row: Row) -> Path:
-        path = self.runs_dir / f"{index:02d}-{config.name}.json"
-        data = {
-            "config": config.name,
-            "engine_args": config.engine_args,
-            "argv": config.argv,
-            "refused": row.failed_at == "refused",
-            "failed_at": row.failed_at,
-            "error": row.error,
-            "report": row.report,
-        }
-        path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
-        return path
+            )  # fmt: skip
+        )
 
 
-def _summary(row: Row) -> str:
+class LocalMeasurer:
+    """A search's trials on fresh local engines (``TuneRunner.measure``)."""
+
+    def __init__(self, runner: TuneRunner) -> None:
+        self.runner = runner
+
+    async def measure(self, config: Config, tag: str) -> Row:
+        """Start an engine with the trial's flags, run the canary, stop the engine."""
+        return await asyncio.to_thread(self.runner.measure, config, tag)
+
+
+async def measure_canary(
+    plan: TunePlan,
+    config: Config,
+    base_url: str,
+    *,
+    tag: str,
+    echo: Echo,
+    sample_interval_s: float = 0.5,
+) -> Row:
+    """The plan's canary (and background load) against an engine already serving ``config``,
+    judged by the plan's gates; a canary that cannot run becomes a row that says why."""
+    spec = plan.workload
+    gates = gates_from(plan.gates) if plan.gates else Gates()
+    echo(f"{tag}: canary {spec.describe()}")
+    try:
+        background = [(b.name, b.workload(base_url, background=True)) for b in plan.background]
+        report = await measure_async(
+            spec.workload(base_url),
+            gates=gates,
+            metrics_url=f"{base_url}/metrics",
+            background=background,
+            sample_interval_s=sample_interval_s,
+            on_progress=lambda p: echo(f"{tag}: {progress_line(p)}"),
+            progress_interval_s=5.0,
+        )
+    except RuleloopError as exc:
+        echo(f"{tag}: canary failed: {exc}")
+        return Row(config, error=str(exc), failed_at="canary")
+    failures = judge(report, gates).failures
+    row = Row(config, values=values_of(report), failures=failures, report=report)
+    echo(f"{tag}: {summary(row)}")
+    return row
+
+
+def write_row(runs_dir: Path, index: int, config: Config, row: Row) -> Path:
+    """A row's canary JSON (with its flags and why it failed, if it did), as the draft cites it."""
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    path = runs_dir / f"{index:02d}-{config.name}.json"
+    data = {
+        "config": config.name,
+        "engine_args": config.engine_args,
+        "argv": config.argv,
+        "refused": row.failed_at == "refused",
+        "failed_at": row.failed_at,
+        "error": row.error,
+        "score": row.score,
+        "report": row.report,
+    }
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def summary(row: Row) -> str:
     v = row.values
     assert v is not None
     verdict = "PASS" if not row.failures else "FAIL: " + "; ".join(row.failures)

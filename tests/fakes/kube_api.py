@@ -22,6 +22,11 @@ Faithful where the actuator depends on it:
   ``stall(name)`` makes the next rollout hang after one new pod and, after some polls, report
   ``Progressing=False, reason=ProgressDeadlineExceeded`` as the real controller does.
 
+Custom objects (an Argo CD Application, a Flux Kustomization) are answered to GET at
+``/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}`` from ``custom``, which a test-side
+GitOps controller (``tests.fakes.gitops_controller``) keeps up to date; a missing one is a 404
+``kind: Status`` as the API server writes it.
+
 Every request is recorded (method, path, content type, parsed body) for assertions.
 """
 
@@ -131,6 +136,8 @@ class FakeKube:
         self.before_patch: list[Callable[[dict[str, Any]], None]] = []
         # mutating admission webhooks: each may change every object a PATCH is about to store
         self.admission: list[Callable[[dict[str, Any]], None]] = []
+        # custom objects by path (/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/x)
+        self.custom: dict[str, dict[str, Any]] = {}
         self._rollouts: dict[tuple[str, str], _Rollout] = {}
         self._stall: dict[tuple[str, str], int | None] = {}
         self._versions = itertools.count(1000)
@@ -256,6 +263,8 @@ class FakeKube:
         if self.token is not None and authorization != f"Bearer {self.token}":
             return _error(401, "Unauthorized", "Unauthorized")
         path = request.url.path
+        if path.startswith("/apis/") and not path.startswith(_PREFIX):
+            return self._custom_object(request.method, path)
         parts = path[len(_PREFIX) :].split("/") if path.startswith(_PREFIX) else []
         if len(parts) != 3 or parts[1] != "deployments":
             return _error(404, "NotFound", "the server could not find the requested resource")
@@ -280,6 +289,19 @@ class FakeKube:
             self._advance(key)
             return httpx.Response(200, json=copy.deepcopy(self.deployments[key]))
         return self._patch(key, content_type, body)
+
+    def _custom_object(self, method: str, path: str) -> httpx.Response:
+        """GET of a custom object (the only verb the actuators use on them)."""
+        parts = path.split("/")  # '', apis, group, version, namespaces, ns, plural, name
+        if len(parts) != 8 or parts[4] != "namespaces":
+            return _error(404, "NotFound", "the server could not find the requested resource")
+        if method != "GET":
+            return _error(
+                405, "MethodNotAllowed", "the server does not allow this method on the resource"
+            )
+        if path not in self.custom:
+            return _error(404, "NotFound", f'{parts[6]}.{parts[2]} "{parts[7]}" not found')
+        return httpx.Response(200, json=copy.deepcopy(self.custom[path]))
 
     def _patch(self, key: tuple[str, str], content_type: str | None, body: Any) -> httpx.Response:
         media = (content_type or "").split(";")[0].strip()

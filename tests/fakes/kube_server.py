@@ -2,7 +2,8 @@
 
 ``with KubeServer(fake) as api:`` serves ``api.url``; every request goes through the fake's own
 ``handle`` (one at a time: the fake is not thread-safe), so what a ``ruleloop serve`` process
-sees is what the in-process tests see.
+sees is what the in-process tests see. Code in the test that changes the fake while the server
+runs (a GitOps controller) holds ``api.lock`` meanwhile.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class KubeServer:
 
     def __init__(self, fake: FakeKube) -> None:
         self.fake = fake
-        lock = threading.Lock()
+        self.lock = lock = threading.RLock()
 
         class Handler(BaseHTTPRequestHandler):
             def log_message(self, *args: object) -> None:

@@ -1,8 +1,15 @@
-"""Actuators: local engine processes, a Kubernetes Deployment, or a dry run (``build``)."""
+"""Actuators: local engine processes, a Kubernetes Deployment, a commit to the deployment
+repository (git: Argo CD / Flux deploy it), or a dry run (``build``)."""
 
 from __future__ import annotations
 
-from bot.config import DryRunActuatorSpec, KubernetesActuatorSpec, LocalActuatorSpec, Target
+from bot.config import (
+    DryRunActuatorSpec,
+    GitActuatorSpec,
+    KubernetesActuatorSpec,
+    LocalActuatorSpec,
+    Target,
+)
 from bot.errors import UsageError
 from bot.remediation.actuators.base import Actuator
 
@@ -18,11 +25,15 @@ def build(name: str, target: Target) -> Actuator:
         from bot.remediation.actuators.kubernetes import KubernetesActuator
 
         return KubernetesActuator(spec, vllm_url=target.vllm_url)
+    if isinstance(spec, GitActuatorSpec):
+        from bot.remediation.actuators.git import GitActuator
+
+        return GitActuator(spec, target=name, vllm_url=target.vllm_url)
     if isinstance(spec, DryRunActuatorSpec):
         from bot.remediation.actuators.dry_run import DryRunActuator
 
         return DryRunActuator(vllm_url=target.vllm_url)
     raise UsageError(
         f"target {name!r} has no actuator, so ruleloop cannot change it; configure "
-        f'[targets.{name}.actuator] kind = "local" | "kubernetes" | "dry-run"'
+        f'[targets.{name}.actuator] kind = "local" | "kubernetes" | "git" | "dry-run"'
     )

@@ -10,13 +10,18 @@ An actuator changes the tunable vLLM flags of one target and can put them back:
 
 All methods are async and raise ``ActuatorError`` with a message fit for Slack when the change
 cannot be made or the engine does not come back healthy.
+
+An actuator that records why a change is made where people review it (the git actuator: a
+commit and a pull request) also implements ``TakesContext``; the remediation service then
+calls ``prepare`` with a ``ChangeContext`` before ``apply`` and before ``rollback``. It is
+optional: actuators without it are called exactly as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from bot.errors import RuleloopError
 from bot.remediation.argv import FlagValues
@@ -66,4 +71,24 @@ class Actuator(Protocol):
 
     async def rollback(self, before: Deployed) -> Deployed:
         """Restore ``before`` exactly; wait until healthy."""
+        ...
+
+
+@dataclass(frozen=True)
+class ChangeContext:
+    """Why a change is made: what the commit and the pull request of a git change say."""
+
+    change_id: str  # the same on every replica and after a restart: "remediation-42"
+    title: str  # "ADR-20260831-01 on prod-a"
+    description: str = ""  # Markdown: the incident's link, approvers, the before-run's numbers
+    before: Deployed | None = None  # what current() read when the change was requested
+    reason: str = ""  # why it is rolled back (set before rollback)
+
+
+@runtime_checkable
+class TakesContext(Protocol):
+    """An actuator that records a ChangeContext with the change (optional)."""
+
+    def prepare(self, context: ChangeContext) -> None:
+        """Use ``context`` for the next apply, promote or rollback."""
         ...

@@ -26,11 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import ssl
 import time
-from collections.abc import Awaitable, Callable, Generator, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -38,7 +36,13 @@ import httpx
 from bot.adr.flags import canonical
 from bot.config import KubernetesActuatorSpec
 from bot.errors import AdrError
+from bot.remediation.actuators import kube_read
 from bot.remediation.actuators.base import ActuatorError, Deployed
+from bot.remediation.actuators.kube_read import (
+    ANNOTATION,
+    PATCH_TYPE,
+    rollout_waiting,
+)
 from bot.remediation.argv import (
     FlagValues,
     fingerprint,
@@ -49,8 +53,7 @@ from bot.remediation.argv import (
     with_flags,
 )
 
-ANNOTATION = "ruleloop.dev/applied-flags"
-PATCH_TYPE = "application/strategic-merge-patch+json"
+__all__ = ["ANNOTATION", "PATCH_TYPE", "KubernetesActuator", "build_client", "rollout_waiting"]
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -67,26 +70,7 @@ class _Read:
     annotation: str | None  # the current ruleloop.dev/applied-flags value, None when unset
 
 
-class _Conflict(Exception):
-    """The API answered 409: the Deployment changed since it was read."""
-
-
-class _TokenFile(httpx.Auth):
-    """Bearer auth from a service-account token file, read on every request: the kubelet
-    rotates projected tokens in place, so a token read once would expire after about an hour."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        try:
-            token = self.path.read_text().strip()
-        except OSError as exc:
-            raise ActuatorError(
-                f"cannot read the Kubernetes service-account token {self.path}: {exc.strerror}"
-            ) from exc
-        request.headers["Authorization"] = f"Bearer {token}"
-        yield request
+_Conflict = kube_read.Conflict  # the API answered 409: the Deployment changed since it was read
 
 
 def build_client(
@@ -94,54 +78,9 @@ def build_client(
 ) -> httpx.AsyncClient:
     """The API client production uses: base_url=api_url, the bearer token from token_file
     (none when unset, e.g. behind ``kubectl proxy``), the cluster CA from ca_file when it exists."""
-    verify: ssl.SSLContext | bool = True
-    if spec.ca_file is not None and spec.ca_file.exists():
-        try:
-            verify = ssl.create_default_context(cafile=str(spec.ca_file))
-        except (OSError, ssl.SSLError) as exc:
-            raise ActuatorError(f"cannot load the cluster CA from {spec.ca_file}: {exc}") from exc
-    return httpx.AsyncClient(
-        base_url=spec.api_url,
-        auth=_TokenFile(spec.token_file) if spec.token_file is not None else None,
-        verify=verify,
-        transport=transport,
-        timeout=httpx.Timeout(30.0),
+    return kube_read.client(
+        spec.api_url, token_file=spec.token_file, ca_file=spec.ca_file, transport=transport
     )
-
-
-def rollout_waiting(deployment: Mapping[str, Any], generation: int) -> str | None:
-    """What the rollout of ``generation`` still waits for (None: complete), read as
-    ``kubectl rollout status`` reads it. Raises ActuatorError when the controller gave up."""
-    meta, spec = deployment.get("metadata", {}), deployment.get("spec", {})
-    status = deployment.get("status", {})
-    name = f"{meta.get('namespace')}/{meta.get('name')}"
-    generation = max(generation, int(meta.get("generation", 0)))
-    observed = int(status.get("observedGeneration", 0))
-    if observed < generation:
-        return f"the controller to see generation {generation} (it has seen {observed})"
-    # The API omits zero counts, so every count defaults to 0 (and spec.replicas to 1).
-    want = int(spec.get("replicas", 1))
-    total = int(status.get("replicas", 0))
-    updated = int(status.get("updatedReplicas", 0))
-    available = int(status.get("availableReplicas", 0))
-    counts = f"(wanted {want}, updated {updated}, total {total}, available {available})"
-    for condition in status.get("conditions", []):
-        if condition.get("type") == "Progressing" and (
-            condition.get("reason") == "ProgressDeadlineExceeded"
-        ):
-            raise ActuatorError(
-                f"the rollout of Deployment {name} exceeded its progress deadline "
-                f"(ProgressDeadlineExceeded: {condition.get('message', 'no message')}) {counts}; "
-                "its new pods did not become available, see `kubectl describe deployment` "
-                "and the pods' logs"
-            )
-    if updated < want:
-        return f"{updated} of {want} new replicas to be updated {counts}"
-    if total > updated:
-        return f"{total - updated} old replicas to terminate {counts}"
-    if available < updated:
-        return f"{available} of {updated} updated replicas to become available {counts}"
-    return None
 
 
 class KubernetesActuator:
@@ -320,40 +259,14 @@ class KubernetesActuator:
 
     def _parse(self, name: str, obj: dict[str, Any]) -> _Read:
         """The container to change, found in a Deployment object."""
-        try:
-            meta = obj["metadata"]
-            template = obj["spec"]["template"]
-            containers = template["spec"]["containers"]
-        except (KeyError, TypeError) as exc:
-            raise ActuatorError(
-                f"the Kubernetes API answered for Deployment {self._where(name)} without a pod "
-                f"template ({exc!r} missing): is api_url really the Kubernetes API?"
-            ) from exc
-        names = [str(c.get("name")) for c in containers]
-        wanted = self.spec.container
-        found = next((c for c in containers if c.get("name") == wanted), None) if wanted else None
-        if wanted is None and containers:
-            found = containers[0]
-        if found is None:
-            raise ActuatorError(
-                f"Deployment {self._where(name)} has no container {wanted!r}; its containers: "
-                f"{', '.join(names) or 'none'}. Set `container` in the target's actuator settings"
-            )
-        command = [str(a) for a in found.get("command") or []]
-        if read_flags(command):
-            raise ActuatorError(
-                f"container {found['name']!r} of Deployment {self._where(name)} sets tunable "
-                f"vLLM flags in `command` ({', '.join(read_flags(command))}); ruleloop rewrites "
-                "only `args`: move the flags there"
-            )
-        annotations = template.get("metadata", {}).get("annotations") or {}
+        found = kube_read.find_container(obj, where=self._where(name), wanted=self.spec.container)
         return _Read(
             deployment=name,
-            container=str(found["name"]),
-            args=[str(a) for a in found.get("args") or []],
-            generation=int(meta.get("generation", 0)),
-            resource_version=str(meta.get("resourceVersion", "")),
-            annotation=annotations.get(ANNOTATION),
+            container=found.name,
+            args=found.args,
+            generation=found.generation,
+            resource_version=found.resource_version,
+            annotation=found.annotation,
         )
 
     def _deployed(self, main: _Read, canary: _Read | None, *, flags: FlagValues) -> Deployed:
@@ -383,35 +296,16 @@ class KubernetesActuator:
     async def _call(self, method: str, name: str, body: Any = None) -> dict[str, Any]:
         """One request on the Deployment ``name``; API errors become ActuatorError (409:
         _Conflict) with the API's own message."""
-        path = f"/apis/apps/v1/namespaces/{self.spec.namespace}/deployments/{name}"
-        content = None if body is None else json.dumps(body).encode()
-        headers = {"Accept": "application/json"}
-        if content is not None:
-            headers["Content-Type"] = PATCH_TYPE
-        try:
-            response = await self._http.request(method, path, content=content, headers=headers)
-        except httpx.HTTPError as exc:
-            raise ActuatorError(
-                f"cannot reach the Kubernetes API at {self._http.base_url}: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        if response.status_code == 409:
-            raise _Conflict(_status_message(response))
-        if response.is_error:
-            raise ActuatorError(self._error_text(method, name, response))
-        try:
-            obj = response.json()
-        except ValueError as exc:
-            raise ActuatorError(
-                f"the Kubernetes API at {self._http.base_url} answered {method} Deployment "
-                f"{self._where(name)} with something that is not JSON"
-            ) from exc
-        if not isinstance(obj, dict):
-            raise ActuatorError(f"the Kubernetes API answered {method} with {type(obj).__name__}")
-        return obj
+        return await kube_read.request_json(
+            self._http,
+            method,
+            kube_read.deployment_path(self.spec.namespace, name),
+            what=f"Deployment {self._where(name)}",
+            describe=lambda code, message: self._error_text(method, name, code, message),
+            body=body,
+        )
 
-    def _error_text(self, method: str, name: str, response: httpx.Response) -> str:
-        code, message = response.status_code, _status_message(response)
+    def _error_text(self, method: str, name: str, code: int, message: str) -> str:
         verb = "patch" if method == "PATCH" else "get"
         where = self._where(name)
         if code == 401:
@@ -433,18 +327,6 @@ class KubernetesActuator:
                 "target's actuator settings"
             )
         return f"the Kubernetes API answered {code} to {method} Deployment {where}: {message}"
-
-
-def _status_message(response: httpx.Response) -> str:
-    """The ``message`` of a ``kind: Status`` body, else the start of the body."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    text = response.text.strip()
-    return text[:200] if text else response.reason_phrase
 
 
 def _kept(detail: Mapping[str, Any], prefix: str) -> Mapping[str, Any] | None:

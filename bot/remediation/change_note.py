@@ -1,0 +1,71 @@
+"""What an actuator that records changes where people review them is told about one change.
+
+The git actuator writes a commit and a pull request: they should say which ADR, on which
+target, who asked and who approved, where the incident's thread is, and what the before-run
+measured, so a reviewer reading the repository's history at 2 a.m. needs nothing else. The
+service builds one ``ChangeContext`` from the remediation's record and hands it to actuators
+that take one (``TakesContext``); others are not asked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from bot.remediation.actuators.base import Actuator, ChangeContext, Deployed, TakesContext
+from bot.store.models import Remediation
+
+# the four numbers, as the card names them
+_NAMES = {
+    "ttft_p99_ms": ("TTFT p99", "ms"),
+    "tpot_p99_ms": ("TPOT p99", "ms"),
+    "goodput_ratio": ("Goodput", ""),
+    "kv_fragmentation": ("KV fragmentation", ""),
+}
+
+
+def give_context(
+    actuator: Actuator,
+    rem: Remediation,
+    *,
+    before: Deployed,
+    adr_title: str = "",
+    link: str | None = None,
+    numbers: Mapping[str, float | None] | None = None,
+    reason: str = "",
+) -> None:
+    """Tell ``actuator`` what this change is, if it takes a context."""
+    if not isinstance(actuator, TakesContext):
+        return
+    lines = [f"ruleloop applies **{rem.adr_id}**{f' ({adr_title})' if adr_title else ''} "
+             f"on target `{rem.target}`, remediation #{rem.id}."]  # fmt: skip
+    approvers = ", ".join(rem.approved_by) or "nobody yet"
+    lines.append(f"Requested by {rem.requested_by} in Slack, approved by {approvers}.")
+    if link:
+        lines.append(f"Incident thread: {link}")
+    if rem.incident_id is not None:
+        lines.append(f"Incident #{rem.incident_id}.")
+    measured = [
+        f"- {_NAMES.get(key, (key, ''))[0]}: {_number(key, value)}"
+        for key, value in (numbers or {}).items()
+        if value is not None
+    ]
+    if measured:
+        lines.append("Before the change, the canary measured:\n" + "\n".join(measured))
+    actuator.prepare(
+        ChangeContext(
+            change_id=f"remediation-{rem.id}",
+            title=f"{rem.adr_id} on {rem.target}",
+            description="\n\n".join(lines),
+            before=before,
+            reason=reason,
+        )
+    )
+
+
+def _number(key: str, value: float) -> str:
+    name, unit = _NAMES.get(key, (key, ""))
+    if unit:
+        return f"{value:,.1f} {unit}"
+    if key in ("goodput_ratio", "kv_fragmentation"):
+        return f"{value * 100:.1f} %"
+    return f"{value:g}"

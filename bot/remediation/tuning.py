@@ -1,0 +1,534 @@
+"""Tuning on a real target: each trial's flags through the target's actuator (its canary stage,
+where it has one), measured by the plan's canary, rolled back before the next trial; the flags
+that served before are restored at the end whatever happens.
+
+A session is a change to the target, so it is held to a change's rules:
+
+- approved like an apply (``Policy.check_tuning``: requester with ``apply``, an approver with
+  ``approve``, a second person under the two-person rule);
+- one change at a time per target (``exclusion``): it does not start while a remediation or
+  another session is in flight there, and holds the target against both while it runs;
+- recorded before its first change (``TuneRecords.begin``, with ``before``, the actuator's
+  record of what served), every trial written before it changes the target, with heartbeats;
+- restored by whoever finds it silent: this process at the end (or on Ctrl-C / SIGTERM), else
+  `ruleloop tune --target NAME --restore`, or the bot's resume (``restore_stale``) after a
+  kill -9, which rolls back to ``before`` exactly as a stopped remediation is rolled back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import getpass
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bot.config import Settings, Target
+from bot.errors import EngineError, RuleloopError, UsageError
+from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
+from bot.remediation.exclusion import TargetBusy, tuning_refusal
+from bot.remediation.gate import verify_serving
+from bot.remediation.liveness import LostRun, heartbeat
+from bot.remediation.policy import Policy
+from bot.remediation.tune_records import TuneRecords
+from bot.runtime.ids import replica_id
+from bot.store.models import TuneSession
+from bot.store.readings import ROLLBACK_FAILED
+from bot.tune.matrix import Row
+from bot.tune.objective import Outcome
+from bot.tune.plan import Config, TunePlan
+from bot.tune.runner import measure_canary
+from bot.tune.search import Proposal, Search
+from bot.tune.session import Echo, SearchResult, make_search, run_search
+from bot.workload.shape import WorkloadShape
+
+log = logging.getLogger("ruleloop.tune")
+ActuatorFactory = Callable[[str, Target], Actuator]
+
+
+class RestoreFailed(RuleloopError):
+    """The target could not be put back to what served before the session: manual action."""
+
+
+def _flags_text(flags: dict[str, Any]) -> str:
+    return " ".join(f"--{k}={v}" for k, v in sorted(flags.items())) or "no tunable flags"
+
+
+@dataclass(frozen=True)
+class Approval:
+    """Who asked for a session and who approved it (checked by ``Policy.check_tuning``)."""
+
+    requested_by: str
+    approved_by: list[str]
+
+
+def approve(
+    settings: Settings, target: str, *, requested_by: str | None, approved_by: list[str]
+) -> Approval:
+    """The session's approval, or NotAllowed/UsageError naming who is missing."""
+    approvers = Policy(settings).check_tuning(
+        target=target, requested_by=requested_by, approved_by=approved_by
+    )
+    assert requested_by is not None
+    return Approval(requested_by=requested_by, approved_by=approvers)
+
+
+def check_target(name: str, spec: Target, plan: TunePlan) -> None:
+    """Refuse what a session on ``name`` could not do well, before anything is recorded."""
+    if spec.actuator is None:
+        raise UsageError(
+            f"target {name!r} has no actuator, so ruleloop cannot change its flags to measure "
+            f'them; configure [targets.{name}.actuator] kind = "local" | "kubernetes" | "git"'
+        )
+    if spec.actuator.kind == "dry-run":
+        raise UsageError(
+            f"target {name!r} has a dry-run actuator: it changes nothing, so every trial would "
+            "measure the flags serving now; tune it with a local, kubernetes or git actuator"
+        )
+    if plan.gates is None or plan.gates.is_empty():
+        raise UsageError(
+            f"tuning {name} needs gates (the constraints every trial is judged by, and the "
+            "release gate of the draft): add gates: to the plan or pass --gates-from ADR-ID. "
+            "Nothing was changed."
+        )
+    relative = plan.gates.relative()
+    if relative:
+        names = ", ".join(f"{k}: {v}" for k, v in relative.items())
+        raise UsageError(
+            f"tuning {name} needs absolute gates; {names} is relative to a measurement the "
+            "session does not make: write the limit as a number. Nothing was changed."
+        )
+
+
+class TargetTrials:
+    """The target's trials: measured through its actuator, each written to the session's
+    record before it changes the target and after it was put back (``Measurer`` and
+    ``Journal`` of ``bot.tune.session``)."""
+
+    def __init__(
+        self,
+        *,
+        plan: TunePlan,
+        actuator: Actuator,
+        before: Deployed,
+        records: TuneRecords,
+        session_id: int,
+        runner: str,
+        echo: Echo,
+    ) -> None:
+        self.plan = plan
+        self.actuator = actuator
+        self.before = before
+        self.records = records
+        self.session_id = session_id
+        self.runner = runner
+        self.echo = echo
+        self._trial: dict[str, Any] = {}
+        # whether ``before`` is known to serve: false from a trial's apply until its rollback
+        # worked (a stage's flags are not what ``current()`` reads: a Deployment's canary)
+        self.rolled_back = True
+
+    async def trial_started(self, proposal: Proposal, config: Config) -> None:
+        """Written before the trial changes the target."""
+        self._trial = {"number": proposal.number, "config": config.name,
+                       "flags": dict(config.engine_args), "phase": "applying"}  # fmt: skip
+        await self._write("tune.trial_started", {"trial": dict(self._trial)}, trial=self._trial)
+
+    async def measure(self, config: Config, tag: str) -> Row:
+        """Apply, measure, roll back; RestoreFailed when the rollback did not work."""
+        try:
+            self.echo(f"{tag}: applying with the {self.actuator.kind} actuator…")
+            self.rolled_back = False
+            try:
+                deployed = await self.actuator.apply(dict(config.engine_args))
+            except (ActuatorError, UsageError) as exc:
+                cause = exc.__cause__
+                refused = isinstance(cause, EngineError) and cause.refused
+                self.echo(f"{tag}: {'refused' if refused else 'did not apply'}: {exc}")
+                return Row(config, error=str(exc), failed_at="refused" if refused else "start")
+            await self._phase("measuring", base_url=deployed.base_url)
+            return await measure_canary(
+                self.plan, config, deployed.base_url, tag=tag, echo=self.echo
+            )
+        finally:
+            # also when the trial was cancelled (Ctrl-C, SIGTERM): the target goes back first,
+            # even when the store does not answer (a restorer later rolls back once more)
+            try:
+                await self._phase("restoring")
+            except LostRun:
+                raise
+            except Exception:
+                log.exception("tuning session %s: cannot record the restore", self.session_id)
+            self.echo(f"{tag}: rolling back to {_flags_text(self.before.flags)}…")
+            await restore_target(self.actuator, self.before)
+            self.rolled_back = True
+
+    async def trial_ended(self, proposal: Proposal, row: Row, result: Outcome) -> None:
+        """Written once the trial's numbers are in and the target serves ``before`` again."""
+        summary = {
+            "number": proposal.number,
+            "config": row.config.name,
+            "flags": dict(row.config.engine_args),
+            "verdict": row.verdict(),
+            "score": result.value,
+            "feasible": result.feasible,
+            "failed": result.failed,
+        }
+        self._trial = {}
+        await self._write("tune.trial_ended", {"trial": summary}, trial={})
+
+    async def _phase(self, phase: str, **extra: Any) -> None:
+        self._trial = {**self._trial, "phase": phase, **extra}
+        await self._write(f"tune.trial_{phase}", {"trial": dict(self._trial)}, trial=self._trial)
+
+    async def _write(self, action: str, detail: dict[str, Any], **fields: Any) -> None:
+        moved = await asyncio.to_thread(
+            self.records.step, self.session_id, action=action, detail=detail,
+            owner=self.runner, **fields,
+        )  # fmt: skip
+        if not moved:
+            raise LostRun(f"tuning session {self.session_id} is no longer run by {self.runner}")
+
+
+async def restore_target(actuator: Actuator, before: Deployed) -> Deployed:
+    """Roll back to ``before`` and check it serves (a completion, not just /health) with the
+    recorded flags; RestoreFailed says what to restore by hand."""
+    try:
+        restored = await actuator.rollback(before)
+        await verify_serving(restored.base_url)
+    except Exception as exc:
+        why = str(exc) if isinstance(exc, RuleloopError) else f"unexpected {type(exc).__name__}"
+        raise RestoreFailed(
+            f"the ROLLBACK FAILED: {why}. Manual action needed: restore {_flags_text(before.flags)}"
+        ) from exc
+    if restored.flags != before.flags:
+        raise RestoreFailed(
+            f"after the rollback the target runs {_flags_text(restored.flags)}, not the "
+            f"recorded {_flags_text(before.flags)}. Manual action needed."
+        )
+    return restored
+
+
+@dataclass(frozen=True)
+class TargetSession:
+    """A finished session: its record's id, the search's result, what serves again."""
+
+    session_id: int
+    result: SearchResult
+    before: Deployed
+    actuator: str
+
+
+async def tune_target(
+    plan: TunePlan,
+    *,
+    settings: Settings,
+    records: TuneRecords,
+    target: str,
+    approval: Approval,
+    runs_dir: Path,
+    echo: Echo,
+    actuator_for: ActuatorFactory,
+) -> TargetSession:
+    """Run the plan's search on ``target``; the target serves ``before`` again when this
+    returns or raises (RestoreFailed when it could not be put back)."""
+    name, spec = settings.target(target)
+    check_target(name, spec, plan)
+    search = make_search(plan, plan.search_space())
+    busy = await asyncio.to_thread(records.in_flight, name)
+    if busy is not None:  # refused before the actuator is asked anything
+        raise UsageError(tuning_refusal(name, busy))
+    actuator = actuator_for(name, spec)
+    before = await actuator.current()
+    runner = replica_id()
+    session = await _begin(records, plan, search, name, approval, before, runner=runner)
+    echo(
+        f"tuning session #{session.id} on {name} ({actuator.kind} actuator), requested by "
+        f"{approval.requested_by}, approved by {', '.join(approval.approved_by)}; serving now: "
+        f"{_flags_text(before.flags)} (restored after every trial and at the end)"
+    )
+    trials = TargetTrials(
+        plan=plan, actuator=actuator, before=before, records=records, session_id=session.id,
+        runner=runner, echo=echo,
+    )  # fmt: skip
+
+    heart = _heartbeat(records, session.id, runner=runner, every_s=settings.remediation.heartbeat_s)
+    try:
+        result = await run_search(
+            plan, search, trials, runs_dir=runs_dir, echo=echo, journal=trials
+        )
+    except LostRun:
+        raise UsageError(
+            f"tuning session #{session.id} was taken over by another process (it found the "
+            "session silent and restores the target): this one stopped without touching it"
+        ) from None
+    except BaseException as exc:  # Ctrl-C, SIGTERM, a crash: the target goes back first
+        with contextlib.suppress(LostRun):
+            await finish(records, session.id, actuator, before, runner=runner,
+                         reason=f"stopped: {_why(exc)}", echo=echo,
+                         rolled_back=trials.rolled_back)  # fmt: skip
+        raise
+    finally:
+        heart.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heart
+    best = result.pick.config.name if result.pick else None
+    await finish(records, session.id, actuator, before, runner=runner, echo=echo,
+                 reason="finished", result={"trials": len(result.rows), "best": best},
+                 rolled_back=trials.rolled_back)  # fmt: skip
+    return TargetSession(
+        session_id=session.id, result=result, before=before, actuator=actuator.kind
+    )
+
+
+def _heartbeat(
+    records: TuneRecords, session_id: int, *, runner: str, every_s: float
+) -> asyncio.Task[None]:
+    """The session's heartbeat, so another process restores the target only once it is dead."""
+
+    async def beat() -> bool:
+        return await asyncio.to_thread(records.heartbeat, session_id, runner=runner)
+
+    return asyncio.create_task(
+        heartbeat(beat, every_s=every_s, name=f"tuning session {session_id}")
+    )
+
+
+async def _begin(
+    records: TuneRecords,
+    plan: TunePlan,
+    search: Search,
+    name: str,
+    approval: Approval,
+    before: Deployed,
+    *,
+    runner: str,
+) -> TuneSession:
+    """Record the session (its plan, approvals and the flags to restore) before any trial;
+    refused, naming who holds it, while a change or another session runs on the target."""
+    try:
+        return await asyncio.to_thread(
+            records.begin, target=name, requested_by=approval.requested_by,
+            approved_by=approval.approved_by, plan=plan.model_dump(mode="json"),
+            before=before.to_json(), runner=runner,
+            detail={"os_user": _os_user(), "host": socket.gethostname(),
+                    "space": search.space.describe(), "budget": search.budget},
+        )  # fmt: skip
+    except TargetBusy as exc:
+        raise UsageError(tuning_refusal(name, exc.holder)) from None
+
+
+async def finish(
+    records: TuneRecords,
+    session_id: int,
+    actuator: Actuator,
+    before: Deployed,
+    *,
+    runner: str,
+    reason: str,
+    echo: Echo,
+    rolled_back: bool,
+    result: dict[str, Any] | None = None,
+) -> None:
+    """Put ``before`` back unless it is known to serve (``rolled_back``: the last trial's
+    rollback worked; then it must still answer a completion), and write the end: restored, or
+    failed (with the audit action the bot's rollback-failed alert counts) and RestoreFailed."""
+    try:
+        moved = await asyncio.to_thread(
+            records.step, session_id, action="tune.restoring", detail={"reason": reason},
+            owner=runner, state="restoring",
+        )  # fmt: skip
+    except Exception:  # the store does not answer: the target goes back all the same
+        if not rolled_back:
+            await restore_target(actuator, before)
+        raise
+    if not moved:
+        raise LostRun(f"tuning session {session_id} is no longer run by {runner}")
+    try:
+        serving = await _current(actuator) if rolled_back else None
+        if serving is None or serving.flags != before.flags:
+            echo(f"tuning session #{session_id}: restoring {_flags_text(before.flags)}…")
+            serving = await restore_target(actuator, before)
+        else:
+            await verify_serving(serving.base_url)
+    except Exception as exc:
+        error = str(exc) if isinstance(exc, RuleloopError) else f"unexpected {type(exc).__name__}"
+        log.error("restore of tuning session %s failed", session_id, exc_info=exc)
+        await asyncio.to_thread(
+            records.step, session_id, action=ROLLBACK_FAILED,
+            detail={"error": error, "reason": reason}, owner=runner, state="failed",
+            result={**(result or {}), "error": error},
+        )  # fmt: skip
+        raise exc if isinstance(exc, RestoreFailed) else RestoreFailed(error) from exc
+    await asyncio.to_thread(
+        records.step, session_id, action="tune.restored",
+        detail={"reason": reason, "flags": serving.flags}, owner=runner, state="restored",
+        trial={}, result={**(result or {}), "reason": reason},
+    )  # fmt: skip
+    echo(f"tuning session #{session_id}: {_flags_text(serving.flags)} serve again ({reason})")
+
+
+async def _current(actuator: Actuator) -> Deployed | None:
+    try:
+        return await actuator.current()
+    except ActuatorError:
+        return None  # nothing serves (an engine that did not come back): restore it
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
+        return "interrupted"
+    return str(exc) or type(exc).__name__
+
+
+def _os_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
+
+
+# --- restoring a session whose process died -------------------------------------------------
+
+
+def runner_is_dead(runner: str | None) -> bool:
+    """Whether ``runner`` (host:pid:random) was a process on this host that no longer runs."""
+    if not runner:
+        return False
+    host, _, rest = runner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit():
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+async def restore_session(
+    records: TuneRecords,
+    row: TuneSession,
+    actuator: Actuator,
+    *,
+    stale_s: float | None,
+    echo: Echo,
+) -> bool:
+    """Take over ``row`` (silent ``stale_s``, or its runner known dead when None) and put its
+    ``before`` back; False when another process took it or its run beat again meanwhile."""
+    runner = replica_id()
+    won = await asyncio.to_thread(
+        records.take_over, row.id, runner=runner, stale_s=stale_s, was_run_by=row.runner
+    )
+    if not won:
+        return False
+    trial = row.trial or {}
+    where = f"trial {trial.get('number')} ({trial.get('phase')})" if trial else "between trials"
+    echo(f"tuning session #{row.id} on {row.target} stopped during {where}: restoring it")
+    # what the dead process left is unknown (a canary stage may run a trial's flags while the
+    # main Deployment reads as before): always roll back to the record
+    await finish(
+        records, row.id, actuator, Deployed.from_json(row.before), runner=runner, echo=echo,
+        reason=f"its process stopped during {where}", result=dict(row.result or {}),
+        rolled_back=False,
+    )  # fmt: skip
+    return True
+
+
+async def restore_stale(
+    settings: Settings,
+    records: TuneRecords,
+    *,
+    actuator_for: ActuatorFactory,
+    stale_s: float,
+    echo: Echo = lambda line: None,
+) -> int:
+    """Restore every session silent ``stale_s`` (the bot's resume, at start and on schedule);
+    how many this process restored. A failed restore is logged, marked failed and counted by
+    the rollback-failed alert; the others go on."""
+    done = 0
+    for row in await asyncio.to_thread(records.stale, older_than_s=stale_s):
+        try:
+            name, spec = settings.target(row.target)
+            actuator = actuator_for(name, spec)
+            if await restore_session(records, row, actuator, stale_s=stale_s, echo=echo):
+                done += 1
+        except (RuleloopError, LostRun) as exc:
+            log.error("tuning session %s on %s: restore failed: %s", row.id, row.target, exc)
+    return done
+
+
+async def restore_target_session(
+    settings: Settings,
+    records: TuneRecords,
+    target: str,
+    *,
+    actuator_for: ActuatorFactory,
+    echo: Echo,
+    wait_s: float | None = None,
+) -> TuneSession:
+    """`ruleloop tune --target NAME --restore`: finish the restore of the session in flight on
+    ``target`` once it is silent (at once when its process is known dead on this host)."""
+    name, spec = settings.target(target)
+    stale_s = settings.remediation.stale_after_s
+    wait_s = stale_s + 2 * settings.remediation.heartbeat_s if wait_s is None else wait_s
+    deadline = time.monotonic() + wait_s
+    while True:
+        row = await asyncio.to_thread(records.latest, name)
+        if row is None or row.state not in ("running", "restoring"):
+            ended = f" (the last one, #{row.id}, is {row.state})" if row is not None else ""
+            raise UsageError(f"no tuning session is in flight on {name}{ended}: nothing to restore")
+        dead = runner_is_dead(row.runner)
+        actuator = actuator_for(name, spec)
+        if await restore_session(
+            records, row, actuator, stale_s=None if dead else stale_s, echo=echo
+        ):
+            return await asyncio.to_thread(records.get, row.id)
+        if time.monotonic() > deadline:
+            raise UsageError(
+                f"tuning session #{row.id} on {name} is still alive (run by {row.runner}, "
+                f"heartbeats within {stale_s:g} s): let it finish, or stop its process (it "
+                "restores the target itself on Ctrl-C); nothing was changed"
+            )
+        echo(f"tuning session #{row.id} looks alive (run by {row.runner}); waiting until it "
+             f"has been silent {stale_s:g} s…")  # fmt: skip
+        await asyncio.sleep(max(0.5, settings.remediation.heartbeat_s))
+
+
+# --- the workload a session replays ----------------------------------------------------------
+
+
+async def capture_shape(spec: Target, *, seconds: float, echo: Echo) -> WorkloadShape:
+    """The target's own traffic over the next ``seconds``, from its engine's /metrics."""
+    from bot.probes.vllm_metrics import MetricsScraper
+    from bot.probes.workload_capture import CAPTURE_METRICS, CaptureProgress, capture
+
+    def progress(p: CaptureProgress) -> None:
+        echo(f"capturing the target's workload: {p.elapsed_s:.0f}/{p.seconds:.0f} s, "
+             f"{p.finished} requests finished")  # fmt: skip
+
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        scraper = MetricsScraper(spec.metrics_url, client=client)
+        return await capture(
+            lambda: scraper(only=CAPTURE_METRICS),
+            url=spec.metrics_url,
+            seconds=seconds,
+            interval_s=min(5.0, max(0.5, seconds / 10)),
+            on_progress=progress,
+        )
+
+
+def utc_now() -> dt.datetime:
+    """The records' clock."""
+    return dt.datetime.now(dt.UTC)

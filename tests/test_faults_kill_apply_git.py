@@ -1,0 +1,293 @@
+"""Item 4 of the reliability faults for the git actuator: `kill -9` of the replica running a
+change at each step of a GitOps change, on real `ruleloop serve` processes sharing one real
+PostgreSQL (as tests/test_faults_kill_apply.py does for the Kubernetes actuator).
+
+The deployment repository is a real bare repository, changed with the `git` CLI; GitHub is
+faked at the wire (`tests/fakes/forge_api.py`, merging in that repository); a GitOps
+controller in this process renders the repository with `kubectl kustomize` every 0.2 s and
+applies it to the fake Kubernetes API as Argo CD with selfHeal does. Replica A runs the change
+and is killed with SIGKILL in one step: while measuring the baseline, with its branch pushed
+but no pull request, with the pull request open, just after the forge merged it (A never
+heard), during the canary, just after the promote's merge, and just after the merge of its
+own revert (after a failed canary). Replica B, alive throughout, takes the change over.
+
+Every change must end promoted, rolled back or (killed before anything was applied)
+interrupted, with the Deployments serving what the repository says, no branch or pull request
+left open, and main's history linear, explained (each commit names the ADR and the change in
+its subject and trailers) and never reverting a commit twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bot.remediation.argv import read_flags
+from bot.remediation.ports import STATES
+from bot.store.db import Database
+from bot.store.models import Remediation
+from tests.fakes.bot import RUNBOOK, adr_dir
+from tests.fakes.forge_api import FORGE_TOKEN, FakeForge
+from tests.fakes.gitops_controller import GitOpsController
+from tests.fakes.kube_api import TOKEN, FakeKube
+from tests.fakes.kube_server import KubeServer
+from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack
+from tests.fakes.sse_engine import SseEngine
+from tests.gitops_fleet import ARGS_PATH, CANARY_FILE, MAIN_FILE, OVERLAY, Fleet
+from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
+from tests.test_faults_kill_apply import (
+    ADR,
+    FAILING_PACE_S,
+    PASSING_PACE_S,
+    STALE_S,
+    TERMINAL,
+    Cluster,
+    _card,
+    assert_one_story,
+)
+from tests.test_replicas import pg_url  # noqa: F401  (a fresh database on it)
+
+pytestmark = [pytest.mark.slow, pytest.mark.faults]
+DEPLOYMENTS = ("vllm", "vllm-canary")
+ORIGINAL = ["--model", "/models/llama-3-8b", "--port", "8000", "--max-num-batched-tokens", "8192"]
+APP = "/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/vllm"
+
+
+class GitCluster(Cluster):
+    """The shared parts, plus the repository, the forge and the GitOps controller."""
+
+    fleet: Fleet
+    forge: FakeForge
+    controller: GitOpsController
+    api: KubeServer
+
+
+def config(tmp_path: Path, *, kube: str, engine: str, fleet: Fleet, forge: FakeForge) -> Path:
+    runbooks = tmp_path / "runbooks"
+    runbooks.mkdir()
+    (runbooks / "test.yaml").write_text(RUNBOOK)
+    kube_token = tmp_path / "kube-token"
+    kube_token.write_text(TOKEN)
+    forge_token = tmp_path / "forge-token"
+    forge_token.write_text(FORGE_TOKEN)
+    path = tmp_path / "ruleloop.toml"
+    path.write_text(f"""
+[slack]
+channel = "#incidents"
+[paths]
+runbooks = "{runbooks}"
+adr = "{adr_dir(tmp_path, matching=False)}"
+[access]
+apply = ["U1"]
+approve = ["U1", "U2"]
+[remediation]
+heartbeat_s = 0.5
+stale_after_s = {STALE_S}
+[targets.tiny]
+vllm_url = "{engine}"
+[targets.tiny.actuator]
+kind = "git"
+repo_url = "{fleet.bare}"
+canary_url = "{engine}"
+workdir = "{tmp_path / 'git-work'}"
+poll_interval_s = 0.3
+rollout_timeout_s = 90
+[targets.tiny.actuator.locator]
+file = "{MAIN_FILE}"
+args = "{ARGS_PATH}"
+[targets.tiny.actuator.canary_locator]
+file = "{CANARY_FILE}"
+args = "{ARGS_PATH}"
+[targets.tiny.actuator.forge]
+kind = "github"
+project = "acme/fleet"
+api_url = "{forge.github_api}"
+token_file = "{forge_token}"
+[targets.tiny.actuator.cluster]
+api_url = "{kube}"
+namespace = "inference"
+deployment = "vllm"
+canary_deployment = "vllm-canary"
+token_file = "{kube_token}"
+[targets.tiny.actuator.sync]
+kind = "argocd"
+application = "vllm"
+namespace = "argocd"
+[targets.tiny.canary]
+concurrency = 2
+num_requests = 8
+prompt_length = 16
+output_length = 24
+baseline = true
+timeout_s = 30
+[scheduler]
+approval_sweep_every_s = 1
+snapshot_every_s = 0
+baseline_every_s = 0
+draft_reminder_every_s = 0
+lease_ttl_s = 2
+""")
+    return path
+
+
+@pytest.fixture
+async def cluster(
+    tmp_path: Path,
+    pg_url: str,  # noqa: F811
+    slack: FakeSlack,
+) -> AsyncIterator[GitCluster]:
+    fleet = Fleet.create(tmp_path)
+    kube = FakeKube()
+    db = Database(pg_url)
+    with KubeServer(kube) as api, FakeForge(fleet.bare) as forge:
+        controller = GitOpsController(kube, bare=fleet.bare, path=OVERLAY, lock=api.lock,
+                                      replicas=2).start(interval_s=0.2)  # fmt: skip
+        try:
+            async with SseEngine(metrics_pages=_pages()) as engine:
+                env = {**os.environ, "RULELOOP_CONFIG": str(config(
+                           tmp_path, kube=api.url, engine=engine.base_url, fleet=fleet,
+                           forge=forge)),
+                       "RULELOOP_DATABASE_URL": pg_url, "SLACK_BOT_TOKEN": BOT_TOKEN,
+                       "SLACK_SIGNING_SECRET": SIGNING_SECRET, "SLACK_API_URL": slack.api_url}  # fmt: skip
+                env.pop("SLACK_APP_TOKEN", None)
+                c = GitCluster(tmp_path=tmp_path, db=db, kube=kube, engine=engine, slack=slack,
+                               env=env)  # fmt: skip
+                c.fleet, c.forge, c.controller, c.api = fleet, forge, controller, api
+                c.survivor = await asyncio.to_thread(c.replica, "b")
+                try:
+                    yield c
+                finally:
+                    c.survivor.proc.stop()
+        finally:
+            controller.stop()
+    db.dispose()
+
+
+def _pages() -> list[str]:
+    from tests.fakes.bot import PAGES
+
+    return PAGES[:1]  # one page, always: goodput is the canary's own
+
+
+# name; the step A is killed in; the forge request it is killed at (event, before/after its
+# work, the how-manieth); whether A's canary fails; how the change must end; how many fix
+# commits landed on main and how many pull requests the survivor found open and closed
+SCENARIOS = [
+    ("no-kill", None, None, False, "promoted", 2, 0),
+    ("approved", "approved", None, False, "interrupted", 0, 0),  # measuring the baseline
+    ("branch-pushed", "applying", ("create", "before", 1), False, "rolled_back", 0, 0),
+    ("pull-request-open", "applying", ("merge", "before", 1), False, "rolled_back", 0, 1),
+    ("merged-not-yet-served", "applying", ("merge", "after", 1), False, "rolled_back", 1, 0),
+    ("canary", "canary", None, False, "rolled_back", 1, 0),
+    ("promote-merged", "promoting", ("merge", "after", 2), False, "rolled_back", 2, 0),
+    ("revert-merged", "rolling_back", ("merge", "after", 2), True, "rolled_back", 1, 0),
+    ("revert-branch-pushed", "rolling_back", ("create", "before", 2), True, "rolled_back", 1, 0),
+]
+
+
+@pytest.mark.parametrize(
+    ("killed_in", "at", "canary_fails", "final", "landed", "closed"),
+    [s[1:] for s in SCENARIOS], ids=[s[0] for s in SCENARIOS],
+)  # fmt: skip
+async def test_kill_9_at_each_step_of_a_git_change_ends_promoted_or_reverted(
+    cluster: GitCluster,
+    killed_in: str | None,
+    at: tuple[str, str, int] | None,
+    canary_fails: bool,
+    final: str,
+    landed: int,
+    closed: int,
+) -> None:
+    start = cluster.fleet.head()
+    cluster.engine.token_delay_s = FAILING_PACE_S if canary_fails else PASSING_PACE_S
+    hold = cluster.forge.hold(at[0], when=at[1], nth=at[2]) if at is not None else None
+    replica = await asyncio.to_thread(cluster.replica, "a")
+    try:
+        rem_id = await cluster.request_and_approve(replica)
+        if hold is not None:
+            assert await asyncio.to_thread(hold.reached.wait, 180), "the forge never heard"
+            rem = cluster.remediation(rem_id)
+            assert rem is not None and rem.state == killed_in, rem.state if rem else None
+        elif killed_in is not None:
+            await cluster.until_state(rem_id, {killed_in}, timeout=90)
+        if killed_in is not None:
+            replica.proc.proc.kill()  # SIGKILL: no shutdown, no handing over
+            replica.proc.proc.wait()
+        if hold is not None:
+            hold.release()  # "before": the request is lost; "after": its answer goes nowhere
+        # A bound on waiting, generous for a loaded box (not a timing assertion).
+        state = await cluster.until_state(rem_id, TERMINAL, timeout=STALE_S + 300)
+    finally:
+        replica.proc.stop()
+    assert state == final, (cluster.remediation(rem_id) or Remediation()).result
+    rem = cluster.remediation(rem_id)
+    assert rem is not None
+    assert_one_story(cluster.trail(rem_id), killed_in, final)
+    assert_history(cluster, start, rem_id, final)
+    history = cluster.fleet.history(start)
+    assert len([e for e in history if not e.trailer("Ruleloop-Revert-Of")]) == landed, history
+    states = [p.state for p in cluster.forge.pulls.values()]
+    assert states.count("closed") == closed, states
+    for created in cluster.forge.of("POST", "/pulls")[:1]:  # the pull request says why
+        body = created.body["body"]
+        assert f"**{ADR}**" in body and f"remediation #{rem_id}" in body, body
+        assert "Requested by U1 in Slack, approved by U2." in body, body
+        assert "Incident thread: http" in body and "Before the change, the canary measured" in body
+    await assert_served(cluster, final)
+    card = f"{ADR} on tiny: {STATES[final]}"
+    deadline = time.monotonic() + 30
+    while (shown := _card(cluster.slack, rem.ts)) != card and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert shown == card
+
+
+def assert_history(cluster: GitCluster, start: str, rem_id: int, final: str) -> None:
+    """main since the change: linear, every commit this change's and saying so, each fix
+    reverted once (rolled back) or never (promoted); nothing left open."""
+    fleet = cluster.fleet
+    history = fleet.history(start)
+    assert fleet.linear(), [(e.sha[:8], e.parents) for e in fleet.history()]
+    for entry in history:
+        assert entry.trailer("Ruleloop-Change") == [f"remediation-{rem_id}"], entry.message
+        assert entry.trailer("Ruleloop-Target") == ["tiny"], entry.message
+        assert entry.subject.startswith((f"{ADR} on tiny: ", f"ruleloop: revert {ADR} on tiny"))
+    fixes = [e for e in history if not e.trailer("Ruleloop-Revert-Of")]
+    reverted = [sha for e in history for sha in e.trailer("Ruleloop-Revert-Of")]
+    assert len(reverted) == len(set(reverted)), reverted  # no commit reverted twice
+    if final == "promoted":
+        assert [e.trailer("Ruleloop-Stage") for e in reversed(fixes)] == [["canary"], ["main"]]
+        assert reverted == []
+    else:
+        assert sorted(reverted) == sorted(e.sha for e in fixes)
+        for path in (MAIN_FILE, CANARY_FILE):
+            assert fleet.read(path) == fleet.read(path, start), path
+        assert len([e for e in history if e.trailer("Ruleloop-Revert-Of")]) <= 1
+    assert fleet.branches() == ["main"], fleet.branches()
+    assert cluster.forge.open_pulls() == []
+
+
+async def assert_served(cluster: GitCluster, final: str) -> None:
+    """The Deployments run what main says, and Argo CD is Synced and Healthy at main's head."""
+    deadline = time.monotonic() + 60
+    while True:
+        with cluster.api.lock:
+            status = cluster.kube.custom[APP]["status"]
+        if (status["sync"] == {"status": "Synced", "revision": cluster.fleet.head()}
+                and status["health"]["status"] == "Healthy"):  # fmt: skip
+            break
+        assert time.monotonic() < deadline, status
+        await asyncio.sleep(0.1)
+    for name in DEPLOYMENTS:
+        with cluster.api.lock:
+            args = cluster.kube.args(name)
+        if final == "promoted":
+            assert read_flags(args) == {"max-num-batched-tokens": 2048, "block-size": 32,
+                                        "enable-chunked-prefill": True}, (name, args)  # fmt: skip
+            assert args[:4] == ORIGINAL[:4]  # the other arguments as they were
+        else:
+            assert args == ORIGINAL, (name, args)
