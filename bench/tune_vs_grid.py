@@ -9,11 +9,15 @@ both. How it is done, so that nothing is simulated:
    another (GridSearch through the same session loop `ruleloop tune` runs);
 2. each search seed then runs live too: Optuna's TPE asks for flag sets one at a time and only
    those are measured, fresh (a new engine each, as `ruleloop tune` does), with half the grid's
-   trials as its budget. Its wall time and its numbers are its own.
+   trials as its budget. Its wall time and its numbers are its own;
+3. after each seed, its pick and the grid's best are measured again back to back (not counted
+   as its trials): the box's load (other work on a shared machine) moves between the grid's run
+   and the seed's, and this compares the two decisions under the same load.
 
-Reported per seed: trials, wall time, the flags it picked and their objective (its own
-measurement, and the grid's measurement of the same flags), whether it picked the grid's best,
-and whether it came within 5 % of the grid's best objective. Goal: within 5 % of the grid's
+Reported per seed: trials, wall time (and what the grid's run spent on the same flag sets), the
+flags it picked and their objective (its own measurement, the grid's measurement of the same
+flags, and side by side), whether it picked the grid's best, and whether it came within 5 % of
+the grid's best objective by each of the three comparisons. Goal: within 5 % of the grid's
 best in at most half the trials and half the wall time. Results go to --out (JSON).
 """
 
@@ -37,11 +41,12 @@ sys.path.insert(0, str(ROOT))
 from bot.engine.process import EngineManager  # noqa: E402
 from bot.runtime.loop import run as run_loop  # noqa: E402
 from bot.tune.matrix import Row  # noqa: E402
+from bot.tune.objective import Outcome  # noqa: E402
 from bot.tune.plan import Config, TunePlan  # noqa: E402
 from bot.tune.runner import LocalMeasurer, TuneRunner  # noqa: E402
-from bot.tune.search import GridSearch, Search, TpeSearch  # noqa: E402
+from bot.tune.search import GridSearch, Proposal, Search, TpeSearch  # noqa: E402
 from bot.tune.session import SearchResult, run_search  # noqa: E402
-from bot.tune.space import flags_text  # noqa: E402
+from bot.tune.space import Space, flags_text  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 WITHIN = 0.05  # the goal: within 5 % of the grid's best objective
@@ -77,6 +82,24 @@ class Timed:
             return await self.inner.measure(config, tag)
         finally:
             self.seconds[key(dict(config.changes))] = time.perf_counter() - started
+
+
+class Fixed:
+    """Given flag sets, in order (the side-by-side re-measurement of two decisions)."""
+
+    def __init__(self, space: Space, points: list[dict[str, Any]]) -> None:
+        self.space = space
+        self.budget = len(points)
+        self._points = list(points)
+
+    def propose(self) -> Proposal | None:
+        if not self._points:
+            return None
+        number = self.budget - len(self._points) + 1
+        return Proposal(number=number, flags=self._points.pop(0), how="side by side")
+
+    def report(self, proposal: Proposal, outcome: Outcome) -> None:
+        """Nothing to learn."""
 
 
 def measure(
@@ -145,6 +168,16 @@ def main() -> int:
             pick_flags = searched(pick.config.engine_args, names) if pick else None
             on_grid = by_flags.get(key(pick_flags)) if pick_flags else None
             own = pick.score if pick else None
+            # the two decisions side by side, now: the search's pick and the grid's best,
+            # measured back to back (not counted as trials), so the box's load, which moves
+            # between the grid's run and this seed's, moves both alike
+            pair = [grid_best.config.changes]
+            if pick is not None and key(pick_flags) != best_key:
+                pair.append(pick.config.changes)
+            again = measure(f"side by side {seed}", the_plan, Fixed(space, pair), work)[0]
+            now = {key(dict(r.config.changes)): r.score for r in again.rows}
+            best_now = now[best_key]
+            pick_now = now.get(key(pick_flags)) if pick_flags else None
             seeds.append({
                 "seed": seed,
                 "trials": len(result.rows),
@@ -160,6 +193,9 @@ def main() -> int:
                 "within_5pct": own is not None and own >= (1 - WITHIN) * best_value,
                 "within_5pct_on_grid_numbers": on_grid is not None and on_grid.score is not None
                 and on_grid.score >= (1 - WITHIN) * best_value,
+                "side_by_side": {"grid_best": best_now, "search_pick": pick_now},
+                "within_5pct_side_by_side": pick_now is not None and best_now is not None
+                and pick_now >= (1 - WITHIN) * best_now,
                 "duplicates_not_measured": search.duplicates,
                 "trial_flags": [flags_text(searched(r.config.engine_args, names), names)
                                 for r in result.rows],
@@ -183,6 +219,7 @@ def main() -> int:
         "seeds_within_5pct_on_grid_numbers": sum(
             1 for s in seeds if s["within_5pct_on_grid_numbers"]
         ),
+        "seeds_within_5pct_side_by_side": sum(1 for s in seeds if s["within_5pct_side_by_side"]),
         "seeds_at_most_half_the_trials": sum(
             1 for s in seeds if s["trials"] * 2 <= grid_summary["trials"]
         ),
@@ -221,10 +258,13 @@ def main() -> int:
               f"{s['best_objective'] or 0:.2f} (grid measured it at "
               f"{s['same_flags_on_grid'] or 0:.2f}); grid's best: "
               f"{'yes' if s['found_grid_best'] else 'no'}; within 5 %: "
-              f"{'yes' if s['within_5pct'] else 'no'}")  # fmt: skip
+              f"{'yes' if s['within_5pct'] else 'no'}; side by side, pick "
+              f"{s['side_by_side']['search_pick'] or s['side_by_side']['grid_best'] or 0:.2f} vs "
+              f"grid's best {s['side_by_side']['grid_best'] or 0:.2f}")  # fmt: skip
     print(f"found the grid's best: {found}/{len(seeds)}; within 5 % of it: "
           f"{goal['seeds_within_5pct']}/{len(seeds)} (on the grid's own numbers for the same "
-          f"flags: {goal['seeds_within_5pct_on_grid_numbers']}/{len(seeds)}); at most half the "
+          f"flags: {goal['seeds_within_5pct_on_grid_numbers']}/{len(seeds)}, side by side: "
+          f"{goal['seeds_within_5pct_side_by_side']}/{len(seeds)}); at most half the "
           f"trials: {goal['seeds_at_most_half_the_trials']}/{len(seeds)}, half the wall time: "
           f"{goal['seeds_at_most_half_the_wall_time']}/{len(seeds)}; wrote {args.out}")
     return 0

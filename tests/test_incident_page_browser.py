@@ -18,6 +18,7 @@ import pytest
 import uvicorn
 from playwright.async_api import Browser, ConsoleMessage, async_playwright
 
+from bot.diagnosis.models import summary_numbers
 from bot.web.view import four_number
 from tests.fakes.incident_story import PUBLIC_URL, Story, incident_story
 from tests.fakes.slack_api import FakeSlack
@@ -69,7 +70,7 @@ async def test_the_page_renders_the_numbers_and_the_chart_without_console_errors
 ) -> None:
     story, base = served
     link = slack_link(story.slack).replace(PUBLIC_URL, base)
-    headline = story.summary()["headline"]
+    headline = summary_numbers(story.summary())
     for viewport in ({"width": 1280, "height": 900}, {"width": 390, "height": 844}):
         page = await browser.new_page(viewport=viewport)  # type: ignore[arg-type]
         problems: list[str] = []
@@ -85,7 +86,7 @@ async def test_the_page_renders_the_numbers_and_the_chart_without_console_errors
         for key, label in (("ttft_p99_ms", "TTFT p99"), ("tpot_p99_ms", "TPOT p99"),
                            ("goodput_ratio", "Goodput"), ("kv_fragmentation", "KV fragmentation")):  # fmt: skip
             shown = await page.inner_text(f'[data-number="{label}"]')
-            assert shown == four_number(key, headline[key]), label
+            assert shown == four_number(key, headline.reading(key)), label
         chart = page.locator("#chart img")
         await chart.scroll_into_view_if_needed()
         loaded = await chart.evaluate("img => img.complete && img.naturalWidth")

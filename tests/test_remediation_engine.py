@@ -26,6 +26,7 @@ from bot.engine.process import EngineManager, free_port
 from bot.gateway.app import Gateway
 from bot.gateway.limits import Limits
 from bot.gateway.server import GatewayServer, upstream_client
+from bot.numbers.text import show
 from bot.probes.exposition import Exposition
 from bot.remediation.actuators.local import process_argv
 from bot.remediation.argv import read_flags
@@ -178,7 +179,7 @@ async def test_an_accepted_adr_is_applied_kept_and_drafted(
         values = values_of(canary.report)
         last = slack.of("chat.update")[-1].args
         assert last["text"] == f"{KEEP} on local: applied: the canary met every gate"
-        assert f"TTFT p99 {values.ttft_p99_ms:,.1f} ms" in json.dumps(
+        assert f"TTFT p99 {show('ttft_p99_ms', values.ttft_p99_ms)}" in json.dumps(
             last["blocks"], ensure_ascii=False
         )
         adr = SharedAdrStore(root=tmp_path / "adr", db=h.bot.db).get_or_raise(draft.adr_id)

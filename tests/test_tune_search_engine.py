@@ -166,7 +166,10 @@ def serving(manager: EngineManager, port: int) -> dict[str, object]:
 
 
 def sessions(config: Path) -> tuple[list[TuneSession], list[AuditEntry]]:
-    db = Database(f"sqlite:///{config.parent / 'store' / 'ruleloop.db'}")
+    path = config.parent / "store" / "ruleloop.db"
+    if not path.exists():  # no session has run on this target yet: nothing recorded
+        return [], []
+    db = Database(f"sqlite:///{path}")
     try:
         with db.transaction() as s:
             rows = list(s.scalars(select(TuneSession).order_by(TuneSession.id)))
