@@ -172,13 +172,42 @@ def test_tpe_finds_the_value_better_by_construction_in_half_the_trials() -> None
 def test_no_flag_set_is_measured_twice_even_when_the_sampler_repeats_itself() -> None:
     small = space(max_num_seqs=Dimension(values=[1, 2, 4, 8]),
                   enable_prefix_caching=Dimension(values=[True, False]))  # fmt: skip
-    search = TpeSearch(small, "maximize", budget=small.size, seed=3, max_asks=1)
+    search = TpeSearch(small, "maximize", budget=small.size, seed=3)
     seen = run(search, lambda f: Outcome(value=float(f["max-num-seqs"]), constraints={}))
     keys = [small.key(f) for f, _ in seen]
     assert len(keys) == small.size and len(set(keys)) == small.size  # all of it, each once
-    assert search.duplicates > 0 and search.drawn > 0  # repeats were told, untried ones drawn
-    assert search.states() == {"COMPLETE": small.size, "PRUNED": search.duplicates}
+    assert search.duplicates > 0  # TPE came back to points it had: none was measured again
+    assert search.states() == {"COMPLETE": small.size, "DUPLICATE": search.duplicates}
+    repeats = [t for t in search.study.get_trials() if "duplicate_of" in t.user_attrs]
+    measured = {t.number: small.key(search._flags(t.params))  # noqa: SLF001
+                for t in search.study.get_trials() if t.state is TrialState.COMPLETE}  # fmt: skip
+    for t in repeats:  # each names the trial that measured the point it proposed again
+        assert t.state is TrialState.FAIL
+        assert measured[t.user_attrs["duplicate_of"]] == small.key(search._flags(t.params))  # noqa: SLF001
     assert search.propose() is None  # nothing left to measure
+
+
+def test_a_repeat_is_replaced_by_the_nearest_untried_flag_set() -> None:
+    """TPE exploiting its best point proposes it again; the search then measures a step from
+    it, not a random point across the space."""
+    values = [1, 2, 4, 8, 16, 32, 64, 128]
+    line = space(max_num_seqs=Dimension(values=values))
+    search = TpeSearch(line, "maximize", budget=8, seed=0, startup=2)
+    tried: list[int] = []
+    replaced = 0
+    while (proposal := search.propose()) is not None:
+        value = int(proposal.flags["max-num-seqs"])
+        if proposal.how.startswith("the untried flag set nearest"):
+            repeat = next(t for t in reversed(search.study.get_trials())
+                          if "duplicate_of" in t.user_attrs)  # fmt: skip
+            at = repeat.params["max-num-seqs"]  # numeric values are searched by position
+            untried = [i for i, v in enumerate(values) if v not in tried]
+            assert abs(values.index(value) - at) == min(abs(i - at) for i in untried)
+            replaced += 1
+        tried.append(value)
+        search.report(proposal, Outcome(value=-abs(value - 16), constraints={}))
+    assert replaced == search.duplicates > 0
+    assert sorted(tried) == values  # budget = size: each value once
 
 
 def test_failed_and_gate_missing_trials_are_marked_so_and_never_measured_again() -> None:
@@ -197,7 +226,9 @@ def test_failed_and_gate_missing_trials_are_marked_so_and_never_measured_again()
     keys = [SPACE.key(flags) for flags, _ in seen]
     assert len(keys) == len(set(keys)) == SPACE.size
     trials = {t.number: t for t in search.study.get_trials()}
-    failed = [t for t in trials.values() if t.state is TrialState.FAIL]
+    failed = [t for t in trials.values() if t.state is TrialState.FAIL and "failed" in t.user_attrs]
+    repeats = [t for t in trials.values() if "duplicate_of" in t.user_attrs]
+    assert all(t.state is TrialState.FAIL for t in repeats) and len(repeats) == search.duplicates
     infeasible = [t for t in trials.values() if t.state is TrialState.COMPLETE
                   and t.constraints["max_ttft_p99_ms"] > 0]  # fmt: skip
     assert len(failed) == 6 and all(t.user_attrs["failed"].startswith("refused") for t in failed)

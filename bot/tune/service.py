@@ -127,6 +127,6 @@ def search_context(plan: TunePlan, result: SearchResult, *, where: str) -> list[
     if isinstance(search, TpeSearch) and search.duplicates:
         lines.append(
             f"- proposals of flag sets already measured: {search.duplicates}, none measured "
-            "again (told to Optuna as pruned)"
+            "again (the untried flag set nearest to each was measured instead)"
         )
     return lines
