@@ -32,9 +32,11 @@ from bot.intake.service import Intake, Outcome
 from bot.postmortem.service import DraftService
 from bot.probes.context import ProbeContext
 from bot.remediation import actuators
+from bot.remediation.actuators import ActuatorFactory
 from bot.remediation.gate import GateRunner, run_gate
+from bot.remediation.liveness import Sleep
 from bot.remediation.ports import RemediationNotifier
-from bot.remediation.service import ActuatorFactory, RemediationService
+from bot.remediation.service import RemediationService
 from bot.routes.endpoints import Lifespan, Routes, http_app
 from bot.runbooks.builtin import default_registry
 from bot.runbooks.loader import load_dir
@@ -115,6 +117,7 @@ def create_bot(
     console: TextIO | None = None,
     actuator_for: ActuatorFactory = actuators.build,
     gate: GateRunner = run_gate,
+    heartbeat_sleep: Sleep = asyncio.sleep,  # a change's heartbeats wait with it (a test seam)
 ) -> Bot:
     """Load runbooks (refusing bad ones now), open the store, and wire Slack or the console."""
     settings = with_defaults(settings, state_dir=state_dir)  # started outside the checkout
@@ -138,7 +141,7 @@ def create_bot(
     members = Members(settings.access, SlackUserGroups(client) if client is not None else None)
     services = _services(
         settings, db=db, adrs=adrs, flows=flows, notifier=notifier, members=members,
-        clock=clock, tasks=tasks, actuator_for=actuator_for, gate=gate,
+        clock=clock, tasks=tasks, actuator_for=actuator_for, gate=gate, sleep=heartbeat_sleep,
     )  # fmt: skip
     slack_app = (
         build_app(settings=settings.slack, services=services, client=client) if client else None
@@ -241,6 +244,7 @@ def _services(
     tasks: TaskSupervisor,
     actuator_for: ActuatorFactory,
     gate: GateRunner,
+    sleep: Sleep,
 ) -> Services:
     """The incident flows, the remediation flow and the post-incident drafts."""
     drafts = DraftService(
@@ -255,6 +259,7 @@ def _services(
     remediation = RemediationService(
         settings=settings,
         db=db,
+        adrs=adrs,
         notifier=notifier,
         threads=flows.ensure_thread,
         clock=clock,
@@ -263,6 +268,7 @@ def _services(
         gate=gate,
         after_change=drafts.after_change,  # a change that ended leaves its ADR draft
         members=members,
+        sleep=sleep,
     )
     return Services(flows=flows, remediation=remediation, drafts=drafts, tasks=tasks)
 

@@ -23,7 +23,7 @@ from sqlalchemy import select
 from bot.adr.models import AdrGates
 from bot.adr.shared import SharedAdrStore
 from bot.adr.validate import validate
-from bot.canary.verdict import gates_from, judge
+from bot.canary.verdict import gates_from, judged
 from bot.config import CanarySpec, Target
 from bot.errors import UsageError
 from bot.remediation.actuators.base import Deployed
@@ -89,7 +89,7 @@ class RecordingCanary:
         self.gates.append(gates)
         report = {"ttft_ms": {"p99": 180.0}, "tpot_ms": {"p99": tpot}, "goodput_ratio": 0.99,
                   "kv_fragmentation": {"observed": 0.12}, "requests": {"total": 32, "failed": 0}}  # fmt: skip
-        return GateRun(report, judge(report, gates_from(gates)))
+        return judged(report, gates_from(gates))
 
 
 class MemoryActuator:
@@ -195,7 +195,7 @@ async def approve(h: Harness) -> Remediation:
     await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
     with h.bot.db.transaction() as s:
         (rem,) = s.scalars(select(Remediation)).all()
-    tokens = h.bot.remediation.records.tokens(f"remediation:{rem.id}")
+    tokens = await h.bot.remediation.records.tokens(f"remediation:{rem.id}")
     await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
     await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:
@@ -212,7 +212,7 @@ async def test_the_gate_is_taken_from_the_before_run_and_the_card_shows_the_chan
     assert "TPOT p99 ≤ 0.5x before (after the before-run)" in card and "goodput ≥ 95.0 %" in card
     with h.bot.db.transaction() as s:
         (rem,) = s.scalars(select(Remediation)).all()
-    tokens = h.bot.remediation.records.tokens(f"remediation:{rem.id}")
+    tokens = await h.bot.remediation.records.tokens(f"remediation:{rem.id}")
     await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
     await h.bot.tasks.drain()
 

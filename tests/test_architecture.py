@@ -129,13 +129,6 @@ def test_every_error_class_is_in_the_error_tree() -> None:
 
 
 LONG_FUNCTION_LINES = 60
-LONG_FUNCTIONS_EXEMPT = {
-    # being reworked with the git actuator; split in the same change
-    "bot/remediation/service.py:_run",
-    "bot/remediation/records.py:_insert",
-}
-
-
 def test_no_function_in_bot_is_over_60_lines() -> None:
     """A function that walks more than a screenful of steps hides which step owns what: each
     step gets a name of its own. Lines run from `def` to the last line, decorators excluded;
@@ -150,6 +143,6 @@ def test_no_function_in_bot_is_over_60_lines() -> None:
                 continue
             lines = (node.end_lineno or node.lineno) - node.lineno + 1
             name = f"{relative}:{node.name}"
-            if lines > LONG_FUNCTION_LINES and name not in LONG_FUNCTIONS_EXEMPT:
+            if lines > LONG_FUNCTION_LINES:
                 too_long.append(f"{name} ({lines} lines)")
     assert not too_long, f"functions over {LONG_FUNCTION_LINES} lines: {too_long}"

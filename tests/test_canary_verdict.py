@@ -22,13 +22,13 @@ from bot.canary.verdict import (
     gates_from,
     judge,
     judge_values,
+    judged,
     values_of,
     with_verdict,
 )
 from bot.canary.workload import Workload
 from bot.errors import UsageError
 from bot.postmortem.draft import CanaryFacts, _canary_row
-from bot.remediation.gate import GateRun
 from bot.scheduler.messages import gate_lines
 from bot.tune.matrix import Row
 from bot.tune.plan import Config
@@ -247,7 +247,7 @@ def test_cli_tune_remediation_scheduler_and_draft_agree_on_a_stored_report(
     if background:  # as the remediation gate and tune store a mixed run
         stored = with_verdict(stored | {"background": [{"workload": {"name": "long"}}]}, gates)
     cli = stored["passed"]  # what latency_checker exits on (0 / 1)
-    remediation = GateRun(report=stored, verdict=judge(stored, gates))
+    remediation = judged(stored, gates)  # as the remediation gate judges a canary
     row = Row(
         Config("x", {}, {}, []), values=values_of(stored), failures=judge(stored, gates).failures
     )

@@ -5,14 +5,15 @@ although the state was promoted); `resume()` on another replica rolled back a ru
 still alive, which then wrote canary_passed and promoted anyway; staleness compared one
 replica's clock with another's. Here two bots (replicas) share one store and one Kubernetes
 API (the fake at the wire); the canary is held until the test lets it finish. Times are scaled
-down: heartbeats every 0.5 s, stale after 4.5 s (production: 20 s and 90 s).
+down: heartbeats every 0.5 s, stale after 4.5 s (production: 20 s and 90 s). The heartbeats wait
+on a fake clock the test moves (``BeatTime``); staleness is judged on the database's clock,
+which is real.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.adr.models import AdrGates
-from bot.canary.verdict import gates_from, judge
+from bot.canary.verdict import gates_from, judged
 from bot.config import CanarySpec
 from bot.remediation.argv import read_flags
 from bot.remediation.gate import GateRun
@@ -49,6 +50,44 @@ REFUSE = (
 )
 
 
+class BeatTime:
+    """The heartbeats' clock: a heartbeat's ``sleep`` waits until the test moves this time to
+    its wake-up (``tick``, ``advance``)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self._sleepers: list[tuple[float, asyncio.Future[None]]] = []
+        self._asleep = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        wake = asyncio.get_running_loop().create_future()
+        self._sleepers.append((self.now + seconds, wake))
+        self._asleep.set()
+        await wake
+
+    def next_due(self) -> float | None:
+        due = [at for at, wake in self._sleepers if not wake.done()]
+        return min(due, default=None)
+
+    async def tick(self) -> None:
+        """Wake the heartbeat due next; return once it has beaten and sleeps again."""
+        at = self.next_due()
+        assert at is not None, "no heartbeat is waiting"
+        wake = next(w for t, w in self._sleepers if t == at and not w.done())
+        self._sleepers.remove((at, wake))
+        self.now = at
+        self._asleep.clear()
+        wake.set_result(None)
+        await asyncio.wait_for(self._asleep.wait(), timeout=10)  # ended: it did not sleep again
+
+    async def advance(self, seconds: float) -> None:
+        """Move the time on by ``seconds``, waking each heartbeat due meanwhile in turn."""
+        until = self.now + seconds
+        while (at := self.next_due()) is not None and at <= until:
+            await self.tick()
+        self.now = until
+
+
 class HeldCanary:
     """The gate's canary: it starts, then waits until ``release`` is set, then passes."""
 
@@ -61,7 +100,7 @@ class HeldCanary:
     ) -> GateRun:
         self.started.set()
         await self.release.wait()
-        return GateRun(PASSING, judge(PASSING, gates_from(gates)))
+        return judged(PASSING, gates_from(gates))
 
 
 @dataclass
@@ -73,6 +112,7 @@ class Replicas:
     kube: FakeKube
     canary: HeldCanary
     slack: FakeSlack
+    beats: BeatTime
 
     def refuse_heartbeats(self) -> None:
         with self.one.bot.db.engine.begin() as connection:
@@ -131,6 +171,7 @@ def caplogged(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFix
 async def replicas(tmp_path: Path, slack: FakeSlack, kube: FakeKube) -> AsyncIterator[Replicas]:
     clock = FakeTime()  # rollouts poll without waiting
     actuator_for = KubeActuators(kube, clock)
+    beats = BeatTime()  # both replicas' heartbeats wait on it
 
     canary = HeldCanary()
     async with SseEngine() as engine:  # serves the completion a rollback verifies
@@ -143,10 +184,10 @@ async def replicas(tmp_path: Path, slack: FakeSlack, kube: FakeKube) -> AsyncIte
         }
         bots = [
             harness(tmp_path, slack=slack, bot_options={"actuator_for": actuator_for,
-                    "gate": canary}, **settings)
+                    "gate": canary, "heartbeat_sleep": beats.sleep}, **settings)
             for _ in range(2)
         ]  # fmt: skip
-        yield Replicas(one=bots[0], two=bots[1], kube=kube, canary=canary, slack=slack)
+        yield Replicas(one=bots[0], two=bots[1], kube=kube, canary=canary, slack=slack, beats=beats)
         canary.release.set()
         for bot in bots:
             await bot.close()
@@ -159,22 +200,22 @@ async def test_heartbeat_writes_failing_for_30_s_end_in_one_run_and_one_state(
     """30 s of refused heartbeats (a third of the stale limit; here 1.5 s): the heartbeat
     retries and carries on, the other replica takes nothing over, the run ends promoted and
     drafts its ADR."""
+    beats = replicas.beats
     await replicas.start_and_hold()
     replicas.refuse_heartbeats()
-    refused_until = time.monotonic() + STALE_S / 3
-    while time.monotonic() < refused_until:
+    refused_until = beats.now + STALE_S / 3
+    while beats.now < refused_until:
+        await beats.tick()
         assert await replicas.two.bot.remediation.resume() == 0
-        await asyncio.sleep(0.2)
     failed = [r for r in caplogged.records if "heartbeat of remediation 1 failed" in r.message]
     assert len(failed) >= 2  # the writes were refused, and retried
     replicas.accept_heartbeats()
     accepted_at = replicas.db_now()
 
-    async def beats_again() -> None:
-        while (replicas.remediation().heartbeat_at or accepted_at) <= accepted_at:
-            await asyncio.sleep(0.05)
-
-    await asyncio.wait_for(beats_again(), timeout=BEAT_S * 4)  # the heartbeat did not end
+    accepted_beat = beats.now
+    while (replicas.remediation().heartbeat_at or accepted_at) <= accepted_at:
+        assert beats.now - accepted_beat < BEAT_S * 4  # the heartbeat did not end
+        await beats.tick()
     assert await replicas.two.bot.remediation.resume() == 0
     replicas.canary.release.set()
     await replicas.one.bot.tasks.drain()
@@ -196,7 +237,7 @@ async def test_a_replica_whose_clock_runs_ahead_takes_no_live_run_over(
     that beats as alive."""
     await replicas.start_and_hold()
     replicas.two.wall.advance(600)
-    await asyncio.sleep(BEAT_S * 2)
+    await replicas.beats.advance(BEAT_S * 2)
     assert await replicas.two.bot.remediation.resume() == 0
     replicas.canary.release.set()
     await replicas.one.bot.tasks.drain()
@@ -212,7 +253,8 @@ async def test_a_resume_that_takes_over_a_live_run_stops_it_at_its_next_step(
     finds the change is not its own and it stops: no canary_passed, no promoted, no patch."""
     await replicas.start_and_hold()
     replicas.refuse_heartbeats()
-    await asyncio.sleep(1.2)
+    await replicas.beats.advance(1.2)  # the heartbeats fail and retry...
+    await asyncio.sleep(1.2)  # ...while the database's clock passes the stale limit
     assert await replicas.two.bot.remediation.resume(stale_s=1.0) == 1
     replicas.accept_heartbeats()
     assert replicas.remediation().state == "rolled_back"

@@ -20,36 +20,24 @@ its subject and trailers) and never reverting a commit twice.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bot.remediation.argv import read_flags
-from bot.remediation.ports import STATES
 from bot.store.db import Database
-from bot.store.models import Remediation
-from tests.fakes.bot import RUNBOOK, adr_dir
 from tests.fakes.forge_api import FORGE_TOKEN, FakeForge
 from tests.fakes.gitops_controller import GitOpsController
 from tests.fakes.kube_api import TOKEN, FakeKube
 from tests.fakes.kube_server import KubeServer
-from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack
+from tests.fakes.slack_api import FakeSlack
 from tests.fakes.sse_engine import SseEngine
 from tests.gitops_fleet import ARGS_PATH, CANARY_FILE, MAIN_FILE, OVERLAY, Fleet
+from tests.kill_apply import ADR, Cluster, replica_env, secret_file
 from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
-from tests.test_faults_kill_apply import (
-    ADR,
-    FAILING_PACE_S,
-    PASSING_PACE_S,
-    STALE_S,
-    TERMINAL,
-    Cluster,
-    _card,
-    assert_one_story,
-)
 from tests.test_replicas import pg_url  # noqa: F401  (a fresh database on it)
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -67,80 +55,24 @@ class GitCluster(Cluster):
     api: KubeServer
 
 
-def config(tmp_path: Path, *, kube: str, engine: str, fleet: Fleet, forge: FakeForge) -> Path:
-    runbooks = tmp_path / "runbooks"
-    runbooks.mkdir()
-    (runbooks / "test.yaml").write_text(RUNBOOK)
-    kube_token = tmp_path / "kube-token"
-    kube_token.write_text(TOKEN)
-    forge_token = tmp_path / "forge-token"
-    forge_token.write_text(FORGE_TOKEN)
-    path = tmp_path / "ruleloop.toml"
-    path.write_text(f"""
-[slack]
-channel = "#incidents"
-[paths]
-runbooks = "{runbooks}"
-adr = "{adr_dir(tmp_path, matching=False)}"
-[access]
-apply = ["U1"]
-approve = ["U1", "U2"]
-[remediation]
-heartbeat_s = 0.5
-stale_after_s = {STALE_S}
-[targets.tiny]
-vllm_url = "{engine}"
-[targets.tiny.actuator]
-kind = "git"
-repo_url = "{fleet.bare}"
-canary_url = "{engine}"
-workdir = "{tmp_path / 'git-work'}"
-poll_interval_s = 0.3
-rollout_timeout_s = 90
-[targets.tiny.actuator.locator]
-file = "{MAIN_FILE}"
-args = "{ARGS_PATH}"
-[targets.tiny.actuator.canary_locator]
-file = "{CANARY_FILE}"
-args = "{ARGS_PATH}"
-[targets.tiny.actuator.forge]
-kind = "github"
-project = "acme/fleet"
-api_url = "{forge.github_api}"
-token_file = "{forge_token}"
-[targets.tiny.actuator.cluster]
-api_url = "{kube}"
-namespace = "inference"
-deployment = "vllm"
-canary_deployment = "vllm-canary"
-token_file = "{kube_token}"
-[targets.tiny.actuator.sync]
-kind = "argocd"
-application = "vllm"
-namespace = "argocd"
-[targets.tiny.canary]
-concurrency = 2
-num_requests = 8
-prompt_length = 16
-output_length = 24
-baseline = true
-timeout_s = 30
-[scheduler]
-approval_sweep_every_s = 1
-snapshot_every_s = 0
-baseline_every_s = 0
-draft_reminder_every_s = 0
-lease_ttl_s = 2
-""")
-    return path
+def actuator(
+    tmp_path: Path, *, kube: str, engine: str, fleet: Fleet, forge: FakeForge
+) -> dict[str, Any]:
+    """[targets.tiny.actuator]: the repository, the forge, the cluster and Argo CD."""
+    return {"kind": "git", "repo_url": fleet.bare, "canary_url": engine,
+            "workdir": tmp_path / "git-work", "poll_interval_s": 0.3, "rollout_timeout_s": 90,
+            "locator": {"file": MAIN_FILE, "args": ARGS_PATH},
+            "canary_locator": {"file": CANARY_FILE, "args": ARGS_PATH},
+            "forge": {"kind": "github", "project": "acme/fleet", "api_url": forge.github_api,
+                      "token_file": secret_file(tmp_path, "forge-token", FORGE_TOKEN)},
+            "cluster": {"api_url": kube, "namespace": "inference", "deployment": "vllm",
+                        "canary_deployment": "vllm-canary",
+                        "token_file": secret_file(tmp_path, "kube-token", TOKEN)},
+            "sync": {"kind": "argocd", "application": "vllm", "namespace": "argocd"}}  # fmt: skip
 
 
 @pytest.fixture
-async def cluster(
-    tmp_path: Path,
-    pg_url: str,  # noqa: F811
-    slack: FakeSlack,
-) -> AsyncIterator[GitCluster]:
+async def cluster(tmp_path: Path, pg_url: str, slack: FakeSlack) -> AsyncIterator[GitCluster]:  # noqa: F811
     fleet = Fleet.create(tmp_path)
     kube = FakeKube()
     db = Database(pg_url)
@@ -149,20 +81,15 @@ async def cluster(
                                       replicas=2).start(interval_s=0.2)  # fmt: skip
         try:
             async with SseEngine(metrics_pages=_pages()) as engine:
-                env = {**os.environ, "RULELOOP_CONFIG": str(config(
-                           tmp_path, kube=api.url, engine=engine.base_url, fleet=fleet,
-                           forge=forge)),
-                       "RULELOOP_DATABASE_URL": pg_url, "SLACK_BOT_TOKEN": BOT_TOKEN,
-                       "SLACK_SIGNING_SECRET": SIGNING_SECRET, "SLACK_API_URL": slack.api_url}  # fmt: skip
-                env.pop("SLACK_APP_TOKEN", None)
+                git = actuator(tmp_path, kube=api.url, engine=engine.base_url, fleet=fleet,
+                               forge=forge)  # fmt: skip
+                env = replica_env(tmp_path, engine=engine.base_url, actuator=git, pg_url=pg_url,
+                                  slack=slack)  # fmt: skip
                 c = GitCluster(tmp_path=tmp_path, db=db, kube=kube, engine=engine, slack=slack,
                                env=env)  # fmt: skip
                 c.fleet, c.forge, c.controller, c.api = fleet, forge, controller, api
-                c.survivor = await asyncio.to_thread(c.replica, "b")
-                try:
+                async with c.survived():
                     yield c
-                finally:
-                    c.survivor.proc.stop()
         finally:
             controller.stop()
     db.dispose()
@@ -204,10 +131,8 @@ async def test_kill_9_at_each_step_of_a_git_change_ends_promoted_or_reverted(
     closed: int,
 ) -> None:
     start = cluster.fleet.head()
-    cluster.engine.token_delay_s = FAILING_PACE_S if canary_fails else PASSING_PACE_S
     hold = cluster.forge.hold(at[0], when=at[1], nth=at[2]) if at is not None else None
-    replica = await asyncio.to_thread(cluster.replica, "a")
-    try:
+    async with cluster.replica_a(canary_fails=canary_fails) as replica:
         rem_id = await cluster.request_and_approve(replica)
         if hold is not None:
             assert await asyncio.to_thread(hold.reached.wait, 180), "the forge never heard"
@@ -216,18 +141,11 @@ async def test_kill_9_at_each_step_of_a_git_change_ends_promoted_or_reverted(
         elif killed_in is not None:
             await cluster.until_state(rem_id, {killed_in}, timeout=90)
         if killed_in is not None:
-            replica.proc.proc.kill()  # SIGKILL: no shutdown, no handing over
-            replica.proc.proc.wait()
+            replica.kill_9()
         if hold is not None:
             hold.release()  # "before": the request is lost; "after": its answer goes nowhere
-        # A bound on waiting, generous for a loaded box (not a timing assertion).
-        state = await cluster.until_state(rem_id, TERMINAL, timeout=STALE_S + 300)
-    finally:
-        replica.proc.stop()
-    assert state == final, (cluster.remediation(rem_id) or Remediation()).result
-    rem = cluster.remediation(rem_id)
-    assert rem is not None
-    assert_one_story(cluster.trail(rem_id), killed_in, final)
+        state = await cluster.until_ended(rem_id, within_s=300)
+    rem = cluster.ended(rem_id, state, killed_in=killed_in, final=final)
     assert_history(cluster, start, rem_id, final)
     history = cluster.fleet.history(start)
     assert len([e for e in history if not e.trailer("Ruleloop-Revert-Of")]) == landed, history
@@ -239,11 +157,7 @@ async def test_kill_9_at_each_step_of_a_git_change_ends_promoted_or_reverted(
         assert "Requested by U1 in Slack, approved by U2." in body, body
         assert "Incident thread: http" in body and "Before the change, the canary measured" in body
     await assert_served(cluster, final)
-    card = f"{ADR} on tiny: {STATES[final]}"
-    deadline = time.monotonic() + 30
-    while (shown := _card(cluster.slack, rem.ts)) != card and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert shown == card
+    await cluster.card_says(rem, final)
 
 
 def assert_history(cluster: GitCluster, start: str, rem_id: int, final: str) -> None:

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.errors import UsageError
-from bot.remediation.records import RemediationRecords
+from bot.remediation.records import ChangeRequest, RemediationRecords
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import ActionToken, Remediation
@@ -77,7 +77,7 @@ async def test_the_opt_out_does_not_override_a_two_person_target(
         await h.close()
 
 
-def test_a_button_that_expired_after_its_check_claims_nothing(tmp_path: Path) -> None:
+async def test_a_button_that_expired_after_its_check_claims_nothing(tmp_path: Path) -> None:
     """Item 17: the claim's UPDATE did not look at the expiry, which was checked earlier, with
     a Slack call in between; a button that expired meanwhile still approved the change."""
     db = Database(f"sqlite:///{tmp_path / 'ruleloop.db'}")
@@ -90,13 +90,16 @@ def test_a_button_that_expired_after_its_check_claims_nothing(tmp_path: Path) ->
                 s, key="g", source="slash", title="t", target="prod-a", labels={}, at=wall.now()
             )
             incident_id = incident.id
-        rem, tokens = records.create(
-            incident_id=incident_id, adr_id=ADR, target="prod-a", user_id="U1", two_person=True,
-            change={"block-size": 32}, before={}, after_flags={}, gateway_rules=None, ttl_s=60,
+        rem, tokens = await records.create(
+            ChangeRequest(
+                incident_id=incident_id, channel_id=None, adr_id=ADR, target="prod-a",
+                user_id="U1", two_person=True, change={"block-size": 32}, before={},
+                after_flags={}, gateway_rules=None, ttl_s=60,
+            )
         )  # fmt: skip
         wall.advance(61)  # the button expired between the service's check and the claim
         with pytest.raises(UsageError, match=r"^This button expired at 02:01 UTC"):
-            records.claim(
+            await records.claim(
                 token=tokens["approve"], user_id="U2", remediation_id=rem.id, to_state="approved",
                 action="remediation.approved", detail={},
             )  # fmt: skip
@@ -105,7 +108,7 @@ def test_a_button_that_expired_after_its_check_claims_nothing(tmp_path: Path) ->
             assert all(t.used_at is None for t in s.scalars(select(ActionToken)))
             assert [e.action for e in store_reads.audit_trail(s)] == ["remediation.requested"]
         wall.at -= dt.timedelta(seconds=2)  # still valid: the same claim goes through
-        assert records.claim(
+        assert await records.claim(
             token=tokens["approve"], user_id="U2", remediation_id=rem.id, to_state="approved",
             action="remediation.approved", detail={},
         )  # fmt: skip

@@ -56,7 +56,10 @@ def test_an_args_list_is_edited_in_place_with_comments_and_quotes_kept() -> None
         flow, {"enable-chunked-prefill": False, "max-num-seqs": 128}
     )
     # (the longer line pushes the comment out of its column: one space before it then)
-    assert edited == 'args: ["--model", "/m", "--no-enable-chunked-prefill", "--max-num-seqs=128"] # x\n'
+    assert (
+        edited
+        == 'args: ["--model", "/m", "--no-enable-chunked-prefill", "--max-num-seqs=128"] # x\n'
+    )
 
 
 def test_helm_values_are_edited_in_place_keeping_their_types_and_comments() -> None:
@@ -72,14 +75,16 @@ def test_helm_values_are_edited_in_place_keeping_their_types_and_comments() -> N
         # the comment stays in its column
         "+  enableChunkedPrefill: true   # --enable-chunked-prefill / --no-enable-chunked-prefill",
     ]
-    with pytest.raises(LocatorError, match='has no path for --block-size: add `flags.block-size'):
+    with pytest.raises(LocatorError, match="has no path for --block-size: add `flags.block-size"):
         Locator(spec).write(VALUES, {"block-size": 32})
 
 
 def test_a_json_6902_patch_and_a_multi_document_file_are_found() -> None:
     patch = ("- op: replace\n  path: /spec/template/spec/containers/0/args\n"
              "  value: [--model, /m, --max-num-seqs, '64']\n")  # fmt: skip
-    loc = Locator(GitLocatorSpec(file="p.yaml", args="[path=/spec/template/spec/containers/0/args].value"))
+    loc = Locator(
+        GitLocatorSpec(file="p.yaml", args="[path=/spec/template/spec/containers/0/args].value")
+    )
     assert loc.read(patch).flags == {"max-num-seqs": 64}
     assert "'128'" in loc.write(patch, {"max-num-seqs": 128})
     docs = "---\nkind: ConfigMap\n---\nkind: Deployment\nargs:\n- --max-num-seqs\n- '8'\n"
@@ -91,8 +96,14 @@ def test_a_json_6902_patch_and_a_multi_document_file_are_found() -> None:
 @pytest.mark.parametrize(
     ("path", "why"),
     [
-        ("spec.template.spec.containers[name=vlm].args", r"no item with name=vlm \(its names: vllm\)"),
-        ("spec.template.spec.pods", r"spec.template.spec has no key 'pods' \(its keys: containers\)"),
+        (
+            "spec.template.spec.containers[name=vlm].args",
+            r"no item with name=vlm \(its names: vllm\)",
+        ),
+        (
+            "spec.template.spec.pods",
+            r"spec.template.spec has no key 'pods' \(its keys: containers\)",
+        ),
         ("spec.template.spec.containers[3].args", r"has 1 items, the locator path .* wants item 3"),
         ("metadata.name", r"metadata.name is a str, not a list of arguments"),
     ],
@@ -156,8 +167,13 @@ async def test_a_token_in_the_repository_url_is_never_shown(fleet: Fleet, tmp_pa
     with pytest.raises(GitOpsError) as failed:
         await repo.sync()
     assert "has no branch 'release'" in str(failed.value)
-    assert "ghp_in-url-secret" not in str(failed.value) and "file://***@localhost" in str(failed.value)
-    assert scrub("token ghp_abcdef and https://u:p@h/x", ["ghp_abcdef"]) == "token *** and https://***@h/x"
+    assert "ghp_in-url-secret" not in str(failed.value) and "file://***@localhost" in str(
+        failed.value
+    )
+    assert (
+        scrub("token ghp_abcdef and https://u:p@h/x", ["ghp_abcdef"])
+        == "token *** and https://***@h/x"
+    )
 
 
 async def test_forge_refusals_say_what_the_token_needs_never_the_token(
@@ -216,7 +232,9 @@ async def test_an_accepted_adr_becomes_one_pull_request_that_removes_its_draft(
     assert pull.title == "ADR-20261201-01: Prefix caching for agent prompts"
     assert "<@U034LEAD>" in pull.body and pull.state == "open"  # people merge it
     branch = "ruleloop/adr/ADR-20261201-01"
-    assert git("show", f"{branch}:adr/ADR-20261201-01-prefix-caching.md", cwd=fleet.bare) == ADR_TEXT
+    assert (
+        git("show", f"{branch}:adr/ADR-20261201-01-prefix-caching.md", cwd=fleet.bare) == ADR_TEXT
+    )
     files = git("ls-tree", "-r", "--name-only", branch, "--", "adr", cwd=fleet.bare).split()
     assert files == ["adr/ADR-20261201-01-prefix-caching.md"]  # the draft is gone
     message = git("log", "-1", "--format=%B", branch, cwd=fleet.bare)
@@ -260,9 +278,14 @@ async def test_the_review_flows_one_call_says_where_the_adr_went_and_never_raise
                                                   api_url=api_url, token_file=token))  # fmt: skip
 
     note = await publish_accepted(spec(forge.github_api), rows.get, record.adr_id, reviewer="U1")
-    assert note == " Pull request for adr/ADR-20261201-01-prefix-caching.md: https://github.com/acme/fleet/pull/1"
+    assert (
+        note
+        == " Pull request for adr/ADR-20261201-01-prefix-caching.md: https://github.com/acme/fleet/pull/1"
+    )
     down = await publish_accepted(spec("http://127.0.0.1:9"), rows.get, "ADR-20261201-01",
                                   reviewer="U1")  # fmt: skip
-    assert down.startswith(" It could not be proposed to main of the team's repository: cannot reach GitHub")
+    assert down.startswith(
+        " It could not be proposed to main of the team's repository: cannot reach GitHub"
+    )
     assert await publish_accepted(spec(forge.github_api), rows.get, "ADR-20991231-09",
                                   reviewer="U1") == " ADR-20991231-09 is not in the store: nothing was published."  # fmt: skip

@@ -21,7 +21,7 @@ from bot.adr.models import AdrGates
 from bot.adr.parse import parse
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
-from bot.canary.verdict import gates_from, judge
+from bot.canary.verdict import gates_from, judged
 from bot.config import CanarySpec
 from bot.remediation.gate import GateRun
 from bot.store.models import AdrDraft, Remediation
@@ -62,7 +62,7 @@ class ShapedCanary:
         }  # fmt: skip
         if shape is not None:
             report["workload_shape"] = shape.model_dump(mode="json")
-        return GateRun(report, judge(report, gates_from(gates)))
+        return judged(report, gates_from(gates))
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ async def _apply(h: Harness) -> tuple[Remediation, str]:
     await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
     with h.bot.db.transaction() as s:
         (rem,) = s.scalars(select(Remediation)).all()
-    tokens = h.bot.remediation.records.tokens(f"remediation:{rem.id}")
+    tokens = await h.bot.remediation.records.tokens(f"remediation:{rem.id}")
     await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
     await h.bot.tasks.drain()
     with h.bot.db.transaction() as s:

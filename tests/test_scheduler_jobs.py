@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.adr.models import AdrGates
-from bot.canary.verdict import gates_from, judge
+from bot.canary.verdict import gates_from, judged
 from bot.config import CanarySpec
 from bot.remediation.gate import GateRun
 from bot.scheduler.runner import Job, RunResult
@@ -48,7 +48,7 @@ class FakeCanary:
         report = {"ttft_ms": {"p99": self.ttft_p99_ms}, "tpot_ms": {"p99": 21.5},
                   "goodput_ratio": 0.99, "kv_fragmentation": {"observed": 0.12},
                   "requests": {"total": 32, "failed": 0}}  # fmt: skip
-        return GateRun(report, judge(report, gates_from(gates)))
+        return judged(report, gates_from(gates))
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from bot.adr.models import AdrGates
-from bot.canary.verdict import gates_from, judge
+from bot.canary.verdict import gates_from, judged
 from bot.config import CanarySpec
 from bot.remediation.gate import GateRun
 from bot.scheduler.runner import RunResult
@@ -73,7 +73,7 @@ class ShapeCanary:
         report = {"ttft_ms": {"p99": self.ttft_p99_ms}, "tpot_ms": {"p99": 21.5},
                   "goodput_ratio": 0.99, "kv_fragmentation": {"observed": 0.12},
                   "requests": {"total": 32, "failed": 0}}  # fmt: skip
-        return GateRun(report, judge(report, gates_from(gates)))
+        return judged(report, gates_from(gates))
 
 
 def record_workload(adr_dir: Path, shape: WorkloadShape) -> None:

@@ -5,6 +5,7 @@ twice), and the command line's refusals before anything starts (approval, exclus
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 from collections.abc import Callable
@@ -22,7 +23,7 @@ from bot.errors import NotAllowed, UsageError
 from bot.remediation.actuators.base import Deployed
 from bot.remediation.exclusion import TargetBusy, refusal
 from bot.remediation.policy import Policy
-from bot.remediation.records import RemediationRecords
+from bot.remediation.records import ChangeRequest, RemediationRecords
 from bot.remediation.tune_records import TuneRecords
 from bot.remediation.tuning import utc_now
 from bot.store.db import Database
@@ -380,11 +381,12 @@ def test_one_change_at_a_time_a_session_and_a_remediation_exclude_each_other(
     changes, sessions = RemediationRecords(db=db, clock=utc_now), TuneRecords(db=db, clock=utc_now)
 
     def request() -> int:
-        rem, _ = changes.create(
-            incident_id=None, adr_id="ADR-20260831-01", target="prod-a", user_id="U1",
-            two_person=True, change={"max-num-seqs": 8}, before={}, after_flags={},
-            gateway_rules=None, ttl_s=900,
+        change = ChangeRequest(
+            incident_id=None, channel_id=None, adr_id="ADR-20260831-01", target="prod-a",
+            user_id="U1", two_person=True, change={"max-num-seqs": 8}, before={},
+            after_flags={}, gateway_rules=None, ttl_s=900,
         )  # fmt: skip
+        rem, _ = asyncio.run(changes.create(change))
         return rem.id
 
     def begin(runner: str) -> int:
@@ -405,8 +407,8 @@ def test_one_change_at_a_time_a_session_and_a_remediation_exclude_each_other(
         ) in err
         with pytest.raises(TargetBusy):  # the store's check, not only the command line's
             begin("here:1:a")
-        assert changes.step(pending, to_state="expired", action="remediation.expired",
-                            detail={}, from_states=["pending"])  # fmt: skip
+        assert asyncio.run(changes.step(pending, to_state="expired", action="remediation.expired",
+                                        detail={}, from_states=["pending"]))  # fmt: skip
 
         session = begin("here:1:a")
         with pytest.raises(TargetBusy) as busy:
@@ -493,7 +495,10 @@ def test_without_a_workload_a_target_session_replays_the_targets_own_traffic(
     assert shape.prompt_tokens.count == 16 and shape.source.startswith(f"metrics {engine.base_url}")
     assert (replay.workload.concurrency, replay.workload.num_requests) == (6, 40)
     assert lines[0].startswith(f"capturing prod-a's workload from {engine.base_url}/metrics")
-    with RecordedMetrics(pages[:1] * 50) as idle, pytest.raises(UsageError, match="no request finished"):
+    with (
+        RecordedMetrics(pages[:1] * 50) as idle,
+        pytest.raises(UsageError, match="no request finished"),
+    ):
         settings = Settings.model_validate({"targets": {"prod-a": {"vllm_url": idle.base_url}}})
         _captured(plan, spec_name="prod-a", settings=settings, seconds=0.2,
                   runs_dir=tmp_path / "idle", echo=lines.append)  # fmt: skip

@@ -18,7 +18,7 @@ from typing import Any
 from bot.canary.report import CanaryReport
 from bot.canary.runner import CanaryRun, Progress
 from bot.canary.shape_replay import fixed_shape
-from bot.canary.verdict import Gates, with_verdict
+from bot.canary.verdict import Gates, Judged, judged
 from bot.canary.workload import Workload
 
 # Let background load reach its steady state before the measured window opens.
@@ -36,7 +36,7 @@ def measure(
     progress_interval_s: float = 5.0,
 ) -> dict[str, Any]:
     """Run the canary (and its background load); return the canary JSON report."""
-    return asyncio.run(
+    run = asyncio.run(
         measure_async(
             workload,
             gates=gates,
@@ -47,6 +47,7 @@ def measure(
             progress_interval_s=progress_interval_s,
         )
     )
+    return run.report
 
 
 async def measure_async(
@@ -58,8 +59,8 @@ async def measure_async(
     sample_interval_s: float,
     on_progress: Callable[[Progress], None] | None,
     progress_interval_s: float,
-) -> dict[str, Any]:
-    """``measure`` inside a running event loop."""
+) -> Judged:
+    """``measure`` inside a running event loop: the report, judged once."""
     runs = [(name, CanaryRun(w, metrics_url=None)) for name, w in background]
     started = time.perf_counter()
     tasks = [asyncio.create_task(run.run()) for _, run in runs]
@@ -82,12 +83,12 @@ async def measure_async(
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-    out = report.as_dict()
+    out = report.numbers()
     if runs:
         wall = time.perf_counter() - started
         out["background"] = [_client_side(name, run, wall) for name, run in runs]
-    # With background load the gates read the engine's goodput and internal fragmentation.
-    return with_verdict(out, gates)
+    # With background load the gates read the canary's own goodput and internal fragmentation.
+    return judged({"passed": None, **out}, gates)
 
 
 def _raise_if_failed(tasks: Sequence[asyncio.Task[CanaryReport]]) -> None:
@@ -112,7 +113,7 @@ def _client_side(name: str, run: CanaryRun, wall_s: float) -> dict[str, Any]:
         wall_s=wall_s,
         client_cpu_s=0.0,
     )
-    data = report.as_dict()
+    data = report.numbers()  # client side only: nothing to judge
     return {
         key: data[key] for key in ("workload", "ttft_ms", "tpot_ms", "requests", "tokens", "errors")
     }

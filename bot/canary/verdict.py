@@ -233,10 +233,37 @@ def judge(report: Mapping[str, Any], gates: Gates) -> Verdict:
     return judge_values(values_of(report), gates)
 
 
+@dataclass(frozen=True)
+class Judged:
+    """A canary report judged once: the report with its verdict written in, the numbers the
+    gates read and the verdict, so that no caller parses or judges the report again."""
+
+    report: dict[str, Any]
+    values: Values
+    verdict: Verdict
+
+    @property
+    def passed(self) -> bool:
+        """All gates met."""
+        return self.verdict.passed
+
+    @property
+    def failures(self) -> list[str]:
+        """The failed gates, in words."""
+        return self.verdict.failures
+
+
+def judged(report: dict[str, Any], gates: Gates) -> Judged:
+    """Read ``report``'s numbers and judge them by ``gates``, once."""
+    values = values_of(report)
+    verdict = judge_values(values, gates)
+    results = [r.as_dict() for r in verdict.results]
+    return Judged(report | {"passed": verdict.passed, "gates": results}, values, verdict)
+
+
 def with_verdict(report: dict[str, Any], gates: Gates) -> dict[str, Any]:
     """The report with ``passed`` and ``gates`` set from its own numbers (call after edits)."""
-    verdict = judge(report, gates)
-    return report | {"passed": verdict.passed, "gates": [r.as_dict() for r in verdict.results]}
+    return judged(report, gates).report
 
 
 def values_of(report: Mapping[str, Any]) -> Values:

@@ -24,6 +24,7 @@ from bot.engine.process import START_TIMEOUT_S, EngineManager
 from bot.errors import GateFailed, UsageError
 from bot.tune.objective import METRICS
 from bot.tune.plan import Experiment, TunePlan, WorkloadSpec, load_plan
+from bot.tune.runner import Echo
 from bot.tune.service import TuneResult, run_tune
 from bot.tune.space import parse_dimension
 
@@ -241,11 +242,11 @@ def tune(
     plan = _gated(_plan(plan_path, baseline, experiments, title, context, options, search),
                   store, gates_from)  # fmt: skip
     if target is not None:
-        result = _on_target(
-            plan, target=target, requested_by=requested_by, approved_by=list(approved_by),
+        result = _on_target(plan, TargetRun(
+            target=target, requested_by=requested_by, approved_by=list(approved_by), echo=echo,
             capture_seconds=capture_seconds, config_path=config_path, state_dir=state_dir,
             store=store, day=today(day), workload_given=plan_workload_given(plan_path, options),
-        )  # fmt: skip
+        ))  # fmt: skip
     elif requested_by or approved_by:
         raise UsageError(
             "--requested-by and --approved-by are for --target: local engines need no approval"
@@ -265,19 +266,7 @@ def _restore(target: str | None, *, config_path: Path | None, state_dir: Path | 
     restore_target(target, config_path=config_path, state_dir=state_dir, echo=_echo)
 
 
-def _on_target(
-    plan: TunePlan,
-    *,
-    target: str,
-    requested_by: str | None,
-    approved_by: list[str],
-    capture_seconds: float,
-    config_path: Path | None,
-    state_dir: Path | None,
-    store: AdrStore,
-    day: dt.date,
-    workload_given: object,
-) -> TuneResult:
+def _on_target(plan: TunePlan, run: TargetRun) -> TuneResult:
     """A search on a real target, through its actuator (bot/cli/tune_target.py)."""
     if not plan.searches:
         raise UsageError(
@@ -286,11 +275,7 @@ def _on_target(
         )
     from bot.cli.tune_target import tune_target
 
-    return tune_target(
-        plan, target=target, requested_by=requested_by, approved_by=approved_by,
-        capture_seconds=capture_seconds, config_path=config_path, state_dir=state_dir,
-        store=store, day=day, echo=_echo, workload_given=bool(workload_given),
-    )  # fmt: skip
+    return tune_target(plan, run)
 
 
 def _gated(plan: TunePlan, store: AdrStore, gates_from: str | None) -> TunePlan:
@@ -370,6 +355,23 @@ def _plan(
         raise UsageError(f"tune: {exc}") from exc
     plan.check_kind(source="tune")
     return plan
+
+
+@dataclass(frozen=True)
+class TargetRun:
+    """A search on a target, beyond its plan: the target, who asked and who approved, how long
+    to capture its traffic, the bot's config and store, and where and when the draft goes."""
+
+    target: str
+    requested_by: str | None
+    approved_by: list[str]
+    capture_seconds: float
+    config_path: Path | None
+    state_dir: Path | None
+    store: AdrStore
+    day: dt.date
+    echo: Echo
+    workload_given: bool
 
 
 @dataclass(frozen=True)

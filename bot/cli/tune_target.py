@@ -15,14 +15,12 @@ the bot's config can reach the target anyway. docs/tune.md says so, and what to 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import os
 import signal
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from bot.adr.store import AdrStore
 from bot.config import Settings
 from bot.engine.process import default_state_dir
 from bot.errors import UsageError
@@ -44,39 +42,29 @@ from bot.tune.runner import Echo
 from bot.tune.service import DraftPlace, TuneResult, write_search_draft
 from bot.workload import shape as shapes
 
+if TYPE_CHECKING:
+    from bot.cli.tune import TargetRun
+
 T = TypeVar("T")
 
 
-def tune_target(
-    plan: TunePlan,
-    *,
-    target: str,
-    requested_by: str | None,
-    approved_by: list[str],
-    capture_seconds: float,
-    config_path: Path | None,
-    state_dir: Path | None,
-    store: AdrStore,
-    day: dt.date,
-    echo: Echo,
-    workload_given: bool,
-) -> TuneResult:
+def tune_target(plan: TunePlan, run: TargetRun) -> TuneResult:
     """Approve, record, search, restore, draft; see the module docstring."""
-    settings = Settings.load(os.environ, path=config_path)
-    name, spec = settings.target(target)
-    approval = approve(settings, name, requested_by=requested_by, approved_by=approved_by)
+    settings = Settings.load(os.environ, path=run.config_path)
+    name, spec = settings.target(run.target)
+    approval = approve(settings, name, requested_by=run.requested_by, approved_by=run.approved_by)
     check_target(name, spec, plan)
-    db = _database(settings, state_dir)
+    db = _database(settings, run.state_dir)
     try:
         records = TuneRecords(db=db, clock=utc_now)
         busy = records.in_flight(name)
         if busy is not None:  # before a minute of capture, not after
             raise UsageError(tuning_refusal(name, busy))
-        place = DraftPlace.next(store, plan, day)
+        place = DraftPlace.next(run.store, plan, run.day)
         _run(actuators.build(name, spec).current())  # reachable, before a minute of capture
-        if not workload_given and plan.workload.shape is None:
-            plan = _captured(plan, spec_name=name, settings=settings, seconds=capture_seconds,
-                             runs_dir=place.runs_dir, echo=echo)  # fmt: skip
+        if not run.workload_given and plan.workload.shape is None:
+            plan = _captured(plan, spec_name=name, settings=settings, seconds=run.capture_seconds,
+                             runs_dir=place.runs_dir, echo=run.echo)  # fmt: skip
         session = _run(
             run_session(
                 plan,
@@ -85,7 +73,7 @@ def tune_target(
                 target=name,
                 approval=approval,
                 runs_dir=place.runs_dir,
-                echo=echo,
+                echo=run.echo,
                 actuator_for=actuators.build,
             )  # fmt: skip
         )
@@ -96,7 +84,7 @@ def tune_target(
         "has one), each trial rolled back before the next and the flags found at the start "
         f"({_flags(session.before.flags)}) restored at the end"
     )
-    return write_search_draft(plan, session.result, store=store, place=place, day=day,
+    return write_search_draft(plan, session.result, store=run.store, place=place, day=run.day,
                               where=where)  # fmt: skip
 
 

@@ -57,9 +57,11 @@ from bot.errors import RuleloopError
 from bot.numbers.reading import Measured, bounds_of, spans_of
 from bot.numbers.text import FOUR, show, show_reading
 from bot.numbers.text import change as text_change
+from bot.remediation.records import SUBJECT
 from bot.scheduler.snapshots import MetricsSampler, SnapshotJob
 from bot.scheduler.workload_drift import LiveShape
 from bot.server import Bot, create_bot
+from bot.store import buttons
 from bot.store.db import Database
 from bot.store.models import AdrDraft, Incident, Remediation
 from bot.workload.shape import WorkloadShape
@@ -485,7 +487,7 @@ class Demo:
         self._say(f"    bot: {ack}")
         with bot.db.transaction() as s:
             rem = s.query(Remediation).filter_by(incident_id=incident_id).one()
-        tokens = bot.remediation.records.tokens(f"remediation:{rem.id}")
+        tokens = await bot.remediation.records.tokens(buttons.subject(SUBJECT, rem.id))
         await bot.remediation.click(user_id=APPROVER, token=tokens["approve"])
         self._say(
             "7/9 the same canary on the current flags first, then the engine restarts with "

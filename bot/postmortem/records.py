@@ -27,16 +27,19 @@ from bot.chat.messages import MessageRef
 from bot.errors import UsageError
 from bot.postmortem.draft import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
 from bot.postmortem.review import decided, rejection_note
-from bot.runtime.ids import new_token
 from bot.store import adrs as records
+from bot.store import buttons
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import ActionToken, AdrDraft, Incident, Remediation
+from bot.store.states import RemediationState
 from bot.workload.shape import WorkloadShape
 
 log = logging.getLogger(__name__)
 
-ENDED = ("promoted", "rolled_back", "failed")
+SUBJECT = "draft"  # its review buttons' subject: buttons.subject(SUBJECT, adr_id)
+# the remediations that ran their course (kept, rolled back, or failed): the fix a draft reports
+ENDED = (RemediationState.PROMOTED, RemediationState.ROLLED_BACK, RemediationState.FAILED)
 ID_TRIES = 5  # replicas drafting on one day at once: each takes the next free id
 
 
@@ -140,20 +143,16 @@ class DraftRecords:
     ) -> dict[str, str]:
         stored = self._adrs.add_draft(s, adr, source="bot", actor=author, at=now)
         path = str(self._adrs.location(stored))
-        tokens = {kind: new_token() for kind in ("accept", "reject")}
         s.add(
             AdrDraft(
                 adr_id=adr.id, incident_id=incident_id, path=path, author=author,
                 state="proposed", created_at=now,
             )
         )  # fmt: skip
-        for kind, token in tokens.items():
-            s.add(
-                ActionToken(
-                    token=token, kind=kind, subject=f"draft:{adr.id}",
-                    incident_id=incident_id, created_at=now,
-                )
-            )  # fmt: skip
+        tokens = buttons.issue(
+            s, buttons.subject(SUBJECT, adr.id), ("accept", "reject"),
+            incident_id=incident_id, now=now,
+        )  # fmt: skip
         store.audit(
             s, at=now, actor=author, action="adr_draft.written",
             incident=store.get(s, incident_id), detail={"adr": adr.id, "path": path},
@@ -173,7 +172,7 @@ class DraftRecords:
     def token(self, value: str) -> ActionToken | None:
         """The review button with this token, if this bot issued it."""
         with self._db.transaction() as s:
-            return s.scalars(select(ActionToken).where(ActionToken.token == value)).one_or_none()
+            return buttons.find(s, value)
 
     def draft(self, adr_id: str) -> AdrDraft:
         """The draft (detached); UsageError when this bot posted none of that id."""
@@ -220,11 +219,7 @@ class DraftRecords:
             if changed is None:
                 raise AlreadyDecided(adr_id)
             where = str(self._adrs.location(changed))
-            s.execute(
-                update(ActionToken)
-                .where(ActionToken.subject == f"draft:{adr_id}", ActionToken.used_at.is_(None))
-                .values(used_at=now, used_by=user_id)
-            )
+            buttons.spend(s, buttons.subject(SUBJECT, adr_id), user_id=user_id, now=now)
             draft = s.scalars(_draft(adr_id)).one()
             draft.path = where
             store.audit(

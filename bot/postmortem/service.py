@@ -23,9 +23,10 @@ from bot.config import Settings
 from bot.errors import NotAllowed, UsageError
 from bot.gitops.adr_publish import publish_accepted
 from bot.postmortem.ports import DraftNotifier, DraftView
-from bot.postmortem.records import AlreadyDecided, DraftRecords
+from bot.postmortem.records import SUBJECT, AlreadyDecided, DraftRecords
 from bot.postmortem.review import check_reviewer
 from bot.runtime.access import Members, who_may
+from bot.store.buttons import subject_key
 from bot.store.db import Database
 from bot.store.models import AdrDraft
 
@@ -96,9 +97,9 @@ class DraftService:
     async def review(self, *, user_id: str, token: str) -> None:
         """Accept or Reject: reviewer checks, then the record, the draft and the buttons, once."""
         row = await asyncio.to_thread(self._records.token, token)
-        if row is None or not row.subject.startswith("draft:"):
+        adr_id = None if row is None else subject_key(row.subject, SUBJECT)
+        if row is None or adr_id is None:
             raise UsageError("This button is not one this bot issued. Nothing was changed.")
-        adr_id = row.subject.split(":", 1)[1]
         draft = await asyncio.to_thread(self._records.draft, adr_id)
         if row.used_at is not None or draft.state != "proposed":
             raise _already(draft, adr_id)

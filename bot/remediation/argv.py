@@ -151,3 +151,11 @@ def restore(kept: Mapping[str, Any], running: Sequence[str]) -> tuple[list[str],
         if fingerprint(argv) == kept["sha256"]:
             return argv, True
     return with_flags(others, recorded_flags(kept)), False
+
+
+def flags_text(
+    flags: Mapping[str, Any], *, none: str = "no tunable flags", ordered: bool = True
+) -> str:
+    """``--a=1 --b=2`` for messages (sorted unless ``ordered`` is False); ``none`` when empty."""
+    items = sorted(flags.items()) if ordered else flags.items()
+    return " ".join(f"--{k}={v}" for k, v in items) or none

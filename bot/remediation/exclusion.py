@@ -2,7 +2,7 @@
 the refusal naming it.
 
 The guarantee is the store's (a unique index on the target of in-flight remediations,
-``bot.store.models.IN_FLIGHT``, and one on in-flight tuning sessions, ``TUNING``): of requests
+``bot.store.states.IN_FLIGHT``, and one on in-flight tuning sessions, ``TUNING``): of requests
 racing on one target, one insert wins and the others fail. A remediation and a tuning session
 live in two tables, so each checks the other's in the same transaction, after ``lock``: SQLite
 serializes writing transactions anyway (BEGIN IMMEDIATE), PostgreSQL takes a transaction-scoped
@@ -18,7 +18,8 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
 from bot.errors import UsageError
-from bot.store.models import IN_FLIGHT, TUNING, Remediation, TuneSession
+from bot.store.models import TUNING, Remediation, TuneSession
+from bot.store.states import IN_FLIGHT, RemediationState
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ def refusal(adr_id: str, target: str, busy: Holder, link: str | None) -> str:
             "target: wait until it ends (if its process died, `ruleloop tune --target "
             f"{target} --restore` finishes it). Nothing was changed."
         )
-    doing = "waiting for approval" if busy.state == "pending" else "running"
+    doing = "waiting for approval" if busy.state == RemediationState.PENDING else "running"
     if link:
         card = f"; its card: <{link}|change #{busy.id}>"
     elif busy.channel:
@@ -116,7 +117,7 @@ def tuning_refusal(target: str, busy: Holder) -> str:
             f"{target} --restore` puts the flags it found back"
         )
     else:
-        doing = "waiting for approval" if busy.state == "pending" else "running"
+        doing = "waiting for approval" if busy.state == RemediationState.PENDING else "running"
         what = (
             f"change #{busy.id} ({busy.adr_id}, {busy.state}, requested by {busy.requested_by}) "
             f"is {doing} there"

@@ -9,45 +9,20 @@ thread says and what the drafted ADR says agree.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
 
 import httpx
 
 from bot.adr.models import AdrGates
 from bot.canary.measure import measure_async
 from bot.canary.runner import Progress
-from bot.canary.verdict import Values, Verdict, gates_from, judge, values_of
+from bot.canary.verdict import Judged, gates_from
 from bot.canary.workload import Workload
 from bot.config import CanarySpec
 from bot.errors import EndpointError
 from bot.runtime.redact import redact
 from bot.workload.shape import WorkloadShape
 
-
-@dataclass(frozen=True)
-class GateRun:
-    """A finished gate canary: its JSON report and the verdict on it."""
-
-    report: dict[str, Any]
-    verdict: Verdict
-
-    @property
-    def values(self) -> Values:
-        """The numbers the gates read."""
-        return values_of(self.report)
-
-    @property
-    def failures(self) -> list[str]:
-        """The failed gates, in words."""
-        return self.verdict.failures
-
-    @property
-    def passed(self) -> bool:
-        """All gates met."""
-        return self.verdict.passed
-
-
+GateRun = Judged  # a finished gate canary: its report, the numbers read, the verdict
 GateRunner = Callable[..., Awaitable[GateRun]]  # (base_url, spec, gates, *, shape=None)
 
 
@@ -109,17 +84,15 @@ async def run_gate(
     """Run the canary against ``base_url`` (replaying ``shape`` when given) and judge it by
     ``gates``."""
     canary, background = workloads(base_url, spec, shape)
-    limits = gates_from(gates)
-    report = await measure_async(
+    return await measure_async(
         canary,
-        gates=limits,
+        gates=gates_from(gates),
         metrics_url=f"{base_url}/metrics",
         background=background,
         sample_interval_s=0.5,
         on_progress=on_progress,
         progress_interval_s=10.0,
     )
-    return GateRun(report=report, verdict=judge(report, limits))
 
 
 async def verify_serving(base_url: str, *, timeout_s: float = 60.0) -> None:

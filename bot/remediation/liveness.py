@@ -19,6 +19,7 @@ from typing import Any
 
 log = logging.getLogger("ruleloop.remediation")
 Beat = Callable[[], Awaitable[bool]]  # one heartbeat write: False when the run is not ours
+Sleep = Callable[[float], Awaitable[None]]  # the wait between heartbeats (a seam for tests)
 
 
 class LostRun(Exception):
@@ -58,9 +59,17 @@ async def heartbeat(
             return
 
 
-async def owned(work: Coroutine[Any, Any, None], beat: Beat, *, every_s: float, name: str) -> bool:
-    """Run ``work`` with heartbeats; False when it stopped because the run was lost."""
-    heart = asyncio.create_task(heartbeat(beat, every_s=every_s, name=name))
+async def owned(
+    work: Coroutine[Any, Any, None],
+    beat: Beat,
+    *,
+    every_s: float,
+    name: str,
+    sleep: Sleep = asyncio.sleep,
+) -> bool:
+    """Run ``work`` with heartbeats (waiting between them with ``sleep``); False when it
+    stopped because the run was lost."""
+    heart = asyncio.create_task(heartbeat(beat, every_s=every_s, name=name, sleep=sleep))
     try:
         await work
     except LostRun:

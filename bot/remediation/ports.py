@@ -8,25 +8,26 @@ from typing import Any, Protocol
 
 from bot.chat.messages import MessageRef
 from bot.postmortem.ports import DraftNotifier
-from bot.store.models import IN_FLIGHT
+from bot.store.states import ACTIVE as ACTIVE  # re-exported: the flow imports it from here
+from bot.store.states import RemediationState
 
-# state -> what the card says it is doing (one message, updated in place)
-STATES = {
-    "pending": "waiting for approval",
-    "approved": "approved, starting",
-    "applying": "applying the flags (restarting the engine)…",
-    "canary": "canary running against the ADR's gates…",
-    "promoting": "canary passed, rolling out…",
-    "promoted": "applied: the canary met every gate",
-    "rolling_back": "rolling back to the previous flags…",
-    "rolled_back": "rolled back: the previous flags serve again",
-    "failed": "FAILED: manual action needed",
-    "cancelled": "cancelled, nothing was changed",
-    "expired": "expired, nothing was changed",
-    "interrupted": "interrupted by a bot restart",
-    "dry_run": "dry run: nothing was changed",
+# state -> what the card says it is doing (one message, updated in place); keyed by the members,
+# which are the stored strings, so a state read back from the store finds its text
+STATES: dict[str, str] = {
+    RemediationState.PENDING: "waiting for approval",
+    RemediationState.APPROVED: "approved, starting",
+    RemediationState.APPLYING: "applying the flags (restarting the engine)…",
+    RemediationState.CANARY: "canary running against the ADR's gates…",
+    RemediationState.PROMOTING: "canary passed, rolling out…",
+    RemediationState.PROMOTED: "applied: the canary met every gate",
+    RemediationState.ROLLING_BACK: "rolling back to the previous flags…",
+    RemediationState.ROLLED_BACK: "rolled back: the previous flags serve again",
+    RemediationState.FAILED: "FAILED: manual action needed",
+    RemediationState.CANCELLED: "cancelled, nothing was changed",
+    RemediationState.EXPIRED: "expired, nothing was changed",
+    RemediationState.INTERRUPTED: "interrupted by a bot restart",
+    RemediationState.DRY_RUN: "dry run: nothing was changed",
 }
-ACTIVE = set(IN_FLIGHT) - {"pending"}  # approved and running: a replica works on these
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,11 @@ clicks, racing for the same transition exactly one wins; the loser changes nothi
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import ColumnElement, Executable, or_, select, update
@@ -18,12 +20,31 @@ from sqlalchemy.orm import Session
 
 from bot.errors import UsageError
 from bot.remediation import exclusion
-from bot.remediation.ports import ACTIVE
-from bot.runtime.ids import new_token
+from bot.store import buttons
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.dbtime import db_ago, db_now
 from bot.store.models import ActionToken, CanaryResult, Incident, Remediation
+from bot.store.states import ACTIVE, RemediationState
+
+SUBJECT = "remediation"  # its buttons' subject: buttons.subject(SUBJECT, remediation_id)
+
+
+@dataclass(frozen=True)
+class ChangeRequest:
+    """A change asked for and checked: what the pending remediation records."""
+
+    incident_id: int | None  # None: the target's open incident, or a new one
+    channel_id: str | None
+    adr_id: str
+    target: str
+    user_id: str
+    two_person: bool
+    change: Mapping[str, Any]  # the ADR's flags
+    before: Mapping[str, Any]  # what served (Deployed.to_json, and the gateway's limits)
+    after_flags: Mapping[str, Any]
+    gateway_rules: Mapping[str, Any] | None
+    ttl_s: float  # how long its buttons may be used
 
 
 def _rows(session: Session, statement: Executable) -> int:
@@ -36,13 +57,26 @@ def _silent(seconds: float) -> ColumnElement[bool]:
     return or_(Remediation.heartbeat_at.is_(None), Remediation.heartbeat_at < db_ago(seconds))
 
 
+def _audit(
+    s: Session, remediation_id: int, *, now: dt.datetime, actor: str, action: str,
+    detail: Mapping[str, Any],
+) -> None:  # fmt: skip
+    """The audit entry of a remediation's step, in its incident, in the step's transaction."""
+    rem = s.get(Remediation, remediation_id)
+    assert rem is not None
+    store.audit(
+        s, at=now, actor=actor, action=action, incident=store.get(s, rem.incident_id),
+        detail={"remediation": remediation_id, **detail},
+    )  # fmt: skip
+
+
 def _refuse_if_expired(session: Session, token: str, now: dt.datetime) -> None:
     """UsageError when the button ``token`` has expired (a lost claim that is not a race)."""
-    row = session.scalars(select(ActionToken).where(ActionToken.token == token)).one_or_none()
-    if row is None or row.used_at is not None or row.expires_at is None or row.expires_at > now:
+    expired = buttons.expired(session, token, now)
+    if expired is None:
         return
     raise UsageError(
-        f"This button expired at {row.expires_at:%H:%M} UTC while the click was being checked. "
+        f"This button expired at {expired:%H:%M} UTC while the click was being checked. "
         "Nothing was changed; ask for the change again with `/apply-adr`."
     )
 
@@ -55,188 +89,156 @@ class RemediationRecords:
         self._clock = clock
 
     @staticmethod
-    def _open_incident(
-        s: Session, *, target: str, user_id: str, channel_id: str | None, adr_id: str,
-        now: dt.datetime,
-    ) -> Incident:  # fmt: skip
+    def _open_incident(s: Session, request: ChangeRequest, *, now: dt.datetime) -> Incident:
         """The open incident of a target (newest), or a new one for this request."""
         query = (
             select(Incident)
-            .where(Incident.target == target, Incident.open_key.is_not(None))
+            .where(Incident.target == request.target, Incident.open_key.is_not(None))
             .order_by(Incident.id.desc())
         )
         incident = s.scalars(query).first()
         if incident is not None:
             return incident
+        channel = {"channel": request.channel_id} if request.channel_id else {}
         return store.create(
             s,
-            key=f"apply:{target}:{uuid.uuid4().hex[:12]}",
+            key=f"apply:{request.target}:{uuid.uuid4().hex[:12]}",
             source="slash",
-            title=f"/apply-adr {adr_id} {target}",
-            target=target,
-            labels={"requested_by": user_id, **({"channel": channel_id} if channel_id else {})},
+            title=f"/apply-adr {request.adr_id} {request.target}",
+            target=request.target,
+            labels={"requested_by": request.user_id, **channel},
             at=now,
         )
 
-    def in_flight(self, target: str) -> exclusion.Holder | None:
+    async def in_flight(self, target: str) -> exclusion.Holder | None:
         """The remediation pending or running on ``target``, if any."""
-        with self._db.transaction() as s:
-            return exclusion.holder(s, target)
 
-    def incident_target(self, incident_id: int) -> str | None:
+        def run() -> exclusion.Holder | None:
+            with self._db.transaction() as s:
+                return exclusion.holder(s, target)
+
+        return await asyncio.to_thread(run)
+
+    async def incident_target(self, incident_id: int) -> str | None:
         """The target an incident is about; UsageError when there is no such incident."""
-        with self._db.transaction() as s:
-            incident = store.get(s, incident_id)
-            if incident is None:
-                raise UsageError(f"there is no incident {incident_id}")
-            return incident.target
 
-    def create(
-        self,
-        *,
-        incident_id: int | None,
-        channel_id: str | None = None,
-        adr_id: str,
-        target: str,
-        user_id: str,
-        two_person: bool,
-        change: Mapping[str, Any],
-        before: Mapping[str, Any],
-        after_flags: Mapping[str, Any],
-        gateway_rules: Mapping[str, Any] | None,
-        ttl_s: float,
-    ) -> tuple[Remediation, dict[str, str]]:
+        def run() -> str | None:
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                if incident is None:
+                    raise UsageError(f"there is no incident {incident_id}")
+                return incident.target
+
+        return await asyncio.to_thread(run)
+
+    async def create(self, request: ChangeRequest) -> tuple[Remediation, dict[str, str]]:
         """A pending remediation with its approve/deny buttons, audited as requested, in the
         incident given (None: the target's open incident, or a new one, in the same
         transaction). TargetBusy when another remediation is in flight on the target."""
-        now = self._clock()
-        expires = now + dt.timedelta(seconds=ttl_s)
-        try:
-            with self._db.transaction() as s:
-                exclusion.lock(s, target)
-                busy = exclusion.holder(s, target)
-                if busy is None:
-                    incident = (
-                        store.get(s, incident_id)
-                        if incident_id is not None
-                        else self._open_incident(
-                            s,
-                            target=target,
-                            user_id=user_id,
-                            channel_id=channel_id,
-                            adr_id=adr_id,
-                            now=now,
-                        )  # fmt: skip
-                    )
-                    if incident is None:  # a button of an incident the store no longer has
-                        raise UsageError(f"there is no incident {incident_id}")
-                    return self._insert(
-                        s, incident=incident, adr_id=adr_id, target=target, user_id=user_id,
-                        two_person=two_person, change=change, before=before,
-                        after_flags=after_flags, gateway_rules=gateway_rules, expires=expires,
-                        now=now,
-                    )  # fmt: skip
-        except IntegrityError:
-            # The unique index on in-flight targets: another request won the race. Nothing of
-            # this one was kept (its incident, if new, went with the rolled-back transaction).
-            busy = self.in_flight(target)
-            if busy is None:
-                raise
-        assert busy is not None  # the transaction returned when the target was free
-        raise exclusion.TargetBusy(busy)
 
+        def run() -> tuple[Remediation, dict[str, str]]:
+            now = self._clock()
+            try:
+                with self._db.transaction() as s:
+                    exclusion.lock(s, request.target)
+                    busy = exclusion.holder(s, request.target)
+                    if busy is None:
+                        incident = (
+                            store.get(s, request.incident_id)
+                            if request.incident_id is not None
+                            else self._open_incident(s, request, now=now)
+                        )
+                        if incident is None:  # a button of an incident the store no longer has
+                            raise UsageError(f"there is no incident {request.incident_id}")
+                        return self._insert(s, request, incident=incident, now=now)
+            except IntegrityError:
+                # The unique index on in-flight targets: another request won the race. Nothing of
+                # this one was kept (its incident, if new, went with the rolled-back transaction).
+                with self._db.transaction() as s:
+                    busy = exclusion.holder(s, request.target)
+                if busy is None:
+                    raise
+            assert busy is not None  # the transaction returned when the target was free
+            raise exclusion.TargetBusy(busy)
+
+        return await asyncio.to_thread(run)
+
+    @staticmethod
     def _insert(
-        self,
-        s: Session,
-        *,
-        incident: Incident,
-        adr_id: str,
-        target: str,
-        user_id: str,
-        two_person: bool,
-        change: Mapping[str, Any],
-        before: Mapping[str, Any],
-        after_flags: Mapping[str, Any],
-        gateway_rules: Mapping[str, Any] | None,
-        expires: dt.datetime,
-        now: dt.datetime,
+        s: Session, request: ChangeRequest, *, incident: Incident, now: dt.datetime
     ) -> tuple[Remediation, dict[str, str]]:
+        expires = now + dt.timedelta(seconds=request.ttl_s)
         rem = Remediation(
             incident_id=incident.id,
-            adr_id=adr_id,
-            target=target,
-            requested_by=user_id,
-            state="pending",
-            approvals_needed=2 if two_person else 1,
+            adr_id=request.adr_id,
+            target=request.target,
+            requested_by=request.user_id,
+            state=RemediationState.PENDING,
+            approvals_needed=2 if request.two_person else 1,
             approved_by=[],
-            change=dict(change),
-            before=dict(before),
-            after={"flags": dict(after_flags), "gateway": gateway_rules},
+            change=dict(request.change),
+            before=dict(request.before),
+            after={"flags": dict(request.after_flags), "gateway": request.gateway_rules},
             result={},
             created_at=now,
             updated_at=now,
         )
         s.add(rem)
         s.flush()
-        tokens = {kind: new_token() for kind in ("approve", "deny")}
-        for kind, token in tokens.items():
-            s.add(
-                ActionToken(
-                    token=token,
-                    kind=kind,
-                    subject=f"remediation:{rem.id}",
-                    incident_id=incident.id,
-                    created_at=now,
-                    expires_at=expires,
-                )
-            )
+        tokens = buttons.issue(
+            s, buttons.subject(SUBJECT, rem.id), ("approve", "deny"),
+            incident_id=incident.id, now=now, expires_at=expires,
+        )  # fmt: skip
+        detail = {
+            "remediation": rem.id, "adr": request.adr_id, "target": request.target,
+            "change": dict(request.change), "before": dict(request.before),
+            "two_person": request.two_person, "expires_at": expires.isoformat(),
+        }  # fmt: skip
         store.audit(
-            s,
-            at=now,
-            actor=user_id,
-            action="remediation.requested",
-            incident=incident,
-            detail={
-                "remediation": rem.id,
-                "adr": adr_id,
-                "target": target,
-                "change": dict(change),
-                "before": dict(before),
-                "two_person": two_person,
-                "expires_at": expires.isoformat(),
-            },
-        )
+            s, at=now, actor=request.user_id, action="remediation.requested", incident=incident,
+            detail=detail,
+        )  # fmt: skip
         return rem, tokens
 
-    def get(self, remediation_id: int) -> Remediation:
+    async def get(self, remediation_id: int) -> Remediation:
         """One remediation (it must exist)."""
-        with self._db.transaction() as s:
-            rem = s.get(Remediation, remediation_id)
-            assert rem is not None, remediation_id
-            return rem
 
-    def token(self, value: str) -> ActionToken | None:
+        def run() -> Remediation:
+            with self._db.transaction() as s:
+                rem = s.get(Remediation, remediation_id)
+                assert rem is not None, remediation_id
+                return rem
+
+        return await asyncio.to_thread(run)
+
+    async def token(self, value: str) -> ActionToken | None:
         """The button with this value, if any."""
-        with self._db.transaction() as s:
-            return s.scalars(select(ActionToken).where(ActionToken.token == value)).one_or_none()
 
-    def tokens(self, subject: str) -> dict[str, str]:
+        def run() -> ActionToken | None:
+            with self._db.transaction() as s:
+                return buttons.find(s, value)
+
+        return await asyncio.to_thread(run)
+
+    async def tokens(self, subject: str) -> dict[str, str]:
         """The unused buttons of a subject, kind -> value."""
-        with self._db.transaction() as s:
-            rows = s.scalars(
-                select(ActionToken).where(
-                    ActionToken.subject == subject, ActionToken.used_at.is_(None)
-                )
-            ).all()
-            return {row.kind: row.token for row in rows}
 
-    def expires_at(self, subject: str) -> dt.datetime | None:
+        def run() -> dict[str, str]:
+            with self._db.transaction() as s:
+                return buttons.live(s, subject)
+
+        return await asyncio.to_thread(run)
+
+    async def expires_at(self, subject: str) -> dt.datetime | None:
         """When a subject's buttons expire."""
-        with self._db.transaction() as s:
-            query = select(ActionToken.expires_at).where(ActionToken.subject == subject)
-            return s.scalars(query).first()
 
-    def claim(
+        def run() -> dt.datetime | None:
+            with self._db.transaction() as s:
+                return buttons.expires_at(s, subject)
+
+        return await asyncio.to_thread(run)
+
+    async def claim(
         self,
         *,
         token: str,
@@ -249,54 +251,39 @@ class RemediationRecords:
         """Use a button: the pending remediation moves to ``to_state`` and all its buttons are
         spent, with the audit entry, in one transaction; False when someone else was first,
         UsageError when the button expired (even after the caller's own check)."""
-        now = self._clock()
-        # The expiry is part of the conditional UPDATE: the caller checked it before a Slack
-        # call (user groups), and the button may have expired in between.
-        usable = (
-            select(ActionToken.id)
-            .where(
-                ActionToken.token == token,
-                ActionToken.used_at.is_(None),
-                or_(ActionToken.expires_at.is_(None), ActionToken.expires_at > now),
-            )
-            .exists()
-        )
-        with self._db.transaction() as s:
-            moved = _rows(
-                s,
-                update(Remediation)
-                .where(Remediation.id == remediation_id, Remediation.state == "pending", usable)
-                .values(
-                    state=to_state,
-                    updated_at=now,
-                    approved_by=[user_id] if to_state == "approved" else [],
-                    heartbeat_at=db_now(),  # not started for long: its replica is gone
-                ),
-            )
-            if moved != 1:
-                _refuse_if_expired(s, token, now)
-                return False
-            s.execute(
-                update(ActionToken)
-                .where(
-                    ActionToken.subject == f"remediation:{remediation_id}",
-                    ActionToken.used_at.is_(None),
-                )
-                .values(used_at=now, used_by=user_id)
-            )
-            rem = s.get(Remediation, remediation_id)
-            assert rem is not None
-            store.audit(
-                s,
-                at=now,
-                actor=user_id,
-                action=action,
-                incident=store.get(s, rem.incident_id),
-                detail={"remediation": remediation_id, "token": token[:6], **detail},
-            )
-            return True
 
-    def step(
+        def run() -> bool:
+            now = self._clock()
+            # The expiry is part of the conditional UPDATE: the caller checked it before a Slack
+            # call (user groups), and the button may have expired in between.
+            usable = buttons.usable(token, now)
+            with self._db.transaction() as s:
+                moved = _rows(
+                    s,
+                    update(Remediation)
+                    .where(
+                        Remediation.id == remediation_id,
+                        Remediation.state == RemediationState.PENDING,
+                        usable,
+                    )
+                    .values(
+                        state=to_state,
+                        updated_at=now,
+                        approved_by=[user_id] if to_state == RemediationState.APPROVED else [],
+                        heartbeat_at=db_now(),  # not started for long: its replica is gone
+                    ),
+                )
+                if moved != 1:
+                    _refuse_if_expired(s, token, now)
+                    return False
+                buttons.spend(s, buttons.subject(SUBJECT, remediation_id), user_id=user_id, now=now)
+                _audit(s, remediation_id, now=now, actor=user_id, action=action,
+                       detail={"token": token[:6], **detail})  # fmt: skip
+                return True
+
+        return await asyncio.to_thread(run)
+
+    async def step(
         self,
         remediation_id: int,
         *,
@@ -312,107 +299,124 @@ class RemediationRecords:
         """Audit a step, then move the remediation to ``to_state`` (one transaction); False,
         changing nothing, unless it is in one of ``from_states``, run by ``owner`` and (with
         ``stale_s``) silent that long on the database's clock."""
-        now = self._clock()
-        with self._db.transaction() as s:
-            query = update(Remediation).where(Remediation.id == remediation_id)
-            if from_states is not None:
-                query = query.where(Remediation.state.in_(list(from_states)))
-            if owner is not None:
-                query = query.where(Remediation.runner == owner)
-            if stale_s is not None:
-                query = query.where(_silent(stale_s))
-            values = {"state": to_state, "updated_at": now, "heartbeat_at": db_now(), **fields}
-            moved = _rows(s, query.values(**values))
-            if moved != 1:
-                return False
-            rem = s.get(Remediation, remediation_id)
-            assert rem is not None
-            store.audit(
-                s,
-                at=now,
-                actor=actor,
-                action=action,
-                incident=store.get(s, rem.incident_id),
-                detail={"remediation": remediation_id, "state": to_state, **detail},
-            )
-            return True
 
-    def take(self, remediation_id: int, *, runner: str) -> bool:
+        def run() -> bool:
+            now = self._clock()
+            with self._db.transaction() as s:
+                query = update(Remediation).where(Remediation.id == remediation_id)
+                if from_states is not None:
+                    query = query.where(Remediation.state.in_(list(from_states)))
+                if owner is not None:
+                    query = query.where(Remediation.runner == owner)
+                if stale_s is not None:
+                    query = query.where(_silent(stale_s))
+                values = {"state": to_state, "updated_at": now, "heartbeat_at": db_now(), **fields}
+                moved = _rows(s, query.values(**values))
+                if moved != 1:
+                    return False
+                _audit(s, remediation_id, now=now, actor=actor, action=action,
+                       detail={"state": to_state, **detail})  # fmt: skip
+                return True
+
+        return await asyncio.to_thread(run)
+
+    async def take(self, remediation_id: int, *, runner: str) -> bool:
         """Become the run of an approved remediation nobody runs yet; False if another has."""
-        with self._db.transaction() as s:
-            query = (
-                update(Remediation)
-                .where(
-                    Remediation.id == remediation_id,
-                    Remediation.state == "approved",
-                    Remediation.runner.is_(None),
-                )
-                .values(runner=runner, heartbeat_at=db_now())
-            )
-            return _rows(s, query) == 1
 
-    def heartbeat(self, remediation_id: int, *, runner: str) -> bool:
+        def run() -> bool:
+            with self._db.transaction() as s:
+                query = (
+                    update(Remediation)
+                    .where(
+                        Remediation.id == remediation_id,
+                        Remediation.state == RemediationState.APPROVED,
+                        Remediation.runner.is_(None),
+                    )
+                    .values(runner=runner, heartbeat_at=db_now())
+                )
+                return _rows(s, query) == 1
+
+        return await asyncio.to_thread(run)
+
+    async def heartbeat(self, remediation_id: int, *, runner: str) -> bool:
         """Say the run is alive (on the database's clock); False when it is no longer this
         runner's, or no longer running."""
-        with self._db.transaction() as s:
-            query = (
-                update(Remediation)
-                .where(
-                    Remediation.id == remediation_id,
-                    Remediation.runner == runner,
-                    Remediation.state.in_(list(ACTIVE)),
+
+        def run() -> bool:
+            with self._db.transaction() as s:
+                query = (
+                    update(Remediation)
+                    .where(
+                        Remediation.id == remediation_id,
+                        Remediation.runner == runner,
+                        Remediation.state.in_(list(ACTIVE)),
+                    )
+                    .values(heartbeat_at=db_now())
                 )
-                .values(heartbeat_at=db_now())
-            )
-            return _rows(s, query) == 1
+                return _rows(s, query) == 1
 
-    def remember_card(self, remediation_id: int, *, channel: str, ts: str) -> None:
+        return await asyncio.to_thread(run)
+
+    async def remember_card(self, remediation_id: int, *, channel: str, ts: str) -> None:
         """Where the card is, so every step updates that one message."""
-        with self._db.transaction() as s:
-            s.execute(
-                update(Remediation)
-                .where(Remediation.id == remediation_id)
-                .values(channel=channel, ts=ts)
-            )
 
-    def add_canary(
+        def run() -> None:
+            with self._db.transaction() as s:
+                s.execute(
+                    update(Remediation)
+                    .where(Remediation.id == remediation_id)
+                    .values(channel=channel, ts=ts)
+                )
+
+        return await asyncio.to_thread(run)
+
+    async def add_canary(
         self, *, incident_id: int, remediation_id: int | None, label: str, passed: bool,
         report: Mapping[str, Any],
     ) -> int:  # fmt: skip
         """Keep a canary's full JSON report with the incident (the draft's matrix reads it)."""
-        with self._db.transaction() as s:
-            row = CanaryResult(
-                incident_id=incident_id,
-                remediation_id=remediation_id,
-                label=label,
-                passed=passed,
-                report=dict(report),
-                at=self._clock(),
-            )
-            s.add(row)
-            s.flush()
-            return row.id
 
-    def stale(self, *, older_than_s: float, states: Iterable[str]) -> list[Remediation]:
+        def run() -> int:
+            with self._db.transaction() as s:
+                row = CanaryResult(
+                    incident_id=incident_id,
+                    remediation_id=remediation_id,
+                    label=label,
+                    passed=passed,
+                    report=dict(report),
+                    at=self._clock(),
+                )
+                s.add(row)
+                s.flush()
+                return row.id
+
+        return await asyncio.to_thread(run)
+
+    async def stale(self, *, older_than_s: float, states: Iterable[str]) -> list[Remediation]:
         """Remediations in ``states`` whose run was silent longer than the limit, judged on
         the database's clock (replica clocks may disagree)."""
-        with self._db.transaction() as s:
-            query = select(Remediation).where(
-                Remediation.state.in_(list(states)), _silent(older_than_s)
-            )
-            return list(s.scalars(query.order_by(Remediation.id)).all())
 
-    def expired_pending(self) -> list[Remediation]:
+        def run() -> list[Remediation]:
+            with self._db.transaction() as s:
+                query = select(Remediation).where(
+                    Remediation.state.in_(list(states)), _silent(older_than_s)
+                )
+                return list(s.scalars(query.order_by(Remediation.id)).all())
+
+        return await asyncio.to_thread(run)
+
+    async def expired_pending(self) -> list[Remediation]:
         """Pending remediations whose buttons have expired."""
-        now = self._clock()
-        with self._db.transaction() as s:
-            subjects = select(ActionToken.subject).where(
-                ActionToken.subject.like("remediation:%"), ActionToken.expires_at <= now
-            )
-            ids = {int(subject.split(":")[1]) for subject in s.scalars(subjects)}
-            if not ids:
-                return []
-            query = select(Remediation).where(
-                Remediation.id.in_(ids), Remediation.state == "pending"
-            )
-            return list(s.scalars(query).all())
+
+        def run() -> list[Remediation]:
+            now = self._clock()
+            with self._db.transaction() as s:
+                ids = {int(key) for key in buttons.expired_keys(s, SUBJECT, now)}
+                if not ids:
+                    return []
+                query = select(Remediation).where(
+                    Remediation.id.in_(ids), Remediation.state == RemediationState.PENDING
+                )
+                return list(s.scalars(query).all())
+
+        return await asyncio.to_thread(run)

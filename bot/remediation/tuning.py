@@ -25,7 +25,6 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,9 @@ import httpx
 
 from bot.config import Settings, Target
 from bot.errors import EngineError, RuleloopError, UsageError
+from bot.remediation.actuators import ActuatorFactory, opened
 from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
+from bot.remediation.argv import flags_text
 from bot.remediation.exclusion import TargetBusy, tuning_refusal
 from bot.remediation.gate import verify_serving
 from bot.remediation.liveness import LostRun, heartbeat
@@ -52,15 +53,10 @@ from bot.tune.session import Echo, SearchResult, make_search, run_search
 from bot.workload.shape import WorkloadShape
 
 log = logging.getLogger("ruleloop.tune")
-ActuatorFactory = Callable[[str, Target], Actuator]
 
 
 class RestoreFailed(RuleloopError):
     """The target could not be put back to what served before the session: manual action."""
-
-
-def _flags_text(flags: dict[str, Any]) -> str:
-    return " ".join(f"--{k}={v}" for k, v in sorted(flags.items())) or "no tunable flags"
 
 
 @dataclass(frozen=True)
@@ -168,7 +164,7 @@ class TargetTrials:
                 raise
             except Exception:
                 log.exception("tuning session %s: cannot record the restore", self.session_id)
-            self.echo(f"{tag}: rolling back to {_flags_text(self.before.flags)}…")
+            self.echo(f"{tag}: rolling back to {flags_text(self.before.flags)}…")
             await restore_target(self.actuator, self.before)
             self.rolled_back = True
 
@@ -208,12 +204,12 @@ async def restore_target(actuator: Actuator, before: Deployed) -> Deployed:
     except Exception as exc:
         why = str(exc) if isinstance(exc, RuleloopError) else f"unexpected {type(exc).__name__}"
         raise RestoreFailed(
-            f"the ROLLBACK FAILED: {why}. Manual action needed: restore {_flags_text(before.flags)}"
+            f"the ROLLBACK FAILED: {why}. Manual action needed: restore {flags_text(before.flags)}"
         ) from exc
     if restored.flags != before.flags:
         raise RestoreFailed(
-            f"after the rollback the target runs {_flags_text(restored.flags)}, not the "
-            f"recorded {_flags_text(before.flags)}. Manual action needed."
+            f"after the rollback the target runs {flags_text(restored.flags)}, not the "
+            f"recorded {flags_text(before.flags)}. Manual action needed."
         )
     return restored
 
@@ -242,52 +238,61 @@ async def tune_target(
     """Run the plan's search on ``target``; the target serves ``before`` again when this
     returns or raises (RestoreFailed when it could not be put back)."""
     name, spec = settings.target(target)
-    check_target(name, spec, plan)
     search = make_search(plan, plan.search_space())
-    busy = await asyncio.to_thread(records.in_flight, name)
-    if busy is not None:  # refused before the actuator is asked anything
-        raise UsageError(tuning_refusal(name, busy))
-    actuator = actuator_for(name, spec)
-    before = await actuator.current()
-    runner = replica_id()
-    session = await _begin(records, plan, search, name, approval, before, runner=runner)
-    echo(
-        f"tuning session #{session.id} on {name} ({actuator.kind} actuator), requested by "
-        f"{approval.requested_by}, approved by {', '.join(approval.approved_by)}; serving now: "
-        f"{_flags_text(before.flags)} (restored after every trial and at the end)"
-    )
-    trials = TargetTrials(
-        plan=plan, actuator=actuator, before=before, records=records, session_id=session.id,
-        runner=runner, echo=echo,
-    )  # fmt: skip
-
-    heart = _heartbeat(records, session.id, runner=runner, every_s=settings.remediation.heartbeat_s)
-    try:
-        result = await run_search(
-            plan, search, trials, runs_dir=runs_dir, echo=echo, journal=trials
+    await _refuse_unless_free(records, plan, name, spec)
+    async with opened(actuator_for, name, spec) as actuator:
+        before = await actuator.current()
+        runner = replica_id()
+        session = await _begin(records, plan, search, name, approval, before, runner=runner)
+        echo(
+            f"tuning session #{session.id} on {name} ({actuator.kind} actuator), requested by "
+            f"{approval.requested_by}, approved by {', '.join(approval.approved_by)}; serving now: "
+            f"{flags_text(before.flags)} (restored after every trial and at the end)"
         )
-    except LostRun:
-        raise UsageError(
-            f"tuning session #{session.id} was taken over by another process (it found the "
-            "session silent and restores the target): this one stopped without touching it"
-        ) from None
-    except BaseException as exc:  # Ctrl-C, SIGTERM, a crash: the target goes back first
-        with contextlib.suppress(LostRun):
-            await finish(records, session.id, actuator, before, runner=runner,
-                         reason=f"stopped: {_why(exc)}", echo=echo,
-                         rolled_back=trials.rolled_back)  # fmt: skip
-        raise
-    finally:
-        heart.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await heart
-    best = result.pick.config.name if result.pick else None
-    await finish(records, session.id, actuator, before, runner=runner, echo=echo,
-                 reason="finished", result={"trials": len(result.rows), "best": best},
-                 rolled_back=trials.rolled_back)  # fmt: skip
-    return TargetSession(
-        session_id=session.id, result=result, before=before, actuator=actuator.kind
-    )
+        trials = TargetTrials(
+            plan=plan, actuator=actuator, before=before, records=records, session_id=session.id,
+            runner=runner, echo=echo,
+        )  # fmt: skip
+
+        every_s = settings.remediation.heartbeat_s
+        heart = _heartbeat(records, session.id, runner=runner, every_s=every_s)
+        try:
+            result = await run_search(
+                plan, search, trials, runs_dir=runs_dir, echo=echo, journal=trials
+            )
+        except LostRun:
+            raise UsageError(
+                f"tuning session #{session.id} was taken over by another process (it found the "
+                "session silent and restores the target): this one stopped without touching it"
+            ) from None
+        except BaseException as exc:  # Ctrl-C, SIGTERM, a crash: the target goes back first
+            with contextlib.suppress(LostRun):
+                await finish(records, session.id, actuator, before, runner=runner,
+                             reason=f"stopped: {_why(exc)}", echo=echo,
+                             rolled_back=trials.rolled_back)  # fmt: skip
+            raise
+        finally:
+            heart.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heart
+        best = result.pick.config.name if result.pick else None
+        await finish(records, session.id, actuator, before, runner=runner, echo=echo,
+                     reason="finished", result={"trials": len(result.rows), "best": best},
+                     rolled_back=trials.rolled_back)  # fmt: skip
+        return TargetSession(
+            session_id=session.id, result=result, before=before, actuator=actuator.kind
+        )
+
+
+async def _refuse_unless_free(
+    records: TuneRecords, plan: TunePlan, name: str, spec: Target
+) -> None:
+    """UsageError for a target the plan cannot tune, or one a change or session holds now
+    (refused before the actuator is asked anything)."""
+    check_target(name, spec, plan)
+    busy = await asyncio.to_thread(records.in_flight, name)
+    if busy is not None:
+        raise UsageError(tuning_refusal(name, busy))
 
 
 def _heartbeat(
@@ -356,7 +361,7 @@ async def finish(
     try:
         serving = await _current(actuator) if rolled_back else None
         if serving is None or serving.flags != before.flags:
-            echo(f"tuning session #{session_id}: restoring {_flags_text(before.flags)}…")
+            echo(f"tuning session #{session_id}: restoring {flags_text(before.flags)}…")
             serving = await restore_target(actuator, before)
         else:
             await verify_serving(serving.base_url)
@@ -374,7 +379,7 @@ async def finish(
         detail={"reason": reason, "flags": serving.flags}, owner=runner, state="restored",
         trial={}, result={**(result or {}), "reason": reason},
     )  # fmt: skip
-    echo(f"tuning session #{session_id}: {_flags_text(serving.flags)} serve again ({reason})")
+    echo(f"tuning session #{session_id}: {flags_text(serving.flags)} serve again ({reason})")
 
 
 async def _current(actuator: Actuator) -> Deployed | None:
@@ -461,9 +466,9 @@ async def restore_stale(
     for row in await asyncio.to_thread(records.stale, older_than_s=stale_s):
         try:
             name, spec = settings.target(row.target)
-            actuator = actuator_for(name, spec)
-            if await restore_session(records, row, actuator, stale_s=stale_s, echo=echo):
-                done += 1
+            async with opened(actuator_for, name, spec) as actuator:
+                if await restore_session(records, row, actuator, stale_s=stale_s, echo=echo):
+                    done += 1
         except (RuleloopError, LostRun) as exc:
             log.error("tuning session %s on %s: restore failed: %s", row.id, row.target, exc)
     return done
@@ -490,10 +495,11 @@ async def restore_target_session(
             ended = f" (the last one, #{row.id}, is {row.state})" if row is not None else ""
             raise UsageError(f"no tuning session is in flight on {name}{ended}: nothing to restore")
         dead = runner_is_dead(row.runner)
-        actuator = actuator_for(name, spec)
-        if await restore_session(
-            records, row, actuator, stale_s=None if dead else stale_s, echo=echo
-        ):
+        async with opened(actuator_for, name, spec) as actuator:
+            restored = await restore_session(
+                records, row, actuator, stale_s=None if dead else stale_s, echo=echo
+            )
+        if restored:
             return await asyncio.to_thread(records.get, row.id)
         if time.monotonic() > deadline:
             raise UsageError(

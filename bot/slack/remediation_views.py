@@ -25,18 +25,19 @@ from bot.chat.mrkdwn import clip, escape_keeping, plain
 from bot.postmortem.ports import DraftView
 from bot.remediation.lines import NUMBER_LABELS, gate_lines, number_lines, value_text
 from bot.remediation.ports import STATES, RemediationView
+from bot.store.states import RemediationState as S
 
 SECTION = 3000  # the most a section's text may hold
 
 DECIDE_ACTIONS = ("remediation_approve", "remediation_deny")
 REVIEW_ACTIONS = ("adr_draft_accept", "adr_draft_reject")
-STATE_MARK = {
-    "promoted": ":white_check_mark:",
-    "rolled_back": ":leftwards_arrow_with_hook:",
-    "failed": ":rotating_light:",
-    "cancelled": ":no_entry_sign:",
-    "expired": ":hourglass:",
-    "dry_run": ":memo:",
+STATE_MARK: dict[str, str] = {  # keyed by the enum; a state read back as text finds it
+    S.PROMOTED: ":white_check_mark:",
+    S.ROLLED_BACK: ":leftwards_arrow_with_hook:",
+    S.FAILED: ":rotating_light:",
+    S.CANCELLED: ":no_entry_sign:",
+    S.EXPIRED: ":hourglass:",
+    S.DRY_RUN: ":memo:",
 }
 
 
@@ -85,7 +86,7 @@ def card_text(view: RemediationView) -> str:
         lines.append("failed gates: " + "; ".join(view.failures))
     if view.note:
         lines.append(view.note)
-    if view.state == "pending" and view.expires_at is not None:
+    if view.state == S.PENDING and view.expires_at is not None:
         lines.append(f"buttons expire at {view.expires_at:%H:%M} UTC")
     return "\n".join(lines)
 
@@ -96,7 +97,7 @@ def card_update_text(view: RemediationView) -> str:
     lines = [f"{mark} {view.adr_id} on {view.target}: {STATES.get(view.state, view.state)}"]
     if view.note:
         lines.append(view.note)
-    if view.numbers and view.state in ("promoting", "promoted", "rolled_back", "failed"):
+    if view.numbers and view.state in (S.PROMOTING, S.PROMOTED, S.ROLLED_BACK, S.FAILED):
         if view.relative_gates:  # resolved by the before-run: the limits the canary was held to
             lines.append("gates: " + "; ".join(gate_lines(view.gates, view.relative_gates)))
         lines.append("canary: " + "; ".join(number_lines(view.numbers, view.before_numbers)))
@@ -140,10 +141,10 @@ def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
         who += " · two-person rule: the approver must be someone else"
     if view.approved_by:
         who += " · approved by " + ", ".join(f"<@{u}>" for u in view.approved_by)
-    if view.state == "pending" and view.expires_at is not None:
+    if view.state == S.PENDING and view.expires_at is not None:
         who += f" · buttons expire {view.expires_at:%H:%M} UTC"
     blocks.append(ContextBlock(elements=[MarkdownTextObject(text=clip(who, SECTION))]))
-    if view.state == "pending" and view.tokens:
+    if view.state == S.PENDING and view.tokens:
         blocks.append(
             _yes_no(
                 ("Approve and apply", DECIDE_ACTIONS[0], view.tokens["approve"]),

@@ -27,6 +27,8 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
+from bot.store.states import IN_FLIGHT
+
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
     """Timezone-aware UTC datetimes on every backend (SQLite drops the zone)."""
@@ -130,9 +132,9 @@ class AuditEntry(Base):
     note: Mapped[str] = mapped_column(Text, default="")
 
 
-# A remediation in one of these states holds its target: no second one may be pending or
-# running there (the partial unique index below is what two racing requests run into).
-IN_FLIGHT = ("pending", "approved", "applying", "canary", "promoting", "rolling_back")
+# A remediation in one of the IN_FLIGHT states (bot.store.states) holds its target: no second
+# one may be pending or running there (the partial unique index below is what two racing
+# requests run into).
 _IN_FLIGHT_SQL = "state IN (" + ", ".join(f"'{state}'" for state in IN_FLIGHT) + ")"
 
 

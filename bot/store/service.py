@@ -23,6 +23,7 @@ from bot.store.models import (
     Remediation,
     SlackMessage,
 )
+from bot.store.states import RemediationState
 
 FIRING, RESOLVED = "firing", "resolved"
 
@@ -228,7 +229,7 @@ def promoted_change(session: Session, *, target: str) -> Remediation | None:
     """The newest remediation promoted on a target (its ADR is what it runs now), if any."""
     query = (
         select(Remediation)
-        .where(Remediation.target == target, Remediation.state == "promoted")
+        .where(Remediation.target == target, Remediation.state == RemediationState.PROMOTED)
         .order_by(Remediation.updated_at.desc(), Remediation.id.desc())
         .limit(1)
     )

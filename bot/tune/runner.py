@@ -15,7 +15,7 @@ from pathlib import Path
 from bot.adr.render import format_ms, format_pct
 from bot.canary.measure import measure_async
 from bot.canary.render import progress_line
-from bot.canary.verdict import Gates, gates_from, judge, values_of
+from bot.canary.verdict import Gates, gates_from
 from bot.engine.process import START_TIMEOUT_S, EngineManager, free_port
 from bot.errors import EngineError, RuleloopError
 from bot.tune.matrix import Row
@@ -118,7 +118,7 @@ async def measure_canary(
     echo(f"{tag}: canary {spec.describe()}")
     try:
         background = [(b.name, b.workload(base_url, background=True)) for b in plan.background]
-        report = await measure_async(
+        run = await measure_async(
             spec.workload(base_url),
             gates=gates,
             metrics_url=f"{base_url}/metrics",
@@ -130,8 +130,7 @@ async def measure_canary(
     except RuleloopError as exc:
         echo(f"{tag}: canary failed: {exc}")
         return Row(config, error=str(exc), failed_at="canary")
-    failures = judge(report, gates).failures
-    row = Row(config, values=values_of(report), failures=failures, report=report)
+    row = Row(config, values=run.values, failures=run.failures, report=run.report)
     echo(f"{tag}: {summary(row)}")
     return row
 

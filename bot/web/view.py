@@ -20,6 +20,7 @@ from bot.numbers.text import FOUR, show_reading
 from bot.remediation.argv import diff
 from bot.remediation.lines import gate_lines, number_lines
 from bot.remediation.ports import STATES
+from bot.store.states import RemediationState
 from bot.web.queries import (
     AlertRow,
     AuditRow,
@@ -32,8 +33,13 @@ from bot.web.queries import (
 
 AdrLookup = Callable[[str], Adr | None]
 GOOD, BAD, NEUTRAL = "good", "bad", "neutral"
-KEPT = "promoted"
-ENDED_BAD = {"rolled_back", "failed", "cancelled", "expired", "interrupted"}
+ENDED_BAD = {
+    RemediationState.ROLLED_BACK,
+    RemediationState.FAILED,
+    RemediationState.CANCELLED,
+    RemediationState.EXPIRED,
+    RemediationState.INTERRUPTED,
+}
 
 
 def four_number(key: str, value: Reading | float | None, bound: Bound | None = None) -> str:
@@ -247,7 +253,7 @@ def _numbers(
 
 def _kept_canary(record: IncidentRecord) -> CanaryRow | None:
     """The canary that passed on the change that was kept (the "after the fix" numbers)."""
-    kept = {r.id for r in record.remediations if r.state == KEPT}
+    kept = {r.id for r in record.remediations if r.state == RemediationState.PROMOTED}
     runs = [c for c in record.canaries if c.remediation_id in kept and c.passed]
     after = [c for c in runs if not c.label.startswith("before:")]
     return after[-1] if after else None
@@ -279,7 +285,9 @@ def _alert_line(a: AlertRow) -> str:
 
 
 def _remediation(r: RemediationRow) -> RemediationCard:
-    tone = GOOD if r.state == KEPT else (BAD if r.state in ENDED_BAD else NEUTRAL)
+    tone = (
+        GOOD if r.state == RemediationState.PROMOTED else (BAD if r.state in ENDED_BAD else NEUTRAL)
+    )
     changed = diff(r.before.get("flags", {}), r.after.get("flags", {}))
     return RemediationCard(
         id=r.id,
@@ -339,7 +347,7 @@ def _event(e: AuditRow) -> Event:
         state = action.split(".", 1)[1]
         text = STATES.get(state, state.replace("_", " "))
         adr, reason = d.get("adr"), d.get("reason")
-        good = state in (KEPT, "canary_passed")
+        good = state in (RemediationState.PROMOTED, "canary_passed")
         tone = GOOD if good else (BAD if state in ENDED_BAD else NEUTRAL)
         text = (f"/apply-adr {adr}: " if adr else "") + text + (f" ({reason})" if reason else "")
         return Event(when(e.at), e.actor, text, tone)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.adr.models import AdrGates
-from bot.canary.verdict import gates_from, judge
+from bot.canary.verdict import gates_from, judged
 from bot.config import CanarySpec
 from bot.remediation.gate import GateRun
 from bot.store.models import Incident, Remediation
@@ -53,7 +53,7 @@ async def recorded_canary(
     base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
 ) -> GateRun:
     """The gate's canary: a recorded passing report, judged against the ADR's gates."""
-    return GateRun(PASSING, judge(PASSING, gates_from(gates)))
+    return judged(PASSING, gates_from(gates))
 
 
 @dataclass

@@ -3,6 +3,10 @@ repository (git: Argo CD / Flux deploy it), or a dry run (``build``)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+
 from bot.config import (
     DryRunActuatorSpec,
     GitActuatorSpec,
@@ -12,6 +16,9 @@ from bot.config import (
 )
 from bot.errors import UsageError
 from bot.remediation.actuators.base import Actuator
+
+log = logging.getLogger("ruleloop.remediation")
+ActuatorFactory = Callable[[str, Target], Actuator]
 
 
 def build(name: str, target: Target) -> Actuator:
@@ -37,3 +44,19 @@ def build(name: str, target: Target) -> Actuator:
         f"target {name!r} has no actuator, so ruleloop cannot change it; configure "
         f'[targets.{name}.actuator] kind = "local" | "kubernetes" | "git" | "dry-run"'
     )
+
+
+@contextlib.asynccontextmanager
+async def opened(
+    actuator_for: ActuatorFactory, name: str, target: Target
+) -> AsyncIterator[Actuator]:
+    """One actuator for one change (or one look at what serves), closed when it ends: a
+    failure to close is logged, never the change's outcome."""
+    actuator = actuator_for(name, target)
+    try:
+        yield actuator
+    finally:
+        try:
+            await actuator.aclose()
+        except Exception:
+            log.warning("closing the %s actuator of %s failed", actuator.kind, name, exc_info=True)

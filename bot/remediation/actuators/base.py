@@ -73,6 +73,10 @@ class Actuator(Protocol):
         """Restore ``before`` exactly; wait until healthy."""
         ...
 
+    async def aclose(self) -> None:
+        """Let go of what the actuator holds (an API client); called once per change."""
+        ...
+
 
 @dataclass(frozen=True)
 class ChangeContext:

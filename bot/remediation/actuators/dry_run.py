@@ -15,6 +15,9 @@ class DryRunActuator:
         self._url = vllm_url
         self._flags: FlagValues = {}
 
+    async def aclose(self) -> None:
+        """Nothing to close."""
+
     async def current(self) -> Deployed:
         """Unknown flags (a dry run reads nothing): an empty set."""
         return Deployed(flags=dict(self._flags), base_url=self._url, detail={"dry_run": True})

@@ -52,7 +52,7 @@ from bot.gitops.secrets import scrub
 from bot.remediation.actuators import kube_read, sync_status
 from bot.remediation.actuators.base import ActuatorError, ChangeContext, Deployed
 from bot.remediation.actuators.yaml_flags import Locator
-from bot.remediation.argv import FlagValues, read_flags, record
+from bot.remediation.argv import FlagValues, flags_text, read_flags, record
 
 Sleep = Callable[[float], Awaitable[None]]
 # what the cluster must run for a change to be served: flag -> value (None: not set)
@@ -107,6 +107,9 @@ class GitActuator:
         self._context = context
 
     # --- the Actuator contract ----------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Nothing to close: git runs per call, the forge and cluster clients per session."""
 
     async def current(self) -> Deployed:
         """What serves now, and the repository's head it was read at."""
@@ -207,7 +210,7 @@ class GitActuator:
         """One commit setting ``flags`` in the stage's file, landed; the branch's tip after."""
         new_text = Locator(stage.locator).write(text, flags)
         branch = self._branch(stage.name)
-        shown = _flags_text(flags)
+        shown = flags_text(flags)
         subject = f"{self._title()}: {shown}" + (" (canary)" if stage.name == "canary" else "")
         body = self._body(
             f"Sets {shown} in `{stage.locator.file}` ({_where(stage.locator)}), served by "
@@ -543,10 +546,6 @@ def _where(locator: GitLocatorSpec) -> str:
         if locator.args
         else "values at " + ", ".join(f"{k}: {v}" for k, v in locator.flags.items())
     )
-
-
-def _flags_text(flags: Mapping[str, Any]) -> str:
-    return " ".join(f"--{k}={v}" for k, v in sorted(flags.items())) or "no tunable flags"
 
 
 def _wanted_text(flags: Mapping[str, Any]) -> str:

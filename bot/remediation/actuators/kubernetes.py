@@ -46,6 +46,7 @@ from bot.remediation.actuators.kube_read import (
 from bot.remediation.argv import (
     FlagValues,
     fingerprint,
+    flags_text,
     read_flags,
     record,
     recorded_flags,
@@ -172,7 +173,7 @@ class KubernetesActuator:
             where = f"Deployment {self._where(name)}"
             if not exact:
                 raise ActuatorError(
-                    f"rolled back the tunable flags of {where} ({_flags_text(read_flags(now))}), "
+                    f"rolled back the tunable flags of {where} ({flags_text(read_flags(now))}), "
                     "but its other arguments are not the ones recorded before the change "
                     f"(argv {_short(fingerprint(now))}, recorded "
                     f"{_short(_kept_sha(before.detail, prefix))}): "
@@ -182,8 +183,8 @@ class KubernetesActuator:
             if now != args:
                 raise ActuatorError(
                     f"rolled back {where}, but its container args are now argv "
-                    f"{_short(fingerprint(now))} ({_flags_text(read_flags(now))}) instead of "
-                    f"the recorded {_short(fingerprint(args))} ({_flags_text(read_flags(args))}):"
+                    f"{_short(fingerprint(now))} ({flags_text(read_flags(now))}) instead of "
+                    f"the recorded {_short(fingerprint(args))} ({flags_text(read_flags(args))}):"
                     " someone else changed it; check `kubectl rollout history`"
                 )
         return await self.current()
@@ -361,7 +362,3 @@ def _annotation(detail: Mapping[str, Any], prefix: str, args: list[str]) -> str 
 def _short(sha: str) -> str:
     """A fingerprint as people compare it: sha256:1a2b3c4d5e6f."""
     return sha[: len("sha256:") + 12]
-
-
-def _flags_text(flags: Mapping[str, Any]) -> str:
-    return " ".join(f"--{k}={v}" for k, v in sorted(flags.items())) or "no tunable flags"

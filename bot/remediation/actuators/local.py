@@ -50,6 +50,9 @@ class LocalActuator:
         self._host, self._port = parts.hostname, parts.port
         self._manager = manager or EngineManager(state_dir=spec.state_dir, cpu_limit=spec.cpu_limit)
 
+    async def aclose(self) -> None:
+        """Nothing to close: the engine is a process, reached per call."""
+
     async def current(self) -> Deployed:
         """The running engine's flags, read from its process."""
         return self._deployed(await self._running())

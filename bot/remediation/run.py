@@ -1,0 +1,324 @@
+"""One approved change, run by one runner: apply, canary, then keep or roll back.
+
+Every step is a conditional state move on the card (``Card.step``): a run that lost the change
+to another replica stops at its next step without touching the target again. The run holds
+one actuator for the whole change (the caller builds it and closes it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bot.adr.models import Adr, AdrGates, GatewayRules
+from bot.adr.relative import BEFORE, NORMAL, unlike_gate
+from bot.config import Settings, Target
+from bot.errors import RuleloopError, UsageError
+from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed, TakesContext
+from bot.remediation.argv import flags_text
+from bot.remediation.card import Card
+from bot.remediation.change_note import give_context
+from bot.remediation.gate import GateRun, GateRunner, verify_serving
+from bot.remediation.gateway_rules import GatewayAdmin
+from bot.remediation.records import RemediationRecords
+from bot.runtime.ids import new_error_id
+from bot.runtime.redact import redact
+from bot.store.models import Remediation
+from bot.store.readings import ROLLBACK_FAILED
+from bot.store.states import ACTIVE, RemediationState
+
+log = logging.getLogger("ruleloop.remediation")
+
+S = RemediationState
+PREVIOUS = "the previous flags"  # what a message says of an empty set of flags
+Numbers = dict[str, float | None]
+Echo = Callable[[str], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Judging:
+    """The gates a change is judged by, resolved once: the limits the canary checks and the
+    numbers of the before-run they were resolved against (None: none ran)."""
+
+    gates: AdrGates
+    before: Numbers | None
+
+    @property
+    def limits(self) -> dict[str, float]:
+        """The limits, as numbers (what the card and the record show)."""
+        return self.gates.model_dump(exclude_none=True)
+
+
+class ChangeRun:
+    """Apply, canary, keep or roll back one change (``rem``) as ``runner``, with ``actuator``."""
+
+    def __init__(
+        self,
+        *,
+        rem: Remediation,
+        runner: str,
+        actuator: Actuator,
+        settings: Settings,
+        records: RemediationRecords,
+        card: Card,
+        gate: GateRunner,
+    ) -> None:
+        self.rem = rem
+        self.runner = runner
+        self.actuator = actuator
+        self.name, self.spec = settings.target(rem.target)
+        self.before = Deployed.from_json(rem.before)
+        self.flags = dict(rem.after["flags"])
+        self._records = records
+        self._card = card
+        self._gate = gate
+
+    async def run(self, adr: Adr) -> None:
+        """The whole change: each part returns None when it ended the change itself."""
+        if self.actuator.kind == "dry-run":
+            await self._step(
+                S.DRY_RUN, "remediation.dry_run", {"flags": self.flags},
+                note="dry run: the flags above would be set; nothing was changed",
+                expect=[S.APPROVED],
+            )  # fmt: skip
+            return
+        judging = await self._judging(adr)
+        if judging is None:
+            return
+        deployed = await self._apply(adr, judging)
+        if deployed is None:
+            return
+        result = await self._canary(adr, judging, deployed)
+        if result is None:
+            return
+        await self._keep(result, judging)
+
+    async def _judging(self, adr: Adr) -> Judging | None:
+        """The gates, resolved once ('Nx before' ones against the same canary on the flags
+        serving now); None when the change was refused (nothing was changed)."""
+        assert adr.gates is not None  # the policy refused ADRs without gates
+        try:
+            like_for_like(adr.id, adr.gates)
+            absolute = adr.gates.resolve({}, strict=False)
+            was = None
+            if self.spec.canary.baseline or adr.gates.relative(BEFORE):
+                measured = await self._baseline(adr, absolute)
+                was = None if measured is None else measured.values.four()
+            needs_before = bool(adr.gates.relative(BEFORE))
+            gates = adr.gates.resolve({}, before=was) if needs_before else absolute
+        except UsageError as exc:
+            await self._step(
+                S.CANCELLED, "remediation.cancelled", {"reason": str(exc)},
+                note=f"nothing was changed: {exc}", expect=[S.APPROVED],
+            )  # fmt: skip
+            return None
+        return Judging(gates=gates, before=was)
+
+    async def _baseline(self, adr: Adr, absolute: AdrGates) -> GateRun | None:
+        """The same canary on the flags serving now: the matrix's "before" row, and what
+        'Nx before' gates multiply, judged by the absolute gates only. None when it could not
+        run (gates that need it then say so when they are resolved)."""
+        await self._step(
+            S.APPROVED, "remediation.baseline_started", {"flags": self.before.flags},
+            note="measuring the current flags with the same canary first…", expect=[S.APPROVED],
+        )  # fmt: skip
+        try:
+            result = await self._gate(
+                self.before.base_url, self.spec.canary, absolute, shape=adr.workload
+            )
+        except RuleloopError as exc:
+            log.warning("baseline canary of remediation %s failed: %s", self.rem.id, exc)
+            return None
+        await self._add_canary("before: " + flags_text(self.before.flags, none=PREVIOUS), result)
+        return result
+
+    async def _apply(self, adr: Adr, judging: Judging) -> Deployed | None:
+        """The flags (and gateway rules) on the canary stage; None when that failed (and the
+        change was rolled back)."""
+        await self._give_context(adr_title=adr.title, numbers=judging.before)
+        await self._step(
+            S.APPLYING, "remediation.applying",
+            {"flags": self.flags, "before": self.rem.before, "gates": judging.limits,
+             "gates_as_written": adr.gates.describe(judging.gates) if adr.gates else {}},
+            note=f"applying with the {self.actuator.kind} actuator…",
+            result={"gates": judging.limits, "before_numbers": judging.before or {}},
+            expect=[S.APPROVED],
+        )  # fmt: skip
+        try:
+            deployed = await self.actuator.apply(self.flags)
+            if self.rem.after.get("gateway") is not None:
+                await self._gateway().apply(GatewayRules(**self.rem.after["gateway"]))
+        except (ActuatorError, UsageError) as exc:
+            await self.roll_back(reason=f"the change failed: {exc}", expect=[S.APPLYING])
+            return None
+        return deployed
+
+    async def _canary(self, adr: Adr, judging: Judging, deployed: Deployed) -> GateRun | None:
+        """The canary on what the change deployed, judged once; None when it could not run or
+        failed the gates (and the change was rolled back)."""
+        canary = self.spec.canary
+        replaying = ", replaying the workload the ADR was measured under" if adr.workload else ""
+        await self._step(
+            S.CANARY, "remediation.canary_started",
+            {"base_url": redact(deployed.base_url), "flags": deployed.flags,
+             "workload": canary.model_dump()},
+            note=f"canary: {canary.num_requests} requests, {canary.concurrency} streams against "
+            f"{deployed.base_url}{replaying}…",
+            after=deployed.to_json(), expect=[S.APPLYING],
+        )  # fmt: skip
+        try:
+            # An ADR that records the workload it was measured under is judged under it again,
+            # before and after the change alike; otherwise the target's canary load.
+            result = await self._gate(deployed.base_url, canary, judging.gates, shape=adr.workload)
+        except RuleloopError as exc:
+            reason = f"the canary could not run: {exc}"
+            await self.roll_back(reason=reason, expect=[S.CANARY])
+            return None
+        label = f"{adr.id} on {self.name}: {flags_text(self.rem.change, none='', ordered=False)}"
+        await self._add_canary(label, result)
+        if not result.passed:
+            await self.roll_back(
+                reason="canary failed the gates: " + "; ".join(result.failures),
+                expect=[S.CANARY], judged=result,
+            )  # fmt: skip
+            return None
+        return result
+
+    async def _keep(self, result: GateRun, judging: Judging) -> None:
+        """The canary met the gates: roll the change out beyond the canary stage."""
+        numbers = result.values.four()
+        await self._step(
+            S.PROMOTING, "remediation.canary_passed", {"numbers": numbers},
+            note="canary passed; rolling out…",
+            result={"numbers": numbers, "failures": [], "gates": judging.limits,
+                    "before_numbers": judging.before or {},
+                    "workload_shape": result.report.get("workload_shape")},
+            expect=[S.CANARY],
+        )  # fmt: skip
+        try:
+            await self.actuator.promote(self.flags)
+        except ActuatorError as exc:
+            await self.roll_back(reason=f"the rollout failed: {exc}", expect=[S.PROMOTING])
+            return
+        await self._step(
+            S.PROMOTED, "remediation.promoted", {"numbers": numbers, "flags": self.flags},
+            note="kept: the canary met every gate", expect=[S.PROMOTING],
+        )  # fmt: skip
+
+    async def roll_back(
+        self, *, reason: str, expect: list[RemediationState], judged: GateRun | None = None
+    ) -> None:
+        """Back to the recorded flags, from state ``expect``; ``judged`` is the canary that
+        failed the gates, if one did (its numbers and workload stay on the record)."""
+        current = await self._records.get(self.rem.id)
+        result = _rollback_result(current.result, reason, judged)
+        await self._step(
+            S.ROLLING_BACK, "remediation.rolling_back", {"reason": reason},
+            note=f"{reason}; rolling back…", result=result, expect=expect,
+        )  # fmt: skip
+        try:
+            if self.rem.before.get("gateway") is not None:
+                await self._gateway().restore(self.rem.before["gateway"])
+            await self._give_context(numbers=current.result.get("before_numbers"), reason=reason)
+            restored = await self.actuator.rollback(self.before)
+            await verify_serving(restored.base_url)
+        except Exception as exc:
+            error = (
+                str(exc) if isinstance(exc, RuleloopError) else f"unexpected {type(exc).__name__}"
+            )
+            log.error("rollback of remediation %s failed", self.rem.id, exc_info=exc)
+            await self._step(
+                S.FAILED, ROLLBACK_FAILED, {"error": error},
+                note=f"{reason}; the ROLLBACK FAILED: {error}. Manual action needed: restore "
+                f"{flags_text(self.before.flags, none=PREVIOUS)} on {self.rem.target}.",
+                expect=[S.ROLLING_BACK],
+            )  # fmt: skip
+            return
+        await self._step(
+            S.ROLLED_BACK, "remediation.rolled_back", {"flags": restored.flags},
+            note=f"{reason}. Rolled back: {flags_text(restored.flags, none=PREVIOUS)} serve "
+            "again.",
+            expect=[S.ROLLING_BACK],
+        )  # fmt: skip
+
+    # --- parts ------------------------------------------------------------------------------
+    async def _step(
+        self, state: RemediationState, action: str, detail: dict[str, Any], *, note: str,
+        expect: list[RemediationState], **fields: Any,
+    ) -> None:  # fmt: skip
+        await self._card.step(
+            self.rem.id, state, action, detail, note=note, owner=self.runner, expect=expect,
+            **fields,
+        )  # fmt: skip
+
+    async def _add_canary(self, label: str, result: GateRun) -> None:
+        """Keep the canary's report with the incident (the draft's matrix reads it)."""
+        await self._records.add_canary(
+            incident_id=self.rem.incident_id, remediation_id=self.rem.id, label=label,
+            passed=result.passed, report=result.report,
+        )  # fmt: skip
+
+    async def _give_context(
+        self, *, adr_title: str = "", numbers: Numbers | None = None, reason: str = ""
+    ) -> None:
+        """The change's story for an actuator that records it (a git commit, a pull request)."""
+        if not isinstance(self.actuator, TakesContext):
+            return
+        link = None
+        with contextlib.suppress(Exception):  # only a link: never a reason to stop a change
+            link = await self._card.permalink(self.rem)
+        give_context(
+            self.actuator, self.rem, before=self.before, adr_title=adr_title, link=link,
+            numbers=numbers, reason=reason,
+        )  # fmt: skip
+
+    def _gateway(self) -> GatewayAdmin:
+        return gateway_admin(self.name, self.spec)
+
+
+async def crashed(card: Card, remediation_id: int, exc: BaseException, *, owner: str) -> None:
+    """An unexpected error stopped the run: the card says so (check the flags by hand)."""
+    error_id = new_error_id()
+    log.error("remediation %s failed (id %s)", remediation_id, error_id, exc_info=exc)
+    text = str(exc) if isinstance(exc, RuleloopError) else f"unexpected error (id {error_id})"
+    with contextlib.suppress(Exception):
+        await card.step(
+            remediation_id, S.FAILED, "remediation.failed", {"error": text},
+            note=f"stopped: {text}. Check the target's flags by hand.", owner=owner,
+            expect=sorted(ACTIVE),
+        )  # fmt: skip
+
+
+def gateway_admin(name: str, spec: Target) -> GatewayAdmin:
+    """The target's gateway admin API; UsageError when the target has none configured."""
+    if spec.gateway_url is None or spec.gateway_admin_token_file is None:
+        raise UsageError(
+            f"the ADR has gateway rules but target {name!r} has no gateway_url and "
+            "gateway_admin_token_file to apply them with"
+        )
+    return GatewayAdmin(url=spec.gateway_url, token_file=spec.gateway_admin_token_file)
+
+
+def like_for_like(adr_id: str, gates: AdrGates) -> None:
+    """Refuse gates that would compare unlike numbers (relative to the engine's normal)."""
+    unlike = [unlike_gate(key, value) for key, value in gates.relative(NORMAL).items()]
+    if unlike:
+        raise UsageError(f"{adr_id}'s gates cannot be checked like for like: " + "; ".join(unlike))
+
+
+def _rollback_result(kept: dict[str, Any], reason: str, judged: GateRun | None) -> dict[str, Any]:
+    """The record's result for a rollback: why, the failed canary's numbers, and what the
+    change was judged by (the resolved limits and the judging canary's workload stay)."""
+    numbers = judged.values.four() if judged is not None else {}
+    failures = judged.failures if judged is not None else []
+    result = {"numbers": numbers, "failures": failures, "reason": reason}
+    for key in ("gates", "before_numbers", "workload_shape"):
+        if key in kept:
+            result[key] = kept[key]
+    shape = judged.report.get("workload_shape") if judged is not None else None
+    if shape is not None:
+        result["workload_shape"] = shape
+    return result

@@ -1,0 +1,266 @@
+"""What the `kill -9` tests of an apply share (tests/test_faults_kill_apply.py for the Kubernetes
+actuator, tests/test_faults_kill_apply_git.py for the git one): real `ruleloop serve` replicas
+on one store, replica B started first and alive throughout, replica A running the change until
+it is killed with SIGKILL; the config they read, and what every change must end with (one
+terminal state, one consistent audit trail, a card that says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import time
+import urllib.parse
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from bot.engine.process import free_port
+from bot.remediation.ports import STATES
+from bot.store.db import Database
+from bot.store.models import AuditEntry, Remediation
+from tests import store_reads
+from tests.fakes.bot import RUNBOOK, adr_dir
+from tests.fakes.kube_api import FakeKube
+from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack, signed_headers
+from tests.fakes.sse_engine import SseEngine
+from tests.test_bot_e2e import Process
+
+ADR = "ADR-20260831-01"  # --block-size 32, chunked prefill on, --max-num-batched-tokens 2048
+PASSING_PACE_S, FAILING_PACE_S = 0.01, 0.06  # between tokens: TPOT 10 ms passes 35 ms, 60 fails
+STALE_S = 6.0  # 12 heartbeats: a loaded machine must not make a live replica look dead
+TERMINAL = {"promoted", "rolled_back", "interrupted", "failed"}
+CANARY = {"concurrency": 2, "num_requests": 8, "prompt_length": 16, "output_length": 24,
+          "baseline": True, "timeout_s": 30}  # fmt: skip
+SCHEDULER = {"approval_sweep_every_s": 1, "snapshot_every_s": 0, "baseline_every_s": 0,
+             "draft_reminder_every_s": 0, "lease_ttl_s": 2}  # fmt: skip
+
+
+@dataclass
+class Replica:
+    """One `ruleloop serve` process and where it listens."""
+
+    proc: Process
+    url: str
+
+    def kill_9(self) -> None:
+        """SIGKILL: no shutdown, no handing over."""
+        self.proc.proc.kill()
+        self.proc.proc.wait()
+
+
+@dataclass
+class Cluster:
+    """What the replicas share: the store, the fake Kubernetes API, the engine, Slack."""
+
+    tmp_path: Path
+    db: Database
+    kube: FakeKube
+    engine: SseEngine
+    slack: FakeSlack
+    env: dict[str, str]
+    survivor: Replica | None = None
+    clicks: int = 0
+
+    def replica(self, name: str) -> Replica:
+        """A `ruleloop serve` process, started and ready."""
+        port = free_port()
+        argv = [sys.executable, "-c", "from bot.cli import main; main()", "serve", "--port",
+                str(port), "--state-dir", str(self.tmp_path / f"state-{name}")]  # fmt: skip
+        proc = Process(argv, log=self.tmp_path / f"serve-{name}.log", env=self.env)
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_ready(f"{url}/healthz", timeout=120)
+        return Replica(proc, url)
+
+    @contextlib.asynccontextmanager
+    async def replica_a(self, *, canary_fails: bool) -> AsyncIterator[Replica]:
+        """Replica A, whose canary passes or fails by the engine's token pace; stopped at the
+        end (if it still runs)."""
+        self.engine.token_delay_s = FAILING_PACE_S if canary_fails else PASSING_PACE_S
+        replica = await asyncio.to_thread(self.replica, "a")
+        try:
+            yield replica
+        finally:
+            replica.proc.stop()
+
+    @contextlib.asynccontextmanager
+    async def survived(self) -> AsyncIterator[None]:
+        """Replica B, the survivor, started now and stopped at the end."""
+        self.survivor = await asyncio.to_thread(self.replica, "b")
+        try:
+            yield
+        finally:
+            self.survivor.proc.stop()
+
+    def remediation(self, remediation_id: int | None = None) -> Remediation | None:
+        with self.db.transaction() as s:
+            query = select(Remediation).order_by(Remediation.id.desc())
+            if remediation_id is not None:
+                query = query.where(Remediation.id == remediation_id)
+            return s.scalars(query).first()
+
+    def trail(self, remediation_id: int) -> list[AuditEntry]:
+        with self.db.transaction() as s:
+            return [
+                e
+                for e in store_reads.audit_trail(s)
+                if e.action.startswith("remediation.")
+                and e.detail.get("remediation") == remediation_id
+            ]
+
+    async def post(self, replica: Replica, body: bytes) -> None:
+        import httpx
+
+        self.clicks += 1  # one timestamp per request: the same signed request twice is a replay
+        headers = signed_headers(body, timestamp=int(time.time()) - self.clicks)
+        async with httpx.AsyncClient(timeout=60) as client:
+            answer = await client.post(f"{replica.url}/slack/events", content=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+
+    async def request_and_approve(self, replica: Replica) -> int:
+        """/apply-adr and the Approve click, both to ``replica`` (which then runs the change)."""
+        cards = len(self.slack.of("chat.postMessage"))
+        form = {"command": "/apply-adr", "text": f"{ADR} tiny", "user_id": "U1",
+                "channel_id": "C0INCIDENTS", "team_id": "T0FAKE", "trigger_id": "1.2.3",
+                "response_url": self.slack.response_url("cmd"), "token": "legacy"}  # fmt: skip
+        await self.post(replica, urllib.parse.urlencode(form).encode())
+        deadline = time.monotonic() + 60
+        while not (new := [c for c in self.slack.of("chat.postMessage")[cards:] if _approve(c)]):
+            assert time.monotonic() < deadline, "no confirmation card was posted"
+            await asyncio.sleep(0.05)  # the card follows the ack (and the thread's root)
+        card = new[-1]
+        payload = {"type": "block_actions", "user": {"id": "U2"}, "team": {"id": "T0FAKE"},
+                   "api_app_id": "A0", "trigger_id": "1.2.3",
+                   "response_url": self.slack.response_url("btn"), "channel": {"id": "C0INCIDENTS"},
+                   "container": {"type": "message"},
+                   "actions": [{"type": "button", "action_id": "remediation_approve",
+                                "block_id": "b", "value": _approve(card), "action_ts": "1"}]}  # fmt: skip
+        await self.post(replica, urllib.parse.urlencode({"payload": json.dumps(payload)}).encode())
+        rem = self.remediation()
+        assert rem is not None
+        return rem.id
+
+    async def until_state(self, remediation_id: int, states: set[str], timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            rem = self.remediation(remediation_id)
+            if rem is not None and rem.state in states:
+                return rem.state
+            if time.monotonic() > deadline:
+                seen = rem.state if rem else None
+                raise AssertionError(f"remediation {remediation_id}: {seen}, not in {states}")
+            await asyncio.sleep(0.02)
+
+    async def until_ended(self, remediation_id: int, *, within_s: float) -> str:
+        """The state the change ended in; ``within_s`` past the stale limit: a bound on
+        waiting, generous for a loaded box (not a timing assertion)."""
+        return await self.until_state(remediation_id, TERMINAL, timeout=STALE_S + within_s)
+
+    def ended(
+        self, remediation_id: int, state: str, *, killed_in: str | None, final: str
+    ) -> Remediation:
+        """The change that ended in ``state``: it must be ``final``, told as one story."""
+        assert state == final, (self.remediation(remediation_id) or Remediation()).result
+        rem = self.remediation(remediation_id)
+        assert rem is not None
+        assert_one_story(self.trail(remediation_id), killed_in, final)
+        return rem
+
+    async def card_says(self, rem: Remediation, final: str) -> None:
+        """The card says how the change ended (it is updated after the step)."""
+        card = f"{ADR} on tiny: {STATES[final]}"
+        deadline = time.monotonic() + 30
+        while (shown := _card(self.slack, rem.ts)) != card and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        assert shown == card
+
+
+def _approve(card: Any) -> str | None:
+    return next(
+        (e["value"] for b in card.args.get("blocks", []) if b["type"] == "actions"
+         for e in b["elements"] if e["action_id"] == "remediation_approve"),
+        None,
+    )  # fmt: skip
+
+
+def _card(slack: FakeSlack, ts: str | None) -> str | None:
+    updates = [c for c in slack.of("chat.update") if c.args["ts"] == ts]
+    return str(updates[-1].args["text"]) if updates else None
+
+
+def secret_file(tmp_path: Path, name: str, secret: str) -> Path:
+    """A token in a file of its own (what the config names, never the token itself)."""
+    path = tmp_path / name
+    path.write_text(secret)
+    return path
+
+
+def replica_env(
+    tmp_path: Path, *, engine: str, actuator: dict[str, Any], pg_url: str, slack: FakeSlack
+) -> dict[str, str]:
+    """The replicas' environment: their config (``config``), the shared store, Slack at the
+    fake (no Socket Mode)."""
+    path = config(tmp_path, engine=engine, actuator=actuator)
+    env = {**os.environ, "RULELOOP_CONFIG": str(path), "RULELOOP_DATABASE_URL": pg_url,
+           "SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": SIGNING_SECRET,
+           "SLACK_API_URL": slack.api_url}  # fmt: skip
+    env.pop("SLACK_APP_TOKEN", None)
+    return env
+
+
+def config(tmp_path: Path, *, engine: str, actuator: dict[str, Any]) -> Path:
+    """The replicas' ruleloop.toml: target ``tiny`` served by ``engine`` and changed through
+    ``actuator`` (its [targets.tiny.actuator] table); heartbeats every 0.5 s, stale after
+    STALE_S; U1 applies, U2 approves."""
+    runbooks = tmp_path / "runbooks"
+    runbooks.mkdir()
+    (runbooks / "test.yaml").write_text(RUNBOOK)
+    settings = {
+        "slack": {"channel": "#incidents"},
+        "paths": {"runbooks": runbooks, "adr": adr_dir(tmp_path, matching=False)},
+        "access": {"apply": ["U1"], "approve": ["U1", "U2"]},
+        "remediation": {"heartbeat_s": 0.5, "stale_after_s": STALE_S},
+        "targets": {"tiny": {"vllm_url": engine, "actuator": actuator, "canary": CANARY}},
+        "scheduler": SCHEDULER,
+    }
+    path = tmp_path / "ruleloop.toml"
+    path.write_text(_toml(settings))
+    return path
+
+
+def _toml(table: dict[str, Any], name: str = "") -> str:
+    """``table`` as TOML: its values (strings, paths, numbers, booleans, lists), then its tables."""
+    tables = {k: v for k, v in table.items() if isinstance(v, dict)}
+    values = [f"{k} = {json.dumps(v, default=str)}" for k, v in table.items() if k not in tables]
+    text = "".join(f"{line}\n" for line in ([f"[{name}]"] if name and values else []) + values)
+    return text + "".join(_toml(v, f"{name}.{k}" if name else k) for k, v in tables.items())
+
+
+def assert_one_story(trail: list[AuditEntry], killed_in: str | None, final: str) -> None:
+    """The audit trail of one change: requested, approved, the dead run's steps up to the
+    step it died in, one takeover, the survivor's rollback, one end; each entry's state is
+    the one its action names."""
+    actions = [e.action.removeprefix("remediation.") for e in trail]
+    assert actions[:2] == ["requested", "approved"], actions
+    ends = {"promoted", "rolled_back", "rollback_failed", "failed", "dry_run", "cancelled"}
+    if killed_in is None:
+        assert "resumed" not in actions and actions[-1] == final, actions
+        return
+    assert actions.count("resumed") == 1, actions
+    cut = actions.index("resumed")
+    resumed = trail[cut]
+    assert resumed.detail["found_in"] == killed_in, (resumed.detail, actions)
+    before, after = actions[:cut], actions[cut + 1 :]
+    assert not ends & set(before), actions  # the dead run ended nothing
+    if final == "interrupted":
+        assert resumed.detail["state"] == "interrupted" and after == [], actions
+    else:
+        assert after == ["rolling_back", "rolled_back"], actions
+    states = [e.detail.get("state") for e in trail[1:]]
+    assert states[-1] == final, (states, actions)
