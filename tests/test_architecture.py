@@ -129,6 +129,8 @@ def test_every_error_class_is_in_the_error_tree() -> None:
 
 
 LONG_FUNCTION_LINES = 60
+
+
 def test_no_function_in_bot_is_over_60_lines() -> None:
     """A function that walks more than a screenful of steps hides which step owns what: each
     step gets a name of its own. Lines run from `def` to the last line, decorators excluded;

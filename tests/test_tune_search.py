@@ -390,11 +390,12 @@ def test_one_change_at_a_time_a_session_and_a_remediation_exclude_each_other(
         return rem.id
 
     def begin(runner: str) -> int:
-        return sessions.begin(
+        before = Deployed(flags={"max-num-seqs": 4}, base_url="http://127.0.0.1:9").to_json()
+        began = sessions.begin(
             target="prod-a", requested_by="U1", approved_by=["U2"], plan={}, runner=runner,
-            before=Deployed(flags={"max-num-seqs": 4}, base_url="http://127.0.0.1:9").to_json(),
-            detail={},
-        ).id  # fmt: skip
+            before=before, detail={},
+        )  # fmt: skip
+        return asyncio.run(began).id
 
     try:
         pending = request()
@@ -437,16 +438,17 @@ async def test_the_next_bot_restores_a_session_whose_process_died(tmp_path: Path
         try:
             sessions = TuneRecords(db=h.bot.db, clock=utc_now)
             before = Deployed(flags={"max-num-seqs": 4}, base_url=engine.base_url)
-            row = sessions.begin(
+            row = await sessions.begin(
                 target="prod-a", requested_by="U1", approved_by=["U2"], plan={},
                 before=before.to_json(), runner="gone-host:1:dead", detail={},
             )  # fmt: skip
-            assert sessions.step(row.id, action="tune.trial_started", owner="gone-host:1:dead",
-                                 detail={}, trial={"number": 2, "phase": "measuring"})  # fmt: skip
+            assert await sessions.step(row.id, action="tune.trial_started",
+                                       owner="gone-host:1:dead", detail={},
+                                       trial={"number": 2, "phase": "measuring"})  # fmt: skip
             assert await h.bot.remediation.resume(stale_s=600) == 0  # it beat a moment ago
             assert await h.bot.remediation.resume(stale_s=0) == 1
             assert await h.bot.remediation.resume(stale_s=0) == 0  # restored once
-            done = sessions.get(row.id)
+            done = await sessions.get(row.id)
             assert done.state == "restored" and done.trial == {}
             assert done.result["reason"] == "its process stopped during trial 2 (measuring)"
             with h.bot.db.transaction() as s:

@@ -21,10 +21,11 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from bot.config import Settings
+from bot.config import Settings, Target
 from bot.engine.process import default_state_dir
 from bot.errors import UsageError
 from bot.remediation import actuators
+from bot.remediation.actuators.base import Deployed
 from bot.remediation.exclusion import tuning_refusal
 from bot.remediation.tune_records import TuneRecords
 from bot.remediation.tuning import (
@@ -57,11 +58,11 @@ def tune_target(plan: TunePlan, run: TargetRun) -> TuneResult:
     db = _database(settings, run.state_dir)
     try:
         records = TuneRecords(db=db, clock=utc_now)
-        busy = records.in_flight(name)
+        busy = _run(records.in_flight(name))
         if busy is not None:  # before a minute of capture, not after
             raise UsageError(tuning_refusal(name, busy))
         place = DraftPlace.next(run.store, plan, run.day)
-        _run(actuators.build(name, spec).current())  # reachable, before a minute of capture
+        _run(_current(name, spec))  # reachable, before a minute of capture
         if not run.workload_given and plan.workload.shape is None:
             plan = _captured(plan, spec_name=name, settings=settings, seconds=run.capture_seconds,
                              runs_dir=place.runs_dir, echo=run.echo)  # fmt: skip
@@ -135,6 +136,12 @@ def _captured(
         warmup_requests=spec_now.warmup_requests, api=spec_now.api,
     )  # fmt: skip
     return plan.model_copy(update={"workload": workload})
+
+
+async def _current(name: str, spec: Target) -> Deployed:
+    """What serves on the target now (its actuator opened for the look, then closed)."""
+    async with actuators.opened(actuators.build, name, spec) as actuator:
+        return await actuator.current()
 
 
 def _run(work: Coroutine[Any, Any, T]) -> T:

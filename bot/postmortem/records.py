@@ -8,6 +8,7 @@ other gets ``AlreadyDecided`` and nothing changes.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 from collections.abc import Callable
@@ -57,63 +58,73 @@ class DraftRecords:
         self._adrs = adrs
         self._clock = clock
 
-    def newest_incident(self) -> int:
+    async def newest_incident(self) -> int:
         """The newest incident's id; UsageError when there is none."""
-        with self._db.transaction() as s:
-            found = s.scalars(select(Incident.id).order_by(Incident.id.desc())).first()
-        if found is None:
-            raise UsageError("there is no incident to draft an ADR for yet")
-        return found
 
-    def facts(self, incident_id: int) -> tuple[IncidentFacts, list[CanaryFacts], AppliedFix | None]:
+        def run() -> int:
+            with self._db.transaction() as s:
+                found = s.scalars(select(Incident.id).order_by(Incident.id.desc())).first()
+            if found is None:
+                raise UsageError("there is no incident to draft an ADR for yet")
+            return found
+
+        return await asyncio.to_thread(run)
+
+    async def facts(
+        self, incident_id: int
+    ) -> tuple[IncidentFacts, list[CanaryFacts], AppliedFix | None]:
         """What the draft is written from: the incident, its canary runs, the fix it ended with."""
-        with self._db.transaction() as s:
-            incident = store.get(s, incident_id)
-            if incident is None:
-                raise UsageError(f"there is no incident {incident_id}")
-            annotations = [
-                str(a.annotations.get(key))
-                for a in incident.alerts
-                for key in ("summary", "description")
-                if a.annotations.get(key)
-            ]
-            facts = IncidentFacts(
-                id=incident.id,
-                title=incident.title,
-                target=incident.target,
-                opened_at=incident.opened_at,
-                closed_at=incident.closed_at,
-                labels={k: str(v) for k, v in incident.labels.items()},
-                annotations=annotations,
-                diagnosis=incident.summary or None,
-            )
-            canaries = [
-                CanaryFacts.from_report(label=r.label, report=r.report, at=r.at)
-                for r in store.canary_results(s, incident_id)
-            ]
-            rem = s.scalars(
-                select(Remediation)
-                .where(Remediation.incident_id == incident_id, Remediation.state.in_(ENDED))
-                .order_by(Remediation.id.desc())
-            ).first()
-        applied = None
-        if rem is not None:
-            found = self._adrs.find(rem.adr_id)
-            if found is not None:
-                applied = AppliedFix(
-                    adr=_as_judged(found[1], rem.result.get("gates")),
-                    state=rem.state,
-                    before_flags=rem.before.get("flags", {}),
-                    after_flags=rem.after.get("flags", {}),
-                    requested_by=rem.requested_by,
-                    approved_by=list(rem.approved_by),
-                    failed_gates=list(rem.result.get("failures", [])),
-                    limits=dict(rem.result.get("gates") or {}),
-                    shape=_shape(rem.result.get("workload_shape"), remediation_id=rem.id),
-                )
-        return facts, canaries, applied
 
-    def record(
+        def run() -> tuple[IncidentFacts, list[CanaryFacts], AppliedFix | None]:
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                if incident is None:
+                    raise UsageError(f"there is no incident {incident_id}")
+                annotations = [
+                    str(a.annotations.get(key))
+                    for a in incident.alerts
+                    for key in ("summary", "description")
+                    if a.annotations.get(key)
+                ]
+                facts = IncidentFacts(
+                    id=incident.id,
+                    title=incident.title,
+                    target=incident.target,
+                    opened_at=incident.opened_at,
+                    closed_at=incident.closed_at,
+                    labels={k: str(v) for k, v in incident.labels.items()},
+                    annotations=annotations,
+                    diagnosis=incident.summary or None,
+                )
+                canaries = [
+                    CanaryFacts.from_report(label=r.label, report=r.report, at=r.at)
+                    for r in store.canary_results(s, incident_id)
+                ]
+                rem = s.scalars(
+                    select(Remediation)
+                    .where(Remediation.incident_id == incident_id, Remediation.state.in_(ENDED))
+                    .order_by(Remediation.id.desc())
+                ).first()
+            applied = None
+            if rem is not None:
+                found = self._adrs.find(rem.adr_id)
+                if found is not None:
+                    applied = AppliedFix(
+                        adr=_as_judged(found[1], rem.result.get("gates")),
+                        state=rem.state,
+                        before_flags=rem.before.get("flags", {}),
+                        after_flags=rem.after.get("flags", {}),
+                        requested_by=rem.requested_by,
+                        approved_by=list(rem.approved_by),
+                        failed_gates=list(rem.result.get("failures", [])),
+                        limits=dict(rem.result.get("gates") or {}),
+                        shape=_shape(rem.result.get("workload_shape"), remediation_id=rem.id),
+                    )
+            return facts, canaries, applied
+
+        return await asyncio.to_thread(run)
+
+    async def record(
         self, *, incident: IncidentFacts, canaries: list[CanaryFacts],
         applied: AppliedFix | None, author: str,
     ) -> tuple[Adr, dict[str, str]]:  # fmt: skip
@@ -122,21 +133,28 @@ class DraftRecords:
         Another replica may take the same id at the same moment: the store refuses the second
         (unique id) and the draft is built again with the next free id.
         """
-        self._adrs.sync()  # ids of files added to adr/ count too
-        for attempt in range(ID_TRIES):
-            now = self._clock()
-            try:
-                with self._db.transaction() as s:
-                    adr = build_postmortem(
-                        adr_id=self._adrs.free_id(s, now.date()), day=now.date(),
-                        incident=incident, canaries=canaries, applied=applied, deciders=[author],
-                    )  # fmt: skip
-                    tokens = self._insert(s, adr, incident_id=incident.id, author=author, now=now)
-                return adr, tokens
-            except IntegrityError:
-                if attempt == ID_TRIES - 1:
-                    raise
-        raise AssertionError("unreachable")
+
+        def run() -> tuple[Adr, dict[str, str]]:
+            self._adrs.sync()  # ids of files added to adr/ count too
+            for attempt in range(ID_TRIES):
+                now = self._clock()
+                try:
+                    with self._db.transaction() as s:
+                        adr = build_postmortem(
+                            adr_id=self._adrs.free_id(s, now.date()), day=now.date(),
+                            incident=incident, canaries=canaries, applied=applied,
+                            deciders=[author],
+                        )  # fmt: skip
+                        tokens = self._insert(
+                            s, adr, incident_id=incident.id, author=author, now=now
+                        )
+                    return adr, tokens
+                except IntegrityError:
+                    if attempt == ID_TRIES - 1:
+                        raise
+            raise AssertionError("unreachable")
+
+        return await asyncio.to_thread(run)
 
     def _insert(
         self, s: Session, adr: Adr, *, incident_id: int, author: str, now: dt.datetime
@@ -160,74 +178,90 @@ class DraftRecords:
         s.flush()  # a taken id fails here, inside the retry
         return tokens
 
-    def remember(self, adr_id: str, ref: MessageRef) -> None:
+    async def remember(self, adr_id: str, ref: MessageRef) -> None:
         """Where the draft's summary was posted (to update it after review)."""
-        with self._db.transaction() as s:
-            s.execute(
-                update(AdrDraft)
-                .where(AdrDraft.adr_id == adr_id)
-                .values(channel=ref.channel, ts=ref.ts)
-            )
 
-    def token(self, value: str) -> ActionToken | None:
+        def run() -> None:
+            with self._db.transaction() as s:
+                s.execute(
+                    update(AdrDraft)
+                    .where(AdrDraft.adr_id == adr_id)
+                    .values(channel=ref.channel, ts=ref.ts)
+                )
+
+        return await asyncio.to_thread(run)
+
+    async def token(self, value: str) -> ActionToken | None:
         """The review button with this token, if this bot issued it."""
-        with self._db.transaction() as s:
-            return buttons.find(s, value)
 
-    def draft(self, adr_id: str) -> AdrDraft:
+        def run() -> ActionToken | None:
+            with self._db.transaction() as s:
+                return buttons.find(s, value)
+
+        return await asyncio.to_thread(run)
+
+    async def draft(self, adr_id: str) -> AdrDraft:
         """The draft (detached); UsageError when this bot posted none of that id."""
-        with self._db.transaction() as s:
-            draft = s.scalars(_draft(adr_id)).one_or_none()
-        if draft is None:
-            raise UsageError(f"{adr_id} is not a draft this bot posted")
-        return draft
 
-    def decide(self, adr_id: str, *, kind: str, user_id: str) -> tuple[str, str]:
+        def run() -> AdrDraft:
+            with self._db.transaction() as s:
+                draft = s.scalars(_draft(adr_id)).one_or_none()
+            if draft is None:
+                raise UsageError(f"{adr_id} is not a draft this bot posted")
+            return draft
+
+        return await asyncio.to_thread(run)
+
+    async def decide(self, adr_id: str, *, kind: str, user_id: str) -> tuple[str, str]:
         """Decide the draft in one transaction: the record's new version, the draft's state,
         its buttons and the audit entry; AlreadyDecided when another reviewer was first."""
-        now = self._clock()
-        state: Status = "accepted" if kind == "accept" else "rejected"
-        reason = f"rejected in Slack by {user_id}"
-        with self._db.transaction() as s:
-            # Claim the draft first: a reviewer whose transaction starts after the winner's
-            # committed (SQLite serializes them) must be told who won, not that the record
-            # is no longer a proposal.
-            won = s.execute(
-                update(AdrDraft)
-                .where(AdrDraft.adr_id == adr_id, AdrDraft.state == "proposed")
-                .values(state=state, reviewed_at=now, reviewed_by=user_id)
-            )
-            if cast(CursorResult[Any], won).rowcount != 1:  # another reviewer was first
-                raise AlreadyDecided(adr_id)
-            row = records.get(s, adr_id)
-            if row is None:
-                raise UsageError(f"{adr_id} is not in the store any more. Nothing was changed.")
-            note = (
-                f"accepted by {user_id}."
-                if state == "accepted"
-                else rejection_note(adr_id, reviewer=user_id, reason=reason)
-            )
-            record = decided(
-                self._adrs.parsed(row), status=state, reviewer=user_id, note=note,
-                day=now.date(), name=row.name,
-            )  # fmt: skip
-            changed = records.change(
-                s, row, name=row.name, draft=False, status=state, markdown=render(record),
-                source="slack", actor=user_id, at=now, note=f"{state} in Slack by {user_id}",
-                synced=False,
-            )  # fmt: skip
-            if changed is None:
-                raise AlreadyDecided(adr_id)
-            where = str(self._adrs.location(changed))
-            buttons.spend(s, buttons.subject(SUBJECT, adr_id), user_id=user_id, now=now)
-            draft = s.scalars(_draft(adr_id)).one()
-            draft.path = where
-            store.audit(
-                s, at=now, actor=user_id, action=f"adr_draft.{state}",
-                incident=store.get(s, draft.incident_id),
-                detail={"adr": adr_id, "path": where, "version": changed.version},
-            )  # fmt: skip
-        return state, where
+
+        def run() -> tuple[str, str]:
+            now = self._clock()
+            state: Status = "accepted" if kind == "accept" else "rejected"
+            reason = f"rejected in Slack by {user_id}"
+            with self._db.transaction() as s:
+                # Claim the draft first: a reviewer whose transaction starts after the winner's
+                # committed (SQLite serializes them) must be told who won, not that the record
+                # is no longer a proposal.
+                won = s.execute(
+                    update(AdrDraft)
+                    .where(AdrDraft.adr_id == adr_id, AdrDraft.state == "proposed")
+                    .values(state=state, reviewed_at=now, reviewed_by=user_id)
+                )
+                if cast(CursorResult[Any], won).rowcount != 1:  # another reviewer was first
+                    raise AlreadyDecided(adr_id)
+                row = records.get(s, adr_id)
+                if row is None:
+                    raise UsageError(f"{adr_id} is not in the store any more. Nothing was changed.")
+                note = (
+                    f"accepted by {user_id}."
+                    if state == "accepted"
+                    else rejection_note(adr_id, reviewer=user_id, reason=reason)
+                )
+                record = decided(
+                    self._adrs.parsed(row), status=state, reviewer=user_id, note=note,
+                    day=now.date(), name=row.name,
+                )  # fmt: skip
+                changed = records.change(
+                    s, row, name=row.name, draft=False, status=state, markdown=render(record),
+                    source="slack", actor=user_id, at=now, note=f"{state} in Slack by {user_id}",
+                    synced=False,
+                )  # fmt: skip
+                if changed is None:
+                    raise AlreadyDecided(adr_id)
+                where = str(self._adrs.location(changed))
+                buttons.spend(s, buttons.subject(SUBJECT, adr_id), user_id=user_id, now=now)
+                draft = s.scalars(_draft(adr_id)).one()
+                draft.path = where
+                store.audit(
+                    s, at=now, actor=user_id, action=f"adr_draft.{state}",
+                    incident=store.get(s, draft.incident_id),
+                    detail={"adr": adr_id, "path": where, "version": changed.version},
+                )  # fmt: skip
+            return state, where
+
+        return await asyncio.to_thread(run)
 
 
 def _as_judged(adr: Adr, limits: dict[str, float] | None) -> Adr:

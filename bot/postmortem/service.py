@@ -63,11 +63,7 @@ class DraftService:
             raise NotAllowed(
                 f"You may not draft ADRs. Allowed: {who_may(access.diagnose + access.apply)}."
             )
-        chosen = (
-            incident_id
-            if incident_id is not None
-            else await asyncio.to_thread(self._records.newest_incident)
-        )
+        chosen = incident_id if incident_id is not None else await self._records.newest_incident()
         adr_id = await self.draft(chosen, author=user_id)
         return f"Drafted {adr_id} for incident #{chosen}; it is in the incident's thread."
 
@@ -78,39 +74,36 @@ class DraftService:
     async def draft(self, incident_id: int, *, author: str) -> str:
         """Store the draft with its review buttons, post it; its ADR id."""
         async with self._lock:
-            incident, canaries, applied = await asyncio.to_thread(self._records.facts, incident_id)
-            adr, tokens = await asyncio.to_thread(
-                self._records.record,
+            incident, canaries, applied = await self._records.facts(incident_id)
+            adr, tokens = await self._records.record(
                 incident=incident,
                 canaries=canaries,
                 applied=applied,
                 author=author,
             )
         thread = await self._threads(incident_id, None)
-        view = await asyncio.to_thread(self._view, adr.id, tokens=tokens)
+        view = await self._view(adr.id, tokens=tokens)
         ref = await self._notifier.post_draft(
             thread, view=view, markdown=render(adr), filename=view.path.rsplit("/", 1)[-1]
         )
-        await asyncio.to_thread(self._records.remember, adr.id, ref)
+        await self._records.remember(adr.id, ref)
         return adr.id
 
     async def review(self, *, user_id: str, token: str) -> None:
         """Accept or Reject: reviewer checks, then the record, the draft and the buttons, once."""
-        row = await asyncio.to_thread(self._records.token, token)
+        row = await self._records.token(token)
         adr_id = None if row is None else subject_key(row.subject, SUBJECT)
         if row is None or adr_id is None:
             raise UsageError("This button is not one this bot issued. Nothing was changed.")
-        draft = await asyncio.to_thread(self._records.draft, adr_id)
+        draft = await self._records.draft(adr_id)
         if row.used_at is not None or draft.state != "proposed":
             raise _already(draft, adr_id)
         reviewers = (await self._members()).review
         check_reviewer(reviewer=user_id, author=draft.author, reviewers=reviewers)
         try:
-            state, where = await asyncio.to_thread(
-                self._records.decide, adr_id, kind=row.kind, user_id=user_id
-            )
+            state, where = await self._records.decide(adr_id, kind=row.kind, user_id=user_id)
         except AlreadyDecided:
-            raise _already(await asyncio.to_thread(self._records.draft, adr_id), adr_id) from None
+            raise _already(await self._records.draft(adr_id), adr_id) from None
         if state == "accepted":
             note = f"It is now {where} in the store: every replica can apply it."
             # and, with [adr_publish], proposed to the team's repository (never raises)
@@ -119,17 +112,17 @@ class DraftService:
             )
         else:
             note = f"Kept on record as {where} in the store."
-        view = await asyncio.to_thread(self._view, adr_id, note=note)
+        view = await self._view(adr_id, note=note)
         if draft.channel and draft.ts:
             await self._notifier.update_draft(
                 MessageRef(channel=draft.channel, ts=draft.ts), view=view
             )
 
-    def _view(
+    async def _view(
         self, adr_id: str, *, tokens: dict[str, str] | None = None, note: str = ""
     ) -> DraftView:
-        draft = self._records.draft(adr_id)
-        found = self._adrs.find(adr_id)
+        draft = await self._records.draft(adr_id)
+        found = await asyncio.to_thread(self._adrs.find, adr_id)
         adr = found[1] if found else None
         return DraftView(
             adr_id=adr_id,

@@ -9,6 +9,7 @@ elsewhere changes nothing more.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, cast
@@ -41,7 +42,7 @@ class TuneRecords:
         self._db = db
         self._clock = clock
 
-    def begin(
+    async def begin(
         self,
         *,
         target: str,
@@ -54,53 +55,70 @@ class TuneRecords:
     ) -> TuneSession:
         """A running session on ``target``, audited as started; TargetBusy when a remediation
         or another session is in flight there (checked in the same transaction)."""
-        now = self._clock()
-        try:
-            with self._db.transaction() as s:
-                exclusion.lock(s, target)
-                busy = exclusion.holder(s, target)
+
+        def run() -> TuneSession:
+            now = self._clock()
+            try:
+                with self._db.transaction() as s:
+                    exclusion.lock(s, target)
+                    busy = exclusion.holder(s, target)
+                    if busy is None:
+                        row = TuneSession(
+                            target=target, state="running", requested_by=requested_by,
+                            approved_by=list(approved_by), plan=dict(plan), before=dict(before),
+                            trial={}, result={}, created_at=now, updated_at=now, runner=runner,
+                            heartbeat_at=db_now(),
+                        )  # fmt: skip
+                        s.add(row)
+                        s.flush()
+                        store.audit(
+                            s, at=now, actor=requested_by, action="tune.started",
+                            detail={"tune_session": row.id, "target": target, "state": "running",
+                                    "approved_by": list(approved_by), "before": dict(before),
+                                    **detail},
+                        )  # fmt: skip
+                        s.refresh(row)
+                        return row
+            except IntegrityError:
+                with self._db.transaction() as s:  # another session won the race on the index
+                    busy = exclusion.holder(s, target)
                 if busy is None:
-                    row = TuneSession(
-                        target=target, state="running", requested_by=requested_by,
-                        approved_by=list(approved_by), plan=dict(plan), before=dict(before),
-                        trial={}, result={}, created_at=now, updated_at=now, runner=runner,
-                        heartbeat_at=db_now(),
-                    )  # fmt: skip
-                    s.add(row)
-                    s.flush()
-                    store.audit(
-                        s, at=now, actor=requested_by, action="tune.started",
-                        detail={"tune_session": row.id, "target": target, "state": "running",
-                                "approved_by": list(approved_by), "before": dict(before),
-                                **detail},
-                    )  # fmt: skip
-                    s.refresh(row)
-                    return row
-        except IntegrityError:
-            busy = self.in_flight(target)  # another session won the race on the index
-            if busy is None:
-                raise
-        raise exclusion.TargetBusy(busy)
+                    raise
+            raise exclusion.TargetBusy(busy)
 
-    def in_flight(self, target: str) -> exclusion.Holder | None:
+        return await asyncio.to_thread(run)
+
+    async def in_flight(self, target: str) -> exclusion.Holder | None:
         """The remediation or session holding ``target``, if any."""
-        with self._db.transaction() as s:
-            return exclusion.holder(s, target)
 
-    def get(self, session_id: int) -> TuneSession:
+        def run() -> exclusion.Holder | None:
+            with self._db.transaction() as s:
+                return exclusion.holder(s, target)
+
+        return await asyncio.to_thread(run)
+
+    async def get(self, session_id: int) -> TuneSession:
         """One session (it must exist)."""
-        with self._db.transaction() as s:
-            row = s.get(TuneSession, session_id)
-            assert row is not None, session_id
-            return row
 
-    def latest(self, target: str) -> TuneSession | None:
+        def run() -> TuneSession:
+            with self._db.transaction() as s:
+                row = s.get(TuneSession, session_id)
+                assert row is not None, session_id
+                return row
+
+        return await asyncio.to_thread(run)
+
+    async def latest(self, target: str) -> TuneSession | None:
         """The newest session on ``target``, in flight or not."""
-        with self._db.transaction() as s:
-            query = select(TuneSession).where(TuneSession.target == target)
-            return s.scalars(query.order_by(TuneSession.id.desc())).first()
 
-    def step(
+        def run() -> TuneSession | None:
+            with self._db.transaction() as s:
+                query = select(TuneSession).where(TuneSession.target == target)
+                return s.scalars(query.order_by(TuneSession.id.desc())).first()
+
+        return await asyncio.to_thread(run)
+
+    async def step(
         self,
         session_id: int,
         *,
@@ -112,80 +130,96 @@ class TuneRecords:
     ) -> bool:
         """Audit a step and write ``fields`` (state, trial, result) in one transaction; False,
         changing nothing, unless the session is in ``from_states`` and run by ``owner``."""
-        now = self._clock()
-        with self._db.transaction() as s:
-            query = update(TuneSession).where(
-                TuneSession.id == session_id,
-                TuneSession.state.in_(list(from_states)),
-                TuneSession.runner == owner,
-            )
-            values = {"updated_at": now, "heartbeat_at": db_now(), **fields}
-            if _rows(s, query.values(**values)) != 1:
-                return False
-            row = s.get(TuneSession, session_id)
-            assert row is not None
-            store.audit(
-                s, at=now, actor="ruleloop", action=action,
-                detail={"tune_session": session_id, "target": row.target, "state": row.state,
-                        **detail},
-            )  # fmt: skip
-            return True
 
-    def heartbeat(self, session_id: int, *, runner: str) -> bool:
-        """Say the run is alive (database clock); False when it is no longer this runner's."""
-        with self._db.transaction() as s:
-            query = (
-                update(TuneSession)
-                .where(
+        def run() -> bool:
+            now = self._clock()
+            with self._db.transaction() as s:
+                query = update(TuneSession).where(
                     TuneSession.id == session_id,
-                    TuneSession.runner == runner,
-                    TuneSession.state.in_(list(TUNING)),
+                    TuneSession.state.in_(list(from_states)),
+                    TuneSession.runner == owner,
                 )
-                .values(heartbeat_at=db_now())
-            )
-            return _rows(s, query) == 1
+                values = {"updated_at": now, "heartbeat_at": db_now(), **fields}
+                if _rows(s, query.values(**values)) != 1:
+                    return False
+                row = s.get(TuneSession, session_id)
+                assert row is not None
+                store.audit(
+                    s, at=now, actor="ruleloop", action=action,
+                    detail={"tune_session": session_id, "target": row.target, "state": row.state,
+                            **detail},
+                )  # fmt: skip
+                return True
 
-    def stale(self, *, older_than_s: float, target: str | None = None) -> list[TuneSession]:
+        return await asyncio.to_thread(run)
+
+    async def heartbeat(self, session_id: int, *, runner: str) -> bool:
+        """Say the run is alive (database clock); False when it is no longer this runner's."""
+
+        def run() -> bool:
+            with self._db.transaction() as s:
+                query = (
+                    update(TuneSession)
+                    .where(
+                        TuneSession.id == session_id,
+                        TuneSession.runner == runner,
+                        TuneSession.state.in_(list(TUNING)),
+                    )
+                    .values(heartbeat_at=db_now())
+                )
+                return _rows(s, query) == 1
+
+        return await asyncio.to_thread(run)
+
+    async def stale(self, *, older_than_s: float, target: str | None = None) -> list[TuneSession]:
         """Sessions in flight whose run was silent longer than the limit (database clock)."""
-        with self._db.transaction() as s:
-            query = select(TuneSession).where(
-                TuneSession.state.in_(list(TUNING)), _silent(older_than_s)
-            )
-            if target is not None:
-                query = query.where(TuneSession.target == target)
-            return list(s.scalars(query.order_by(TuneSession.id)).all())
 
-    def take_over(
+        def run() -> list[TuneSession]:
+            with self._db.transaction() as s:
+                query = select(TuneSession).where(
+                    TuneSession.state.in_(list(TUNING)), _silent(older_than_s)
+                )
+                if target is not None:
+                    query = query.where(TuneSession.target == target)
+                return list(s.scalars(query.order_by(TuneSession.id)).all())
+
+        return await asyncio.to_thread(run)
+
+    async def take_over(
         self, session_id: int, *, runner: str, stale_s: float | None, was_run_by: str | None
     ) -> bool:
         """Become the run that restores a session: one conditional UPDATE (still in flight,
         still run by ``was_run_by``, and silent ``stale_s`` unless None: its runner is known
         dead), audited as resumed. False when another process took it, or its run beat again."""
-        now = self._clock()
-        with self._db.transaction() as s:
-            query = update(TuneSession).where(
-                TuneSession.id == session_id, TuneSession.state.in_(list(TUNING))
-            )
-            query = query.where(
-                TuneSession.runner.is_(None)
-                if was_run_by is None
-                else TuneSession.runner == was_run_by
-            )
-            if stale_s is not None:
-                query = query.where(_silent(stale_s))
-            moved = _rows(
-                s,
-                query.values(
-                    state="restoring", runner=runner, updated_at=now, heartbeat_at=db_now()
-                ),
-            )
-            if moved != 1:
-                return False
-            row = s.get(TuneSession, session_id)
-            assert row is not None
-            store.audit(
-                s, at=now, actor="ruleloop", action="tune.resumed",
-                detail={"tune_session": session_id, "target": row.target, "state": "restoring",
-                        "was_run_by": was_run_by, "trial": dict(row.trial)},
-            )  # fmt: skip
-            return True
+
+        def run() -> bool:
+            now = self._clock()
+            with self._db.transaction() as s:
+                query = update(TuneSession).where(
+                    TuneSession.id == session_id, TuneSession.state.in_(list(TUNING))
+                )
+                query = query.where(
+                    TuneSession.runner.is_(None)
+                    if was_run_by is None
+                    else TuneSession.runner == was_run_by
+                )
+                if stale_s is not None:
+                    query = query.where(_silent(stale_s))
+                moved = _rows(
+                    s,
+                    query.values(
+                        state="restoring", runner=runner, updated_at=now, heartbeat_at=db_now()
+                    ),
+                )
+                if moved != 1:
+                    return False
+                row = s.get(TuneSession, session_id)
+                assert row is not None
+                store.audit(
+                    s, at=now, actor="ruleloop", action="tune.resumed",
+                    detail={"tune_session": session_id, "target": row.target, "state": "restoring",
+                            "was_run_by": was_run_by, "trial": dict(row.trial)},
+                )  # fmt: skip
+                return True
+
+        return await asyncio.to_thread(run)

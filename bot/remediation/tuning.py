@@ -187,10 +187,9 @@ class TargetTrials:
         await self._write(f"tune.trial_{phase}", {"trial": dict(self._trial)}, trial=self._trial)
 
     async def _write(self, action: str, detail: dict[str, Any], **fields: Any) -> None:
-        moved = await asyncio.to_thread(
-            self.records.step, self.session_id, action=action, detail=detail,
-            owner=self.runner, **fields,
-        )  # fmt: skip
+        moved = await self.records.step(
+            self.session_id, action=action, detail=detail, owner=self.runner, **fields
+        )
         if not moved:
             raise LostRun(f"tuning session {self.session_id} is no longer run by {self.runner}")
 
@@ -290,7 +289,7 @@ async def _refuse_unless_free(
     """UsageError for a target the plan cannot tune, or one a change or session holds now
     (refused before the actuator is asked anything)."""
     check_target(name, spec, plan)
-    busy = await asyncio.to_thread(records.in_flight, name)
+    busy = await records.in_flight(name)
     if busy is not None:
         raise UsageError(tuning_refusal(name, busy))
 
@@ -301,7 +300,7 @@ def _heartbeat(
     """The session's heartbeat, so another process restores the target only once it is dead."""
 
     async def beat() -> bool:
-        return await asyncio.to_thread(records.heartbeat, session_id, runner=runner)
+        return await records.heartbeat(session_id, runner=runner)
 
     return asyncio.create_task(
         heartbeat(beat, every_s=every_s, name=f"tuning session {session_id}")
@@ -321,8 +320,8 @@ async def _begin(
     """Record the session (its plan, approvals and the flags to restore) before any trial;
     refused, naming who holds it, while a change or another session runs on the target."""
     try:
-        return await asyncio.to_thread(
-            records.begin, target=name, requested_by=approval.requested_by,
+        return await records.begin(
+            target=name, requested_by=approval.requested_by,
             approved_by=approval.approved_by, plan=plan.model_dump(mode="json"),
             before=before.to_json(), runner=runner,
             detail={"os_user": _os_user(), "host": socket.gethostname(),
@@ -348,8 +347,8 @@ async def finish(
     rollback worked; then it must still answer a completion), and write the end: restored, or
     failed (with the audit action the bot's rollback-failed alert counts) and RestoreFailed."""
     try:
-        moved = await asyncio.to_thread(
-            records.step, session_id, action="tune.restoring", detail={"reason": reason},
+        moved = await records.step(
+            session_id, action="tune.restoring", detail={"reason": reason},
             owner=runner, state="restoring",
         )  # fmt: skip
     except Exception:  # the store does not answer: the target goes back all the same
@@ -368,14 +367,14 @@ async def finish(
     except Exception as exc:
         error = str(exc) if isinstance(exc, RuleloopError) else f"unexpected {type(exc).__name__}"
         log.error("restore of tuning session %s failed", session_id, exc_info=exc)
-        await asyncio.to_thread(
-            records.step, session_id, action=ROLLBACK_FAILED,
+        await records.step(
+            session_id, action=ROLLBACK_FAILED,
             detail={"error": error, "reason": reason}, owner=runner, state="failed",
             result={**(result or {}), "error": error},
         )  # fmt: skip
         raise exc if isinstance(exc, RestoreFailed) else RestoreFailed(error) from exc
-    await asyncio.to_thread(
-        records.step, session_id, action="tune.restored",
+    await records.step(
+        session_id, action="tune.restored",
         detail={"reason": reason, "flags": serving.flags}, owner=runner, state="restored",
         trial={}, result={**(result or {}), "reason": reason},
     )  # fmt: skip
@@ -433,9 +432,7 @@ async def restore_session(
     """Take over ``row`` (silent ``stale_s``, or its runner known dead when None) and put its
     ``before`` back; False when another process took it or its run beat again meanwhile."""
     runner = replica_id()
-    won = await asyncio.to_thread(
-        records.take_over, row.id, runner=runner, stale_s=stale_s, was_run_by=row.runner
-    )
+    won = await records.take_over(row.id, runner=runner, stale_s=stale_s, was_run_by=row.runner)
     if not won:
         return False
     trial = row.trial or {}
@@ -463,7 +460,7 @@ async def restore_stale(
     how many this process restored. A failed restore is logged, marked failed and counted by
     the rollback-failed alert; the others go on."""
     done = 0
-    for row in await asyncio.to_thread(records.stale, older_than_s=stale_s):
+    for row in await records.stale(older_than_s=stale_s):
         try:
             name, spec = settings.target(row.target)
             async with opened(actuator_for, name, spec) as actuator:
@@ -490,7 +487,7 @@ async def restore_target_session(
     wait_s = stale_s + 2 * settings.remediation.heartbeat_s if wait_s is None else wait_s
     deadline = time.monotonic() + wait_s
     while True:
-        row = await asyncio.to_thread(records.latest, name)
+        row = await records.latest(name)
         if row is None or row.state not in ("running", "restoring"):
             ended = f" (the last one, #{row.id}, is {row.state})" if row is not None else ""
             raise UsageError(f"no tuning session is in flight on {name}{ended}: nothing to restore")
@@ -500,7 +497,7 @@ async def restore_target_session(
                 records, row, actuator, stale_s=None if dead else stale_s, echo=echo
             )
         if restored:
-            return await asyncio.to_thread(records.get, row.id)
+            return await records.get(row.id)
         if time.monotonic() > deadline:
             raise UsageError(
                 f"tuning session #{row.id} on {name} is still alive (run by {row.runner}, "
