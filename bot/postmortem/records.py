@@ -32,7 +32,7 @@ from bot.store import adrs as records
 from bot.store import buttons
 from bot.store import service as store
 from bot.store.db import Database
-from bot.store.models import ActionToken, AdrDraft, Incident, Remediation
+from bot.store.models import AdrDraft, Incident, Remediation
 from bot.store.states import RemediationState
 from bot.workload.shape import WorkloadShape
 
@@ -48,7 +48,7 @@ class AlreadyDecided(UsageError):
     """Someone decided the draft first; nothing was changed."""
 
 
-class DraftRecords:
+class DraftRecords(buttons.ButtonReads):
     """Drafts, their review buttons and the facts they are written from, on one database."""
 
     def __init__(
@@ -188,15 +188,6 @@ class DraftRecords:
                     .where(AdrDraft.adr_id == adr_id)
                     .values(channel=ref.channel, ts=ref.ts)
                 )
-
-        return await asyncio.to_thread(run)
-
-    async def token(self, value: str) -> ActionToken | None:
-        """The review button with this token, if this bot issued it."""
-
-        def run() -> ActionToken | None:
-            with self._db.transaction() as s:
-                return buttons.find(s, value)
 
         return await asyncio.to_thread(run)
 

@@ -24,7 +24,7 @@ from bot.store import buttons
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.dbtime import db_ago, db_now
-from bot.store.models import ActionToken, CanaryResult, Incident, Remediation
+from bot.store.models import CanaryResult, Incident, Remediation
 from bot.store.states import ACTIVE, RemediationState
 
 SUBJECT = "remediation"  # its buttons' subject: buttons.subject(SUBJECT, remediation_id)
@@ -81,7 +81,7 @@ def _refuse_if_expired(session: Session, token: str, now: dt.datetime) -> None:
     )
 
 
-class RemediationRecords:
+class RemediationRecords(buttons.ButtonReads):
     """Remediations, their single-use buttons and canary results, on one database."""
 
     def __init__(self, *, db: Database, clock: Callable[[], dt.datetime]) -> None:
@@ -208,15 +208,6 @@ class RemediationRecords:
                 rem = s.get(Remediation, remediation_id)
                 assert rem is not None, remediation_id
                 return rem
-
-        return await asyncio.to_thread(run)
-
-    async def token(self, value: str) -> ActionToken | None:
-        """The button with this value, if any."""
-
-        def run() -> ActionToken | None:
-            with self._db.transaction() as s:
-                return buttons.find(s, value)
 
         return await asyncio.to_thread(run)
 

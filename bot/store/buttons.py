@@ -9,6 +9,7 @@ click delivered to two replicas, one acts.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import Iterable
 
@@ -16,7 +17,24 @@ from sqlalchemy import Exists, or_, select, update
 from sqlalchemy.orm import Session
 
 from bot.runtime.ids import new_token
+from bot.store.db import Database
 from bot.store.models import ActionToken
+
+
+class ButtonReads:
+    """What a flow's records read of its buttons: the one behind a click (async, as the
+    records are)."""
+
+    _db: Database
+
+    async def token(self, value: str) -> ActionToken | None:
+        """The button with this value, if this bot issued it."""
+
+        def run() -> ActionToken | None:
+            with self._db.transaction() as s:
+                return find(s, value)
+
+        return await asyncio.to_thread(run)
 
 
 def subject(kind: str, key: object) -> str:
