@@ -210,6 +210,38 @@ def test_build_match_falls_back_to_the_applied_adrs_match_when_nothing_was_out_o
     assert adr.matrix[0].verdict == "事故现场 (incident: within the gates)"
 
 
+def test_build_incident_row_says_which_gates_it_cannot_be_judged_by() -> None:
+    """The demo's ADR gates TPOT at 0.5x the before-run (a canary's number, not the
+    diagnosis's) and goodput at 80 % (the diagnosis read none): the row says so instead of
+    "within the gates"; a number it can judge is still judged."""
+    relative = _seed().model_copy(
+        update={"gates": AdrGates.model_validate(
+            {"max_tpot_p99_ms": "0.5x before", "min_goodput_ratio": 0.80}
+        )}
+    )  # fmt: skip
+    unread = _incident(diagnosis=_summary(goodput=None))
+    adr = _draft(_applied("promoted", adr=relative), incident=unread)
+    assert adr.matrix[0].verdict == (
+        "事故现场 (incident: not judged: TPOT p99 0.5x before: a canary's measure, not the "
+        "diagnosis's; goodput not measured)"
+    )
+    gated = relative.model_copy(update={"gates": relative.gates.model_copy(  # type: ignore[union-attr]
+        update={"max_ttft_p99_ms": 350.0})})  # fmt: skip
+    adr = _draft(_applied("promoted", adr=gated), incident=unread)
+    assert adr.matrix[0].verdict == (
+        "事故现场 (incident: TTFT p99 2431.3ms > 350ms; not judged: TPOT p99 0.5x before: a "
+        "canary's measure, not the diagnosis's; goodput not measured)"
+    )
+    quiet = _incident(diagnosis=_summary(ttft=120.0, goodput=None))
+    assert (
+        _draft(_applied("promoted", adr=gated), incident=quiet)
+        .matrix[0]
+        .verdict.startswith(
+            "事故现场 (incident: within the gates it can be judged by; not judged: TPOT p99"
+        )
+    )
+
+
 def test_build_kept_fix_becomes_the_fix_and_rules() -> None:
     seed = _seed()
     adr = _draft(_applied("promoted"))

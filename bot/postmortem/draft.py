@@ -283,8 +283,7 @@ def _incident_row(headline: Measured, gates: AdrGates | None) -> MatrixRow:
     elif gates is None:
         verdict = "事故现场 (incident)"
     else:
-        missed = _outside(headline, gates)
-        verdict = f"事故现场 (incident: {'; '.join(missed) if missed else 'within the gates'})"
+        verdict = f"事故现场 (incident: {_incident_verdict(headline, gates)})"
     # the engine's histograms know a quantile to its bucket, the gauges fragmentation to a span
     return _row(INCIDENT_ROW, values, verdict, headline)
 
@@ -297,6 +296,34 @@ def _canary_row(run: CanaryFacts, gates: AdrGates | None) -> MatrixRow:
         missed = judge(run.report, gates_from(gates, numbers_only=True)).failures
         verdict = f"不达标 (fail: {'; '.join(missed)})" if missed else PASSED
     return _row(_one_line(run.label) or "canary", values, verdict)
+
+
+def _incident_verdict(headline: Measured, gates: AdrGates) -> str:
+    """What the gates say of the diagnosis's numbers: those it was outside, and the gates it
+    cannot be judged by (a gate relative to a canary's before-run is not the diagnosis's
+    measure; a number the diagnosis did not read is unknown), never "within" a gate unchecked."""
+    missed = _outside(headline, gates)
+    unjudged = [
+        f"{GATES[key][0]} {value}: a canary's measure, not the diagnosis's"
+        for key, value in gates.relative().items()
+    ]
+    limits = gates_from(gates, numbers_only=True)
+    checked = 0
+    for name, (label, key, _kind, _write) in GATES.items():
+        if name == "max_error_rate" or getattr(limits, name) is None:
+            continue
+        if headline.reading(key) is None:
+            unjudged.append(f"{label} not measured")
+        else:
+            checked += 1
+    if missed:
+        said = "; ".join(missed)
+    elif checked:
+        said = "within the gates" if not unjudged else "within the gates it can be judged by"
+    else:
+        said = ""
+    not_judged = "not judged: " + "; ".join(unjudged) if unjudged else ""
+    return "; ".join(part for part in (said, not_judged) if part) or "no gates"
 
 
 def _outside(headline: Measured, gates: AdrGates) -> list[str]:
