@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +34,6 @@ log = logging.getLogger("ruleloop.remediation")
 S = RemediationState
 PREVIOUS = "the previous flags"  # what a message says of an empty set of flags
 Numbers = dict[str, float | None]
-Echo = Callable[[str], Awaitable[None]]
 
 
 @dataclass(frozen=True)
