@@ -8,7 +8,6 @@ from typing import Any, Protocol
 
 from bot.chat.messages import MessageRef
 from bot.postmortem.ports import DraftNotifier
-from bot.store.states import ACTIVE as ACTIVE  # re-exported: the flow imports it from here
 from bot.store.states import RemediationState
 
 # state -> what the card says it is doing (one message, updated in place); keyed by the members,
