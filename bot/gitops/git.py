@@ -36,6 +36,7 @@ from bot.config import GitRepoSpec
 from bot.gitops import trailers
 from bot.gitops.errors import Conflict, GitOpsError
 from bot.gitops.secrets import read_secret, scrub
+from bot.runtime.ids import process_alive
 
 TIMEOUT_S = 120.0
 _RECORD, _FIELD = "\x1e", "\x1f"
@@ -352,18 +353,8 @@ class GitRepo:
         stem = self.path.name.rsplit("-", 1)[0]
         for other in self.path.parent.glob(f"{stem}-*"):
             pid = other.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            if pid.isdigit() and int(pid) != os.getpid() and not process_alive(int(pid)):
                 shutil.rmtree(other, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _write(path: Path, text: str) -> None:

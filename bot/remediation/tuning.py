@@ -41,7 +41,7 @@ from bot.remediation.gate import verify_serving
 from bot.remediation.liveness import LostRun, heartbeat
 from bot.remediation.policy import Policy
 from bot.remediation.tune_records import TuneRecords
-from bot.runtime.ids import replica_id
+from bot.runtime.ids import process_alive, replica_id
 from bot.store.models import TuneSession
 from bot.store.readings import ROLLBACK_FAILED
 from bot.tune.matrix import Row
@@ -412,13 +412,7 @@ def runner_is_dead(runner: str | None) -> bool:
     pid_text = rest.partition(":")[0]
     if host != socket.gethostname() or not pid_text.isdigit():
         return False
-    try:
-        os.kill(int(pid_text), 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return not process_alive(int(pid_text))
 
 
 async def restore_session(

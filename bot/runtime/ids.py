@@ -1,4 +1,5 @@
-"""Identifiers the bot mints: short error ids that tie a message to its log line, button tokens."""
+"""Identifiers the bot mints: short error ids that tie a message to its log line, button tokens,
+replica ids; and whether the process an id names still runs."""
 
 from __future__ import annotations
 
@@ -23,3 +24,14 @@ def replica_id() -> str:
 
     The random part tells apart two runs in one process (a restarted scheduler, a second run)."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host (one we may not signal runs too)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
