@@ -60,18 +60,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.stem, 10))
 
 
-# RULELOOP_TEST_ENGINE_CPU_LIMIT=0.1 runs every test engine under a tenth of one core (a cgroup
-# quota, root only): the engine modules on a machine many times slower than this one.
-ENGINE_CPU_LIMIT = os.environ.get("RULELOOP_TEST_ENGINE_CPU_LIMIT")
-
-
 @pytest.fixture(scope="session")
 def engine_manager(tmp_path_factory: pytest.TempPathFactory) -> EngineManager:
-    """An engine manager whose state (logs, model dir) lives in this session's temp dir."""
-    return EngineManager(
-        state_dir=tmp_path_factory.mktemp("engines"),
-        cpu_limit=float(ENGINE_CPU_LIMIT) if ENGINE_CPU_LIMIT else None,
-    )
+    """An engine manager whose state (logs, model dir) lives in this session's temp dir.
+
+    RULELOOP_ENGINE_CPU_LIMIT=0.1 (read by every EngineManager) runs each engine the suite
+    starts under a tenth of one core: the suite on a machine many times slower than this one.
+    """
+    return EngineManager(state_dir=tmp_path_factory.mktemp("engines"))
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import re
 import signal
@@ -54,17 +55,25 @@ def sized_for_tests(rules: str, *, ttft_line_s: float) -> str:
     return head + name + tail
 
 
-def runbooks_with_ttft_line(target: Path, line_ms: float) -> Path:
-    """The shipped runbooks, copied with the TTFT finding at ``line_ms`` instead of 1000 ms."""
+def window_for(decode_alone_s: float) -> float:
+    """The diagnosis window, from the engine's measured speed: six times one request's decode
+    alone, so that each of the SEQS slots finishes requests inside it under load (goodput is
+    read from what finished there; a 10 s window on a slow machine saw none finish). At least
+    the shipped 10 s, at most the probe's 600 s."""
+    return min(600.0, max(10.0, math.ceil(6 * decode_alone_s)))
+
+
+def runbooks_with_ttft_line(target: Path, line_ms: float, window_s: float) -> Path:
+    """The shipped runbooks, copied with the TTFT finding at ``line_ms`` instead of 1000 ms
+    and the engine's sampling window ``window_s`` instead of 10 s."""
     target.mkdir()
     for path in RUNBOOKS.glob("*.yaml"):
         text = path.read_text()
         assert "vllm_metrics.ttft_p99_ms > 1000" in text, path
-        (target / path.name).write_text(
-            text.replace(
-                "vllm_metrics.ttft_p99_ms > 1000", f"vllm_metrics.ttft_p99_ms > {line_ms!r}"
-            )
+        text = text.replace(
+            "vllm_metrics.ttft_p99_ms > 1000", f"vllm_metrics.ttft_p99_ms > {line_ms!r}"
         )
+        (target / path.name).write_text(text.replace("{window_s: 10,", f"{{window_s: {window_s},"))
     return target
 
 
@@ -159,7 +168,8 @@ def stack(tmp_path: Path, engine_factory: EngineFactory) -> Iterator[dict[str, o
     engine = engine_factory(["--max-num-seqs", str(SEQS)])
     ttft_alone_s, decode_alone_s = alone(engine)
     line_s = alert_line(engine, decode_alone_s)
-    runbooks = runbooks_with_ttft_line(tmp_path / "runbooks", line_s * 1000)
+    window_s = window_for(decode_alone_s)
+    runbooks = runbooks_with_ttft_line(tmp_path / "runbooks", line_s * 1000, window_s)
     procs: list[Process] = []
     with FakeSlack() as slack:
         try:
@@ -244,6 +254,7 @@ def stack(tmp_path: Path, engine_factory: EngineFactory) -> Iterator[dict[str, o
                 "prometheus": f"http://127.0.0.1:{prom_port}",
                 "ttft_line_s": line_s,
                 "alone_s": (ttft_alone_s, decode_alone_s),
+                "window_s": window_s,
             }
         finally:
             for proc in reversed(procs):
@@ -283,10 +294,15 @@ async def load(base_url: str, stop: asyncio.Event) -> int:
 async def test_alert_to_diagnosis_thread_and_resolution(stack: dict[str, object]) -> None:
     slack: FakeSlack = stack["slack"]  # type: ignore[assignment]
     engine = stack["engine"]
+    window_s: float = stack["window_s"]  # type: ignore[assignment]
+    # Waits from measured speed: 5 minutes for the alert to fire and route, plus the window
+    # twice over (a second alert of the incident may sample again); the load drains in-flight
+    # requests before the resolution, at most STREAMS answers per slot.
+    wait_s = 300 + 2 * window_s
     stop = asyncio.Event()
     load_task = asyncio.create_task(load(engine.base_url, stop))  # type: ignore[attr-defined]
     try:
-        await slack.until("chat.update", timeout=300)  # fired, routed, diagnosed under load
+        await slack.until("chat.update", timeout=wait_s)  # fired, routed, diagnosed under load
     finally:
         stop.set()
         sent = await load_task
@@ -300,7 +316,7 @@ async def test_alert_to_diagnosis_thread_and_resolution(stack: dict[str, object]
     numbers = json.dumps(diagnosed.args["blocks"], ensure_ascii=False)
     assert "*TTFT p99*" in numbers and "diagnosed" in numbers
     # resolution: the load stopped, the 15 s windows empty, Alertmanager sends resolved
-    updates = await slack.until("chat.update", 2, timeout=300)
+    updates = await slack.until("chat.update", 2, timeout=wait_s)
     assert updates[-1].args["ts"] == diagnosed.args["ts"]
     assert ":white_check_mark: Resolved:" in updates[-1].args["text"]
     replies = slack.of("chat.postMessage")[1:]

@@ -79,16 +79,19 @@ async def test_the_gate_fails_a_release_whose_requests_are_mostly_429(
 async def test_the_seeds_command_as_written_reads_the_engine_behind_the_gateway(
     gateway: StartGateway, tmp_path: Path
 ) -> None:
+    # The seed's flags as written, one request per stream: all 150 streams in flight at once
+    # through the gateway. Its default count (750, five per stream) is test_canary_cli's; five
+    # rounds of 2048-token prefills here cost 15 minutes on a slow machine and prove no more.
     base = await gateway()
     report = tmp_path / "canary.json"
     code, output = await latency_checker(
         "--endpoint", f"{base}/v1/completions", "--concurrency", "150", "--prompt-length", "2048",
-        *SEED_GATES, "--output-json", str(report), "--quiet",
+        *SEED_GATES, "--num-requests", "150", "--output-json", str(report), "--quiet",
     )  # fmt: skip
     assert code in (0, 1), output
     data = json.loads(report.read_text())
     assert data["workload"]["metrics_url"] == f"{base}/engine/metrics"
     assert data["engine"]["generation_tokens"] > 0
     assert data["goodput_source"] == "engine"
-    assert data["requests"]["total"] == 750  # 5 per stream: 150 streams stay in flight
+    assert data["requests"]["total"] == 150
     assert "warning:" not in output

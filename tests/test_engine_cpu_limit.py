@@ -9,8 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from bot.engine.cpu_limit import CGROUP_ROOT, CpuLimit
+from bot.cli import cli
+from bot.engine.cpu_limit import CGROUP_ROOT, ENV_VAR, CpuLimit, cores_from_environment
+from bot.engine.process import EngineManager
 from bot.errors import EngineError
 
 WRITABLE = os.access(CGROUP_ROOT / "cpu", os.W_OK) or os.access(CGROUP_ROOT, os.W_OK)
@@ -42,3 +45,38 @@ def test_a_limit_that_cannot_be_set_says_why_and_what_to_do() -> None:
     assert "run as root, or without the limit" in str(caught.value)
     with pytest.raises(EngineError, match="0.01 to 1024 cores"):
         CpuLimit(cores=0, name="x")
+
+
+@pytest.mark.parametrize(
+    ("value", "cores"), [(None, None), ("", None), ("0.1", 0.1), (" 2 ", 2.0), ("1024", 1024.0)]
+)
+def test_the_switch_reads_cores_from_the_environment(value: str | None, cores: float | None) -> None:
+    environ = {} if value is None else {ENV_VAR: value}
+    assert cores_from_environment(environ) == cores
+
+
+@pytest.mark.parametrize("value", ["fast", "0", "-1", "nan", "2000", "0.001"])
+def test_a_bad_switch_says_what_was_wrong_and_what_to_set(value: str) -> None:
+    with pytest.raises(EngineError) as caught:
+        cores_from_environment({ENV_VAR: value})
+    assert f"{ENV_VAR}={value!r} is not a number of cores from 0.01 to 1024" in str(caught.value)
+    assert "e.g. 0.1" in str(caught.value) and "unset it" in str(caught.value)
+
+
+def test_every_engine_manager_honours_the_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_VAR, "0.1")
+    assert EngineManager(state_dir=Path("/nonexistent")).cpu_limit == 0.1
+    assert EngineManager(state_dir=Path("/nonexistent"), cpu_limit=0.5).cpu_limit == 0.5
+    monkeypatch.delenv(ENV_VAR)
+    assert EngineManager(state_dir=Path("/nonexistent")).cpu_limit is None
+
+
+@pytest.mark.parametrize("command", [["engine", "up"], ["demo"]])
+def test_the_commands_refuse_a_bad_switch_before_starting_anything(
+    command: list[str], tmp_path: Path
+) -> None:
+    result = CliRunner().invoke(
+        cli, command, env={ENV_VAR: "fast", "RULELOOP_STATE_DIR": str(tmp_path)}
+    )
+    assert result.exit_code == 2 and "'fast' is not a valid float range" in result.output
+    assert not list(tmp_path.iterdir()), "something was started or written"

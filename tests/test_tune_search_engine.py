@@ -35,7 +35,6 @@ from bot.remediation.argv import read_flags
 from bot.store.db import Database
 from bot.store.models import AuditEntry, TuneSession
 from bot.tune.matrix import RECOMMENDED
-from tests.conftest import ENGINE_CPU_LIMIT
 from tests.fakes.bot import ROOT
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -128,9 +127,7 @@ def test_search_on_fresh_engines_finds_the_better_value_and_marks_the_gate_misse
 def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineManager, int, Path]]:
     """The target: a local engine with its own state dir, and the bot's config naming it."""
     root = tmp_path_factory.mktemp("tune-target")
-    manager = EngineManager(
-        state_dir=root / "engines", cpu_limit=float(ENGINE_CPU_LIMIT) if ENGINE_CPU_LIMIT else None
-    )
+    manager = EngineManager(state_dir=root / "engines")  # RULELOOP_ENGINE_CPU_LIMIT applies
     port = free_port()
     manager.start(port=port, flags=LAUNCH, timeout_s=600)
     config = root / "ruleloop.toml"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from bot.cli.engine import state_dir_option
+from bot.cli.engine import cpu_limit_option, state_dir_option
 
 
 @click.command("demo")
@@ -31,16 +31,9 @@ from bot.cli.engine import state_dir_option
     show_default=True,
     help="ADRs to start from (copied; the demo never changes them).",
 )
-@click.option(
-    "--engine-cpu-limit",
-    type=click.FloatRange(0.01, 1024),
-    default=None,
-    metavar="CORES",
-    help="Run the engine under a CPU quota of CORES (e.g. 0.25 = a quarter of one core; needs "
-    "root): see the demo hold on a machine many times slower than this one.",
-)
+@cpu_limit_option("--engine-cpu-limit")
 @state_dir_option
-def demo(keep: bool, adr_dir: Path, engine_cpu_limit: float | None, state_dir: Path | None) -> None:
+def demo(keep: bool, adr_dir: Path, cpu_limit: float | None, state_dir: Path | None) -> None:
     """The whole loop on a local CPU engine: incident, diagnosis, fix, draft, drift.
 
     \b
@@ -66,9 +59,9 @@ def demo(keep: bool, adr_dir: Path, engine_cpu_limit: float | None, state_dir: P
     root = state_dir or default_state_dir()
     ws = workspace(root, adr_dir)
     say(f"1/9 workspace {ws}")
-    manager = EngineManager(state_dir=root, cpu_limit=engine_cpu_limit)
+    manager = EngineManager(state_dir=root, cpu_limit=cpu_limit)
     port = free_port()
-    limit = "" if engine_cpu_limit is None else f", limited to {engine_cpu_limit:g} cores"
+    limit = "" if cpu_limit is None else f", limited to {cpu_limit:g} cores"
     say(f"2/9 starting vLLM (CPU, tiny model{limit}) on port {port} with {' '.join(BAD_FLAGS)} ...")
     info = manager.start(port=port, flags=BAD_FLAGS, on_progress=lambda s: say(f"    {s}"))
     try:

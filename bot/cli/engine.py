@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import click
 
+from bot.engine.cpu_limit import ENV_VAR, MAX_CORES, MIN_CORES
 from bot.engine.process import DEFAULT_PORT, START_TIMEOUT_S, EngineManager
 
+F = TypeVar("F", bound=Callable[..., object])
 state_dir_option = click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -15,6 +19,20 @@ state_dir_option = click.option(
     default=None,
     help="Where engine state, logs and the tiny model live [default: ~/.local/state/ruleloop].",
 )
+
+
+def cpu_limit_option(name: str) -> Callable[[F], F]:
+    """``name`` CORES: the engine under a CPU quota (also RULELOOP_ENGINE_CPU_LIMIT)."""
+    return click.option(
+        name,
+        "cpu_limit",
+        type=click.FloatRange(MIN_CORES, MAX_CORES),
+        envvar=ENV_VAR,
+        default=None,
+        metavar="CORES",
+        help=f"Run the engine under a CPU quota of CORES (0.1 = a tenth of one core; a cgroup, "
+        f"needs root): this machine as slow as one many times slower [env: {ENV_VAR}].",
+    )
 
 
 @click.group("engine")
@@ -40,14 +58,21 @@ def engine() -> None:
     show_default=True,
     help="Seconds to wait for the engine to serve.",
 )
+@cpu_limit_option("--cpu-limit")
 @state_dir_option
 @click.argument("vllm_flags", nargs=-1, type=click.UNPROCESSED)
 def up(
-    port: int, host: str, timeout_s: float, state_dir: Path | None, vllm_flags: tuple[str, ...]
+    port: int,
+    host: str,
+    timeout_s: float,
+    cpu_limit: float | None,
+    state_dir: Path | None,
+    vllm_flags: tuple[str, ...],
 ) -> None:
     """Start the engine and wait until it serves. Flags after `--` go to vLLM unchanged."""
-    manager = EngineManager(state_dir=state_dir)
-    click.echo(f"starting vLLM on {host}:{port} {' '.join(vllm_flags)}".rstrip(), err=True)
+    manager = EngineManager(state_dir=state_dir, cpu_limit=cpu_limit)
+    limit = "" if cpu_limit is None else f" (limited to {cpu_limit:g} cores)"
+    click.echo(f"starting vLLM on {host}:{port}{limit} {' '.join(vllm_flags)}".rstrip(), err=True)
     info = manager.start(
         port=port,
         host=host,

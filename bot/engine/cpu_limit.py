@@ -6,11 +6,17 @@ the engine slow the same way on any Linux machine: ``cores`` of CPU time per per
 processes together (0.25 = a quarter of one core). cgroup v1 (``cpu.cfs_quota_us``) and v2
 (``cpu.max``) are both supported; the engine's first process is moved in right after it is
 spawned, so the processes it starts later (vLLM's engine core) inherit the group.
+
+``RULELOOP_ENGINE_CPU_LIMIT=0.1`` is the one switch that puts every engine this package starts
+(``ruleloop engine up``, the demo, the local actuator, the test suite's engines) under that
+quota: at 0.1 core an AVX-512 machine runs vLLM about as fast as a 2-core AVX2 one.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +24,25 @@ from bot.errors import EngineError
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000
+ENV_VAR = "RULELOOP_ENGINE_CPU_LIMIT"
+MIN_CORES, MAX_CORES = 0.01, 1024.0
+
+
+def cores_from_environment(environ: Mapping[str, str] = os.environ) -> float | None:
+    """The cores ``RULELOOP_ENGINE_CPU_LIMIT`` asks for (None when unset or empty)."""
+    raw = environ.get(ENV_VAR, "").strip()
+    if not raw:
+        return None
+    try:
+        cores = float(raw)
+    except ValueError:
+        cores = float("nan")
+    if not MIN_CORES <= cores <= MAX_CORES:  # NaN fails this too
+        raise EngineError(
+            f"{ENV_VAR}={raw!r} is not a number of cores from {MIN_CORES:g} to {MAX_CORES:g}: "
+            f"set it to e.g. 0.1 (a tenth of one core), or unset it for no limit"
+        )
+    return cores
 
 
 @dataclass(frozen=True)
@@ -29,8 +54,10 @@ class CpuLimit:
     root: Path = CGROUP_ROOT
 
     def __post_init__(self) -> None:
-        if not 0.01 <= self.cores <= 1024:
-            raise EngineError(f"a CPU limit is 0.01 to 1024 cores, not {self.cores:g}")
+        if not MIN_CORES <= self.cores <= MAX_CORES:
+            raise EngineError(
+                f"a CPU limit is {MIN_CORES:g} to {MAX_CORES:g} cores, not {self.cores:g}"
+            )
 
     @property
     def group(self) -> Path:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from bot.engine.cpu_limit import CpuLimit
+from bot.engine.cpu_limit import CpuLimit, cores_from_environment
 from bot.engine.model import SERVED_MODEL_NAME, write_model_dir
 from bot.errors import EngineError
 
@@ -152,7 +152,8 @@ class EngineManager:
     ) -> None:
         self.state_dir = state_dir or default_state_dir()
         self.python = python or os.environ.get("RULELOOP_ENGINE_PYTHON") or sys.executable
-        self.cpu_limit = cpu_limit  # cores, for every engine it starts (a slower machine)
+        # cores for every engine it starts (a slower machine); RULELOOP_ENGINE_CPU_LIMIT when unset
+        self.cpu_limit = cpu_limit if cpu_limit is not None else cores_from_environment()
 
     def _state_path(self, port: int) -> Path:
         return self.state_dir / f"engine-{port}.json"
