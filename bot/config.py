@@ -352,6 +352,11 @@ class Target(_Section):
     """One inference deployment the bot can diagnose (and, with an actuator, change)."""
 
     vllm_url: str = Field(description="the engine's base URL (its /metrics is scraped)")
+    replicas: list[str] = Field(
+        default_factory=list,
+        description="the base URLs of every engine serving the target (each one's /metrics is "
+        "scraped and merged, docs/fleet.md); empty: the one engine at vllm_url",
+    )
     gateway_url: str | None = Field(
         default=None, description="the inference gateway: its counters join queue_cancel"
     )
@@ -386,6 +391,14 @@ class Target(_Section):
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise ValueError(f"{url!r} is not an http(s) URL like http://10.0.0.5:8000")
         return url.rstrip("/")
+
+    @field_validator("replicas")
+    @classmethod
+    def _replica_urls(cls, urls: list[str]) -> list[str]:
+        checked = [cls._http_url(url) for url in urls]
+        if len(set(checked)) != len(checked):
+            raise ValueError("a replica is listed twice")
+        return [url for url in checked if url is not None]
 
     @property
     def metrics_url(self) -> str:

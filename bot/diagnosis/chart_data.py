@@ -23,13 +23,13 @@ from bot.probes.types import Finding
 from bot.probes.vllm_metrics import (
     E2E,
     ITL,
-    KV_USAGE,
     QUEUE_TIME,
     RUNNING,
     TTFT,
     WAITING,
     Quantiles,
     gauge,
+    kv_usage,
 )
 
 Point = tuple[float, float | None]  # (unix seconds, value; None: nothing observed then)
@@ -67,7 +67,8 @@ CHARTABLE: dict[str, ChartMetric] = {
     "engine_ttft_p99_ms": ChartMetric("TTFT p99", "ms", True, _histogram_p99(TTFT)),
     "e2e_p99_ms": ChartMetric("E2E latency p99", "ms", True, _histogram_p99(E2E)),
     "queue_time_p99_ms": ChartMetric("queue time p99", "ms", True, _histogram_p99(QUEUE_TIME)),
-    "kv_cache_usage": ChartMetric("KV cache usage", "ratio", True, _gauge(KV_USAGE)),
+    # the fullest engine's share (a sum over engines or replicas would pass 1)
+    "kv_cache_usage": ChartMetric("KV cache usage", "ratio", True, lambda _b, a: kv_usage(a)),
     "requests_waiting": ChartMetric("requests waiting", "", True, _gauge(WAITING)),
     "requests_running": ChartMetric("requests running", "", True, _gauge(RUNNING)),
 }

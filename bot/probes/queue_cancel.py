@@ -71,9 +71,10 @@ class QueueCancelProbe:
                 require_vllm=False,
             )  # fmt: skip
         g0 = await gateway(only=GATEWAY_METRICS) if gateway else None
-        window = await ctx.window(
-            target.target.metrics_url, seconds=params.window_s, interval_s=params.interval_s
+        fleet = await ctx.window(
+            target.target, seconds=params.window_s, interval_s=params.interval_s
         )
+        window = fleet.window
         g1 = await gateway(only=GATEWAY_METRICS) if gateway else None
         engine = window.engine
         peak_share = max(
@@ -108,6 +109,7 @@ class QueueCancelProbe:
             },
             "wasted_prefill_basis": engine.wasted_prefill_share.basis,
             "wasted_decode_basis": engine.goodput.basis,
+            **fleet.details(),
         }
         return ProbeResult(readings=readings, details=details)
 

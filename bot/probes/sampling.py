@@ -1,4 +1,5 @@
-"""A sampled engine window: scrapes of one vLLM /metrics page every few seconds over a window.
+"""A sampled engine window: scrapes of vLLM's /metrics every few seconds over a window (one
+engine's pages, or a fleet's merged ones: bot/probes/fleet_window.py).
 
 The first and last scrapes bracket the window (counters and histograms as deltas, via the
 foundation's ``read_window``); the ones between give a timeline: TTFT p99 per interval, queue
@@ -8,19 +9,18 @@ depth, running requests and KV usage, for the chart and for peaks that a single 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
 from bot.numbers.reading import Estimate
+from bot.probes.engine_identity import IDENTITY_METRICS
 from bot.probes.exposition import Exposition
 from bot.probes.fragmentation import (
     ESTIMATE_ASSUMPTION,
     estimate_fragmentation,
-    used_blocks,
 )
 from bot.probes.vllm_metrics import (
-    KV_USAGE,
     OUTPUT_LENGTHS,
     PROMPT_LENGTHS,
     RUNNING,
@@ -28,15 +28,17 @@ from bot.probes.vllm_metrics import (
     WAITING,
     WINDOW_METRICS,
     EngineWindow,
-    MetricsScraper,
     Quantiles,
     cache_config,
     gauge,
+    kv_blocks_used,
+    kv_usage,
     read_window,
 )
 
 TPOT = ("vllm:request_time_per_output_token_seconds",)
-SAMPLED_METRICS = WINDOW_METRICS | {*TPOT, *PROMPT_LENGTHS, *OUTPUT_LENGTHS}
+# the identity metrics name the process that answered (deltas only within one)
+SAMPLED_METRICS = WINDOW_METRICS | IDENTITY_METRICS | {*TPOT, *PROMPT_LENGTHS, *OUTPUT_LENGTHS}
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,7 @@ class SampledWindow:
                 ttft_p99_ms=Quantiles.from_histogram(prev, page, TTFT).p99,
                 requests_waiting=gauge(page, WAITING),
                 requests_running=gauge(page, RUNNING),
-                kv_cache_usage=gauge(page, KV_USAGE),
+                kv_cache_usage=kv_usage(page),
             )
             for prev, page in zip(self.pages, self.pages[1:], strict=False)
         ]
@@ -98,13 +100,12 @@ class SampledWindow:
         if cache is None:
             return "unknown: the engine exposes no vllm:cache_config_info (block size)"
         estimates, disagreeing = [], 0
-        for point in self.points:
-            if not point.requests_running or point.kv_cache_usage is None:
+        for point, page in zip(self.points, self.pages[1:], strict=True):
+            blocks = kv_blocks_used(page)  # summed over engines, each its own pool
+            if not point.requests_running or blocks is None:
                 continue
             estimate = estimate_fragmentation(
-                running=round(point.requests_running),
-                blocks=used_blocks(point.kv_cache_usage, cache.num_gpu_blocks),
-                block_size=cache.block_size,
+                running=round(point.requests_running), blocks=blocks, block_size=cache.block_size
             )
             if estimate is None:
                 disagreeing += 1  # more sequences running than blocks in use
@@ -121,18 +122,3 @@ class SampledWindow:
             basis=f"{ESTIMATE_ASSUMPTION}; median over {len(estimates)} scrape(s) "
             f"with requests running, block size {cache.block_size}",
         )
-
-
-async def sample_window(
-    scraper: MetricsScraper,
-    *,
-    seconds: float,
-    interval_s: float,
-    sleep: Callable[[float], Awaitable[None]],
-) -> SampledWindow:
-    """Scrape now, then every ``interval_s`` until ``seconds`` have passed (by the scrape clock)."""
-    pages = [await scraper(only=SAMPLED_METRICS)]
-    while pages[-1].at - pages[0].at < seconds:
-        await sleep(min(interval_s, seconds - (pages[-1].at - pages[0].at)))
-        pages.append(await scraper(only=SAMPLED_METRICS))
-    return SampledWindow(pages=tuple(pages))

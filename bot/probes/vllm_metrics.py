@@ -207,9 +207,49 @@ def cache_config(page: Exposition) -> CacheConfig | None:
 
 
 def gauge(page: Exposition, names: Sequence[str]) -> float | None:
-    """A gauge summed over label sets (e.g. over engines), None when not exposed."""
+    """A gauge summed over label sets (e.g. over engines), None when not exposed: right for
+    counts (requests running, waiting), wrong for shares (KV usage: ``kv_usage``)."""
     name = page.first_present(names)
     return None if name is None else page.total(name)
+
+
+def kv_usage(page: Exposition) -> float | None:
+    """The KV-cache usage of the fullest engine on the page (data-parallel engines, merged
+    replicas): the one that preempts first. A sum of shares would exceed 1."""
+    name = page.first_present(KV_USAGE)
+    if name is None:
+        return None
+    return max((value for _, value in page.samples[name]), default=0.0)
+
+
+# Labels that tell one engine from another on a page (merged pages add replica and process).
+ENGINE_KEYS = ("engine", "replica", "process")
+
+
+def kv_blocks_used(page: Exposition) -> int | None:
+    """KV blocks in use over every engine on the page, each from its own usage and pool size;
+    None without a KV usage gauge or vllm:cache_config_info."""
+    name, info = page.first_present(KV_USAGE), page.first_present(CACHE_CONFIG)
+    if name is None or info is None:
+        return None
+    configs = page.labels_of(info)
+    total = 0
+    for labels, value in page.samples[name]:
+        same = [c for c in configs if all(c.get(k) == labels.get(k) for k in ENGINE_KEYS)]
+        blocks = _num_blocks(same or configs)
+        if blocks is None:
+            return None
+        total += used_blocks(value, blocks)
+    return total
+
+
+def _num_blocks(configs: Sequence[Mapping[str, str]]) -> int | None:
+    for labels in configs:
+        try:
+            return int(labels["num_gpu_blocks"])
+        except (KeyError, ValueError):
+            continue
+    return None
 
 
 def counter_delta(before: Exposition, after: Exposition, names: Sequence[str]) -> float | None:
@@ -249,7 +289,7 @@ def read_window(before: Exposition, after: Exposition) -> EngineWindow:
         e2e_ms=Quantiles.from_histogram(before, after, E2E),
         requests_running=gauge(after, RUNNING),
         requests_waiting=gauge(after, WAITING),
-        kv_cache_usage=gauge(after, KV_USAGE),
+        kv_cache_usage=kv_usage(after),
         preemptions_per_s=None if preemptions is None else preemptions / duration,
         prefix_cache_hit_rate=hit_rate,
         generation_tokens=generated,
@@ -287,11 +327,10 @@ class _InFlight:
         preempted = (gauge(page, WAITING) or 0.0) if (gauge(page, PREEMPTIONS) or 0.0) else 0.0
         if running <= 0:
             return cls(0.0, preempted, 0.0, 0.0)
-        kv, cache = gauge(page, KV_USAGE), cache_config(page)
-        if kv is None or cache is None:
+        blocks, cache = kv_blocks_used(page), cache_config(page)
+        if blocks is None or cache is None:
             why = "requests were in flight and the engine exposes no KV usage or block size"
             return cls(running, preempted, None, 0.0, why)
-        blocks = used_blocks(kv, cache.num_gpu_blocks)
         if blocks < running:
             why = f"{running:g} requests running in {blocks} KV blocks: the gauges disagree"
             return cls(running, preempted, None, 0.0, why)

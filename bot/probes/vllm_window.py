@@ -83,9 +83,10 @@ class VllmMetricsProbe:
     async def run(self, *, target: TargetRef, params: Params, ctx: ProbeContext) -> ProbeResult:
         """Sample the window and read it."""
         assert isinstance(params, WindowParams)
-        window = await ctx.window(
-            target.target.metrics_url, seconds=params.window_s, interval_s=params.interval_s
+        fleet = await ctx.window(
+            target.target, seconds=params.window_s, interval_s=params.interval_s
         )
+        window = fleet.window
         engine = window.engine
         fragmentation = window.kv_fragmentation()
         readings = {
@@ -111,6 +112,7 @@ class VllmMetricsProbe:
             "goodput_basis": engine.goodput.basis,
             "aborted_requests": engine.aborted_requests,
             **fragmentation_details(fragmentation),
+            **fleet.details(),  # each replica's own numbers, beside the merged ones
         }
         quantiles = {
             "ttft_p99_ms": (engine.ttft_ms, "p99"),
