@@ -24,14 +24,14 @@ demo: $(STAMP)
 # Real Prometheus, Alertmanager (with promtool, amtool), PostgreSQL and chromium (the incident
 # page's browser test, driven by Playwright) for the bot's tests: Debian packages, installed
 # only when a binary is missing (CI runs as root; elsewhere sudo is used).
-SYSTEM_BINARIES = prometheus promtool prometheus-alertmanager amtool pg_ctlcluster chromium
+SYSTEM_BINARIES = prometheus promtool prometheus-alertmanager amtool pg_ctlcluster chromium nginx
 system-deps:
 	@for b in $(SYSTEM_BINARIES); do command -v $$b >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
 	  sudo=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$sudo apt-get update && \
 	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends \
-	    prometheus prometheus-alertmanager postgresql chromium; \
+	    prometheus prometheus-alertmanager postgresql chromium nginx-light; \
 	fi
 
 # The layer contracts first (seconds): a wrong-way import fails before the suite starts. Two

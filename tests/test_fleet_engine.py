@@ -1,0 +1,267 @@
+"""A target that is a fleet, on two real vLLM engines behind a real nginx round-robin.
+
+One engine is made sick: held by a cgroup CPU quota until it decodes several times slower than
+its healthy twin (the quota is sized from the speeds measured here, so a slower machine gets a
+smaller quota, not a different test). Clients load the fleet through nginx and time their own
+first tokens. Pointed at nginx alone, the bot must refuse to give a number (its scrapes come
+from two engines); with the replicas listed, the fleet's TTFT p99 must be the clients' and the
+per-replica details must show the sick one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import shutil
+import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import aiohttp
+import httpx
+import psutil
+import pytest
+
+from bot.canary.client import RequestRecord, stream_request
+from bot.config import Target
+from bot.engine.cpu_limit import MIN_CORES, CpuLimit
+from bot.engine.process import EngineInfo, EngineManager, free_port
+from bot.errors import ProbeError
+from bot.probes.context import ProbeContext, TargetRef
+from bot.probes.replicas import Replica
+from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
+
+pytestmark = pytest.mark.engine
+
+PROMPT, OUTPUT = 48, 24  # tokens per request (one byte is one token)
+LOAD, CONCURRENCY = 40, 4  # requests through nginx, clients at once: small, the box has 2 cores
+SLOWDOWN = 8.0  # the sick replica decodes at least this many times slower than the healthy one
+INTERVAL_S = 0.5
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineInfo]]:
+    """Two engines, started side by side (each manager its own state and model directory)."""
+    managers = [EngineManager(state_dir=tmp_path_factory.mktemp(f"fleet-{i}")) for i in (0, 1)]
+    ports = [free_port(), free_port()]
+    while ports[1] == ports[0]:
+        ports[1] = free_port()
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futures = [
+                pool.submit(m.start, port=p, flags=["--enforce-eager"], timeout_s=600)
+                for m, p in zip(managers, ports, strict=True)
+            ]
+            yield [f.result() for f in futures]
+    finally:
+        for manager, port in zip(managers, ports, strict=True):
+            manager.stop(port)
+        sick_limit(ports[1]).remove()  # once its processes are gone
+
+
+def sick_limit(port: int, cores: float = 1.0) -> CpuLimit:
+    """The cgroup that holds the sick engine's processes."""
+    return CpuLimit(cores=max(cores, MIN_CORES), name=f"ruleloop-fleet-sick-{port}")
+
+
+def nginx_conf(tmp: Path, port: int, engines: list[EngineInfo]) -> str:
+    servers = "\n".join(f"    server 127.0.0.1:{e.port};" for e in engines)
+    temp = "\n".join(
+        f"  {kind}_temp_path {tmp}/{kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    return f"""daemon off;
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log;
+events {{ worker_connections 256; }}
+http {{
+  access_log off;
+{temp}
+  upstream engines {{
+{servers}
+    keepalive 8;
+  }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://engines;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_read_timeout 600s;
+    }}
+  }}
+}}
+"""
+
+
+@pytest.fixture(scope="module")
+def nginx(engines: list[EngineInfo], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Debian's nginx, round-robin over the two engines, on loopback; its base URL."""
+    binary = shutil.which("nginx") or shutil.which("/usr/sbin/nginx")
+    assert binary, "nginx is missing: `make system-deps` installs Debian's nginx-light"
+    tmp = tmp_path_factory.mktemp("nginx")
+    port = free_port()
+    conf = tmp / "nginx.conf"
+    conf.write_text(nginx_conf(tmp, port, engines))
+    proc = subprocess.Popen([binary, "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log")])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None, (tmp / "error.log").read_text()
+                assert time.monotonic() < deadline, "nginx did not listen in 30 s"
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def request(session: aiohttp.ClientSession, base_url: str, n: int) -> RequestRecord:
+    """One streaming completion with a distinct prompt (no prefix-cache sharing)."""
+    prompt = [100 + (n * 7 + i) % 150 for i in range(PROMPT)]
+    body = {
+        "model": "tiny-llama",
+        "prompt": prompt,
+        "max_tokens": OUTPUT,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    record = RequestRecord(sent_at=time.perf_counter())
+    await stream_request(session, f"{base_url}/v1/completions", body, record, timeout_s=600)
+    assert record.error is None and record.output_tokens == OUTPUT, record
+    return record
+
+
+async def alone(session: aiohttp.ClientSession, base_url: str) -> tuple[float, float]:
+    """Decode seconds per token and seconds per request, one request at a time (median of 2)."""
+    records = [await request(session, base_url, 10_000 + i) for i in range(2)]
+    decode = [
+        (r.last_token_at - r.first_token_at) / (OUTPUT - 1)
+        for r in records
+        if r.last_token_at is not None and r.first_token_at is not None
+    ]
+    e2e = [r.e2e_s for r in records if r.e2e_s is not None]
+    return statistics.median(decode), statistics.median(e2e)
+
+
+def hold(limit: CpuLimit, engine: EngineInfo) -> None:
+    """Put the engine's processes (its server and engine core) under ``limit``'s quota."""
+    root = psutil.Process(engine.pid)
+    for proc in [root, *root.children(recursive=True)]:
+        limit.apply(proc.pid)
+
+
+async def make_sick(session: aiohttp.ClientSession, engines: list[EngineInfo]) -> dict[str, float]:
+    """Slow the second engine until it decodes SLOWDOWN x slower than the first, sizing the
+    quota from the measured speeds; what was measured."""
+    healthy, _ = await alone(session, engines[0].base_url)
+    sick, _ = await alone(session, engines[1].base_url)
+    cores = 1.0 / SLOWDOWN  # an engine decoding alone keeps about one core busy
+    for _ in range(4):
+        hold(sick_limit(engines[1].port, cores), engines[1])
+        sick, sick_e2e = await alone(session, engines[1].base_url)
+        if sick >= SLOWDOWN * healthy:
+            break
+        cores *= sick / (SLOWDOWN * healthy) / 1.2  # slower by what is still missing
+    assert sick >= SLOWDOWN * healthy, f"could not slow the engine: {sick=:.4f} {healthy=:.4f}"
+    return {
+        "healthy_decode_s": healthy, "sick_decode_s": sick, "sick_e2e_s": sick_e2e,
+        "sick_cores": max(cores, MIN_CORES),
+    }  # fmt: skip
+
+
+def p99(values: list[float]) -> float:
+    """The clients' p99 (nearest rank)."""
+    ordered = sorted(values)
+    return ordered[math.ceil(0.99 * len(ordered)) - 1]
+
+
+def bucket(value_s: float, edges: list[float]) -> float:
+    """The upper edge of the histogram bucket holding ``value_s``."""
+    return next(edge for edge in sorted(edges) if value_s <= edge)
+
+
+def agrees(engine_ms: float | None, client_s: float, edges: list[float]) -> bool:
+    """Same histogram bucket, or within 10 %."""
+    if engine_ms is None:
+        return False
+    engine_s = engine_ms / 1000
+    return bucket(engine_s, edges) == bucket(client_s, edges) or abs(engine_s - client_s) <= (
+        0.1 * client_s
+    )
+
+
+async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None:
+    async with aiohttp.ClientSession() as session, httpx.AsyncClient(timeout=30) as http:
+        measured = await make_sick(session, engines)
+
+        # (a) the bot pointed at nginx alone: its scrapes alternate between the two engines
+        ctx = ProbeContext(http=http)
+        lone = TargetRef("svc", Target(vllm_url=nginx))
+        with pytest.raises(ProbeError, match=rf"{nginx} answers from 2 engines.*replicas = "):
+            await VllmMetricsProbe().run(
+                target=lone, params=WindowParams(window_s=2, interval_s=INTERVAL_S), ctx=ctx
+            )
+
+        # (b) the replicas listed: one window over the load, sized from the sick engine's speed
+        fleet = Target(vllm_url=nginx, replicas=[e.base_url for e in engines])
+        window_s = min(LOAD / 2 * measured["sick_e2e_s"] + 5, 540)  # serially: 3x the need here
+        probe = asyncio.ensure_future(
+            VllmMetricsProbe().run(
+                target=TargetRef("fleet", fleet),
+                params=WindowParams(window_s=window_s, interval_s=INTERVAL_S),
+                ctx=ProbeContext(http=http),
+            )
+        )
+        await asyncio.sleep(2 * INTERVAL_S)  # the window's first scrapes precede the load
+        started = time.monotonic()
+        records = await load(session, nginx)
+        load_s = time.monotonic() - started
+        result = await probe
+
+    clients = p99([r.ttft_s for r in records if r.ttft_s is not None])
+    window = result.window
+    assert window is not None
+    edges = list(window.pages[-1].buckets("vllm:time_to_first_token_seconds"))
+    fleet_p99 = result.readings["ttft_p99_ms"]
+    replicas = result.details["replicas"]
+    healthy = replicas[Replica(engines[0].base_url).address]
+    sick = replicas[Replica(engines[1].base_url).address]
+    summary = (
+        f"measured {measured}; load {load_s:.1f} s in a {window_s:.1f} s window; client TTFT "
+        f"p99 {clients * 1000:.0f} ms, fleet {fleet_p99} ms, healthy {healthy['ttft_p99_ms']} "
+        f"ms, sick {sick['ttft_p99_ms']} ms; replicas {replicas}"
+    )
+    print(summary)
+    # every request through nginx is counted once in the fleet's window, on one replica
+    assert result.readings["requests_finished"] == LOAD, summary
+    assert healthy["requests_finished"] + sick["requests_finished"] == LOAD, summary
+    assert agrees(fleet_p99, clients, edges), summary
+    assert sick["ttft_p99_ms"] > healthy["ttft_p99_ms"], summary
+    # the healthy replica alone (what a Service-fronted scrape may read) is not the clients' p99
+    assert not agrees(healthy["ttft_p99_ms"], clients, edges), summary
+
+
+async def load(session: aiohttp.ClientSession, base_url: str) -> list[RequestRecord]:
+    """LOAD requests through nginx, CONCURRENCY at a time."""
+    queue = list(range(LOAD))
+    records: list[RequestRecord] = []
+
+    async def client() -> None:
+        while queue:
+            records.append(await request(session, base_url, queue.pop()))
+
+    await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+    return records
