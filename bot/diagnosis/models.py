@@ -12,6 +12,8 @@ from bot.adr.match import MatchResult
 from bot.adr.models import Adr
 from bot.adr.relative import Normal
 from bot.diagnosis.chart_data import ChartData
+from bot.diagnosis.replica_text import summary_json
+from bot.diagnosis.replicas import FleetVerdict
 from bot.numbers.reading import Bounds, Measured, Spans, spans_json
 from bot.numbers.text import FOUR
 from bot.probes.sampling import SampledWindow
@@ -95,6 +97,8 @@ class Diagnosis:
     reading_spans: Spans = field(default_factory=dict)  # readings that are estimates
     normal_bounds: Bounds = field(default_factory=dict)  # normal's numbers that are bounds
     normal_spans: Spans = field(default_factory=dict)  # normal's numbers that are estimates
+    replicas: FleetVerdict | None = None  # one replica or all of them (None: one engine)
+    withheld: list[MatchResult] = field(default_factory=list)  # matched, not offered (outlier)
 
     def summary(self) -> dict[str, Any]:
         """The headline and every reading, JSON-ready, for the store and the audit log."""
@@ -116,6 +120,8 @@ class Diagnosis:
             "normal_spans": spans_json(self.normal_spans),
             "findings": [[str(f.severity), f.message, f.source] for f in self.findings[:50]],
             "chart": None if self.chart is None else self.chart.to_json(),
+            "replicas": None if self.replicas is None else summary_json(self.replicas),
+            "withheld_matches": [m.adr.id for m in self.withheld],
         }
 
 

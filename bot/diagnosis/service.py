@@ -16,7 +16,7 @@ from typing import Any
 
 from bot.adr.match import MatchResult, matching
 from bot.adr.store import AdrStore
-from bot.diagnosis import chart_data, history
+from bot.diagnosis import chart_data, history, replica_text, replicas
 from bot.diagnosis.chart import render_chart
 from bot.diagnosis.models import GATE_OF, Baseline, Diagnosis
 from bot.diagnosis.normal import ReadNormal
@@ -24,6 +24,7 @@ from bot.errors import UsageError
 from bot.numbers.reading import Bounds, Measured, Spans, spans_json
 from bot.numbers.text import FOUR
 from bot.probes.context import ProbeContext, TargetRef
+from bot.probes.types import Finding, Severity
 from bot.runbooks.loader import LoadedRunbook, RunbookSet
 from bot.runbooks.runner import RunbookResult, RunbookRunner
 
@@ -120,13 +121,22 @@ class Diagnoser:
         chart = _chart(
             target, labels, result, matches, baseline, normal, ended=ended, alert_start=alert_start
         )
+        fleet, fleet_findings = _one_or_all(loaded, result, baseline, headline)
+        # one slow replica: a fleet-wide flag change is not its fix (the thread says what is)
+        offered, withheld = ([], matches) if fleet and fleet.slow else (matches, [])
         return Diagnosis(
             target=target.name,
             runbook=loaded.name,
             headline=headline,
             baseline=baseline,
-            findings=[*result.findings, *(history.describe(chart) if chart else [])],
-            matches=matches,
+            findings=[
+                *fleet_findings,
+                *result.findings,
+                *(history.describe(chart) if chart else []),
+            ],  # fmt: skip
+            matches=offered,
+            withheld=withheld,
+            replicas=fleet,
             readings=result.readings,
             details=result.details,
             sampling_s=sampling,
@@ -177,6 +187,27 @@ def _four_numbers(
     bounds = {key: b for key, *_ in FOUR if (b := result.bounds.get(f"vllm_metrics.{key}"))}
     spans = {key: s for key, *_ in FOUR if (s := result.spans.get(f"vllm_metrics.{key}"))}
     return headline, bounds, spans
+
+
+def _one_or_all(
+    loaded: LoadedRunbook,
+    result: RunbookResult,
+    baseline: Baseline,
+    headline: Mapping[str, float | None],
+) -> tuple[replicas.FleetVerdict | None, list[Finding]]:
+    """The replica rule's verdict on a fleet and its findings (none for one engine). "Slow"
+    for the fleet: a runbook rule warned, or a headline latency is past its gate."""
+    verdict = replicas.of_run(result)
+    if verdict is None:
+        return None, []
+    ruled = any(
+        f.severity >= Severity.WARNING and f.source.startswith(f"{loaded.name}:")
+        for f in result.findings
+    )
+    gated = any(
+        baseline.verdict(k, headline.get(k)) is False for k in ("ttft_p99_ms", "tpot_p99_ms")
+    )
+    return verdict, replica_text.findings(verdict, fleet_slow=ruled or gated)
 
 
 def _chart(

@@ -63,11 +63,13 @@ class Exposition:
         """Label sets of the samples named ``name`` (for info metrics like cache_config_info)."""
         return [labels for labels, _ in self.samples.get(name, [])]
 
-    def buckets(self, histogram: str) -> dict[float, float]:
-        """Cumulative bucket counts of ``histogram`` by upper bound, summed over label sets."""
+    def buckets(self, histogram: str, *, where: Labels | None = None) -> dict[float, float]:
+        """Cumulative bucket counts of ``histogram`` by upper bound, summed over the label sets
+        that include ``where`` (all of them without it)."""
         out: dict[float, float] = defaultdict(float)
         for labels, value in self.samples.get(f"{histogram}_bucket", []):
-            out[float(labels["le"])] += value
+            if _matches(labels, where):
+                out[float(labels["le"])] += value
         return dict(sorted(out.items()))
 
 

@@ -13,12 +13,13 @@ from typing import Any, TextIO
 
 from bot.chat.messages import IncidentView, MessageRef
 from bot.chat.mrkdwn import unescape
+from bot.diagnosis import replica_text
 from bot.diagnosis.models import Diagnosis, summary_numbers
 from bot.numbers.text import FOUR, show, show_reading
 from bot.postmortem.ports import DraftView
 from bot.remediation.ports import RemediationView
 from bot.slack.remediation_views import card_text, card_update_text, draft_text
-from bot.slack.views import NO_MATCH, STATE_TEXT, finding_line
+from bot.slack.views import NO_MATCH, STATE_TEXT, finding_line, withheld_text
 
 
 class ConsoleNotifier:
@@ -62,8 +63,12 @@ class ConsoleNotifier:
             f"findings on {diagnosis.target} "
             f"(runbook {diagnosis.runbook}, {diagnosis.sampling_s:.0f} s window):"
         ]
+        if diagnosis.replicas is not None:
+            lines.append(f"  {replica_text.line(diagnosis.replicas)}")
         lines += [f"  {unescape(finding_line(f))}" for f in diagnosis.findings] or ["  no finding"]
-        if diagnosis.matches:
+        if (withheld := withheld_text(diagnosis)) is not None:
+            lines.append(f"  {withheld}")
+        elif diagnosis.matches:
             for m in diagnosis.matches:
                 why = "; ".join(c.explain() for c in m.conditions)
                 lines.append(f"  matching ADR {m.adr.id}: {m.adr.title} ({why}) [Apply]")

@@ -25,7 +25,7 @@ from bot.postmortem.ports import DraftView
 from bot.remediation.ports import RemediationView
 from bot.slack.failures import SLACK_ERRORS, slack_boundary, slack_failure
 from bot.slack.remediation_views import draft_message, remediation_card
-from bot.slack.views import adr_message, findings_message, root_message
+from bot.slack.views import adr_message, findings_message, root_message, withheld_text
 
 
 class SlackNotifier:
@@ -58,7 +58,10 @@ class SlackNotifier:
     def render_diagnosis(self, diagnosis: Diagnosis, *, incident_id: int) -> list[dict[str, Any]]:
         """Findings, then the matching ADRs: two thread messages (text and blocks)."""
         findings = findings_message(diagnosis, page_url=self._page(incident_id))
-        adrs = adr_message(diagnosis.matches, incident_id=incident_id, target=diagnosis.target)
+        adrs = adr_message(
+            diagnosis.matches, incident_id=incident_id, target=diagnosis.target,
+            withheld=withheld_text(diagnosis),
+        )  # fmt: skip
         return [{"text": text, "blocks": blocks} for text, blocks in (findings, adrs)]
 
     async def post_rendered(self, ref: MessageRef, *, message: dict[str, Any]) -> MessageRef:

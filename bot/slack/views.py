@@ -24,6 +24,7 @@ from slack_sdk.models.blocks import (
 from bot.adr.match import MatchResult
 from bot.chat.messages import IncidentView
 from bot.chat.mrkdwn import clip, escape, plain
+from bot.diagnosis import replica_text
 from bot.diagnosis.models import Diagnosis, summary_numbers
 from bot.numbers.reading import Reading, compare
 from bot.numbers.text import FOUR, show, show_reading
@@ -120,6 +121,10 @@ def root_message(
                 ]
             )
         )
+    fleet = view.summary.get("replicas") or {}
+    if fleet.get("line"):  # one replica or all of them, on a phone's first screen
+        text = clip(plain(str(fleet["line"])), MAX_LINE)
+        blocks.append(ContextBlock(elements=[MarkdownTextObject(text=text)]))
     text = f"{plain(title)} · {status} · target {target}"  # notifications parse this text
     return text, [b.to_dict() for b in blocks]
 
@@ -145,7 +150,10 @@ def findings_message(
         f"(runbook `{plain(diagnosis.runbook, 200)}`, {diagnosis.sampling_s:.0f} s window)"
         + page_link(page_url)
     )
-    blocks = [SectionBlock(text=MarkdownTextObject(text=head))]
+    blocks: list[Block] = [SectionBlock(text=MarkdownTextObject(text=head))]
+    if diagnosis.replicas is not None:  # one line, as short for 40 replicas as for 2
+        line = plain(replica_text.line(diagnosis.replicas), MAX_LINE)
+        blocks.append(ContextBlock(elements=[MarkdownTextObject(text=line)]))
     chunk: list[str] = []
     for line in lines:  # one section holds at most 3000 characters
         if chunk and sum(len(x) + 1 for x in chunk) + len(line) > MAX_SECTION:
@@ -158,10 +166,29 @@ def findings_message(
     ]
 
 
+def withheld_text(diagnosis: Diagnosis) -> str | None:
+    """Why the ADRs that matched are not offered (a slow replica, not the fleet), and what to
+    do instead; None when none was held back."""
+    if not diagnosis.withheld or diagnosis.replicas is None:
+        return None
+    ids = ", ".join(m.adr.id for m in diagnosis.withheld)
+    slow = diagnosis.replicas.slow
+    which = "one replica is" if len(slow) == 1 else f"{len(slow)} replicas are"
+    return (
+        f"Not offered: {ids} (its conditions hold on the fleet's merged numbers, but {which} "
+        f"the slow one{'s' if len(slow) > 1 else ''}: a fleet-wide flag change is not the fix). "
+        f"By hand: {replica_text.by_hand(diagnosis.replicas)}."
+    )
+
+
 def adr_message(
-    matches: list[MatchResult], *, incident_id: int, target: str
+    matches: list[MatchResult], *, incident_id: int, target: str, withheld: str | None = None
 ) -> tuple[str, list[dict[str, Any]]]:
-    """The accepted ADRs whose `match` holds, each with an Apply button."""
+    """The accepted ADRs whose `match` holds, each with an Apply button (``withheld``: why
+    the ones that matched are not offered)."""
+    if withheld is not None:
+        text = clip(plain(withheld), MAX_SECTION)
+        return text, [SectionBlock(text=MarkdownTextObject(text=text)).to_dict()]
     if not matches:
         return NO_MATCH, [SectionBlock(text=MarkdownTextObject(text=NO_MATCH)).to_dict()]
     blocks: list[Block] = [

@@ -74,6 +74,54 @@ class NumberRow:
 
 
 @dataclass(frozen=True)
+class ReplicaLine:
+    """One replica of a fleet: its p99s, each from its own histogram, and the rule's verdict."""
+
+    replica: str
+    state: str
+    tone: str
+    requests: str
+    ttft: str
+    tpot: str
+    queue: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The replica rule's verdict (docs/fleet.md): its line, what to do by hand, every replica."""
+
+    line: str
+    by_hand: str | None
+    rows: list[ReplicaLine]
+    min_requests: int
+
+
+def _fleet(summary: Mapping[str, Any]) -> Fleet | None:
+    """The per-replica table of a fleet's diagnosis (None: one engine)."""
+    fleet = summary.get("replicas")
+    if not fleet:
+        return None
+    rows = []
+    for row in fleet.get("rows") or []:
+        bounds = row.get("bounds") or {}
+
+        def cell(key: str, row: Mapping[str, Any] = row, bounds: Mapping[str, Any] = bounds) -> str:
+            bound = Bound(bounds[key]) if key in bounds else None
+            return four_number(key, row.get(key), bound)
+
+        state = str(row.get("state"))
+        tone = BAD if state == "slow" else (GOOD if state == "ok" else NEUTRAL)
+        why = "; ".join(str(w) for w in (row.get("why"), row.get("note")) if w)
+        requests = "n/a" if row.get("requests") is None else str(row["requests"])
+        rows.append(ReplicaLine(str(row.get("replica")), state, tone, requests, cell("ttft_p99_ms"),
+                                cell("tpot_p99_ms"), cell("queue_time_p99_ms"), why))  # fmt: skip
+    rule = fleet.get("rule") or {}
+    return Fleet(line=str(fleet.get("line", "")), by_hand=fleet.get("by_hand"), rows=rows,
+                 min_requests=int(rule.get("min_requests", 0)))  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Event:
     """One line of the timeline."""
 
@@ -158,6 +206,7 @@ class IncidentPage:
     drafts: list[DraftCard]
     timeline: list[Event]
     notes: list[str] = field(default_factory=list)
+    fleet: Fleet | None = None  # a fleet's replicas, judged one against the others
 
 
 def when(at: dt.datetime) -> str:
@@ -198,6 +247,7 @@ def incident_page(
         drafts=[_draft(d, adr, markdown) for d in record.drafts],
         timeline=[_event(e) for e in record.audit],
         notes=["Diagnosis failed: see the timeline."] if summary.get("failed") else [],
+        fleet=_fleet(summary),
     )
 
 

@@ -1,0 +1,181 @@
+"""What the replica rule's verdict says (bot/diagnosis/replicas.py): the findings, the one line a
+phone shows for 2 or 40 replicas, what to do by hand, and the summary's JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from bot.diagnosis.replicas import (
+    ALIKE,
+    FACTOR,
+    LABEL,
+    METRICS,
+    MIN_BEYOND,
+    MIN_REQUESTS,
+    UNKNOWN,
+    FleetVerdict,
+    Judged,
+    Row,
+)
+from bot.numbers.text import show
+from bot.probes.types import Finding, Severity
+
+SOURCE = "replicas: one or all (docs/fleet.md)"
+MAX_NAMED = 3  # replicas named in the one line; the rest are counted
+MAX_IN_FINDING = 5
+
+
+def _p99(judged: Judged) -> str:
+    bound = judged.p99.bound
+    return f"{LABEL[judged.metric]} {show(judged.metric, judged.p99.value, bound)}"
+
+
+def _others(n: int) -> str:
+    return "1 other" if n == 1 else f"{n} others"
+
+
+def _named(rows: Sequence[Row], limit: int) -> str:
+    """'a, b and 3 more'."""
+    names = [r.address for r in rows[:limit]]
+    more = len(rows) - len(names)
+    return ", ".join(names) + (f" and {more} more" if more else "")
+
+
+def line(verdict: FleetVerdict) -> str:
+    """'replicas: 10.0.0.7:8000 TTFT p99 490 ms (slow) · 1 other ≤ 50.0 ms': the worst few
+    named, the rest counted (as short with 40 replicas as with 2)."""
+    slow = verdict.slow
+    judged = [r for r in verdict.rows if r.state == ALIKE]
+    unknown = [r for r in verdict.rows if r.state == UNKNOWN]
+    named = slow[:MAX_NAMED] or judged[:1]
+    if not named:
+        return (f"replicas: {len(verdict.rows)}, cannot tell (fewer than {MIN_REQUESTS} "
+                "requests each in the window)")  # fmt: skip
+    key = named[0].slow[0].metric if slow else METRICS[0].key
+    parts = [_worst(r, key) for r in named]
+    if len(slow) > MAX_NAMED:
+        parts.append(f"{len(slow) - MAX_NAMED} more slow")
+    rest = [r for r in judged if r not in named and r.value(key) is not None]
+    if rest:
+        top = max(rest, key=lambda r: r.value(key) or 0.0)
+        parts.append(f"{_others(len(rest))} ≤ {show(key, top.value(key))}")
+    if unknown:
+        parts.append(f"{len(unknown)} cannot tell")
+    if not slow:
+        parts.append("none stands out")
+    return "replicas: " + " · ".join(parts)
+
+
+def _worst(row: Row, key: str) -> str:
+    if row.slow:
+        return f"{row.address} {_p99(row.slow[0])} (slow)"
+    judged = row.judged.get(key)
+    return f"worst {row.address}" + ("" if judged is None else f" {_p99(judged)}")
+
+
+def findings(verdict: FleetVerdict, *, fleet_slow: bool) -> list[Finding]:
+    """The outliers (a warning); with none while the fleet is slow, that it is fleet-wide;
+    and the replicas it cannot tell about."""
+    out = []
+    slow = verdict.slow
+    if slow:
+        out.append(Finding(Severity.WARNING, _slow_message(verdict), SOURCE))
+    elif fleet_slow and verdict.kind == "alike":
+        out.append(Finding(Severity.INFO, _fleet_wide_message(verdict), SOURCE))
+    unknown = [r for r in verdict.rows if r.state == UNKNOWN]
+    if unknown:
+        out.append(Finding(Severity.INFO, _unknown_message(verdict, unknown), SOURCE))
+    return out
+
+
+def _slow_message(verdict: FleetVerdict) -> str:
+    """'one replica of 2 is slow: 10.0.0.7:8000 TTFT p99 490 ms vs 38.0 ms on the other 1'."""
+    slow, total = verdict.slow, len(verdict.rows)
+    head = (f"one replica of {total} is slow" if len(slow) == 1
+            else f"{len(slow)} replicas of {total} are slow")  # fmt: skip
+    named = []
+    for row in slow[:MAX_IN_FINDING]:
+        node = verdict.nodes.get(row.address)
+        where = row.address + (f" (node {node})" if node else "")
+        named.append(where + " " + ", ".join(_against(j) for j in row.slow))
+    more = len(slow) - len(named)
+    return f"{head}: " + "; ".join(named) + (f"; and {more} more (incident page)" if more else "")
+
+
+def _against(judged: Judged) -> str:
+    """'TTFT p99 490 ms vs 38.0 ms on the other 1' (the median of several others' p99s)."""
+    ref = judged.reference
+    assert ref is not None  # a slow judgement always has one
+    others = ("on the other 1" if judged.others == 1
+              else f"the median of the other {judged.others}")  # fmt: skip
+    return f"{_p99(judged)} vs {show(judged.metric, ref.value, ref.bound)} {others}"
+
+
+def _fleet_wide_message(verdict: FleetVerdict) -> str:
+    key = METRICS[0].key
+    values = [v for r in verdict.rows if r.state == ALIKE and (v := r.value(key)) is not None]
+    spread = (f" ({LABEL[key]} {show(key, min(values))} to {show(key, max(values))})"
+              if values else "")  # fmt: skip
+    n = sum(1 for r in verdict.rows if r.state == ALIKE)
+    return (
+        f"no replica stands out: the {n} replicas judged are alike{spread}, none {FACTOR:g}x "
+        "the others' median: the cause is fleet-wide, not one replica"
+    )
+
+
+def _unknown_message(verdict: FleetVerdict, unknown: Sequence[Row]) -> str:
+    if len(unknown) == 1:
+        row = unknown[0]
+        why = "; ".join(f"{LABEL[j.metric]}: {j.why}" for j in row.judged.values()
+                        if j.state == UNKNOWN)  # fmt: skip
+        return f"cannot tell whether {row.address} is slow ({why or 'no requests'})"
+    return (
+        f"cannot tell for {len(unknown)} of {len(verdict.rows)} replicas (each needs "
+        f"{MIN_REQUESTS} requests in the window): {_named(unknown, MAX_IN_FINDING)}"
+    )
+
+
+def by_hand(verdict: FleetVerdict) -> str:
+    """What to do about the outliers by hand (the bot changes no single replica yet)."""
+    slow = verdict.slow
+    names = _named(slow, MAX_IN_FINDING)
+    if len(slow) == 1:
+        return (
+            f"drain or restart {names} (take it out of the load balancer, or delete its pod); "
+            "check its GPU (`nvidia-smi`: clocks, temperature, XID errors) and its node "
+            "(`kubectl get pod -o wide`)"
+        )
+    return (
+        f"drain or restart {names}, one at a time; check their GPUs (`nvidia-smi`: clocks, "
+        "temperature, XID errors) and whether they share a node (`kubectl get pod -o wide`)"
+    )
+
+
+def summary_json(verdict: FleetVerdict) -> dict[str, Any]:
+    """The verdict in the diagnosis summary (the store, the incident page)."""
+    return {
+        "kind": verdict.kind,
+        "line": line(verdict),
+        "rule": {"min_requests": MIN_REQUESTS, "factor": FACTOR, "min_beyond": MIN_BEYOND},
+        "slow": [r.address for r in verdict.slow],
+        "by_hand": by_hand(verdict) if verdict.slow else None,
+        "rows": [_row_json(r, verdict.nodes.get(r.address)) for r in verdict.rows],
+    }
+
+
+def _row_json(row: Row, node: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"replica": row.address, "state": row.state, "node": node}
+    first = row.judged.get(METRICS[0].key)
+    out["requests"] = None if first is None else first.p99.count
+    bounds = {}
+    for key, judged in row.judged.items():
+        value = judged.p99.value
+        out[key] = None if value is None else round(value, 3)
+        if judged.p99.bound is not None:
+            bounds[key] = str(judged.p99.bound)
+    out["bounds"] = bounds
+    shown = row.slow or [j for j in row.judged.values() if j.state == UNKNOWN][:1]
+    out["why"] = "; ".join(f"{LABEL[j.metric]}: {j.why}" for j in shown)
+    out["note"] = row.note
+    return out
