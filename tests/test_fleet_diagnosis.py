@@ -10,9 +10,11 @@ import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from tests import store_reads
 from tests.fakes.bot import harness
 from tests.fakes.slack_api import FakeSlack
 
@@ -68,7 +70,9 @@ def fleet_transport(ttfts: Mapping[str, Mapping[float, int]]) -> httpx.MockTrans
     return httpx.MockTransport(handler)
 
 
-async def diagnose(tmp_path: Path, slack: FakeSlack, seven: Mapping[float, int]) -> tuple:
+async def diagnose(
+    tmp_path: Path, slack: FakeSlack, seven: Mapping[float, int]
+) -> tuple[Any, Any, Any, str, dict[str, Any]]:
     h = harness(
         tmp_path, slack=slack, matching_adr=True, web=WEB,
         transport=fleet_transport({"10.0.0.7:8000": seven, "10.0.0.8:8000": FAST}),
@@ -87,8 +91,6 @@ async def diagnose(tmp_path: Path, slack: FakeSlack, seven: Mapping[float, int])
         url = link[1].replace("&amp;", "&").removeprefix("https://rl.example")
         html = (await h.client.get(url)).text
         with h.bot.db.transaction() as s:
-            from tests import store_reads
-
             (incident,) = store_reads.incidents(s)
             summary = incident.summary
         return root_update, findings, adrs, html, summary

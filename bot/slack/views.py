@@ -174,8 +174,9 @@ def withheld_text(diagnosis: Diagnosis) -> str | None:
     ids = ", ".join(m.adr.id for m in diagnosis.withheld)
     slow = diagnosis.replicas.slow
     which = "one replica is" if len(slow) == 1 else f"{len(slow)} replicas are"
+    whose = "its" if len(diagnosis.withheld) == 1 else "their"
     return (
-        f"Not offered: {ids} (its conditions hold on the fleet's merged numbers, but {which} "
+        f"Not offered: {ids} ({whose} conditions hold on the fleet's merged numbers, but {which} "
         f"the slow one{'s' if len(slow) > 1 else ''}: a fleet-wide flag change is not the fix). "
         f"By hand: {replica_text.by_hand(diagnosis.replicas)}."
     )
