@@ -17,7 +17,17 @@ from bot.adr.relative import Relative
 from bot.adr.render import render
 from bot.cli import Command
 from bot.demo import screen
-from bot.demo.scenario import ADR_FILE, ADR_ID, HERE, DemoFailed, check_incident, gate_lines
+from bot.demo.scenario import (
+    ADR_FILE,
+    ADR_ID,
+    HERE,
+    DemoFailed,
+    Pace,
+    _window,
+    check_incident,
+    gate_lines,
+    settings,
+)
 from bot.numbers.reading import Bound, Measured
 
 DEMO_ADR = HERE / ADR_FILE
@@ -152,3 +162,29 @@ def test_the_demo_stamps_each_step_with_the_time_since_its_start(
     err = capsys.readouterr().err.splitlines()
     assert err == ["[2:05] 5/9 Alertmanager fires", "    incident #1 opened"]
     assert _elapsed(3599.9) == "59:59"
+
+
+def test_a_long_prompt_is_half_a_second_of_this_engines_prefill_within_the_mechanism() -> None:
+    # whole prompts must fill a bad step (at most 2048) and the fix must chunk them (at least
+    # two 512-token chunks); between, what the engine prefills in about half a second
+    assert Pace(prefill_tok_s=18_000.0, start_s=30.0).long_prompt == 2048  # AVX-512
+    assert Pace(prefill_tok_s=1_650.0, start_s=200.0).long_prompt == 1024  # a tenth of a core
+    assert Pace(prefill_tok_s=3_000.0, start_s=60.0).long_prompt == 1472  # 1,500, to 64s
+
+
+def test_the_demos_bounds_and_windows_come_from_what_was_measured(tmp_path: Path) -> None:
+    fast, slow = (
+        Pace(prefill_tok_s=18_000.0, start_s=25.0),
+        Pace(prefill_tok_s=1_800.0, start_s=200.0),
+    )
+    assert slow.request_s(32) > 5 * fast.request_s(32) - 30
+    assert (fast.restart_s, slow.restart_s) == (60.0, 400.0)  # twice the first start, 60 s at least
+    spec = settings(tmp_path, base_url="http://127.0.0.1:8000", state_dir=tmp_path, pace=slow)
+    target = spec.targets["local"]
+    assert target.actuator is not None and target.actuator.start_timeout_s == slow.restart_s
+    # the gate's background: four chunks of the fix whatever the speed; the canary's own
+    # deadline (its background's too) from the measured speed
+    assert target.canary.background_prompt_length == 4 * 512
+    assert target.canary.timeout_s == slow.canary_s > fast.canary_s
+    # a window holds a finished chat of every stream: 1.5x the slowest, 3 s at least
+    assert (_window(0.4), _window(14.6)) == (3.0, 22.0)

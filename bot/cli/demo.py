@@ -21,6 +21,10 @@ import click
 
 from bot.cli.engine import cpu_limit_option, state_dir_option
 
+# The first start has nothing measured to size it from: about 30 s on an AVX-512 machine, 3-7
+# minutes at a tenth of one core (imports and all); past this the engine is broken.
+FIRST_START_S = 900.0
+
 
 @click.command("demo")
 @click.option("--keep", is_flag=True, help="Leave the engine running afterwards.")
@@ -63,11 +67,17 @@ def demo(keep: bool, adr_dir: Path, cpu_limit: float | None, state_dir: Path | N
     port = free_port()
     limit = "" if cpu_limit is None else f", limited to {cpu_limit:g} cores"
     say(f"2/9 starting vLLM (CPU, tiny model{limit}) on port {port} with {' '.join(BAD_FLAGS)} ...")
-    info = manager.start(port=port, flags=BAD_FLAGS, on_progress=lambda s: say(f"    {s}"))
+    begun = time.monotonic()
+    info = manager.start(
+        port=port, flags=BAD_FLAGS, timeout_s=FIRST_START_S, on_progress=lambda s: say(f"    {s}")
+    )
+    start_s = time.monotonic() - begun
+    say(f"    vLLM serves after {_elapsed(start_s)}")
     try:
         scenario = Demo(
-            ws=ws, base_url=info.base_url, manager=manager, say=say, transcript=sys.stdout
-        )
+            ws=ws, base_url=info.base_url, manager=manager, say=say, transcript=sys.stdout,
+            start_s=start_s,
+        )  # fmt: skip
         result = asyncio.run(scenario.run())
     finally:
         if not keep:

@@ -1,16 +1,18 @@
 """The demo scenario: normal, then a bad flag's incident, an alert, a diagnosis, an applied ADR.
 
 Everything is real except Slack: the console transport prints what the bot would post. The
-engine starts with `--max-num-batched-tokens 8192`. First the chats run alone and the
-scheduler's snapshot job measures the engine's normal four numbers into the store. Then
-streams of 2048-token prompts join the chats: with 8192 tokens per scheduler step, whole long
-prefills share a step with the chats' decode tokens, so every chat token waits for them (the
-incident is what the flag does, on any machine). An Alertmanager-format alert goes to the bot's
-own webhook; the bot diagnoses against that normal and matches the shipped CPU ADR, whose
-condition and gates are multiples of normal; the on-call engineer requests it, a second person
-approves, and the engine restarts with the fix behind the ADR's canary gates. The same load is
-measured again on the fixed engine, and the post-incident ADR is drafted. Then the second act
-(``bot.demo.drift_act``): production starts sending other traffic, and the bot notices.
+engine starts with `--max-num-batched-tokens 8192`. First the demo measures the engine's
+prefill speed, then the chats run alone and the scheduler's snapshot job measures the engine's
+normal four numbers into the store. Then streams of long prompts (sized from that speed) join
+the chats: with 8192 tokens per scheduler step, whole long prefills share a step with the chats'
+decode tokens, so every chat token waits for them (the incident is what the flag does, on any
+machine). Every window and wait is sized from what was measured on this engine. An
+Alertmanager-format alert goes to the bot's own webhook; the bot diagnoses against that normal
+and matches the shipped CPU ADR, whose condition and gates are multiples of normal; the
+on-call engineer requests it, a second person approves, and the engine restarts with the fix
+behind the ADR's canary gates. The same load is measured again on the fixed engine, and the
+post-incident ADR is drafted. Then the second act (``bot.demo.drift_act``): production starts
+sending other traffic, and the bot notices.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from bot.numbers.reading import Measured, bounds_of, spans_of
 from bot.numbers.text import FOUR, show, show_reading
 from bot.numbers.text import change as text_change
 from bot.remediation.records import SUBJECT
-from bot.scheduler.snapshots import MetricsSampler, SnapshotJob
+from bot.scheduler.snapshots import WARM_REQUESTS, MetricsSampler, SnapshotJob
 from bot.scheduler.workload_drift import LiveShape
 from bot.server import Bot, create_bot
 from bot.store import buttons
@@ -75,16 +77,37 @@ ONCALL, APPROVER = "U0ONCALL", "U0LEAD"
 TOKEN = "demo-alertmanager-token"
 
 CHAT_STREAMS = 6
-LONG_STREAMS = 8  # two scheduler steps' worth of 2048-token prompts are always waiting
-LONG_PROMPT = 2048
+CHAT_OUTPUT = 32
+# Long prompts always waiting, all four fit one bad step whole (4 x 2048 <= 8192). Eight
+# stalled the chats 4.5x as long (462 vs 102 ms here) for a match that needs 3x normal.
+LONG_STREAMS = 4
+BAD_STEP, FIX_STEP = 8192, 512  # --max-num-batched-tokens before and after the fix
+# A long prompt: what this engine prefills in LONG_PREFILL_S, at most four to a bad step, at
+# least two chunks of the fixed one (the chats' stall must shrink when it is chunked).
+LONG_PREFILL_S = 0.5
+MAX_LONG, MIN_LONG = BAD_STEP // 4, 2 * FIX_STEP
+PROBE_SHORT, PROBE_LONG = 64, MAX_LONG  # the prefill-speed probe: prompt lengths, sent alone
+# The gate's background: four chunks of the fixed step. The before/after ratio is the tokens
+# a bad step takes over the 512 a fixed one does, whatever the speed (measured at 0.1 core:
+# 1024-token prompts 1.9x, under the 2x the gate asks; 2048-token ones 4-8x).
+CANARY_LONG = 4 * FIX_STEP
+CANARY_STREAMS = 4
+# The gate reads the canary's client-side TPOT p99: over 4 requests, one per stream after the
+# warm-up round, that is their max; each request's TPOT is already the mean of its 15 token
+# gaps (stalled steps and decode-only ones alike). Measured before/after: 6.6x here, 7.5x at
+# 0.1 core, against the 2x the gate asks. More requests only cost rounds of 3 s tokens there.
+CANARY_REQUESTS, CANARY_OUTPUT = 4, 16
 SNAPSHOTS = 3  # "normal" is their median, as the scheduler's `normal_of_last`
-WINDOW_S = 8.0  # the snapshot and diagnosis window on a machine where chats are quick
+NORMAL_CHATS = 12  # chats finished per normal window (engine TPOT p99 over 12: about their max)
+MIN_WINDOW_S = 3.0  # the probe scrapes each second: a window holds at least three scrapes
+# Each chat stream finishes a chat at least once per slowest chat (closed loop): a window of
+# 1.5 of them holds one finished chat per stream or more, with room for a slower one.
+WINDOW_CHATS = 1.5
+WINDOW_S = 8.0  # the runbook's window until the incident's is measured
 LOAD_S = 900.0  # the loads run until stopped; this only bounds a forgotten one
-WAIT_S = 600.0  # a load whose requests do not finish in this long means a broken engine
-START_TIMEOUT_S = 600.0  # the engine's restart with the fix
 DIAGNOSIS_WINDOWS = 4  # the diagnosis takes at most this many windows (two probes sample one)
-SLACK_S = 120.0  # headroom past what was measured, for the bot's own work
-CANARY_ROUNDS = 12  # warm-up and 16 requests over 4 streams, twice (before and after), plus margin
+SLACK_S = 60.0  # headroom past what was measured, for the bot's own work
+MIN_RESTART_S = 60.0  # the restart's bound: twice the measured first start, at least this
 
 
 class DemoFailed(RuleloopError):
@@ -117,10 +140,47 @@ def write_runbook(ws: Path, *, window_s: float) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Pace:
+    """What this engine was measured to do, and the sizes and bounds that follow from it."""
+
+    prefill_tok_s: float  # prompt tokens per second, the engine alone
+    start_s: float  # the first engine start, seconds
+
+    @property
+    def long_prompt(self) -> int:
+        """The incident's long prompt (tokens), a multiple of 64."""
+        tokens = int(self.prefill_tok_s * LONG_PREFILL_S) // 64 * 64
+        return max(MIN_LONG, min(MAX_LONG, tokens))
+
+    def request_s(self, tokens: int) -> float:
+        """A bound on a request of ``tokens`` output tokens: each waits at most one full bad
+        step (8192 prompt tokens), twice that, plus 30 s for HTTP; a broken engine past it."""
+        return 2 * tokens * BAD_STEP / self.prefill_tok_s + 30.0
+
+    @property
+    def restart_s(self) -> float:
+        """A bound on the engine's restart with the fix: twice its first start."""
+        return max(MIN_RESTART_S, 2 * self.start_s)
+
+    @property
+    def canary_s(self) -> float:
+        """A bound on one gate canary: its warm-up round and its measured rounds."""
+        rounds = 1 + math.ceil(CANARY_REQUESTS / CANARY_STREAMS)
+        return rounds * self.request_s(CANARY_OUTPUT)
+
+
 def settings(
-    ws: Path, *, base_url: str, state_dir: Path, cpu_limit: float | None = None
+    ws: Path,
+    *,
+    base_url: str,
+    state_dir: Path,
+    cpu_limit: float | None = None,
+    pace: Pace | None = None,
 ) -> Settings:
-    """Embedded defaults: one local target, an on-call engineer and an approver."""
+    """Embedded defaults: one local target, an on-call engineer and an approver; the canary and
+    the restart bounded by ``pace`` (a fast machine's when not measured)."""
+    pace = pace or Pace(prefill_tok_s=16384.0, start_s=300.0)
     return Settings.model_validate(
         {
             "slack": {"channel": "#inference-incidents"},
@@ -131,12 +191,14 @@ def settings(
                     "vllm_url": base_url,
                     "actuator": {"kind": "local", "flags": BAD_FLAGS,
                                  "state_dir": str(state_dir),
-                                 "start_timeout_s": START_TIMEOUT_S, "cpu_limit": cpu_limit},
-                    # the gate: 4 chats beside 4 streams of long prompts (as the incident)
-                    "canary": {"concurrency": 4, "num_requests": 16, "prompt_length": 128,
-                               "output_length": 32, "background_concurrency": 4,
-                               "background_prompt_length": LONG_PROMPT,
-                               "background_output_length": 1, "baseline": True},
+                                 "start_timeout_s": pace.restart_s, "cpu_limit": cpu_limit},
+                    # the gate: chats beside streams of long prompts (as the incident)
+                    "canary": {"concurrency": CANARY_STREAMS, "num_requests": CANARY_REQUESTS,
+                               "prompt_length": 128, "output_length": CANARY_OUTPUT,
+                               "background_concurrency": CANARY_STREAMS,
+                               "background_prompt_length": CANARY_LONG,
+                               "background_output_length": 1, "timeout_s": pace.canary_s,
+                               "baseline": True},
                     "two_person": True,
                 }
             },
@@ -152,22 +214,43 @@ def chat_load(base_url: str) -> Workload:
     (a count, not a time: it holds on a machine of any speed)."""
     return Workload(
         endpoint=f"{base_url}/v1/completions", concurrency=CHAT_STREAMS, num_requests=None,
-        duration_s=LOAD_S, prompt_length=128, output_length=32, cancel_share=0.2,
+        duration_s=LOAD_S, prompt_length=128, output_length=CHAT_OUTPUT, cancel_share=0.2,
         cancel_after_tokens=8, cancel_mode=CancelMode.ABANDON, seed=1,
     )  # fmt: skip
 
 
-def long_load(base_url: str) -> Workload:
+def long_load(base_url: str, prompt: int) -> Workload:
     """Long prompts that want one token back (a classifier, an agent's tool choice)."""
     return Workload(
         endpoint=f"{base_url}/v1/completions", concurrency=LONG_STREAMS, num_requests=None,
-        duration_s=LOAD_S, prompt_length=LONG_PROMPT, output_length=1, seed=2,
+        duration_s=LOAD_S, prompt_length=prompt, output_length=1, seed=2,
     )  # fmt: skip
 
 
-def incident_load(base_url: str) -> list[Workload]:
-    """The chats beside the long prompts."""
-    return [chat_load(base_url), long_load(base_url)]
+def incident_load(base_url: str, prompt: int) -> list[Workload]:
+    """The chats beside the long prompts (``prompt`` tokens each)."""
+    return [chat_load(base_url), long_load(base_url, prompt)]
+
+
+async def prefill_speed(base_url: str) -> float:
+    """Prompt tokens per second of the engine alone: a long prompt's TTFT less a short one's
+    (the request's own cost), the faster of two each."""
+    ttft = {}
+    for length in (PROBE_SHORT, PROBE_LONG):
+        run = CanaryRun(
+            Workload(
+                endpoint=f"{base_url}/v1/completions", concurrency=1, num_requests=2,
+                prompt_length=length, output_length=1, seed=4,
+            ),
+            metrics_url=None,
+        )  # fmt: skip
+        await run.run()
+        ttft[length] = min(r.ttft_s for r in run.records if r.ttft_s is not None)
+    # a gap lost in the noise reads as the long prompt's whole TTFT (slower: longer waits)
+    gap = ttft[PROBE_LONG] - ttft[PROBE_SHORT]
+    if gap < ttft[PROBE_LONG] / 4:
+        return PROBE_LONG / ttft[PROBE_LONG]
+    return (PROBE_LONG - PROBE_SHORT) / gap
 
 
 def alert(base_url: str) -> bytes:
@@ -256,11 +339,12 @@ class _Load:
 
     runs: list[CanaryRun]
     tasks: list[asyncio.Task[Any]]
+    wait_s: float  # requests that do not finish in this long mean a broken engine
 
     @classmethod
-    def start(cls, workloads: list[Workload]) -> _Load:
+    def start(cls, workloads: list[Workload], *, wait_s: float) -> _Load:
         runs = [CanaryRun(w, metrics_url=None) for w in workloads]
-        return cls(runs, [asyncio.create_task(run.run()) for run in runs])
+        return cls(runs, [asyncio.create_task(run.run()) for run in runs], wait_s)
 
     async def steady(self) -> float:
         """Wait for the incident's steady state: every long-prompt stream served once, then
@@ -285,7 +369,7 @@ class _Load:
         """Wait until ``count`` requests of workload ``index`` sent after ``since`` finished
         normally; how long the slowest of them took (s)."""
         run = self.runs[index]
-        deadline = time.monotonic() + WAIT_S
+        deadline = time.monotonic() + self.wait_s
         while time.monotonic() < deadline:
             self._check()
             done = [
@@ -297,7 +381,7 @@ class _Load:
                 return max(done)
             await asyncio.sleep(0.1)
         raise DemoFailed(
-            f"fewer than {count} requests finished in {WAIT_S:g} s: the engine at "
+            f"fewer than {count} requests finished in {self.wait_s:.0f} s: the engine at "
             f"{run.workload.base_url} is not answering"
         )
 
@@ -325,23 +409,35 @@ class Demo:
         manager: EngineManager,
         say: Callable[[str], None],
         transcript: TextIO,
+        start_s: float,
     ) -> None:
         self.ws = ws
         self.base_url = base_url
         self._say = say
-        self._settings = settings(
-            ws, base_url=base_url, state_dir=manager.state_dir, cpu_limit=manager.cpu_limit
-        )
-        self._target: Target = self._settings.targets[TARGET]
+        self._manager = manager
+        self._start_s = start_s  # the first engine start (s)
         self._transcript = transcript
         self._adr = load(ws / "adr" / ADR_FILE)
-        self._slowest = WAIT_S  # the slowest incident chat (s), once measured
+        self._pace = Pace(prefill_tok_s=16384.0, start_s=start_s)  # until measured
+        self._use_pace(self._pace)
+
+    def _use_pace(self, pace: Pace) -> None:
+        """Settings (the canary, the restart's bound) for what was measured."""
+        self._pace = pace
+        self._settings = settings(
+            self.ws, base_url=self.base_url, state_dir=self._manager.state_dir,
+            cpu_limit=self._manager.cpu_limit, pace=pace,
+        )  # fmt: skip
+        self._target: Target = self._settings.targets[TARGET]
+
+    def _load(self, workloads: list[Workload]) -> _Load:
+        return _Load.start(workloads, wait_s=self._pace.request_s(CHAT_OUTPUT))
 
     async def run(self) -> Result:
         """The whole story; DemoFailed when a step did not happen on this machine."""
         async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as http:
             normal = await self._normal(http)
-            load = _Load.start(incident_load(self.base_url))
+            load = self._load(incident_load(self.base_url, self._pace.long_prompt))
             try:
                 window = await self._steady(load)
                 bot = create_bot(self._settings, state_dir=self.ws, console=self._transcript)
@@ -386,8 +482,8 @@ class Demo:
             notes=(
                 f"normal: median of {SNAPSHOTS} snapshots, {CHAT_STREAMS} chat streams alone; "
                 "incident: the diagnosis;",
-                f"after the fix: the incident's load again, read the same way "
-                f"(vllm_metrics, {WINDOW_S:g} s or longer)",
+                "after the fix: the incident's load again, read the same way "
+                f"(vllm_metrics, {WINDOW_CHATS:g}x its slowest chat)",
             ),
         )
 
@@ -408,31 +504,28 @@ class Demo:
     # --- 3/9: normal -------------------------------------------------------------------------
     async def _normal(self, http: httpx.AsyncClient) -> Measured:
         self._say(
-            f"3/9 normal: {CHAT_STREAMS} chat streams alone; the scheduler's snapshot job takes "
-            f"{SNAPSHOTS} snapshots of the four numbers ({WINDOW_S:g} s each) into the store ..."
+            f"3/9 normal: the engine's prefill speed, then {CHAT_STREAMS} chat streams alone; "
+            f"the scheduler's snapshot job takes {SNAPSHOTS} snapshots of the four numbers "
+            "into the store ..."
+        )
+        speed = await prefill_speed(self.base_url)
+        self._use_pace(Pace(prefill_tok_s=speed, start_s=self._start_s))
+        self._say(
+            f"    prefill: {speed:,.0f} tokens/s alone, so a long prompt is "
+            f"{self._pace.long_prompt:,} tokens (about {LONG_PREFILL_S:g} s, "
+            f"{MIN_LONG:,}-{MAX_LONG:,})"
         )
         db = Database(self._settings.database_url(fallback_dir=self.ws))
         db.create_schema()
-        load = _Load.start([chat_load(self.base_url)])
+        load = self._load([chat_load(self.base_url)])
         try:
-            await load.finished(0, since=time.perf_counter(), count=CHAT_STREAMS)
-            sampler = MetricsSampler(http=http, window_s=WINDOW_S)
-            job = SnapshotJob(
-                name=TARGET, target=self._target, sample=sampler, source=sampler.source
-            )
-            taken = 0
-            for _ in range(SNAPSHOTS * 10):  # a cold engine's windows are skipped, not kept
-                outcome = await job(dt.datetime.now(dt.UTC))
-                if outcome.write is None:
-                    self._say(f"    {outcome.detail.get('skipped', 'no snapshot')}")
-                    continue
-                with db.transaction() as session:
-                    outcome.write(session)
-                taken += 1
-                if taken == SNAPSHOTS:
-                    break
-            if taken < SNAPSHOTS:
-                raise DemoFailed(f"the engine never warmed up: {taken} of {SNAPSHOTS} snapshots")
+            since = time.perf_counter()
+            # the snapshot job skips an engine that finished fewer than WARM_REQUESTS
+            await load.finished(0, since=since, count=WARM_REQUESTS)
+            rate = WARM_REQUESTS / (time.perf_counter() - since)  # chats/s, warm-up included
+            window = max(MIN_WINDOW_S, float(math.ceil(NORMAL_CHATS / rate)))
+            self._say(f"    chats alone: {rate:.1f}/s, so each snapshot reads {window:g} s")
+            await self._snapshots(http, db, window)
         finally:
             await load.stop()
         try:
@@ -442,18 +535,36 @@ class Demo:
         self._say("    normal: " + _four(normal))
         return normal
 
+    async def _snapshots(self, http: httpx.AsyncClient, db: Database, window: float) -> None:
+        """SNAPSHOTS snapshots of ``window`` seconds into the store, as the scheduler's job."""
+        sampler = MetricsSampler(http=http, window_s=window)
+        job = SnapshotJob(name=TARGET, target=self._target, sample=sampler, source=sampler.source)
+        taken = 0
+        for _ in range(SNAPSHOTS * 10):  # a cold engine's windows are skipped, not kept
+            outcome = await job(dt.datetime.now(dt.UTC))
+            if outcome.write is None:
+                self._say(f"    {outcome.detail.get('skipped', 'no snapshot')}")
+                continue
+            with db.transaction() as session:
+                outcome.write(session)
+            taken += 1
+            if taken == SNAPSHOTS:
+                return
+        raise DemoFailed(f"the engine never warmed up: {taken} of {SNAPSHOTS} snapshots")
+
     # --- 4/9: the incident, the alert, the diagnosis ---------------------------------------------
     async def _steady(self, load: _Load) -> float:
         """Wait for the incident's steady state; the window (s) the diagnosis needs for chats
         to finish inside it: twice the slowest chat sent in the steady state."""
         self._say(
-            f"4/9 incident: {LONG_STREAMS} streams of {LONG_PROMPT}-token prompts join the chats; "
+            f"4/9 incident: {LONG_STREAMS} streams of {self._pace.long_prompt:,}-token prompts "
+            "join the chats; "
             "with --max-num-batched-tokens 8192 whole prompts share a scheduler step with the "
             "chats' next tokens ..."
         )
         slowest = await load.steady()
-        self._slowest = slowest
-        window = max(WINDOW_S, float(math.ceil(2 * slowest)))
+        window = _window(slowest)
+        self._say(f"    the slowest chat took {slowest:.1f} s, so the diagnosis reads {window:g} s")
         write_runbook(self.ws, window_s=window)
         return window
 
@@ -494,8 +605,8 @@ class Demo:
             "--max-num-batched-tokens 512 and the canary (4 chat streams beside 4 long-prompt "
             "streams) checks the ADR's gates ..."
         )
-        # a restart of the engine, and two canaries whose chats are no slower than the incident's
-        timeout = START_TIMEOUT_S + CANARY_ROUNDS * self._slowest + SLACK_S
+        # the before-run, a restart and the canary, each within its measured bound
+        timeout = 2 * self._pace.canary_s + self._pace.restart_s + SLACK_S
         await bot.tasks.drain(timeout_s=timeout)
         with bot.db.transaction() as s:
             done = s.get(Remediation, rem.id)
@@ -507,10 +618,10 @@ class Demo:
         """The four numbers of the incident's load on the fixed engine, and its shape over the
         same window (the traffic the rule was kept under)."""
         self._say("    the incident's load again, on the fixed engine, read the same way ...")
-        load = _Load.start(incident_load(self.base_url))
+        load = self._load(incident_load(self.base_url, self._pace.long_prompt))
         try:
             slowest = await load.steady()
-            window = max(WINDOW_S, math.ceil(2 * slowest))
+            window = _window(slowest)
             sampler = MetricsSampler(http=http, window_s=window)
             return await asyncio.gather(
                 sampler(TARGET, self._target),
@@ -528,7 +639,7 @@ class Demo:
             f"prompts all open with the same {SYSTEM_PROMPT:,}-token system prompt. The "
             "scheduler's workload job compares the live traffic with the rule's ..."
         )
-        load = _Load.start([chat_load(self.base_url), agent_load(self.base_url, duration_s=LOAD_S)])
+        load = self._load([chat_load(self.base_url), agent_load(self.base_url, duration_s=LOAD_S)])
         try:
             first = await load.started(1)
             pace = await load.finished(1, since=first, count=AGENT_STREAMS)
@@ -554,6 +665,11 @@ class Demo:
         path = next(p for p in [*exported.written, *exported.unchanged] if file_id(p) == adr_id)
         self._say(f"8/9 post-incident ADR drafted for review (exported from the store): {path}")
         return path
+
+
+def _window(slowest: float) -> float:
+    """A window (s) for the engine's TPOT of the chats, from the slowest one measured."""
+    return max(MIN_WINDOW_S, float(math.ceil(WINDOW_CHATS * slowest)))
 
 
 def _four(sample: Measured) -> str:
