@@ -5,7 +5,9 @@ its healthy twin (the quota is sized from the speeds measured here, so a slower 
 smaller quota, not a different test). Clients load the fleet through nginx and time their own
 first tokens. Pointed at nginx alone, the bot must refuse to give a number (its scrapes come
 from two engines); with the replicas listed, the fleet's TTFT p99 must be the clients' and the
-per-replica details must show the sick one.
+per-replica details must show the sick one, and the replica rule must name it. Then the sick
+engine is let go, and with both replicas healthy the rule must name none. (Every replica slowed
+is covered by tests/test_fleet_replicas.py, on hand-made histograms, not here.)
 """
 
 from __future__ import annotations
@@ -28,17 +30,22 @@ import pytest
 
 from bot.canary.client import RequestRecord, stream_request
 from bot.config import Target
-from bot.engine.cpu_limit import MIN_CORES, CpuLimit
+from bot.diagnosis import replica_text, replicas
+from bot.engine.cpu_limit import MAX_CORES, MIN_CORES, CpuLimit, cores_from_environment
 from bot.engine.process import EngineInfo, EngineManager, free_port
 from bot.errors import ProbeError
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.replicas import Replica
+from bot.probes.types import ProbeResult
 from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
+from bot.runbooks.runner import RunbookResult
 
 pytestmark = pytest.mark.engine
 
 PROMPT, OUTPUT = 48, 24  # tokens per request (one byte is one token)
-LOAD, CONCURRENCY = 40, 4  # requests through nginx, clients at once: small, the box has 2 cores
+# requests through nginx, clients at once: small, the box has 2 cores; round-robin gives each
+# replica 24, over the replica rule's 20
+LOAD, CONCURRENCY = 48, 4
 SLOWDOWN = 8.0  # the sick replica decodes at least this many times slower than the healthy one
 INTERVAL_S = 0.5
 
@@ -203,6 +210,37 @@ def agrees(engine_ms: float | None, client_s: float, edges: list[float]) -> bool
     )
 
 
+async def measured_window(
+    session: aiohttp.ClientSession, http: httpx.AsyncClient, fleet: Target, window_s: float
+) -> tuple[ProbeResult, list[RequestRecord], float]:
+    """The probe's window over LOAD requests through nginx; the clients' records; load seconds."""
+    probe = asyncio.ensure_future(
+        VllmMetricsProbe().run(
+            target=TargetRef("fleet", fleet),
+            params=WindowParams(window_s=window_s, interval_s=INTERVAL_S),
+            ctx=ProbeContext(http=http),
+        )
+    )
+    await asyncio.sleep(2 * INTERVAL_S)  # the window's first scrapes precede the load
+    started = time.monotonic()
+    records = await load(session, fleet.vllm_url)
+    load_s = time.monotonic() - started
+    return await probe, records, load_s
+
+
+def verdict_of(result: ProbeResult) -> replicas.FleetVerdict:
+    """The replica rule on the probe's window, as the diagnosis reads it."""
+    assert result.window is not None
+    run = RunbookResult(
+        runbook="fleet",
+        details={"vllm_metrics": result.details},
+        windows={"vllm_metrics": result.window},
+    )
+    verdict = replicas.of_run(run)
+    assert verdict is not None
+    return verdict
+
+
 async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None:
     async with aiohttp.ClientSession() as session, httpx.AsyncClient(timeout=30) as http:
         measured = await make_sick(session, engines)
@@ -218,31 +256,30 @@ async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None
         # (b) the replicas listed: one window over the load, sized from the sick engine's speed
         fleet = Target(vllm_url=nginx, replicas=[e.base_url for e in engines])
         window_s = min(LOAD / 2 * measured["sick_e2e_s"] + 5, 540)  # serially: 3x the need here
-        probe = asyncio.ensure_future(
-            VllmMetricsProbe().run(
-                target=TargetRef("fleet", fleet),
-                params=WindowParams(window_s=window_s, interval_s=INTERVAL_S),
-                ctx=ProbeContext(http=http),
-            )
-        )
-        await asyncio.sleep(2 * INTERVAL_S)  # the window's first scrapes precede the load
-        started = time.monotonic()
-        records = await load(session, nginx)
-        load_s = time.monotonic() - started
-        result = await probe
+        result, records, load_s = await measured_window(session, http, fleet, window_s)
+
+        # (c) the sick engine let go (back to the suite's own limit, if any): both healthy
+        hold(sick_limit(engines[1].port, cores_from_environment() or MAX_CORES), engines[1])
+        _, healthy_e2e = await alone(session, engines[1].base_url)
+        calm_s = min(LOAD / 2 * healthy_e2e + 5, 540)
+        calm, _, calm_load_s = await measured_window(session, http, fleet, calm_s)
 
     clients = p99([r.ttft_s for r in records if r.ttft_s is not None])
     window = result.window
     assert window is not None
     edges = list(window.pages[-1].buckets("vllm:time_to_first_token_seconds"))
     fleet_p99 = result.readings["ttft_p99_ms"]
-    replicas = result.details["replicas"]
-    healthy = replicas[Replica(engines[0].base_url).address]
-    sick = replicas[Replica(engines[1].base_url).address]
+    per_replica = result.details["replicas"]
+    sick_at = Replica(engines[1].base_url).address
+    healthy = per_replica[Replica(engines[0].base_url).address]
+    sick = per_replica[sick_at]
+    verdict, calm_verdict = verdict_of(result), verdict_of(calm)
     summary = (
         f"measured {measured}; load {load_s:.1f} s in a {window_s:.1f} s window; client TTFT "
         f"p99 {clients * 1000:.0f} ms, fleet {fleet_p99} ms, healthy {healthy['ttft_p99_ms']} "
-        f"ms, sick {sick['ttft_p99_ms']} ms; replicas {replicas}"
+        f"ms, sick {sick['ttft_p99_ms']} ms; replicas {per_replica}; "
+        f"rule: {replica_text.summary_json(verdict)}; healthy again: load {calm_load_s:.1f} s "
+        f"in {calm_s:.1f} s, rule: {replica_text.summary_json(calm_verdict)}"
     )
     print(summary)
     # every request through nginx is counted once in the fleet's window, on one replica
@@ -252,6 +289,13 @@ async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None
     assert sick["ttft_p99_ms"] > healthy["ttft_p99_ms"], summary
     # the healthy replica alone (what a Service-fronted scrape may read) is not the clients' p99
     assert not agrees(healthy["ttft_p99_ms"], clients, edges), summary
+    # the replica rule names the sick one, with its numbers; healthy again, it names none
+    assert [r.address for r in verdict.slow] == [sick_at], summary
+    (finding, *_) = replica_text.findings(verdict, fleet_slow=True)
+    assert finding.message.startswith(f"one replica of 2 is slow: {sick_at} "), summary
+    assert replica_text.line(verdict).startswith(f"replicas: {sick_at} "), summary
+    assert calm_verdict.kind == "alike" and calm_verdict.slow == [], summary
+    assert replica_text.findings(calm_verdict, fleet_slow=False) == [], summary
 
 
 async def load(session: aiohttp.ClientSession, base_url: str) -> list[RequestRecord]:

@@ -11,8 +11,8 @@ from bot.diagnosis.replicas import (
     FACTOR,
     LABEL,
     METRICS,
-    MIN_BEYOND,
     MIN_REQUESTS,
+    SHARE_BEYOND,
     UNKNOWN,
     FleetVerdict,
     Judged,
@@ -157,7 +157,7 @@ def summary_json(verdict: FleetVerdict) -> dict[str, Any]:
     return {
         "kind": verdict.kind,
         "line": line(verdict),
-        "rule": {"min_requests": MIN_REQUESTS, "factor": FACTOR, "min_beyond": MIN_BEYOND},
+        "rule": {"min_requests": MIN_REQUESTS, "factor": FACTOR, "share_beyond": SHARE_BEYOND},
         "slow": [r.address for r in verdict.slow],
         "by_hand": by_hand(verdict) if verdict.slow else None,
         "rows": [_row_json(r, verdict.nodes.get(r.address)) for r in verdict.rows],

@@ -8,9 +8,10 @@ For TTFT, TPOT and queue time, each replica's p99 comes from its own histogram o
 2. the reference is the (upper) median of those others' p99s: the majority says what normal is,
    so two slow replicas of forty do not hide each other, as they would behind "the rest merged"
    (whose p99 any second slow replica with over 1 % of the traffic owns);
-3. its p99 rank lies past the upper edge of the bucket holding the reference's p99, with at least
-   MIN_BEYOND of its requests past that edge: it is higher whatever the values inside the
-   buckets, and one stray request never makes it so;
+3. at least SHARE_BEYOND of its requests (a quarter: its p75) lie past the upper edge of the
+   bucket holding the reference's p99, where a replica like the others has about 1 %: known
+   from the counts, whatever the values inside the buckets, and a few stray requests (a noisy
+   neighbour for a second) never make a replica slow;
 4. its p99 is at least FACTOR times the reference's (each as Prometheus interpolates it; a bound
    at its edge, which can only understate the ratio here).
 
@@ -33,8 +34,8 @@ from bot.probes.sampling import TPOT, SampledWindow
 from bot.probes.vllm_metrics import ITL, QUEUE_TIME, TTFT
 from bot.runbooks.runner import RunbookResult
 
-MIN_REQUESTS = 20  # at 20 the p99 is the slowest request's bucket; 2 past an edge is 10 %
-MIN_BEYOND = 2
+MIN_REQUESTS = 20  # under it, a quarter of a replica's requests is 4 or fewer: strays
+SHARE_BEYOND = 0.25
 FACTOR = 2.0  # under 2x, uneven routing (the long prompts on one replica) can do it
 SLOW, ALIKE, UNKNOWN = "slow", "ok", "cannot tell"
 Buckets = Mapping[float, float]  # cumulative counts by upper edge (seconds), over the window
@@ -191,7 +192,7 @@ def _judge(metric: str, own: P99, others: Sequence[P99]) -> Judged:
         return Judged(metric, own, ref, len(counted), UNKNOWN, why)
     times = ratio(Judged(metric, own, ref, 0, "", ""))
     edge = show(metric, ref.edge * 1000.0)
-    past = own.buckets[ref.edge] < 0.99 * own.count and beyond >= MIN_BEYOND
+    past = beyond >= SHARE_BEYOND * own.count
     why = f"{times:.1f}x the others' median; {beyond:.0f} of its {own.count} requests over {edge}"
     return Judged(metric, own, ref, len(counted), SLOW if past and times >= FACTOR else ALIKE, why)
 
