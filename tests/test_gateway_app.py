@@ -157,6 +157,29 @@ async def test_gateway_refuses_a_request_larger_than_the_whole_budget_with_413(
     assert engine.requests == []
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"max_tokens": 1, "max_completion_tokens": 100_000},
+        {
+            "max_tokens": 1,
+            "tools": [{"type": "function", "function": {"name": "f", "description": "x" * 54_000}}],
+        },
+    ],
+    ids=["max_completion_tokens", "tools"],
+)
+async def test_gateway_budget_counts_what_the_engine_renders_and_generates(
+    make_gateway, extra: dict[str, object]
+) -> None:
+    engine = ScriptedEngine()
+    base, _ = await make_gateway(engine, max_inflight_tokens=4_096)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **extra}
+    async with httpx.AsyncClient() as client:
+        response = await client.post(f"{base}/v1/chat/completions", json=body)
+    assert response.status_code == 413
+    assert engine.requests == []
+
+
 async def test_gateway_deadline_before_output_is_a_504_and_closes_upstream(make_gateway) -> None:
     engine = ScriptedEngine(stall=True)
     base, app = await make_gateway(engine)

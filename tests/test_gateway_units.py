@@ -245,3 +245,70 @@ async def test_a_send_that_fails_because_the_client_left_is_a_client_cancel() ->
     assert outcome(page, "client_cancel") == 1
     assert page.total("ruleloop_gateway_output_tokens_total", where={"kind": "wasted"}) == 2
     assert app.budget.in_flight_tokens == 0 and app.budget.in_flight_requests == 0
+
+
+@pytest.mark.parametrize(
+    ("limits", "output"),
+    [
+        ({"max_tokens": 1, "max_completion_tokens": 100_000}, 100_000),
+        ({"max_completion_tokens": 1, "max_tokens": 100_000}, 100_000),
+        ({"max_tokens": 5, "n": 2, "best_of": 3}, 15),
+    ],
+)
+def test_costing_counts_the_largest_output_limit_the_engine_may_obey(
+    limits: dict[str, int], output: int
+) -> None:
+    body = {"model": "m", "messages": [user("hi")], **limits}
+    cost = Costing().estimate(body, chat=True, default_max_tokens=16)
+    assert cost.max_output_tokens == output
+
+
+PROMPT = "x" * 54_000  # ~13,500 tokens at 4 bytes per token
+
+
+def _call(arguments: str) -> dict[str, object]:
+    function = {"name": "f", "arguments": arguments}
+    return {
+        "role": "assistant",
+        "tool_calls": [{"id": "c", "type": "function", "function": function}],
+    }
+
+
+@pytest.mark.parametrize(
+    "carrier",
+    [
+        {"tools": [{"type": "function", "function": {"name": "f", "description": PROMPT}}]},
+        {"messages": [user("hi"), _call(PROMPT)]},
+        {"documents": [{"title": "t", "text": PROMPT}]},
+        {"chat_template_kwargs": {"context": PROMPT}},
+        {"messages": [user([{"type": "input_text", "text": PROMPT}])]},
+    ],
+    ids=["tools", "tool_calls", "documents", "chat_template_kwargs", "other_part"],
+)
+def test_costing_counts_a_prompt_carried_outside_message_content(
+    carrier: dict[str, object],
+) -> None:
+    in_content = Costing().estimate(
+        {"model": "m", "messages": [user(PROMPT)], "max_tokens": 1},
+        chat=True,
+        default_max_tokens=1,
+    )
+    body = {"model": "m", "messages": [user("hi")], "max_tokens": 1, **carrier}
+    cost = Costing().estimate(body, chat=True, default_max_tokens=1)
+    assert cost.prompt_tokens >= in_content.prompt_tokens
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "chat"),
+    [
+        ("chat_template", "{% for i in range(99999) %}x{% endfor %}", True),
+        ("prompt_embeds", "AAAA", False),
+    ],
+)
+def test_costing_refuses_fields_whose_tokens_the_body_does_not_tell(
+    field: str, value: str, chat: bool
+) -> None:
+    body = {"model": "m", "messages": [user("hi")], "prompt": [1], field: value}
+    with pytest.raises(HTTPProblem) as caught:
+        Costing().estimate(body, chat=chat, default_max_tokens=16)
+    assert (caught.value.status, caught.value.param) == (400, field)
