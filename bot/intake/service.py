@@ -15,6 +15,7 @@ Rules:
 from __future__ import annotations
 
 import datetime as dt
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -79,12 +80,13 @@ class Intake:
         now = self._clock()
         with self._db.transaction() as session:
             incident = store.find_open(session, key=webhook.group_key)
-            new = [a for a in webhook.alerts if store.find_alert(session, **_key(a)) is None]
-            known = [a for a in webhook.alerts if a not in new]
+            # each instance looked up once; linear, as all of this runs under the write lock
+            rows = {a.key(): store.find_alert(session, **_key(a)) for a in webhook.alerts}
+            new = [a for a in webhook.alerts if rows[a.key()] is None]
+            known = [(a, row) for a in webhook.alerts if (row := rows[a.key()]) is not None]
             if incident is None:
                 if not new:
-                    old = store.find_alert(session, **_key(known[0]))
-                    assert old is not None
+                    old = known[0][1]
                     return _repeat(
                         session,
                         old.incident_id,
@@ -123,12 +125,11 @@ class Intake:
             )  # fmt: skip
 
     def _update_known(
-        self, session: Session, incident: Incident, known: list[WebhookAlert]
+        self, session: Session, incident: Incident, known: list[tuple[WebhookAlert, Alert]]
     ) -> list[Alert]:
         changed = []
-        for alert in known:
-            row = store.find_alert(session, **_key(alert))
-            if row is not None and row.incident_id == incident.id and row.status != alert.status:
+        for alert, row in known:
+            if row.incident_id == incident.id and row.status != alert.status:
                 row.status, row.ends_at = alert.status, alert.ends_at
                 changed.append(row)
         session.flush()
@@ -194,12 +195,12 @@ class Intake:
 def alerts_news(incident: Incident, *, joined: list[Alert], changed: list[Alert]) -> str:
     """The thread's line per alert that joined or changed state (mrkdwn), e.g.
     "`VLLMQueueTimeP99High` joined (firing)", "`VLLMx` resolved; 1 of 2 still firing"."""
-    names = [str(a.labels.get("alertname") or a.fingerprint) for a in incident.alerts]
+    names = Counter(str(a.labels.get("alertname") or a.fingerprint) for a in incident.alerts)
 
     def name(alert: Alert) -> str:
         text = str(alert.labels.get("alertname") or alert.fingerprint)
         instance = alert.labels.get("instance")
-        if names.count(text) > 1 and instance:  # the same alert on several instances
+        if names[text] > 1 and instance:  # the same alert on several instances
             text = f"{text} on {instance}"
         return f"`{escape(text[:200])}`"
 
