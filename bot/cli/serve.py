@@ -44,10 +44,15 @@ async def run(settings: Settings, *, state_dir: Path, sock: socket.socket) -> No
     import uvicorn
 
     from bot.listening import QuietServer
+    from bot.runtime.heads import GuardedHttpToolsProtocol
     from bot.server import create_bot
 
     bot = create_bot(settings, state_dir=state_dir)
-    server = QuietServer(uvicorn.Config(bot.app, log_level="warning", lifespan="on"))
+    # Heads over 64 KiB or 100 lines are a 431, unfinished after 10 s a 408 (bot/runtime/heads.py).
+    config = uvicorn.Config(
+        bot.app, log_level="warning", lifespan="on", http=GuardedHttpToolsProtocol
+    )
+    server = QuietServer(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop cleanly: drain diagnoses, exit 0
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))

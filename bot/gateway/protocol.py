@@ -19,7 +19,9 @@ import asyncio
 import socket
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+from bot.runtime.heads import GuardedHttpToolsProtocol
 
 INFORMATIONAL = b"HTTP/1.1 1"  # "100 Continue" goes out at once: the client waits for it
 
@@ -70,8 +72,11 @@ class HeadWithFirstBody:
         return getattr(self._transport, name)
 
 
-class GatewayHttpProtocol(HttpToolsProtocol):
-    """``uvicorn.Config(http=GatewayHttpProtocol)``: httptools, head joined to the first body."""
+class GatewayHttpProtocol(GuardedHttpToolsProtocol):
+    """``uvicorn.Config(http=GatewayHttpProtocol)``: httptools, head limits, head with first body.
+
+    The limits on request heads are bot/runtime/heads.py's, the same as ``ruleloop serve``'s.
+    """
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         set_nodelay(transport)

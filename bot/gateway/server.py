@@ -31,6 +31,7 @@ from bot.gateway.app import Gateway
 from bot.gateway.limits import LimitsError, read_limits_file, updated
 from bot.gateway.protocol import GatewayHttpProtocol
 from bot.gateway.transport import UpstreamClient, UpstreamTransport
+from bot.runtime.heads import HeadLimits
 
 log = logging.getLogger("ruleloop.gateway")
 
@@ -73,6 +74,7 @@ class GatewayServer:
     ``freeze_gc`` (default: as ``handle_signals``, i.e. when the server owns its process) moves
     every object alive once the server has started out of the garbage collector's reach, so a
     full collection during a burst walks only what the burst made (see the module's doc).
+    ``head_limits``: the largest request head it reads and how long it waits for one (431/408).
     """
 
     def __init__(
@@ -85,13 +87,15 @@ class GatewayServer:
         handle_signals: bool = False,
         freeze_gc: bool | None = None,
         log_level: str = "warning",
+        head_limits: HeadLimits | None = None,
     ) -> None:
         self.gateway = gateway
         self.limits_file = limits_file
         self.handle_signals = handle_signals
         self.freeze_gc = handle_signals if freeze_gc is None else freeze_gc
+        protocol = GatewayHttpProtocol.with_limits(head_limits or HeadLimits())
         config = uvicorn.Config(
-            gateway, host=host, port=port, loop="none", http=GatewayHttpProtocol, ws="none",
+            gateway, host=host, port=port, loop="none", http=protocol, ws="none",
             lifespan="off", access_log=False, server_header=False, date_header=False,
             log_level=log_level, backlog=4096, timeout_keep_alive=30, timeout_graceful_shutdown=30,
         )  # fmt: skip
