@@ -176,3 +176,22 @@ def test_page_link_without_a_secret_says_what_to_set() -> None:
     printed = CliRunner().invoke(cli, ["page-link", "1"], env={"RULELOOP_WEB_SECRET": ""})
     assert printed.exit_code == 2
     assert "no [web] link_secret: set RULELOOP_WEB_SECRET" in printed.output
+
+
+@pytest.mark.parametrize("number", ["9" * 5000, "99999999999999999999", "٣", "12a"])
+def test_an_incident_number_no_store_holds_is_a_404_not_a_500(number: str) -> None:
+    # 5,000 digits raised in Starlette's int convertor (a 500 with a traceback, no link needed)
+    from starlette.applications import Starlette
+    from starlette.testclient import TestClient
+
+    from bot.web.links import PageLinks
+    from bot.web.routes import IncidentPages
+
+    links = PageLinks(secret=SECRET.encode(), ttl_s=60, clock=lambda: 0.0)
+    pages = IncidentPages(db=None, links=links, adrs=None)  # type: ignore[arg-type]
+    client = TestClient(Starlette(routes=pages.routes()), raise_server_exceptions=False)
+    for path in (f"/incidents/{number}", f"/incidents/{number}/chart.svg"):
+        response = client.get(path)
+        assert response.status_code == 404, path
+        assert "is not an incident number" in response.text
+        assert len(response.text) < 5000

@@ -40,6 +40,8 @@ OFF = (
     "The incident page is off on this bot: set [web] link_secret (RULELOOP_WEB_SECRET, at "
     "least 32 characters) and restart it."
 )
+MAX_ID = 2**63 - 1  # SQLite's and PostgreSQL's largest integer
+MAX_ID_DIGITS = len(str(MAX_ID))
 CHART_TYPES = {"svg": "image/svg+xml", "png": "image/png"}
 
 
@@ -81,8 +83,9 @@ class IncidentPages:
         """The routes to mount on the bot's app."""
         return [
             Route("/incidents", self.index, methods=["GET"]),
-            Route("/incidents/{incident_id:int}", self.incident, methods=["GET"]),
-            Route("/incidents/{incident_id:int}/chart.{fmt:str}", self.chart, methods=["GET"]),
+            # the id is parsed here, not by Starlette's int convertor: 5,000 digits raised there
+            Route("/incidents/{incident_id}", self.incident, methods=["GET"]),
+            Route("/incidents/{incident_id}/chart.{fmt:str}", self.chart, methods=["GET"]),
             Route("/favicon.ico", _no_icon, methods=["GET"]),  # browsers ask; a 404 is logged
         ]
 
@@ -98,7 +101,9 @@ class IncidentPages:
 
     async def incident(self, request: Request) -> Response:
         """One incident's page."""
-        incident_id = int(request.path_params["incident_id"])
+        incident_id = _incident_id(request)
+        if incident_id is None:
+            return _no_such_incident(request)
         refused = self._refused(request, incident_subject(incident_id))
         if refused is not None:
             return refused
@@ -112,7 +117,9 @@ class IncidentPages:
 
     async def chart(self, request: Request) -> Response:
         """The incident's chart, drawn from the diagnosis's chart data (SVG or PNG)."""
-        incident_id = int(request.path_params["incident_id"])
+        incident_id = _incident_id(request)
+        if incident_id is None:
+            return _no_such_incident(request)
         refused = self._refused(request, incident_subject(incident_id))
         if refused is not None:
             return refused
@@ -142,6 +149,22 @@ class IncidentPages:
             title = "Link expired" if refused.expired else "Link refused"
             return _message(403, title, str(refused))
         return None
+
+
+def _incident_id(request: Request) -> int | None:
+    """The path's incident id, or None when it is not one a store can hold (a signed 64-bit)."""
+    text = request.path_params["incident_id"]
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_ID_DIGITS:
+        return None
+    number = int(text)
+    return number if number <= MAX_ID else None
+
+
+def _no_such_incident(request: Request) -> HTMLResponse:
+    text = request.path_params["incident_id"]
+    shown = text[:MAX_ID_DIGITS] + ("…" if len(text) > MAX_ID_DIGITS else "")
+    why = f"'{shown}' is not an incident number; open the link the bot posted."
+    return _message(404, "No such incident", why)
 
 
 def _page(template: str, **context: Any) -> HTMLResponse:
