@@ -118,3 +118,14 @@ async def test_resend_refuses_unknown_and_undelivered_ids_with_exit_2(
     assert sent.exit_code == 2 and f"message {root.id} (incident 1 root) is already" in sent.output
     both = deliveries(tmp_path, "--resend", str(root.id), "--failed")
     assert both.exit_code == 2 and "not both" in both.output
+
+
+async def test_resend_of_an_id_no_store_holds_is_a_usage_error(
+    refused: Harness, tmp_path: Path
+) -> None:
+    # 2^64 and more overflowed the database driver: "unexpected failure" with an error id
+    for number in ("99999999999999999999", "0", "-3"):
+        result = deliveries(tmp_path, "--resend", number)
+        assert result.exit_code == 2, result.output
+        assert "Invalid value for '--resend'" in result.output and "1<=x<=" in result.output
+        assert "unexpected" not in result.output and "Traceback" not in result.output

@@ -99,7 +99,7 @@ def current(config_path: Path | None, state_dir: Path | None) -> None:
 @click.option(
     "--resend",
     "resend_ids",
-    type=int,
+    type=click.IntRange(1, 2**63 - 1),  # past the store's integers the query itself failed
     multiple=True,
     metavar="ID",
     help="Make failed message ID (as listed) due again; repeatable.",
