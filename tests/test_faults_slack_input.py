@@ -132,6 +132,16 @@ MALFORMED_BODIES: list[tuple[str, bytes, str]] = [
         b'"is_ext_shared_channel":true,"enterprise":3}',
         "application/json",
     ),  # fmt: skip
+    # Issue 31 item 8: a RecursionError (500) from 1,000 deep on; item 9: 401, not 400
+    ("JSON 1,000 deep", b'{"a":' * 1000 + b"1" + b"}" * 1000, "application/json"),
+    ("JSON 5,000 deep", b"[" * 5000 + b"]" * 5000, "application/json"),
+    (
+        "payload 5,000 deep",
+        b"payload=" + b"%5B" * 5000 + b"%5D" * 5000,
+        "application/x-www-form-urlencoded",
+    ),  # fmt: skip
+    ("form not UTF-8", b"command=%2Fdiagnose&user_id=U1&text=\xff\xfe", "text/plain"),
+    ("JSON not UTF-8", b'{"type": "block_actions", "x": "\xc3\x28"}', "application/json"),
 ]
 
 

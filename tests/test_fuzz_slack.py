@@ -88,6 +88,7 @@ class Fuzzed:
     loop: asyncio.Runner
     tracebacks: list[logging.LogRecord] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
+    seen: set[bytes] = field(default_factory=set)
     _ts: Iterator[int] = field(default_factory=lambda: itertools.cycle(range(250)))
 
     def __repr__(self) -> str:  # shown with a failing example
@@ -194,12 +195,39 @@ RAW = (
 )  # fmt: skip
 
 
+# Issue 31 items 8 and 9: JSON nested 1,000 deep or more was a RecursionError (500), and a
+# signed body that is not UTF-8 a 401 (slack_sdk decoded it to check the signature).
+DEEP = st.tuples(
+    st.integers(900, 6000),
+    st.sampled_from([(b"[", b"]"), (b'{"a":', b"}"), (b"%5B", b"%5D"), (b"%7B%22a%22%3A", b"%7D")]),
+    st.sampled_from([b"", b"payload=", b"ssl_check=1&payload=", b"user_id=U1&payload="]),
+).map(lambda t: t[2] + t[1][0] * t[0] + b"1" + t[1][1] * t[0])
+NOT_UTF8 = st.tuples(
+    st.binary(max_size=40) | RAW,
+    st.sampled_from([b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\x80"]),
+    st.binary(max_size=20),
+).map(lambda t: t[0] + t[1] + t[2])
+RAW = RAW | DEEP | NOT_UTF8
+
+
 @FUZZ
 @given(raw=RAW, ctype=CTYPES, signed=SIGNED)
 def test_raw_bytes_and_events_json_are_never_a_5xx(
     fuzzed: Fuzzed, raw: bytes, ctype: str | None, signed: bool
 ) -> None:
     fuzzed.post(raw, ctype=ctype, signed=signed)
+
+
+@settings(FUZZ, max_examples=300)
+@given(raw=DEEP | NOT_UTF8, ctype=CTYPES)
+def test_deep_or_undecodable_signed_bodies_are_a_400(
+    fuzzed: Fuzzed, raw: bytes, ctype: str | None
+) -> None:
+    """Signed, so never a 401 (unless the very same request came before: a replay)."""
+    first = raw not in fuzzed.seen
+    fuzzed.seen.add(raw)
+    answered = fuzzed.post(raw, ctype=ctype, signed=True)
+    assert answered.status_code == 400 or not first, (raw[:80], answered.text)
 
 
 # --- slash commands -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import hashlib
 import hmac
 import logging
 from collections.abc import Callable
@@ -72,6 +73,17 @@ class _SlackClock(Clock):
         return self._now()
 
 
+class _BytesVerifier(SignatureVerifier):
+    """slack_sdk's verifier, signing the body's bytes: slack_sdk decodes them as UTF-8 first, so
+    a signed body that is not UTF-8 read as a bad signature (401) instead of a bad body (400)."""
+
+    def generate_signature(self, *, timestamp: str, body: str | bytes) -> str | None:
+        raw = body.encode() if isinstance(body, str) else body
+        signed = b"v0:%s:%s" % (timestamp.encode(), raw)
+        digest = hmac.new(self.signing_secret.encode(), signed, hashlib.sha256).hexdigest()
+        return f"v0={digest}"
+
+
 class Routes:
     """The HTTP endpoints."""
 
@@ -98,7 +110,7 @@ class Routes:
         self._slack = AsyncSlackRequestHandler(slack) if slack is not None else None
         secret = settings.slack.signing_secret
         self._verifier = (
-            SignatureVerifier(secret.get_secret_value(), clock=_SlackClock(wall_clock))
+            _BytesVerifier(secret.get_secret_value(), clock=_SlackClock(wall_clock))
             if secret
             else None
         )

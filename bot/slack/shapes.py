@@ -61,10 +61,15 @@ def read(raw: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
     """The request's body as bolt will parse it, checked (``check``); Unreadable if not."""
     try:
         text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise Unreadable("the body is not UTF-8", slash=False) from None
+    try:
         content_type = extract_content_type(build_normalized_headers(dict(headers.items())))
         body = parse_body(text, content_type)
-    except ValueError:  # not UTF-8, or a payload or a JSON body that is not JSON
+    except ValueError:  # a payload or a JSON body that is not JSON
         raise Unreadable("the body is not a form or JSON", slash=False) from None
+    except RecursionError:  # JSON nested about 1,000 deep: the parser's stack runs out
+        raise Unreadable("the body's JSON is nested too deeply", slash=False) from None
     if not isinstance(body, dict):
         raise Unreadable("the body is not a JSON object", slash=False)
     check(body)
