@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bot.errors import RequestRejected
-from bot.intake.models import Webhook, parse_webhook
+from bot.intake.models import MAX_DEPTH, Webhook, parse_webhook
+from tests.fakes.alerts import alert, payload
 
 pytestmark = pytest.mark.faults
 
@@ -58,3 +59,28 @@ def test_every_body_is_a_webhook_or_a_clear_4xx(body: bytes) -> None:
         assert exc.status in (400, 422) and str(exc)
     else:
         assert isinstance(parsed, Webhook)
+
+
+# Issue 31 item 5: a valid webhook with a deep extra field, strings of brackets beside it.
+NESTED = st.tuples(
+    st.integers(0, 3000),
+    st.sampled_from([("[", "]"), ('{"k":', "}")]),
+    st.text('[]{}"\\', max_size=30),
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nested=NESTED)
+def test_nesting_past_the_limit_is_a_400_and_within_it_is_read(
+    nested: tuple[int, tuple[str, str], str],
+) -> None:
+    levels, (opening, closing), text = nested
+    sent = payload(alert(summary=text))
+    head = json.dumps(sent)[:-1]
+    body = f'{head}, "x": {opening * levels}1{closing * levels}}}'.encode()
+    try:
+        parse_webhook(body)
+    except RequestRejected as exc:
+        assert levels + 1 > MAX_DEPTH and exc.status == 400 and "nested too deeply" in str(exc)
+    else:
+        assert levels + 1 <= MAX_DEPTH

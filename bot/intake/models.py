@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import ColumnElement, String
 
 from bot.errors import RequestRejected
+from bot.intake import nesting
 from bot.store.models import Alert, Incident
 
 Status = Literal["firing", "resolved"]
@@ -30,6 +31,9 @@ def _width(column: ColumnElement[Any]) -> int:
 FINGERPRINT_MAX = _width(Alert.__table__.c.fingerprint)
 TIME_MAX = min(_width(Alert.__table__.c.starts_at), _width(Alert.__table__.c.ends_at))
 GROUP_KEY_MAX = _width(Incident.__table__.c.key)
+# Alertmanager's payload nests 4 deep (alerts, an alert, its labels); the rest is room for
+# senders' extra fields. Deeper is refused before parsing (bot.intake.nesting).
+MAX_DEPTH = 32
 
 
 class _Lenient(BaseModel):
@@ -126,6 +130,11 @@ def label_fingerprint(labels: dict[str, str]) -> str:
 
 def parse_webhook(body: bytes) -> Webhook:
     """Parse a request body; RequestRejected (400 or 422) that says what is wrong."""
+    if nesting.depth(body) > MAX_DEPTH:  # checked on the bytes: nothing built yet
+        raise RequestRejected(
+            f"body is not usable JSON: nested too deeply (over {MAX_DEPTH} levels; "
+            "an Alertmanager webhook has 4)", status=400,
+        )  # fmt: skip
     try:
         data = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -149,7 +158,9 @@ def refuse_unstorable(data: object) -> None:
     """RequestRejected (422, naming the field) for text no store can hold: a NUL character
     (PostgreSQL refused it with a DataError, answered 503, which Alertmanager retried forever;
     SQLite took it) or a lone surrogate (not UTF-8: a 500). Any string of the payload, keys too."""
-    stack: list[tuple[tuple[str, ...], object]] = [((), data)]
+    # A value's place is (its parent's place, its key): one pair per value, the dotted path
+    # spelled out only for the one refused.
+    stack: list[tuple[_Place, object]] = [(None, data)]
     while stack:  # iterative: a body as deep as json.loads allows is not a RecursionError here
         where, value = stack.pop()
         keys: list[str] = []
@@ -157,17 +168,28 @@ def refuse_unstorable(data: object) -> None:
             keys = [value]
         elif isinstance(value, dict):
             keys = list(value)
-            stack.extend(((*where, str(k)), v) for k, v in reversed(value.items()))
+            stack.extend(((where, str(k)), v) for k, v in reversed(value.items()))
         elif isinstance(value, list):
-            stack.extend(((*where, str(n)), v) for n, v in reversed(list(enumerate(value))))
+            stack.extend(((where, str(n)), v) for n, v in reversed(list(enumerate(value))))
         for text in keys:
             why = _unstorable(text)
             if why:
-                field = ".".join(where) or "payload"
+                field = _spelled(where) or "payload"
                 what = "" if isinstance(value, str) else "a key "
                 raise RequestRejected(
                     f"not an Alertmanager webhook v4 payload: {field}: {what}{why}", status=422
                 )
+
+
+_Place = tuple["_Place", str] | None
+
+
+def _spelled(place: _Place) -> str:
+    names: list[str] = []
+    while place is not None:
+        place, name = place
+        names.append(name)
+    return ".".join(reversed(names))
 
 
 def _unstorable(value: str) -> str | None:
