@@ -666,7 +666,7 @@ class Settings(_Section):
         chosen = name or self.default_target or (next(iter(self.targets)) if self.targets else None)
         if chosen is None or chosen not in self.targets:
             known = ", ".join(sorted(self.targets)) or "none configured"
-            what = f"unknown target {chosen!r}" if chosen else "no target given"
+            what = f"unknown target {_shown(chosen)}" if chosen else "no target given"
             raise UsageError(f"{what}; known targets: {known}")
         return chosen, self.targets[chosen]
 
@@ -706,3 +706,10 @@ def _why(exc: ValidationError) -> str:
     return f"{where}: {first['msg']}" + (
         f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     )
+
+
+def _shown(name: str, limit: int = 64) -> str:
+    """A typed name, quoted, cut at ``limit`` (a 100 KB /diagnose argument came back whole)."""
+    if len(name) <= limit:
+        return repr(name)
+    return f"{name[:limit]!r}… ({len(name):,} characters)"

@@ -82,6 +82,13 @@ async def test_diagnose_posts_one_thread_with_numbers_chart_and_adr(
         ("U9", "prod-a", "You may not run /diagnose. Allowed: <@U1>."),
         ("U1", "nope", "unknown target 'nope'; known targets: prod-a"),
         ("U1", "a b", "Usage: /diagnose [target]. Known targets: prod-a"),
+        # a 100 KB argument was echoed whole
+        pytest.param(
+            "U1",
+            "x" * 100_000,
+            f"unknown target '{'x' * 64}'… (100,000 characters); known targets: prod-a",
+            id="100KB-argument",
+        ),
     ],
 )
 async def test_diagnose_refusals_are_ephemeral(
