@@ -1,0 +1,158 @@
+"""A big alert group through a real Alertmanager (0.25) running the shipped config
+(deploy/alertmanager/alertmanager.yml): 1,500 kube-prometheus-sized alerts of one group reach
+the bot as one notification under ``[server] max_body_bytes`` (``max_alerts`` caps it; the rest
+is counted in ``truncatedAlerts``), and that notification opens an incident."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from bot.config import ServerSettings
+from tests import store_reads
+from tests.fakes.bot import AM_TOKEN, Harness, harness
+
+pytestmark = pytest.mark.faults
+
+CONFIG = Path(__file__).parent.parent / "deploy" / "alertmanager" / "alertmanager.yml"
+ALERTS = 1500
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Received(BaseHTTPRequestHandler):
+    """The bot's address, as Alertmanager sees it: records each notification's body."""
+
+    bodies: list[bytes] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        length = int(self.headers.get("Content-Length", 0))
+        assert self.headers.get("Authorization") == f"Bearer {AM_TOKEN}"
+        self.bodies.append(self.rfile.read(length))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def kube_alert(n: int) -> dict[str, object]:
+    """An alert as kube-prometheus labels it: about 930 bytes in the webhook."""
+    pod = f"vllm-llama-3-8b-instruct-7d9f8c6b5-{n:05d}"
+    return {
+        "labels": {
+            "alertname": "VLLMTimeToFirstTokenP99High", "instance": "10.0.0.5:8000",
+            "container": "vllm", "endpoint": "http-metrics", "job": "vllm-llama-3-8b-instruct",
+            "namespace": "inference", "pod": pod, "service": "vllm-llama-3-8b-instruct",
+            "prometheus": "monitoring/kube-prometheus-stack-prometheus", "severity": "page",
+            "model_name": "meta-llama/Meta-Llama-3-8B-Instruct", "node": f"gpu-node-{n % 64:03d}",
+        },
+        "annotations": {
+            "summary": "vLLM time to first token p99 is above its line",
+            "description": f"TTFT p99 of {pod} has been 2.4 s for 5 minutes (line: 1 s).",
+            "runbook_url": "https://runbooks.example.com/vllm/VLLMTimeToFirstTokenP99High",
+        },
+        "generatorURL": "http://prometheus-k8s.monitoring.svc:9090/graph?g0.expr=histogram_quantile",
+    }  # fmt: skip
+
+
+@pytest.fixture
+def receiver() -> Iterator[tuple[int, list[bytes]]]:
+    bodies: list[bytes] = []
+    handler = type("Handler", (Received,), {"bodies": bodies})
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server.server_address[1], bodies
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def alertmanager(tmp_path: Path, receiver: tuple[int, list[bytes]]) -> Iterator[str]:
+    """The shipped config, pointed at ``receiver`` and with the test's short group timers."""
+    binary = shutil.which("prometheus-alertmanager")
+    if binary is None:
+        pytest.skip("Alertmanager is not installed (`make test` installs prometheus-alertmanager)")
+    config = yaml.safe_load(CONFIG.read_text())
+    config["route"].update(group_wait="1s", group_interval="1m")
+    (tmp_path / "token").write_text(AM_TOKEN)
+    for receiver_ in config["receivers"]:
+        for hook in receiver_.get("webhook_configs", []):
+            hook["url"] = f"http://127.0.0.1:{receiver[0]}/alertmanager"
+            hook["http_config"]["authorization"]["credentials_file"] = str(tmp_path / "token")
+    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    log = (tmp_path / "am.log").open("w")
+    proc = subprocess.Popen(
+        [binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+        stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: _ready(url), what="Alertmanager ready", log=tmp_path / "am.log")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _ready(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/-/ready", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def _wait(done: object, *, what: str, log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"{what}: timed out\n{log.read_text()[-2000:]}"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+async def h(tmp_path: Path) -> AsyncIterator[Harness]:
+    harness_ = harness(tmp_path, slack=None)
+    yield harness_
+    await harness_.close()
+
+
+async def test_a_group_of_1500_alerts_reaches_the_bot_as_one_notification_that_fits(
+    tmp_path: Path, alertmanager: str, receiver: tuple[int, list[bytes]], h: Harness
+) -> None:
+    """Issue 31 item 4: the whole group (1,500 x ~930 bytes) was 1.4 MB, over the 1 MiB cap:
+    413 on every repeat, never an incident."""
+    sent = [kube_alert(n) for n in range(ALERTS)]
+    assert httpx.post(f"{alertmanager}/api/v2/alerts", json=sent, timeout=30).status_code == 200
+    bodies = receiver[1]
+    _wait(lambda: bodies, what="the notification", log=tmp_path / "am.log")
+    time.sleep(1)  # nothing else of this group is due for group_interval (1 m)
+    assert len(bodies) == 1
+    notification = json.loads(bodies[0])
+    capped = len(notification["alerts"])
+    assert 0 < capped < ALERTS and notification["truncatedAlerts"] == ALERTS - capped
+    assert len(bodies[0]) <= ServerSettings().max_body_bytes // 2, (len(bodies[0]), capped)
+    answered = await h.webhook(bodies[0])
+    assert answered.status_code == 202, answered.text
+    with h.bot.db.transaction() as s:
+        [incident] = store_reads.incidents(s)
+        assert len(incident.alerts) == capped
