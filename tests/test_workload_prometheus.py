@@ -276,3 +276,22 @@ def test_cli_help_teaches_the_three_sources() -> None:
                  "--target", "--token-file", "exactly one"):  # fmt: skip
         assert flag in text
     assert "ruleloop workload capture --prometheus http://prometheus:9090 --target" in text
+
+
+def test_a_password_in_the_prometheus_url_is_never_shown(prometheus: str, tmp_path: Path) -> None:
+    # it was printed and written into the shape's source, which goes into ADR front matter
+    url = prometheus.replace("http://", "http://ruleloop:s3cret-pass@")
+    out = tmp_path / "a.yaml"
+    code, output = cli("--prometheus", url, "--selector", '{instance="10.0.0.5:8000"}',
+                       "--since", "1h", "--until", str(END), "-o", str(out))  # fmt: skip
+    assert code == 0, output
+    assert "s3cret" not in output + out.read_text()
+    assert shapes.load(out).source.startswith("prometheus http://***@127.0.0.1:")
+    code, output = cli("--prometheus", url, "--selector", '{instance="nope:1"}',
+                       "--since", "1h", "--until", str(END), "-o", str(out))  # fmt: skip
+    assert code == 2 and "holds no vLLM series" in output and "s3cret" not in output
+    down = f"http://ruleloop:s3cret-pass@127.0.0.1:{free_port()}"
+    code, output = cli("--prometheus", down, "--selector", '{job="vllm"}', "--since", "1h",
+                       "-o", str(out))  # fmt: skip
+    assert code == 2 and "cannot reach Prometheus at http://***@127.0.0.1:" in output
+    assert "s3cret" not in output

@@ -45,6 +45,7 @@ from bot.probes.workload_capture import (
     Window,
     shape_from_window,
 )
+from bot.runtime.redact import redact
 from bot.workload.shape import WorkloadShape
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
@@ -113,24 +114,25 @@ class Prometheus:
 
     def __init__(self, client: httpx.AsyncClient, base_url: str) -> None:
         self.client, self.base = client, base_url.rstrip("/")
+        self.shown = redact(self.base)  # what messages and a shape's source name: no password
 
     async def _get(self, path: str, params: dict[str, Any]) -> Any:
         try:
             response = await self.client.get(f"{self.base}{path}", params=params)
         except httpx.HTTPError as exc:
             raise EndpointError(
-                f"cannot reach Prometheus at {self.base}: {exc or type(exc).__name__}"
+                f"cannot reach Prometheus at {self.shown}: {redact(str(exc) or type(exc).__name__)}"
             ) from exc
         try:
             body: dict[str, Any] = response.json()
         except ValueError:
             raise ProbeError(
-                f"{self.base} answered HTTP {response.status_code} without JSON: is it a "
+                f"{self.shown} answered HTTP {response.status_code} without JSON: is it a "
                 "Prometheus (its HTTP API, /api/v1)?"
             ) from None
         if body.get("status") != "success":
             raise ProbeError(
-                f"Prometheus at {self.base} refused {params.get('query') or params}: "
+                f"Prometheus at {self.shown} refused {params.get('query') or params}: "
                 f"{body.get('error', response.status_code)}"
             )
         return body.get("data")
@@ -139,7 +141,7 @@ class Prometheus:
         """An instant query's vector: (labels, value) per series, NaN values left out."""
         data = await self._get("/api/v1/query", {"query": query, "time": at})
         if not isinstance(data, dict) or data.get("resultType") != "vector":
-            raise ProbeError(f"Prometheus at {self.base} answered {query!r} with no vector")
+            raise ProbeError(f"Prometheus at {self.shown} answered {query!r} with no vector")
         out = []
         for row in data.get("result", []):
             value = float(row["value"][1])
@@ -171,7 +173,7 @@ async def capture_from_prometheus(
     inner = matchers(selector)
     sel = "{" + inner + "}"
     names = await _vllm_names(prom, inner, start=end - seconds, end=end)
-    where = f"{sel} in Prometheus {prom.base}"
+    where = f"{sel} in Prometheus {prom.shown}"
     for name in (PROMPT_LENGTHS, OUTPUT_LENGTHS):
         if f"{name}_bucket" not in names:
             raise ProbeError(
@@ -194,7 +196,7 @@ async def capture_from_prometheus(
     )
     return shape_from_window(
         window,
-        source=f"prometheus {prom.base} {sel} over {seconds:.0f} s to {_iso(end)}",
+        source=f"prometheus {prom.shown} {sel} over {seconds:.0f} s to {_iso(end)}",
         captured_at=datetime.fromtimestamp(end, UTC),
         where=where,
         longer="--since",
@@ -212,7 +214,7 @@ async def _vllm_names(prom: Prometheus, inner: str, *, start: float, end: float)
         sel = "{" + inner + "}"
         engines = await _engines(prom, start, end)
         raise ProbeError(
-            f"Prometheus at {prom.base} holds no vLLM series matching {sel} between "
+            f"Prometheus at {prom.shown} holds no vLLM series matching {sel} between "
             f"{_iso(start)} and {_iso(end)}: check the selector (labels as Prometheus writes "
             f'them, e.g. instance="host:port") and --since/--until. {engines}'
         )
