@@ -176,6 +176,25 @@ async def test_a_token_in_the_repository_url_is_never_shown(fleet: Fleet, tmp_pa
     )
 
 
+async def test_git_children_get_only_the_environment_git_needs(
+    fleet: Fleet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # they inherited the bot's whole environment, SLACK_BOT_TOKEN included
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-not-for-git")
+    monkeypatch.setenv("RULELOOP_DATABASE_URL", "postgresql://u:pw@db/x")
+    monkeypatch.setenv("GIT_DIR", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/run/agent.sock")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    repo = GitRepo(repo_spec(fleet, tmp_path), key="t")
+    printed = await repo.run("-c", "alias.env-of-git=!env", "env-of-git", cwd=tmp_path)
+    seen = dict(line.split("=", 1) for line in printed.splitlines() if "=" in line)
+    assert "SLACK_BOT_TOKEN" not in seen and "RULELOOP_DATABASE_URL" not in seen
+    assert "xoxb-not-for-git" not in printed and "GIT_DIR" not in seen
+    assert seen["SSH_AUTH_SOCK"] == "/run/agent.sock" and seen["HTTPS_PROXY"] == "http://proxy:3128"
+    assert seen["PATH"] and seen["GIT_TERMINAL_PROMPT"] == "0" and seen["LC_ALL"] == "C"
+    assert await repo.sync()  # and git still clones with it
+
+
 async def test_forge_refusals_say_what_the_token_needs_never_the_token(
     forge: FakeForge, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

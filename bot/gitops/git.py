@@ -44,6 +44,19 @@ _LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[Path, asyncio.
     weakref.WeakKeyDictionary()
 )
 # the user name a forge takes with a token as the HTTPS password
+# What git children get of the bot's environment: the bot holds Slack, forge and database
+# secrets in it. The process basics and locale, an operator's SSH agent, proxy and CA bundle,
+# and git's own settings of where its config lives; GIT_DIR and the like never.
+GIT_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "TMPDIR", "TZ", "LANG", "LANGUAGE",
+    "SSH_AUTH_SOCK", "SSH_AGENT_PID",
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY",
+    "http_proxy", "https_proxy", "no_proxy", "all_proxy",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "GIT_SSL_CAINFO", "GIT_SSL_CAPATH",
+    "XDG_CONFIG_HOME", "GIT_CONFIG_GLOBAL", "GIT_CONFIG_SYSTEM", "GIT_CONFIG_NOSYSTEM",
+    "GIT_SSH", "GIT_SSH_COMMAND", "GIT_SSH_VARIANT", "GIT_EXEC_PATH",
+})  # fmt: skip
+
 _TOKEN_USER = {"github": "x-access-token", "gitlab": "oauth2"}
 
 
@@ -288,7 +301,9 @@ class GitRepo:
         return Result(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        """Only what git needs of the bot's environment (never SLACK_BOT_TOKEN and the like),
+        then what this repository sets."""
+        env = {k: v for k, v in os.environ.items() if k in GIT_ENV or k.startswith("LC_")}
         env.update(
             GIT_TERMINAL_PROMPT="0",
             LC_ALL="C",
@@ -306,10 +321,8 @@ class GitRepo:
             env["GIT_SSH_COMMAND"] = shlex.join(ssh)
         header = self._auth_header()
         if header is not None:
-            count = int(env.get("GIT_CONFIG_COUNT", "0") or 0)
-            env[f"GIT_CONFIG_KEY_{count}"] = "http.extraHeader"
-            env[f"GIT_CONFIG_VALUE_{count}"] = header
-            env["GIT_CONFIG_COUNT"] = str(count + 1)
+            env.update(GIT_CONFIG_COUNT="1", GIT_CONFIG_KEY_0="http.extraHeader",
+                       GIT_CONFIG_VALUE_0=header)  # fmt: skip
         return env
 
     def _auth_header(self) -> str | None:
