@@ -8,12 +8,13 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
 
 from bot.cli import cli
 from bot.engine.cpu_limit import CGROUP_ROOT, ENV_VAR, CpuLimit, cores_from_environment
-from bot.engine.process import EngineManager
+from bot.engine.process import EngineManager, free_port, session_pids
 from bot.errors import EngineError
 
 WRITABLE = os.access(CGROUP_ROOT / "cpu", os.W_OK) or os.access(CGROUP_ROOT, os.W_OK)
@@ -80,3 +81,26 @@ def test_the_commands_refuse_a_bad_switch_before_starting_anything(
     )
     assert result.exit_code == 2 and "'fast' is not a valid float range" in result.output
     assert not list(tmp_path.iterdir()), "something was started or written"
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(not WRITABLE, reason="needs a writable cgroup cpu controller (root)")
+def test_a_limited_engine_serves_with_every_process_in_the_group(tmp_path: Path) -> None:
+    """The quota bites once the engine serves: the API server and the engine core both in the
+    group, and a request's decode runs out of quota (proof the switch slows serving)."""
+    manager = EngineManager(state_dir=tmp_path, cpu_limit=0.1)
+    info = manager.start(port=free_port(), flags=["--enforce-eager"], timeout_s=600)
+    limit = CpuLimit(cores=0.1, name=f"ruleloop-engine-{info.port}")
+    try:
+        pids = session_pids(info.pid)
+        assert len(pids) >= 2 and pids[0] == info.pid  # the server and vLLM's engine core
+        grouped = (limit.group / "cgroup.procs").read_text().split()
+        assert all(str(pid) in grouped for pid in pids), (pids, grouped)
+        before = limit.throttled()
+        body = {"model": info.model, "prompt": "slow " * 50, "max_tokens": 32, "ignore_eos": True}
+        response = httpx.post(f"{info.base_url}/v1/completions", json=body, timeout=600)
+        assert response.status_code == 200
+        assert limit.throttled() > before
+    finally:
+        manager.stop(info.port)
+    assert not limit.group.exists()

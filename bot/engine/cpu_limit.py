@@ -4,12 +4,16 @@ vLLM on a CPU without AVX-512 runs 10-30x slower than on one with it, and a demo
 holds on a fast machine only proves nothing about a user's laptop. A cgroup's CFS quota makes
 the engine slow the same way on any Linux machine: ``cores`` of CPU time per period for all its
 processes together (0.25 = a quarter of one core). cgroup v1 (``cpu.cfs_quota_us``) and v2
-(``cpu.max``) are both supported; the engine's first process is moved in right after it is
-spawned, so the processes it starts later (vLLM's engine core) inherit the group.
+(``cpu.max``) are both supported.
+
+The quota bites once the engine serves: every process of its session (the API server, vLLM's
+engine core) is moved in then. Serving is what AVX-512 speeds up 10-30x; a start is mostly Python
+imports, which a 2-core AVX2 machine runs about half as fast as this one (51 s there, 25 s
+here), where a tenth of one core would take 3-4 minutes.
 
 ``RULELOOP_ENGINE_CPU_LIMIT=0.1`` is the one switch that puts every engine this package starts
 (``ruleloop engine up``, the demo, the local actuator, the test suite's engines) under that
-quota: at 0.1 core an AVX-512 machine runs vLLM about as fast as a 2-core AVX2 one.
+quota: at 0.1 core an AVX-512 machine serves vLLM about as fast as a 2-core AVX2 one.
 """
 
 from __future__ import annotations
@@ -65,8 +69,8 @@ class CpuLimit:
         v1 = self.root / "cpu"
         return (v1 if (v1 / "cgroup.procs").exists() else self.root) / self.name
 
-    def apply(self, pid: int) -> None:
-        """Create the group with its quota and move ``pid`` (all its threads) into it."""
+    def apply(self, *pids: int) -> None:
+        """Create the group with its quota and move each of ``pids`` (all its threads) in."""
         group = self.group
         quota = round(self.cores * PERIOD_US)
         try:
@@ -76,7 +80,8 @@ class CpuLimit:
                 (group / "cpu.cfs_quota_us").write_text(str(quota))
             else:
                 (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
-            (group / "cgroup.procs").write_text(str(pid))
+            for pid in pids:  # one pid per write: cgroup.procs takes one at a time
+                (group / "cgroup.procs").write_text(str(pid))
         except OSError as exc:
             raise EngineError(
                 f"cannot limit the engine to {self.cores:g} cores: {exc} (a CPU limit needs a "

@@ -190,9 +190,9 @@ class EngineManager:
         )  # fmt: skip
         self._state_path(port).write_text(json.dumps(asdict(info)))
         try:
-            if self.cpu_limit is not None:  # before vLLM starts its engine core (it inherits)
-                _limit_of(info).apply(pid)
             self._wait_ready(info, timeout_s=timeout_s, on_progress=on_progress)
+            if self.cpu_limit is not None:  # serving slowed, not the imports (cpu_limit.py)
+                _limit_of(info).apply(*session_pids(pid))
         except BaseException:
             self._kill(pid)
             self._forget(port)
@@ -304,6 +304,19 @@ class EngineManager:
 def _limit_of(info: EngineInfo) -> CpuLimit:
     assert info.cpu_limit is not None
     return CpuLimit(cores=info.cpu_limit, name=f"ruleloop-engine-{info.port}")
+
+
+def session_pids(sid: int) -> list[int]:
+    """The processes of session ``sid`` (an engine and the engine core it spawned), leader first."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == sid:
+                    pids.append(int(entry.name))
+            except OSError:  # gone since the listing
+                continue
+    return sorted(pids, key=lambda pid: pid != sid)
 
 
 def _spawn_detached(argv: list[str], *, log_path: Path, env: dict[str, str]) -> int:
