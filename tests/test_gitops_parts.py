@@ -221,6 +221,60 @@ async def test_forge_refusals_say_what_the_token_needs_never_the_token(
         await wrong.find_open("ruleloop/x")
 
 
+async def test_a_token_the_forge_or_a_proxy_echoes_is_scrubbed_from_every_message(
+    tmp_path: Path,
+) -> None:
+    # the forge's words were shown as they came: an echoed token reached the message
+    import httpx
+
+    token = tmp_path / "token"
+    token.write_text("ghp_echoed-0123456789abcdef")
+    for code in (401, 403, 404, 422, 500, 502):
+        for words in ("bad: {}", "x" * 290 + "{}"):  # also where the 300-character cut falls
+
+            def echo(
+                request: httpx.Request, code: int = code, words: str = words
+            ) -> httpx.Response:
+                said = words.format(request.headers["Authorization"])
+                return httpx.Response(code, json={"message": said})
+
+            http = httpx.AsyncClient(transport=httpx.MockTransport(echo))
+            github = GitHub(ForgeSpec(kind="github", project="acme/fleet", token_file=token),
+                            http=http)  # fmt: skip
+            with pytest.raises(GitOpsError) as refused:
+                await github.find_open("ruleloop/x")
+            shown = str(refused.value)
+            assert "ghp_" not in shown and "0123456789" not in shown, shown
+
+
+async def test_a_token_is_never_sent_over_plain_http_to_another_host(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    import httpx
+
+    token = tmp_path / "token"
+    token.write_text(FORGE_TOKEN)
+    seen: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        return httpx.Response(200, json=[])
+
+    http = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    spec = ForgeSpec(kind="github", project="acme/fleet", token_file=token,
+                     api_url="http://forge.example.com/api/v3")  # fmt: skip
+    with pytest.raises(GitOpsError, match="refusing to send the github token over plain http to "
+                       "forge.example.com: use an https:// URL"):  # fmt: skip
+        await GitHub(spec, http=http).find_open("ruleloop/x")
+    assert seen == []
+    local = spec.model_copy(update={"api_url": "http://127.0.0.1:9/api/v3"})
+    assert await GitHub(local, http=http).find_open("ruleloop/x") is None  # this host: allowed
+    plain = repo_spec(fleet, tmp_path, forge=spec).model_copy(
+        update={"repo_url": "http://git.example.com/acme/fleet.git"})  # fmt: skip
+    with pytest.raises(GitOpsError, match="over plain http to git.example.com"):
+        await GitRepo(plain, key="t").sync()
+
+
 # --- accepted ADRs to git ----------------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ import httpx
 
 from bot.config import ForgeSpec
 from bot.gitops.errors import Conflict, GitOpsError
-from bot.gitops.secrets import read_secret, scrub
+from bot.gitops.secrets import read_secret, refuse_plain_http, scrub
 
 DEFAULT_API = {"github": "https://api.github.com", "gitlab": "https://gitlab.com/api/v4"}
 SCOPES = {
@@ -76,6 +76,7 @@ class _TokenHeader(httpx.Auth):
         self.spec = spec
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        refuse_plain_http(str(request.url), f"{self.spec.kind} token")
         token = read_secret(self.spec.token_file, f"{self.spec.kind} token")
         if self.spec.kind == "gitlab":
             request.headers["PRIVATE-TOKEN"] = token
@@ -103,6 +104,11 @@ class _Rest:
         self._http = http  # None: a client per request (actuators are built per step)
         self._auth = _TokenHeader(spec)
 
+    def _secrets(self) -> list[str]:
+        with contextlib.suppress(GitOpsError):
+            return [read_secret(self.spec.token_file, "token")]
+        return []
+
     async def _call(
         self, method: str, path: str, *, body: Any = None, params: dict[str, str] | None = None,
         ok: tuple[int, ...] = (200, 201),
@@ -124,13 +130,14 @@ class _Rest:
         except httpx.HTTPError as exc:
             raise GitOpsError(
                 scrub(f"cannot reach {self.name}'s API at {self.api_url}: "
-                      f"{type(exc).__name__}: {exc}")
+                      f"{type(exc).__name__}: {exc}", self._secrets())
             ) from None  # fmt: skip
         try:
             data: Any = response.json()
         except ValueError:
             data = None
-        message = _message(data) or response.reason_phrase
+        # a forge or a proxy may echo the token: scrubbed before it is cut (never half a token)
+        message = scrub(_message(data) or response.reason_phrase, self._secrets())[:300]
         if response.status_code in ok:
             return response.status_code, data, message
         code = response.status_code
@@ -301,11 +308,12 @@ def _gitlab_mr(data: Any) -> PullRequest:
 
 
 def _message(data: Any) -> str:
-    """The forge's own words: GitHub's ``message``, GitLab's ``message`` or ``error``."""
+    """The forge's own words: GitHub's ``message``, GitLab's ``message`` or ``error`` (whole:
+    the caller scrubs and cuts them)."""
     if not isinstance(data, dict):
         return ""
     for key in ("message", "error"):
         value = data.get(key)
         if value:
-            return scrub(value if isinstance(value, str) else json.dumps(value))[:300]
+            return value if isinstance(value, str) else json.dumps(value)
     return ""

@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from bot.config import GitRepoSpec
 from bot.gitops import trailers
 from bot.gitops.errors import Conflict, GitOpsError
-from bot.gitops.secrets import read_secret, scrub
+from bot.gitops.secrets import read_secret, refuse_plain_http, scrub
 from bot.runtime.ids import process_alive
 
 TIMEOUT_S = 120.0
@@ -330,6 +330,7 @@ class GitRepo:
         forge = self.spec.forge
         if forge is None or urlsplit(self.url).scheme not in ("http", "https"):
             return None
+        refuse_plain_http(self.url, f"{forge.kind} token")
         user = _TOKEN_USER[forge.kind]
         token = read_secret(forge.token_file, f"{forge.kind} token")
         pair = base64.b64encode(f"{user}:{token}".encode()).decode()

@@ -8,8 +8,10 @@ of any URL (``bot.runtime.redact``) and every known secret value are replaced by
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Iterable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from bot.gitops.errors import GitOpsError
 from bot.runtime.redact import redact
@@ -36,3 +38,24 @@ def scrub(text: str, secrets: Iterable[str] = ()) -> str:
         if len(secret) >= 4:  # a one-letter "secret" would blank half the message
             text = text.replace(secret, "***")
     return text
+
+
+def refuse_plain_http(url: str, what: str) -> None:
+    """GitOpsError when ``url`` is plain http to a host other than this one: a token sent
+    there crosses the network readable by anyone on the path."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != "http" or _loopback(parts.hostname or ""):
+        return
+    raise GitOpsError(
+        f"refusing to send the {what} over plain http to {parts.hostname}: use an https:// "
+        "URL (plain http is allowed only to this host: localhost, 127.0.0.1, ::1)"
+    )
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
