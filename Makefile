@@ -36,12 +36,12 @@ system-deps:
 
 # The layer contracts first (seconds): a wrong-way import fails before the suite starts. Two
 # workers: much of the suite waits on engines and subprocesses, so a second one overlaps them;
-# the tests of a module that runs real engines stay on one worker, longest modules first
+# the tests of a module stay on one worker (they share its engines), longest modules first
 # (tests/conftest.py). TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
 	$(BIN)/lint-imports
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # The tests that most depend on the engine's speed again, on a machine many times slower: every
 # engine they start under a tenth of one core (RULELOOP_ENGINE_CPU_LIMIT, a cgroup quota; root).
@@ -52,7 +52,7 @@ SLOW_MACHINE_TESTS ?= tests/test_bot_e2e.py tests/test_remediation_engine.py \
 	tests/test_engine_cli.py tests/test_goodput_engine.py tests/test_workload_drift_engine.py
 test-slow-machine: $(STAMP) system-deps
 	RULELOOP_ENGINE_CPU_LIMIT=$(SLOW_MACHINE_CORES) $(BIN)/pytest -n $(TEST_WORKERS) \
-	  --dist loadgroup --no-loadscope-reorder $(SLOW_MACHINE_TESTS)
+	  --dist loadscope --no-loadscope-reorder $(SLOW_MACHINE_TESTS)
 
 # The order above comes from tests/module_seconds.json: this rewrites it from a whole passing run.
 durations:

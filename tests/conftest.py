@@ -16,7 +16,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 TEST_FLAGS = ("--enforce-eager",)  # same throughput on this tiny model, ready in ~25 s not ~75 s
 
 EngineFactory = Callable[[Sequence[str]], EngineInfo]
-ENGINE_FIXTURES = {"engine", "engine_factory", "engine_manager", "long_engine"}
 # Seconds per module (setup + call + teardown) from the last recorded run, for the order below
 # (`make durations` rewrites the file); a module not in it counts as 10 s.
 MODULE_SECONDS_FILE = Path(__file__).with_name("module_seconds.json")
@@ -47,16 +46,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``make test`` (pytest-xdist, ``--dist loadgroup``): the tests of a module that runs
-    real engines stay together on one worker, sharing that worker's engines (one per flag
-    set), and the longest modules go first, so that no worker is left with one at the end
-    while the other idles. Other tests spread over the workers one by one."""
-    if not getattr(config.option, "numprocesses", None):
-        return
-    for item in items:
-        uses_engine = ENGINE_FIXTURES & set(getattr(item, "fixturenames", ()))
-        if uses_engine or item.get_closest_marker("engine"):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__ if item.module else ""))
+    """The longest modules first. Under ``make test`` (pytest-xdist, ``--dist loadscope
+    --no-loadscope-reorder``) each module runs on one worker, so the tests of a module that
+    runs real engines share that worker's engines (one per flag set), and no worker is left
+    with a long module at the end while the other idles. Sorted on every process: xdist's
+    workers collect, and the order they report is the order the controller hands out.
+
+    (``--dist loadgroup`` with marks would group only the engine modules, but with pytest 9
+    xdist 3.8 cannot rename the node ids it groups by, and every module was split.)"""
     items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.stem, 10))
 
 
