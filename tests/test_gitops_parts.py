@@ -336,6 +336,29 @@ async def test_adr_publishing_by_direct_push_and_what_it_refuses(
                                          reviewer="U1")  # fmt: skip
 
 
+async def test_adr_publishing_never_follows_a_committed_symlink_out_of_the_clone(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # a committed `decisions -> /somewhere` link had the ADR written outside the clone
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    git("pull", "-q", "--ff-only", "origin", "main", cwd=fleet.person)
+    (fleet.person / "decisions").symlink_to(outside)
+    (fleet.person / "hooks").symlink_to(".git/hooks")
+    git("add", "decisions", "hooks", cwd=fleet.person)
+    git("commit", "-q", "-m", "links", cwd=fleet.person)
+    git("push", "-q", "origin", "main", cwd=fleet.person)
+    before = fleet.head()
+    record = Record("ADR-20261201-01", "ADR-20261201-01-prefix-caching.md", ADR_TEXT)
+    for directory in ("decisions", "hooks"):
+        spec = AdrPublishSettings(repo_url=str(fleet.bare), direct_push=True,
+                                  directory=directory, workdir=tmp_path / "work")  # fmt: skip
+        with pytest.raises(GitOpsError, match="refusing to write .*: in the repository it leads"):
+            await AdrPublisher(spec).publish(record, reviewer="U1")
+    assert list(outside.iterdir()) == [] and fleet.head() == before
+    assert not list((tmp_path / "work").rglob("hooks/ADR-*"))
+
+
 async def test_the_review_flows_one_call_says_where_the_adr_went_and_never_raises(
     fleet: Fleet, forge: FakeForge, tmp_path: Path
 ) -> None:

@@ -228,10 +228,24 @@ class GitRepo:
         await self.run("clean", "-fdq")
 
     async def write(self, path: str, text: str) -> None:
-        """Write one file of the worktree and stage it."""
-        target = self.path / path
+        """Write one file of the worktree and stage it; GitOpsError when ``path`` leaves it."""
+        target = self._inside(path)
         await asyncio.to_thread(_write, target, text)
         await self.run("add", "--", path)
+
+    def _inside(self, path: str) -> Path:
+        """``path`` in the worktree, as written; refused when a committed symbolic link (or
+        ``..``) would take the write elsewhere: outside the clone, or into its ``.git``."""
+        root = self.path.resolve()
+        plain = Path(os.path.normpath(root / path))
+        inside = plain.is_relative_to(root) and not plain.is_relative_to(root / ".git")
+        if inside and plain != root and plain.resolve() == plain:
+            return plain
+        raise GitOpsError(
+            f"refusing to write {path}: in the repository it leads to {plain.resolve()}, not "
+            "to a file of the repository (a committed symbolic link, or ..): ruleloop writes "
+            "only real files inside its clone; replace the link with a directory"
+        )
 
     async def remove(self, path: str) -> None:
         """Remove one file from the worktree and the index."""
