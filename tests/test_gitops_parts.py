@@ -113,6 +113,26 @@ def test_a_locator_that_does_not_find_the_args_says_where_it_stopped(path: str, 
         Locator(GitLocatorSpec(file=MAIN_FILE, args=path)).read(PATCH)
 
 
+def test_a_yaml_alias_bomb_is_refused_at_once_and_small_aliases_still_read() -> None:
+    # 687 bytes of aliases of aliases took more than 60 s on the event loop (str() of nodes)
+    import time
+
+    lines = ['a0: &a0 ["--max-num-seqs", "8", "--x", "--x", "--x", "--x", "--x", "--x"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 12)]
+    bomb = "\n".join([*lines, "args: *a11", ""])
+    started = time.monotonic()
+    for locator in (Locator(GitLocatorSpec(file="bomb.yaml", args="args")),
+                    Locator(GitLocatorSpec(file="bomb.yaml", args="a0"))):  # fmt: skip
+        with pytest.raises(LocatorError, match="aliases expand to more than 50,000 nodes"):
+            locator.read(bomb)
+        with pytest.raises(LocatorError, match="an alias bomb"):
+            locator.write(bomb, {"max-num-seqs": 16})
+    assert time.monotonic() - started < 5
+    small = 'base: &base ["--max-num-seqs", "8"]\nvllm:\n  args: *base\n'
+    found = Locator(GitLocatorSpec(file="f.yaml", args="vllm.args")).read(small)
+    assert found.flags == {"max-num-seqs": 8}
+
+
 def test_values_off_the_allowlist_or_out_of_range_are_never_written() -> None:
     locator = Locator(GitLocatorSpec(file=MAIN_FILE, args=ARGS_PATH))
     with pytest.raises(LocatorError, match="out of range"):

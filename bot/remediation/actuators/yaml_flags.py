@@ -23,6 +23,7 @@ from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
+from ruamel.yaml.events import AliasEvent, CollectionEndEvent, CollectionStartEvent, NodeEvent
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, ScalarString
 
 from bot.adr.flags import TUNABLE, canonical, to_argv
@@ -33,6 +34,9 @@ from bot.remediation.argv import FlagValues, read_flags
 
 # (mapping, sequence, offset) styles people write; the one that reproduces the file is used
 _INDENTS = ((2, 4, 2), (2, 2, 0), (4, 4, 2), (4, 6, 4), (4, 4, 0), (2, 2, 2))
+# nodes a file may stand for once its aliases are expanded: a deployment file has a few
+# hundred; ten nested aliases of ten stand for 10^10, and reading them took minutes
+MAX_EXPANDED_NODES = 50_000
 _SEGMENT = re.compile(r"\[(\d+)\]|\[([^=\]]+)=([^\]]*)\]|([^.\[\]]+)")
 
 
@@ -351,6 +355,7 @@ def _load(text: str, file: str) -> tuple[list[Any], tuple[int, int, int]]:
     """The documents of a file and the indentation that writes it back unchanged (else the
     one that changes fewest lines)."""
     try:
+        _refuse_alias_bombs(text, file)
         docs = list(_yaml(_INDENTS[0]).load_all(text))
     except YAMLError as exc:
         raise LocatorError(f"{file} is not valid YAML: {exc}") from exc
@@ -366,6 +371,38 @@ def _load(text: str, file: str) -> tuple[list[Any], tuple[int, int, int]]:
         if fewest is None or changed < fewest:
             best, fewest = indent, changed
     return list(_yaml(best).load_all(text)), best
+
+
+def _refuse_alias_bombs(text: str, file: str) -> None:
+    """LocatorError when the file's aliases expand past MAX_EXPANDED_NODES: counted on the
+    parser's events (one pass, nothing expanded), each alias as the size of its anchor."""
+    sizes: dict[str, int] = {}
+    open_: list[list[Any]] = []  # [anchor, expanded size so far] per open collection
+    total = 0
+    for event in YAML(typ="rt").parse(text):
+        if isinstance(event, CollectionStartEvent):
+            open_.append([event.anchor, 1])
+            continue
+        if isinstance(event, CollectionEndEvent):
+            anchor, size = open_.pop()
+        elif isinstance(event, AliasEvent):
+            anchor, size = None, sizes.get(event.anchor, 1)
+        elif isinstance(event, NodeEvent):  # a scalar
+            anchor, size = event.anchor, 1
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = size
+        if open_:
+            open_[-1][1] += size
+        else:
+            total += size
+        if size > MAX_EXPANDED_NODES or total > MAX_EXPANDED_NODES:
+            raise LocatorError(
+                f"{file}: its YAML aliases expand to more than {MAX_EXPANDED_NODES:,} nodes "
+                "(aliases of aliases, an alias bomb): ruleloop does not read it; write the "
+                "values out, or alias only small parts"
+            )
 
 
 def _dump(docs: list[Any], indent: tuple[int, int, int], *, explicit_start: bool) -> str:
