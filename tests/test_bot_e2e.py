@@ -55,12 +55,18 @@ def sized_for_tests(rules: str, *, ttft_line_s: float) -> str:
     return head + name + tail
 
 
-def window_for(decode_alone_s: float) -> float:
-    """The diagnosis window, from the engine's measured speed: six times one request's decode
-    alone, so that each of the SEQS slots finishes requests inside it under load (goodput is
-    read from what finished there; a 10 s window on a slow machine saw none finish). At least
-    the shipped 10 s, at most the probe's 600 s."""
-    return min(600.0, max(10.0, math.ceil(6 * decode_alone_s)))
+ENDED = 45  # requests the diagnosis window should see end, for a goodput within its bounds
+
+
+def window_for(alone_s: float) -> float:
+    """The diagnosis window, from the engine's measured speed: long enough for ENDED requests to
+    end under load, at the least rate the load can run (SEQS slots, each step at most SEQS times
+    slower than alone: one request per ``alone_s``, a request's TTFT + decode alone). Goodput is
+    read from what ended in the window, against the tokens in flight at its ends (a few blocks
+    each): 30 finished against those reads within 20 points, where a 10 s window on a slow
+    machine saw 6 finish and the goodput was unknown. At least the shipped 10 s, at most the
+    probe's 600 s."""
+    return min(600.0, max(10.0, math.ceil(ENDED * alone_s)))
 
 
 def runbooks_with_ttft_line(target: Path, line_ms: float, window_s: float) -> Path:
@@ -168,7 +174,7 @@ def stack(tmp_path: Path, engine_factory: EngineFactory) -> Iterator[dict[str, o
     engine = engine_factory(["--max-num-seqs", str(SEQS)])
     ttft_alone_s, decode_alone_s = alone(engine)
     line_s = alert_line(engine, decode_alone_s)
-    window_s = window_for(decode_alone_s)
+    window_s = window_for(ttft_alone_s + decode_alone_s)
     runbooks = runbooks_with_ttft_line(tmp_path / "runbooks", line_s * 1000, window_s)
     procs: list[Process] = []
     with FakeSlack() as slack:
@@ -337,12 +343,14 @@ async def test_alert_to_diagnosis_thread_and_resolution(stack: dict[str, object]
     line_s: float = stack["ttft_line_s"]  # type: ignore[assignment]
     headline = summary["headline"]
     assert headline["ttft_p99_ms"] is not None and headline["ttft_p99_ms"] > line_s * 1000
-    assert headline["goodput_ratio"] is not None and 0 < headline["goodput_ratio"] <= 1
+    finished = next(e for e in trail if e.action == "diagnosis.finished")
+    readings = finished.detail["readings"]
+    assert headline["goodput_ratio"] is not None and 0 < headline["goodput_ratio"] <= 1, (
+        readings.get("vllm_metrics.goodput_basis"), readings,
+    )  # fmt: skip
     # ... and the thread's finding says so, with the first diagnosis's number and the runbook's
     # line (a second alert of the same incident, e.g. queue time on a loaded box, may diagnose
     # again and update the summary's headline)
-    finished = next(e for e in trail if e.action == "diagnosis.finished")
-    readings = finished.detail["readings"]
     finding = (
         f"TTFT p99 is {readings['vllm_metrics.ttft_p99_ms']:.0f} ms, "
         f"over the {line_s * 1000:.0f} ms"

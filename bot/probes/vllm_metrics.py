@@ -262,6 +262,12 @@ def counter_delta(before: Exposition, after: Exposition, names: Sequence[str]) -
     return max(v1 - v0, 0.0)  # a restart resets counters: never report negative work
 
 
+def _total(page: Exposition, names: Sequence[str]) -> float | None:
+    """A counter's value since the engine started; None if the page lacks it."""
+    name = page.first_present(names)
+    return None if name is None else page.total(name)
+
+
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or denominator is None or denominator <= 0:
         return None
@@ -352,6 +358,7 @@ class _Window:
     finished: float
     first_tokens: float | None
     prefix_hits: float
+    lifetime_hits_per_request: float  # the engine's mean prefix hits per request, since start
     prompt_range: tuple[float, float]  # _prompt_range
     start: _InFlight
     end: _InFlight
@@ -375,6 +382,8 @@ class _Window:
             generated, prompt, done_prompt, done_output, finished,
             first_tokens=counter_delta(before, after, tuple(f"{n}_count" for n in TTFT)),
             prefix_hits=counter_delta(before, after, PREFIX_HITS) or 0.0,
+            lifetime_hits_per_request=(_total(after, PREFIX_HITS) or 0.0)
+            / max(_total(after, tuple(f"{n}_count" for n in TTFT)) or 0.0, 1.0),
             prompt_range=_prompt_range(before, after),
             start=start, end=end,
         )  # fmt: skip
@@ -396,6 +405,14 @@ class _Window:
     def change(self) -> float:
         """How many more requests were running at the end than at the start."""
         return self.end.running - self.start.running
+
+    @property
+    def hits_per_request(self) -> float:
+        """Mean prefix-cache hits (tokens) of a request: of those that started in the window,
+        or, where none did, of every request since the engine started."""
+        if self.first_tokens:
+            return self.prefix_hits / self.first_tokens
+        return self.lifetime_hits_per_request
 
     @property
     def started_prompt(self) -> float | None:
@@ -471,12 +488,17 @@ class _Waste:
         started_prompt = w.started_prompt
         if started_prompt is not None:
             prompt_error += abs(w.change) * abs(started_prompt - mean_prompt)
-        # In-flight tokens (prompt + generated) from the KV slots held; a shared prefix's
-        # blocks hold one copy for several requests, preempted requests hold none.
-        per_request_hits = w.prefix_hits / max(w.first_tokens or 0.0, 1.0)
+        # In-flight tokens (prompt + generated) from the KV slots held. A shared prefix's
+        # blocks hold one copy for all the running requests that share it, so the slots can
+        # only undercount, by at most (running - 1) x a request's prefix hits at each end:
+        # one-sided, so the change's midpoint moves by half the difference. Preempted requests
+        # hold no KV at all.
+        hits = w.hits_per_request
+        hidden_start = max(w.start.running - 1.0, 0.0) * hits
+        hidden_end = max(w.end.running - 1.0, 0.0) * hits
+        token_change += (hidden_end - hidden_start) / 2
         token_error = (
-            w.start.tokens_error + w.end.tokens_error
-            + (w.start.running + w.end.running) * per_request_hits
+            w.start.tokens_error + w.end.tokens_error + (hidden_start + hidden_end) / 2
             + w.preempted * (mean_prompt + mean_output)
         )  # fmt: skip
         counted = "" if aborted is None else f"; {aborted:g} aborted after a first token"
