@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bot.engine.process import EngineInfo, EngineManager, free_port
+from tests import orphans
 from tests.fakes.slack_api import FakeSlack
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -25,6 +26,12 @@ MODULE_SECONDS: dict[str, float] = (
 # RULELOOP_RECORD_DURATIONS=1 (`make durations`) writes this run's seconds per module there.
 RECORD_DURATIONS = os.environ.get("RULELOOP_RECORD_DURATIONS") == "1"
 _ran: dict[str, float] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Stop what a killed earlier run left running, then own what this process starts."""
+    orphans.reap()
+    orphans.mark_owner()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
