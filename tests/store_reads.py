@@ -1,4 +1,5 @@
-"""Reads of the store only tests make: the whole audit log and every incident, in order."""
+"""Reads of the store only tests make: the whole audit log, every incident and every owed
+Slack item, in order."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from bot.store.models import AuditEntry, Incident
+from bot.store.models import AuditEntry, Incident, OutboxItem
 
 
 def audit_trail(session: Session, *, incident_id: int | None = None) -> Sequence[AuditEntry]:
@@ -21,3 +22,8 @@ def audit_trail(session: Session, *, incident_id: int | None = None) -> Sequence
 def incidents(session: Session) -> Sequence[Incident]:
     """All incidents, oldest first."""
     return session.scalars(select(Incident).order_by(Incident.id)).all()
+
+
+def outbox(session: Session) -> Sequence[OutboxItem]:
+    """Every Slack item owed, oldest first."""
+    return session.scalars(select(OutboxItem).order_by(OutboxItem.id)).all()

@@ -21,6 +21,10 @@ T0 = dt.datetime(2026, 9, 1, 2, 13, tzinfo=dt.UTC)
 TARGETS = {
     "prod-a": Target(vllm_url="http://10.0.0.5:8000"),
     "prod-b": Target(vllm_url="http://10.0.0.6:8000"),
+    "fleet": Target(
+        vllm_url="http://vllm.inference.svc:8000",
+        replicas=[f"http://10.1.0.{i}:8000" for i in range(1, 9)],
+    ),
 }
 
 
@@ -130,6 +134,42 @@ def test_intake_next_episode_is_a_new_incident(intake: Intake) -> None:
 def test_intake_target_from_labels(intake: Intake, labels: dict, target: str | None) -> None:
     hook = parse_webhook(body(alert(**labels)))
     assert intake.target_for(hook) == target
+
+
+def pod(i: int, *, status: str = "firing") -> bytes:
+    """Replica i's TTFT alert of the fleet, in its own group (Alertmanager groups by instance)."""
+    instance = f"10.1.0.{i}:8000"
+    return body(
+        alert(instance=instance, fingerprint=f"pod{i}", status=status),
+        group_key=f'{{}}:{{instance="{instance}"}}',
+    )
+
+
+def test_a_fleet_wide_regression_is_one_incident_until_every_replica_resolves(
+    intake: Intake, db: Database,
+) -> None:
+    results = [intake.receive(parse_webhook(pod(i))) for i in range(1, 9)]
+    assert [r.outcome for r in results] == [Outcome.OPENED] + [Outcome.UPDATED] * 7
+    assert len({r.incident_id for r in results}) == 1
+    for i in range(1, 8):  # seven replicas recover; one is still slow
+        partial = intake.receive(parse_webhook(pod(i, status="resolved")))
+        assert partial.outcome is Outcome.UPDATED
+    last = intake.receive(parse_webhook(pod(8, status="resolved")))
+    assert (last.outcome, last.incident_id) == (Outcome.RESOLVED, results[0].incident_id)
+    with db.transaction() as s:
+        (incident,) = store_reads.incidents(s)
+        assert incident.target == "fleet" and incident.status == "resolved"
+        assert len(incident.alerts) == 8
+        lines = [o.payload["text"] for o in store_reads.outbox(s) if o.kind == "reply"]
+    assert any("1 of 8 still firing" in line for line in lines), lines
+
+
+def test_alerts_of_two_targets_stay_two_incidents(intake: Intake) -> None:
+    fleet = intake.receive(parse_webhook(pod(1)))
+    other = receive(intake, alert(instance="10.0.0.6:8000", fingerprint="b"), group_key="b")
+    unknown = receive(intake, alert(instance="10.9.9.9:8000", fingerprint="c"), group_key="c")
+    assert {fleet.outcome, other.outcome, unknown.outcome} == {Outcome.OPENED}
+    assert len({fleet.incident_id, other.incident_id, unknown.incident_id}) == 3
 
 
 def test_intake_racing_twins_make_one_incident(intake: Intake, db: Database) -> None:

@@ -3,9 +3,13 @@
 Rules:
 - an alert instance is (fingerprint, startsAt); an instance already stored never adds anything,
   whatever Alertmanager retries, repeats or delivers out of order;
-- a group key has at most one open incident; new firing instances join it, and what joins or
-  changes state in an open incident is one message in its thread ("X joined (firing)");
-- a resolved notification closes the incident, creating it closed if its firing was never seen;
+- a target has at most one open incident from Alertmanager, and so does a group key whose target
+  is not known: Alertmanager groups by instance, so a fleet-wide regression on 8 replicas comes as
+  8 groups, and they are one incident (one thread, one diagnosis of the fleet, one /apply-adr);
+  new firing instances join it, and what joins or changes state in an open incident is one
+  message in its thread ("X joined (firing)");
+- a resolved notification closes the incident once none of its alerts is firing (other groups
+  of the same target may still be), creating it closed if its firing was never seen;
 - everything one notification changes commits in one transaction, audit entry included, and so
   do the Slack messages and the diagnosis it makes owed (``bot.store.outbox``, sent by
   ``bot.incidents.outbox``): a 202 never loses them;
@@ -19,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from urllib.parse import urlsplit
 
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
@@ -78,8 +83,9 @@ class Intake:
 
     def _receive(self, webhook: Webhook) -> IntakeResult:
         now = self._clock()
+        key = self.incident_key(webhook)
         with self._db.transaction() as session:
-            incident = store.find_open(session, key=webhook.group_key)
+            incident = store.find_open(session, key=key)
             # each instance looked up once; linear, as all of this runs under the write lock
             rows = {a.key(): store.find_alert(session, **_key(a)) for a in webhook.alerts}
             new = [a for a in webhook.alerts if rows[a.key()] is None]
@@ -96,7 +102,7 @@ class Intake:
                     )
                 incident = store.create(
                     session,
-                    key=webhook.group_key,
+                    key=key,
                     source="alertmanager",
                     title=webhook.title,
                     target=self.target_for(webhook),
@@ -115,7 +121,7 @@ class Intake:
                 for alert in new
             ]  # fmt: skip
             changed = self._update_known(session, incident, known)
-            if not opened and webhook.status != "resolved" and (joined or changed):
+            if not opened and not self._all_resolved(webhook, incident) and (joined or changed):
                 # the thread hears what changed, in the transaction that changed it
                 text = alerts_news(incident, joined=joined, changed=changed)
                 items.owe(session, incident.id, kind=items.REPLY, at=now, payload={"text": text})
@@ -142,7 +148,7 @@ class Intake:
         detail: dict[str, object] = {
             "group_key": webhook.group_key, "status": webhook.status, "new_alerts": new,
         }  # fmt: skip
-        if webhook.status == "resolved":
+        if self._all_resolved(webhook, incident):
             store.close(session, incident, at=now)
             detail["firing_seen"] = not opened
             self._audit(session, incident, "incident.resolved", detail, now)
@@ -176,8 +182,19 @@ class Intake:
             session, at=now, actor="alertmanager", action=action, incident=incident, detail=detail
         )
 
+    @staticmethod
+    def _all_resolved(webhook: Webhook, incident: Incident) -> bool:
+        """A resolved notification, and no alert of the incident (any group's) still firing."""
+        return webhook.status == "resolved" and all(a.status != "firing" for a in incident.alerts)
+
+    def incident_key(self, webhook: Webhook) -> str:
+        """What makes alerts one incident: their target, else their Alertmanager group."""
+        target = self.target_for(webhook)
+        return f"target:{target}" if target is not None else webhook.group_key
+
     def target_for(self, webhook: Webhook) -> str | None:
-        """The configured target an alert group is about: its label, else its instance."""
+        """The configured target an alert group is about: its label, else its instance (the
+        target's engine or one of its listed replicas)."""
         labels = {**webhook.common_labels}
         for alert in webhook.alerts:
             for key, value in alert.labels.items():
@@ -187,7 +204,7 @@ class Intake:
             return named
         instance = labels.get("instance")
         for name, target in self._targets.items():
-            if instance and instance == target.hostport:
+            if instance and instance in _instances(target):
                 return name
         return None
 
@@ -223,6 +240,12 @@ def _repeat(session: Session, incident_id: int, reason: str, now: dt.datetime) -
 
 def _owed_note(owed: int) -> str:
     return f"; {owed} Slack message(s) not delivered yet, tried again now" if owed else ""
+
+
+def _instances(target: Target) -> set[str]:
+    """The `instance` labels Prometheus gives the target's engines: host:port of its URL and of
+    each listed replica (never user info)."""
+    return {target.hostport} | {urlsplit(url).netloc.rpartition("@")[2] for url in target.replicas}
 
 
 def _key(alert: WebhookAlert) -> dict[str, str]:
