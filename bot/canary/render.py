@@ -43,7 +43,7 @@ def summary_table(report: dict[str, Any]) -> str:
     frag = report["kv_fragmentation"]
     req = report["requests"]
     rows = [
-        ("metric", "client", "engine"),
+        ("metric", "client", _engine_header(report)),
         ("TTFT p50", _p(ttft, "p50"), _ms(e_ttft.get("p50"))),
         ("TTFT p99", _p(ttft, "p99"), _ms(e_ttft.get("p99"))),
         ("TPOT p50", _p(tpot, "p50"), "-"),
@@ -82,6 +82,14 @@ def summary_table(report: dict[str, Any]) -> str:
     for warning in report.get("warnings") or []:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
+
+
+def _engine_header(report: dict[str, Any]) -> str:
+    """The engine column's scope: the fleet merged, or one page (one replica's)."""
+    scope = report.get("engine_scope") or ""
+    if scope.startswith("fleet"):
+        return "engine (" + scope.split(" merged")[0] + ")"
+    return "engine (one page)" if scope else "engine"
 
 
 def _fmt_num(value: float | None) -> str:

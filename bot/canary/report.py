@@ -86,6 +86,11 @@ def fragmentation_summary(samples: Sequence[FragmentationSample]) -> dict[str, A
 # (a request of the run's warmup or a retried connection crossing the window's edge).
 OTHERS_SLACK = 2
 OTHERS_SHARE = 0.1
+# Clients may count a few tokens the engine's counter does not (a chat's role chunk, a step
+# not yet counted at the last scrape): beyond this share the engine page saw only part of the
+# traffic (one replica of a Service), and no goodput can be read from it.
+COUNTING_TOLERANCE = 0.02
+ONE_PAGE = "one /metrics page: one replica's when the endpoint is a Service (pass --replica)"
 
 
 @dataclass
@@ -106,6 +111,8 @@ class CanaryReport:
     client_cpu_s: float
     timeline: list[dict[str, Any]] = field(default_factory=list)  # engine gauges per sample
     warnings: list[str] = field(default_factory=list)  # said beside the numbers, not fatal
+    replicas: int = 0  # engines merged into ``engine`` (--replica); 0: one page as given
+    replica_details: dict[str, Any] = field(default_factory=dict)  # each replica's numbers
 
     # -- client-side numbers -------------------------------------------------------------
     def outcomes(self) -> dict[str, Any]:
@@ -193,18 +200,53 @@ class CanaryReport:
                 return delivered / streamed, f"shared (the engine also ended {others} requests "
                 "of other clients: the canary's own, delivered / streamed)"
             return None, "none"
+        partial = self.partial_engine()
+        if partial is not None:
+            return None, partial
         if self.engine is not None and self.engine.generation_tokens:
-            return min(delivered / self.engine.generation_tokens, 1.0), "engine"
+            # Never clamped: a ratio above 1 (within the tolerance) is a counting difference.
+            return delivered / self.engine.generation_tokens, "engine"
         if streamed:
             # Without the engine's count, tokens generated after a client left are invisible:
             # this is an upper bound, and the report says so.
             return delivered / streamed, "client (upper bound: no engine metrics)"
         return None, "none"
 
+    def partial_engine(self) -> str | None:
+        """Why the engine column is not the whole fleet, or None: clients received more tokens
+        than the engine counted, so some engine the page does not cover served them."""
+        generated = self.engine.generation_tokens if self.engine else None
+        delivered = self.delivered_tokens()
+        if generated is None or delivered <= generated * (1 + COUNTING_TOLERANCE):
+            return None
+        return (
+            f"partial: clients received {delivered:,} tokens but the engine page counted "
+            f"{generated:,.0f} (over {COUNTING_TOLERANCE:.0%} more): it is not the whole fleet "
+            "(a Service's /metrics is one replica's); list every replica with --replica URL"
+        )
+
+    def engine_scope(self) -> str | None:
+        """What the engine column covers: the fleet (replicas merged) or one page."""
+        if self.engine is None:
+            return None
+        if self.replicas:
+            return f"fleet: {self.replicas} replica{'s' if self.replicas > 1 else ''} merged"
+        return ONE_PAGE
+
+    def fragmentation(self) -> dict[str, Any]:
+        """KV fragmentation; the observed view is unknown when the engine page is partial
+        (the canary's resident tokens on every replica over one replica's KV slots)."""
+        summary = fragmentation_summary(self.samples)
+        partial = self.partial_engine()
+        if partial is not None:
+            summary.update(observed=None, observed_max=None, unknown=partial)
+        return summary
+
     # -- the report and its verdict ------------------------------------------------------
     def numbers(self) -> dict[str, Any]:
         """The JSON report without the verdict."""
         goodput, goodput_source = self.goodput_ratio()
+        partial = self.partial_engine() is not None
         ttft_limit, tpot_limit = self.gates.slo()
         streamed = self.streamed_tokens()
         outcomes = self.outcomes()
@@ -217,7 +259,7 @@ class CanaryReport:
             "goodput_source": goodput_source,
             "slo_attainment": slo_attainment(self.records, ttft_ms=ttft_limit, tpot_ms=tpot_limit),
             "slo": {"ttft_ms": ttft_limit, "tpot_ms": tpot_limit},
-            "kv_fragmentation": fragmentation_summary(self.samples),
+            "kv_fragmentation": self.fragmentation(),
             "wasted_prefill_tokens": self.engine.wasted_prefill_tokens if self.engine else None,
             "requests": outcomes,
             # requests the engine ended in the window that were not the canary's (None: unknown)
@@ -242,10 +284,12 @@ class CanaryReport:
             },
             "errors": _top_errors(self.records),
             "engine": self.engine.as_dict() if self.engine else None,
+            "engine_scope": self.engine_scope(),
+            "engine_replicas": self.replica_details or None,
             "workload": self.workload,
             "workload_shape": self.shape.model_dump(mode="json"),
             "timeline": self.timeline,
-            "warnings": list(self.warnings),
+            "warnings": list(self.warnings) + ([self.partial_engine() or ""] if partial else []),
         }
 
     def verdict(self) -> Verdict:

@@ -11,7 +11,7 @@ import random
 import secrets
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from dataclasses import fields as dataclass_fields
 
@@ -20,6 +20,7 @@ import httpx
 import msgspec
 
 from bot.canary.client import Outcome, RequestRecord, stream_request
+from bot.canary.fleet import FleetScraper
 from bot.canary.report import CanaryReport
 from bot.canary.shape_replay import DEFAULT_BLOCK_SIZE, Plan, ShapeReplay, fixed_shape
 from bot.canary.verdict import Gates
@@ -43,6 +44,8 @@ from bot.probes.vllm_metrics import (
     MetricsScraper,
     cache_config,
     gauge,
+    kv_blocks_used,
+    kv_usage,
     read_window,
 )
 from bot.runtime.redact import redact
@@ -57,6 +60,7 @@ PREPARED_BODIES = 20_000
 METRICS_PATHS = ("/metrics", "/engine/metrics")
 # What a replay reads from /metrics before it plans: the KV block size and prefix caching.
 REPLAY_METRICS = frozenset((*CACHE_CONFIG, *GENERATION_TOKENS))
+Scraper = MetricsScraper | FleetScraper  # one engine's page, or every replica's merged
 
 
 class _Quota:
@@ -119,8 +123,10 @@ class CanaryRun:
         sample_interval_s: float = 1.0,
         on_progress: Callable[[Progress], None] | None = None,
         progress_interval_s: float = 1.0,
+        replicas: Sequence[str] = (),
     ) -> None:
         self.workload = workload
+        self.replicas = list(replicas)  # engines behind the endpoint, read merged (--replica)
         self.gates = gates or Gates()
         self.metrics_url = metrics_url
         self.discover_metrics = discover_metrics and metrics_url is None
@@ -168,6 +174,7 @@ class CanaryRun:
                 )
             self._prepare(model, min(w.num_requests or 0, PREPARED_BODIES))
             before = await scraper() if scraper else None
+            before_round = scraper.last if isinstance(scraper, FleetScraper) else None
             self._cache = cache_config(before) if before else None
             cpu0, wall0 = time.process_time(), time.perf_counter()
             self._started = wall0
@@ -185,6 +192,14 @@ class CanaryRun:
             after = await self._settled(scraper) if scraper else None
         self._fail_if_nothing_worked()
         window = read_window(before, after) if before and after else None
+        details: dict[str, object] = {}
+        if isinstance(scraper, FleetScraper) and before_round and scraper.last:
+            fleet = scraper.window(before_round, scraper.last)
+            window = fleet.window.engine
+            details = {r.replica.address: r.summary() for r in fleet.replicas}
+            self.warnings.extend(
+                f"replica {r.replica.address}: {note}" for r in fleet.replicas for note in r.notes
+            )
         report = CanaryReport(
             shape=self._shape(wall_s),
             workload=self._workload_dict(model, scraper),
@@ -196,6 +211,8 @@ class CanaryRun:
             client_cpu_s=cpu_s,
             timeline=[asdict(p) for p in self.timeline],
             warnings=self.warnings,
+            replicas=len(self.replicas),
+            replica_details=details,
         )
         return report
 
@@ -208,7 +225,7 @@ class CanaryRun:
         count = len(self.records) or None
         return fixed_shape(w, request_rate=rate, count=count, max_model_len=self._max_model_len)
 
-    def _workload_dict(self, model: str, scraper: MetricsScraper | None) -> dict[str, object]:
+    def _workload_dict(self, model: str, scraper: Scraper | None) -> dict[str, object]:
         """The workload as the JSON report lists it."""
         w = self.workload
         fields = {f.name: getattr(w, f.name) for f in dataclass_fields(w)}
@@ -226,7 +243,7 @@ class CanaryRun:
             workload["replay"] = self.replay.describe()
         return workload
 
-    async def _start_replay(self, shape: WorkloadShape, scraper: MetricsScraper | None) -> None:
+    async def _start_replay(self, shape: WorkloadShape, scraper: Scraper | None) -> None:
         """Plan the replay with the engine's limits: max_model_len and the KV block size."""
         w = self.workload
         block_size, caching = None, None
@@ -275,8 +292,11 @@ class CanaryRun:
             )
         )
 
-    async def _metrics(self, client: httpx.AsyncClient) -> MetricsScraper | None:
-        """The engine's /metrics: the one given, or found beside the endpoint, or none."""
+    async def _metrics(self, client: httpx.AsyncClient) -> Scraper | None:
+        """The engine's /metrics: every replica's, or the one given, or found beside the
+        endpoint, or none."""
+        if self.replicas:
+            return FleetScraper(self.replicas, client=client)
         if self.metrics_url is not None:
             return MetricsScraper(self.metrics_url, client=client)
         if not self.discover_metrics:
@@ -458,7 +478,7 @@ class CanaryRun:
         if cancel and headers and record.outcome is Outcome.FAILED:
             record.outcome = Outcome.CANCELLED  # the deadline we asked for did its job
 
-    async def _sample(self, scraper: MetricsScraper) -> None:
+    async def _sample(self, scraper: Scraper) -> None:
         # The first sample is taken as soon as a measured stream holds a token: on a fast
         # engine a short run can end within one interval, and would have no sample at all.
         await self._first_token.wait()
@@ -483,7 +503,8 @@ class CanaryRun:
         ]
 
     def _take_sample(self, page: Exposition, prefilled: list[tuple[int, int]]) -> None:
-        kv = gauge(page, KV_USAGE)
+        # A merged page holds one usage share per replica: the fullest, never their sum.
+        kv = kv_usage(page) if self.replicas else gauge(page, KV_USAGE)
         cache = self._cache
         shared = 0
         if cache and self.replay is None:  # a replay's prefixes vary: counted as not shared
@@ -495,13 +516,21 @@ class CanaryRun:
         )
         if cache is None or kv is None:
             return
+        usage, pool = kv, cache.num_gpu_blocks
+        if self.replicas:
+            # The canary's tokens sit on every replica: over the blocks all of them use, each
+            # replica's from its own usage and pool (a full pool of that many, usage 1).
+            blocks = kv_blocks_used(page)
+            if blocks is None:
+                return
+            usage, pool = 1.0, blocks + 1
         self.samples.append(
             FragmentationSample(
                 at=now,
                 observed=observed_fragmentation(
                     resident_tokens=resident,
-                    kv_usage=kv,
-                    num_gpu_blocks=cache.num_gpu_blocks,
+                    kv_usage=usage,
+                    num_gpu_blocks=pool,
                     block_size=cache.block_size,
                 ),
                 internal=internal_fragmentation(lengths, cache.block_size),
@@ -510,7 +539,7 @@ class CanaryRun:
             )
         )
 
-    async def _settled(self, scraper: MetricsScraper) -> Exposition:
+    async def _settled(self, scraper: Scraper) -> Exposition:
         """Scrape until the engine has no request left, so aborted work is fully counted."""
         deadline = time.perf_counter() + SETTLE_TIMEOUT_S
         while True:

@@ -16,7 +16,10 @@ Which numbers a gate reads (``values_of``), said again in every gate result's ``
   as tokens generated after a client left are not seen). Before-run and after-run of the same
   canary read it the same way. The same holds when the engine served other clients in the
   canary's window (more requests ended than the canary sent: a target under production
-  traffic), source "shared".
+  traffic), source "shared". When clients received more tokens than the engine page counted
+  (beyond a small tolerance) the page is not the whole fleet (a Service's /metrics is one
+  replica's): goodput is unknown, source "partial", and its gate cannot judge (it fails, as
+  every unmeasured gate does, saying why). Never clamped to 1.
 - KV fragmentation: observed (1 - resident tokens / allocated KV slots); with background load,
   whose tokens the canary cannot see, the internal (PagedAttention) definition.
 - Error rate: failed requests (HTTP error, timeout, transport or stream error) / all requests.
@@ -46,6 +49,8 @@ GOODPUT_SOURCES = {
     "client": "client view (no engine metrics): delivered / streamed; an upper bound",
     "shared": "of the canary's own requests (the engine served other clients too): delivered /"
     " streamed (an upper bound when some cancel)",
+    "partial": "unknown: the engine page counted fewer tokens than clients received, so it is"
+    " not the whole fleet; list every replica (--replica URL)",
 }
 FRAGMENTATION_SOURCES = {
     "observed": "observed: 1 - resident tokens / allocated KV slots",
@@ -194,6 +199,8 @@ def judge_values(values: Values, gates: Gates, *, error_gate: bool = True) -> Ve
         value = getattr(values, attr)
         if value is None or math.isnan(value):
             reason = f"{label} not measured"
+            if name == "min_goodput_ratio" and values.goodput_source == "partial":
+                reason = f"{label} cannot judge: the engine page is not the whole fleet"
             passed = False
         elif math.isinf(value):
             reason = (
@@ -283,7 +290,8 @@ def values_of(report: Mapping[str, Any]) -> Values:
         goodput = report.get("goodput_ratio")
         source = str(report.get("goodput_source") or "canary")
         goodput_source = next(
-            (kind for kind in ("client", "shared") if source.startswith(kind)), "canary"
+            (kind for kind in ("client", "shared", "partial") if source.startswith(kind)),
+            "canary",
         )
     return Values(
         ttft_p99_ms=_p99(report.get("ttft_ms")),

@@ -76,6 +76,7 @@ def run_canary(
     gates: Gates,
     metrics_url: str | None,
     discover_metrics: bool = False,
+    replicas: tuple[str, ...] = (),
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
     progress: bool = False,
 ) -> dict[str, object]:
@@ -97,6 +98,7 @@ def run_canary(
         gates=gates,
         metrics_url=metrics_url,
         discover_metrics=discover_metrics,
+        replicas=replicas,
         sample_interval_s=sample_interval_s,
         on_progress=show if progress else None,
         progress_interval_s=1.0 if interactive else 5.0,
@@ -124,7 +126,8 @@ def run_canary(
     default=10,
     show_default=True,
     help="Streams in flight (fixed-concurrency mode), or the cap with --request-rate or"
-    " --workload.",
+    " --workload: in all, to the endpoint given, so for the whole fleet when it is a Service"
+    " (not per replica).",
 )
 @click.option(
     "--request-rate",
@@ -263,7 +266,8 @@ def run_canary(
     "--min-goodput-ratio",
     type=click.FloatRange(0, 1),
     default=None,
-    help="Gate: goodput ratio at least this.",
+    help="Gate: goodput ratio at least this (cannot judge, so fails, when the engine page is"
+    " not the whole fleet: pass --replica).",
 )
 @click.option(
     "--max-kv-fragmentation",
@@ -281,9 +285,17 @@ def run_canary(
 @click.option(
     "--metrics-url",
     default=None,
-    help="The engine's /metrics [default: found beside the endpoint at "
-    + " or ".join(METRICS_PATHS)
-    + "]; 'none' to skip.",
+    help="The engine's /metrics (behind a Service: one pod's; see --replica) [default: found"
+    " beside the endpoint at " + " or ".join(METRICS_PATHS) + "]; 'none' to skip.",
+)
+@click.option(
+    "--replica",
+    "replicas",
+    multiple=True,
+    metavar="URL",
+    help="A replica behind the endpoint (base URL, e.g. http://10.0.0.5:8000); repeat for each."
+    " The engine column is then every replica's /metrics merged (the fleet), not one pod's."
+    " Instead of --metrics-url.",
 )
 @click.option(
     "--sample-interval",
@@ -327,6 +339,7 @@ def canary(
     max_kv_fragmentation: float | None,
     max_error_rate: float,
     metrics_url: str | None,
+    replicas: tuple[str, ...],
     sample_interval_s: float,
     output_json: Path | None,
     quiet: bool,
@@ -338,6 +351,8 @@ def canary(
     cross-checks them against the engine's /metrics over the same window, and checks each
     gate you give. Prints a progress line while it runs and a summary table at the end.
     """
+    if replicas and metrics_url is not None:
+        raise UsageError("--replica and --metrics-url contradict: the replicas' pages are read")
     shape = None if workload_file is None else _load_shape(workload_file, ignore_eos=ignore_eos)
     concurrency, num_requests = _sized(shape, concurrency, num_requests, duration_s)
     workload = Workload(
@@ -357,7 +372,8 @@ def canary(
     )  # fmt: skip
     report = run_canary(
         workload, gates=gates, sample_interval_s=sample_interval_s, progress=not quiet,
-        metrics_url=_metrics_url(metrics_url), discover_metrics=metrics_url is None,
+        metrics_url=_metrics_url(metrics_url), replicas=replicas,
+        discover_metrics=metrics_url is None and not replicas,
     )  # fmt: skip
     _report(report, output_json)
 
