@@ -45,6 +45,13 @@ ENV PATH=/opt/ruleloop/bin:$PATH \
     XDG_STATE_HOME=/var/lib \
     MPLCONFIGDIR=/tmp/matplotlib
 
+# git for the GitOps actuator (bot/gitops/git.py runs the `git` CLI) and ssh for its deploy key
+# (GIT_SSH_COMMAND); recommends left out, apt lists removed. tests/test_deploy_image_binaries.py
+# checks that every program the bot runs is installed here.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends git openssh-client \
+ && rm -rf /var/lib/apt/lists/*
+
 # uid 10001: outside the range of host users, as Kubernetes' runAsNonRoot wants a numeric uid.
 RUN groupadd --system --gid 10001 ruleloop \
  && useradd --system --uid 10001 --gid 10001 --home-dir /app --no-create-home ruleloop \
