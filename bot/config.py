@@ -18,6 +18,7 @@ secrets and deployment overrides. Environment wins over the file. Business code 
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -348,6 +349,30 @@ class CanarySpec(_Section):
     baseline: bool = False
 
 
+# a Kubernetes object name as Services and namespaces take it (an RFC 1123 label)
+_KUBE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+# a Service port's name (an IANA service name: at most 15 characters, at least one letter)
+_KUBE_PORT_NAME = re.compile(r"(?=.*[a-z])[a-z0-9]([-a-z0-9]{0,13}[a-z0-9])?")
+
+
+class KubernetesApiSpec(_Section):
+    """How the bot reads the Kubernetes API for a target's kubernetes_service (the in-cluster
+    defaults: the pod's own service account)."""
+
+    api_url: str = Field(
+        default="https://kubernetes.default.svc",
+        description="the API server (e.g. http://127.0.0.1:8001 behind `kubectl proxy`)",
+    )
+    token_file: Path | None = Field(
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        description="bearer token, read on every request (the kubelet rotates it); unset: none",
+    )
+    ca_file: Path | None = Field(
+        default=Path("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"),
+        description="the cluster's CA (used when the file exists)",
+    )
+
+
 class Target(_Section):
     """One inference deployment the bot can diagnose (and, with an actuator, change)."""
 
@@ -357,6 +382,17 @@ class Target(_Section):
         description="the base URLs of every engine serving the target (each one's /metrics is "
         "scraped and merged, docs/fleet.md); empty: the one engine at vllm_url",
     )
+    kubernetes_service: str | None = Field(
+        default=None,
+        description="`namespace/name` of a Kubernetes Service whose ready endpoints are the "
+        "replicas (read from its EndpointSlices when a window starts, docs/fleet.md); "
+        "`replicas` wins when both are set",
+    )
+    kubernetes_port: str | None = Field(
+        default=None,
+        description="the name of the Service port that serves vLLM; unset: the Service's only port",
+    )
+    kubernetes_api: KubernetesApiSpec = Field(default_factory=KubernetesApiSpec)
     gateway_url: str | None = Field(
         default=None, description="the inference gateway: its counters join queue_cancel"
     )
@@ -399,6 +435,35 @@ class Target(_Section):
         if len(set(checked)) != len(checked):
             raise ValueError("a replica is listed twice")
         return [url for url in checked if url is not None]
+
+    @field_validator("kubernetes_service")
+    @classmethod
+    def _service_ref(cls, ref: str | None) -> str | None:
+        if ref is None:
+            return None
+        namespace, slash, name = ref.partition("/")
+        if not slash or not all(_KUBE_NAME.fullmatch(part) for part in (namespace, name)):
+            raise ValueError(
+                f'{ref!r} is not `namespace/name` of a Service, like "inference/vllm" '
+                "(lowercase letters, digits and '-', at most 63 each)"
+            )
+        return ref
+
+    @field_validator("kubernetes_port")
+    @classmethod
+    def _port_name(cls, name: str | None) -> str | None:
+        if name is not None and not _KUBE_PORT_NAME.fullmatch(name):
+            raise ValueError(
+                f'{name!r} is not a Service port name like "http" (lowercase letters, '
+                "digits and '-', at most 15); name the port in the Service's `ports`"
+            )
+        return name
+
+    @model_validator(mode="after")
+    def _port_needs_service(self) -> Target:
+        if self.kubernetes_port is not None and self.kubernetes_service is None:
+            raise ValueError("kubernetes_port names a port of kubernetes_service: set that too")
+        return self
 
     @property
     def metrics_url(self) -> str:

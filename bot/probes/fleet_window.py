@@ -62,6 +62,8 @@ class ReplicaWindow:
     def summary(self) -> dict[str, object]:
         """Its main numbers, JSON-able (None where it gave none)."""
         out: dict[str, object] = {"url": redact(self.replica.url)}
+        if self.replica.pod:  # discovered: who to look at (kubectl logs, describe pod)
+            out.update(pod=self.replica.pod, node=self.replica.node)
         window = self.window if self.answered >= 2 else None
         engine = None if window is None else window.engine
         out.update(

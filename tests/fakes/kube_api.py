@@ -27,6 +27,12 @@ Custom objects (an Argo CD Application, a Flux Kustomization) are answered to GE
 GitOps controller (``tests.fakes.gitops_controller``) keeps up to date; a missing one is a 404
 ``kind: Status`` as the API server writes it.
 
+EndpointSlices (discovery.k8s.io/v1) are answered to a list with a label selector,
+``/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices?labelSelector=k=v[,k=v]`` (equality
+only, as the bot asks), as an ``EndpointSliceList`` whose items have the shape the
+EndpointSlice controller writes (``add_endpoint_slice``); ``forbidden`` holding "list" answers
+403 with the API's own message.
+
 Every request is recorded (method, path, content type, parsed body) for assertions.
 """
 
@@ -44,6 +50,7 @@ import httpx
 TOKEN = "kube-test-token"
 PATCH_TYPE = "application/strategic-merge-patch+json"
 _PREFIX = "/apis/apps/v1/namespaces/"
+_SLICES_PREFIX = "/apis/discovery.k8s.io/v1/namespaces/"
 _TIMESTAMP = "2026-09-01T02:00:00Z"
 # patchMergeKey of the lists a Deployment holds (from the Kubernetes API's struct tags)
 _MERGE_KEYS = {
@@ -138,6 +145,8 @@ class FakeKube:
         self.admission: list[Callable[[dict[str, Any]], None]] = []
         # custom objects by path (/apis/argoproj.io/v1alpha1/namespaces/argocd/applications/x)
         self.custom: dict[str, dict[str, Any]] = {}
+        # EndpointSlice objects by namespace, in creation order (add_endpoint_slice)
+        self.endpoint_slices: dict[str, list[dict[str, Any]]] = {}
         self._rollouts: dict[tuple[str, str], _Rollout] = {}
         self._stall: dict[tuple[str, str], int | None] = {}
         self._versions = itertools.count(1000)
@@ -204,6 +213,54 @@ class FakeKube:
         self._write_status(key, observed=1)
         return obj
 
+    def add_endpoint_slice(
+        self,
+        service: str,
+        endpoints: list[dict[str, Any]],
+        *,
+        namespace: str = "inference",
+        ports: list[dict[str, Any]] | None = None,
+    ) -> dict[str, Any]:
+        """An EndpointSlice of Service ``service`` as its controller writes it; each endpoint
+        is ``{"ip", "pod", "node", "ready"}`` (ready None: the condition left unset)."""
+        name = f"{service}-{next(self._uids):05x}"
+        items = []
+        for e in endpoints:
+            conditions = {} if e.get("ready", True) is None else {"ready": e.get("ready", True)}
+            if conditions:
+                conditions |= {"serving": conditions["ready"], "terminating": False}
+            item: dict[str, Any] = {"addresses": [e["ip"]], "conditions": conditions}
+            if e.get("pod"):
+                item["targetRef"] = {
+                    "kind": "Pod", "namespace": namespace, "name": e["pod"],
+                    "uid": f"uid-{e['pod']}",
+                }  # fmt: skip
+            if e.get("node"):
+                item["nodeName"] = e["node"]
+            items.append(item)
+        obj: dict[str, Any] = {
+            "metadata": {
+                "name": name, "generateName": f"{service}-", "namespace": namespace,
+                "uid": f"uid-{name}", "resourceVersion": str(next(self._versions)),
+                "generation": 1, "creationTimestamp": _TIMESTAMP,
+                "labels": {
+                    "kubernetes.io/service-name": service,
+                    "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io",
+                },
+                "ownerReferences": [{
+                    "apiVersion": "v1", "kind": "Service", "name": service,
+                    "uid": f"uid-svc-{service}", "controller": True, "blockOwnerDeletion": True,
+                }],
+            },
+            "addressType": "IPv4",
+            "endpoints": items or None,  # the API writes null for a slice without endpoints
+            "ports": ports if ports is not None else [
+                {"name": "http", "protocol": "TCP", "port": 8000}
+            ],
+        }  # fmt: skip
+        self.endpoint_slices.setdefault(namespace, []).append(obj)
+        return obj
+
     def stall(
         self, name: str, *, namespace: str = "inference", deadline_after: int | None = 2
     ) -> None:
@@ -263,6 +320,8 @@ class FakeKube:
         if self.token is not None and authorization != f"Bearer {self.token}":
             return _error(401, "Unauthorized", "Unauthorized")
         path = request.url.path
+        if path.startswith(_SLICES_PREFIX):
+            return self._endpoint_slices(request)
         if path.startswith("/apis/") and not path.startswith(_PREFIX):
             return self._custom_object(request.method, path)
         parts = path[len(_PREFIX) :].split("/") if path.startswith(_PREFIX) else []
@@ -289,6 +348,45 @@ class FakeKube:
             self._advance(key)
             return httpx.Response(200, json=copy.deepcopy(self.deployments[key]))
         return self._patch(key, content_type, body)
+
+    def _endpoint_slices(self, request: httpx.Request) -> httpx.Response:
+        """LIST of a namespace's EndpointSlices, filtered by an equality label selector."""
+        parts = request.url.path[len(_SLICES_PREFIX) :].split("/")  # ns, endpointslices
+        if len(parts) != 2 or parts[1] != "endpointslices":
+            return _error(404, "NotFound", "the server could not find the requested resource")
+        if request.method != "GET":
+            return _error(
+                405, "MethodNotAllowed", "the server does not allow this method on the resource"
+            )
+        namespace = parts[0]
+        if "list" in self.forbidden:
+            return _error(
+                403,
+                "Forbidden",
+                "endpointslices.discovery.k8s.io is forbidden: User "
+                f'"system:serviceaccount:{namespace}:ruleloop" cannot list resource '
+                f'"endpointslices" in API group "discovery.k8s.io" in the namespace "{namespace}"',
+            )
+        wanted: dict[str, str] = {}
+        for term in filter(None, request.url.params.get("labelSelector", "").split(",")):
+            key, sep, value = term.replace("==", "=").partition("=")
+            if not sep:
+                return _error(400, "BadRequest", f"unable to parse requirement: {term!r}")
+            wanted[key] = value
+        items = [
+            copy.deepcopy(s)
+            for s in self.endpoint_slices.get(namespace, [])
+            if wanted.items() <= s["metadata"]["labels"].items()
+        ]
+        return httpx.Response(
+            200,
+            json={
+                "kind": "EndpointSliceList",
+                "apiVersion": "discovery.k8s.io/v1",
+                "metadata": {"resourceVersion": str(next(self._versions))},
+                "items": items,
+            },
+        )
 
     def _custom_object(self, method: str, path: str) -> httpx.Response:
         """GET of a custom object (the only verb the actuators use on them)."""

@@ -1,0 +1,197 @@
+"""A target's replicas from the Kubernetes API: the ready endpoints of a Service.
+
+    GET /apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices
+        ?labelSelector=kubernetes.io/service-name={name}
+
+The Service's EndpointSlices list every pod behind it, one address each (a pod's IP), with the
+Service's ports. An endpoint whose ``conditions.ready`` is false is left out (the API says an
+unset ``ready`` means ready): the Service sends it no traffic, so its numbers are not the
+target's. Each ready address with the chosen port is one replica, with its pod and node.
+
+Every failure (API unreachable, 401/403, no slice, no ready endpoint, no such port) is a
+ProbeError that says what to do: an empty fleet would read as a target that served nothing.
+
+The API is read the way the Kubernetes actuator reads it: a bearer token read from its file on
+every request (the kubelet rotates projected tokens in place) and the cluster's CA. The
+actuator's client lives in bot.remediation, a layer above the probes, so it is not imported.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Generator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bot.config import KubernetesApiSpec
+from bot.errors import ProbeError
+from bot.probes.replicas import Replica
+
+SERVICE_LABEL = "kubernetes.io/service-name"
+RBAC_HINT = (
+    "grant the bot's service account get and list on endpointslices (apiGroup "
+    "discovery.k8s.io) in namespace {ns}: a rule in its Role (deploy/kubernetes/base/rbac.yaml)"
+)
+
+
+class _TokenFile(httpx.Auth):
+    """Bearer auth from a service-account token file, read on every request."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        try:
+            token = self.path.read_text().strip()
+        except OSError as exc:
+            raise ProbeError(
+                f"cannot read the Kubernetes service-account token {self.path}: {exc.strerror}"
+            ) from exc
+        request.headers["Authorization"] = f"Bearer {token}"
+        yield request
+
+
+def api_client(
+    api: KubernetesApiSpec, *, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """A client of the API: token from token_file (none when unset, e.g. behind ``kubectl
+    proxy``), the cluster CA from ca_file when it exists."""
+    verify: ssl.SSLContext | bool = True
+    if api.ca_file is not None and api.ca_file.exists():
+        try:
+            verify = ssl.create_default_context(cafile=str(api.ca_file))
+        except (OSError, ssl.SSLError) as exc:
+            raise ProbeError(f"cannot load the cluster CA from {api.ca_file}: {exc}") from exc
+    return httpx.AsyncClient(
+        base_url=api.api_url,
+        auth=_TokenFile(api.token_file) if api.token_file is not None else None,
+        verify=verify,
+        transport=transport,
+        timeout=httpx.Timeout(30.0),
+    )
+
+
+async def discover(
+    service: str,
+    *,
+    port: str | None,
+    api: KubernetesApiSpec,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> list[Replica]:
+    """The ready endpoints of Service ``service`` (namespace/name) as replicas."""
+    namespace, _, name = service.partition("/")
+    async with api_client(api, transport=transport) as http:
+        slices = await _list_slices(http, namespace, name)
+    return replicas_in(slices, service=service, port=port)
+
+
+async def _list_slices(http: httpx.AsyncClient, namespace: str, name: str) -> list[Any]:
+    path = f"/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
+    where = f"the EndpointSlices of Service {namespace}/{name}"
+    try:
+        response = await http.get(
+            path,
+            params={"labelSelector": f"{SERVICE_LABEL}={name}"},
+            headers={"Accept": "application/json"},
+        )
+    except httpx.HTTPError as exc:
+        raise ProbeError(
+            f"cannot read {where}: the Kubernetes API at {http.base_url} did not answer "
+            f"({type(exc).__name__}: {exc}); check the target's kubernetes_api.api_url"
+        ) from exc
+    if response.is_error:
+        raise ProbeError(_error_text(response, where, namespace))
+    try:
+        body = response.json()
+        items = body["items"]
+    except (ValueError, KeyError, TypeError):
+        raise ProbeError(
+            f"cannot read {where}: {http.base_url} answered without an EndpointSliceList: "
+            "is kubernetes_api.api_url really the Kubernetes API?"
+        ) from None
+    if not isinstance(items, list):
+        raise ProbeError(f"cannot read {where}: its `items` is not a list")
+    return items
+
+
+def _error_text(response: httpx.Response, where: str, namespace: str) -> str:
+    """What a failed list means and what to do about it."""
+    code, message = response.status_code, _status_message(response)
+    text = f"cannot read {where} ({code}: {message})"
+    if code == 401:
+        return f"{text}; the token in kubernetes_api.token_file was refused"
+    if code == 403:
+        return f"{text}; {RBAC_HINT.format(ns=namespace)}"
+    if code == 404:
+        return f"{text}; the API serves no discovery.k8s.io/v1 (Kubernetes 1.21 or later needed)"
+    return text
+
+
+def _status_message(response: httpx.Response) -> str:
+    """The ``message`` of a ``kind: Status`` body, else the start of the body."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    return response.text.strip()[:200] or response.reason_phrase
+
+
+def replicas_in(slices: Sequence[Any], *, service: str, port: str | None) -> list[Replica]:
+    """The replicas the slices list: each ready address on the port named ``port`` (unset:
+    the Service's only port), in the API's order, each once."""
+    if not slices:
+        raise ProbeError(
+            f"Service {service} has no EndpointSlices: check that the Service exists and has a "
+            "selector (the EndpointSlice controller makes slices only for those), or fix "
+            "kubernetes_service"
+        )
+    found: dict[str, Replica] = {}
+    not_ready: list[str] = []
+    for item in slices:
+        for endpoint in item.get("endpoints") or []:
+            ref = endpoint.get("targetRef") or {}
+            pod = ref.get("name") if ref.get("kind") == "Pod" else None
+            addresses = endpoint.get("addresses") or []
+            if (endpoint.get("conditions") or {}).get("ready") is False:
+                not_ready.append(pod or ", ".join(addresses))
+                continue
+            number = _port_of(item, service=service, wanted=port)
+            for address in addresses[:1]:  # the API holds exactly one address per endpoint
+                url = f"http://{_host(address)}:{number}"
+                found.setdefault(url, Replica(url, pod=pod, node=endpoint.get("nodeName")))
+    if not found:
+        waiting = f" ({len(not_ready)} not ready: {', '.join(not_ready)})" if not_ready else ""
+        raise ProbeError(
+            f"Service {service} has no ready endpoints{waiting}: no engine serves it now; "
+            "`kubectl get pods` and `kubectl describe pod` say why its pods are not ready"
+        )
+    return list(found.values())
+
+
+def _port_of(item: Mapping[str, Any], *, service: str, wanted: str | None) -> int:
+    """The number of the slice's port named ``wanted`` (unset: its only port); slices of
+    one Service may differ (a named targetPort resolves per pod)."""
+    ports = item.get("ports") or []
+    names = ", ".join(repr(p.get("name") or "") for p in ports) or "none"
+    if wanted is None:
+        if len(ports) == 1:
+            return int(ports[0]["port"])
+        raise ProbeError(
+            f"Service {service} has {len(ports)} ports ({names}): set kubernetes_port to the "
+            "name of the one vLLM serves on"
+        )
+    for p in ports:
+        if p.get("name") == wanted:
+            return int(p["port"])
+    raise ProbeError(
+        f"Service {service} has no port named {wanted!r} (its ports: {names}): fix kubernetes_port"
+    )
+
+
+def _host(address: str) -> str:
+    """An address as a URL's host: IPv6 in brackets."""
+    return f"[{address}]" if ":" in address else address
