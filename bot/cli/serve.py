@@ -7,6 +7,7 @@ Exit codes: 0 stopped cleanly, 2 bad configuration, bad runbook, unusable store,
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -21,6 +22,27 @@ from bot.errors import UsageError
 
 if TYPE_CHECKING:
     from bot.config import Settings
+
+log = logging.getLogger(__name__)
+
+# the reviewer the shipped example configs carry until a team puts its own there
+PLACEHOLDER_REVIEWER = "S0REVIEWERS"
+
+
+def reviewer_warning(settings: Settings) -> str | None:
+    """Why no draft ADR can be accepted with these settings, or None."""
+    review = settings.access.review
+    if not review:
+        return (
+            "nobody can accept a draft ADR: set [access] review = [...] (Slack user or group IDs)"
+        )
+    if PLACEHOLDER_REVIEWER in review:
+        return (
+            f"[access] review still holds the example's placeholder {PLACEHOLDER_REVIEWER}: "
+            "put your reviewers' Slack user group or user IDs there"
+        )
+    return None
+
 
 EPILOG = """\b
 Configuration: a TOML file (--config or $RULELOOP_CONFIG) plus the environment:
@@ -102,6 +124,10 @@ def serve(
     from bot.listening import bind
 
     settings = Settings.load(os.environ, path=config_path)
+    # an empty list fails closed: drafts pile up unreviewed unless someone is told at start
+    warning = reviewer_warning(settings)
+    if warning is not None:
+        log.warning(warning)
     sock = bind(host or settings.server.host, settings.server.port if port is None else port)
     try:
         asyncio.run(run(settings, state_dir=state_dir or default_state_dir(), sock=sock))
