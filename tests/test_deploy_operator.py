@@ -96,7 +96,7 @@ def test_operator_objects_carry_the_release_label_and_replace_the_plain_rules(
     rendered: list[dict],
 ) -> None:
     monitoring = [o for o in rendered if o["apiVersion"].startswith("monitoring.coreos.com/")]
-    assert sorted(o["kind"] for o in monitoring) == ["AlertmanagerConfig", "PrometheusRule", "PrometheusRule", "ServiceMonitor", "ServiceMonitor"]  # fmt: skip
+    assert sorted(o["kind"] for o in monitoring) == ["AlertmanagerConfig", "PodMonitor", "PrometheusRule", "PrometheusRule", "ServiceMonitor", "ServiceMonitor"]  # fmt: skip
     for obj in monitoring:
         assert obj["metadata"]["labels"]["release"] == "kube-prometheus-stack", obj["kind"]
     (config_map,) = by_kind(rendered, "ConfigMap")  # vllm-alert-rules is gone
