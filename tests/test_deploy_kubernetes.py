@@ -174,7 +174,7 @@ def test_config_map_is_mounted_where_ruleloop_config_points_and_loads(
     assert base.web.public_url is None
 
 
-def test_rbac_lets_the_service_account_patch_and_watch_deployments(rendered: list[dict]) -> None:
+def test_rbac_lets_the_service_account_patch_and_watch_deployments_and_list_replicas(rendered: list[dict]) -> None:
     (deployment,) = by_kind(rendered, "Deployment")
     (account,) = by_kind(rendered, "ServiceAccount")
     (role,) = by_kind(rendered, "Role")
@@ -184,9 +184,13 @@ def test_rbac_lets_the_service_account_patch_and_watch_deployments(rendered: lis
     )
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role["metadata"]["name"]}  # fmt: skip
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ruleloop", "namespace": "inference"}]  # fmt: skip
-    (rule,) = role["rules"]
-    assert rule["apiGroups"] == ["apps"] and rule["resources"] == ["deployments"]
-    assert set(rule["verbs"]) == {"get", "watch", "patch"}
+    deployments, endpointslices = role["rules"]
+    assert deployments["apiGroups"] == ["apps"] and deployments["resources"] == ["deployments"]
+    assert set(deployments["verbs"]) == {"get", "watch", "patch"}
+    # fleet discovery reads the Service's replicas; read-only
+    assert endpointslices["apiGroups"] == ["discovery.k8s.io"]
+    assert endpointslices["resources"] == ["endpointslices"]
+    assert set(endpointslices["verbs"]) == {"get", "list"}
 
 
 def test_service_reaches_the_pods_on_the_http_port(rendered: list[dict]) -> None:
