@@ -135,8 +135,10 @@ def gateway(
 ) -> None:  # fmt: skip
     """Serve an inference gateway: deadlines, cancel drain, token-budget backpressure, metrics.
 
-    Proxies /v1/completions and /v1/chat/completions (and passes every other path through),
-    admits requests against an in-flight token budget (429 + Retry-After when spent), enforces
+    Proxies /v1/completions and /v1/chat/completions, passes the engine's read and tokenizer
+    paths through as sent (/v1/models, /health, /ping, /version, /tokenize, /detokenize) and
+    answers 404 to any other path (never forwarded: it would bypass the limits), admits
+    requests against an in-flight token budget (429 + Retry-After when spent), enforces
     X-Request-Timeout, closes the upstream request the moment a client goes away, and exports
     its own /metrics (ruleloop_gateway_*).
     """
