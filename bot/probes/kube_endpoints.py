@@ -11,16 +11,13 @@ target's. Each ready address with the chosen port is one replica, with its pod a
 Every failure (API unreachable, 401/403, no slice, no ready endpoint, no such port) is a
 ProbeError that says what to do: an empty fleet would read as a target that served nothing.
 
-The API is read the way the Kubernetes actuator reads it: a bearer token read from its file on
-every request (the kubelet rotates projected tokens in place) and the cluster's CA. The
-actuator's client lives in bot.remediation, a layer above the probes, so it is not imported.
+The API is read with the client the Kubernetes actuator uses (bot.runtime.kube_client): a
+bearer token read from its file on every request and the cluster's CA.
 """
 
 from __future__ import annotations
 
-import ssl
-from collections.abc import Generator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -28,6 +25,7 @@ import httpx
 from bot.config import KubernetesApiSpec
 from bot.errors import ProbeError
 from bot.probes.replicas import Replica
+from bot.runtime import kube_client
 
 SERVICE_LABEL = "kubernetes.io/service-name"
 RBAC_HINT = (
@@ -36,41 +34,15 @@ RBAC_HINT = (
 )
 
 
-class _TokenFile(httpx.Auth):
-    """Bearer auth from a service-account token file, read on every request."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        try:
-            token = self.path.read_text().strip()
-        except OSError as exc:
-            raise ProbeError(
-                f"cannot read the Kubernetes service-account token {self.path}: {exc.strerror}"
-            ) from exc
-        request.headers["Authorization"] = f"Bearer {token}"
-        yield request
-
-
 def api_client(
     api: KubernetesApiSpec, *, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
-    """A client of the API: token from token_file (none when unset, e.g. behind ``kubectl
-    proxy``), the cluster CA from ca_file when it exists."""
-    verify: ssl.SSLContext | bool = True
-    if api.ca_file is not None and api.ca_file.exists():
-        try:
-            verify = ssl.create_default_context(cafile=str(api.ca_file))
-        except (OSError, ssl.SSLError) as exc:
-            raise ProbeError(f"cannot load the cluster CA from {api.ca_file}: {exc}") from exc
-    return httpx.AsyncClient(
-        base_url=api.api_url,
-        auth=_TokenFile(api.token_file) if api.token_file is not None else None,
-        verify=verify,
+    """A client of the API (bot.runtime.kube_client) whose token and CA failures are
+    ProbeErrors."""
+    return kube_client.client(
+        api.api_url, token_file=api.token_file, ca_file=api.ca_file, error=ProbeError,
         transport=transport,
-        timeout=httpx.Timeout(30.0),
-    )
+    )  # fmt: skip
 
 
 async def discover(

@@ -4,15 +4,15 @@ The Kubernetes actuator patches a Deployment and the git actuator only watches o
 Flux apply the change), but both must read the same things the same way: a bearer token that
 the kubelet rotates in place, the cluster's CA, ``kind: Status`` error bodies, which container
 carries the vLLM flags, and when a rollout is complete (``rollout_waiting``, as ``kubectl
-rollout status`` reads it). Custom objects (Argo CD Applications, Flux Kustomizations) come
-through the same ``request_json``.
+rollout status`` reads it). The client itself (token, CA) is bot.runtime.kube_client's.
+Custom objects (Argo CD Applications, Flux Kustomizations) come through the same
+``request_json``.
 """
 
 from __future__ import annotations
 
 import json
-import ssl
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import httpx
 
 from bot.remediation.actuators.base import ActuatorError
 from bot.remediation.argv import read_flags
+from bot.runtime import kube_client
 
 ANNOTATION = "ruleloop.dev/applied-flags"
 PATCH_TYPE = "application/strategic-merge-patch+json"
@@ -32,24 +33,6 @@ class Conflict(Exception):
     """The API answered 409: the object changed since it was read."""
 
 
-class TokenFile(httpx.Auth):
-    """Bearer auth from a service-account token file, read on every request: the kubelet
-    rotates projected tokens in place, so a token read once would expire after about an hour."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        try:
-            token = self.path.read_text().strip()
-        except OSError as exc:
-            raise ActuatorError(
-                f"cannot read the Kubernetes service-account token {self.path}: {exc.strerror}"
-            ) from exc
-        request.headers["Authorization"] = f"Bearer {token}"
-        yield request
-
-
 def client(
     api_url: str,
     *,
@@ -57,20 +40,9 @@ def client(
     ca_file: Path | None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> httpx.AsyncClient:
-    """An API client: the bearer token from token_file (none when unset, e.g. behind
-    ``kubectl proxy``), the cluster CA from ca_file when it exists."""
-    verify: ssl.SSLContext | bool = True
-    if ca_file is not None and ca_file.exists():
-        try:
-            verify = ssl.create_default_context(cafile=str(ca_file))
-        except (OSError, ssl.SSLError) as exc:
-            raise ActuatorError(f"cannot load the cluster CA from {ca_file}: {exc}") from exc
-    return httpx.AsyncClient(
-        base_url=api_url,
-        auth=TokenFile(token_file) if token_file is not None else None,
-        verify=verify,
-        transport=transport,
-        timeout=httpx.Timeout(30.0),
+    """An API client (bot.runtime.kube_client) whose token and CA failures are ActuatorErrors."""
+    return kube_client.client(
+        api_url, token_file=token_file, ca_file=ca_file, error=ActuatorError, transport=transport
     )
 
 
