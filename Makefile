@@ -48,10 +48,8 @@ test: $(STAMP) system-deps
 # At 0.1 core an AVX-512 machine runs vLLM about as fast as a 2-core AVX2 one. CI runs this after
 # `make test` (.ci/run); `RULELOOP_ENGINE_CPU_LIMIT=0.1 make test` runs the whole suite so.
 SLOW_MACHINE_CORES ?= 0.1
-# Not yet tests/test_bot_e2e.py: at 0.1 core its diagnosis window saw 6 requests finish and still
-# read goodput as unknown; until that is understood it would fail every landing.
-SLOW_MACHINE_TESTS ?= tests/test_remediation_engine.py tests/test_engine_cli.py \
-	tests/test_goodput_engine.py tests/test_workload_drift_engine.py
+SLOW_MACHINE_TESTS ?= tests/test_bot_e2e.py tests/test_remediation_engine.py \
+	tests/test_engine_cli.py tests/test_goodput_engine.py tests/test_workload_drift_engine.py
 test-slow-machine: $(STAMP) system-deps
 	RULELOOP_ENGINE_CPU_LIMIT=$(SLOW_MACHINE_CORES) $(BIN)/pytest -n $(TEST_WORKERS) \
 	  --dist loadscope --no-loadscope-reorder $(SLOW_MACHINE_TESTS)
