@@ -116,3 +116,13 @@ def chat(n: int = 200, seed: int = 2) -> WorkloadShape:
     """Chat turns: prompts of 64-192 tokens (p50 ~128)."""
     rng = random.Random(seed)
     return shape([rng.randint(64, 192) for _ in range(n)], [rng.randint(50, 400) for _ in range(n)])
+
+
+def with_process(page: str, started: float) -> str:
+    """The page as served by the process that started at ``started`` (seconds since the epoch):
+    prometheus_client's process collector, which names the engine process (engine_identity)."""
+    return page + (
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+        "# TYPE process_start_time_seconds gauge\n"
+        f"process_start_time_seconds {started!r}\n"
+    )

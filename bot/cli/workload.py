@@ -40,7 +40,9 @@ docs/workload.md has the format, field by field, and how diff decides.
 
 CAPTURE_EPILOG = """\b
 Sources (exactly one per call):
-  --metrics-url URL   an engine's /metrics, scraped now for --seconds (the window to come)
+  --metrics-url URL   an engine's /metrics, scraped now for --seconds (the window to come);
+                      give it once per replica to read a fleet (every replica scraped in the
+                      same rounds, summed: the fleet's rate, over its replicas)
   --prometheus URL    Prometheus's history of an engine, over the past --since (--target or
                       --selector names the engine; --until ends the window, default now)
   --gateway URL       the gateway's own records of its last requests (/admin/requests,
@@ -60,9 +62,12 @@ Examples:
 
 \b
 /metrics and Prometheus count the requests that *finished* in the window (vLLM records a
-request's lengths when it ends): take minutes, under traffic, one engine's /metrics (not a
-gateway's). The gateway's records are per request: its shape also has prefix.groups and
-arrivals.burstiness. A window in which no request finished is refused.
+request's lengths when it ends): take minutes, under traffic, each engine's /metrics (not a
+gateway's). One /metrics URL gives a rate per replica; several, or Prometheus summing over
+engines, the fleet's, with the replicas it was read over (arrivals.replicas, arrivals.per).
+A replica that restarted or stopped answering is named in the shape's source. The gateway's
+records are per request: its shape also has prefix.groups and arrivals.burstiness. A window
+in which no request finished is refused.
 \b
 Exit codes: 0 the shape was written, 2 bad usage, an unusable source, or no request finished.
 """
@@ -100,7 +105,11 @@ SOURCE_FLAGS = {
 
 @workload.command("capture", epilog=CAPTURE_EPILOG)
 @click.option(
-    "--metrics-url", metavar="URL", help="Source: an engine's /metrics URL, scraped for --seconds."
+    "--metrics-url",
+    "metrics_urls",
+    metavar="URL",
+    multiple=True,
+    help="Source: an engine's /metrics URL, scraped for --seconds; once per replica of a fleet.",
 )
 @click.option(
     "--prometheus", "prometheus_url", metavar="URL", help="Source: a Prometheus's base URL."
@@ -140,7 +149,7 @@ SOURCE_FLAGS = {
 )
 @click.option("--quiet", is_flag=True, help="No progress on stderr.")
 def capture_command(
-    metrics_url: str | None, prometheus_url: str | None, gateway_url: str | None,
+    metrics_urls: tuple[str, ...], prometheus_url: str | None, gateway_url: str | None,
     seconds: float | None, interval_s: float | None, since: str | None, until: str | None,
     selector: str | None, target_name: str | None, config_path: Path | None,
     token_file: Path | None, output: Path, quiet: bool,
@@ -150,7 +159,7 @@ def capture_command(
     from bot.runtime import loop
     from bot.workload import shape as shapes
 
-    given = {"--metrics-url": metrics_url, "--prometheus": prometheus_url,
+    given = {"--metrics-url": metrics_urls, "--prometheus": prometheus_url,
              "--gateway": gateway_url}  # fmt: skip
     sources = [flag for flag, value in given.items() if value]
     if len(sources) != 1:
@@ -168,10 +177,10 @@ def capture_command(
             owners = [s for s, allowed in SOURCE_FLAGS.items() if flag in allowed]
             raise UsageError(f"{flag} belongs to {' or '.join(owners)}, not to {source}")
     shapes.file_format(output)  # a wrong suffix fails now, not after the window
-    if metrics_url:
+    if metrics_urls:
         if seconds is None:
             raise UsageError("--metrics-url needs --seconds: the window to scrape over")
-        result = loop.run(_capture(metrics_url, seconds, interval_s or 2.0, quiet=quiet))
+        result = loop.run(_capture(metrics_urls, seconds, interval_s or 2.0, quiet=quiet))
     elif prometheus_url:
         result = loop.run(
             _from_prometheus(prometheus_url, since=since, until=until, selector=selector,
@@ -253,11 +262,15 @@ async def _from_gateway(url: str, *, since: str | None, token_file: Path | None)
         return await gc.capture_from_gateway(client, url, token=token, since_s=seconds)
 
 
-async def _capture(url: str, seconds: float, interval_s: float, *, quiet: bool) -> WorkloadShape:
+async def _capture(
+    urls: tuple[str, ...], seconds: float, interval_s: float, *, quiet: bool
+) -> WorkloadShape:
     import httpx
 
+    from bot.probes.exposition import Exposition
+    from bot.probes.replicas import Replica
     from bot.probes.vllm_metrics import MetricsScraper
-    from bot.probes.workload_capture import CAPTURE_METRICS, CaptureProgress, capture
+    from bot.probes.workload_capture import CAPTURE_METRICS, CaptureProgress, capture_fleet
 
     interactive = sys.stderr.isatty()
 
@@ -269,10 +282,18 @@ async def _capture(url: str, seconds: float, interval_s: float, *, quiet: bool) 
         click.echo(("\r" + line) if interactive else line, nl=not interactive, err=True)
 
     async with httpx.AsyncClient(timeout=10.0) as client:
-        scraper = MetricsScraper(url, client=client)
-        shape = await capture(
-            lambda: scraper(only=CAPTURE_METRICS),
-            url=url,
+        # A replica by its base URL (how the fleet's details name it), scraped at the URL given.
+        scrapers = {
+            Replica(url.rstrip("/").removesuffix("/metrics")): MetricsScraper(url, client=client)
+            for url in urls
+        }
+
+        async def scrape(replica: Replica) -> Exposition:
+            return await scrapers[replica](only=CAPTURE_METRICS)
+
+        shape = await capture_fleet(
+            list(scrapers),
+            scrape,
             seconds=seconds,
             interval_s=interval_s,
             on_progress=None if quiet else progress,

@@ -14,6 +14,12 @@ selector matches (data parallel, replicas behind one label):
 - mean concurrency: ``sum(avg_over_time(vllm:num_requests_running{SEL}[W]))``;
 - api: ``increase(http_requests_total{SEL,method="POST"})`` by handler (90 % rule as for pages).
 
+The shape's rate is the selected engines' summed (``arrivals.per`` ``fleet``; one replica's is
+its own, ``replica``) over the replicas
+Prometheus holds series of in the window (``arrivals.replicas``: distinct ``instance`` labels of
+the prompt-length histogram, a replaced pod's new address counting as one more), so a diff
+against a shape read over another number of replicas compares rates per replica.
+
 What differs from a capture of pages: ``increase()`` handles counter resets, so a window
 across an engine restart is read, not refused; and it extrapolates to the window's edges from
 the first and last samples inside it, so counts are estimates to within a scrape interval's
@@ -172,7 +178,8 @@ async def capture_from_prometheus(
     prom = Prometheus(client, base_url)
     inner = matchers(selector)
     sel = "{" + inner + "}"
-    names = await _vllm_names(prom, inner, start=end - seconds, end=end)
+    rows = await _vllm_series(prom, inner, start=end - seconds, end=end)
+    names = {row.get("__name__", "") for row in rows}
     where = f"{sel} in Prometheus {prom.shown}"
     for name in (PROMPT_LENGTHS, OUTPUT_LENGTHS):
         if f"{name}_bucket" not in names:
@@ -193,6 +200,8 @@ async def capture_from_prometheus(
         hit_rate_gauge=gauge,
         running=running,
         posts=posts,
+        replicas=(replicas := replicas_in(rows)),
+        per="fleet" if replicas > 1 else "replica",  # one replica's sum is its own rate
     )
     return shape_from_window(
         window,
@@ -203,14 +212,13 @@ async def capture_from_prometheus(
     )
 
 
-async def _vllm_names(prom: Prometheus, inner: str, *, start: float, end: float) -> set[str]:
-    """The vLLM metric names the selected engines have series of in the window; a selector
-    that matches none is refused, naming the engines Prometheus does hold."""
-    names = {
-        row.get("__name__", "")
-        for row in await prom.series(_with(inner, '__name__=~"vllm:.+"'), start, end)
-    }
-    if not names:
+async def _vllm_series(
+    prom: Prometheus, inner: str, *, start: float, end: float
+) -> list[dict[str, str]]:
+    """The vLLM series the selected engines have in the window; a selector that matches none
+    is refused, naming the engines Prometheus does hold."""
+    rows = await prom.series(_with(inner, '__name__=~"vllm:.+"'), start, end)
+    if not rows:
         sel = "{" + inner + "}"
         engines = await _engines(prom, start, end)
         raise ProbeError(
@@ -218,7 +226,20 @@ async def _vllm_names(prom: Prometheus, inner: str, *, start: float, end: float)
             f"{_iso(start)} and {_iso(end)}: check the selector (labels as Prometheus writes "
             f'them, e.g. instance="host:port") and --since/--until. {engines}'
         )
-    return names
+    return rows
+
+
+def replicas_in(rows: list[dict[str, str]]) -> int:
+    """How many replicas the series are of: distinct ``instance`` labels of the prompt-length
+    histogram's count (an engine's data-parallel ranks are one server, one instance); label
+    sets without the engine rank where Prometheus keeps no instance."""
+    count = f"{PROMPT_LENGTHS}_count"
+    servers = {
+        row.get("instance") or repr(sorted((k, v) for k, v in row.items() if k != "engine"))
+        for row in rows
+        if row.get("__name__") == count
+    }
+    return max(len(servers), 1)
 
 
 class _WindowQueries:

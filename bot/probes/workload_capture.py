@@ -16,8 +16,14 @@ bucket edges kept. Beside them:
 - burstiness: unknown (None): per-request arrival times are not on /metrics.
 
 A window in which no request finished has no shape and is refused, as is one across an engine
-restart (its counters fall). Scraping is ``bot/probes``' (``MetricsScraper``); this module only
-turns pages into a shape.
+restart (its counters fall) that the pages cannot tell apart. Scraping is ``bot/probes``'
+(``MetricsScraper``); this module only turns pages into a shape.
+
+A target of several replicas is read as the diagnosis window reads it (``capture_fleet``,
+``bot/probes/fleet_window.py``): every replica scraped in the same rounds, deltas taken within
+each engine process and summed; a replica that restarted or stopped answering is named in the
+shape's source, never read as zero. Such a shape's rate is the fleet's (``arrivals.per``
+``fleet``, over ``arrivals.replicas``); one engine's is per replica.
 
 One builder for every source: pages become a ``Window`` (the counts' growth over the window),
 and ``shape_from_window`` makes the shape of it. Prometheus's history
@@ -30,13 +36,17 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from bot.errors import ProbeError, UsageError
 from bot.probes import vllm_metrics
+from bot.probes.engine_identity import IDENTITY_METRICS
 from bot.probes.exposition import Exposition
+from bot.probes.fleet_window import FleetWindow, sample_fleet
+from bot.probes.replicas import Replica
 from bot.probes.vllm_metrics import (
     GENERATION_TOKENS,
     PREFIX_HIT_RATE,
@@ -47,7 +57,15 @@ from bot.probes.vllm_metrics import (
     gauge,
 )
 from bot.runtime.redact import redact
-from bot.workload.shape import Arrivals, Lengths, Prefix, PrefixGroup, WorkloadShape, new_shape
+from bot.workload.shape import (
+    Arrivals,
+    Lengths,
+    Prefix,
+    PrefixGroup,
+    RatePer,
+    WorkloadShape,
+    new_shape,
+)
 
 PROMPT_LENGTHS = vllm_metrics.PROMPT_LENGTHS[0]  # the engine's per-request length histograms
 OUTPUT_LENGTHS = vllm_metrics.OUTPUT_LENGTHS[0]
@@ -59,11 +77,12 @@ DEFAULT_INTERVAL_S = 2.0  # between scrapes: each makes the engine render its pa
 CAPTURE_METRICS = frozenset(
     {
         PROMPT_LENGTHS, OUTPUT_LENGTHS, HTTP_REQUESTS, *RUNNING, *PREFIX_QUERIES, *PREFIX_HITS,
-        *PREFIX_HIT_RATE, *GENERATION_TOKENS,
+        *PREFIX_HIT_RATE, *GENERATION_TOKENS, *IDENTITY_METRICS,
     }
 )  # fmt: skip
 
 Scrape = Callable[[], Awaitable[Exposition]]
+ReplicaScrape = Callable[[Replica], Awaitable[Exposition]]
 
 
 @dataclass(frozen=True)
@@ -86,27 +105,121 @@ async def capture(
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> WorkloadShape:
-    """Scrape every ``interval_s`` for ``seconds`` (the scrapes' own clock) and return the shape
-    of what finished between the first scrape and the last."""
+    """One engine's /metrics at ``url``: scrape every ``interval_s`` for ``seconds`` (the
+    scrapes' own clock) and return the shape of what finished between the first and last."""
+    return await capture_fleet(
+        [Replica(url.removesuffix("/metrics"))],
+        lambda _: scrape(),
+        seconds=seconds,
+        interval_s=interval_s,
+        on_progress=on_progress,
+        sleep=sleep,
+        now=now,
+    )
+
+
+async def capture_fleet(
+    replicas: Sequence[Replica],
+    scrape: ReplicaScrape,
+    *,
+    seconds: float,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    on_progress: Callable[[CaptureProgress], None] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    now: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> WorkloadShape:
+    """Every replica's /metrics in the same rounds for ``seconds``: the shape of what the
+    fleet finished (deltas within each engine process, summed; docs/fleet.md)."""
     if seconds <= 0 or interval_s <= 0:
         raise UsageError("a capture needs a window and an interval longer than 0 s")
-    pages = [await scrape()]
-    first = pages[0]
-    while (elapsed := pages[-1].at - first.at) < seconds:
-        await sleep(min(interval_s, seconds - elapsed))
-        pages.append(await scrape())
-        if on_progress is not None:
-            on_progress(
-                CaptureProgress(
-                    elapsed_s=pages[-1].at - first.at,
-                    seconds=seconds,
-                    scrapes=len(pages),
-                    finished=int(
-                        round(_count(pages[-1], PROMPT_LENGTHS) - _count(first, PROMPT_LENGTHS))
-                    ),
-                )
+    progress = _Progress(seconds, on_progress)
+    fleet = await sample_fleet(
+        replicas,
+        progress.counting(scrape),
+        seconds=seconds,
+        interval_s=interval_s,
+        sleep=progress.reporting(sleep),
+        clock=clock,
+    )
+    progress.report()
+    return shape_from_fleet(fleet, captured_at=now())
+
+
+class _Progress:
+    """Says where a capture stands after each round: the scrapes see each replica's count of
+    finished requests, the sleeps between rounds mark a round's end."""
+
+    def __init__(self, seconds: float, on_progress: Callable[[CaptureProgress], None] | None):
+        self._seconds, self._on_progress = seconds, on_progress
+        self._first: dict[Replica, Exposition] = {}
+        self._last: dict[Replica, Exposition] = {}
+        self._rounds = 0
+
+    def counting(self, scrape: ReplicaScrape) -> ReplicaScrape:
+        async def counted(replica: Replica) -> Exposition:
+            page = await scrape(replica)
+            self._first.setdefault(replica, page)
+            self._last[replica] = page
+            return page
+
+        return counted
+
+    def reporting(
+        self, sleep: Callable[[float], Awaitable[None]]
+    ) -> Callable[[float], Awaitable[None]]:
+        async def slept(delay: float) -> None:
+            self.report()
+            await sleep(delay)
+
+        return slept
+
+    def report(self) -> None:
+        """A round ended: say so (not after the first, which has nothing to say)."""
+        self._rounds += 1
+        if self._on_progress is None or self._rounds < 2 or not self._last:
+            return
+        first_at = min(page.at for page in self._first.values())
+        last_at = max(page.at for page in self._last.values())
+        finished = math.fsum(  # progress only: a restart's fall is not worth more than this
+            max(_count(self._last[r], PROMPT_LENGTHS) - _count(page, PROMPT_LENGTHS), 0.0)
+            for r, page in self._first.items()
+        )
+        self._on_progress(
+            CaptureProgress(
+                elapsed_s=last_at - first_at,
+                seconds=self._seconds,
+                scrapes=self._rounds,
+                finished=int(round(finished)),
             )
-    return shape_from_pages(pages, url=url, captured_at=now())
+        )
+
+
+def shape_from_fleet(fleet: FleetWindow, *, captured_at: datetime) -> WorkloadShape:
+    """The shape of a fleet window's merged pages; one engine's is per replica, several
+    replicas' the fleet's, each replica that restarted or missed scrapes named in its source."""
+    pages = fleet.window.pages
+    counted = [r for r in fleet.replicas if r.answered >= 2]  # one page gives no delta
+    if len(fleet.replicas) == 1 and not fleet.replicas[0].notes:
+        return shape_from_pages(pages, url=fleet.replicas[0].replica.metrics_url,
+                                captured_at=captured_at)  # fmt: skip
+    if not counted:
+        raise ProbeError(
+            "no replica answered twice in the window: there is no delta to take ("
+            + "; ".join(f"{r.replica.address} {', '.join(r.notes)}" for r in fleet.replicas)
+            + ")"
+        )
+    where = f"{len(counted)} of {len(fleet.replicas)} replicas"
+    per: RatePer = "fleet" if len(fleet.replicas) > 1 else "replica"
+    window = replace(window_from_pages(pages, where=where), replicas=len(counted), per=per)
+    said = [f"{r.replica.address} {note}" for r in fleet.replicas for note in r.notes]
+    source = (
+        f"metrics fleet of {where} over {window.seconds:.0f} s ({len(pages)} rounds)"
+        + "".join(f"; {note}" for note in said)
+    )
+    return shape_from_window(
+        window, source=redact(source), captured_at=captured_at, where=where, longer="--seconds"
+    )
 
 
 @dataclass(frozen=True)
@@ -139,6 +252,8 @@ class Window:
     requests: float | None = None  # the rate's numerator; default: the prompt histogram's count
     groups: tuple[PrefixGroup, ...] = ()
     burstiness: float | None = None
+    replicas: int = 1  # engine replicas the counts were read over
+    per: RatePer = "replica"  # the rate one replica's, or summed over the fleet ("fleet")
 
 
 def shape_from_window(
@@ -164,6 +279,8 @@ def shape_from_window(
             request_rate=round(requests / window.seconds, 4),
             concurrency=None if window.running is None else round(window.running, 3),
             burstiness=window.burstiness,
+            replicas=window.replicas,
+            per=window.per,
         ),
     )
 
@@ -173,6 +290,19 @@ def shape_from_pages(
 ) -> WorkloadShape:
     """The shape of the requests that finished between the first and the last page."""
     url = redact(url)  # named in messages and the shape's source only
+    window = window_from_pages(pages, where=url)
+    return shape_from_window(
+        window,
+        source=f"metrics {url} over {window.seconds:.0f} s ({len(pages)} scrapes)",
+        captured_at=captured_at,
+        where=url,
+        longer="--seconds",
+    )
+
+
+def window_from_pages(pages: Sequence[Exposition], *, where: str) -> Window:
+    """What grew between the first and the last page (``where`` names them in errors)."""
+    url = where
     if len(pages) < 2:
         raise UsageError("a capture needs two scrapes at least: the window's start and end")
     first, last = pages[0], pages[-1]
@@ -188,7 +318,7 @@ def shape_from_pages(
     _refuse_restart(pages, url)
     rates = [r for page in pages if (r := gauge(page, PREFIX_HIT_RATE)) is not None]
     running = [v for page in pages if (v := gauge(page, RUNNING)) is not None]
-    window = Window(
+    return Window(
         seconds=seconds,
         prompt=_growth(first, last, PROMPT_LENGTHS, url),
         output=_growth(first, last, OUTPUT_LENGTHS, url),
@@ -197,13 +327,6 @@ def shape_from_pages(
         hit_rate_gauge=math.fsum(rates) / len(rates) if rates else None,
         running=math.fsum(running) / len(running) if running else None,
         posts=_posts(first, last),
-    )
-    return shape_from_window(
-        window,
-        source=f"metrics {url} over {seconds:.0f} s ({len(pages)} scrapes)",
-        captured_at=captured_at,
-        where=url,
-        longer="--seconds",
     )
 
 

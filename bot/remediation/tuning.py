@@ -507,23 +507,36 @@ async def restore_target_session(
 
 
 async def capture_shape(spec: Target, *, seconds: float, echo: Echo) -> WorkloadShape:
-    """The target's own traffic over the next ``seconds``, from its engine's /metrics."""
+    """The target's own traffic over the next ``seconds``, from every replica's /metrics, as
+    one replica's share (the tuning replays it on one engine)."""
+    from bot.probes.context import resolve_replicas
+    from bot.probes.exposition import Exposition
+    from bot.probes.replicas import Replica
     from bot.probes.vllm_metrics import MetricsScraper
-    from bot.probes.workload_capture import CAPTURE_METRICS, CaptureProgress, capture
+    from bot.probes.workload_capture import CAPTURE_METRICS, CaptureProgress, capture_fleet
+    from bot.workload.shape import per_replica
 
     def progress(p: CaptureProgress) -> None:
         echo(f"capturing the target's workload: {p.elapsed_s:.0f}/{p.seconds:.0f} s, "
              f"{p.finished} requests finished")  # fmt: skip
 
     async with httpx.AsyncClient(timeout=10.0) as client:
-        scraper = MetricsScraper(spec.metrics_url, client=client)
-        return await capture(
-            lambda: scraper(only=CAPTURE_METRICS),
-            url=spec.metrics_url,
+        replicas = await resolve_replicas(spec)
+        scrapers = {r: MetricsScraper(r.metrics_url, client=client) for r in replicas}
+
+        async def scrape(replica: Replica) -> Exposition:
+            return await scrapers[replica](only=CAPTURE_METRICS)
+
+        fleet = await capture_fleet(
+            list(scrapers),
+            scrape,
             seconds=seconds,
             interval_s=min(5.0, max(0.5, seconds / 10)),
             on_progress=progress,
         )
+    if fleet.arrivals.replicas > 1:
+        echo(f"captured {fleet.source}: replayed as one replica's share")
+    return per_replica(fleet)
 
 
 def utc_now() -> dt.datetime:

@@ -1,11 +1,13 @@
 """Workload drift: production stops sending the traffic an ADR in force was measured under.
 
-Every period the job captures the target's live workload shape from its engine's /metrics
-(``bot.probes.workload_capture``) and compares it (``bot.workload.diff``) with the shape each
-ADR in force records (its front matter's ``workload``). When one drifted, it re-runs that ADR's
-gates with the canary replaying the *live* shape and posts one thread: what the ADR was
-measured at, what production sends now, and whether the gates hold under it, before any
-latency alert fires.
+Every period the job captures the target's live workload shape from every replica's /metrics
+(``bot.probes.workload_capture.capture_fleet``: the fleet's rate, over its replicas) and
+compares it (``bot.workload.diff``) with the shape each ADR in force records (its front
+matter's ``workload``); read over another number of replicas than the ADR's, the request rates
+are compared per replica, so an autoscaler adding replicas is not drift. When one drifted, it
+re-runs that ADR's gates with the canary replaying one replica's share of the *live* shape and
+posts one thread: what the ADR was measured at, what production sends now, and whether the
+gates hold under it, before any latency alert fires.
 
 One open drift thread per target (its incident's ``open_key``): while it is open, a drifting
 period adds nothing; a period whose live shape is alike again closes it. No ADR in force that
@@ -30,9 +32,11 @@ from bot.adr.store import AdrStore
 from bot.config import Target
 from bot.errors import RuleloopError
 from bot.incidents.flows import IncidentFlows
+from bot.probes.context import resolve_replicas
 from bot.probes.exposition import Exposition
+from bot.probes.replicas import Replica
 from bot.probes.vllm_metrics import MetricsScraper
-from bot.probes.workload_capture import CAPTURE_METRICS, capture
+from bot.probes.workload_capture import CAPTURE_METRICS, capture_fleet
 from bot.remediation.gate import GateRun, GateRunner
 from bot.scheduler import messages
 from bot.scheduler.baseline import SOURCE, strictest
@@ -42,7 +46,7 @@ from bot.store import service as store
 from bot.store.db import Database
 from bot.workload.describe import context_line
 from bot.workload.diff import ShapeDiff, diff
-from bot.workload.shape import WorkloadShape
+from bot.workload.shape import WorkloadShape, per_replica
 
 ALERTNAME = "RuleloopWorkloadDrift"
 ShapeReader = Callable[[str, Target], Awaitable[WorkloadShape]]
@@ -78,7 +82,7 @@ def drift_key(target: str) -> str:
 
 
 class LiveShape:
-    """Captures a target's live shape from its /metrics over ``window_s`` seconds."""
+    """Captures a target's live shape from its replicas' /metrics over ``window_s`` seconds."""
 
     def __init__(
         self,
@@ -91,16 +95,19 @@ class LiveShape:
         self._http, self._window_s, self._sleep, self._clock = http, window_s, sleep, clock
 
     async def __call__(self, name: str, target: Target) -> WorkloadShape:
-        url = f"{target.vllm_url.rstrip('/')}/metrics"
-        scraper = MetricsScraper(url, client=self._http, clock=self._clock)
+        scrapers = {
+            r: MetricsScraper(r.metrics_url, client=self._http, clock=self._clock)
+            for r in await resolve_replicas(target)  # a Service's: read when the window starts
+        }
 
-        async def scrape() -> Exposition:
-            return await scraper(only=CAPTURE_METRICS)
+        async def scrape(replica: Replica) -> Exposition:
+            return await scrapers[replica](only=CAPTURE_METRICS)
 
         interval = min(5.0, self._window_s / 2)
-        return await capture(
-            scrape, url=url, seconds=self._window_s, interval_s=interval, sleep=self._sleep
-        )
+        return await capture_fleet(
+            list(scrapers), scrape, seconds=self._window_s, interval_s=interval,
+            sleep=self._sleep, clock=self._clock,
+        )  # fmt: skip
 
 
 class WorkloadDrift:
@@ -147,6 +154,7 @@ class WorkloadDrift:
             "drifted": [adr.id for adr in drifted],
             "dimensions": {i: _drifted_dimensions(d) for i, d in diffs.items()},
             "live": context_line(live),
+            "live_source": live.source,  # names a replica that restarted or stopped answering
         }
         if not drifted:
             closed = await asyncio.to_thread(self._close, now, detail)
@@ -172,7 +180,9 @@ class WorkloadDrift:
         gates, setters = strictest([adr], before)
         if gates.is_empty():
             return Revalidation(adr.id, None, {})
-        result = await self._gate(self._target.vllm_url, self._target.canary, gates, shape=live)
+        # The canary replays on one engine: one replica's share of the fleet's traffic.
+        replay = per_replica(live)
+        result = await self._gate(self._target.vllm_url, self._target.canary, gates, shape=replay)
         return Revalidation(adr.id, result, setters)
 
     def _still_open(self, now: dt.datetime, detail: dict[str, Any]) -> int | None:

@@ -39,6 +39,8 @@ def _prefix(shape: WorkloadShape) -> str | None:
 def _arrivals(shape: WorkloadShape) -> str:
     arrivals = shape.arrivals
     rate = f"{show('tokens', arrivals.request_rate)} req/s"
+    if arrivals.replicas > 1 or arrivals.per == "fleet":  # one replica's is the plain rate
+        rate += f" {arrivals.basis}"
     if arrivals.concurrency is None:
         return rate
     return f"{rate}, {show('tokens', arrivals.concurrency)} concurrent"

@@ -11,7 +11,10 @@ drifted when its distance is over the threshold. docs/workload.md explains the c
   ratio a bound, which decides only when the bound does (``bot.numbers.reading.compare``);
   otherwise the dimension is undecided and does not count as drifted.
 - prefix-cache hit rate: the absolute difference in points.
-- request rate: the relative change against the old rate.
+- request rate: the relative change against the old rate. Two shapes read over different
+  replica counts (or one per replica, one summed over a fleet) compare each replica's rate
+  (a fleet's divided by its replicas), and the line says so: the same traffic spread over
+  more replicas by an autoscaler is not drift.
 
 A dimension one of the shapes does not know (no hit rate, no shared edges) is "not compared".
 """
@@ -23,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 from bot.numbers.reading import Bound, Reading, compare
 from bot.numbers.text import in_unit, show
-from bot.workload.shape import Lengths, WorkloadShape
+from bot.workload.shape import Arrivals, Lengths, WorkloadShape
 
 # The thresholds: over them, a dimension drifted (docs/workload.md says why each).
 KS_LIMIT = 0.2  # largest gap in the share of requests at or below some length
@@ -105,8 +108,18 @@ def diff(old: WorkloadShape, new: WorkloadShape) -> ShapeDiff:
         dims.append(distribution(key, label, a, b))
         dims.extend(quantile_ratio(key, label, q, a, b) for q in ("p50", "p99"))
     dims.append(hit_rate(old.prefix.hit_rate, new.prefix.hit_rate))
-    dims.append(request_rate(old.arrivals.request_rate, new.arrivals.request_rate))
+    dims.append(arrivals_rate(old.arrivals, new.arrivals))
     return ShapeDiff(tuple(dims))
+
+
+def arrivals_rate(old: Arrivals, new: Arrivals) -> Dimension:
+    """The request rate like for like: as read when both were read alike (same replicas, same
+    basis), else each replica's rate."""
+    if (old.replicas, old.per) == (new.replicas, new.per):
+        basis = "" if old.replicas == 1 else f" ({old.basis})"
+        return request_rate(old.request_rate, new.request_rate, basis=basis)
+    basis = f" per replica ({old.basis} -> {new.basis})"
+    return request_rate(old.per_replica_rate, new.per_replica_rate, basis=basis)
 
 
 def _verdict(drifted: bool, decided: bool, why: str = "") -> str:
@@ -207,13 +220,14 @@ def hit_rate(old: float | None, new: float | None) -> Dimension:
     return Dimension(name, label, old, new, round(gap, 4), HIT_RATE_LIMIT, drifted, True, line)
 
 
-def request_rate(old: float, new: float) -> Dimension:
-    """Finished requests per second: relative change against RATE_LIMIT."""
+def request_rate(old: float, new: float, *, basis: str = "") -> Dimension:
+    """Finished requests per second: relative change against RATE_LIMIT. ``basis`` says what
+    the rates are of when not simply one replica's (' per replica (... -> ...)')."""
     name, label = "arrivals.request_rate", "request rate"
     change = (new - old) / old
     drifted = abs(change) > RATE_LIMIT
     line = (
-        f"{label} {in_unit(old, '')} -> {in_unit(new, '')} req/s ({change * 100:+.0f} %, "
+        f"{label}{basis} {in_unit(old, '')} -> {in_unit(new, '')} req/s ({change * 100:+.0f} %, "
         f"limit {RATE_LIMIT * 100:.0f} %): {_verdict(drifted, True)}"
     )
     return Dimension(name, label, old, new, round(abs(change), 4), RATE_LIMIT, drifted, True, line)

@@ -18,7 +18,8 @@ example file):
   of requests, their mean, and the p50/p90/p99 derived from the buckets.
 - ``prefix``: the prefix-cache hit rate over the window and shared-prefix groups, captured by
   the gateway or declared in a file (``Prefix``).
-- ``arrivals``: finished requests per second, mean concurrency, burstiness (``Arrivals``).
+- ``arrivals``: finished requests per second, mean concurrency, burstiness, and how many
+  replicas they were read over, per replica or summed over the fleet (``Arrivals``).
 
 Loading a bad file raises ``ShapeError`` (a ``UsageError``): the file, the field and what is
 allowed there; never a stack trace.
@@ -52,6 +53,7 @@ from bot.numbers.text import show
 VERSION = 1
 SUFFIXES = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 API = Literal["completions", "chat", "unknown"]
+RatePer = Literal["replica", "fleet"]  # whose rate arrivals.request_rate is
 QUANTILES = (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
 INF = "+Inf"
 SHARE_SUM_TOLERANCE = 1e-3  # shares are written rounded; they must still add up to 1
@@ -287,13 +289,34 @@ class Arrivals(BaseModel):
     law). ``burstiness``: the shape of gamma-distributed gaps between arrivals as
     ``vllm bench serve --burstiness`` takes it (1 Poisson, below 1 burstier, above 1 more even);
     None when unknown. Captured from the gateway's arrival times (mean² / variance of the
-    gaps); a capture from /metrics or Prometheus does not know it."""
+    gaps); a capture from /metrics or Prometheus does not know it.
+
+    ``replicas`` and ``per``: how many engine replicas the rate and concurrency were read over,
+    and whether they are each replica's (``replica``: one pod's /metrics, or a fleet's divided
+    by its replicas) or the whole fleet's summed (``fleet``: a merged fleet window, Prometheus
+    summing over engines). A shape written before these fields is one replica, per replica.
+    Two shapes read over different replica counts compare their rates per replica
+    (``per_replica_rate``), so an autoscaler adding replicas is not drift."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     request_rate: float = Field(gt=0, description="finished requests per second")
     concurrency: float | None = Field(default=None, ge=0, description="mean requests running")
     burstiness: float | None = Field(default=None, gt=0, description="gamma shape; 1 = Poisson")
+    replicas: int = Field(default=1, ge=1, description="engine replicas it was read over")
+    per: RatePer = Field(default="replica", description="rates of each replica, or the fleet's")
+
+    @property
+    def per_replica_rate(self) -> float:
+        """Requests per second on one replica: the fleet's rate divided by its replicas."""
+        return self.request_rate / self.replicas if self.per == "fleet" else self.request_rate
+
+    @property
+    def basis(self) -> str:
+        """What the rate is of, for a person: 'per replica', 'over a fleet of 4 replicas'."""
+        if self.per == "fleet":
+            return f"over a fleet of {self.replicas} replicas"
+        return "per replica" if self.replicas == 1 else f"per replica (of {self.replicas})"
 
 
 class WorkloadShape(BaseModel):
@@ -324,9 +347,8 @@ class WorkloadShape(BaseModel):
             + ("n/a" if hit is None else show("hit_rate", hit))
             + (f", {len(self.prefix.groups)} shared-prefix groups" if self.prefix.groups else ""),
             f"arrivals: {show('tokens', rate)} requests/s finished"
-            + (
-                "" if concurrency is None else f", {show('tokens', concurrency)} running on average"
-            ),
+            + ("" if concurrency is None else f", {show('tokens', concurrency)} running on average")
+            + ("" if self.arrivals.replicas == 1 else f" ({self.arrivals.basis})"),
         ]
 
 
@@ -457,3 +479,15 @@ def new_shape(
             "arrivals": arrivals,
         }
     )
+
+
+def per_replica(shape: WorkloadShape) -> WorkloadShape:
+    """The shape as one replica's share of its fleet (rate and concurrency divided by its
+    replicas): what a canary replays on one engine. A per-replica shape is returned as is."""
+    arrivals = shape.arrivals
+    if arrivals.per == "replica":
+        return shape
+    share: dict[str, object] = {"request_rate": arrivals.per_replica_rate, "per": "replica"}
+    if arrivals.concurrency is not None:
+        share["concurrency"] = arrivals.concurrency / arrivals.replicas
+    return shape.model_copy(update={"arrivals": arrivals.model_copy(update=share)})
