@@ -13,6 +13,8 @@ import os
 import signal
 from pathlib import Path
 
+from bot.runtime.ids import process_alive
+
 OWNER_ENV = "RULELOOP_TEST_OWNER_PID"
 CGROUPS = (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup"))
 
@@ -34,8 +36,8 @@ def reap() -> list[int]:
             environ = (entry / "environ").read_bytes()
         except OSError:  # gone, or not ours to read
             continue
-        owner = next((v[len(marker):] for v in environ.split(b"\0") if v.startswith(marker)), None)
-        if owner is None or not owner.isdigit() or _alive(int(owner)):
+        owner = next((v[len(marker) :] for v in environ.split(b"\0") if v.startswith(marker)), None)
+        if owner is None or not owner.isdigit() or process_alive(int(owner)):
             continue
         try:
             os.kill(int(entry.name), signal.SIGKILL)
@@ -49,13 +51,3 @@ def reap() -> list[int]:
             except OSError:
                 continue
     return killed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -90,7 +90,7 @@ async def _list_slices(http: httpx.AsyncClient, namespace: str, name: str) -> li
 
 def _error_text(response: httpx.Response, where: str, namespace: str) -> str:
     """What a failed list means and what to do about it."""
-    code, message = response.status_code, _status_message(response)
+    code, message = response.status_code, kube_client.status_message(response)
     text = f"cannot read {where} ({code}: {message})"
     if code == 401:
         return f"{text}; the token in kubernetes_api.token_file was refused"
@@ -99,17 +99,6 @@ def _error_text(response: httpx.Response, where: str, namespace: str) -> str:
     if code == 404:
         return f"{text}; the API serves no discovery.k8s.io/v1 (Kubernetes 1.21 or later needed)"
     return text
-
-
-def _status_message(response: httpx.Response) -> str:
-    """The ``message`` of a ``kind: Status`` body, else the start of the body."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    return response.text.strip()[:200] or response.reason_phrase
 
 
 def replicas_in(slices: Sequence[Any], *, service: str, port: str | None) -> list[Replica]:

@@ -57,3 +57,15 @@ def client(
         transport=transport,
         timeout=httpx.Timeout(30.0),
     )
+
+
+def status_message(response: httpx.Response) -> str:
+    """The ``message`` of a ``kind: Status`` error body, else the start of the body."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and body.get("message"):
+        return str(body["message"])
+    text = response.text.strip()
+    return text[:200] if text else response.reason_phrase

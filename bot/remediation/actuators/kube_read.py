@@ -22,6 +22,7 @@ import httpx
 from bot.remediation.actuators.base import ActuatorError
 from bot.remediation.argv import read_flags
 from bot.runtime import kube_client
+from bot.runtime.kube_client import status_message
 
 ANNOTATION = "ruleloop.dev/applied-flags"
 PATCH_TYPE = "application/strategic-merge-patch+json"
@@ -91,18 +92,6 @@ async def request_json(
     if not isinstance(obj, dict):
         raise ActuatorError(f"the Kubernetes API answered {method} with {type(obj).__name__}")
     return obj
-
-
-def status_message(response: httpx.Response) -> str:
-    """The ``message`` of a ``kind: Status`` body, else the start of the body."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if isinstance(body, dict) and body.get("message"):
-        return str(body["message"])
-    text = response.text.strip()
-    return text[:200] if text else response.reason_phrase
 
 
 @dataclass(frozen=True)
