@@ -6,8 +6,8 @@ smaller quota, not a different test). Clients load the fleet through nginx and t
 first tokens. Pointed at nginx alone, the bot must refuse to give a number (its scrapes come
 from two engines); with the replicas listed, the fleet's TTFT p99 must be the clients' and the
 per-replica details must show the sick one, and the replica rule must name it. Then the sick
-engine is let go, and with both replicas healthy the rule must name none. (Every replica slowed
-is covered by tests/test_fleet_replicas.py, on hand-made histograms, not here.)
+engine is let go, and with both replicas healthy the rule must name none. Last, both are held at
+the sick quota: the fleet is slow, and the rule must name no replica (a fleet-wide slowness).
 """
 
 from __future__ import annotations
@@ -67,7 +67,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineInf
     finally:
         for manager, port in zip(managers, ports, strict=True):
             manager.stop(port)
-        sick_limit(ports[1]).remove()  # once its processes are gone
+        for port in ports:
+            sick_limit(port).remove()  # once its processes are gone
 
 
 def sick_limit(port: int, cores: float = 1.0) -> CpuLimit:
@@ -164,9 +165,12 @@ async def alone(session: aiohttp.ClientSession, base_url: str) -> tuple[float, f
 
 
 def hold(limit: CpuLimit, engine: EngineInfo) -> None:
-    """Put the engine's processes (its server and engine core) under ``limit``'s quota."""
-    root = psutil.Process(engine.pid)
-    for proc in [root, *root.children(recursive=True)]:
+    """Put the engine's core (the process the model runs in) under ``limit``'s quota: a slow
+    GPU. Its API server keeps its CPU, as a GPU's host does, so a client gets a token when the
+    engine has it; a starved server would deliver tokens late, a delay no engine counts."""
+    children = psutil.Process(engine.pid).children(recursive=True)
+    assert children, "the engine runs no engine core process"
+    for proc in children:
         limit.apply(proc.pid)
 
 
@@ -264,6 +268,12 @@ async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None
         calm_s = min(LOAD / 2 * healthy_e2e + 5, 540)
         calm, _, calm_load_s = await measured_window(session, http, fleet, calm_s)
 
+        # (d) every replica slowed alike (the sick quota on both): a fleet-wide slowness
+        for engine in engines:
+            hold(sick_limit(engine.port, measured["sick_cores"]), engine)
+        slow_s = min(LOAD / 2 * measured["sick_e2e_s"] + 5, 540)
+        both, _, both_load_s = await measured_window(session, http, fleet, slow_s)
+
     clients = p99([r.ttft_s for r in records if r.ttft_s is not None])
     window = result.window
     assert window is not None
@@ -273,13 +283,16 @@ async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None
     sick_at = Replica(engines[1].base_url).address
     healthy = per_replica[Replica(engines[0].base_url).address]
     sick = per_replica[sick_at]
-    verdict, calm_verdict = verdict_of(result), verdict_of(calm)
+    verdict, calm_verdict, both_verdict = verdict_of(result), verdict_of(calm), verdict_of(both)
     summary = (
         f"measured {measured}; load {load_s:.1f} s in a {window_s:.1f} s window; client TTFT "
         f"p99 {clients * 1000:.0f} ms, fleet {fleet_p99} ms, healthy {healthy['ttft_p99_ms']} "
         f"ms, sick {sick['ttft_p99_ms']} ms; replicas {per_replica}; "
         f"rule: {replica_text.summary_json(verdict)}; healthy again: load {calm_load_s:.1f} s "
-        f"in {calm_s:.1f} s, rule: {replica_text.summary_json(calm_verdict)}"
+        f"in {calm_s:.1f} s, rule: {replica_text.summary_json(calm_verdict)}; both slow: load "
+        f"{both_load_s:.1f} s in {slow_s:.1f} s, fleet TTFT p99 {both.readings['ttft_p99_ms']} "
+        f"ms, TPOT p99 {both.readings['tpot_p99_ms']} (healthy {calm.readings['tpot_p99_ms']}) "
+        f"ms, rule: {replica_text.summary_json(both_verdict)}"
     )
     print(summary)
     # every request through nginx is counted once in the fleet's window, on one replica
@@ -296,6 +309,14 @@ async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None
     assert replica_text.line(verdict).startswith(f"replicas: {sick_at} "), summary
     assert calm_verdict.kind == "alike" and calm_verdict.slow == [], summary
     assert replica_text.findings(calm_verdict, fleet_slow=False) == [], summary
+    # every replica slow: no replica is named (it is the fleet, and the ADRs are offered as for
+    # one engine: tests/test_fleet_diagnosis.py), and the fleet decodes slower than when healthy
+    assert both_verdict.kind == "alike" and both_verdict.slow == [], summary
+    assert not any(
+        f.message.startswith("one replica")
+        for f in replica_text.findings(both_verdict, fleet_slow=True)
+    ), summary
+    assert both.readings["tpot_p99_ms"] > 2 * calm.readings["tpot_p99_ms"], summary
 
 
 async def load(session: aiohttp.ClientSession, base_url: str) -> list[RequestRecord]:
