@@ -17,6 +17,7 @@ from bot.errors import ProbeError
 from bot.probes.context import ProbeContext, TargetRef, resolve_replicas
 from bot.probes.replicas import Replica, source_of
 from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
+from bot.runbooks.runner import RunbookResult
 from tests.fakes.clock import FakeTime
 from tests.fakes.kube_api import TOKEN, FakeKube
 from tests.fakes.kube_server import KubeServer
@@ -91,6 +92,16 @@ async def test_ready_endpoints_become_replicas_with_pod_and_node(
     rows = result.details["replicas"]
     assert set(rows) == {"10.1.0.7:8000", "10.1.0.8:8000"}
     assert (rows["10.1.0.8:8000"]["pod"], rows["10.1.0.8:8000"]["node"]) == ("vllm-1", "gpu-node-2")
+    # ... and the replica rule's verdict carries them, for the advice and the finding
+    run = RunbookResult(
+        runbook="fleet",
+        details={"vllm_metrics": result.details},
+        windows={"vllm_metrics": result.window},  # type: ignore[dict-item]
+    )
+    verdict = replica_rule.of_run(run)
+    assert verdict is not None
+    assert verdict.pods == {"10.1.0.7:8000": "vllm-0", "10.1.0.8:8000": "vllm-1"}
+    assert verdict.nodes == {"10.1.0.7:8000": "gpu-node-1", "10.1.0.8:8000": "gpu-node-2"}
 
 
 async def test_a_named_port_is_chosen_among_several(kube: FakeKube, api: KubernetesApiSpec) -> None:

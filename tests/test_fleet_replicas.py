@@ -6,6 +6,7 @@ a replica's p99 against the median of the others' p99s, each from its own histog
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 
@@ -123,3 +124,17 @@ def test_two_slow_of_forty_do_not_hide_each_other_and_the_line_stays_short() -> 
                    **{f"r{n}": SLOW_ONE for n in range(35, 41)})  # fmt: skip
     assert len(many.slow) == 6 and len(replica_text.line(many)) < 200
     assert "3 more slow" in replica_text.line(many)
+
+
+def test_a_discovered_slow_replica_gets_its_pod_and_node_in_the_advice() -> None:
+    found = dataclasses.replace(
+        verdict(r7=SLOW_ONE, r8=FAST),
+        pods={"10.0.0.7:8000": "vllm-7d9f-x2k4q", "10.0.0.8:8000": "vllm-7d9f-p8m1z"},
+        nodes={"10.0.0.7:8000": "gpu-node-3", "10.0.0.8:8000": "gpu-node-1"},
+    )
+    advice = replica_text.by_hand(found)
+    assert "`kubectl delete pod vllm-7d9f-x2k4q`" in advice and "x2k4q" in advice
+    assert "p8m1z" not in advice  # the healthy one is left alone
+    assert advice.endswith("on node gpu-node-3")
+    (finding,) = replica_text.findings(found, fleet_slow=True)
+    assert finding.message.startswith("one replica of 2 is slow: 10.0.0.7:8000 (node gpu-node-3)")

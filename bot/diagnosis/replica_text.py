@@ -137,18 +137,26 @@ def _unknown_message(verdict: FleetVerdict, unknown: Sequence[Row]) -> str:
 
 
 def by_hand(verdict: FleetVerdict) -> str:
-    """What to do about the outliers by hand (the bot changes no single replica yet)."""
+    """What to do about the outliers by hand (the bot changes no single replica yet): with
+    their pods and nodes when discovery found them, the exact commands."""
     slow = verdict.slow
-    names = _named(slow, MAX_IN_FINDING)
-    if len(slow) == 1:
-        return (
-            f"drain or restart {names} (take it out of the load balancer, or delete its pod); "
-            "check its GPU (`nvidia-smi`: clocks, temperature, XID errors) and its node "
-            "(`kubectl get pod -o wide`)"
-        )
+    one = len(slow) == 1
+    pods = [verdict.pods[r.address] for r in slow[:MAX_IN_FINDING] if r.address in verdict.pods]
+    nodes = sorted({verdict.nodes[r.address] for r in slow if r.address in verdict.nodes})
+    if pods:
+        how = "delete its pod so its ReplicaSet replaces it" if one else "one at a time"
+        restart = f"{how}: `kubectl delete pod {' '.join(pods)}`"
+    else:
+        restart = "take it out of the load balancer, or delete its pod" if one else "one at a time"
+    if nodes:
+        where = f"on node {', '.join(nodes)}"
+    else:
+        where = "and its node" if one else "and whether they share a node"
+        where += " (`kubectl get pod -o wide`)"
+    gpu = "its GPU" if one else "their GPUs"
     return (
-        f"drain or restart {names}, one at a time; check their GPUs (`nvidia-smi`: clocks, "
-        "temperature, XID errors) and whether they share a node (`kubectl get pod -o wide`)"
+        f"drain or restart {_named(slow, MAX_IN_FINDING)} ({restart}); check {gpu} "
+        f"(`nvidia-smi`: clocks, temperature, XID errors) {where}"
     )
 
 

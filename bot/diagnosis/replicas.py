@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bot.numbers.histogram import histogram_quantile, quantile_bound
@@ -129,7 +129,9 @@ class FleetVerdict:
     """Every replica judged, worst first."""
 
     rows: tuple[Row, ...]
-    nodes: Mapping[str, str] = field(default_factory=dict)  # none known yet (docs/fleet.md)
+    # where discovery found them (a Service's EndpointSlices): each replica's pod and node
+    nodes: Mapping[str, str] = field(default_factory=dict)
+    pods: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def slow(self) -> list[Row]:
@@ -231,7 +233,12 @@ def of_run(result: RunbookResult) -> FleetVerdict | None:
     if window is None or len(listed) < 2 or not _labelled(window.pages[-1]):
         return None  # one engine; or one replica answered alone (its pages carry no label)
     notes = {address: numbers.get("note") for address, numbers in listed.items()}
-    return judge(histograms(window, list(listed)), notes)
+    verdict = judge(histograms(window, list(listed)), notes)
+    return replace(
+        verdict,
+        nodes={a: str(n["node"]) for a, n in listed.items() if n.get("node")},
+        pods={a: str(n["pod"]) for a, n in listed.items() if n.get("pod")},
+    )
 
 
 def _labelled(page: Exposition) -> bool:
