@@ -13,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from bot.config import KubernetesApiSpec, Target
+from bot.diagnosis import replicas as replica_rule
 from bot.errors import ProbeError
 from bot.probes.context import ProbeContext, TargetRef, resolve_replicas
 from bot.probes.replicas import Replica, source_of
