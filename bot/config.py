@@ -382,6 +382,12 @@ class Target(_Section):
         description="the base URLs of every engine serving the target (each one's /metrics is "
         "scraped and merged, docs/fleet.md); empty: the one engine at vllm_url",
     )
+    canary_replicas: list[str] = Field(
+        default_factory=list,
+        description="the base URLs of the canary Deployment's pods, beside the baseline "
+        "replicas under the same traffic: `ruleloop canary-live` judges them against the "
+        "others (docs/fleet.md \"Live canary\"); never also listed in replicas",
+    )
     kubernetes_service: str | None = Field(
         default=None,
         description="`namespace/name` of a Kubernetes Service whose ready endpoints are the "
@@ -436,6 +442,14 @@ class Target(_Section):
             raise ValueError("a replica is listed twice")
         return [url for url in checked if url is not None]
 
+    @field_validator("canary_replicas")
+    @classmethod
+    def _canary_urls(cls, urls: list[str]) -> list[str]:
+        checked = [cls._http_url(url) for url in urls]
+        if len(set(checked)) != len(checked):
+            raise ValueError("a canary replica is listed twice")
+        return [url for url in checked if url is not None]
+
     @field_validator("kubernetes_service")
     @classmethod
     def _service_ref(cls, ref: str | None) -> str | None:
@@ -463,6 +477,18 @@ class Target(_Section):
     def _port_needs_service(self) -> Target:
         if self.kubernetes_port is not None and self.kubernetes_service is None:
             raise ValueError("kubernetes_port names a port of kubernetes_service: set that too")
+        return self
+
+    @model_validator(mode="after")
+    def _canary_apart_from_baseline(self) -> Target:
+        # a URL in both groups would be judged against itself
+        both = sorted(set(self.canary_replicas) & {*self.replicas, self.vllm_url})
+        if both:
+            named = ", ".join(urlsplit(u).netloc.rpartition("@")[2] for u in both)  # no secrets
+            raise ValueError(
+                f"{named} is both a canary replica and a baseline one (replicas or "
+                "vllm_url): list the canary Deployment's pods only in canary_replicas"
+            )
         return self
 
     @property

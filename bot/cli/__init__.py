@@ -113,6 +113,7 @@ class Command(ErrorBoundary, click.Command):
 COMMANDS = {
     "engine": "bot.cli.engine",
     "canary": "bot.cli.canary",
+    "canary-live": "bot.cli.canary_live",
     "demo": "bot.cli.demo",
     "gateway": "bot.cli.gateway",
     "adr": "bot.cli.adr",
@@ -129,6 +130,7 @@ SUMMARIES = {
     "adr": "The pre-approved fixes (ADRs): list, show, validate, match.",
     "agent": "Serve this host's GPU (NVML) snapshot to the bot over HTTP.",
     "canary": "Load an endpoint with streaming requests; check the gates.",
+    "canary-live": "Judge a target's canary replicas against its baseline, live.",
     "config": "The bot's settings (TOML file + environment).",
     "db": "The incident store: schema, undelivered messages, resend.",
     "demo": "The whole loop on a local CPU engine, incident to draft.",
