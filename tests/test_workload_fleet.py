@@ -23,6 +23,8 @@ from bot.workload.shape import WorkloadShape
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_scheduler_workload_drift import ADR, ShapeCanary, record_workload
+from tests.test_workload_prometheus import capture as prometheus_capture
+from tests.test_workload_prometheus import prometheus as recorded_prometheus
 from tests.workload_pages import CAPTURED_AT, chat, lengths, vllm_page, with_process
 
 WINDOW_S, INTERVAL_S = 60.0, 5.0
@@ -270,3 +272,49 @@ async def test_the_drift_job_reads_every_replica_and_compares_per_replica(
     (replayed,) = canary.shapes  # one engine replays one replica's share
     assert replayed is not None and replayed.arrivals.per == "replica"
     assert replayed.arrivals.request_rate == pytest.approx(8.0)
+
+
+def test_cli_capture_reads_each_metrics_url_as_one_replica_of_a_fleet(tmp_path: Path) -> None:
+    from bot.cli import cli
+    from tests.fakes.metrics_server import RecordedMetrics
+
+    def pages(started: float) -> list[str]:
+        idle = with_process(vllm_page(prompts=[]), started)
+        return [idle] + [with_process(vllm_page(prompts=[100] * 8), started)] * 50
+
+    out = tmp_path / "fleet.yaml"
+    with RecordedMetrics(pages(1.79e9)) as a, RecordedMetrics(pages(1.79e9 + 7)) as b:
+        urls = [arg for e in (a, b) for arg in ("--metrics-url", f"{e.base_url}/metrics")]
+        result = CliRunner().invoke(
+            cli, ["workload", "capture", *urls, "--interval", "0.05", "--seconds", "0.2",
+                  "-o", str(out), "--quiet"],
+        )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "(over a fleet of 2 replicas)" in result.output
+    shape = shapes.load(out)
+    assert shape.prompt_tokens.count == 16  # 8 from each
+    assert (shape.arrivals.replicas, shape.arrivals.per) == (2, "fleet")
+
+
+def test_prometheus_counts_the_replicas_its_series_are_of() -> None:
+    from bot.probes.prometheus_capture import replicas_in
+
+    count = "vllm:request_prompt_tokens_count"
+    rows = [
+        {"__name__": count, "instance": "10.0.0.5:8000", "engine": "0"},
+        {"__name__": count, "instance": "10.0.0.5:8000", "engine": "1"},  # data parallel: one
+        {"__name__": count, "instance": "10.0.0.9:8000", "engine": "0"},
+        {"__name__": "vllm:num_requests_running", "instance": "10.0.0.7:8000"},  # no lengths
+    ]
+    assert replicas_in(rows) == 2
+    assert replicas_in(rows[:2]) == 1
+
+
+prometheus = recorded_prometheus  # the module-scoped Prometheus of test_workload_prometheus
+
+
+async def test_a_prometheus_capture_over_two_engines_is_the_fleets(prometheus: str) -> None:
+    fleet = await prometheus_capture(prometheus, '{job="vllm"}', minutes=10)  # A and B
+    assert (fleet.arrivals.replicas, fleet.arrivals.per) == (2, "fleet")
+    one = await prometheus_capture(prometheus, '{instance="10.0.0.5:8000"}', minutes=10)
+    assert (one.arrivals.replicas, one.arrivals.per) == (1, "replica")

@@ -302,7 +302,6 @@ def shape_from_pages(
 
 def window_from_pages(pages: Sequence[Exposition], *, where: str) -> Window:
     """What grew between the first and the last page (``where`` names them in errors)."""
-    url = where
     if len(pages) < 2:
         raise UsageError("a capture needs two scrapes at least: the window's start and end")
     first, last = pages[0], pages[-1]
@@ -312,16 +311,16 @@ def window_from_pages(pages: Sequence[Exposition], *, where: str) -> Window:
     for name in (PROMPT_LENGTHS, OUTPUT_LENGTHS):
         if not all(page.has(f"{name}_count") for page in pages):
             raise ProbeError(
-                f"{url} exposes no {name} histogram: the request lengths a shape is made of "
+                f"{where} exposes no {name} histogram: the request lengths a shape is made of "
                 "(vLLM has exposed it since its V1 engine; is this a vLLM engine's /metrics?)"
             )
-    _refuse_restart(pages, url)
+    _refuse_restart(pages, where)
     rates = [r for page in pages if (r := gauge(page, PREFIX_HIT_RATE)) is not None]
     running = [v for page in pages if (v := gauge(page, RUNNING)) is not None]
     return Window(
         seconds=seconds,
-        prompt=_growth(first, last, PROMPT_LENGTHS, url),
-        output=_growth(first, last, OUTPUT_LENGTHS, url),
+        prompt=_growth(first, last, PROMPT_LENGTHS, where),
+        output=_growth(first, last, OUTPUT_LENGTHS, where),
         prefix_hits=counter_delta(first, last, PREFIX_HITS),
         prefix_queries=counter_delta(first, last, PREFIX_QUERIES),
         hit_rate_gauge=math.fsum(rates) / len(rates) if rates else None,
