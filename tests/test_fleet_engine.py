@@ -13,190 +13,38 @@ the sick quota: the fleet is slow, and the rule must name no replica (a fleet-wi
 from __future__ import annotations
 
 import asyncio
-import math
-import shutil
-import socket
-import statistics
-import subprocess
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import aiohttp
 import httpx
-import psutil
 import pytest
 
-from bot.canary.client import RequestRecord, stream_request
+from bot.canary.client import RequestRecord
 from bot.config import Target
 from bot.diagnosis import replica_text, replicas
-from bot.engine.cpu_limit import MAX_CORES, MIN_CORES, CpuLimit, cores_from_environment
-from bot.engine.process import EngineInfo, EngineManager, free_port
+from bot.engine.cpu_limit import MAX_CORES, cores_from_environment
+from bot.engine.process import EngineInfo
 from bot.errors import ProbeError
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.replicas import Replica
 from bot.probes.types import ProbeResult
 from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
 from bot.runbooks.runner import RunbookResult
+from tests.fleet_engines import (  # noqa: F401 (engines, nginx: the fixtures)
+    LOAD,
+    alone,
+    engines,
+    hold,
+    load,
+    make_sick,
+    nginx,
+    p99,
+    sick_limit,
+)
 
 pytestmark = pytest.mark.engine
 
-PROMPT, OUTPUT = 48, 24  # tokens per request (one byte is one token)
-# requests through nginx, clients at once: small, the box has 2 cores; round-robin gives each
-# replica 24, over the replica rule's 20
-LOAD, CONCURRENCY = 48, 4
-SLOWDOWN = 8.0  # the sick replica decodes at least this many times slower than the healthy one
 INTERVAL_S = 0.5
-
-
-@pytest.fixture(scope="module")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[EngineInfo]]:
-    """Two engines, started side by side (each manager its own state and model directory)."""
-    managers = [EngineManager(state_dir=tmp_path_factory.mktemp(f"fleet-{i}")) for i in (0, 1)]
-    ports = [free_port(), free_port()]
-    while ports[1] == ports[0]:
-        ports[1] = free_port()
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            futures = [
-                pool.submit(m.start, port=p, flags=["--enforce-eager"], timeout_s=600)
-                for m, p in zip(managers, ports, strict=True)
-            ]
-            yield [f.result() for f in futures]
-    finally:
-        for manager, port in zip(managers, ports, strict=True):
-            manager.stop(port)
-        for port in ports:
-            sick_limit(port).remove()  # once its processes are gone
-
-
-def sick_limit(port: int, cores: float = 1.0) -> CpuLimit:
-    """The cgroup that holds the sick engine's processes."""
-    return CpuLimit(cores=max(cores, MIN_CORES), name=f"ruleloop-fleet-sick-{port}")
-
-
-def nginx_conf(tmp: Path, port: int, engines: list[EngineInfo]) -> str:
-    servers = "\n".join(f"    server 127.0.0.1:{e.port};" for e in engines)
-    temp = "\n".join(
-        f"  {kind}_temp_path {tmp}/{kind};"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    return f"""daemon off;
-worker_processes 1;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log;
-events {{ worker_connections 256; }}
-http {{
-  access_log off;
-{temp}
-  upstream engines {{
-{servers}
-    keepalive 8;
-  }}
-  server {{
-    listen 127.0.0.1:{port};
-    location / {{
-      proxy_pass http://engines;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_read_timeout 600s;
-    }}
-  }}
-}}
-"""
-
-
-@pytest.fixture(scope="module")
-def nginx(engines: list[EngineInfo], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Debian's nginx, round-robin over the two engines, on loopback; its base URL."""
-    binary = shutil.which("nginx") or shutil.which("/usr/sbin/nginx")
-    assert binary, "nginx is missing: `make system-deps` installs Debian's nginx-light"
-    tmp = tmp_path_factory.mktemp("nginx")
-    port = free_port()
-    conf = tmp / "nginx.conf"
-    conf.write_text(nginx_conf(tmp, port, engines))
-    proc = subprocess.Popen([binary, "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log")])
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None, (tmp / "error.log").read_text()
-                assert time.monotonic() < deadline, "nginx did not listen in 30 s"
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-async def request(session: aiohttp.ClientSession, base_url: str, n: int) -> RequestRecord:
-    """One streaming completion with a distinct prompt (no prefix-cache sharing)."""
-    prompt = [100 + (n * 7 + i) % 150 for i in range(PROMPT)]
-    body = {
-        "model": "tiny-llama",
-        "prompt": prompt,
-        "max_tokens": OUTPUT,
-        "ignore_eos": True,
-        "temperature": 0.0,
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }
-    record = RequestRecord(sent_at=time.perf_counter())
-    await stream_request(session, f"{base_url}/v1/completions", body, record, timeout_s=600)
-    assert record.error is None and record.output_tokens == OUTPUT, record
-    return record
-
-
-async def alone(session: aiohttp.ClientSession, base_url: str) -> tuple[float, float]:
-    """Decode seconds per token and seconds per request, one request at a time (median of 2)."""
-    records = [await request(session, base_url, 10_000 + i) for i in range(2)]
-    decode = [
-        (r.last_token_at - r.first_token_at) / (OUTPUT - 1)
-        for r in records
-        if r.last_token_at is not None and r.first_token_at is not None
-    ]
-    e2e = [r.e2e_s for r in records if r.e2e_s is not None]
-    return statistics.median(decode), statistics.median(e2e)
-
-
-def hold(limit: CpuLimit, engine: EngineInfo) -> None:
-    """Put the engine's core (the process the model runs in) under ``limit``'s quota: a slow
-    GPU. Its API server keeps its CPU, as a GPU's host does, so a client gets a token when the
-    engine has it; a starved server would deliver tokens late, a delay no engine counts."""
-    children = psutil.Process(engine.pid).children(recursive=True)
-    assert children, "the engine runs no engine core process"
-    for proc in children:
-        limit.apply(proc.pid)
-
-
-async def make_sick(session: aiohttp.ClientSession, engines: list[EngineInfo]) -> dict[str, float]:
-    """Slow the second engine until it decodes SLOWDOWN x slower than the first, sizing the
-    quota from the measured speeds; what was measured."""
-    healthy, _ = await alone(session, engines[0].base_url)
-    sick, _ = await alone(session, engines[1].base_url)
-    cores = 1.0 / SLOWDOWN  # an engine decoding alone keeps about one core busy
-    for _ in range(4):
-        hold(sick_limit(engines[1].port, cores), engines[1])
-        sick, sick_e2e = await alone(session, engines[1].base_url)
-        if sick >= SLOWDOWN * healthy:
-            break
-        cores *= sick / (SLOWDOWN * healthy) / 1.2  # slower by what is still missing
-    assert sick >= SLOWDOWN * healthy, f"could not slow the engine: {sick=:.4f} {healthy=:.4f}"
-    return {
-        "healthy_decode_s": healthy, "sick_decode_s": sick, "sick_e2e_s": sick_e2e,
-        "sick_cores": max(cores, MIN_CORES),
-    }  # fmt: skip
-
-
-def p99(values: list[float]) -> float:
-    """The clients' p99 (nearest rank)."""
-    ordered = sorted(values)
-    return ordered[math.ceil(0.99 * len(ordered)) - 1]
 
 
 def bucket(value_s: float, edges: list[float]) -> float:
@@ -245,7 +93,7 @@ def verdict_of(result: ProbeResult) -> replicas.FleetVerdict:
     return verdict
 
 
-async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None:
+async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None:  # noqa: F811
     async with aiohttp.ClientSession() as session, httpx.AsyncClient(timeout=30) as http:
         measured = await make_sick(session, engines)
 
@@ -317,16 +165,3 @@ async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None
         for f in replica_text.findings(both_verdict, fleet_slow=True)
     ), summary
     assert both.readings["tpot_p99_ms"] > 2 * calm.readings["tpot_p99_ms"], summary
-
-
-async def load(session: aiohttp.ClientSession, base_url: str) -> list[RequestRecord]:
-    """LOAD requests through nginx, CONCURRENCY at a time."""
-    queue = list(range(LOAD))
-    records: list[RequestRecord] = []
-
-    async def client() -> None:
-        while queue:
-            records.append(await request(session, base_url, queue.pop()))
-
-    await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
-    return records

@@ -38,6 +38,7 @@ from typing import Literal
 
 from bot.config import Target
 from bot.errors import ProbeError
+from bot.numbers.reading import Bound
 from bot.probes.context import ProbeContext, resolve_replicas
 from bot.probes.fleet_merge import Member, merge_rounds
 from bot.probes.fleet_window import FleetWindow, ReplicaWindow
@@ -95,7 +96,8 @@ class MetricJudgement:
         """One short line: both groups' p50/p99 and counts, the p-value."""
 
         def group(q: Quantiles) -> str:
-            return f"p50 {_ms(q.p50)} / p99 {_ms(q.p99)} ms (n={q.count})"
+            p50, p99 = (_ms(q.bounds.get(k), v) for k, v in (("p50", q.p50), ("p99", q.p99)))
+            return f"p50 {p50} / p99 {p99} ms (n={q.count})"
 
         test = f"p={self.test.p_value:.2g}" if self.test else f"not judged: {self.why}"
         return (
@@ -223,5 +225,9 @@ async def analyse(
     return judge_fleet(fleet, target.canary_replicas)
 
 
-def _ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3g}"
+def _ms(bound: Bound | None, value: float | None) -> str:
+    """A quantile as written: "≤10" where it fell in the first bucket (only a bound)."""
+    if value is None:
+        return "-"
+    sign = {Bound.AT_MOST: "≤", Bound.MORE_THAN: ">"}[bound] if bound else ""
+    return f"{sign}{value:.3g}"
