@@ -19,6 +19,7 @@ from bot.canary.live import LiveVerdict, analyse, u_test
 from bot.cli import cli
 from bot.config import Target
 from bot.probes.context import ProbeContext
+from bot.probes.replicas import Replica
 
 EDGES = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
 FAST_TTFT = {0.02: 4, 0.04: 5, 0.06: 1}  # observations per bucket, per scrape interval
@@ -161,6 +162,24 @@ async def test_a_canary_that_stops_answering_cannot_be_judged_and_is_named() -> 
     assert verdict.decision == "cannot judge", verdict.text()
     assert verdict.reason.startswith("not read over the whole window: 10.0.0.9:8000: answered 3 of 7")  # fmt: skip
     assert "503" in verdict.reason
+
+
+async def test_a_services_endpoints_less_the_canarys_are_the_baseline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Behind one Service the canary's pods are endpoints too: they are not the baseline."""
+
+    async def discovered(target: Target) -> list[Replica]:
+        assert target.kubernetes_service == "inference/vllm"
+        return [Replica(url, pod=f"vllm-{n}") for n, url in enumerate([*BASELINE, CANARY])]
+
+    monkeypatch.setattr(live, "resolve_replicas", discovered)
+    service = Target(vllm_url="http://vllm.inference:8000", kubernetes_service="inference/vllm",
+                     canary_replicas=[CANARY])  # fmt: skip
+    verdict = await verdict_of(healthy((SLOW_TTFT, FAST_TPOT)), service)
+    ttft, _ = verdict.metrics
+    assert (ttft.canary.count, ttft.baseline.count) == (60, 120), verdict.text()
+    assert verdict.decision == "roll back", verdict.text()
 
 
 async def test_a_target_without_canary_replicas_cannot_be_judged() -> None:
