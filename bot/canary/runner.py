@@ -20,7 +20,7 @@ import httpx
 import msgspec
 
 from bot.canary.client import Outcome, RequestRecord, stream_request
-from bot.canary.fleet import FleetScraper
+from bot.canary.fleet import FleetScraper, Round
 from bot.canary.report import CanaryReport
 from bot.canary.shape_replay import DEFAULT_BLOCK_SIZE, Plan, ShapeReplay, fixed_shape
 from bot.canary.verdict import Gates
@@ -41,6 +41,7 @@ from bot.probes.vllm_metrics import (
     SAMPLE_METRICS,
     WAITING,
     CacheConfig,
+    EngineWindow,
     MetricsScraper,
     cache_config,
     gauge,
@@ -191,16 +192,8 @@ class CanaryRun:
             wall_s, cpu_s = time.perf_counter() - wall0, time.process_time() - cpu0
             after = await self._settled(scraper) if scraper else None
         self._fail_if_nothing_worked()
-        window = read_window(before, after) if before and after else None
-        details: dict[str, object] = {}
-        if isinstance(scraper, FleetScraper) and before_round and scraper.last:
-            fleet = scraper.window(before_round, scraper.last)
-            window = fleet.window.engine
-            details = {r.replica.address: r.summary() for r in fleet.replicas}
-            self.warnings.extend(
-                f"replica {r.replica.address}: {note}" for r in fleet.replicas for note in r.notes
-            )
-        report = CanaryReport(
+        window, details = self._engine_window(scraper, before, after, before_round)
+        return CanaryReport(
             shape=self._shape(wall_s),
             workload=self._workload_dict(model, scraper),
             records=self.records,
@@ -214,7 +207,20 @@ class CanaryRun:
             replicas=len(self.replicas),
             replica_details=details,
         )
-        return report
+
+    def _engine_window(
+        self, scraper: Scraper | None, before: Exposition | None, after: Exposition | None,
+        before_round: Round | None,
+    ) -> tuple[EngineWindow | None, dict[str, object]]:  # fmt: skip
+        """The engine's window of the run: one page's, or the replicas' merged (with each
+        replica's numbers, and what went wrong with any, as warnings)."""
+        if isinstance(scraper, FleetScraper) and before_round and scraper.last:
+            fleet = scraper.window(before_round, scraper.last)
+            self.warnings.extend(
+                f"replica {r.replica.address}: {note}" for r in fleet.replicas for note in r.notes
+            )
+            return fleet.window.engine, {r.replica.address: r.summary() for r in fleet.replicas}
+        return (read_window(before, after) if before and after else None), {}
 
     def _shape(self, wall_s: float) -> WorkloadShape:
         """The shape the run sent: the replayed one, or the fixed workload's."""

@@ -351,8 +351,6 @@ def canary(
     cross-checks them against the engine's /metrics over the same window, and checks each
     gate you give. Prints a progress line while it runs and a summary table at the end.
     """
-    if replicas and metrics_url is not None:
-        raise UsageError("--replica and --metrics-url contradict: the replicas' pages are read")
     shape = None if workload_file is None else _load_shape(workload_file, ignore_eos=ignore_eos)
     concurrency, num_requests = _sized(shape, concurrency, num_requests, duration_s)
     workload = Workload(
@@ -365,14 +363,12 @@ def canary(
         cancel_after_tokens=cancel_after_tokens, cancel_mode=CancelMode(cancel_mode),
         warmup_requests=warmup_requests, seed=seed, shape=shape,
     )  # fmt: skip
-    gates = Gates(
-        max_ttft_p99_ms=max_ttft_p99_ms, max_tpot_p99_ms=max_tpot_p99_ms,
-        min_goodput_ratio=min_goodput_ratio, max_kv_fragmentation=max_kv_fragmentation,
-        max_error_rate=max_error_rate,
-    )  # fmt: skip
+    gates = Gates(max_ttft_p99_ms=max_ttft_p99_ms, max_tpot_p99_ms=max_tpot_p99_ms,
+                  min_goodput_ratio=min_goodput_ratio, max_kv_fragmentation=max_kv_fragmentation,
+                  max_error_rate=max_error_rate)  # fmt: skip
     report = run_canary(
         workload, gates=gates, sample_interval_s=sample_interval_s, progress=not quiet,
-        metrics_url=_metrics_url(metrics_url), replicas=replicas,
+        metrics_url=_metrics_url(metrics_url, replicas), replicas=replicas,
         discover_metrics=metrics_url is None and not replicas,
     )  # fmt: skip
     _report(report, output_json)
@@ -394,9 +390,11 @@ def _sized(
     return concurrency, num_requests
 
 
-def _metrics_url(metrics_url: str | None) -> str | None:
+def _metrics_url(metrics_url: str | None, replicas: tuple[str, ...]) -> str | None:
     """The engine's /metrics the run scrapes: --metrics-url, where 'none' means none (and not
-    given, none either: the run looks for one beside the endpoint)."""
+    given, none either: the run looks for one beside the endpoint, or reads the replicas)."""
+    if replicas and metrics_url is not None:
+        raise UsageError("--replica and --metrics-url contradict: the replicas' pages are read")
     if metrics_url is not None and metrics_url.lower() == "none":
         return None
     return metrics_url
