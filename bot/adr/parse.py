@@ -19,7 +19,7 @@ from pydantic_core import ErrorDetails
 from bot.adr.models import Adr, FrontMatter
 from bot.errors import AdrError
 from bot.numbers.reading import Bound, Reading
-from bot.workload.describe import context_line
+from bot.workload.describe import context_line, earlier_context_line
 from bot.workload.shape import VERSION as SHAPE_VERSION
 from bot.workload.shape import WorkloadShape
 
@@ -135,9 +135,10 @@ def _split(text: str) -> tuple[str | None, str]:
 
 def without_context_line(context: str, shape: WorkloadShape) -> str:
     """The Context text without the line the template writes for the shape (it is rendered
-    from ``workload:``, so it is not kept twice); any other line stays as written."""
-    line = context_line(shape)
-    return "\n".join(text for text in context.splitlines() if text.strip() != line)
+    from ``workload:``, so it is not kept twice), in this ruleloop's words or an earlier one's;
+    any other line stays as written."""
+    lines = {context_line(shape), earlier_context_line(shape)}
+    return "\n".join(text for text in context.splitlines() if text.strip() not in lines)
 
 
 def _loc(loc: tuple[object, ...]) -> str:

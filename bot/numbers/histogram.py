@@ -51,3 +51,25 @@ def histogram_quantile(q: float, buckets: Mapping[float, float]) -> float | None
             )
         lower_bound, lower_count = bound, count
     return lower_bound
+
+
+def quantile_bucket(q: float, buckets: Mapping[float, float]) -> tuple[float, float] | None:
+    """The bucket (lower edge, upper edge] the q-quantile of cumulative ``buckets`` falls in:
+    all a histogram knows of a quantile (the lower edge is 0 for the first bucket, the upper
+    one inf for the +Inf bucket). None when the buckets hold no observation.
+
+    The bucket is the one ``histogram_quantile`` interpolates in; a point inside it would be a
+    guess, so none is given.
+    """
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    total = buckets[bounds[-1]]
+    rank = q * total
+    slack = 1e-9 * total  # shares summed in floating point may miss the rank by a hair
+    lower = 0.0
+    for bound in bounds:
+        if buckets[bound] >= rank - slack:
+            return (lower, bound)
+        lower = bound
+    return (lower, math.inf)

@@ -1,26 +1,34 @@
 """A workload shape in one line a person reads: the line an ADR's Context section carries.
 
-"Measured at prompt p50 512 / p99 2,048 tokens, output p50 128 tokens, 30.0 % prefix-cache hits,
-4 req/s, 8 concurrent." Every number is written by ``bot.numbers.text.show``, a quantile that is
-only a bound with its sign ("≤ 10 tokens", "> 10,000 tokens"). The quantiles are the shape's
-own, interpolated inside vLLM's 1-2-5 buckets (docs/workload.md): a canary's fixed 2,048-token
-prompt, all in the 2,000-5,000 bucket, reads as "p50 3,500".
+"Measured at prompt p50 500–1,000 / p99 2,000–5,000 tokens, output p50 100–200 tokens, 30.0 %
+prefix-cache hits, 4 req/s, 8 concurrent." A length quantile is written as the bucket of vLLM's
+histogram it fell in (``TokenRange.text``, docs/workload.md): a canary's fixed 2,048-token
+prompt reads "p50 2,000–5,000", never a point interpolated inside the bucket; one in the first
+bucket reads "≤ 1", one in the +Inf bucket "> 10,000". Other numbers are written by
+``bot.numbers.text.show``.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from bot.numbers.text import show
 from bot.workload.shape import Lengths, WorkloadShape
 
 PREFIX = "Measured at "
+Point = Callable[[Lengths, str], str]  # how one quantile is written
 
 
-def _quantile(lengths: Lengths, name: str) -> str:
-    return f"{name} {show('tokens', getattr(lengths, name), lengths.bounds.get(name))}"
+def _lengths(lengths: Lengths, names: tuple[str, ...], point: Point) -> str:
+    return " / ".join(f"{name} {point(lengths, name)}" for name in names) + " tokens"
 
 
-def _lengths(lengths: Lengths, names: tuple[str, ...]) -> str:
-    return " / ".join(_quantile(lengths, name) for name in names) + " tokens"
+def _bucket(lengths: Lengths, name: str) -> str:
+    return lengths.quantile(name).text()
+
+
+def _interpolated(lengths: Lengths, name: str) -> str:
+    return show("tokens", getattr(lengths, name), lengths.bounds.get(name))
 
 
 def _prefix(shape: WorkloadShape) -> str | None:
@@ -48,9 +56,19 @@ def _arrivals(shape: WorkloadShape) -> str:
 
 def context_line(shape: WorkloadShape) -> str:
     """The shape as the one sentence an ADR's Context section says it was measured under."""
+    return _line(shape, _bucket)
+
+
+def earlier_context_line(shape: WorkloadShape) -> str:
+    """The line an earlier ruleloop wrote for ``shape`` (interpolated points, "p50 3,064"):
+    only to recognise it in an ADR written then, so it is not kept beside the new one."""
+    return _line(shape, _interpolated)
+
+
+def _line(shape: WorkloadShape, point: Point) -> str:
     parts = [
-        f"prompt {_lengths(shape.prompt_tokens, ('p50', 'p99'))}",
-        f"output {_lengths(shape.output_tokens, ('p50',))}",
+        f"prompt {_lengths(shape.prompt_tokens, ('p50', 'p99'), point)}",
+        f"output {_lengths(shape.output_tokens, ('p50',), point)}",
     ]
     if (prefix := _prefix(shape)) is not None:
         parts.append(prefix)

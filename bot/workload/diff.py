@@ -6,10 +6,13 @@ drifted when its distance is over the threshold. docs/workload.md explains the c
 - prompt and output lengths, the distribution: the Kolmogorov–Smirnov distance over the bucket
   edges both shapes have, i.e. the largest gap between the shares of requests at or below an
   edge. Over buckets this is a lower bound of the KS distance of the lengths themselves.
-- prompt and output lengths, p50 and p99: the ratio new / old, drifted when it is over
-  ``RATIO_LIMIT`` either way. A quantile that is only a bound (first or +Inf bucket) makes the
-  ratio a bound, which decides only when the bound does (``bot.numbers.reading.compare``);
-  otherwise the dimension is undecided and does not count as drifted.
+- prompt and output lengths, p50 and p99: each is known only to the bucket it fell in
+  (``TokenRange``: (2,000, 5,000], "≤ 1" in the first bucket, "> 10,000" in the +Inf one), so
+  two are compared as ranges. Ranges that overlap are alike ("about the same bucket": a change
+  inside one bucket is not drift). Disjoint ones give the factor new / old as a bound from
+  their nearest edges ("more than 2.5x bigger"): drifted when that bound is over
+  ``RATIO_LIMIT``, alike when even the far edges are within it, else undecided, which does not
+  count as drifted. ``distance`` is the nearest-edge factor (1 when they overlap).
 - prefix-cache hit rate: the absolute difference in points.
 - request rate: the relative change against the old rate. Two shapes read over different
   replica counts (or one per replica, one summed over a fleet) compare each replica's rate
@@ -24,9 +27,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from bot.numbers.reading import Bound, Reading, compare
+from bot.numbers.reading import Bound
 from bot.numbers.text import in_unit, show
-from bot.workload.shape import Arrivals, Lengths, WorkloadShape
+from bot.workload.shape import Arrivals, Lengths, TokenRange, WorkloadShape, edge_text
 
 # The thresholds: over them, a dimension drifted (docs/workload.md says why each).
 KS_LIMIT = 0.2  # largest gap in the share of requests at or below some length
@@ -59,12 +62,17 @@ class Dimension:
     old_bound: Bound | None = None
     new_bound: Bound | None = None
     edge: float | None = None
+    old_range: tuple[float, float] | None = None
+    new_range: tuple[float, float] | None = None
 
     def as_dict(self) -> dict[str, object]:
         """Plain dict for JSON (bounds as '<=' or '>', an infinite edge as '+Inf')."""
         data = asdict(self)
         data["old_bound"] = None if self.old_bound is None else str(self.old_bound)
         data["new_bound"] = None if self.new_bound is None else str(self.new_bound)
+        for key in ("old_range", "new_range"):
+            span = getattr(self, key)
+            data[key] = None if span is None else [edge_text(edge) for edge in span]
         return data
 
 
@@ -155,55 +163,61 @@ def distribution(key: str, label: str, old: Lengths, new: Lengths) -> Dimension:
     )
 
 
-def ratio_of(old: Reading, new: Reading) -> Reading | None:
-    """new / old with its bound: a bound on either side bounds the ratio; None when the two
-    bounds pull opposite ways (nothing can be said) or a value is not positive."""
-    if old.value <= 0 or new.value <= 0:
-        return None
-    flipped = {Bound.AT_MOST: Bound.MORE_THAN, Bound.MORE_THAN: Bound.AT_MOST}
-    sides = {b for b in (new.bound, flipped.get(old.bound) if old.bound else None) if b}
-    if len(sides) > 1:
-        return None
-    return Reading(new.value / old.value, next(iter(sides), None))
+def ratio_bounds(old: TokenRange, new: TokenRange) -> tuple[float, float]:
+    """The factor new / old can be, either way (>= 1), from the nearest edges and from the far
+    ones; (1, far) when the ranges overlap (the factor may be 1)."""
+    if new.least >= old.most:  # grew (or the same length, when both are one length)
+        nearest, far = new.least / old.most, _div(new.most, old.least)
+    elif old.least >= new.most:  # shrank
+        nearest, far = old.least / new.most, _div(old.most, new.least)
+    else:
+        nearest = 1.0
+        far = max(_div(new.most, old.least), _div(old.most, new.least))
+    return nearest, far
 
 
-def _factor(ratio: Reading) -> str:
-    """'4.0x', '23.4x smaller', 'more than 4.0x', 'at most 1.5x'."""
-    grow = ratio.value >= 1
-    factor = ratio.value if grow else 1 / ratio.value
-    text = f"{factor:.1f}x" + ("" if grow or f"{factor:.1f}" == "1.0" else " smaller")
-    if ratio.bound is None:
-        return text
-    # A bound on the ratio: away from 1 it is "more than", towards 1 "at most".
-    away = (ratio.bound is Bound.MORE_THAN) == grow
-    return ("more than " if away else "at most ") + text
+def _div(a: float, b: float) -> float:
+    return math.inf if b <= 0 else a / b
+
+
+def _change(old: TokenRange, new: TokenRange, nearest: float) -> str:
+    """'about the same bucket', 'ranges overlap', 'more than 2.5x bigger', '4.0x smaller'."""
+    if old == new:
+        return "about the same bucket" if old.point is None else "the same"
+    if old.overlaps(new):
+        return "ranges overlap"
+    way = "bigger" if new.least >= old.most else "smaller"
+    exact = old.point is not None and new.point is not None
+    return f"{'' if exact else 'more than '}{nearest:.1f}x {way}"
 
 
 def quantile_ratio(key: str, label: str, q: str, old: Lengths, new: Lengths) -> Dimension:
-    """p50 or p99, new / old, against RATIO_LIMIT either way."""
+    """p50 or p99 as the buckets know them (``TokenRange``), new against old: drifted only when
+    even the nearest edges are more than RATIO_LIMIT apart, alike when the ranges overlap (a
+    change inside one bucket is not drift) or even the far edges are within it."""
     name, label = f"{key}.{q}", f"{label} {q}"
-    a, b = old.reading(q), new.reading(q)
-    shown = f"{label} {show('tokens', a.value, a.bound)} -> {show('tokens', b.value, b.bound)}"
-    ratio = ratio_of(a, b)
-    if ratio is None:
-        line = f"{shown} (limit {RATIO_LIMIT:g}x): undecided (both only bounds, the same way)"
-        return Dimension(
-            name, label, a.value, b.value, None, RATIO_LIMIT, False, False, line,
-            old_bound=a.bound, new_bound=b.bound,
-        )  # fmt: skip
-    grew = compare(ratio, ">", Reading(RATIO_LIMIT))
-    shrank = compare(ratio, "<", Reading(1 / RATIO_LIMIT))
-    drifted = grew is True or shrank is True
-    decided = drifted or (grew is False and shrank is False)
-    distance = max(ratio.value, 1 / ratio.value)
+    a, b = old.quantile(q), new.quantile(q)
+    nearest, far = ratio_bounds(a, b)
+    exact = a.point is not None and b.point is not None
+    # the factor is more than the nearest edges give, unless both are one length each
+    drifted = nearest > RATIO_LIMIT or (nearest == RATIO_LIMIT and not exact)
+    decided = drifted or a.overlaps(b) or far <= RATIO_LIMIT
+    why = f"from {nearest:.1f}x to " + ("any factor" if math.isinf(far) else f"{far:.1f}x")
     line = (
-        f"{shown} ({_factor(ratio)}, limit {RATIO_LIMIT:g}x): "
-        f"{_verdict(drifted, decided, 'a bound decides neither way')}"
+        f"{label} {a.text()} -> {b.text()} tokens ({_change(a, b, nearest)}, "
+        f"limit {RATIO_LIMIT:g}x): {_verdict(drifted, decided, why)}"
     )
     return Dimension(
-        name, label, a.value, b.value, round(distance, 4), RATIO_LIMIT, drifted, decided, line,
-        old_bound=a.bound, new_bound=b.bound,
+        name, label, a.point, b.point, round(nearest, 4), RATIO_LIMIT, drifted, decided, line,
+        old_bound=_bound(a), new_bound=_bound(b), old_range=(a.low, a.high),
+        new_range=(b.low, b.high),
     )  # fmt: skip
+
+
+def _bound(span: TokenRange) -> Bound | None:
+    if span.low <= 0:
+        return Bound.AT_MOST
+    return Bound.MORE_THAN if math.isinf(span.high) else None
 
 
 def hit_rate(old: float | None, new: float | None) -> Dimension:

@@ -15,7 +15,9 @@ example file):
   used.
 - ``prompt_tokens``, ``output_tokens``: length distributions (``Lengths``): the engine's own
   histogram buckets (upper edge in tokens -> share of the requests in that bucket), the number
-  of requests, their mean, and the p50/p90/p99 derived from the buckets.
+  of requests, their mean, and the p50/p90/p99 derived from the buckets (kept for replay and
+  for files written before; a person is shown each quantile as the bucket it fell in,
+  ``TokenRange``).
 - ``prefix``: the prefix-cache hit rate over the window and shared-prefix groups, captured by
   the gateway or declared in a file (``Prefix``).
 - ``arrivals``: finished requests per second, mean concurrency, burstiness, and how many
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -46,9 +49,9 @@ from pydantic import (
 )
 
 from bot.errors import UsageError
-from bot.numbers.histogram import histogram_quantile, quantile_bound
+from bot.numbers.histogram import histogram_quantile, quantile_bound, quantile_bucket
 from bot.numbers.reading import Bound, Reading
-from bot.numbers.text import show
+from bot.numbers.text import in_unit, show
 
 VERSION = 1
 SUFFIXES = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}
@@ -145,6 +148,52 @@ def derive_quantiles(cumulative: Mapping[float, float]) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True)
+class TokenRange:
+    """A length quantile as the histogram knows it: somewhere in the bucket (low, high] its rank
+    fell in. ``low`` is 0 for the first bucket (then it is only "at most high"), ``high`` is
+    inf for the +Inf bucket (only "more than low"). The one way a length quantile is shown on
+    every surface (``text``) and compared (``bot.workload.diff``): never an interpolated point.
+    """
+
+    low: float
+    high: float
+
+    @property
+    def point(self) -> float | None:
+        """The length itself when the bucket holds one whole number ((1, 2] holds only 2: token
+        counts are whole), else None."""
+        if self.low <= 0 or math.isinf(self.high):
+            return None
+        top = math.floor(self.high)
+        return float(top) if top - math.floor(self.low) == 1 else None
+
+    @property
+    def least(self) -> float:
+        """The smallest length it may be (the lower edge is outside the bucket: a bound)."""
+        return self.low if self.point is None else self.point
+
+    @property
+    def most(self) -> float:
+        """The largest length it may be."""
+        return self.high if self.point is None else self.point
+
+    def overlaps(self, other: TokenRange) -> bool:
+        """Whether the two may be the same length (buckets are (low, high], so (1,000, 2,000]
+        and (2,000, 5,000] do not overlap)."""
+        return self.low < other.high and other.low < self.high
+
+    def text(self) -> str:
+        """'2,000–5,000', '≤ 1' (first bucket), '> 10,000' (+Inf bucket), '2' (one length)."""
+        if self.point is not None:
+            return in_unit(self.point, "")
+        if self.low <= 0:
+            return f"≤ {in_unit(self.high, '')}"
+        if math.isinf(self.high):
+            return f"> {in_unit(self.low, '')}"
+        return f"{in_unit(self.low, '')}–{in_unit(self.high, '')}"
+
+
 class Lengths(BaseModel):
     """A token-length distribution over requests (prompt or output), as the engine counted it.
 
@@ -156,7 +205,8 @@ class Lengths(BaseModel):
     bucket as Prometheus's ``histogram_quantile`` does; a quantile in the first bucket is only
     "at most its edge", one in the +Inf bucket only "more than the last finite edge", and
     ``bounds`` says so (``{"p99": ">"}``). A file may leave the quantiles out (they are derived);
-    if it writes them, they must match the buckets.
+    if it writes them, they must match the buckets. The interpolated points are what a replay
+    aims at, never what a person is shown: ``quantile`` gives the bucket (``TokenRange``).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -219,8 +269,15 @@ class Lengths(BaseModel):
         return out
 
     def reading(self, name: str) -> Reading:
-        """One derived quantile ('p50', 'p90', 'p99') with its bound, if it is one."""
+        """One derived quantile ('p50', 'p90', 'p99') with its bound, if it is one: the point
+        interpolated inside its bucket, for replay; a person is shown ``quantile``."""
         return Reading(float(getattr(self, name)), self.bounds.get(name))
+
+    def quantile(self, name: str) -> TokenRange:
+        """One quantile ('p50', 'p90', 'p99') as the buckets know it: the bucket it fell in."""
+        found = quantile_bucket(dict(QUANTILES)[name], self.cumulative())
+        assert found is not None  # count >= 1 and the shares add up to 1
+        return TokenRange(*found)
 
     @classmethod
     def from_cumulative(cls, counts: Mapping[float, float], *, total: float | None) -> Lengths:
@@ -237,9 +294,8 @@ class Lengths(BaseModel):
         return cls(count=int(round(count)), mean=mean, buckets=shares)
 
     def summary(self) -> str:
-        """'p50 300, p90 450, p99 ≤ 495 (95 requests, mean 239)'."""
-        parts = [f"{name} {show('tokens', getattr(self, name), self.bounds.get(name))}"
-                 for name, _ in QUANTILES]  # fmt: skip
+        """'p50 200–500, p90 200–500, p99 500–1,000 (95 requests, mean 239)'."""
+        parts = [f"{name} {self.quantile(name).text()}" for name, _ in QUANTILES]
         mean = "" if self.mean is None else f", mean {show('tokens', self.mean)}"
         return f"{', '.join(parts)} ({self.count:,} requests{mean})"
 
