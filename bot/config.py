@@ -373,6 +373,38 @@ class KubernetesApiSpec(_Section):
     )
 
 
+class SilenceSpec(_Section):
+    """[targets.X.silence]: an Alertmanager silence for the target's alerts while a change runs
+    (docs/remediation.md#silences); absent: no silence (the default)."""
+
+    alertmanager_url: str = Field(description="Alertmanager's base URL (its API v2 is used)")
+    matchers: dict[str, str] = Field(
+        default_factory=lambda: {"ruleloop_target": "{target}"},
+        description="label = value the silence matches (exactly); {target} is the target's name",
+    )
+    change_s: float = Field(
+        default=1800, gt=0, description="how long a change is expected to take, at most"
+    )
+    settle_s: float = Field(
+        default=300, ge=0, description="the silence lasts this long past the change's expected end"
+    )
+
+    @field_validator("alertmanager_url")
+    @classmethod
+    def _am_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{url!r} is not an http(s) URL like http://alertmanager:9093")
+        return url.rstrip("/")
+
+    @field_validator("matchers")
+    @classmethod
+    def _some_matcher(cls, matchers: dict[str, str]) -> dict[str, str]:
+        if not matchers:  # a silence without matchers is refused by Alertmanager anyway
+            raise ValueError('at least one matcher, e.g. ruleloop_target = "{target}"')
+        return matchers
+
+
 class Target(_Section):
     """One inference deployment the bot can diagnose (and, with an actuator, change)."""
 
@@ -386,7 +418,7 @@ class Target(_Section):
         default_factory=list,
         description="the base URLs of the canary Deployment's pods, beside the baseline "
         "replicas under the same traffic: `ruleloop canary-live` judges them against the "
-        "others (docs/fleet.md \"Live canary\"); never also listed in replicas",
+        'others (docs/fleet.md "Live canary"); never also listed in replicas',
     )
     kubernetes_service: str | None = Field(
         default=None,
@@ -419,6 +451,7 @@ class Target(_Section):
     )
     actuator: ActuatorSpec | None = None
     canary: CanarySpec = Field(default_factory=CanarySpec)
+    silence: SilenceSpec | None = None
     # a second approver, not the requester, even with [remediation] allow_self_approval
     two_person: bool = False
     # bearer token of the gateway's /admin/limits, for ADRs with `fix.gateway` rules

@@ -13,7 +13,9 @@
     │   └── TargetBusy                a change runs on the target already (remediation/exclusion.py)
     ├── EndpointError (exit 2)        a server cannot be reached or does not speak the protocol
     │   ├── ProbeError (exit 2)       a /metrics page or other probe source is unusable
-    │   └── DeliveryFailed            Slack did not take a message; retry or not (chat/failures.py)
+    │   ├── DeliveryFailed            Slack did not take a message; retry or not (chat/failures.py)
+    │   └── SilenceError              Alertmanager did not create or expire a silence
+    │                                 (remediation/silences.py)
     ├── EngineError (exit 2)          the local vLLM engine failed to start or stop
     ├── ActuatorError                 a change could not be made or did not become healthy
     │   │                             (remediation/actuators/base.py)

@@ -7,6 +7,7 @@ a run that no longer owns the change gets ``LostRun`` and has changed nothing.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from typing import Any
 
@@ -117,7 +118,20 @@ class Card:
             numbers=dict(rem.result.get("numbers", {})),
             before_numbers=dict(rem.result.get("before_numbers", {})),
             failures=list(rem.result.get("failures", [])),
+            silence=silence_line(rem.silence),
         )
+
+
+def silence_line(silence: dict[str, Any] | None) -> str:
+    """The card's words for the change's silence ("" when none was asked for)."""
+    if not silence:
+        return ""
+    if "error" in silence:
+        return redact(f"alerts NOT silenced: {silence['error']}")
+    ends = dt.datetime.fromisoformat(silence["ends_at"])
+    if silence.get("expired"):
+        return f"Alertmanager silence {silence['id']}: expired (alerts notify again)"
+    return f"Alertmanager silence {silence['id']}: alerts silenced until {ends:%H:%M} UTC"
 
 
 def _shown_gates(

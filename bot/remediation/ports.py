@@ -52,6 +52,7 @@ class RemediationView:
     before_numbers: dict[str, float | None] = field(default_factory=dict)  # the before-run's
     failures: list[str] = field(default_factory=list)
     relative_gates: dict[str, str] = field(default_factory=dict)  # gate -> '0.5x before'
+    silence: str = ""  # the change's Alertmanager silence, in words ("": none configured)
 
 
 class RemediationNotifier(DraftNotifier, Protocol):

@@ -411,3 +411,38 @@ class RemediationRecords(buttons.ButtonReads):
                 return list(s.scalars(query).all())
 
         return await asyncio.to_thread(run)
+
+    async def note_silence(
+        self, remediation_id: int, silence: Mapping[str, Any], *, action: str,
+        detail: Mapping[str, Any],
+    ) -> None:  # fmt: skip
+        """Keep the change's silence (created, failed, expired) with its audit entry, in one
+        transaction; the state does not move."""
+
+        def run() -> None:
+            now = self._clock()
+            with self._db.transaction() as s:
+                s.execute(
+                    update(Remediation)
+                    .where(Remediation.id == remediation_id)
+                    .values(silence=dict(silence))
+                )
+                _audit(s, remediation_id, now=now, actor="ruleloop", action=action,
+                       detail=dict(detail))  # fmt: skip
+
+        await asyncio.to_thread(run)
+
+    async def unexpired_silences(self) -> list[Remediation]:
+        """Ended changes whose silence was not expired (their run died, or Alertmanager did
+        not answer then)."""
+
+        def run() -> list[Remediation]:
+            with self._db.transaction() as s:
+                query = select(Remediation).where(
+                    Remediation.silence.is_not(None), Remediation.state.not_in(list(ACTIVE))
+                )
+                rows = s.scalars(query.order_by(Remediation.id)).all()
+                return [r for r in rows if r.silence and r.silence.get("id") and
+                        not r.silence.get("expired")]  # fmt: skip
+
+        return await asyncio.to_thread(run)

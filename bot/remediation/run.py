@@ -20,6 +20,7 @@ from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed, Ta
 from bot.remediation.argv import flags_text
 from bot.remediation.card import Card
 from bot.remediation.change_note import give_context
+from bot.remediation.change_silence import ChangeSilencer
 from bot.remediation.gate import GateRun, GateRunner, verify_serving
 from bot.remediation.gateway_rules import GatewayAdmin
 from bot.remediation.records import RemediationRecords
@@ -34,6 +35,7 @@ log = logging.getLogger("ruleloop.remediation")
 S = RemediationState
 PREVIOUS = "the previous flags"  # what a message says of an empty set of flags
 Numbers = dict[str, float | None]
+ENDS_SILENCE = (S.PROMOTED, S.ROLLED_BACK, S.FAILED)  # a change's silence is expired at these
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ class ChangeRun:
         records: RemediationRecords,
         card: Card,
         gate: GateRunner,
+        silencer: ChangeSilencer,
     ) -> None:
         self.rem = rem
         self.runner = runner
@@ -73,6 +76,7 @@ class ChangeRun:
         self._records = records
         self._card = card
         self._gate = gate
+        self._silencer = silencer
 
     async def run(self, adr: Adr) -> None:
         """The whole change: each part returns None when it ended the change itself."""
@@ -137,6 +141,8 @@ class ChangeRun:
         """The flags (and gateway rules) on the canary stage; None when that failed (and the
         change was rolled back)."""
         await self._give_context(adr_title=adr.title, numbers=judging.before)
+        # before the engine restarts: its alerts then are the change's (the card says which)
+        await self._silencer.start(self.rem, link=await self._link())
         await self._step(
             S.APPLYING, "remediation.applying",
             {"flags": self.flags, "before": self.rem.before, "gates": judging.limits,
@@ -251,6 +257,9 @@ class ChangeRun:
             self.rem.id, state, action, detail, note=note, owner=self.runner, expect=expect,
             **fields,
         )  # fmt: skip
+        if state in ENDS_SILENCE:  # the change is over: its alerts are wanted again
+            await self._silencer.end(self.rem.id)
+            await self._card.show(self.rem.id, note=redact(note))
 
     async def _add_canary(self, label: str, result: GateRun) -> None:
         """Keep the canary's report with the incident (the draft's matrix reads it)."""
@@ -265,13 +274,17 @@ class ChangeRun:
         """The change's story for an actuator that records it (a git commit, a pull request)."""
         if not isinstance(self.actuator, TakesContext):
             return
-        link = None
-        with contextlib.suppress(Exception):  # only a link: never a reason to stop a change
-            link = await self._card.permalink(self.rem)
+        link = await self._link()
         give_context(
             self.actuator, self.rem, before=self.before, adr_title=adr_title, link=link,
             numbers=numbers, reason=reason,
         )  # fmt: skip
+
+    async def _link(self) -> str | None:
+        """The card's link, if Slack gives one: only a link, never a reason to stop a change."""
+        with contextlib.suppress(Exception):
+            return await self._card.permalink(self.rem)
+        return None
 
     def _gateway(self) -> GatewayAdmin:
         return gateway_admin(self.name, self.spec)

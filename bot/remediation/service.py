@@ -25,6 +25,7 @@ from bot.remediation import actuators
 from bot.remediation.actuators import ActuatorFactory, opened
 from bot.remediation.argv import diff, merge
 from bot.remediation.card import Card
+from bot.remediation.change_silence import ChangeSilencer
 from bot.remediation.exclusion import TargetBusy, refusal
 from bot.remediation.gate import GateRunner, run_gate
 from bot.remediation.liveness import LostRun, Sleep, owned
@@ -73,6 +74,7 @@ class RemediationService:
         self.tuning = TuneRecords(db=db, clock=clock)
         self.policy = Policy(settings)
         self.card = Card(settings=settings, records=self.records, adrs=adrs, notifier=notifier)
+        self.silencer = ChangeSilencer(settings=settings, records=self.records)
         self._adrs = adrs
         self._notifier = notifier
         self._threads = threads
@@ -256,12 +258,14 @@ class RemediationService:
                         ChangeRun(
                             rem=rem, runner=runner, actuator=actuator, settings=self.settings,
                             records=self.records, card=self.card, gate=self._gate,
+                            silencer=self.silencer,
                         )
                     )  # fmt: skip
             except LostRun:
                 raise
             except Exception as exc:
                 await crashed(self.card, rem.id, exc, owner=runner)
+                await self.silencer.end(rem.id)
 
         return await owned(
             guarded(), beat, every_s=self.settings.remediation.heartbeat_s,
@@ -307,6 +311,8 @@ class RemediationService:
         taken += await restore_stale(
             self.settings, self.tuning, actuator_for=self._actuator_for, stale_s=stale_s
         )
+        # what a dead run (or an Alertmanager that did not answer) left silenced
+        await self.silencer.sweep()
         return taken
 
     async def expire_due(self) -> int:

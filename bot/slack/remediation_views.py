@@ -84,6 +84,8 @@ def card_text(view: RemediationView) -> str:
         lines.append("canary: " + "; ".join(number_lines(view.numbers, view.before_numbers)))
     if view.failures:
         lines.append("failed gates: " + "; ".join(view.failures))
+    if view.silence:
+        lines.append(view.silence)
     if view.note:
         lines.append(view.note)
     if view.state == S.PENDING and view.expires_at is not None:
@@ -97,6 +99,8 @@ def card_update_text(view: RemediationView) -> str:
     lines = [f"{mark} {view.adr_id} on {view.target}: {STATES.get(view.state, view.state)}"]
     if view.note:
         lines.append(view.note)
+    if view.silence:
+        lines.append(view.silence)
     if view.numbers and view.state in (S.PROMOTING, S.PROMOTED, S.ROLLED_BACK, S.FAILED):
         if view.relative_gates:  # resolved by the before-run: the limits the canary was held to
             lines.append("gates: " + "; ".join(gate_lines(view.gates, view.relative_gates)))
@@ -132,6 +136,8 @@ def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
         details.append("*Canary:* " + " · ".join(number_lines(view.numbers, view.before_numbers)))
     if view.failures:
         details.append("*Failed gates:* " + plain("; ".join(view.failures)))
+    if view.silence:
+        details.append("*Silence:* " + plain(view.silence))
     if view.note:  # the bot's words, quoting error text; "approved by <@U..>" stays a mention
         details.append(escape_keeping(view.note, people))
     if details:

@@ -180,6 +180,9 @@ class Remediation(Base):
     # being this runner, so a run another replica took over stops at its next step
     runner: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[dt.datetime | None]  # the database's clock (bot.store.dbtime)
+    # the Alertmanager silence of the change (bot.remediation.silences): id, URL, end, and
+    # "expired" once it was; kept so a run that died leaves no silence behind (the sweep)
+    silence: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
 
 # A tuning session in one of these states holds its target: it changes the flags trial by trial
