@@ -112,7 +112,7 @@ def test_the_context_section_ends_with_the_line_and_has_it_once() -> None:
     text = render(_with_shape(measured))
     line = context_line(measured)
     assert line == (
-        "Measured at prompt p50 3,500 / p99 4,970 tokens, output p50 214 tokens, "
+        "Measured at prompt p50 2,000–5,000 / p99 2,000–5,000 tokens, output p50 200–500 tokens, "
         "80.0 % sharing a 1,536-token prefix, 4 req/s, 8 concurrent."
     )
     section = _section(text)
@@ -138,7 +138,8 @@ def test_a_written_shape_derives_its_quantiles_and_says_them(tmp_path: Path) -> 
     assert (prompt.p50, prompt.p99, prompt.bounds) == (1833.3, 4925.0, {})
     assert adr.workload.captured_at.isoformat() == "2026-12-01T09:00:00+00:00"
     assert context_line(adr.workload) == (
-        "Measured at prompt p50 1,833 / p99 4,925 tokens, output p50 85.7 tokens, 6 req/s."
+        "Measured at prompt p50 1,000–2,000 / p99 2,000–5,000 tokens, output p50 50–100 tokens, "
+        "6 req/s."
     )
     store = tmp_path / "adr"
     store.mkdir()

@@ -213,7 +213,7 @@ def test_the_draft_records_the_workload_its_rows_were_measured_under(tmp_path: P
     text = render(adr)
     context = text.split("## 2. ", 1)[0]
     assert context_line(shapes[1]) == (
-        "Measured at prompt p50 3,500 / p99 4,970 tokens, output p50 75 tokens, "
+        "Measured at prompt p50 2,000–5,000 / p99 2,000–5,000 tokens, output p50 50–100 tokens, "
         "100.0 % sharing a 1,536-token prefix, 3.5 req/s, 8 concurrent."
     )
     assert context.rstrip().endswith(context_line(shapes[1]))

@@ -1,5 +1,6 @@
 """The one line an ADR's Context says a workload shape in: quantiles (bounds as bounds), prefix
-groups or else the prefix-cache hit rate, and how requests arrive; numbers as `show` writes them."""
+groups or else the prefix-cache hit rate, and how requests arrive; a length quantile as the bucket
+it fell in, other numbers as `show` writes them."""
 
 from __future__ import annotations
 
@@ -35,26 +36,27 @@ def test_the_briefs_example_reads_as_one_sentence() -> None:
         arrivals=Arrivals(request_rate=3.0),
     )
     assert measured.prompt_tokens.p50 == 512.0 and measured.prompt_tokens.p99 == 2048.0
+    # a quantile on an edge is still anywhere in its bucket: (256, 512], not "512"
     # declared groups say more than the hit rate, which is left out beside them
     assert context_line(measured) == (
-        "Measured at prompt p50 512 / p99 2,048 tokens, output p50 128 tokens, "
+        "Measured at prompt p50 256–512 / p99 512–2,048 tokens, output p50 64–128 tokens, "
         "40.0 % sharing a 1,024-token prefix, 3 req/s."
     )
 
 
 def test_a_captured_shape_says_its_hit_rate_and_concurrency() -> None:
     assert context_line(chat()) == (
-        "Measured at prompt p50 126 / p99 198 tokens, output p50 254 tokens, "
+        "Measured at prompt p50 100–200 / p99 100–200 tokens, output p50 200–500 tokens, "
         "30.0 % prefix-cache hits, 4 req/s, 8 concurrent."
     )
 
 
-def test_quantiles_are_the_shapes_own_even_inside_one_bucket() -> None:
-    """Prompts of 2,100-3,900 tokens all fall in vLLM's 2,000-5,000 bucket: the line says the
-    shape's interpolated p50 and p99, as `ruleloop workload diff` compares them."""
+def test_quantiles_inside_one_bucket_read_as_that_bucket() -> None:
+    """Prompts of 2,100-3,900 tokens all fall in vLLM's 2,000-5,000 bucket: the line says that
+    bucket, not a point interpolated inside it, as `ruleloop workload diff` compares them."""
     agents = long_system_prompt()
     assert context_line(agents) == (
-        "Measured at prompt p50 3,500 / p99 4,970 tokens, output p50 214 tokens, "
+        "Measured at prompt p50 2,000–5,000 / p99 2,000–5,000 tokens, output p50 200–500 tokens, "
         "30.0 % prefix-cache hits, 4 req/s, 8 concurrent."
     )
     only_edges = shape([1] * 5, [20_000] * 5, hit_rate=None)  # the first bucket, the +Inf one
@@ -71,7 +73,7 @@ def test_a_canarys_fixed_workload_reads_as_what_it_sent() -> None:
         prompt_length=2048, prefix_length=1536, output_length=64,
     )  # fmt: skip
     assert context_line(fixed_shape(workload, request_rate=3.2)) == (
-        "Measured at prompt p50 3,500 / p99 4,970 tokens, output p50 75 tokens, "
+        "Measured at prompt p50 2,000–5,000 / p99 2,000–5,000 tokens, output p50 50–100 tokens, "
         "100.0 % sharing a 1,536-token prefix, 3.2 req/s, 8 concurrent."
     )
 
@@ -81,7 +83,7 @@ def test_bounds_are_written_as_bounds() -> None:
     assert measured.prompt_tokens.bounds == {"p50": "<="}
     assert measured.output_tokens.bounds["p50"] == ">"
     assert context_line(measured) == (
-        "Measured at prompt p50 ≤ 1 / p99 98 tokens, output p50 > 10,000 tokens, "
+        "Measured at prompt p50 ≤ 1 / p99 50–100 tokens, output p50 > 10,000 tokens, "
         "0.25 req/s, 8 concurrent."  # no hit rate measured: nothing said about prefixes
     )
 
@@ -95,7 +97,7 @@ def test_several_groups_each_say_their_share_and_length() -> None:
         arrivals=Arrivals(request_rate=12.5, concurrency=None),
     )
     assert context_line(agents) == (
-        "Measured at prompt p50 126 / p99 198 tokens, output p50 254 tokens, "
+        "Measured at prompt p50 100–200 / p99 100–200 tokens, output p50 200–500 tokens, "
         "25.0 % sharing a 1,536-token prefix, 12.5 % sharing a 64-token prefix, 12.5 req/s."
     )
 
@@ -111,7 +113,7 @@ def test_the_line_follows_the_shape_it_is_given() -> None:
     a, b = chat(), shape([3000] * 50, [16] * 50, rate=40.0, hit_rate=0.9)
     assert lengths([3000] * 50).p50 != chat().prompt_tokens.p50
     line_a, line_b = context_line(a), context_line(b)
-    assert "p50 126 " in line_a and "p50 126 " not in line_b
+    assert "p50 100–200 " in line_a and "p50 100–200 " not in line_b
     assert "90.0 % prefix-cache hits" in line_b and "40 req/s" in line_b
 
 

@@ -41,7 +41,10 @@ def test_long_system_prompts_against_chats_drifted(tmp_path: Path) -> None:
     )
     assert code == 1, out
     lines = out.splitlines()
-    p50 = re.compile(r"prompt tokens p50 3,500 -> 1\d\d \(\d\d\.\dx smaller, limit 2x\): DRIFTED$")
+    p50 = re.compile(
+        r"prompt tokens p50 2,000–5,000 -> 100–200 tokens \(more than 10\.0x smaller, limit 2x\): "
+        r"DRIFTED$"
+    )
     assert any(p50.match(line) for line in lines), out
     assert any(
         line.startswith("prompt tokens distribution:") and "DRIFTED" in line for line in lines
@@ -57,7 +60,11 @@ def test_chats_against_long_system_prompts_drifted_too(tmp_path: Path) -> None:
         str(write(tmp_path, "agents.yaml", long_system_prompt())),
     )
     assert code == 1, out
-    assert re.search(r"prompt tokens p50 1\d\d -> 3,500 \(\d\d\.\dx, limit 2x\): DRIFTED", out), out
+    assert re.search(
+        r"prompt tokens p50 100–200 -> 2,000–5,000 tokens \(more than 10\.0x bigger, limit 2x\): "
+        r"DRIFTED",
+        out,
+    ), out
 
 
 def test_json_names_the_drifted_dimensions(tmp_path: Path) -> None:
@@ -71,8 +78,10 @@ def test_json_names_the_drifted_dimensions(tmp_path: Path) -> None:
     ]  # fmt: skip
     by_name = {d["name"]: d for d in result["dimensions"]}
     p50 = by_name["prompt_tokens.p50"]
-    assert p50["old"] == 3500.0 and 100 < p50["new"] < 200 and p50["threshold"] == 2.0
-    assert p50["drifted"] is True and p50["distance"] == pytest.approx(3500 / p50["new"], rel=1e-3)
+    # no interpolated point: the buckets, and the factor their nearest edges give
+    assert p50["old"] is None and p50["new"] is None and p50["threshold"] == 2.0
+    assert (p50["old_range"], p50["new_range"]) == (["2000", "5000"], ["100", "200"])
+    assert p50["drifted"] is True and p50["distance"] == 10.0
     ks = by_name["prompt_tokens.distribution"]
     assert ks["distance"] == 1.0 and ks["threshold"] == diffs.KS_LIMIT
     assert set(by_name["arrivals.request_rate"]) >= {"name", "old", "new", "distance", "threshold"}
@@ -162,11 +171,13 @@ def test_the_line_for_a_tail_that_grew() -> None:
     new = edged({"2000": 0.0, "2048": 0.99, "4096": 0.01})
     assert (old.p99, new.p99) == (512.0, 2048.0)
     dim = diffs.quantile_ratio("prompt_tokens", "prompt tokens", "p99", old, new)
-    assert dim.line == "prompt tokens p99 512 -> 2,048 (4.0x, limit 2x): DRIFTED"
+    assert dim.line == (
+        "prompt tokens p99 500–512 -> 2,000–2,048 tokens (more than 3.9x bigger, limit 2x): DRIFTED"
+    )
     assert (dim.old, dim.new, dim.distance, dim.threshold, dim.drifted) == (
-        512,
-        2048,
-        4.0,
+        None,
+        None,
+        round(2000 / 512, 4),
         2.0,
         True,
     )
@@ -175,12 +186,18 @@ def test_the_line_for_a_tail_that_grew() -> None:
     assert not ks.drifted and not ks.decided and "not compared" in ks.line
 
 
-def test_a_ratio_just_inside_the_limit_is_alike() -> None:
+def test_a_ratio_inside_the_limit_even_at_the_far_edges_is_alike() -> None:
     old = edged({"500": 0.0, "512": 0.99, "1000": 0.01})
-    new = edged({"1000": 0.0, "1020": 0.99, "2000": 0.01})
+    new = edged({"900": 0.0, "1000": 0.99, "2000": 0.01})  # at most 1,000 / 500 = 2.0x
     dim = diffs.quantile_ratio("prompt_tokens", "prompt tokens", "p99", old, new)
-    assert dim.line == "prompt tokens p99 512 -> 1,020 (2.0x, limit 2x): alike"
+    assert dim.line == (
+        "prompt tokens p99 500–512 -> 900–1,000 tokens (more than 1.7x bigger, limit 2x): alike"
+    )
     assert not dim.drifted and dim.decided
+    wider = edged({"1000": 0.0, "1020": 0.99, "2000": 0.01})  # 1.95x to 2.04x: cannot tell
+    dim = diffs.quantile_ratio("prompt_tokens", "prompt tokens", "p99", old, wider)
+    assert dim.line.endswith("(more than 1.9x bigger, limit 2x): undecided (from 1.9x to 2.1x)")
+    assert not dim.drifted and not dim.decided
 
 
 def test_bounds_decide_only_where_they_can() -> None:
@@ -189,15 +206,15 @@ def test_bounds_decide_only_where_they_can() -> None:
     short = lengths([100] * 100)  # p99 ~100
     assert beyond.bounds["p99"] is Bound.MORE_THAN
     both = diffs.quantile_ratio("prompt_tokens", "prompt tokens", "p99", beyond, also_beyond)
-    assert not both.drifted and not both.decided
-    assert (
-        both.line.startswith("prompt tokens p99 > 10,000 -> > 10,000") and "undecided" in both.line
+    assert not both.drifted  # the same +Inf bucket: no change the histogram can see
+    assert both.line == (
+        "prompt tokens p99 > 10,000 -> > 10,000 tokens (about the same bucket, limit 2x): alike"
     )
     fell = diffs.quantile_ratio("prompt_tokens", "prompt tokens", "p99", beyond, short)
-    assert fell.drifted and fell.decided and "more than 100.5x smaller" in fell.line
+    assert fell.drifted and fell.decided and "more than 100.0x smaller" in fell.line
     first = lengths([1] * 100)  # p99 <= 1: at most the first edge
     rose = diffs.quantile_ratio("output_tokens", "output tokens", "p99", first, short)
-    assert rose.drifted and rose.line.startswith("output tokens p99 ≤ 1 -> 99")
+    assert rose.drifted and rose.line.startswith("output tokens p99 ≤ 1 -> 50–100 tokens")
 
 
 @pytest.mark.parametrize(

@@ -79,9 +79,10 @@ Examples:
 
 \b
 Prints one line per dimension, e.g.
-  prompt tokens p99 512 -> 2,048 (4.0x, limit 2x): DRIFTED
-Thresholds: length distributions KS > 0.2; p50/p99 ratio > 2x either way; prefix-cache hit
-rate > 20 points; request rate > 50 % (docs/workload.md says why).
+  prompt tokens p99 200–500 -> 2,000–5,000 tokens (more than 4.0x bigger, limit 2x): DRIFTED
+Thresholds: length distributions KS > 0.2; p50/p99 > 2x either way, bounded by the nearest
+bucket edges (a change inside one bucket is not drift); prefix-cache hit rate > 20 points;
+request rate > 50 % (docs/workload.md says why).
 \b
 Exit codes: 0 alike, 1 a dimension drifted, 2 bad input (missing file, invalid shape).
 """

@@ -180,6 +180,15 @@ def _div(a: float, b: float) -> float:
     return math.inf if b <= 0 else a / b
 
 
+# A bound is rounded away from what it allows: "more than 1.9x" for 1.95, "to 2.1x" for 2.04.
+def _down(x: float) -> str:
+    return f"{math.floor(x * 10 + 1e-9) / 10:.1f}"
+
+
+def _up(x: float) -> str:
+    return f"{math.ceil(x * 10 - 1e-9) / 10:.1f}"
+
+
 def _change(old: TokenRange, new: TokenRange, nearest: float) -> str:
     """'about the same bucket', 'ranges overlap', 'more than 2.5x bigger', '4.0x smaller'."""
     if old == new:
@@ -188,7 +197,7 @@ def _change(old: TokenRange, new: TokenRange, nearest: float) -> str:
         return "ranges overlap"
     way = "bigger" if new.least >= old.most else "smaller"
     exact = old.point is not None and new.point is not None
-    return f"{'' if exact else 'more than '}{nearest:.1f}x {way}"
+    return f"{'' if exact else 'more than '}{_down(nearest)}x {way}"
 
 
 def quantile_ratio(key: str, label: str, q: str, old: Lengths, new: Lengths) -> Dimension:
@@ -202,7 +211,7 @@ def quantile_ratio(key: str, label: str, q: str, old: Lengths, new: Lengths) -> 
     # the factor is more than the nearest edges give, unless both are one length each
     drifted = nearest > RATIO_LIMIT or (nearest == RATIO_LIMIT and not exact)
     decided = drifted or a.overlaps(b) or far <= RATIO_LIMIT
-    why = f"from {nearest:.1f}x to " + ("any factor" if math.isinf(far) else f"{far:.1f}x")
+    why = f"from {_down(nearest)}x to " + ("any factor" if math.isinf(far) else f"{_up(far)}x")
     line = (
         f"{label} {a.text()} -> {b.text()} tokens ({_change(a, b, nearest)}, "
         f"limit {RATIO_LIMIT:g}x): {_verdict(drifted, decided, why)}"
