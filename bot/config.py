@@ -93,7 +93,9 @@ class AccessSettings(_Section):
 
     diagnose: list[str] = Field(default_factory=list, description="may run /diagnose")
     apply: list[str] = Field(
-        default_factory=list, description="may apply an ADR (/apply-adr, Apply buttons)"
+        default_factory=list,
+        description="may apply an ADR (/apply-adr, Apply buttons), silence and acknowledge an "
+        "incident (its thread's buttons)",
     )
     approve: list[str] = Field(default_factory=list, description="may approve a requested change")
     review: list[str] = Field(default_factory=list)  # accept or reject ADR drafts
@@ -374,8 +376,9 @@ class KubernetesApiSpec(_Section):
 
 
 class SilenceSpec(_Section):
-    """[targets.X.silence]: an Alertmanager silence for the target's alerts while a change runs
-    (docs/remediation.md#silences); absent: no silence (the default)."""
+    """[targets.X.silence]: an Alertmanager silence for the target's alerts while a change runs,
+    and the Silence button in its incidents' threads (docs/remediation.md#silences); absent: no
+    silence and no button (the default)."""
 
     alertmanager_url: str = Field(description="Alertmanager's base URL (its API v2 is used)")
     matchers: dict[str, str] = Field(
@@ -387,6 +390,9 @@ class SilenceSpec(_Section):
     )
     settle_s: float = Field(
         default=300, ge=0, description="the silence lasts this long past the change's expected end"
+    )
+    thread_silence_s: float = Field(
+        default=3600, gt=0, description="how long the incident thread's Silence button silences"
     )
 
     @field_validator("alertmanager_url")

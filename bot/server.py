@@ -37,6 +37,7 @@ from bot.remediation.gate import GateRunner, run_gate
 from bot.remediation.liveness import Sleep
 from bot.remediation.ports import RemediationNotifier
 from bot.remediation.service import RemediationService
+from bot.remediation.thread_buttons import ThreadButtons
 from bot.routes.endpoints import Lifespan, Routes, http_app
 from bot.runbooks.builtin import default_registry
 from bot.runbooks.loader import load_dir
@@ -270,7 +271,13 @@ def _services(
         members=members,
         sleep=sleep,
     )
-    return Services(flows=flows, remediation=remediation, drafts=drafts, tasks=tasks)
+    thread = ThreadButtons(
+        settings=settings, db=db, clock=clock, members=members, deliver=flows.outbox.deliver,
+        render=notifier.render_thread_buttons,
+    )  # fmt: skip
+    return Services(
+        flows=flows, remediation=remediation, drafts=drafts, thread=thread, tasks=tasks
+    )
 
 
 def _lifespan(

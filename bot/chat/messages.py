@@ -10,6 +10,11 @@ if TYPE_CHECKING:
     from bot.diagnosis.models import Diagnosis
 
 
+# The incident thread's own buttons: each kind is a button (and a subject, so pressing one
+# leaves the other usable); bot.remediation.thread_buttons acts on them.
+SILENCE, ACKNOWLEDGE = "silence", "acknowledge"
+
+
 @dataclass(frozen=True)
 class MessageRef:
     """A posted message: its channel (an ID once posted) and timestamp (its thread)."""
@@ -32,6 +37,7 @@ class IncidentView:
     state: str  # diagnosing | diagnosed | failed | waiting
     summary: dict[str, Any] = field(default_factory=dict)
     requested_by: str | None = None
+    acknowledged_by: str | None = None  # a Slack user ID (the thread's Acknowledge button)
 
 
 class Notifier(Protocol):
@@ -47,6 +53,13 @@ class Notifier(Protocol):
 
     def render_diagnosis(self, diagnosis: Diagnosis, *, incident_id: int) -> list[dict[str, Any]]:
         """The findings and the matching ADRs as thread messages, ready to keep in the outbox."""
+        ...
+
+    def render_thread_buttons(
+        self, tokens: dict[str, str], *, note: str | None = None
+    ) -> dict[str, Any]:
+        """The incident's Silence / Acknowledge buttons (kind -> token; ``note``: a line
+        above them) as one thread message, ready to keep in the outbox."""
         ...
 
     async def post_rendered(self, ref: MessageRef, *, message: dict[str, Any]) -> MessageRef:

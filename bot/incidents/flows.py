@@ -17,14 +17,14 @@ import time
 from collections.abc import Callable
 
 from bot.adr.store import AdrStore
-from bot.chat.messages import MessageRef, Notifier
+from bot.chat.messages import ACKNOWLEDGE, SILENCE, MessageRef, Notifier
 from bot.chat.mrkdwn import escape
 from bot.config import Settings
 from bot.diagnosis.models import Diagnosis
 from bot.diagnosis.service import Diagnoser
 from bot.errors import EndpointError, NotAllowed, RuleloopError, UsageError
 from bot.incidents.outbox import Outbox
-from bot.incidents.records import IncidentRecords
+from bot.incidents.records import ButtonsOf, IncidentRecords
 from bot.intake.service import IntakeResult, Outcome
 from bot.probes.context import TargetRef
 from bot.probes.types import Finding, Severity
@@ -152,6 +152,7 @@ class IncidentFlows:
             summary=summary,
             messages=self._notifier.render_diagnosis(diagnosis, incident_id=incident_id),
             update={"diagnosis": {"sampling_s": diagnosis.sampling_s}},
+            buttons_of=self._buttons_of(),
         )
         if not kept:  # a replica that took the diagnosis over finished it first
             log.warning("incident %s: another replica's diagnosis was kept", incident_id)
@@ -260,10 +261,23 @@ class IncidentFlows:
         self._metrics.diagnoses.labels("failed").inc()
         kept = await self._records.diagnosed(
             incident_id, action="diagnosis.failed", detail=detail, summary={"failed": True},
-            messages=[{"text": text}], update={},
+            messages=[{"text": text}], update={}, buttons_of=self._buttons_of(),
         )  # fmt: skip
         if kept:
             await self.outbox.deliver(incident_id)
+
+    def _buttons_of(self) -> ButtonsOf:
+        """The thread's buttons after the diagnosis: Acknowledge on an alerted incident, and
+        Silence too where its target has ``[targets.X.silence]`` (a /diagnose run gets none)."""
+
+        def kinds(incident: Incident) -> list[str]:
+            if incident.source == "slash":
+                return []
+            target = self.settings.targets.get(incident.target or "")
+            silence = [SILENCE] if target is not None and target.silence is not None else []
+            return [*silence, ACKNOWLEDGE]
+
+        return kinds, lambda tokens: self._notifier.render_thread_buttons(tokens)
 
     def _no_target_advice(self, incident: Incident) -> str:
         known = ", ".join(sorted(self.settings.targets)) or "none configured"

@@ -6,16 +6,39 @@ import asyncio
 import contextlib
 import datetime as dt
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from sqlalchemy.orm import Session
 
 from bot.chat.messages import IncidentView, MessageRef
 from bot.errors import UsageError
 from bot.intake.models import parse_time
+from bot.store import buttons
 from bot.store import outbox as items
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import Incident
+
+# an incident's thread buttons: which kinds it gets, and their message once they have tokens
+ButtonsOf = tuple[Callable[[Incident], Sequence[str]], Callable[[dict[str, str]], dict[str, Any]]]
+
+
+def _owe_buttons(
+    s: Session, incident: Incident, buttons_of: ButtonsOf, *, now: dt.datetime
+) -> None:
+    """Issue the incident's thread buttons (each kind its own subject: pressing one leaves the
+    other usable; they do not expire) and owe their message, once per incident."""
+    kinds, render = buttons_of
+    wanted = list(kinds(incident))
+    if not wanted or items.find(s, incident.id, "buttons") is not None:
+        return
+    tokens: dict[str, str] = {}
+    for kind in wanted:
+        tokens |= buttons.issue(
+            s, buttons.subject(kind, incident.id), [kind], incident_id=incident.id, now=now
+        )
+    items.owe(s, incident.id, kind=items.REPLY, key="buttons", at=now, payload=render(tokens))
 
 
 class IncidentRecords:
@@ -49,7 +72,10 @@ class IncidentRecords:
 
         i, shown = await asyncio.to_thread(read)
         requested_by = i.labels.get("requested_by") if i.source == "slash" else None
-        return IncidentView(**store.head(i), state=shown, requested_by=requested_by)
+        return IncidentView(
+            **store.head(i), state=shown, requested_by=requested_by,
+            acknowledged_by=i.acknowledged_by,
+        )  # fmt: skip
 
     async def alert_start(self, incident_id: int) -> dt.datetime | None:
         """When the incident's earliest alert started firing (None: a /diagnose run)."""
@@ -220,8 +246,10 @@ class IncidentRecords:
         summary: Mapping[str, Any],
         messages: list[dict[str, Any]],
         update: Mapping[str, Any],
+        buttons_of: ButtonsOf | None = None,
     ) -> bool:
-        """Keep a diagnosis's end and owe its messages, in one transaction; False if another
+        """Keep a diagnosis's end and owe its messages (and, by ``buttons_of``, the thread's
+        Silence / Acknowledge buttons after them), in one transaction; False if another
         replica's diagnosis of the incident was kept first (nothing is written then)."""
 
         def write() -> bool:
@@ -245,6 +273,8 @@ class IncidentRecords:
                         at=now,
                         payload=message,
                     )
+                if buttons_of is not None:
+                    _owe_buttons(s, incident, buttons_of, now=now)
                 items.owe(s, incident_id, kind=items.UPDATE, at=now, payload=update)
                 if owed is not None:
                     owed.state, owed.done_at, owed.claimed_by, owed.claimed_until = (

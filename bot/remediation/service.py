@@ -203,12 +203,9 @@ class RemediationService:
 
     def _check_usable(self, row: ActionToken, rem: Remediation) -> None:
         """UsageError, saying why, for a button already used, expired, or of a decided change."""
-        if row.used_at is not None:
-            raise UsageError(
-                f"This button was already used by <@{row.used_by}> at "
-                f"{row.used_at:%H:%M:%S} UTC ({rem.adr_id} is now {rem.state}). "
-                "Nothing was changed."
-            )
+        used = buttons.used_text(row, what=f"{rem.adr_id} is now {rem.state}")
+        if used is not None:
+            raise UsageError(used)
         if row.expires_at is not None and row.expires_at <= self._clock():
             raise UsageError(
                 f"This button expired at {row.expires_at:%H:%M} UTC (approval buttons last "

@@ -19,7 +19,7 @@ from bot.numbers.text import FOUR, show, show_reading
 from bot.postmortem.ports import DraftView
 from bot.remediation.ports import RemediationView
 from bot.slack.remediation_views import card_text, card_update_text, draft_text
-from bot.slack.views import NO_MATCH, STATE_TEXT, finding_line, withheld_text
+from bot.slack.views import NO_MATCH, STATE_TEXT, THREAD_BUTTONS, finding_line, withheld_text
 
 
 class ConsoleNotifier:
@@ -75,6 +75,14 @@ class ConsoleNotifier:
         else:
             lines.append(f"  {NO_MATCH}")
         return [{"text": "\n".join(lines), "plain": True}]
+
+    def render_thread_buttons(
+        self, tokens: dict[str, str], *, note: str | None = None
+    ) -> dict[str, Any]:
+        """The buttons as a printed line (the console cannot click them)."""
+        shown = [kind for kind in THREAD_BUTTONS if kind in tokens]
+        names = " ".join(f"[{THREAD_BUTTONS[kind][0]}]" for kind in shown)
+        return {"text": f"{note} {names}" if note else names, "plain": True}
 
     async def post_rendered(self, ref: MessageRef, *, message: dict[str, Any]) -> MessageRef:
         """Print a rendered message (or a mrkdwn reply, shown as the text it stands for)."""
@@ -133,6 +141,7 @@ def render_root(view: IncidentView, *, page: str = "") -> str:
     lines = [
         f"{view.title} | {status}, {STATE_TEXT.get(view.state, view.state)} | "
         f"target {view.target or 'unknown'} | incident #{view.id}{page}"
+        + (f" | acknowledged by {view.acknowledged_by}" if view.acknowledged_by else "")
     ]
     headline = view.summary.get("headline") or {}
     baseline = view.summary.get("baseline") or {}

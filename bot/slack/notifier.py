@@ -25,7 +25,13 @@ from bot.postmortem.ports import DraftView
 from bot.remediation.ports import RemediationView
 from bot.slack.failures import SLACK_ERRORS, slack_boundary, slack_failure
 from bot.slack.remediation_views import draft_message, remediation_card
-from bot.slack.views import adr_message, findings_message, root_message, withheld_text
+from bot.slack.views import (
+    adr_message,
+    findings_message,
+    root_message,
+    thread_buttons_message,
+    withheld_text,
+)
 
 
 class SlackNotifier:
@@ -63,6 +69,13 @@ class SlackNotifier:
             withheld=withheld_text(diagnosis),
         )  # fmt: skip
         return [{"text": text, "blocks": blocks} for text, blocks in (findings, adrs)]
+
+    def render_thread_buttons(
+        self, tokens: dict[str, str], *, note: str | None = None
+    ) -> dict[str, Any]:
+        """Silence / Acknowledge as one thread message (text and blocks)."""
+        text, blocks = thread_buttons_message(tokens, note=note)
+        return {"text": text, "blocks": blocks}
 
     async def post_rendered(self, ref: MessageRef, *, message: dict[str, Any]) -> MessageRef:
         """chat.postMessage of a rendered message in the thread."""

@@ -10,6 +10,7 @@ from slack_bolt.context.async_context import AsyncBoltContext
 from bot.incidents.flows import IncidentFlows
 from bot.postmortem.service import DraftService
 from bot.remediation.service import RemediationService
+from bot.remediation.thread_buttons import ThreadButtons
 from bot.runtime.tasks import TaskSupervisor
 
 KEY = "ruleloop_services"  # the request context key the app's middleware sets
@@ -22,6 +23,7 @@ class Services:
     flows: IncidentFlows
     remediation: RemediationService
     drafts: DraftService
+    thread: ThreadButtons  # an incident thread's Silence / Acknowledge
     tasks: TaskSupervisor  # where deferred work runs: supervised, drained when the bot stops
 
 

@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from slack_sdk.models.blocks import (
+    ActionsBlock,
     Block,
     ButtonElement,
     ContextBlock,
@@ -22,7 +23,7 @@ from slack_sdk.models.blocks import (
 )
 
 from bot.adr.match import MatchResult
-from bot.chat.messages import IncidentView
+from bot.chat.messages import ACKNOWLEDGE, SILENCE, IncidentView
 from bot.chat.mrkdwn import clip, escape, plain
 from bot.diagnosis import replica_text
 from bot.diagnosis.models import Diagnosis, summary_numbers
@@ -31,6 +32,12 @@ from bot.numbers.text import FOUR, show, show_reading
 from bot.probes.types import Finding, Severity
 
 APPLY_ACTION = "apply_adr"
+# token kind -> (label, action_id) of the incident thread's buttons
+THREAD_BUTTONS = {
+    SILENCE: ("Silence 1h", "incident_silence"),
+    ACKNOWLEDGE: ("Acknowledge", "incident_acknowledge"),
+}
+THREAD_ACTIONS = tuple(action_id for _, action_id in THREAD_BUTTONS.values())
 MAX_FINDINGS = 15
 MAX_LINE = 1000  # one finding or ADR line; a section holds 3000 characters
 MAX_SECTION = 2900
@@ -98,6 +105,8 @@ def root_message(
         line += f"   *Requested by* <@{view.requested_by}>"
     if resolved and view.closed_at:
         line += f" · resolved {view.closed_at:%H:%M} UTC"
+    if view.acknowledged_by:
+        line += f" · acknowledged by <@{plain(view.acknowledged_by, 64)}>"
     blocks: list[Block] = [
         HeaderBlock(text=title),
         SectionBlock(text=MarkdownTextObject(text=line)),
@@ -211,3 +220,25 @@ def adr_message(
         blocks.append(DividerBlock())
     ids = ", ".join(plain(m.adr.id, 100) for m in matches)
     return f"Matching accepted ADRs: {ids}", [b.to_dict() for b in blocks[:-1]]
+
+
+def thread_buttons_message(
+    tokens: dict[str, str], *, note: str | None = None
+) -> tuple[str, list[dict[str, Any]]]:
+    """The incident's Silence / Acknowledge buttons (single-use tokens as their values), with
+    ``note`` (mrkdwn the bot wrote) above them."""
+    shown = [kind for kind in THREAD_BUTTONS if kind in tokens]
+    blocks: list[Block] = []
+    if note:
+        blocks.append(SectionBlock(text=MarkdownTextObject(text=clip(note, MAX_SECTION))))
+    blocks.append(
+        ActionsBlock(
+            elements=[
+                ButtonElement(text=THREAD_BUTTONS[kind][0], action_id=THREAD_BUTTONS[kind][1],
+                              value=tokens[kind])
+                for kind in shown
+            ]
+        )
+    )  # fmt: skip
+    text = note or " / ".join(THREAD_BUTTONS[kind][0] for kind in shown)
+    return text, [b.to_dict() for b in blocks]

@@ -3,7 +3,8 @@
 Slack signs every request with the app's one signing secret, whichever workspace it comes from,
 so a valid signature does not say "ours". With ``[slack] team_id`` (and ``enterprise_id``) set,
 requests from another workspace or org are refused. Changes (apply, approve, review) are also
-refused to people whose home workspace is another one, such as Slack Connect members of a
+refused to people whose home workspace is another one (and so are the incident thread's
+Silence and Acknowledge), such as Slack Connect members of a
 shared incident channel, even where an access list says "*". Their home workspace comes from
 the click's payload (``user.team_id``) or, for slash commands, from users.info (cached; a user
 who cannot be looked up may not change anything). The bot's own workspace is ``[slack]
@@ -31,12 +32,12 @@ from bot.errors import EndpointError, NotAllowed
 from bot.slack.deferred import MEMBER_CHECK
 from bot.slack.remediation_views import DECIDE_ACTIONS, REVIEW_ACTIONS
 from bot.slack.shapes import BUTTONS
-from bot.slack.views import APPLY_ACTION
+from bot.slack.views import APPLY_ACTION, THREAD_ACTIONS
 
 log = logging.getLogger("ruleloop.slack")
 CACHE_S = 300.0
 CHANGE_COMMANDS = frozenset({"/apply-adr"})
-CHANGE_ACTIONS = frozenset({APPLY_ACTION, *DECIDE_ACTIONS, *REVIEW_ACTIONS})
+CHANGE_ACTIONS = frozenset({APPLY_ACTION, *DECIDE_ACTIONS, *REVIEW_ACTIONS, *THREAD_ACTIONS})
 EXTERNAL = (
     "You are not a member of this workspace (your home workspace is {home}): people from other "
     "organisations (Slack Connect) may not apply, approve or review changes here. "

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 from collections.abc import Iterable
+from typing import Any, cast
 
 from sqlalchemy import Exists, or_, select, update
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from bot.runtime.ids import new_token
@@ -134,4 +136,37 @@ def spend(session: Session, subject: str, *, user_id: str, now: dt.datetime) -> 
         update(ActionToken)
         .where(ActionToken.subject == subject, ActionToken.used_at.is_(None))
         .values(used_at=now, used_by=user_id)
+    )
+
+
+def use(session: Session, value: str, *, user_id: str, now: dt.datetime) -> bool:
+    """Use the button ``value`` by ``user_id`` if it is unused and unexpired at ``now``, and
+    spend the rest of its subject: the button's row is one conditional UPDATE, so of two
+    clicks (or two replicas) exactly one gets True. For buttons that are their own claim (no
+    state of their subject moves with them, unlike a remediation's Approve)."""
+    claimed = session.execute(
+        update(ActionToken)
+        .where(
+            ActionToken.token == value,
+            ActionToken.used_at.is_(None),
+            or_(ActionToken.expires_at.is_(None), ActionToken.expires_at > now),
+        )
+        .values(used_at=now, used_by=user_id)
+    )
+    if cast(CursorResult[Any], claimed).rowcount != 1:
+        return False
+    row = find(session, value)
+    assert row is not None
+    spend(session, row.subject, user_id=user_id, now=now)
+    return True
+
+
+def used_text(row: ActionToken, *, what: str) -> str | None:
+    """Why the button ``row`` cannot be used again (who used it, when), or None when it is
+    unused; ``what`` says what it is now (e.g. "ADR-0001 is now applied")."""
+    if row.used_at is None:
+        return None
+    return (
+        f"This button was already used by <@{row.used_by}> at {row.used_at:%H:%M:%S} UTC "
+        f"({what}). Nothing was changed."
     )

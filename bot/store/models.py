@@ -77,6 +77,8 @@ class Incident(Base):
     summary: Mapped[dict[str, Any]] = mapped_column(
         default=dict
     )  # the last diagnosis, for re-renders
+    acknowledged_by: Mapped[str | None] = mapped_column(String(64))  # the thread's button
+    acknowledged_at: Mapped[dt.datetime | None]
 
     alerts: Mapped[list[Alert]] = relationship(back_populates="incident", order_by="Alert.id")
     messages: Mapped[list[SlackMessage]] = relationship(

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from slack_bolt.async_app import AsyncApp
 
-from bot.slack.listeners.actions import apply_adr, decide, review_draft
+from bot.slack.listeners.actions import apply_adr, decide, review_draft, thread_buttons
 from bot.slack.remediation_views import DECIDE_ACTIONS, REVIEW_ACTIONS
-from bot.slack.views import APPLY_ACTION
+from bot.slack.views import APPLY_ACTION, THREAD_ACTIONS
 
 ACTIONS = {
     APPLY_ACTION: apply_adr.handle,
     **dict.fromkeys(DECIDE_ACTIONS, decide.handle),
     **dict.fromkeys(REVIEW_ACTIONS, review_draft.handle),
+    **dict.fromkeys(THREAD_ACTIONS, thread_buttons.handle),
 }
 
 

@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
-from slack_bolt.context.ack.async_ack import AsyncAck
-from slack_bolt.context.async_context import AsyncBoltContext
-from slack_bolt.context.respond.async_respond import AsyncRespond
-
-from bot.slack.deferred import later
-from bot.slack.services import services_of
+from bot.slack.listeners.actions.token_button import token_button
+from bot.slack.services import Services
 
 
-async def handle(
-    ack: AsyncAck,
-    body: dict[str, Any],
-    action: dict[str, Any],
-    context: AsyncBoltContext,
-    respond: AsyncRespond,
-) -> None:
-    """Ack, then act; a refusal is answered (only to the clicker)."""
-    await ack()
+async def _decide(services: Services, user_id: str, token: str) -> None:
+    await services.remediation.click(user_id=user_id, token=token)
 
-    async def work() -> None:
-        await services_of(context).remediation.click(
-            user_id=body["user"]["id"], token=str(action["value"])
-        )
 
-    later(context, respond, work, name="decide")
+handle = token_button(_decide, name="decide")
