@@ -90,7 +90,8 @@ async def test_webhook_firing_duplicate_resolved_one_thread(h: Harness, slack: F
     late = await h.webhook(body(alert()))  # a firing copy delivered after the resolution
     assert late.json()["outcome"] == "duplicate"
     await h.bot.tasks.drain()
-    assert len(slack.of("chat.postMessage")) == 3  # root + findings + ADR note: one thread only
+    # root + findings + ADR note + Silence/Acknowledge buttons: one thread only
+    assert len(slack.of("chat.postMessage")) == 4
     assert all(
         c.args.get("thread_ts") == "1790000000.000001" for c in slack.of("chat.postMessage")[1:]
     )
@@ -111,7 +112,8 @@ async def test_webhook_unknown_target_says_how_to_fix(h: Harness, slack: FakeSla
     await h.webhook(body(alert(instance="10.9.9.9:8000")))
     await slack.until("chat.update")
     await h.bot.tasks.drain()
-    _, reply = slack.of("chat.postMessage")
+    _, reply, acknowledge = slack.of("chat.postMessage")  # the failure, then Acknowledge
+    assert acknowledge.args["text"] == "Acknowledge"
     assert reply.args["text"].startswith(
         "Diagnosis failed: no configured target matches this alert"
     )
