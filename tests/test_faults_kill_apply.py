@@ -51,8 +51,9 @@ async def cluster(tmp_path: Path, pg_url: str, slack: FakeSlack) -> AsyncIterato
         kube.add_deployment(name, args=ARGS, replicas=2)
     db = Database(pg_url)
     with KubeServer(kube) as api:
-        # one page, always: the engine's counters do not move, so goodput is the canary's own
-        async with SseEngine(metrics_pages=PAGES[:1]) as engine:
+        # one recorded page whose generation counter counts what the fake streamed: goodput is
+        # the canary's own tokens against the engine's count, as on a real engine
+        async with SseEngine(metrics_pages=PAGES[:1], count_generation=True) as engine:
             kubernetes = actuator(tmp_path, kube=api.url, engine=engine.base_url)
             env = replica_env(tmp_path, engine=engine.base_url, actuator=kubernetes,
                               pg_url=pg_url, slack=slack)  # fmt: skip

@@ -80,7 +80,7 @@ async def cluster(tmp_path: Path, pg_url: str, slack: FakeSlack) -> AsyncIterato
         controller = GitOpsController(kube, bare=fleet.bare, path=OVERLAY, lock=api.lock,
                                       replicas=2).start(interval_s=0.2)  # fmt: skip
         try:
-            async with SseEngine(metrics_pages=_pages()) as engine:
+            async with SseEngine(metrics_pages=_pages(), count_generation=True) as engine:
                 git = actuator(tmp_path, kube=api.url, engine=engine.base_url, fleet=fleet,
                                forge=forge)  # fmt: skip
                 env = replica_env(tmp_path, engine=engine.base_url, actuator=git, pg_url=pg_url,
@@ -98,7 +98,7 @@ async def cluster(tmp_path: Path, pg_url: str, slack: FakeSlack) -> AsyncIterato
 def _pages() -> list[str]:
     from tests.fakes.bot import PAGES
 
-    return PAGES[:1]  # one page, always: goodput is the canary's own
+    return PAGES[:1]  # one page, its generation counter counting what the fake streamed
 
 
 # name; the step A is killed in; the forge request it is killed at (event, before/after its

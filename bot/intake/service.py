@@ -38,6 +38,8 @@ from bot.store.models import Alert, Incident
 
 TARGET_LABEL = "ruleloop_target"
 NEWS_LINES = 10  # alerts named in one thread line about the alerts that changed
+# Tries of one notification against concurrent ones (each lost race is one commit by another)
+RACE_ATTEMPTS = 8
 
 
 class Outcome(StrEnum):
@@ -74,12 +76,18 @@ class Intake:
         self._clock = clock
 
     def receive(self, webhook: Webhook) -> IntakeResult:
-        """Record one notification; a concurrent twin that wins the race makes this a duplicate."""
-        try:
-            return self._receive(webhook)
-        except IntegrityError:
-            # Another request stored the same instance or opened the same group first.
-            return self._receive(webhook)
+        """Record one notification; a concurrent twin that wins the race makes this a duplicate,
+        and a concurrent group of the same target that opens its incident first makes this join
+        it."""
+        for _ in range(RACE_ATTEMPTS - 1):
+            try:
+                return self._receive(webhook)
+            except IntegrityError:
+                # Another request stored the same instance or opened the same incident first;
+                # with many groups of one target at once the winner may itself lose a race and
+                # roll back, so each try again reads what committed meanwhile.
+                continue
+        return self._receive(webhook)
 
     def _receive(self, webhook: Webhook) -> IntakeResult:
         now = self._clock()

@@ -8,7 +8,9 @@ With ``metrics_pages`` it also answers `GET /metrics` with those pages in turn (
 pages), so a canary that scrapes the engine can run against it. With ``hold_until_scraped`` a
 stream waits after its first token until `/metrics` is scraped (since the stream began), so a
 canary's run cannot end before the engine has been looked at while it held the stream. With
-``hold_body_end`` a stream's HTTP body ends (the last chunk, after `[DONE]`) only once
+``count_generation`` each page's `vllm:generation_tokens_total` grows by the tokens streamed
+since the server started, as a real engine's does, so a canary reads its own tokens on the
+engine's page. With ``hold_body_end`` a stream's HTTP body ends (the last chunk, after `[DONE]`) only once
 ``body_end`` is set. ``connections`` counts the TCP connections clients opened to it.
 """
 
@@ -47,8 +49,11 @@ class SseEngine:
         hold_until_scraped: bool = False,
         hold_body_end: bool = False,
         idle_timeout_s: float | None = None,
+        count_generation: bool = False,
     ) -> None:
         self.hold_after = hold_after
+        self.count_generation = count_generation
+        self.generated = 0  # tokens streamed, all streams
         self.token_delay_s = token_delay_s  # a slow engine: this long between tokens
         self.metrics_pages = list(metrics_pages)
         self.hold_until_scraped = hold_until_scraped
@@ -117,7 +122,7 @@ class SseEngine:
         if method == "GET" and path == "/v1/models":
             _json(writer, 200, {"object": "list", "data": [{"id": MODEL}]})
         elif method == "GET" and path == "/metrics" and self.metrics_pages:
-            page = self.metrics_pages[self.scrapes % len(self.metrics_pages)].encode()
+            page = self._page(self.metrics_pages[self.scrapes % len(self.metrics_pages)]).encode()
             self.scrapes += 1
             async with self._scraped:
                 self._scraped.notify_all()
@@ -154,6 +159,7 @@ class SseEngine:
                 self.disconnected.set()
                 return False
             _chunk(writer, token_event(i, prompt_tokens, last=i == tokens - 1))
+            self.generated += 1
             await writer.drain()
             if i == 0 and self.hold_until_scraped:
                 await self._scraped_since(scrapes_at_start)
@@ -167,6 +173,18 @@ class SseEngine:
         await writer.drain()
         self.completed += 1
         return True
+
+    def _page(self, page: str) -> str:
+        """The recorded page, its generation counter grown by what was streamed if asked."""
+        if not self.count_generation:
+            return page
+        lines = []
+        for line in page.splitlines():
+            if line.startswith("vllm:generation_tokens_total"):
+                name, _, value = line.rpartition(" ")
+                line = f"{name} {float(value) + self.generated}"
+            lines.append(line)
+        return "\n".join(lines) + "\n"
 
     async def _scraped_since(self, scrapes: int) -> None:
         with contextlib.suppress(TimeoutError):
