@@ -46,11 +46,18 @@ async def tick(h: Harness, *, after_s: float) -> dict[str, Any]:
     return dict(result.detail)
 
 
+# One target per incident: the alert groups of one target are one incident (bot/intake)
+TARGETS = {
+    f"prod-{n}": {"vllm_url": f"http://10.0.0.5:80{n:02d}", "actuator": {"kind": "dry-run"}}
+    for n in range(INCIDENTS)
+}
+
+
 def incident_body(n: int) -> bytes:
-    """Incident ``n``: an alert group of its own (its own engine replica behind prod-a)."""
+    """Incident ``n``: an alert group of its own, about target prod-``n``."""
     instance = f"10.0.0.5:80{n:02d}"
     return body(
-        alert(instance=instance, fingerprint=f"{n:016x}", ruleloop_target="prod-a"),
+        alert(instance=instance, fingerprint=f"{n:016x}", ruleloop_target=f"prod-{n}"),
         group_key=f'{{}}:{{instance="{instance}"}}',
         groupLabels={"alertname": "VLLMTimeToFirstTokenP99High", "instance": instance},
     )
@@ -80,7 +87,7 @@ def outbox(h: Harness) -> list[OutboxItem]:
 
 @pytest.fixture
 async def h(tmp_path: Path, slack: FakeSlack) -> Any:
-    harness_ = harness(tmp_path, slack=slack, matching_adr=True)
+    harness_ = harness(tmp_path, slack=slack, matching_adr=True, targets=TARGETS)
     yield harness_
     await harness_.close()
 
@@ -115,7 +122,7 @@ async def test_slack_down_two_minutes_during_20_openings_then_each_posted_and_di
     threads = per_thread(slack)
     root_ts = set(_posted_ts(slack))
     assert len(root_ts) == INCIDENTS and set(threads) == root_ts
-    assert set(threads.values()) == {2}  # findings and the matching ADRs, once each
+    assert set(threads.values()) == {3}  # findings, the matching ADRs and the buttons, once each
     assert len(slack.of("files.completeUploadExternal")) == INCIDENTS  # one chart each
     actions = audit(h)
     assert actions["slack.root_posted"] == actions["diagnosis.posted"] == INCIDENTS
@@ -148,7 +155,7 @@ async def test_refused_connections_are_retried_and_a_repeat_triggers_delivery(
     assert "tried again now" in repeat.json()["reason"]
     await slack.until("chat.update")
     await h.bot.tasks.drain()
-    assert len(roots(slack)) == 1 and set(per_thread(slack).values()) == {2}
+    assert len(roots(slack)) == 1 and set(per_thread(slack).values()) == {3}
 
 
 async def test_a_channel_slack_refuses_is_failed_with_the_reason_not_retried_forever(
@@ -157,7 +164,7 @@ async def test_a_channel_slack_refuses_is_failed_with_the_reason_not_retried_for
     """A permanent refusal (channel_not_found) is marked failed, logged, audited, counted on
     /metrics and shown on /healthz; the outbox job never tries it again."""
     slack.missing.add("#gone")
-    h = harness(tmp_path, slack=slack, slack_extra={"channel": "#gone"})
+    h = harness(tmp_path, slack=slack, slack_extra={"channel": "#gone"}, targets=TARGETS)
     try:
         with caplog.at_level(logging.ERROR, logger="ruleloop.outbox"):
             assert (await h.webhook(incident_body(1))).status_code == 202
@@ -200,20 +207,20 @@ async def test_an_incident_whose_process_stopped_is_posted_and_diagnosed_by_the_
 ) -> None:
     """The webhook was answered 202, then the process stopped before anything reached Slack:
     the next process (or replica) posts the root message and runs the diagnosis."""
-    first = harness(tmp_path, slack=slack, matching_adr=True)
+    first = harness(tmp_path, slack=slack, matching_adr=True, targets=TARGETS)
     slack.outage("5xx")
     assert (await first.webhook(incident_body(1))).status_code == 202
     await first.bot.tasks.drain(timeout_s=0)  # stopped: the diagnosis is cancelled
     await first.close()
     slack.recover()
-    second = harness(tmp_path, slack=slack, matching_adr=True)  # the same store
+    second = harness(tmp_path, slack=slack, matching_adr=True, targets=TARGETS)  # the same store
     try:
         await tick(second, after_s=15)
         done = await tick(second, after_s=16 * 60)  # the stopped process's claim ran out
         assert done["rediagnosed"] == [1]
         await second.bot.tasks.drain()
         await tick(second, after_s=15)
-        assert len(roots(slack)) == 1 and set(per_thread(slack).values()) == {2}
+        assert len(roots(slack)) == 1 and set(per_thread(slack).values()) == {3}
         assert audit(second)["diagnosis.finished"] == 1
     finally:
         await second.close()
@@ -229,8 +236,8 @@ async def test_two_replicas_delivering_at_once_send_each_message_once(
         from tests.test_migrations import new_url
 
         extra["store"] = {"url": new_url(request, tmp_path, backend)}
-    a = harness(tmp_path, slack=slack, matching_adr=True, **extra)
-    b = harness(tmp_path, slack=slack, matching_adr=True, **extra)
+    a = harness(tmp_path, slack=slack, matching_adr=True, targets=TARGETS, **extra)
+    b = harness(tmp_path, slack=slack, matching_adr=True, targets=TARGETS, **extra)
     try:
         slack.outage("5xx")
         for n in range(5):
@@ -248,7 +255,7 @@ async def test_two_replicas_delivering_at_once_send_each_message_once(
         for _ in range(3):
             await asyncio.gather(a.bot.flows.outbox.deliver_due(), b.bot.flows.outbox.deliver_due())
         assert len(roots(slack)) == 5
-        assert set(per_thread(slack).values()) == {2}
+        assert set(per_thread(slack).values()) == {3}
         assert len(slack.of("files.completeUploadExternal")) == 5
         assert {i.state for i in outbox(a)} == {items.SENT}
     finally:
