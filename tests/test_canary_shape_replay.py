@@ -264,6 +264,7 @@ def test_a_fixed_workload_describes_its_shape_in_vllm_buckets() -> None:
     assert [g.model_dump() for g in shape.prefix.groups] == [{"share": 1.0, "length": 100}]
     assert shape.arrivals.model_dump() == {
         "request_rate": 5.0, "concurrency": None, "burstiness": 1.0,
+        "replicas": 1, "per": "replica",  # a canary loads one endpoint: one replica's traffic
     }  # fmt: skip
     steady = Workload(endpoint="http://x/v1/completions", concurrency=8, prompt_length=128)
     shape = fixed_shape(steady, request_rate=12.5, captured_at=T0)
