@@ -35,8 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.workload_drift_bench import Engine, Fleet, rss_mib  # noqa: E402
-from tests import store_reads  # noqa: E402
+from bench.workload_drift_bench import Engine, Fleet, run_periods  # noqa: E402
 from tests.fakes.bot import harness  # noqa: E402
 from tests.test_scheduler_workload_drift import ADR, ShapeCanary, record_workload  # noqa: E402
 from tests.workload_pages import chat  # noqa: E402
@@ -95,38 +94,11 @@ async def run(
         jobs = [j for j in h.bot.scheduler.jobs if j.name.startswith("workload:")]
         assert len(jobs) == targets, [j.name for j in h.bot.scheduler.jobs]
         drifting = [fleets[n] for n in names[::10]]
-        rows, missed, skipped = [], 0, 0
         cpu0, wall0, fake0 = time.process_time(), time.perf_counter(), engines.cpu_s
-        for period in range(periods):
-            in_drift = periods // 3 <= period < 2 * periods // 3
-            for fleet in drifting:
-                for host in fleet:
-                    engines.engines[host].kind = "agents" if in_drift else "chat"
-            c, w, fake = time.process_time(), time.perf_counter(), engines.cpu_s
-            results = []
-            for job in jobs:
-                ran = await h.bot.scheduler.runner.tick(job)
-                results.extend(ran)
-                missed += not any(r.state == "done" for r in ran)
-                skipped += sum(1 for r in ran if "skipped" in r.detail)
-            await h.bot.tasks.drain()
-            with h.bot.db.transaction() as s:
-                open_threads = sum(1 for i in store_reads.incidents(s) if i.open_key)
-            rows.append({
-                "period": period,
-                "cpu_s": round(time.process_time() - c - (engines.cpu_s - fake), 3),
-                "wall_s": round(time.perf_counter() - w, 3),
-                "rss_mib": round(rss_mib(), 1),
-                "drifted": sum(1 for r in results if r.detail.get("drifted")),
-                "open_threads": open_threads,
-            })  # fmt: skip
-            print(
-                f"period {period + 1:2d}/{periods}: {rows[-1]['cpu_s']:6.2f} s CPU, "
-                f"{rows[-1]['wall_s']:6.2f} s wall, {rows[-1]['rss_mib']:6.1f} MiB, "
-                f"{rows[-1]['drifted']} drifted, {open_threads} threads open",
-                flush=True,
-            )
-            h.wall.advance(every)
+        rows, missed, skipped = await run_periods(
+            h, jobs, engines, [host for fleet in drifting for host in fleet],
+            periods=periods, every=every,
+        )  # fmt: skip
         bot_cpu = time.process_time() - cpu0 - (engines.cpu_s - fake0)
         wall = time.perf_counter() - wall0
         await h.close()

@@ -261,12 +261,14 @@ def main() -> int:
               f"{'yes' if s['within_5pct'] else 'no'}; side by side, pick "
               f"{s['side_by_side']['search_pick'] or s['side_by_side']['grid_best'] or 0:.2f} vs "
               f"grid's best {s['side_by_side']['grid_best'] or 0:.2f}")  # fmt: skip
-    print(f"found the grid's best: {found}/{len(seeds)}; within 5 % of it: "
-          f"{goal['seeds_within_5pct']}/{len(seeds)} (on the grid's own numbers for the same "
-          f"flags: {goal['seeds_within_5pct_on_grid_numbers']}/{len(seeds)}, side by side: "
-          f"{goal['seeds_within_5pct_side_by_side']}/{len(seeds)}); at most half the "
-          f"trials: {goal['seeds_at_most_half_the_trials']}/{len(seeds)}, half the wall time: "
-          f"{goal['seeds_at_most_half_the_wall_time']}/{len(seeds)}; wrote {args.out}")
+    print(
+        f"found the grid's best: {found}/{len(seeds)}; within 5 % of it: "
+        f"{goal['seeds_within_5pct']}/{len(seeds)} (on the grid's own numbers for the same "
+        f"flags: {goal['seeds_within_5pct_on_grid_numbers']}/{len(seeds)}, side by side: "
+        f"{goal['seeds_within_5pct_side_by_side']}/{len(seeds)}); at most half the "
+        f"trials: {goal['seeds_at_most_half_the_trials']}/{len(seeds)}, half the wall time: "
+        f"{goal['seeds_at_most_half_the_wall_time']}/{len(seeds)}; wrote {args.out}"
+    )
     return 0
 
 

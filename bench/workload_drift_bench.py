@@ -154,38 +154,11 @@ async def run(targets: int, periods: int, every: float, window: float) -> dict[s
         assert h.bot.scheduler is not None
         jobs = [j for j in h.bot.scheduler.jobs if j.name.startswith("workload:")]
         assert len(jobs) == targets, [j.name for j in h.bot.scheduler.jobs]
-        drifting = set(hosts[::10])
-        rows, missed, skipped = [], 0, 0
+        drifting = hosts[::10]
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        for period in range(periods):
-            in_drift = periods // 3 <= period < 2 * periods // 3
-            for host in drifting:
-                fleet.engines[host].kind = "agents" if in_drift else "chat"
-            c, w, fake = time.process_time(), time.perf_counter(), fleet.cpu_s
-            results = []
-            for job in jobs:
-                ran = await h.bot.scheduler.runner.tick(job)
-                results.extend(ran)
-                missed += not any(r.state == "done" for r in ran)
-                skipped += sum(1 for r in ran if "skipped" in r.detail)
-            await h.bot.tasks.drain()
-            with h.bot.db.transaction() as s:
-                open_threads = sum(1 for i in store_reads.incidents(s) if i.open_key)
-            rows.append({
-                "period": period,
-                "cpu_s": round(time.process_time() - c - (fleet.cpu_s - fake), 3),
-                "wall_s": round(time.perf_counter() - w, 3),
-                "rss_mib": round(rss_mib(), 1),
-                "drifted": sum(1 for r in results if r.detail.get("drifted")),
-                "open_threads": open_threads,
-            })  # fmt: skip
-            print(
-                f"period {period + 1:2d}/{periods}: {rows[-1]['cpu_s']:6.2f} s CPU, "
-                f"{rows[-1]['rss_mib']:6.1f} MiB, {rows[-1]['drifted']} drifted, "
-                f"{open_threads} threads open",
-                flush=True,
-            )
-            h.wall.advance(every)
+        rows, missed, skipped = await run_periods(
+            h, jobs, fleet, drifting, periods=periods, every=every
+        )
         cpu = time.process_time() - cpu0 - fleet.cpu_s  # the bot's, without the fake engines'
         wall = time.perf_counter() - wall0
         await h.close()
@@ -209,6 +182,45 @@ async def run(targets: int, periods: int, every: float, window: float) -> dict[s
         "revalidations": len(canary.shapes),
         "periods_detail": rows,
     }
+
+
+async def run_periods(
+    h: Any, jobs: list[Any], fleet: Fleet, drifting: list[str], *, periods: int, every: float
+) -> tuple[list[dict[str, Any]], int, int]:
+    """Run every job once a period on the bot's controlled clock, the ``drifting`` hosts on the
+    other workload for the middle third; each period's row (the bot's CPU without the fake
+    engines', its memory), and the periods missed and skipped."""
+    rows, missed, skipped = [], 0, 0
+    for period in range(periods):
+        in_drift = periods // 3 <= period < 2 * periods // 3
+        for host in drifting:
+            fleet.engines[host].kind = "agents" if in_drift else "chat"
+        c, w, fake = time.process_time(), time.perf_counter(), fleet.cpu_s
+        results = []
+        for job in jobs:
+            ran = await h.bot.scheduler.runner.tick(job)
+            results.extend(ran)
+            missed += not any(r.state == "done" for r in ran)
+            skipped += sum(1 for r in ran if "skipped" in r.detail)
+        await h.bot.tasks.drain()
+        with h.bot.db.transaction() as s:
+            open_threads = sum(1 for i in store_reads.incidents(s) if i.open_key)
+        rows.append({
+            "period": period,
+            "cpu_s": round(time.process_time() - c - (fleet.cpu_s - fake), 3),
+            "wall_s": round(time.perf_counter() - w, 3),
+            "rss_mib": round(rss_mib(), 1),
+            "drifted": sum(1 for r in results if r.detail.get("drifted")),
+            "open_threads": open_threads,
+        })  # fmt: skip
+        print(
+            f"period {period + 1:2d}/{periods}: {rows[-1]['cpu_s']:6.2f} s CPU, "
+            f"{rows[-1]['wall_s']:6.2f} s wall, {rows[-1]['rss_mib']:6.1f} MiB, "
+            f"{rows[-1]['drifted']} drifted, {open_threads} threads open",
+            flush=True,
+        )
+        h.wall.advance(every)
+    return rows, missed, skipped
 
 
 def main() -> None:
