@@ -6,9 +6,6 @@ is counted in ``truncatedAlerts``), and that notification opens an incident."""
 from __future__ import annotations
 
 import json
-import shutil
-import socket
-import subprocess
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -20,19 +17,16 @@ import pytest
 import yaml
 
 from bot.config import ServerSettings
+from bot.engine.process import free_port
 from tests import store_reads
+from tests.alertmanager_process import alertmanager as running_alertmanager
+from tests.alertmanager_process import wait
 from tests.fakes.bot import AM_TOKEN, Harness, harness
 
 pytestmark = pytest.mark.faults
 
 CONFIG = Path(__file__).parent.parent / "deploy" / "alertmanager" / "alertmanager.yml"
 ALERTS = 1500
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Received(BaseHTTPRequestHandler):
@@ -87,9 +81,6 @@ def receiver() -> Iterator[tuple[int, list[bytes]]]:
 @pytest.fixture
 def alertmanager(tmp_path: Path, receiver: tuple[int, list[bytes]]) -> Iterator[str]:
     """The shipped config, pointed at ``receiver`` and with the test's short group timers."""
-    binary = shutil.which("prometheus-alertmanager")
-    if binary is None:
-        pytest.skip("Alertmanager is not installed (`make test` installs prometheus-alertmanager)")
     config = yaml.safe_load(CONFIG.read_text())
     config["route"].update(group_wait="1s", group_interval="1m")
     (tmp_path / "token").write_text(AM_TOKEN)
@@ -97,36 +88,8 @@ def alertmanager(tmp_path: Path, receiver: tuple[int, list[bytes]]) -> Iterator[
         for hook in receiver_.get("webhook_configs", []):
             hook["url"] = f"http://127.0.0.1:{receiver[0]}/alertmanager"
             hook["http_config"]["authorization"]["credentials_file"] = str(tmp_path / "token")
-    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    log = (tmp_path / "am.log").open("w")
-    proc = subprocess.Popen(
-        [binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait(lambda: _ready(url), what="Alertmanager ready", log=tmp_path / "am.log")
+    with running_alertmanager(tmp_path, config) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/-/ready", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
-
-
-def _wait(done: object, *, what: str, log: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"{what}: timed out\n{log.read_text()[-2000:]}"
-        time.sleep(0.2)
 
 
 @pytest.fixture
@@ -144,7 +107,7 @@ async def test_a_group_of_1500_alerts_reaches_the_bot_as_one_notification_that_f
     sent = [kube_alert(n) for n in range(ALERTS)]
     assert httpx.post(f"{alertmanager}/api/v2/alerts", json=sent, timeout=30).status_code == 200
     bodies = receiver[1]
-    _wait(lambda: bodies, what="the notification", log=tmp_path / "am.log")
+    wait(lambda: bodies, what="the notification", log=tmp_path / "am.log")
     time.sleep(1)  # nothing else of this group is due for group_interval (1 m)
     assert len(bodies) == 1
     notification = json.loads(bodies[0])

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -25,21 +23,22 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from sqlalchemy import select
 
 from bot.adr.models import AdrGates
 from bot.canary.verdict import gates_from, judged
 from bot.config import CanarySpec
+from bot.engine.process import free_port
 from bot.remediation.gate import GateRun
 from bot.store.models import Remediation
 from tests import store_reads
+from tests.alertmanager_process import alertmanager as running_alertmanager
+from tests.alertmanager_process import wait
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import FakeTime
 from tests.fakes.kube_api import FakeKube, KubeActuators
 from tests.fakes.slack_api import FakeSlack
 from tests.fakes.sse_engine import SseEngine
-from tests.test_deploy_alertmanager_big_group import _ready, _wait, free_port
 from tests.test_faults_heartbeat import ARGS, PASSING, BeatTime
 from tests.test_remediation_slack import ADR, buttons
 
@@ -77,30 +76,14 @@ def notified() -> Iterator[tuple[int, list[dict[str, str]]]]:
 @pytest.fixture
 def alertmanager(tmp_path: Path, notified: tuple[int, list[dict[str, str]]]) -> Iterator[str]:
     """A real Alertmanager: one group per alert (by target), sent after 1 s."""
-    binary = shutil.which("prometheus-alertmanager")
-    if binary is None:
-        pytest.skip("Alertmanager is not installed (`make test` installs prometheus-alertmanager)")
     config = {
         "route": {"receiver": "hook", "group_by": ["alertname", "ruleloop_target"],
                   "group_wait": "1s", "group_interval": "1m", "repeat_interval": "1h"},
         "receivers": [{"name": "hook", "webhook_configs": [
             {"url": f"http://127.0.0.1:{notified[0]}/", "send_resolved": False}]}],
     }  # fmt: skip
-    (tmp_path / "am.yml").write_text(yaml.safe_dump(config))
-    port, log = free_port(), (tmp_path / "am.log").open("w")
-    proc = subprocess.Popen(
-        [binary, f"--config.file={tmp_path / 'am.yml'}", f"--storage.path={tmp_path / 'am'}",
-         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait(lambda: _ready(url), what="Alertmanager ready", log=tmp_path / "am.log")
+    with running_alertmanager(tmp_path, config) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        log.close()
 
 
 class Canary:
@@ -214,7 +197,7 @@ async def test_the_target_is_silenced_while_the_change_runs_and_again_loud_after
     fire(change.am, "prod-a")
     fire(change.am, "prod-b")
     received = notified[1]
-    await asyncio.to_thread(_wait, lambda: received, what="prod-b's notification",
+    await asyncio.to_thread(wait, lambda: received, what="prod-b's notification",
                             log=Path("/dev/null"))  # fmt: skip
     await asyncio.sleep(1.5)  # prod-a's group was due at the same group_wait
     assert [labels["ruleloop_target"] for labels in received] == ["prod-b"]

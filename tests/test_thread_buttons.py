@@ -19,12 +19,12 @@ import httpx
 import pytest
 
 from bot.chat.mrkdwn import unescape
+from bot.engine.process import free_port
 from bot.store.models import Incident
 from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
-from tests.test_deploy_alertmanager_big_group import free_port
 from tests.test_remediation_silences import alertmanager, notified  # noqa: F401  (fixtures)
 from tests.test_remediation_slack import buttons
 

@@ -13,9 +13,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
 from bot.engine.process import free_port
+from tests.alertmanager_process import ready
 
 Sample = tuple[float, float]  # (unix seconds, value)
 
@@ -56,7 +55,7 @@ def prometheus_with(history: str, workdir: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
-        while not _ready(url):
+        while not ready(url):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError(
                     f"Prometheus not ready:\n{(workdir / 'prometheus.log').read_text()[-3000:]}"
@@ -71,10 +70,3 @@ def prometheus_with(history: str, workdir: Path) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/-/ready", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
