@@ -92,6 +92,50 @@ def test_rendered_rules_are_the_shipped_ones_labelled_with_the_bots_namespace(
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def test_an_engine_in_another_namespace_keeps_its_own_beside_the_bots(
+    rendered: list[dict], tmp_path: Path
+) -> None:
+    """The stamp routes every alert to the bot's AlertmanagerConfig (namespace: the bot's); the
+    engine's own namespace stays on the alert as engine_namespace (promtool on the rendered
+    rules: an engine scraped in namespace gpu-pool)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (`make test` installs prometheus)")
+    rule = one(rendered, "PrometheusRule", "vllm-alerts")
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rule["spec"]))
+    labels = 'instance="10.1.0.7:8000",job="vllm",namespace="gpu-pool",ruleloop_target="prod-a"'
+    case = {
+        "rule_files": ["rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [{"series": f"vllm:kv_cache_usage_perc{{{labels}}}",
+                              "values": "0.97x20"}],
+            "alert_rule_test": [{
+                "eval_time": "15m", "alertname": "VLLMKVCacheUsageHigh",
+                "exp_alerts": [{
+                    "exp_labels": {"severity": "warning", "instance": "10.1.0.7:8000",
+                                   "job": "vllm", "namespace": "inference",
+                                   "engine_namespace": "gpu-pool", "ruleloop_target": "prod-a"},
+                    "exp_annotations": {
+                        "summary": "KV cache on 10.1.0.7:8000 is 97% full",
+                        "description": "10.1.0.7:8000 has used over 95% of its KV-cache blocks "
+                        "for 10 minutes; new requests wait or running ones are preempted next.",
+                        "runbook_url": "docs/alerts.md#vllmkvcacheusagehigh",
+                    },
+                }],
+            }],
+        }],
+    }  # fmt: skip
+    (tmp_path / "case.yml").write_text(yaml.safe_dump(case))
+    tested = subprocess.run([promtool, "test", "rules", "case.yml"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    for group in rule["spec"]["groups"]:  # every engine alert carries it
+        for each in group["rules"]:
+            assert each["labels"]["engine_namespace"] == "{{ $labels.namespace }}", each["alert"]
+
+
 def test_operator_objects_carry_the_release_label_and_replace_the_plain_rules(
     rendered: list[dict],
 ) -> None:
