@@ -1,7 +1,9 @@
-"""Request heads have a ceiling and a deadline in `ruleloop serve` and the gateway (real servers).
+"""Request heads have a ceiling and a deadline in `ruleloop serve`, the gateway and the GPU agent
+(real servers).
 
-Both run uvicorn with bot/runtime/heads.py's protocol: ``serve`` as ``bot/cli/serve.py`` builds
-it (its protocol class, a small app), the gateway as ``GatewayServer`` (scripted engine).
+All run uvicorn with bot/runtime/heads.py's protocol: ``serve`` as ``bot/cli/serve.py`` builds
+it (its protocol class, a small app), the gateway as ``GatewayServer`` (scripted engine), the
+agent through its own ``serve`` (its app over a fake NVML).
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ import httpx
 import pytest
 import uvicorn
 
+from bot.agent.app import create_app
+from bot.agent.server import serve as agent_serve
+from bot.agent.session import NvmlSession
 from bot.gateway.app import Gateway
 from bot.gateway.limits import Limits
 from bot.gateway.server import GatewayServer
 from bot.listening import QuietServer, bind
 from bot.runtime.heads import GuardedHttpToolsProtocol, HeadLimits
+from tests.fakes.nvml import FakeNvml
 from tests.gateway_scripted import STREAM, ScriptedEngine
 
 pytestmark = pytest.mark.faults
@@ -63,7 +69,25 @@ async def gateway_server() -> AsyncIterator[str]:
     await upstream.aclose()
 
 
-SERVERS = {"serve": serve_server, "gateway": gateway_server}
+@contextlib.asynccontextmanager
+async def agent_server() -> AsyncIterator[str]:
+    """`ruleloop agent` as bot/cli/agent.py runs it, over a fake NVML, with a short timeout."""
+    sock = bind("127.0.0.1", 0)
+    app = create_app(NvmlSession(FakeNvml.no_driver(), watch_xid=False), token="t" * 32)
+    started: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    task = asyncio.create_task(
+        agent_serve(app, sock, on_started=started.set_result, head_limits=LIMITS)
+    )
+    try:
+        yield await started
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        sock.close()
+
+
+SERVERS = {"serve": serve_server, "gateway": gateway_server, "agent": agent_server}
 
 
 def rss_mb() -> float:
@@ -156,7 +180,7 @@ async def test_a_slowloris_head_is_closed_at_the_head_timeout(kind: str) -> None
 async def test_ordinary_requests_with_a_few_kilobytes_of_headers_are_served(kind: str) -> None:
     headers = {f"x-h{i}": "v" * 200 for i in range(50)}  # 50 lines, about 10 KB
     async with SERVERS[kind]() as base, httpx.AsyncClient() as client:
-        path = "/" if kind == "serve" else "/v1/models"
+        path = {"serve": "/", "gateway": "/v1/models", "agent": "/healthz"}[kind]
         answers = [await client.get(f"{base}{path}", headers=headers) for _ in range(3)]
     assert [a.status_code for a in answers] == [200, 200, 200]
 

@@ -1,6 +1,8 @@
 """Runs the agent's app on uvicorn until SIGTERM or SIGINT, then exits 0.
 
 The socket comes bound from ``bot.listening.bind``, so a busy port is a one-line usage error.
+Request heads have the same ceiling and deadline as ``ruleloop serve``'s and the gateway's
+(bot/runtime/heads.py): the agent listens on a GPU node's network.
 """
 
 from __future__ import annotations
@@ -14,14 +16,19 @@ import uvicorn
 from starlette.applications import Starlette
 
 from bot.listening import QuietServer
+from bot.runtime.heads import GuardedHttpToolsProtocol, HeadLimits
 
 
 async def serve(
-    app: Starlette, sock: socket.socket, *, on_started: Callable[[str], None] | None = None
-) -> None:
+    app: Starlette, sock: socket.socket, *, on_started: Callable[[str], None] | None = None,
+    head_limits: HeadLimits | None = None,
+) -> None:  # fmt: skip
     """Serve ``app`` on ``sock`` until SIGTERM/SIGINT; ``on_started`` gets the base URL."""
+    protocol = GuardedHttpToolsProtocol
+    if head_limits is not None:
+        protocol = protocol.with_limits(head_limits)
     config = uvicorn.Config(
-        app, loop="none", http="auto", ws="none", lifespan="off", access_log=False,
+        app, loop="none", http=protocol, ws="none", lifespan="off", access_log=False,
         server_header=False, log_level="warning", timeout_graceful_shutdown=5,
     )  # fmt: skip
     server = QuietServer(config)
