@@ -19,7 +19,8 @@ from bot.canary.verdict import gates_from, judged
 from bot.config import CanarySpec
 from bot.remediation.gate import GateRun
 from bot.scheduler.runner import RunResult
-from bot.store.models import Incident
+from bot.store import service as store
+from bot.store.models import Incident, Remediation
 from bot.workload.shape import WorkloadShape
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
@@ -64,13 +65,16 @@ class ShapeCanary:
 
     def __init__(self) -> None:
         self.ttft_p99_ms = 180.0
+        self.tpot_p99_ms = 21.5
         self.shapes: list[WorkloadShape | None] = []
+        self.gates: list[AdrGates] = []
 
     async def __call__(
         self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: Any = None
     ) -> GateRun:
         self.shapes.append(shape)
-        report = {"ttft_ms": {"p99": self.ttft_p99_ms}, "tpot_ms": {"p99": 21.5},
+        self.gates.append(gates)
+        report = {"ttft_ms": {"p99": self.ttft_p99_ms}, "tpot_ms": {"p99": self.tpot_p99_ms},
                   "goodput_ratio": 0.99, "kv_fragmentation": {"observed": 0.12},
                   "requests": {"total": 32, "failed": 0}}  # fmt: skip
         return judged(report, gates_from(gates))
@@ -83,6 +87,29 @@ def record_workload(adr_dir: Path, shape: WorkloadShape) -> None:
     data = yaml.safe_load(front) | {"workload": shape.model_dump(mode="json")}
     path.write_text("---\n" + yaml.safe_dump(data, allow_unicode=True, sort_keys=False)
                     + "---\n" + body)  # fmt: skip
+
+
+def set_gates(h: Harness, gates: str) -> None:
+    """The seed ADR's gates replaced by ``gates`` (front-matter lines)."""
+    path = next(Path(h.bot.flows.settings.paths.adr).glob(f"{ADR}-*.md"))
+    text = path.read_text()
+    start = text.index("gates:\n") + len("gates:\n")
+    end = start
+    while text.startswith("  ", end):  # the gates block: its indented lines
+        end = text.index("\n", end) + 1
+    path.write_text(text[:start] + gates + text[end:])
+
+
+def promote_with_before(h: Harness, before: dict[str, float]) -> None:
+    """The seed ADR put in force on prod-a by a change whose before-run (under the incident's
+    workload, not the live one) measured ``before``."""
+    with h.bot.db.transaction() as s:
+        incident = store.create(s, key="k", source="slash", title="t", target="prod-a",
+                                labels={}, at=h.wall.now())  # fmt: skip
+        s.add(Remediation(incident_id=incident.id, adr_id=ADR, target="prod-a",
+                          requested_by="U1", state="promoted", approvals_needed=1,
+                          result={"before_numbers": before},
+                          created_at=h.wall.now(), updated_at=h.wall.now()))  # fmt: skip
 
 
 @pytest.fixture
@@ -180,6 +207,76 @@ async def test_drift_under_which_the_gates_fail_says_so_in_the_title_and_thread(
     assert incident.title.endswith(f"; under it {ADR}: gates fail: TTFT p99 900ms > 350ms")
     text = slack.of("chat.postMessage")[-1].args["text"]
     assert ":x: Under it the gates fail" in text and ":x: TTFT p99 900ms" in text
+
+
+async def test_a_gate_relative_to_a_before_on_other_traffic_is_not_judged_nor_said_to_hold(
+    h: Harness, slack: FakeSlack, canary: ShapeCanary, traffic: Traffic
+) -> None:
+    # TPOT p99 <= 0.5x before, the before measured under the incident's workload (1,923.4 ms):
+    # 961.7 ms against a replay of the live traffic could not fail. Not judged, and said so.
+    set_gates(h, "  max_tpot_p99_ms: 0.5x before\n")
+    promote_with_before(h, {"ttft_p99_ms": 4500.0, "tpot_p99_ms": 1923.4})
+    traffic.kind = "agents"
+    canary.tpot_p99_ms = 27.7
+    drift = await tick(h)
+    assert drift.detail.get("opened"), drift.detail
+    assert canary.shapes == []  # nothing to judge: no canary run
+    reason = "its before was measured under the incident's workload, not the live one"
+    assert drift.detail["revalidated"] == [
+        f"{ADR}: judged nothing; not judged: max_tpot_p99_ms 0.5x before: {reason}"
+    ]
+    (incident,) = [i for i in incidents(h) if i.source == "scheduler"]  # not the change's
+    assert incident.title.endswith(f"; not re-validated: {ADR}")
+    assert incident.labels["severity"] == "info"  # nothing failed, and nothing passed either
+    text = slack.of("chat.postMessage")[-1].args["text"]
+    verdict = text.split("What moved:", 1)[1]
+    assert "hold" not in verdict and ":white_check_mark:" not in verdict
+    assert "961.7" not in text
+    assert ":warning: Under it nothing was judged" in verdict
+    assert f":heavy_minus_sign: Not judged: max_tpot_p99_ms 0.5x before: {reason}" in verdict
+    assert "run the flags serving before" in verdict and "add an absolute gate" in verdict
+
+
+async def test_the_absolute_gate_is_judged_and_fails_while_the_relative_one_is_not_judged(
+    h: Harness, slack: FakeSlack, canary: ShapeCanary, traffic: Traffic
+) -> None:
+    set_gates(h, "  max_ttft_p99_ms: 0.5x before\n  max_tpot_p99_ms: 25.0\n")
+    promote_with_before(h, {"ttft_p99_ms": 4500.0, "tpot_p99_ms": 1923.4})
+    traffic.kind = "agents"
+    canary.tpot_p99_ms = 27.7  # the fix no longer helps under the drifted workload
+    drift = await tick(h)
+    (judged,) = canary.gates
+    assert judged.max_tpot_p99_ms == 25.0
+    assert judged.max_ttft_p99_ms is None  # not 2,250 ms from the other workload's before
+    reason = "its before was measured under the incident's workload, not the live one"
+    assert drift.detail["revalidated"] == [
+        f"{ADR}: gates fail: TPOT p99 27.7ms > 25ms; "
+        f"not judged: max_ttft_p99_ms 0.5x before: {reason}"
+    ]
+    (incident,) = [i for i in incidents(h) if i.source == "scheduler"]
+    assert incident.title.endswith(f"; under it {ADR}: gates fail: TPOT p99 27.7ms > 25ms")
+    assert incident.labels["severity"] == "warning"
+    text = slack.of("chat.postMessage")[-1].args["text"]
+    assert ":x: Under it the gates fail" in text
+    assert ":x: TPOT p99 27.7ms (gate ≤ 25ms, ADR-20260831-01)" in text
+    assert f":heavy_minus_sign: Not judged: max_ttft_p99_ms 0.5x before: {reason}" in text
+    assert "TTFT p99 180ms (gate" not in text  # the relative gate has no line of its own
+
+
+async def test_judged_gates_that_hold_say_which_were_not_judged(
+    h: Harness, slack: FakeSlack, canary: ShapeCanary, traffic: Traffic
+) -> None:
+    set_gates(h, "  max_ttft_p99_ms: 0.5x before\n  max_tpot_p99_ms: 35.0\n")
+    promote_with_before(h, {"ttft_p99_ms": 4500.0})
+    traffic.kind = "agents"
+    drift = await tick(h)
+    assert drift.detail["revalidated"][0].startswith(
+        f"{ADR}: the gates judged hold; not judged: max_ttft_p99_ms 0.5x before: "
+    )
+    text = slack.of("chat.postMessage")[-1].args["text"]
+    assert ":white_check_mark: Under it the gates judged hold" in text
+    assert "gates still hold" not in text
+    assert ":heavy_minus_sign: Not judged: max_ttft_p99_ms 0.5x before: " in text
 
 
 async def test_a_window_without_traffic_is_unknown_and_leaves_the_thread_open(

@@ -68,6 +68,17 @@ WORKLOAD_DRIFT = (
     ":world_map: *Workload drift on {target}.* *{adr}* was measured at {then}\n"
     "Production now sends {now}\nWhat moved:\n{moved}\n{verdict}"
 )
+# Why a relative gate is not judged under the live traffic (by its base): like for like only.
+NOT_JUDGED = {
+    "before": "its before was measured under the incident's workload, not the live one",
+    "normal": "normal is the engine's numbers under production, not the canary's",
+}
+NOTHING_JUDGED = (
+    ":warning: Under it nothing was judged: no gate of {adr} can be judged under the live "
+    "traffic, so this says nothing of whether {adr} still helps:\n{unjudged}\nTo re-validate "
+    "it, run the flags serving before {adr}'s change on the live shape (a before measured under "
+    "it), or add an absolute gate to {adr}."
+)
 WORKLOAD_ALIKE = (
     ":white_check_mark: *{target}* sends the traffic {adrs} {were} measured under again: {now}"
 )
@@ -78,27 +89,40 @@ def _traffic(shape: WorkloadShape) -> str:
     return context_line(shape).removeprefix(PREFIX)
 
 
-def workload_drift_title(target: str, adrs: Sequence[str], failing: Sequence[str]) -> str:
-    """The drift thread's title; which ADRs fail under the live traffic, if any."""
+def workload_drift_title(
+    target: str, adrs: Sequence[str], failing: Sequence[str], unjudged: Sequence[str] = ()
+) -> str:
+    """The drift thread's title; which ADRs fail under the live traffic, and which could not be
+    re-validated at all (every gate relative), if any."""
     title = WORKLOAD_DRIFT_TITLE.format(target=target, adrs=", ".join(adrs))
-    return title + (f"; under it {'; '.join(failing)}" if failing else "")
+    title += f"; under it {'; '.join(failing)}" if failing else ""
+    return title + (f"; not re-validated: {', '.join(unjudged)}" if unjudged else "")
+
+
+def revalidation_text(adr: Adr, check: Revalidation) -> str:
+    """The re-validated gates under the live traffic: each judged gate with its mark, then each
+    gate not judged, with why. Never 'hold' for a gate that was not judged."""
+    unjudged = "\n".join(f":heavy_minus_sign: Not judged: {line}" for line in check.not_judged)
+    result = check.result
+    if result is None:
+        if not check.not_judged:
+            return f"{adr.id} sets no gate the canary can check, so it was not re-validated."
+        return NOTHING_JUDGED.format(adr=adr.id, unjudged=unjudged)
+    if not result.passed:
+        head = ":x: Under it the gates fail"
+    elif check.not_judged:
+        head = ":white_check_mark: Under it the gates judged hold"
+    else:
+        head = ":white_check_mark: Under it the gates still hold"
+    lines = gate_lines(result.verdict, check.setters)
+    text = f"{head} (the canary replayed the live traffic):\n{lines}"
+    return text + (f"\n{unjudged}" if unjudged else "")
 
 
 def workload_drift(
     target: str, adr: Adr, live: WorkloadShape, moved: ShapeDiff, check: Revalidation
 ) -> str:
     """One ADR's part of the drift thread: then, now, what moved, the re-validated gates."""
-    result = check.result
-    if result is None:
-        verdict = f"{adr.id} sets no gate the canary can check, so it was not re-validated."
-    else:
-        head = (
-            ":white_check_mark: Under it the gates still hold"
-            if result.passed
-            else ":x: Under it the gates fail"
-        )
-        lines = gate_lines(result.verdict, check.setters)
-        verdict = f"{head} (the canary replayed the live traffic):\n{lines}"
     assert adr.workload is not None
     return WORKLOAD_DRIFT.format(
         target=target,
@@ -106,7 +130,7 @@ def workload_drift(
         then=context_line(adr.workload).removeprefix(PREFIX),
         now=_traffic(live),
         moved="\n".join(f"• {d.line}" for d in moved.dimensions if d.drifted),
-        verdict=verdict,
+        verdict=revalidation_text(adr, check),
     )
 
 

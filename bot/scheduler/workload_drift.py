@@ -7,7 +7,12 @@ matter's ``workload``); read over another number of replicas than the ADR's, the
 are compared per replica, so an autoscaler adding replicas is not drift. When one drifted, it
 re-runs that ADR's gates with the canary replaying one replica's share of the *live* shape and
 posts one thread: what the ADR was measured at, what production sends now, and whether the
-gates hold under it, before any latency alert fires.
+gates it could judge hold under it, before any latency alert fires.
+
+Like for like: a gate written 'Nx before' multiplies a before-run measured under the workload
+the change was applied under, never under the live shape, so re-validation judges only the
+absolute gates and names each relative one as not judged, with why. An ADR whose gates are all
+relative is re-validated on nothing, and the thread says so instead of "the gates hold".
 
 One open drift thread per target (its incident's ``open_key``): while it is open, a drifting
 period adds nothing; a period whose live shape is alike again closes it. No ADR in force that
@@ -27,7 +32,7 @@ from typing import Any
 import httpx
 from sqlalchemy.exc import IntegrityError
 
-from bot.adr.models import Adr
+from bot.adr.models import Adr, AdrGates
 from bot.adr.store import AdrStore
 from bot.config import Target
 from bot.errors import RuleloopError
@@ -55,11 +60,13 @@ ShapeReader = Callable[[str, Target], Awaitable[WorkloadShape]]
 @dataclass(frozen=True)
 class Revalidation:
     """An ADR's gates re-run under the live shape (``result`` None: it sets no gate the canary
-    can check) and which ADR set each gate."""
+    can judge there), which ADR set each gate, and each gate not judged, with why
+    ('max_tpot_p99_ms 0.5x before: its before was measured ...')."""
 
     adr_id: str
     result: GateRun | None
     setters: dict[str, str]
+    not_judged: tuple[str, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -67,13 +74,23 @@ class Revalidation:
         return self.result is not None and not self.result.passed
 
     @property
-    def summary(self) -> str:
-        """'ADR-x: gates hold' / 'ADR-x: gates fail: TTFT p99 ...' / 'ADR-x: no gate ...'."""
-        if self.result is None:
-            return f"{self.adr_id}: no gate it can check"
-        if self.result.passed:
-            return f"{self.adr_id}: gates hold"
+    def failing(self) -> str:
+        """'ADR-x: gates fail: TTFT p99 ...' (the thread's title; only when ``failed``)."""
+        assert self.result is not None
         return f"{self.adr_id}: gates fail: " + "; ".join(self.result.failures)
+
+    @property
+    def summary(self) -> str:
+        """'ADR-x: gates hold' / 'ADR-x: gates fail: ...' / 'ADR-x: judged nothing', plus
+        '; not judged: ...' for each gate it could not judge under the live shape."""
+        unjudged = "; not judged: " + "; ".join(self.not_judged) if self.not_judged else ""
+        if self.result is None:
+            head = "judged nothing" if self.not_judged else "no gate it can check"
+            return f"{self.adr_id}: {head}{unjudged}"
+        if self.result.passed:
+            held = "the gates judged hold" if self.not_judged else "gates hold"
+            return f"{self.adr_id}: {held}{unjudged}"
+        return self.failing + unjudged
 
 
 def drift_key(target: str) -> str:
@@ -166,7 +183,7 @@ class WorkloadDrift:
         held = await asyncio.to_thread(self._still_open, now, detail)
         if held is not None:
             return Outcome(detail | {"incident": held, "opened": False})
-        checks = [await self._revalidate(adr, live, found.before) for adr in drifted]
+        checks = [await self._revalidate(adr, live) for adr in drifted]
         detail["revalidated"] = [check.summary for check in checks]
         incident_id, opened = await asyncio.to_thread(self._open, now, drifted, checks, detail)
         if opened:
@@ -175,15 +192,21 @@ class WorkloadDrift:
             await self._flows.reply(incident_id, "\n\n".join(parts))
         return Outcome(detail | {"incident": incident_id, "opened": opened})
 
-    async def _revalidate(self, adr: Adr, live: WorkloadShape, before: Any) -> Revalidation:
-        """The ADR's gates, by the canary replaying ``live`` on this target."""
-        gates, setters = strictest([adr], before)
+    async def _revalidate(self, adr: Adr, live: WorkloadShape) -> Revalidation:
+        """The ADR's absolute gates, by the canary replaying ``live`` on this target.
+
+        Its relative gates are not judged: the one before-run there is (the change that put it
+        in force) was measured under another workload than ``live``, and 'Nx before' only
+        compares like with like. Without a before, ``strictest`` leaves them out, as for a
+        target that never ran the change; ``_not_judged`` names them."""
+        gates, setters = strictest([adr], None)
+        not_judged = _not_judged(adr, gates)
         if gates.is_empty():
-            return Revalidation(adr.id, None, {})
+            return Revalidation(adr.id, None, {}, not_judged)
         # The canary replays on one engine: one replica's share of the fleet's traffic.
         replay = per_replica(live)
         result = await self._gate(self._target.vllm_url, self._target.canary, gates, shape=replay)
-        return Revalidation(adr.id, result, setters)
+        return Revalidation(adr.id, result, setters, not_judged)
 
     def _still_open(self, now: dt.datetime, detail: dict[str, Any]) -> int | None:
         """The open drift thread's incident, noted in the audit log (None: none open)."""
@@ -204,7 +227,8 @@ class WorkloadDrift:
     ) -> tuple[int, bool]:
         """The drift thread's incident: its id, and whether this replica opened it now."""
         key = drift_key(self.name)
-        failing = [check.summary for check in checks if check.failed]
+        failing = [check.failing for check in checks if check.failed]
+        unjudged = [check.adr_id for check in checks if check.result is None and check.not_judged]
         try:
             with self._db.transaction() as s:
                 held = store.find_open(s, key=key)
@@ -215,7 +239,7 @@ class WorkloadDrift:
                     key=key,
                     source=SOURCE,
                     title=messages.workload_drift_title(
-                        self.name, [adr.id for adr in drifted], failing
+                        self.name, [adr.id for adr in drifted], failing, unjudged
                     ),
                     target=self.name,
                     labels={"alertname": ALERTNAME, "ruleloop_target": self.name,
@@ -246,6 +270,18 @@ class WorkloadDrift:
 def _shape(adr: Adr) -> WorkloadShape:
     assert adr.workload is not None
     return adr.workload
+
+
+def _not_judged(adr: Adr, judged: AdrGates) -> tuple[str, ...]:
+    """Each gate of ``adr`` that ``judged`` (its gates resolved without a before) left out:
+    'max_tpot_p99_ms 0.5x before: its before was measured under ...'."""
+    if adr.gates is None:
+        return ()
+    return tuple(
+        f"{key} {value}: {messages.NOT_JUDGED[value.base]}"
+        for key, value in adr.gates.relative().items()
+        if getattr(judged, key) is None
+    )
 
 
 def _drifted_dimensions(result: ShapeDiff) -> list[str]:
