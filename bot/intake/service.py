@@ -91,7 +91,9 @@ class Intake:
 
     def _receive(self, webhook: Webhook) -> IntakeResult:
         now = self._clock()
-        key = self.incident_key(webhook)
+        target = self.target_for(webhook)
+        # what makes alerts one incident: their target, else their Alertmanager group
+        key = f"target:{target}" if target is not None else webhook.group_key
         with self._db.transaction() as session:
             incident = store.find_open(session, key=key)
             # each instance looked up once; linear, as all of this runs under the write lock
@@ -113,7 +115,7 @@ class Intake:
                     key=key,
                     source="alertmanager",
                     title=webhook.title,
-                    target=self.target_for(webhook),
+                    target=target,
                     labels=webhook.labels,
                     at=now,
                     status=webhook.status,
@@ -194,11 +196,6 @@ class Intake:
     def _all_resolved(webhook: Webhook, incident: Incident) -> bool:
         """A resolved notification, and no alert of the incident (any group's) still firing."""
         return webhook.status == "resolved" and all(a.status != "firing" for a in incident.alerts)
-
-    def incident_key(self, webhook: Webhook) -> str:
-        """What makes alerts one incident: their target, else their Alertmanager group."""
-        target = self.target_for(webhook)
-        return f"target:{target}" if target is not None else webhook.group_key
 
     def target_for(self, webhook: Webhook) -> str | None:
         """The configured target an alert group is about: its label, else its instance (the
