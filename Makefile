@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.ruleloop-installed
 
-.PHONY: demo test test-slow-machine durations lint venv clean system-deps
+.PHONY: demo test test-slow-machine durations lint venv clean system-deps pictures
 
 venv: $(STAMP)
 
@@ -57,6 +57,11 @@ test-slow-machine: $(STAMP) system-deps
 # The order above comes from tests/module_seconds.json: this rewrites it from a whole passing run.
 durations:
 	RULELOOP_RECORD_DURATIONS=1 $(MAKE) test
+
+# The pictures in README and docs, remade from a run of the demo with today's code
+# (tests/test_doc_pictures.py fails when they no longer show what the code prints).
+pictures: $(STAMP) system-deps
+	flock /tmp/ruleloop-engine.lock $(BIN)/python bench/doc_pictures.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check bot latency_checker tests bench

@@ -12,7 +12,10 @@ running the demo (--workspace).
 
 Needs chromium, and fonts for the emoji and the seed ADR's Chinese headings
 (fonts-noto-color-emoji, fonts-wqy-zenhei). Writes docs/img/{slack-thread,incident-page,
-incident-page-phone}.png.
+incident-page-phone}.png and docs/img/pictures.json: each picture's sha256 and the text it
+shows, the incident's four numbers as the store holds them, and the sha256 of every module that
+renders what the pictures show. tests/test_doc_pictures.py fails when those modules change or
+when a picture's numbers are not what the product prints from its source: `make pictures`.
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import hashlib
 import html
 import json
+import platform
 import re
 import socket
+import sqlite3
 import sys
 import tempfile
 import time
@@ -237,6 +243,44 @@ def slack_html(ws: Path, images: Path) -> Path:
 
 
 # --- 3. screenshots ------------------------------------------------------------------------
+# What the pictures show is rendered by these: when one changes, the pictures are remade.
+RENDERERS = (
+    "bot/chat", "bot/slack/notifier.py", "bot/slack/views.py", "bot/slack/remediation_views.py",
+    "bot/web", "bot/templates", "bot/numbers/text.py", "bot/diagnosis/chart.py",
+    "bot/diagnosis/replica_text.py", "bot/demo/ADR-20261129-02-cpu-demo-scheduler-step.md",
+    "bench/doc_pictures.py",
+)  # fmt: skip
+
+
+def renderer_digests(root: Path = ROOT) -> dict[str, str]:
+    """sha256 of every file that renders what the pictures show, by path from the repo root."""
+    files: list[Path] = []
+    for name in RENDERERS:
+        path = root / name
+        files.extend(sorted(f for f in path.rglob("*") if f.is_file() and "__pycache__" not in
+                            f.parts) if path.is_dir() else [path])  # fmt: skip
+    return {str(f.relative_to(root)): sha256(f) for f in files}
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def incident_summary(ws: Path) -> dict[str, Any]:
+    """The diagnosis summary of the demo's incident, as the store holds it."""
+    with sqlite3.connect(ws / "ruleloop.db") as db:
+        (summary,) = db.execute("SELECT summary FROM incidents ORDER BY id LIMIT 1").fetchone()
+    keep = ("headline", "bounds", "spans", "normal", "normal_bounds", "normal_spans")
+    return {k: v for k, v in json.loads(summary).items() if k in keep}
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
 async def pictures(ws: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     settings = with_slack_settings(ws)
@@ -258,6 +302,7 @@ async def pictures(ws: Path, out: Path) -> None:
             page = await browser.new_page(viewport={"width": 1100, "height": 1250})
             await page.goto(link)
             await page.screenshot(path=str(out / "incident-page.png"))
+            texts = {"incident-page.png": await page.inner_text("body")}
             phone = await browser.new_page(viewport={"width": 390, "height": 844},
                                            device_scale_factor=2)  # fmt: skip
             await phone.goto(link)
@@ -267,12 +312,27 @@ async def pictures(ws: Path, out: Path) -> None:
                 slack = await browser.new_page(viewport={"width": 760, "height": 900})
                 await slack.goto(thread.as_uri())
                 await slack.screenshot(path=str(out / "slack-thread.png"), full_page=True)
+                texts["slack-thread.png"] = await slack.inner_text("body")
             await browser.close()
+        write_manifest(ws, out, texts)
     finally:
         server.should_exit = True
         await serving
         await bot.http.aclose()
         bot.db.dispose()
+
+
+def write_manifest(ws: Path, out: Path, texts: dict[str, str]) -> None:
+    """docs/img/pictures.json: what each picture is and what made it."""
+    names = ("incident-page.png", "incident-page-phone.png", "slack-thread.png")
+    manifest = {
+        "made_on": cpu_name(),
+        "pictures": {name: sha256(out / name) for name in names},
+        "texts": texts,
+        "summary": incident_summary(ws),
+        "renderers": renderer_digests(),
+    }
+    (out / "pictures.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
 
 
 def with_slack_settings(ws: Path) -> Settings:
