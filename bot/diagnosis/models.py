@@ -11,6 +11,7 @@ from typing import Any
 from bot.adr.match import MatchResult
 from bot.adr.models import Adr
 from bot.adr.relative import Normal
+from bot.diagnosis.causes import CauseVerdict
 from bot.diagnosis.chart_data import ChartData
 from bot.diagnosis.replica_text import summary_json
 from bot.diagnosis.replicas import FleetVerdict
@@ -99,6 +100,7 @@ class Diagnosis:
     normal_spans: Spans = field(default_factory=dict)  # normal's numbers that are estimates
     replicas: FleetVerdict | None = None  # one replica or all of them (None: one engine)
     withheld: list[MatchResult] = field(default_factory=list)  # matched, not offered (outlier)
+    causes: list[CauseVerdict] = field(default_factory=list)  # supported, ruled out, cannot tell
 
     def summary(self) -> dict[str, Any]:
         """The headline and every reading, JSON-ready, for the store and the audit log."""
@@ -122,6 +124,7 @@ class Diagnosis:
             "chart": None if self.chart is None else self.chart.to_json(),
             "replicas": None if self.replicas is None else summary_json(self.replicas),
             "withheld_matches": [m.adr.id for m in self.withheld],
+            "causes": [c.to_json() for c in self.causes],
         }
 
 

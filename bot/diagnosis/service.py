@@ -16,7 +16,7 @@ from typing import Any
 
 from bot.adr.match import MatchResult, matching
 from bot.adr.store import AdrStore
-from bot.diagnosis import chart_data, history, replica_text, replicas
+from bot.diagnosis import causes, chart_data, history, replica_text, replicas
 from bot.diagnosis.chart import render_chart
 from bot.diagnosis.models import GATE_OF, Baseline, Diagnosis
 from bot.diagnosis.normal import ReadNormal
@@ -122,6 +122,9 @@ class Diagnoser:
             target, labels, result, matches, baseline, normal, ended=ended, alert_start=alert_start
         )
         fleet, fleet_findings = _one_or_all(loaded, result, baseline, headline)
+        judged = causes.judge(
+            loaded.runbook, causes.Readings(result.readings, result.bounds, result.spans), fleet
+        )
         # one slow replica: a fleet-wide flag change is not its fix (the thread says what is)
         offered, withheld = ([], matches) if fleet and fleet.slow else (matches, [])
         return Diagnosis(
@@ -151,6 +154,7 @@ class Diagnoser:
             reading_spans=result.spans,
             normal_bounds=normal.bounds,
             normal_spans=normal.spans,
+            causes=judged,
         )
 
     def _select(self, labels: Mapping[str, str]) -> LoadedRunbook:

@@ -15,6 +15,7 @@ from functools import cached_property
 
 from bot.numbers.reading import Estimate
 from bot.probes.engine_identity import IDENTITY_METRICS
+from bot.probes.engine_steps import STEP_METRICS
 from bot.probes.exposition import Exposition
 from bot.probes.fragmentation import (
     ESTIMATE_ASSUMPTION,
@@ -38,7 +39,9 @@ from bot.probes.vllm_metrics import (
 
 TPOT = ("vllm:request_time_per_output_token_seconds",)
 # the identity metrics name the process that answered (deltas only within one)
-SAMPLED_METRICS = WINDOW_METRICS | IDENTITY_METRICS | {*TPOT, *PROMPT_LENGTHS, *OUTPUT_LENGTHS}
+SAMPLED_METRICS = (
+    WINDOW_METRICS | IDENTITY_METRICS | STEP_METRICS | {*TPOT, *PROMPT_LENGTHS, *OUTPUT_LENGTHS}
+)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from pydantic import Field
 
 from bot.numbers.reading import Estimate
 from bot.probes.context import ProbeContext, TargetRef
+from bot.probes.engine_steps import STEP_READINGS, read_steps
 from bot.probes.types import Params, ProbeResult
 
 
@@ -37,6 +38,7 @@ VLLM_READINGS = {
     "prefix_cache_hit_rate": "prefix-cache hits / queries",
     "generation_tokens_per_s": "output tokens per second",
     "requests_finished": "requests that finished in the window",
+    **STEP_READINGS,
 }
 
 
@@ -105,6 +107,8 @@ class VllmMetricsProbe:
             "generation_tokens_per_s": engine.generation_tokens_per_s,
             "requests_finished": engine.requests_finished,
         }
+        steps = read_steps(window.pages, running_peak=window.peak("requests_running"))
+        readings.update(steps.readings)
         details: dict[str, object] = {
             "window_s": engine.duration_s,
             "ttft_count": engine.ttft_ms.count,
@@ -126,7 +130,11 @@ class VllmMetricsProbe:
             for key, (histogram, q) in quantiles.items()
             if (bound := histogram.bounds.get(q)) is not None
         }
-        spans = _spans(goodput_ratio=engine.goodput, kv_fragmentation=fragmentation)
+        bounds.update(steps.bounds)
+        spans = {
+            **_spans(goodput_ratio=engine.goodput, kv_fragmentation=fragmentation),
+            **steps.spans,
+        }
         return ProbeResult(
             readings=readings, details=details, bounds=bounds, spans=spans, window=window
         )

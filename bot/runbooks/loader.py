@@ -1,7 +1,9 @@
 """Loads `runbooks/*.yaml` at startup and refuses a bad one there, never mid-incident.
 
 Checks: YAML and schema; every probe is registered; its params fit its model; every finding
-names a reading that a probe of the same runbook yields; runbook names are unique.
+and hypothesis names a reading that a probe of the same runbook yields; every hypothesis names a
+known cause (bot/adr/causes.py's, or one the file declares under ``causes:``); runbook names are
+unique. Each problem names the file and, where the YAML says, the line (``path:12: field: why``).
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
+from bot.adr import causes as vocabulary
 from bot.errors import UsageError
 from bot.probes.types import Params
 from bot.runbooks.models import Runbook
@@ -79,22 +83,101 @@ def check(runbook: Runbook, registry: ProbeRegistry, *, where: str) -> LoadedRun
     return LoadedRunbook(runbook=runbook, params=tuple(params))
 
 
-def load_file(path: Path, registry: ProbeRegistry) -> LoadedRunbook:
-    """Load and check one runbook file."""
+def yielded(loaded: LoadedRunbook, registry: ProbeRegistry) -> set[str]:
+    """Every reading (``probe.reading``) the runbook's probes yield."""
+    return {
+        f"{step.probe}.{name}"
+        for step, params in zip(loaded.runbook.probes, loaded.params, strict=True)
+        for name in registry.get(step.probe).readings(params)
+    }
+
+
+def hypothesis_problems(runbook: Runbook, readings: set[str]) -> list[tuple[tuple[Any, ...], str]]:
+    """(YAML location, why and what to write) for each unknown cause or reading."""
+    problems: list[tuple[tuple[Any, ...], str]] = []
+    for i, cause in enumerate(runbook.causes):
+        if cause.name in vocabulary.BUILTIN:
+            problems.append(
+                (("causes", i, "name"), f"{cause.name!r} is a built-in cause: drop it here")
+            )
+    known = vocabulary.known({c.name: vocabulary.Cause(c.name, c.title) for c in runbook.causes})
+    for i, hypothesis in enumerate(runbook.hypotheses):
+        if hypothesis.cause not in known:
+            problems.append((
+                ("hypotheses", i, "cause"),
+                f"unknown cause {hypothesis.cause!r}; write one of {', '.join(known)}, or declare "
+                "it under `causes:` with a name and a title",
+            ))  # fmt: skip
+        for name in hypothesis.readings:
+            if name not in readings:
+                problems.append((
+                    ("hypotheses", i),
+                    f"no probe of this runbook yields {name}; write one of "
+                    f"{', '.join(sorted(readings))} (or add the probe that yields it)",
+                ))  # fmt: skip
+    return problems
+
+
+def inspect_file(path: Path, registry: ProbeRegistry) -> tuple[LoadedRunbook | None, list[str]]:
+    """Load one runbook file and list every problem found (``path:line: field: why``)."""
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise UsageError(f"cannot read runbook {path}: {exc.strerror}") from None
+        text = path.read_text(encoding="utf-8")
+        data, root = yaml.safe_load(text), yaml.compose(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [f"cannot read runbook {path}: {exc}"]
     except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: not valid YAML: {exc}") from None
+        mark = getattr(exc, "problem_mark", None)
+        at = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        return None, [f"{at}: not valid YAML: {exc}"]
     try:
         runbook = Runbook.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(p) for p in first["loc"]) or "file"
-        raise UsageError(f"{path}: {field}: {first['msg']}") from None
-    loaded = check(runbook, registry, where=str(path))
-    return LoadedRunbook(runbook=loaded.runbook, params=loaded.params, path=path)
+        return None, [
+            f"{_at(path, root, e['loc'])}: {'.'.join(str(p) for p in e['loc']) or 'file'}: "
+            f"{e['msg']}"
+            for e in exc.errors()
+        ]
+    try:
+        loaded = check(runbook, registry, where=str(path))
+    except UsageError as exc:
+        return None, [str(exc)]
+    problems = [
+        f"{_at(path, root, loc)}: {_field(loc)}: {why}"
+        for loc, why in hypothesis_problems(runbook, yielded(loaded, registry))
+    ]
+    return LoadedRunbook(runbook=loaded.runbook, params=loaded.params, path=path), problems
+
+
+def load_file(path: Path, registry: ProbeRegistry) -> LoadedRunbook:
+    """Load and check one runbook file; UsageError listing its problems."""
+    loaded, problems = inspect_file(path, registry)
+    if problems or loaded is None:
+        raise UsageError("\n".join(problems))
+    return loaded
+
+
+def _field(loc: Sequence[Any]) -> str:
+    """('hypotheses', 0, 'cause') -> 'hypotheses[0].cause'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out.lstrip(".")
+
+
+def _at(path: Path, root: yaml.Node | None, loc: Sequence[Any]) -> str:
+    """``path:line`` of the deepest YAML node on ``loc`` (just ``path`` without one)."""
+    node, line = root, None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == str(part)), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            node = node.value[part] if part < len(node.value) else None
+        else:
+            node = None
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+    return str(path) if line is None else f"{path}:{line}"
 
 
 def load_dir(directory: Path, registry: ProbeRegistry) -> RunbookSet:

@@ -10,6 +10,14 @@ findings:
   - when: vllm_metrics.ttft_p99_ms > 1000
     severity: critical
     message: "TTFT p99 is {value:.0f} ms, over the {limit:.0f} ms limit"
+causes:                       # optional: causes beyond bot/adr/causes.py's, with their titles
+  - {name: slow_tokenizer, title: "the tokenizer holds up the frontend"}
+hypotheses:
+  - cause: prefill_decode_mixing
+    supported_when: vllm_metrics.max_step_tokens > 4096 and vllm_metrics.tpot_p99_ms > 100
+    ruled_out_when: vllm_metrics.max_step_tokens <= 2048
+    number: "{vllm_metrics.max_step_tokens} tokens in one scheduler step"
+    evidence: "scheduler steps reached {vllm_metrics.max_step_tokens} tokens beside decode"
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bot.numbers.reading import OPS
+from bot.runbooks.conditions import Condition, parse
 
 _WHEN = re.compile(r"^\s*(?P<probe>[A-Za-z_]\w*)\.(?P<reading>\w+)\s*(?P<op>[<>]=?|==|!=)\s*"
                    r"(?P<value>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*$")  # fmt: skip
@@ -78,6 +87,64 @@ class FindingRule(_Strict):
         return m["probe"], m["reading"], m["op"], float(m["value"])
 
 
+# `{probe.reading}` in a hypothesis's number or evidence: the reading, written as everywhere
+PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_READING_NAME = re.compile(r"^[A-Za-z_]\w*\.\w+$")
+
+
+class DeclaredCause(_Strict):
+    """A cause this runbook file adds to the built-in vocabulary (bot/adr/causes.py)."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    title: str = Field(min_length=1)
+
+
+class Hypothesis(_Strict):
+    """A cause, the condition that supports it and the one that rules it out, and how its
+    number and evidence read (``{probe.reading}`` placeholders)."""
+
+    cause: str
+    supported_when: str
+    ruled_out_when: str | None = None  # without it: ruled out when supported_when is false
+    number: str
+    evidence: str
+
+    @field_validator("supported_when", "ruled_out_when")
+    @classmethod
+    def _condition(cls, when: str | None) -> str | None:
+        if when is not None:
+            parse(when)  # ValueError says which part and what to write
+        return when
+
+    @field_validator("number", "evidence")
+    @classmethod
+    def _template(cls, text: str) -> str:
+        for name in PLACEHOLDER.findall(text):
+            if not _READING_NAME.match(name):
+                raise ValueError(
+                    f"{{{name}}} is not a reading: write {{probe.reading}}, e.g. "
+                    "{vllm_metrics.tpot_p99_ms}"
+                )
+        return text
+
+    @property
+    def supported(self) -> Condition:
+        """The supporting condition, parsed."""
+        return parse(self.supported_when)
+
+    @property
+    def ruled_out(self) -> Condition | None:
+        """The ruling-out condition, parsed (None: the supporting one decided false)."""
+        return None if self.ruled_out_when is None else parse(self.ruled_out_when)
+
+    @property
+    def readings(self) -> list[str]:
+        """Every reading it names: conditions first, then number and evidence."""
+        names = [*self.supported.readings, *(self.ruled_out.readings if self.ruled_out else [])]
+        names += PLACEHOLDER.findall(self.number) + PLACEHOLDER.findall(self.evidence)
+        return list(dict.fromkeys(names))
+
+
 class Runbook(_Strict):
     """One runbook file."""
 
@@ -86,6 +153,8 @@ class Runbook(_Strict):
     match: dict[str, str | list[str]] = Field(default_factory=dict)
     probes: list[ProbeStep] = Field(min_length=1)
     findings: list[FindingRule] = Field(default_factory=list)
+    causes: list[DeclaredCause] = Field(default_factory=list)
+    hypotheses: list[Hypothesis] = Field(default_factory=list)
 
     def matches(self, labels: Mapping[str, str]) -> bool:
         """Whether an alert with these labels is this runbook's (empty match: every alert)."""

@@ -1,0 +1,189 @@
+"""Causes, not symptoms: the runbook's hypotheses judged on the run's readings.
+
+Each hypothesis ends supported, ruled out, or cannot tell (naming the readings that were not
+measured). A reading that is only a bound or an estimate's span decides a condition only where
+the whole bound does (``bot.numbers.reading.compare``). One cause is judged in code, not YAML:
+``one_replica`` comes from the fleet verdict (bot/diagnosis/replicas.py), and only for a fleet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.adr import causes as vocabulary
+from bot.adr.causes import Verdict
+from bot.diagnosis.replicas import FleetVerdict, ratio
+from bot.numbers.reading import Bounds, Reading, Spans
+from bot.numbers.text import show
+from bot.runbooks.models import PLACEHOLDER, Hypothesis, Runbook
+
+# What to do when a probe's readings are missing altogether (the data gaps' advice).
+GAP_ADVICE = {
+    "nvml": "no GPU snapshot: configure `ruleloop agent` on the GPU nodes",
+    "queue_cancel": "no queue or cancellation readings: the engine's /metrics gave none",
+    "vllm_metrics": "no engine window: the engine's /metrics could not be read",
+}
+# Built-in causes no shipped hypothesis judges yet, and why (a runbook may add one for them).
+NOT_JUDGED = {
+    "prefix_cache_lost": "ruleloop keeps no record of the hit rate the in-force rules were "
+    "proven at to compare with",
+    "gateway_latency": "the gateway exposes no time to first token to set beside the engine's",
+    "workload_drift": "the drift job judges it (`ruleloop workload`), not the diagnosis",
+}
+_ORDER: dict[Verdict, int] = {"supported": 0, "ruled_out": 1, "cannot_tell": 2}
+
+
+@dataclass(frozen=True)
+class CauseVerdict:
+    """One cause judged: its verdict, what shows it, its one number, and what was missing."""
+
+    cause: str
+    title: str
+    verdict: Verdict
+    evidence: str
+    number: str | None = None
+    missing: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary's ``causes`` entry (the ADR matching, memory and stats key on it)."""
+        return {
+            "cause": self.cause,
+            "title": self.title,
+            "verdict": self.verdict,
+            "evidence": self.evidence,
+            "number": self.number,
+            "missing": list(self.missing),
+        }
+
+
+@dataclass(frozen=True)
+class Readings:
+    """A run's readings by dotted name, with the bounds and spans of those that have them."""
+
+    values: Mapping[str, float | None]
+    bounds: Bounds = field(default_factory=dict)
+    spans: Spans = field(default_factory=dict)
+
+    def reading(self, name: str) -> Reading | None:
+        """One reading; None when not measured."""
+        value = self.values.get(name)
+        if value is None:
+            return None
+        return Reading(value, self.bounds.get(name), self.spans.get(name))
+
+    def text(self, template: str) -> str:
+        """``{probe.reading}`` placeholders written as every surface writes numbers."""
+
+        def one(m: Any) -> str:
+            name = m[1]
+            key = name.rsplit(".", 1)[-1]
+            value = self.values.get(name)
+            return show(key, value, self.bounds.get(name), self.spans.get(name))
+
+        return PLACEHOLDER.sub(one, template)
+
+
+def judge(
+    runbook: Runbook, readings: Readings, fleet: FleetVerdict | None = None
+) -> list[CauseVerdict]:
+    """Every hypothesis of the runbook (and one_replica for a fleet), supported first, then
+    ruled out, then cannot tell; each group in the runbook's order."""
+    titles = vocabulary.known({c.name: vocabulary.Cause(c.name, c.title) for c in runbook.causes})
+    verdicts = [
+        judge_one(h, titles[h.cause].title if h.cause in titles else h.cause, readings)
+        for h in runbook.hypotheses
+    ]
+    if fleet is not None:
+        verdicts.append(one_replica(fleet))
+    judged = {h.cause for h in runbook.hypotheses}
+    verdicts += [
+        CauseVerdict(name, titles[name].title, "cannot_tell", f"not judged: {why}")
+        for name, why in NOT_JUDGED.items()
+        if name not in judged
+    ]
+    return sorted(verdicts, key=lambda v: _ORDER[v.verdict])
+
+
+def judge_one(hypothesis: Hypothesis, title: str, readings: Readings) -> CauseVerdict:
+    """One hypothesis: supported, ruled out, or cannot tell with what was missing."""
+    read = readings.reading
+    supported = hypothesis.supported.holds(read)
+    ruling = hypothesis.ruled_out
+    ruled_out = (supported is False) if ruling is None else ruling.holds(read)
+    number = readings.text(hypothesis.number)
+    if supported is True and ruled_out is not True:
+        return CauseVerdict(
+            hypothesis.cause, title, "supported", readings.text(hypothesis.evidence), number
+        )
+    if ruled_out is True and supported is not True:
+        return CauseVerdict(hypothesis.cause, title, "ruled_out", number, number)
+    return _cannot_tell(hypothesis, title, readings, both=supported is True)
+
+
+def _cannot_tell(
+    hypothesis: Hypothesis, title: str, readings: Readings, *, both: bool
+) -> CauseVerdict:
+    """Why neither condition decided: readings not measured, or numbers in between."""
+    names = [*hypothesis.supported.readings]
+    if hypothesis.ruled_out is not None:
+        names += hypothesis.ruled_out.readings
+    missing = tuple(n for n in dict.fromkeys(names) if readings.values.get(n) is None)
+    if both:
+        why = "both its conditions hold: the runbook's supported_when and ruled_out_when overlap"
+    elif missing:
+        why = f"not measured: {', '.join(missing)}"
+    else:
+        why = f"in between: {readings.text(hypothesis.number)}"
+    number = None if missing else readings.text(hypothesis.number)
+    return CauseVerdict(hypothesis.cause, title, "cannot_tell", why, number, missing)
+
+
+def one_replica(fleet: FleetVerdict) -> CauseVerdict:
+    """The fleet verdict as a cause: an outlier supports it, replicas alike rule it out."""
+    title = vocabulary.BUILTIN["one_replica"].title
+    kind = fleet.kind
+    if kind == "outlier":
+        slow = fleet.slow[0]
+        times = ratio(slow.slow[0]) if slow.slow else None
+        number = slow.address if times is None else f"{slow.address}: {times:.1f}x the others"
+        text = f"replica {slow.address} is slower than the others ({number})"
+        return CauseVerdict("one_replica", title, "supported", text, number)
+    if kind == "alike":
+        text = f"{len(fleet.rows)} replicas alike"
+        return CauseVerdict("one_replica", title, "ruled_out", text, text)
+    why = "the replicas' numbers could not be compared"
+    return CauseVerdict("one_replica", title, "cannot_tell", why)
+
+
+def data_gaps(verdicts: Iterable[CauseVerdict]) -> list[str]:
+    """One line per probe whose missing readings left a cause undecided, with what to do."""
+    probes = dict.fromkeys(
+        name.split(".", 1)[0] for v in verdicts if v.verdict == "cannot_tell" for name in v.missing
+    )
+    return [GAP_ADVICE.get(p, f"no {p} readings") for p in probes]
+
+
+def likely(verdicts: Iterable[CauseVerdict]) -> CauseVerdict | None:
+    """The most likely cause: the first supported one (the runbook's order ranks them)."""
+    return next((v for v in verdicts if v.verdict == "supported"), None)
+
+
+def from_json(raw: object) -> list[CauseVerdict]:
+    """A summary's ``causes`` read back (what is malformed is dropped)."""
+    out = []
+    for item in raw if isinstance(raw, list) else []:
+        if not isinstance(item, dict) or item.get("verdict") not in _ORDER:
+            continue
+        out.append(
+            CauseVerdict(
+                cause=str(item.get("cause", "")),
+                title=str(item.get("title", "")),
+                verdict=item["verdict"],
+                evidence=str(item.get("evidence", "")),
+                number=None if item.get("number") is None else str(item["number"]),
+                missing=tuple(str(m) for m in item.get("missing") or ()),
+            )
+        )
+    return out

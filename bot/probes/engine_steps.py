@@ -1,0 +1,167 @@
+"""What the engine's scheduler did over a sampled window: the readings that name causes.
+
+vLLM v1 exposes how many tokens each scheduler step carried (``vllm:iteration_tokens_total``),
+why requests wait (``vllm:num_requests_waiting_by_reason``), how many it refused
+(``vllm:admission_rejections_total``), how much of each prompt the prefix cache served, and what a
+request's time to first token was made of (queue time, prefill time). Each is read from the same
+first and last scrapes as the window's other numbers (on merged fleet pages, counters and buckets
+are sums, so the readings are the fleet's). A metric the engine lacks reads as None, never 0.
+
+Step sizes are known only to their histogram bucket: the largest step is a span of whole tokens
+(lower edge + 1 .. upper edge), a bound in the first or the +Inf bucket. Never clamped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bot.numbers.reading import Bound
+from bot.probes.exposition import Exposition
+
+STEP_TOKENS = ("vllm:iteration_tokens_total",)
+WAITING_BY_REASON = ("vllm:num_requests_waiting_by_reason",)
+REJECTIONS = ("vllm:admission_rejections_total",)
+PROMPT_CACHED = ("vllm:prompt_tokens_cached_total",)
+PROMPT_BY_SOURCE = ("vllm:prompt_tokens_by_source_total",)
+QUEUE_TIME = ("vllm:request_queue_time_seconds",)
+PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
+STEP_METRICS = frozenset(
+    (*STEP_TOKENS, *WAITING_BY_REASON, *REJECTIONS, *PROMPT_CACHED, *PROMPT_BY_SOURCE,
+     *QUEUE_TIME, *PREFILL_TIME)
+)  # fmt: skip
+
+STEP_READINGS = {
+    "max_step_tokens": "largest scheduler step of the window, tokens (to its histogram bucket)",
+    "prefill_step_share": "share of scheduler steps carrying more tokens than the running "
+    "requests decode: steps with prefill in them",
+    "queue_ttft_share": "of the requests that finished: queue time's share of queue + prefill",
+    "prefill_ttft_share": "of the requests that finished: prefill time's share of queue + prefill",
+    "waiting_capacity": "peak requests waiting for scheduling capacity (KV blocks or a free "
+    "sequence slot)",
+    "rejections_per_s": "requests the engine refused at admission, per second",
+    "cached_prompt_share": "share of the window's prompt tokens the prefix cache served",
+}
+
+
+@dataclass(frozen=True)
+class StepReadings:
+    """The readings (None: unknown) and, for the step readings, their bounds and spans."""
+
+    readings: dict[str, float | None]
+    bounds: dict[str, Bound] = field(default_factory=dict)
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+
+def read_steps(pages: Sequence[Exposition], running_peak: float | None) -> StepReadings:
+    """Every step reading of the window whose first and last scrapes are ``pages[0]`` and
+    ``pages[-1]`` (the scrapes between give the waiting peak); ``running_peak`` is the most
+    requests seen running, the largest step decode alone makes."""
+    before, after = pages[0], pages[-1]
+    duration = max(after.at - before.at, 1e-9)
+    steps = _step_delta(before, after)
+    queue_share = _queue_share(before, after)
+    out = StepReadings(
+        readings={
+            "max_step_tokens": None,
+            "prefill_step_share": None,
+            "queue_ttft_share": queue_share,
+            "prefill_ttft_share": None if queue_share is None else 1.0 - queue_share,
+            "waiting_capacity": _peak_waiting(pages[1:] or pages, "capacity"),
+            "rejections_per_s": _per_s(_delta(before, after, REJECTIONS), duration),
+            "cached_prompt_share": _ratio(
+                _delta(before, after, PROMPT_CACHED), _delta(before, after, PROMPT_BY_SOURCE)
+            ),
+        }
+    )
+    if steps:
+        _largest_step(steps, out)
+        _prefill_share(steps, running_peak, out)
+    return out
+
+
+def _step_delta(before: Exposition, after: Exposition) -> dict[float, float]:
+    """The window's steps per bucket (cumulative counts by upper edge); {} when none or absent."""
+    name = STEP_TOKENS[0]
+    b0, b1 = before.buckets(name), after.buckets(name)
+    delta = {le: max(c - b0.get(le, 0.0), 0.0) for le, c in b1.items()}
+    return delta if delta and max(delta.values()) > 0 else {}
+
+
+def _largest_step(steps: Mapping[float, float], out: StepReadings) -> None:
+    """The bucket of the largest step: the first edge whose cumulative count is the total."""
+    edges = sorted(steps)
+    total = steps[edges[-1]]
+    top = next(i for i, le in enumerate(edges) if steps[le] >= total)
+    key = "max_step_tokens"
+    if top == 0:
+        out.readings[key] = edges[0]
+        out.bounds[key] = Bound.AT_MOST
+    elif math.isinf(edges[top]):
+        out.readings[key] = edges[top - 1]
+        out.bounds[key] = Bound.MORE_THAN
+    else:
+        out.readings[key] = edges[top]
+        out.spans[key] = (math.floor(edges[top - 1]) + 1.0, edges[top])
+
+
+def _prefill_share(
+    steps: Mapping[float, float], running_peak: float | None, out: StepReadings
+) -> None:
+    """Steps with more tokens than ``running_peak`` over all steps: those in buckets wholly
+    above it surely, those in the bucket it falls inside perhaps (the span)."""
+    if running_peak is None:
+        return
+    edges = sorted(steps)
+    total = steps[edges[-1]]
+    # cumulative counts: steps of at most the last edge <= R, of at most the first edge >= R
+    surely_small = max((steps[le] for le in edges if le <= running_peak), default=0.0)
+    maybe_small = min(steps[le] for le in edges if le >= running_peak)
+    low, high = (total - maybe_small) / total, (total - surely_small) / total
+    out.readings["prefill_step_share"] = (low + high) / 2
+    if high > low:
+        out.spans["prefill_step_share"] = (low, high)
+
+
+def _queue_share(before: Exposition, after: Exposition) -> float | None:
+    """Mean queue time over mean queue + prefill time, of the requests that finished."""
+    queue, prefill = _mean(before, after, QUEUE_TIME[0]), _mean(before, after, PREFILL_TIME[0])
+    if queue is None or prefill is None or queue + prefill <= 0:
+        return None
+    return queue / (queue + prefill)
+
+
+def _mean(before: Exposition, after: Exposition, histogram: str) -> float | None:
+    """The mean observation a histogram gained in the window; None when it gained none."""
+    count = _delta(before, after, (f"{histogram}_count",))
+    total = _delta(before, after, (f"{histogram}_sum",))
+    if not count or total is None:
+        return None
+    return total / count
+
+
+def _peak_waiting(pages: Sequence[Exposition], reason: str) -> float | None:
+    """The most requests waiting for ``reason`` at any scrape (pages without the gauge, such as
+    a merged round a replica missed, say nothing)."""
+    name = WAITING_BY_REASON[0]
+    values = [v for p in pages if (v := p.total(name, where={"reason": reason})) is not None]
+    return max(values) if values else None
+
+
+def _delta(before: Exposition, after: Exposition, names: Sequence[str]) -> float | None:
+    """A counter's growth over the window (summed over label sets); None when either lacks it."""
+    name = after.first_present(names)
+    if name is None or not before.has(name):
+        return None
+    v1, v0 = after.total(name), before.total(name)
+    assert v1 is not None and v0 is not None
+    return max(v1 - v0, 0.0)
+
+
+def _per_s(count: float | None, duration: float) -> float | None:
+    return None if count is None else count / duration
+
+
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else part / whole
