@@ -27,7 +27,9 @@ BUILTIN: Mapping[str, Cause] = {
     c.name: c
     for c in (
         Cause("prefill_decode_mixing", "long prefills share scheduler steps with decode"),
-        Cause("kv_cache_pressure", "KV-cache pressure: the cache is full, requests wait or preempt"),
+        Cause(
+            "kv_cache_pressure", "KV-cache pressure: the cache is full, requests wait or preempt"
+        ),
         Cause("queueing", "queueing or admission: requests wait for a slot"),
         Cause("abandoned_work", "work for clients that left: aborted requests still prefill"),
         Cause("one_replica", "one replica is slow, the others are not"),

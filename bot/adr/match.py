@@ -7,6 +7,11 @@ A relative value ('3x normal') is multiplied out with the target's normal number
 no normal for its metric the condition does not hold. A number that is only a bound (the
 report's or normal's ``bounds``: '<=' 10 ms, the histogram's first bucket) decides a condition
 only where the bound decides it; otherwise the condition is undecided, and does not hold.
+
+An ADR that names the cause it fixes (``cause:``) is then checked against the diagnosis's
+verdicts on causes (``by_cause``): offered when one of its causes is supported, not offered when
+each is ruled out (with a line saying which number ruled it out), offered on its numbers alone
+with a line saying so when the diagnosis could not tell.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.adr.relative import Normal, Relative, no_normal
 from bot.numbers.reading import Bound, Bounds, Reading, bounds_of, compare, spans_of
@@ -204,3 +209,90 @@ def _with_bound(
     if span is not None:
         return f"{value:g} ({span[0]:g}-{span[1]:g})"
     return f"{value:g}"
+
+
+class CauseState(Protocol):
+    """A diagnosis's verdict on one cause, as ``by_cause`` reads it (the diagnosis's
+    ``CauseVerdict``, or a stored summary's entry through ``verdicts_of``)."""
+
+    @property
+    def cause(self) -> str: ...
+    @property
+    def verdict(self) -> str: ...  # supported | ruled_out | cannot_tell
+    @property
+    def number(self) -> str | None: ...
+    @property
+    def missing(self) -> Sequence[str]: ...
+
+
+@dataclass(frozen=True)
+class StoredVerdict:
+    """One entry of a stored diagnosis summary's ``causes``."""
+
+    cause: str
+    verdict: str
+    number: str | None = None
+    missing: Sequence[str] = ()
+
+
+def verdicts_of(summary: Mapping[str, Any]) -> list[StoredVerdict]:
+    """The cause verdicts of a stored diagnosis summary (``Diagnosis.summary()["causes"]``)."""
+    out = []
+    for entry in summary.get("causes") or []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("cause"), str):
+            missing = tuple(entry.get("missing") or ())
+            number = entry.get("number")
+            out.append(StoredVerdict(entry["cause"], str(entry.get("verdict")), number, missing))
+    return out
+
+
+def supported_causes(verdicts: Iterable[CauseState]) -> list[str]:
+    """The causes a diagnosis supports, in its order."""
+    return [v.cause for v in verdicts if v.verdict == "supported"]
+
+
+def by_cause(
+    results: Iterable[MatchResult], verdicts: Iterable[CauseState]
+) -> tuple[list[MatchResult], list[str]]:
+    """The matches to offer and a line per ADR whose cause the diagnosis did not support.
+
+    An ADR without ``cause:`` is offered as its numbers say. One with causes is offered when
+    one of them is supported; not offered when every one is ruled out ("ADR-X answers
+    kv_cache_pressure, ruled out: 12 % of the KV cache in use"); offered on its numbers alone,
+    with a line saying the diagnosis could not tell, otherwise (a missing reading must not hide
+    a pre-approved fix)."""
+    by_name = {v.cause: v for v in verdicts}
+    offered: list[MatchResult] = []
+    lines: list[str] = []
+    for result in results:
+        causes = result.adr.cause
+        states = [by_name.get(name) for name in causes]
+        if not causes or any(s is not None and s.verdict == "supported" for s in states):
+            offered.append(result)
+        elif all(s is not None and s.verdict == "ruled_out" for s in states):
+            lines.append(f"{result.adr.id} answers {_ruled_out(causes, states)}")
+        else:
+            offered.append(result)
+            lines.append(f"{result.adr.id} answers {_untold(causes, states)}")
+    return offered, lines
+
+
+def _ruled_out(causes: Sequence[str], states: Sequence[CauseState | None]) -> str:
+    return "; ".join(
+        f"{name}, ruled out" + (f": {s.number}" if s is not None and s.number else "")
+        for name, s in zip(causes, states, strict=True)
+    )
+
+
+def _untold(causes: Sequence[str], states: Sequence[CauseState | None]) -> str:
+    """'queueing: cannot tell (no vllm_metrics.queue_ttft_share); offered on its numbers'."""
+    parts = []
+    for name, s in zip(causes, states, strict=True):
+        if s is None:
+            parts.append(f"{name}: not tested by this runbook")
+        elif s.verdict == "cannot_tell":
+            missing = f" (no {', '.join(s.missing)})" if s.missing else ""
+            parts.append(f"{name}: cannot tell{missing}")
+        else:
+            parts.append(f"{name}, ruled out" + (f": {s.number}" if s.number else ""))
+    return "; ".join(parts) + "; offered on its numbers alone"

@@ -254,6 +254,10 @@ class FrontMatter(_Strict):
     deciders: list[str] = Field(default_factory=list)
     supersedes: list[str] = Field(default_factory=list)
     match: list[Condition] = Field(default_factory=list)
+    # The cause(s) this ADR fixes (bot/adr/causes.py); with one named, the ADR is offered only
+    # when the diagnosis does not rule it out (bot/adr/match.py by_cause). Names are checked by
+    # `ruleloop adr validate`, which knows the runbooks' own causes too.
+    cause: list[str] = Field(default_factory=list)
     fix: Fix = Field(default_factory=Fix)
     gates: AdrGates | None = None
     # The workload shape the matrix was measured under (bot/workload/shape.py), inline.
@@ -276,10 +280,23 @@ class FrontMatter(_Strict):
             )
         return value
 
-    @field_validator("supersedes", mode="before")
+    @field_validator("supersedes", "cause", mode="before")
     @classmethod
     def _one_or_many(cls, value: object) -> object:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("cause")
+    @classmethod
+    def _cause_names(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if not re.fullmatch(r"[a-z][a-z0-9_]*", name):
+                raise ValueError(
+                    f"{name!r} is not a cause name (lower-case words joined by _, "
+                    "e.g. kv_cache_pressure; `ruleloop adr validate` lists the known ones)"
+                )
+        if len(set(names)) != len(names):
+            raise ValueError(f"a cause is named twice: {', '.join(names)}")
+        return names
 
     @field_validator("supersedes")
     @classmethod
@@ -399,6 +416,10 @@ class Adr(FrontMatter):
             mode="json", include=set(FrontMatter.model_fields) - {"workload"}, exclude_none=True
         )
         data["date"] = self.date  # YAML has dates; as a string it would come out quoted
+        if not self.cause:  # no field when none is named; one cause as a plain name
+            del data["cause"]
+        elif len(self.cause) == 1:
+            data["cause"] = self.cause[0]
         if self.workload is not None:
             # every field, as a shape file writes it: the block can be copied out into one
             data["workload"] = self.workload.model_dump(mode="json")

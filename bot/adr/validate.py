@@ -3,16 +3,19 @@
 Per file: it parses (schema included), its name starts with its id, the id's date is its date,
 an accepted ADR has gates, no gate compares numbers of unlike kinds (``relative.unlike_gate``),
 a draft is only proposed, and `fix.engine_args` passes the allowlist and, where vLLM is
-installed, vLLM's own argument parser. Across files: ids are unique,
+installed, vLLM's own argument parser; each `cause` is a known cause name (the built-in ones and
+those the runbooks declare), refused with its line. Across files: ids are unique,
 `supersedes` names real ADRs, and an ADR an accepted one supersedes is marked superseded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from bot.adr import causes as vocabulary
 from bot.adr import vllm_args
+from bot.adr.causes import Cause
 from bot.adr.flags import check_engine_args, to_argv
 from bot.adr.models import Adr
 from bot.adr.parse import Problem, date_of_id, parse_with_problems
@@ -38,9 +41,14 @@ def collect(path: Path) -> list[Path]:
 
 
 def validate_paths(
-    paths: Sequence[Path], *, context: Sequence[Path] = (), checker: ArgvChecker | None = None
+    paths: Sequence[Path],
+    *,
+    context: Sequence[Path] = (),
+    checker: ArgvChecker | None = None,
+    causes: Mapping[str, Cause] | None = None,
 ) -> list[Problem]:
-    """Every problem in the given ADR files; ``context`` files count for ids and supersedes."""
+    """Every problem in the given ADR files; ``context`` files count for ids and supersedes;
+    ``causes``: the cause names an ADR may answer (default: the built-in ones)."""
     problems: list[Problem] = []
     records: dict[Path, Adr] = {}
     for path in paths:
@@ -49,6 +57,7 @@ def validate_paths(
         if adr is not None:
             records[path] = adr
             problems += check_record(adr, path=path, checker=checker)
+            problems += check_causes(adr, path=path, causes=causes or vocabulary.known())
     known = dict(records)
     resolved = {path.resolve() for path in records}
     for path in context:
@@ -119,6 +128,33 @@ def check_record(adr: Adr, *, path: Path, checker: ArgvChecker | None = None) ->
     return problems
 
 
+def check_causes(adr: Adr, *, path: Path, causes: Mapping[str, Cause]) -> list[Problem]:
+    """Each name in ``cause:`` is a cause the diagnosis can test; the problem names the line."""
+    unknown = [name for name in adr.cause if name not in causes]
+    if not unknown:
+        return []
+    line = _line_of(path, "cause:")
+    where = f"cause (line {line})" if line else "cause"
+    return [
+        Problem(
+            str(path),
+            where,
+            f"unknown cause {name!r}; write one of: {', '.join(causes)} "
+            "(or declare it in a runbook's causes)",
+        )
+        for name in unknown
+    ]
+
+
+def _line_of(path: Path, prefix: str) -> int | None:
+    """The 1-based line of the file's first line starting with ``prefix`` (None: not found)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return next((n for n, text in enumerate(lines, 1) if text.startswith(prefix)), None)
+
+
 def check_across(records: dict[Path, Adr], known: dict[Path, Adr]) -> list[Problem]:
     """The rules between records: unique ids, real supersedes targets, superseded status."""
     problems: list[Problem] = []
@@ -155,7 +191,9 @@ def check_across(records: dict[Path, Adr], known: dict[Path, Adr]) -> list[Probl
     return problems
 
 
-def validate(path: Path, *, checker: ArgvChecker | None = None) -> list[Problem]:
+def validate(
+    path: Path, *, checker: ArgvChecker | None = None, causes: Mapping[str, Cause] | None = None
+) -> list[Problem]:
     """Validate an ADR file or directory; a single file is checked against its whole store."""
     paths = collect(path)
     if not paths:
@@ -163,4 +201,6 @@ def validate(path: Path, *, checker: ArgvChecker | None = None) -> list[Problem]
     root = path.parent if path.is_file() else path
     if root.name == DRAFTS:
         root = root.parent
-    return validate_paths(paths, context=collect(root) if root.is_dir() else [], checker=checker)
+    return validate_paths(
+        paths, context=collect(root) if root.is_dir() else [], checker=checker, causes=causes
+    )
