@@ -416,3 +416,21 @@ class OutboxItem(Base):
     done_at: Mapped[dt.datetime | None]
     channel: Mapped[str | None] = mapped_column(String(64))  # where it landed
     ts: Mapped[str | None] = mapped_column(String(32))
+
+
+class CauseFeedback(Base):
+    """On-call's word on a diagnosis's supported cause, from the thread's "Cause confirmed" /
+    "Wrong cause" buttons: counted in `ruleloop adr stats`, and the next time the cause is
+    proposed on the target, the thread says it was marked wrong (``bot.incidents.memory``)."""
+
+    __tablename__ = "cause_feedback"
+    __table_args__ = (Index("ix_cause_feedback_target_cause", "target", "cause"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
+    target: Mapped[str] = mapped_column(String(200))
+    cause: Mapped[str] = mapped_column(String(64))
+    verdict: Mapped[str] = mapped_column(String(16))  # confirmed | wrong
+    adr_ids: Mapped[list[str]] = mapped_column(JSON, default=list)  # offered in that thread
+    actor: Mapped[str] = mapped_column(String(64))
+    at: Mapped[dt.datetime]
