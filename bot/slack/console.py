@@ -13,7 +13,8 @@ from typing import Any, TextIO
 
 from bot.chat.messages import IncidentView, MessageRef
 from bot.chat.mrkdwn import unescape
-from bot.diagnosis import replica_text
+from bot.diagnosis import cause_text, replica_text
+from bot.diagnosis.causes import from_json
 from bot.diagnosis.models import Diagnosis, summary_numbers
 from bot.numbers.text import FOUR, show, show_reading
 from bot.postmortem.ports import DraftView
@@ -65,6 +66,8 @@ class ConsoleNotifier:
         ]
         if diagnosis.replicas is not None:
             lines.append(f"  {replica_text.line(diagnosis.replicas)}")
+        if diagnosis.causes:  # causes first, then the findings behind them
+            lines += [f"  {line}" for line in cause_text.plain_text(diagnosis.causes)]
         lines += [f"  {unescape(finding_line(f))}" for f in diagnosis.findings] or ["  no finding"]
         if (withheld := withheld_text(diagnosis)) is not None:
             lines.append(f"  {withheld}")
@@ -143,6 +146,8 @@ def render_root(view: IncidentView, *, page: str = "") -> str:
         f"target {view.target or 'unknown'} | incident #{view.id}{page}"
         + (f" | acknowledged by {view.acknowledged_by}" if view.acknowledged_by else "")
     ]
+    if "causes" in view.summary:  # the verdict leads
+        lines.append(f"    {cause_text.root_line(from_json(view.summary['causes']))}")
     headline = view.summary.get("headline") or {}
     baseline = view.summary.get("baseline") or {}
     measured, normal = summary_numbers(view.summary), summary_numbers(view.summary, "normal")

@@ -25,7 +25,8 @@ from slack_sdk.models.blocks import (
 from bot.adr.match import MatchResult
 from bot.chat.messages import ACKNOWLEDGE, SILENCE, IncidentView
 from bot.chat.mrkdwn import clip, escape, plain
-from bot.diagnosis import replica_text
+from bot.diagnosis import cause_text, replica_text
+from bot.diagnosis.causes import CauseVerdict, from_json
 from bot.diagnosis.models import Diagnosis, summary_numbers
 from bot.numbers.reading import Reading, compare
 from bot.numbers.text import FOUR, show, show_reading
@@ -111,6 +112,9 @@ def root_message(
         HeaderBlock(text=title),
         SectionBlock(text=MarkdownTextObject(text=line)),
     ]
+    if "causes" in view.summary:  # the verdict leads: the likely cause and its one number
+        verdict = cause_text.root_line(from_json(view.summary["causes"]))
+        blocks.append(SectionBlock(text=MarkdownTextObject(text=f"*{plain(verdict, MAX_LINE)}*")))
     if view.summary.get("headline"):
         fields = [_number_field(key, label, view.summary) for key, label, _, _ in FOUR]
         blocks.append(SectionBlock(fields=fields))
@@ -163,6 +167,7 @@ def findings_message(
     if diagnosis.replicas is not None:  # one line, as short for 40 replicas as for 2
         line = plain(replica_text.line(diagnosis.replicas), MAX_LINE)
         blocks.append(ContextBlock(elements=[MarkdownTextObject(text=line)]))
+    blocks += cause_blocks(diagnosis.causes)
     chunk: list[str] = []
     for line in lines:  # one section holds at most 3000 characters
         if chunk and sum(len(x) + 1 for x in chunk) + len(line) > MAX_SECTION:
@@ -170,9 +175,30 @@ def findings_message(
             chunk = []
         chunk.append(line)
     blocks.append(SectionBlock(text=MarkdownTextObject(text="\n".join(chunk))))
-    return f"{len(diagnosis.findings)} finding(s) on {plain(diagnosis.target, 200)}", [
-        b.to_dict() for b in blocks
+    verdict = cause_text.root_line(diagnosis.causes)
+    count = f"{len(diagnosis.findings)} finding(s) on {plain(diagnosis.target, 200)}"
+    return f"{plain(verdict, MAX_LINE)} · {count}", [b.to_dict() for b in blocks]
+
+
+def cause_blocks(verdicts: list[CauseVerdict]) -> list[Block]:
+    """The causes before the findings: supported ones with their evidence, then what was ruled
+    out with its number, then what could not be told and the data gaps (none without causes)."""
+    if not verdicts:
+        return []
+    part = cause_text.lines(verdicts)
+    top = [f"*{plain(cause_text.root_line(verdicts))}*"]
+    top += [f":mag: *{plain(t)}*: {plain(e)}" for t, e in part.supported]
+    top += [f":heavy_minus_sign: ruled out: {plain(t)} ({plain(n)})" for t, n in part.ruled_out]
+    small = [f"cannot tell: {plain(t)} ({plain(why)})" for t, why in part.undecided]
+    small += [f"data gap: {plain(gap)}" for gap in part.gaps]
+    blocks: list[Block] = [
+        SectionBlock(text=MarkdownTextObject(text=clip("\n".join(top), MAX_SECTION)))
     ]
+    if small:
+        blocks.append(
+            ContextBlock(elements=[MarkdownTextObject(text=clip("\n".join(small), MAX_SECTION))])
+        )
+    return blocks
 
 
 def withheld_text(diagnosis: Diagnosis) -> str | None:

@@ -14,6 +14,8 @@ from typing import Any
 
 from bot.adr.models import Adr
 from bot.canary.verdict import values_of
+from bot.diagnosis import cause_text
+from bot.diagnosis.causes import from_json
 from bot.diagnosis.models import summary_numbers
 from bot.numbers.reading import Bound, Reading, compare
 from bot.numbers.text import FOUR, show_reading
@@ -207,6 +209,8 @@ class IncidentPage:
     timeline: list[Event]
     notes: list[str] = field(default_factory=list)
     fleet: Fleet | None = None  # a fleet's replicas, judged one against the others
+    cause_line: str | None = None  # the likely cause and its number (None: not diagnosed)
+    causes: cause_text.CauseLines | None = None  # supported, ruled out, cannot tell, gaps
 
 
 def when(at: dt.datetime) -> str:
@@ -248,7 +252,16 @@ def incident_page(
         timeline=[_event(e) for e in record.audit],
         notes=["Diagnosis failed: see the timeline."] if summary.get("failed") else [],
         fleet=_fleet(summary),
+        **_causes(summary),
     )
+
+
+def _causes(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """The likely cause's line and the causes grouped (none before a diagnosis has them)."""
+    if "causes" not in summary:
+        return {}
+    verdicts = from_json(summary["causes"])
+    return {"cause_line": cause_text.root_line(verdicts), "causes": cause_text.lines(verdicts)}
 
 
 def index_rows(rows: Sequence[IndexRow]) -> list[dict[str, Any]]:
