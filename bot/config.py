@@ -89,7 +89,8 @@ class SlackSettings(_Section):
 
 
 class AccessSettings(_Section):
-    """Who may run what: Slack user IDs, or "*" for everyone. Empty means nobody."""
+    """Who may run what: Slack user IDs, user group IDs (S...: their members), or "*" for
+    everyone. Empty means nobody."""
 
     diagnose: list[str] = Field(default_factory=list, description="may run /diagnose")
     apply: list[str] = Field(

@@ -1,6 +1,7 @@
 """Docs that describe the code, read beside it: the bot's routes and the Deployment's probes
-(docs/bot.md), the scheduled jobs and their settings (docs/operations.md), and what the
-gateway's --help says about paths it does not know (bot/gateway/app.py answers 404)."""
+(docs/bot.md), the scheduled jobs and their settings (docs/operations.md), what the
+gateway's --help says about paths it does not know (bot/gateway/app.py answers 404), the RBAC
+example's subject (docs/remediation-kubernetes.md) and who [access] lists may name."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 from bot.cli import cli
 from bot.config import SchedulerSettings
 from bot.gateway.app import PASSTHROUGH
+from bot.runtime.access import is_group
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
@@ -56,3 +58,22 @@ def test_gateway_help_says_unknown_paths_are_404() -> None:
     assert "answers 404 to any other path" in text
     assert [p for p in PASSTHROUGH if p not in text] == []
     assert "**404**, never forwarded" in (DOCS / "gateway.md").read_text()
+
+
+def test_the_rbac_example_binds_the_service_account_the_bot_runs_as() -> None:
+    text = (DOCS / "remediation-kubernetes.md").read_text()
+    block = text.split("## RBAC", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    binding = next(d for d in yaml.safe_load_all(block) if d["kind"] == "RoleBinding")
+    overlay = yaml.safe_load((ROOT / "deploy/kubernetes/overlays/example/kustomization.yaml").read_text())  # fmt: skip
+    account = yaml.safe_load((ROOT / "deploy/kubernetes/base/serviceaccount.yaml").read_text())
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"],
+         "namespace": overlay["namespace"]}
+    ]  # fmt: skip
+
+
+def test_access_docs_say_user_groups_count_as_the_code_reads_them() -> None:
+    assert is_group("S0ONCALL1") and not is_group("U012ONCALL")
+    reference = (DOCS / "configuration.md").read_text().split("## `[access]`", 1)[1]
+    assert "user group IDs (S...: their members)" in reference.split("| key |", 1)[0]
+    assert "user groups (S...: their members)" in (DOCS / "remediation.md").read_text()
