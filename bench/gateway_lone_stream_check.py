@@ -39,6 +39,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import _gateway_bench_procs as procs
+import _gateway_bench_send as send
 import _gateway_bench_wave as wave
 import aiohttp
 import httpx
@@ -159,22 +160,18 @@ async def compare(
     bases: dict[str, str], n: int, words: int, *, before: bool
 ) -> dict[str, dict[str, dict[str, float]]]:
     """The methods one after the other on the same engine and gateway; their tables."""
-    import gateway_bench  # noqa: PLC0415  (the bench's request bodies and its old phase)
-
     urls = {name: f"{base}/v1/chat/completions" for name, base in bases.items()}
     out: dict[str, dict[str, dict[str, float]]] = {}
 
     def fresh(seed: int) -> Bodies:
-        return {name: gateway_bench.bodies(n + 1, words, 16, seed + i)
+        return {name: send.bodies(n + 1, words, 16, seed + i)
                 for i, name in enumerate(urls)}  # fmt: skip
 
     if before:  # the bench's old phase: blocks of 10, a new session per block, unpaired
         old: dict[str, dict[str, list[float]]] = {name: {"ttft": []} for name in urls}
         for block in range(max(1, n // 10)):
             for name, url in urls.items():
-                records, _ = await gateway_bench.drive(
-                    url, gateway_bench.bodies(10, words, 16, 7 + block), 1
-                )
+                records, _ = await send.drive(url, send.bodies(10, words, 16, 7 + block), 1)
                 old[name]["ttft"] += [r.ttft_s * 1000 if r.ttft_s is not None else float("nan")
                                       for r in records]  # fmt: skip
         out["bench, before"] = table("bench, before", old)

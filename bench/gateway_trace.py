@@ -49,6 +49,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import _gateway_bench_procs as procs
+import _gateway_bench_send as send
 import aiohttp
 
 from bot.canary.client import Outcome, RequestRecord, stream_request
@@ -403,8 +404,6 @@ async def bursts(
     pids: dict[str, Callable[[], list[int]]],
 ) -> None:  # fmt: skip
     """Rounds of direct and gateway bursts (rotating order); then the per-hop tables."""
-    import gateway_bench  # noqa: PLC0415  (the bench's own request bodies)
-
     path = "/v1/chat/completions"
     urls = {"direct": engine_url + path, "gateway": gateway_url + path}
     reqs: dict[str, list[dict[str, float]]] = {"direct": [], "gateway": []}
@@ -412,14 +411,12 @@ async def bursts(
     wave: dict[str, list[dict[str, tuple[float, float]]]] = {"direct": [], "gateway": []}
     for i in range(args.burst):
         for name in ["direct", "gateway"] if i % 2 == 0 else ["gateway", "direct"]:
-            warm = gateway_bench.bodies(16, 32, 8, 50 + i)
-            await gateway_bench.drive(urls[name], warm, 16)  # as the bench: 16 warm connections
+            warm = send.bodies(16, 32, 8, 50 + i)
+            await send.drive(urls[name], warm, 16)  # as the bench: 16 warm connections
             await asyncio.sleep(args.burst_pause)
             hooks.write_text("")
             engine_log.write_text("")
-            work = gateway_bench.bodies(
-                args.burst_requests, 32, args.burst_tokens, 1000 * i + len(name)
-            )
+            work = send.bodies(args.burst_requests, 32, args.burst_tokens, 1000 * i + len(name))
             before = {k: schedstat(f()) for k, f in pids.items()}
             samples: list[tuple[float, dict[str, tuple[float, float]]]] = []
             sampler = asyncio.create_task(sample_sched(pids, samples))
@@ -491,7 +488,7 @@ async def drains(engine_url: str, gateway_url: str, args: argparse.Namespace, ho
     engine, or made before vLLM noticed the closed connection).
     """
     import httpx  # noqa: PLC0415
-    from gateway_bench import USAGE as BENCH_USAGE  # noqa: PLC0415
+    from _gateway_bench_send import USAGE as BENCH_USAGE  # noqa: PLC0415
     from gateway_bench import engine_generated  # noqa: PLC0415
 
     request = {"model": "tiny-llama", "prompt": [100 + i for i in range(8)], "max_tokens": 4000,

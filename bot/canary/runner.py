@@ -21,8 +21,9 @@ import msgspec
 
 from bot.canary.client import Outcome, RequestRecord, stream_request
 from bot.canary.fleet import FleetScraper, Round
+from bot.canary.plan import Plan
 from bot.canary.report import CanaryReport
-from bot.canary.shape_replay import DEFAULT_BLOCK_SIZE, Plan, ShapeReplay, fixed_shape
+from bot.canary.shape_replay import DEFAULT_BLOCK_SIZE, ShapeReplay, fixed_shape
 from bot.canary.verdict import Gates
 from bot.canary.workload import Api, CancelMode, PromptFactory, Workload
 from bot.errors import EndpointError

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from bot.canary.plan import Plan
 from bot.canary.workload import PROMPT_ID_RANGE, Workload
 from bot.errors import UsageError
 from bot.workload.shape import (
@@ -135,22 +136,6 @@ def default_cap(shape: WorkloadShape) -> int:
     """In-flight cap for a replay without --concurrency: room for the shape's own bursts."""
     running = shape.arrivals.concurrency
     return max(MIN_CAP, math.ceil(CAP_PER_RUNNING * running)) if running else MIN_CAP
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One request: its prompt as token ids (``prefix_tokens`` of them shared with others),
-    its output length, and its declared group (index into the shape's groups; None: none)."""
-
-    prompt_ids: list[int]
-    output_tokens: int
-    prefix_tokens: int = 0
-    group: int | None = None
-
-    @property
-    def prompt_tokens(self) -> int:
-        """The prompt's length in tokens."""
-        return len(self.prompt_ids)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from bot.workload.shape import WorkloadShape
 
 if TYPE_CHECKING:
-    from bot.canary.shape_replay import Plan
+    from bot.canary.plan import Plan
 
 # Token ids drawn for prompts: low enough to exist in every vocabulary, above the special ids
 # that some tokenizers keep at the very bottom.

@@ -20,11 +20,11 @@ from bot.adr.store import AdrStore
 from bot.cli.adr import adr_dir_option, date_option, today
 from bot.cli.engine import state_dir_option
 from bot.cli.options import config_option
+from bot.cli.tune_target import TargetRun, restore_target, tune_target
 from bot.engine.process import START_TIMEOUT_S, EngineManager
 from bot.errors import GateFailed, UsageError
 from bot.tune.objective import METRICS
 from bot.tune.plan import Experiment, TunePlan, WorkloadSpec, load_plan
-from bot.tune.runner import Echo
 from bot.tune.service import TuneResult, run_tune
 from bot.tune.space import parse_dimension
 
@@ -261,8 +261,6 @@ def _restore(target: str | None, *, config_path: Path | None, state_dir: Path | 
     """``--restore``: put back the flags of a session whose process died."""
     if target is None:
         raise UsageError("--restore needs --target NAME: the target whose flags to put back")
-    from bot.cli.tune_target import restore_target
-
     restore_target(target, config_path=config_path, state_dir=state_dir, echo=_echo)
 
 
@@ -273,8 +271,6 @@ def _on_target(plan: TunePlan, run: TargetRun) -> TuneResult:
             "--target runs a search: give --space and --maximize/--minimize (or space: and "
             "objective: in --plan); experiments are measured on local engines"
         )
-    from bot.cli.tune_target import tune_target
-
     return tune_target(plan, run)
 
 
@@ -355,23 +351,6 @@ def _plan(
         raise UsageError(f"tune: {exc}") from exc
     plan.check_kind(source="tune")
     return plan
-
-
-@dataclass(frozen=True)
-class TargetRun:
-    """A search on a target, beyond its plan: the target, who asked and who approved, how long
-    to capture its traffic, the bot's config and store, and where and when the draft goes."""
-
-    target: str
-    requested_by: str | None
-    approved_by: list[str]
-    capture_seconds: float
-    config_path: Path | None
-    state_dir: Path | None
-    store: AdrStore
-    day: dt.date
-    echo: Echo
-    workload_given: bool
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,15 @@ the bot's config can reach the target anyway. docs/tune.md says so, and what to 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import os
 import signal
 from collections.abc import Coroutine
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
+from bot.adr.store import AdrStore
 from bot.config import Settings, Target
 from bot.engine.process import default_state_dir
 from bot.errors import UsageError
@@ -43,10 +46,24 @@ from bot.tune.runner import Echo
 from bot.tune.service import DraftPlace, TuneResult, write_search_draft
 from bot.workload import shape as shapes
 
-if TYPE_CHECKING:
-    from bot.cli.tune import TargetRun
-
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class TargetRun:
+    """A search on a target, beyond its plan: the target, who asked and who approved, how long
+    to capture its traffic, the bot's config and store, and where and when the draft goes."""
+
+    target: str
+    requested_by: str | None
+    approved_by: list[str]
+    capture_seconds: float
+    config_path: Path | None
+    state_dir: Path | None
+    store: AdrStore
+    day: dt.date
+    echo: Echo
+    workload_given: bool
 
 
 def tune_target(plan: TunePlan, run: TargetRun) -> TuneResult:

@@ -11,7 +11,7 @@ from bot.workload.describe import PREFIX, context_line
 
 if TYPE_CHECKING:
     from bot.adr.models import Adr
-    from bot.scheduler.workload_drift import Revalidation
+    from bot.scheduler.revalidation import Revalidation
     from bot.workload.diff import ShapeDiff
     from bot.workload.shape import WorkloadShape
 

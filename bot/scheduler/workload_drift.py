@@ -26,7 +26,6 @@ import asyncio
 import datetime as dt
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -42,10 +41,11 @@ from bot.probes.exposition import Exposition
 from bot.probes.replicas import Replica
 from bot.probes.vllm_metrics import MetricsScraper
 from bot.probes.workload_capture import CAPTURE_METRICS, capture_fleet
-from bot.remediation.gate import GateRun, GateRunner
+from bot.remediation.gate import GateRunner
 from bot.scheduler import messages
 from bot.scheduler.baseline import SOURCE, strictest
 from bot.scheduler.in_force import adrs_in_force
+from bot.scheduler.revalidation import Revalidation
 from bot.scheduler.runner import Outcome, json_safe
 from bot.store import service as store
 from bot.store.db import Database
@@ -55,42 +55,6 @@ from bot.workload.shape import WorkloadShape, per_replica
 
 ALERTNAME = "RuleloopWorkloadDrift"
 ShapeReader = Callable[[str, Target], Awaitable[WorkloadShape]]
-
-
-@dataclass(frozen=True)
-class Revalidation:
-    """An ADR's gates re-run under the live shape (``result`` None: it sets no gate the canary
-    can judge there), which ADR set each gate, and each gate not judged, with why
-    ('max_tpot_p99_ms 0.5x before: its before was measured ...')."""
-
-    adr_id: str
-    result: GateRun | None
-    setters: dict[str, str]
-    not_judged: tuple[str, ...] = ()
-
-    @property
-    def failed(self) -> bool:
-        """The gates were run and at least one failed."""
-        return self.result is not None and not self.result.passed
-
-    @property
-    def failing(self) -> str:
-        """'ADR-x: gates fail: TTFT p99 ...' (the thread's title; only when ``failed``)."""
-        assert self.result is not None
-        return f"{self.adr_id}: gates fail: " + "; ".join(self.result.failures)
-
-    @property
-    def summary(self) -> str:
-        """'ADR-x: gates hold' / 'ADR-x: gates fail: ...' / 'ADR-x: judged nothing', plus
-        '; not judged: ...' for each gate it could not judge under the live shape."""
-        unjudged = "; not judged: " + "; ".join(self.not_judged) if self.not_judged else ""
-        if self.result is None:
-            head = "judged nothing" if self.not_judged else "no gate it can check"
-            return f"{self.adr_id}: {head}{unjudged}"
-        if self.result.passed:
-            held = "the gates judged hold" if self.not_judged else "gates hold"
-            return f"{self.adr_id}: {held}{unjudged}"
-        return self.failing + unjudged
 
 
 def drift_key(target: str) -> str:
