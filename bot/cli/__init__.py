@@ -124,6 +124,7 @@ COMMANDS = {
     "config": "bot.cli.config",
     "agent": "bot.cli.agent",
     "workload": "bot.cli.workload",
+    "runbooks": "bot.cli.runbooks",
 }
 # Subcommand name -> its line in `ruleloop --help` (tests/test_cli_help.py keeps them in step).
 SUMMARIES = {
@@ -137,6 +138,7 @@ SUMMARIES = {
     "engine": "Run a real vLLM engine locally (CPU, tiny dummy model).",
     "gateway": "Serve an inference gateway: deadlines, token budgets.",
     "page-link": "Print a signed link to an incident's page (or the index).",
+    "runbooks": "Check runbook files: readings, conditions, hypotheses' causes.",
     "serve": "Run the bot: Slack, Alertmanager intake, incident pages.",
     "tune": "Measure vLLM configurations (in turn, or a search); draft the ADR.",
     "workload": "Workload shapes: capture from /metrics, diff for drift.",

@@ -8,6 +8,7 @@ unique. Each problem names the file and, where the YAML says, the line (``path:1
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 from bot.adr import causes as vocabulary
 from bot.errors import UsageError
 from bot.probes.types import Params
-from bot.runbooks.models import Runbook
+from bot.runbooks.models import PLACEHOLDER, Hypothesis, Runbook
 from bot.runbooks.registry import ProbeRegistry
 
 
@@ -93,7 +94,8 @@ def yielded(loaded: LoadedRunbook, registry: ProbeRegistry) -> set[str]:
 
 
 def hypothesis_problems(runbook: Runbook, readings: set[str]) -> list[tuple[tuple[Any, ...], str]]:
-    """(YAML location, why and what to write) for each unknown cause or reading."""
+    """(YAML location, why and what to write) for each unknown or shadowed cause and each
+    reading no probe of the runbook yields."""
     problems: list[tuple[tuple[Any, ...], str]] = []
     for i, cause in enumerate(runbook.causes):
         if cause.name in vocabulary.BUILTIN:
@@ -108,14 +110,29 @@ def hypothesis_problems(runbook: Runbook, readings: set[str]) -> list[tuple[tupl
                 f"unknown cause {hypothesis.cause!r}; write one of {', '.join(known)}, or declare "
                 "it under `causes:` with a name and a title",
             ))  # fmt: skip
-        for name in hypothesis.readings:
+        for place, name in _named_readings(hypothesis):
             if name not in readings:
-                problems.append((
-                    ("hypotheses", i),
-                    f"no probe of this runbook yields {name}; write one of "
-                    f"{', '.join(sorted(readings))} (or add the probe that yields it)",
-                ))  # fmt: skip
+                problems.append((("hypotheses", i, place), _unknown_reading(name, readings)))
     return problems
+
+
+def _named_readings(hypothesis: Hypothesis) -> list[tuple[str, str]]:
+    """(field, reading) for every reading a hypothesis names, by the field that names it."""
+    named = [("supported_when", n) for n in hypothesis.supported.readings]
+    if hypothesis.ruled_out is not None:
+        named += [("ruled_out_when", n) for n in hypothesis.ruled_out.readings]
+    for place in ("number", "evidence"):
+        named += [(place, n) for n in PLACEHOLDER.findall(getattr(hypothesis, place))]
+    return named
+
+
+def _unknown_reading(name: str, readings: set[str]) -> str:
+    """Why a reading is refused, and the one meant (or every one this runbook's probes yield)."""
+    close = difflib.get_close_matches(name, readings, n=1)
+    instead = (
+        f"did you mean {close[0]}?" if close else f"write one of {', '.join(sorted(readings))}"
+    )
+    return f"no probe of this runbook yields {name}; {instead} (or add the probe that yields it)"
 
 
 def inspect_file(path: Path, registry: ProbeRegistry) -> tuple[LoadedRunbook | None, list[str]]:
@@ -133,8 +150,8 @@ def inspect_file(path: Path, registry: ProbeRegistry) -> tuple[LoadedRunbook | N
         runbook = Runbook.model_validate(data)
     except ValidationError as exc:
         return None, [
-            f"{_at(path, root, e['loc'])}: {'.'.join(str(p) for p in e['loc']) or 'file'}: "
-            f"{e['msg']}"
+            f"{_at(path, root, e['loc'])}: {_field(e['loc']) or 'file'}: "
+            f"{e['msg'].removeprefix('Value error, ')}"
             for e in exc.errors()
         ]
     try:
