@@ -21,6 +21,8 @@ from bot.numbers.reading import Bound
 from bot.probes.exposition import Exposition
 
 STEP_TOKENS = ("vllm:iteration_tokens_total",)
+RUNNING, WAITING = ("vllm:num_requests_running",), ("vllm:num_requests_waiting",)
+TTFT = ("vllm:time_to_first_token_seconds",)
 WAITING_BY_REASON = ("vllm:num_requests_waiting_by_reason",)
 REJECTIONS = ("vllm:admission_rejections_total",)
 PROMPT_CACHED = ("vllm:prompt_tokens_cached_total",)
@@ -34,8 +36,8 @@ STEP_METRICS = frozenset(
 
 STEP_READINGS = {
     "max_step_tokens": "largest scheduler step of the window, tokens (to its histogram bucket)",
-    "prefill_step_share": "share of scheduler steps carrying more tokens than the running "
-    "requests decode: steps with prefill in them",
+    "prefill_step_share": "share of scheduler steps that surely carried prefill: more tokens "
+    "than every request that could have been decoding in the window (a lower bound)",
     "queue_ttft_share": "of the requests that finished: queue time's share of queue + prefill",
     "prefill_ttft_share": "of the requests that finished: prefill time's share of queue + prefill",
     "waiting_capacity": "peak requests waiting for scheduling capacity (KV blocks or a free "
@@ -54,10 +56,10 @@ class StepReadings:
     spans: dict[str, tuple[float, float]] = field(default_factory=dict)
 
 
-def read_steps(pages: Sequence[Exposition], running_peak: float | None) -> StepReadings:
+def read_steps(pages: Sequence[Exposition], decode_bound: float | None) -> StepReadings:
     """Every step reading of the window whose first and last scrapes are ``pages[0]`` and
-    ``pages[-1]`` (the scrapes between give the waiting peak); ``running_peak`` is the most
-    requests seen running, the largest step decode alone makes."""
+    ``pages[-1]`` (the scrapes between give the waiting peak); ``decode_bound`` is the most
+    tokens a step of decode alone can carry (``decode_bound()``)."""
     before, after = pages[0], pages[-1]
     duration = max(after.at - before.at, 1e-9)
     steps = _step_delta(before, after)
@@ -77,7 +79,7 @@ def read_steps(pages: Sequence[Exposition], running_peak: float | None) -> StepR
     )
     if steps:
         _largest_step(steps, out)
-        _prefill_share(steps, running_peak, out)
+        _prefill_share(steps, decode_bound, out)
     return out
 
 
@@ -106,11 +108,22 @@ def _largest_step(steps: Mapping[float, float], out: StepReadings) -> None:
         out.spans[key] = (math.floor(edges[top - 1]) + 1.0, edges[top])
 
 
+def decode_bound(before: Exposition, after: Exposition) -> float | None:
+    """The most requests that can have decoded in one step of the window: those running or
+    queued (perhaps preempted) at its start, plus those that had their first token in it. One
+    token each: a bigger step surely carried prefill. None without the gauges."""
+    running = before.total(RUNNING[0])
+    started = _delta(before, after, (f"{TTFT[0]}_count",))
+    if running is None or started is None:
+        return None
+    return running + (before.total(WAITING[0]) or 0.0) + started
+
+
 def _prefill_share(
     steps: Mapping[float, float], running_peak: float | None, out: StepReadings
 ) -> None:
-    """Steps with more tokens than ``running_peak`` over all steps: those in buckets wholly
-    above it surely, those in the bucket it falls inside perhaps (the span)."""
+    """Steps with more tokens than ``running_peak`` (the decode bound) over all steps: those
+    in buckets wholly above it surely, those in the bucket it falls inside perhaps (the span)."""
     if running_peak is None:
         return
     edges = sorted(steps)

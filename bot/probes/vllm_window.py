@@ -10,7 +10,7 @@ from pydantic import Field
 
 from bot.numbers.reading import Estimate
 from bot.probes.context import ProbeContext, TargetRef
-from bot.probes.engine_steps import STEP_READINGS, read_steps
+from bot.probes.engine_steps import STEP_READINGS, decode_bound, read_steps
 from bot.probes.types import Params, ProbeResult
 
 
@@ -107,7 +107,8 @@ class VllmMetricsProbe:
             "generation_tokens_per_s": engine.generation_tokens_per_s,
             "requests_finished": engine.requests_finished,
         }
-        steps = read_steps(window.pages, running_peak=window.peak("requests_running"))
+        bound = decode_bound(window.pages[0], window.pages[-1])
+        steps = read_steps(window.pages, decode_bound=bound)
         readings.update(steps.readings)
         details: dict[str, object] = {
             "window_s": engine.duration_s,
