@@ -13,6 +13,9 @@ if TYPE_CHECKING:
 # The incident thread's own buttons: each kind is a button (and a subject, so pressing one
 # leaves the other usable); bot.remediation.thread_buttons acts on them.
 SILENCE, ACKNOWLEDGE = "silence", "acknowledge"
+# On-call's word on the diagnosis's cause: one subject ("cause:<incident>"); one press spends
+# both.
+CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG = "cause", "cause_confirmed", "cause_wrong"
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
-"""`ruleloop adr list|show|new|validate|match|export`: the decision records.
+"""`ruleloop adr list|show|new|validate|match|export|stats`: the decision records.
 
 `list`, `show` and `match` read the store the bot shares between its replicas when a database is
 configured ([store] url or $RULELOOP_DATABASE_URL), else the files under --adr-dir. `new` and
-`validate` work on files (for git); `export` writes the store's records as those files.
+`validate` work on files (for git); `export` writes the store's records as those files; `stats`
+counts what the incident store says happened to each ADR.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ config = config_option(
     "TOML settings (default: $RULELOOP_CONFIG): with [store] url (or "
     "$RULELOOP_DATABASE_URL) the store's ADRs are read, not --adr-dir's files."
 )
+state_dir_option = click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where `ruleloop serve` keeps its SQLite store, when no [store] url is configured.",
+)
 date_option = click.option(
     "--date",
     "day",
@@ -72,6 +79,7 @@ def adr() -> None:
       ruleloop adr match canary.json      which accepted ADRs fit these numbers
       ruleloop adr new --title "Prefix caching for agent prompts"
       ruleloop adr export adr/            the store's ADRs as files, for git
+      ruleloop adr stats --days 7         per ADR: matched, applied, kept, recurred
     """
 
 
@@ -265,12 +273,7 @@ def match_cmd(
 @adr.command("export")
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 @config
-@click.option(
-    "--state-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where `ruleloop serve` keeps its SQLite store, when no [store] url is configured.",
-)
+@state_dir_option
 def export(directory: Path, config_path: Path | None, state_dir: Path | None) -> None:
     """Write every ADR in the store (drafts in drafts/) as Markdown files, for git.
 
@@ -280,19 +283,7 @@ def export(directory: Path, config_path: Path | None, state_dir: Path | None) ->
     Example:
       RULELOOP_DATABASE_URL=postgresql+psycopg://ruleloop@db/ruleloop ruleloop adr export adr/
     """
-    from bot.engine.process import default_state_dir
-
-    settings = _settings(config_path)
-    url = settings.store.url
-    if not url:
-        sqlite = (settings.paths.state or state_dir or default_state_dir()) / "ruleloop.db"
-        if not sqlite.is_file():
-            raise UsageError(
-                f"no store at {sqlite}: set [store] url (or $RULELOOP_DATABASE_URL), or "
-                "--state-dir where `ruleloop serve` keeps its ruleloop.db"
-            )
-        url = f"sqlite:///{sqlite}"
-    with _opened(url) as db:
+    with _opened(_store_url(config_path, state_dir)) as db:
         done = SharedAdrStore(root=directory, db=db, sync=False).export(directory)
     for path in done.written:
         click.echo(f"wrote {path}")
@@ -302,6 +293,52 @@ def export(directory: Path, config_path: Path | None, state_dir: Path | None) ->
         f"{len(done.written)} written, {len(done.unchanged)} unchanged, "
         f"{len(done.removed)} removed in {directory}"
     )
+
+
+@adr.command("stats")
+@click.option(
+    "--days", type=click.IntRange(min=1), default=7, show_default=True,
+    help="A kept change 'recurred' when its cause came back on its target within this many days.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="The counts as JSON.")
+@config
+@state_dir_option
+def stats_cmd(days: int, as_json: bool, config_path: Path | None, state_dir: Path | None) -> None:
+    """Per ADR: how often it was matched, applied, kept, rolled back, recurred within --days,
+    and how often on-call confirmed or marked wrong the cause of the threads that offered it.
+
+    \b
+    Example:
+      ruleloop adr stats --days 14
+    """
+    from bot.incidents import stats
+
+    with _opened(_store_url(config_path, state_dir)) as db:
+        if not sa.inspect(db.engine).has_table("cause_feedback"):
+            raise UsageError("the store predates cause feedback: run `ruleloop db upgrade`")
+        records, _ = SharedAdrStore(root=Path("adr"), db=db, sync=False).scan(include_drafts=True)
+        with db.transaction() as s:
+            rows = stats.collect(s, days=days, causes_of={a.id: a.cause for a in records})
+    if as_json:
+        click.echo(json.dumps(stats.as_json(rows, days=days), indent=2))
+    else:
+        click.echo(stats.table(rows, days=days))
+
+
+def _store_url(config_path: Path | None, state_dir: Path | None) -> str:
+    """[store] url, else the SQLite store `ruleloop serve` keeps under its state directory."""
+    from bot.engine.process import default_state_dir
+
+    settings = _settings(config_path)
+    if settings.store.url:
+        return settings.store.url
+    sqlite = (settings.paths.state or state_dir or default_state_dir()) / "ruleloop.db"
+    if not sqlite.is_file():
+        raise UsageError(
+            f"no store at {sqlite}: set [store] url (or $RULELOOP_DATABASE_URL), or "
+            "--state-dir where `ruleloop serve` keeps its ruleloop.db"
+        )
+    return f"sqlite:///{sqlite}"
 
 
 def _settings(config_path: Path | None) -> Settings:

@@ -17,12 +17,20 @@ import time
 from collections.abc import Callable
 
 from bot.adr.store import AdrStore
-from bot.chat.messages import ACKNOWLEDGE, SILENCE, MessageRef, Notifier
+from bot.chat.messages import (
+    ACKNOWLEDGE,
+    CAUSE_CONFIRMED,
+    CAUSE_WRONG,
+    SILENCE,
+    MessageRef,
+    Notifier,
+)
 from bot.chat.mrkdwn import escape
 from bot.config import Settings
 from bot.diagnosis.models import Diagnosis
 from bot.diagnosis.service import Diagnoser
 from bot.errors import EndpointError, NotAllowed, RuleloopError, UsageError
+from bot.incidents.memory import supported_of
 from bot.incidents.outbox import Outbox
 from bot.incidents.records import ButtonsOf, IncidentRecords
 from bot.intake.service import IntakeResult, Outcome
@@ -145,12 +153,16 @@ class IncidentFlows:
             await self._failed(incident_id, exc)
             return
         summary = diagnosis.summary()
+        messages = self._notifier.render_diagnosis(diagnosis, incident_id=incident_id)
+        remembered = await self._remember(incident_id, summary)
+        if remembered is not None:  # after the findings: has this cause happened here before
+            messages.insert(1, {"text": remembered})
         kept = await self._records.diagnosed(
             incident_id,
             action="diagnosis.finished",
             detail=summary,
             summary=summary,
-            messages=self._notifier.render_diagnosis(diagnosis, incident_id=incident_id),
+            messages=messages,
             update={"diagnosis": {"sampling_s": diagnosis.sampling_s}},
             buttons_of=self._buttons_of(),
         )
@@ -245,6 +257,15 @@ class IncidentFlows:
         ]
         return dataclasses.replace(diagnosis, findings=[*diagnosis.findings, *notes])
 
+    async def _remember(self, incident_id: int, summary: dict[str, object]) -> str | None:
+        """What the store remembers of the supported causes here; a failed read costs the
+        line, never the diagnosis (the log has why)."""
+        try:
+            return await self._records.remember(incident_id, summary)
+        except Exception:
+            log.warning("incident %s: earlier incidents not read", incident_id, exc_info=True)
+            return None
+
     async def _failed(self, incident_id: int, exc: BaseException) -> None:
         if isinstance(exc, RuleloopError):  # its text may quote labels, files, error bodies
             text = f"Diagnosis failed: {escape(str(exc))}"
@@ -268,14 +289,16 @@ class IncidentFlows:
 
     def _buttons_of(self) -> ButtonsOf:
         """The thread's buttons after the diagnosis: Acknowledge on an alerted incident, and
-        Silence too where its target has ``[targets.X.silence]`` (a /diagnose run gets none)."""
+        Silence too where its target has ``[targets.X.silence]`` (a /diagnose run gets none);
+        Cause confirmed / Wrong cause on any diagnosis that supports a cause."""
 
         def kinds(incident: Incident) -> list[str]:
+            feedback = [CAUSE_CONFIRMED, CAUSE_WRONG] if supported_of(incident.summary) else []
             if incident.source == "slash":
-                return []
+                return feedback
             target = self.settings.targets.get(incident.target or "")
             silence = [SILENCE] if target is not None and target.silence is not None else []
-            return [*silence, ACKNOWLEDGE]
+            return [*silence, ACKNOWLEDGE, *feedback]
 
         return kinds, lambda tokens: self._notifier.render_thread_buttons(tokens)
 

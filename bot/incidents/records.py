@@ -11,8 +11,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from bot.chat.messages import IncidentView, MessageRef
+from bot.chat.messages import CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG, IncidentView, MessageRef
 from bot.errors import UsageError
+from bot.incidents import memory
 from bot.intake.models import parse_time
 from bot.store import buttons
 from bot.store import outbox as items
@@ -28,15 +29,22 @@ def _owe_buttons(
     s: Session, incident: Incident, buttons_of: ButtonsOf, *, now: dt.datetime
 ) -> None:
     """Issue the incident's thread buttons (each kind its own subject: pressing one leaves the
-    other usable; they do not expire) and owe their message, once per incident."""
+    others usable, except the cause pair, which one press spends; they do not expire) and owe
+    their message, once per incident."""
     kinds, render = buttons_of
     wanted = list(kinds(incident))
     if not wanted or items.find(s, incident.id, "buttons") is not None:
         return
     tokens: dict[str, str] = {}
+    pair = [kind for kind in wanted if kind in (CAUSE_CONFIRMED, CAUSE_WRONG)]
     for kind in wanted:
+        if kind not in pair:
+            tokens |= buttons.issue(
+                s, buttons.subject(kind, incident.id), [kind], incident_id=incident.id, now=now
+            )
+    if pair:
         tokens |= buttons.issue(
-            s, buttons.subject(kind, incident.id), [kind], incident_id=incident.id, now=now
+            s, buttons.subject(CAUSE, incident.id), pair, incident_id=incident.id, now=now
         )
     items.owe(s, incident.id, kind=items.REPLY, key="buttons", at=now, payload=render(tokens))
 
@@ -234,6 +242,18 @@ class IncidentRecords:
             with self._db.transaction() as s:
                 item = items.find(s, incident_id, key)
                 return None if item is None else item.last_error
+
+        return await asyncio.to_thread(read)
+
+    async def remember(self, incident_id: int, summary: Mapping[str, Any]) -> str | None:
+        """The thread's line of what the store remembers of the diagnosis's supported causes on
+        this target (``bot.incidents.memory``); None when there is nothing to say."""
+
+        def read() -> str | None:
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                assert incident is not None
+                return memory.memory_text(memory.recall(s, incident, summary))
 
         return await asyncio.to_thread(read)
 

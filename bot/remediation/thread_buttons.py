@@ -1,12 +1,15 @@
-"""The incident thread's Silence 1h and Acknowledge buttons (docs/bot.md, docs/remediation.md
-#silences): single-use, checked like the remediation card's buttons (the workspace guard, the
-``[access] apply`` list with user groups expanded), claimed in one conditional UPDATE with their
+"""The incident thread's Silence 1h, Acknowledge and Cause confirmed / Wrong cause buttons
+(docs/bot.md, docs/remediation.md#silences, docs/adr.md#causes): single-use, checked like the
+remediation card's buttons (the workspace guard, the ``[access] apply`` list with user groups
+expanded), claimed in one conditional UPDATE with their
 audit entry, so of a double click or one click delivered to two replicas one acts.
 
 Acknowledge keeps who pressed it on the incident and re-renders the root through the outbox.
 Silence creates an Alertmanager silence of the target's matchers for ``thread_silence_s``; the
 thread says until when and its id, or why it could not (with a fresh Silence button), never a
-stack trace.
+stack trace. Cause confirmed / Wrong cause keep on-call's word on the diagnosis's supported cause
+(``cause_feedback``: `ruleloop adr stats` counts it, the next thread on the target says a cause
+was marked wrong); one press spends the pair.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from bot.chat.messages import ACKNOWLEDGE, SILENCE
+from bot.chat.messages import ACKNOWLEDGE, CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG, SILENCE
 from bot.chat.mrkdwn import escape, plain
 from bot.config import Settings, SilenceSpec
 from bot.errors import NotAllowed, UsageError
+from bot.incidents.memory import supported_of
 from bot.remediation import silences
 from bot.runtime.access import Members, who_may
 from bot.runtime.ids import new_error_id
@@ -30,7 +34,7 @@ from bot.store import buttons
 from bot.store import outbox as items
 from bot.store import service as store
 from bot.store.db import Database
-from bot.store.models import ActionToken, Incident
+from bot.store.models import ActionToken, CauseFeedback, Incident
 
 log = logging.getLogger("ruleloop.thread")
 RenderButtons = Callable[..., dict[str, Any]]  # Notifier.render_thread_buttons
@@ -77,12 +81,15 @@ class ThreadButtons(buttons.ButtonReads):
         if used is not None:
             raise UsageError(used)
         if not (await self._members()).allows("apply", user_id):
+            what = "judge the cause of" if kind == CAUSE else "silence or acknowledge"
             raise NotAllowed(
-                "You may not silence or acknowledge incidents. Allowed: "
+                f"You may not {what} of incidents. Allowed: "
                 f"{who_may(self._settings.access.apply)}. Nothing was changed."
             )
         if kind == ACKNOWLEDGE:
             await asyncio.to_thread(self._acknowledge, incident_id, token, user_id)
+        elif kind == CAUSE:
+            await asyncio.to_thread(self._judge_cause, incident_id, row.kind, token, user_id)
         else:
             await self._silence(incident_id, token, user_id)
         await self._deliver(incident_id)
@@ -96,6 +103,27 @@ class ThreadButtons(buttons.ButtonReads):
                               detail={})  # fmt: skip
             incident.acknowledged_by, incident.acknowledged_at = user_id, now
             items.owe_root_change(s, incident_id, at=now)
+
+    def _judge_cause(self, incident_id: int, verdict: str, token: str, user_id: str) -> None:
+        """Claim the pair, keep on-call's word on the supported cause, audit it and say it in
+        the thread: one step."""
+        now = self._clock()
+        with self._db.transaction() as s:
+            incident = store.get(s, incident_id)
+            assert incident is not None
+            causes = supported_of(incident.summary or {})
+            if not causes:  # a later diagnosis of the incident supports none
+                raise UsageError("This diagnosis names no cause any more. Nothing was changed.")
+            word = "confirmed" if verdict == CAUSE_CONFIRMED else "wrong"
+            adr_ids = [str(a) for a in (incident.summary or {}).get("matches") or []]
+            _claim(s, token, user_id, now=now, action=f"cause.{word}",
+                   detail={"cause": causes[0], "adrs": adr_ids})  # fmt: skip
+            s.add(CauseFeedback(incident_id=incident_id, target=incident.target or "",
+                                cause=causes[0], verdict=word, adr_ids=adr_ids, actor=user_id,
+                                at=now))  # fmt: skip
+            said = "confirmed the cause" if word == "confirmed" else "marked the cause wrong"
+            text = f":memo: <@{user_id}> {said}: *{escape(causes[0])}*"
+            items.owe(s, incident_id, kind=items.REPLY, at=now, payload={"text": text})
 
     async def _silence(self, incident_id: int, token: str, user_id: str) -> None:
         """Claim the button, then ask Alertmanager; the thread hears the outcome."""
@@ -171,8 +199,10 @@ class ThreadButtons(buttons.ButtonReads):
 
 def _button_of(row: ActionToken | None) -> tuple[str, int]:
     """The kind of a thread button and its incident; UsageError when it is not one."""
-    for kind in (SILENCE, ACKNOWLEDGE):
+    for kind in (SILENCE, ACKNOWLEDGE, CAUSE):
         key = buttons.subject_key(row.subject, kind) if row is not None else None
+        if kind == CAUSE and row is not None and row.kind not in (CAUSE_CONFIRMED, CAUSE_WRONG):
+            continue
         if key is not None and key.isdigit():
             return kind, int(key)
     raise UsageError("This button is not one this bot issued. Nothing was changed.")

@@ -23,7 +23,7 @@ from slack_sdk.models.blocks import (
 )
 
 from bot.adr.match import MatchResult
-from bot.chat.messages import ACKNOWLEDGE, SILENCE, IncidentView
+from bot.chat.messages import ACKNOWLEDGE, CAUSE_CONFIRMED, CAUSE_WRONG, SILENCE, IncidentView
 from bot.chat.mrkdwn import clip, escape, plain
 from bot.diagnosis import cause_text, replica_text
 from bot.diagnosis.causes import CauseVerdict, from_json
@@ -37,6 +37,8 @@ APPLY_ACTION = "apply_adr"
 THREAD_BUTTONS = {
     SILENCE: ("Silence 1h", "incident_silence"),
     ACKNOWLEDGE: ("Acknowledge", "incident_acknowledge"),
+    CAUSE_CONFIRMED: ("Cause confirmed", "incident_cause_confirmed"),
+    CAUSE_WRONG: ("Wrong cause", "incident_cause_wrong"),
 }
 THREAD_ACTIONS = tuple(action_id for _, action_id in THREAD_BUTTONS.values())
 MAX_FINDINGS = 15
