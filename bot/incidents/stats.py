@@ -114,7 +114,8 @@ def table(rows: Sequence[AdrStats], *, days: int) -> str:
     lines = [head, "-" * len(head)]
     for row in rows:
         keys = (key for key, _ in COLUMNS)
-        cells = (f"  {getattr(row, k):>{len(label)}}" for k, label in zip(keys, labels, strict=True))
+        pairs = zip(keys, labels, strict=True)
+        cells = (f"  {getattr(row, key):>{len(label)}}" for key, label in pairs)
         lines.append(row.adr_id.ljust(width) + "".join(cells))
     return "\n".join(lines)
 
