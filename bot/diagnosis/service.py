@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from bot.adr.match import MatchResult, matching
+from bot.adr.match import MatchResult, by_cause, matching
 from bot.adr.store import AdrStore
 from bot.diagnosis import causes, chart_data, history, replica_text, replicas
 from bot.diagnosis.chart import render_chart
@@ -125,6 +125,7 @@ class Diagnoser:
         judged = causes.judge(
             loaded.runbook, causes.Readings(result.readings, result.bounds, result.spans), fleet
         )
+        matches, cause_notes = by_cause(matches, judged)  # an ADR's cause ruled out: not offered
         # one slow replica: a fleet-wide flag change is not its fix (the thread says what is)
         offered, withheld = ([], matches) if fleet and fleet.slow else (matches, [])
         return Diagnosis(
@@ -136,6 +137,7 @@ class Diagnoser:
                 *fleet_findings,
                 *result.findings,
                 *(history.describe(chart) if chart else []),
+                *(Finding(Severity.INFO, line, source="adr cause") for line in cause_notes),
             ],  # fmt: skip
             matches=offered,
             withheld=withheld,

@@ -99,7 +99,7 @@ def _last(s: Session, same: Sequence[Incident]) -> Earlier | None:
             .order_by(Remediation.id.desc())
         ).first()
         if change is not None:
-            return Earlier(incident.id, incident.opened_at, change.adr_id, OUTCOME[change.state])
+            return Earlier(incident.id, incident.opened_at, change.adr_id, OUTCOME[S(change.state)])
     return Earlier(same[0].id, same[0].opened_at) if same else None
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.adr.flags import canonical
+from bot.adr.match import supported_causes, verdicts_of
 from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
 from bot.adr.parse import date_of_id
 from bot.canary.verdict import GATES, Values, gates_from, judge, judge_values, values_of
@@ -125,6 +126,7 @@ def build_postmortem(
         date=day,
         deciders=list(dict.fromkeys(deciders)),
         match=symptoms or (list(applied.adr.match) if applied is not None else []),
+        cause=_cause(summary, applied),
         fix=applied.adr.fix if kept and applied is not None else Fix(),
         gates=gates,
         # what the matrix's verdict on the change was measured under; the template says it in
@@ -138,6 +140,15 @@ def build_postmortem(
 
 
 # --- front matter -------------------------------------------------------------------------
+def _cause(summary: Mapping[str, Any], applied: AppliedFix | None) -> list[str]:
+    """The cause the draft answers: the one the diagnosis supported (its first: the most likely),
+    else the one the applied ADR answers; none when neither names one."""
+    supported = supported_causes(verdicts_of(summary))
+    if supported:
+        return supported[:1]
+    return list(applied.adr.cause) if applied is not None else []
+
+
 def _baseline_gates(summary: Mapping[str, Any]) -> AdrGates | None:
     """Without an applied ADR: the strictest gates of the accepted ADRs (the diagnosis baseline)."""
     limits = {
