@@ -1,0 +1,277 @@
+"""Causes, not symptoms: the condition parser, the three-valued verdicts (bounds, spans, missing
+readings), the engine's step readings on pages a real engine served, and the shipped runbooks."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from bot.diagnosis.causes import NOT_JUDGED, Readings, data_gaps, judge, judge_one, one_replica
+from bot.diagnosis.replicas import judge as judge_fleet
+from bot.numbers.reading import Bound
+from bot.probes.engine_steps import STEP_METRICS, decode_bound, read_steps
+from bot.probes.exposition import Exposition
+from bot.probes.fleet_merge import Member, merge_rounds
+from bot.probes.sampling import SAMPLED_METRICS, SampledWindow
+from bot.probes.vllm_metrics import parse_page
+from bot.runbooks.builtin import default_registry
+from bot.runbooks.conditions import parse
+from bot.runbooks.loader import load_file
+from bot.runbooks.models import Hypothesis, Runbook
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
+REPO = Path(__file__).parent.parent
+
+
+def pages(drop: str | None = None) -> list[Exposition]:
+    """The real engine's before / during / after pages (tests/fixtures/README.md), 10 s apart;
+    ``drop``: a metric family removed, as an engine that lacks it would serve them."""
+    out = []
+    for name, at in (("before", 0.0), ("during", 0.3), ("after", 10.0)):
+        text = (FIXTURES / f"{name}.prom").read_text()
+        if drop is not None:
+            text = "\n".join(line for line in text.splitlines() if drop not in line) + "\n"
+        out.append(parse_page(text, url="fixture", at=at, only=SAMPLED_METRICS))
+    return out
+
+
+# --- the parser -------------------------------------------------------------------------------
+
+
+def test_and_binds_tighter_than_or() -> None:
+    cond = parse("a.x > 1 or a.y > 1 and a.z > 1")
+    assert [[c.reading for c in g] for g in cond.alternatives] == [["a.x"], ["a.y", "a.z"]]
+    assert cond.readings == ["a.x", "a.y", "a.z"]
+    values = Readings({"a.x": 0.0, "a.y": 2.0, "a.z": 0.0})
+    assert cond.holds(values.reading) is False  # (x) or (y and z): neither holds
+    assert parse("a.x > 1 or a.y > 1").holds(values.reading) is True
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["a.x >> 1", "a.x > 1 and", "and a.x > 1", "a.x > 1 AND a.y > 1", "x > 1", "a.x > one",
+     "(a.x > 1)", "a.x > 1 xor a.y > 2", ""],
+)  # fmt: skip
+def test_parser_refuses_what_is_not_a_clause(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a clause: write `probe.reading OP number`"):
+        parse(text)
+
+
+def test_three_valued_and_or_with_missing_readings() -> None:
+    read = Readings({"a.x": 5.0, "a.y": None}).reading
+    assert parse("a.x > 1 and a.y > 1").holds(read) is None  # true and unknown
+    assert parse("a.x > 9 and a.y > 1").holds(read) is False  # false and unknown
+    assert parse("a.x > 1 or a.y > 1").holds(read) is True  # true or unknown
+    assert parse("a.x > 9 or a.y > 1").holds(read) is None  # false or unknown
+
+
+def test_bounds_and_spans_decide_only_where_they_decide() -> None:
+    spanned = Readings({"a.steps": 8192.0}, spans={"a.steps": (4097.0, 8192.0)}).reading
+    assert parse("a.steps > 4096").holds(spanned) is True
+    assert parse("a.steps <= 2048").holds(spanned) is False
+    assert parse("a.steps > 6000").holds(spanned) is None  # inside the bucket: undecided
+    first_bucket = Readings({"a.steps": 1.0}, bounds={"a.steps": Bound.AT_MOST}).reading
+    assert parse("a.steps <= 2048").holds(first_bucket) is True
+    beyond = Readings({"a.steps": 16384.0}, bounds={"a.steps": Bound.MORE_THAN}).reading
+    assert parse("a.steps > 4096").holds(beyond) is True
+    assert parse("a.steps < 20000").holds(beyond) is None
+
+
+# --- verdicts ---------------------------------------------------------------------------------
+
+MIXING = Hypothesis(
+    cause="prefill_decode_mixing",
+    supported_when="e.steps > 4096 and e.running > 1",
+    ruled_out_when="e.steps <= 2048",
+    number="{e.steps} tokens in one step",
+    evidence="steps reached {e.steps} tokens beside {e.running} decoding",
+)
+
+
+@pytest.mark.parametrize(
+    ("values", "spans", "verdict", "missing"),
+    [
+        ({"e.steps": 8192.0, "e.running": 4.0}, {"e.steps": (4097.0, 8192.0)}, "supported", ()),
+        ({"e.steps": 512.0, "e.running": 4.0}, {"e.steps": (257.0, 512.0)}, "ruled_out", ()),
+        ({"e.steps": 8192.0, "e.running": 1.0}, {"e.steps": (4097.0, 8192.0)}, "cannot_tell", ()),
+        ({"e.steps": 4096.0, "e.running": 4.0}, {"e.steps": (2049.0, 4096.0)}, "cannot_tell", ()),
+        ({"e.steps": None, "e.running": 4.0}, {}, "cannot_tell", ("e.steps",)),
+        ({"e.steps": 8192.0, "e.running": None}, {}, "cannot_tell", ("e.running",)),
+    ],
+)
+def test_a_hypothesis_is_supported_ruled_out_or_cannot_tell(
+    values: dict[str, float | None],
+    spans: dict[str, tuple[float, float]],
+    verdict: str,
+    missing: tuple[str, ...],
+) -> None:
+    judged = judge_one(MIXING, "mixing", Readings(values, spans=spans))
+    assert judged.verdict == verdict
+    assert judged.missing == missing
+    if verdict == "supported":
+        assert judged.evidence == "steps reached 8,192 (4,097–8,192) tokens beside 4 decoding"
+        assert judged.number == "8,192 (4,097–8,192) tokens in one step"
+    if verdict == "ruled_out":
+        assert judged.number == "512 (257–512) tokens in one step"
+    if missing:
+        assert judged.number is None and f"not measured: {missing[0]}" in judged.evidence
+    elif verdict == "cannot_tell":
+        assert judged.evidence.startswith("in between: ")
+
+
+def test_without_ruled_out_when_a_false_condition_rules_out_and_overlap_cannot_tell() -> None:
+    plain = Hypothesis(cause="queueing", supported_when="e.q > 0.5", number="{e.q}", evidence="")
+    assert judge_one(plain, "q", Readings({"e.q": 0.1})).verdict == "ruled_out"
+    assert judge_one(plain, "q", Readings({"e.q": None})).verdict == "cannot_tell"
+    overlap = Hypothesis(
+        cause="queueing", supported_when="e.q > 0.5", ruled_out_when="e.q > 0.4",
+        number="{e.q}", evidence="",
+    )  # fmt: skip
+    both = judge_one(overlap, "q", Readings({"e.q": 0.9}))
+    assert both.verdict == "cannot_tell" and "overlap" in both.evidence
+
+
+def test_judge_orders_supported_first_and_says_why_the_rest_is_not_judged() -> None:
+    runbook = Runbook(
+        name="x",
+        probes=[{"probe": "e"}],  # type: ignore[list-item]
+        hypotheses=[
+            Hypothesis(cause="queueing", supported_when="e.q > 0.5", number="{e.q}", evidence="q"),
+            Hypothesis(
+                cause="gpu_fault", supported_when="n.xid > 0", number="{n.xid}", evidence=""
+            ),
+            MIXING,
+        ],
+    )
+    values = {"e.q": 0.1, "e.steps": 8192.0, "e.running": 3.0, "n.xid": None}
+    verdicts = judge(runbook, Readings(values, spans={"e.steps": (4097.0, 8192.0)}))
+    assert [(v.cause, v.verdict) for v in verdicts][:3] == [
+        ("prefill_decode_mixing", "supported"),
+        ("queueing", "ruled_out"),
+        ("gpu_fault", "cannot_tell"),
+    ]
+    assert [v.cause for v in verdicts[3:]] == list(NOT_JUDGED)  # never faked: cannot tell, why
+    assert all(v.evidence.startswith("not judged: ") for v in verdicts[3:])
+    assert verdicts[0].title == "long prefills share scheduler steps with decode"
+    assert data_gaps(verdicts) == ["no n readings"]  # the probe whose reading was missing
+    json = verdicts[0].to_json()
+    assert set(json) == {"cause", "title", "verdict", "evidence", "number", "missing"}
+
+
+def test_one_replica_comes_from_the_fleet_verdict() -> None:
+    edges = (0.02, 0.04, 0.06, 0.25, 0.5, math.inf)
+
+    def ttft(counts: dict[float, int]) -> dict[str, dict[float, float]]:
+        running, out = 0.0, {}
+        for edge in edges:
+            running += counts.get(edge, 0)
+            out[edge] = running
+        return {"ttft_p99_ms": out}
+
+    fast, slow = {0.02: 10, 0.04: 28, 0.06: 2}, {0.25: 5, 0.5: 35}
+    outlier = one_replica(judge_fleet({"10.0.0.7:8000": ttft(slow), "10.0.0.8:8000": ttft(fast)}))
+    assert outlier.verdict == "supported" and outlier.number is not None
+    assert outlier.number.startswith("10.0.0.7:8000: ")
+    alike = one_replica(judge_fleet({"a:1": ttft(fast), "b:1": ttft(fast)}))
+    assert alike.verdict == "ruled_out" and alike.number == "2 replicas alike"
+
+
+# --- the engine's step readings, on pages a real engine served --------------------------------
+
+
+def test_step_readings_of_a_real_engine_window() -> None:
+    """24 requests of ~210 prompt tokens, 8 abandoned (tests/fixtures/README.md): 53 steps, the
+    largest in (1024, 2048]; 16 requests finished with 2.17 s queued and 13.65 s prefilling."""
+    window = pages()
+    bound = decode_bound(window[0], window[-1])
+    assert bound == 17.0  # nothing running at the start, 17 first tokens in the window
+    steps = read_steps(window, decode_bound=bound)
+    assert steps.readings["max_step_tokens"] == 2048.0
+    assert steps.spans["max_step_tokens"] == (1025.0, 2048.0)  # a bucket, never a point
+    assert "max_step_tokens" not in steps.bounds
+    assert steps.readings["prefill_step_share"] == pytest.approx(4 / 53)  # steps > 32 tokens
+    queue, prefill = 15.056003310999813 - 12.884680649000074, 76.26828603100017 - 62.618516887
+    assert steps.readings["queue_ttft_share"] == pytest.approx(queue / (queue + prefill))
+    assert steps.readings["prefill_ttft_share"] == pytest.approx(prefill / (queue + prefill))
+    assert steps.readings["waiting_capacity"] == 0.0
+    assert steps.readings["rejections_per_s"] == 0.0
+    assert steps.readings["cached_prompt_share"] == 0.0  # 3,592 prompt tokens, none cached
+
+
+@pytest.mark.parametrize(
+    ("family", "reading"),
+    [
+        ("vllm:iteration_tokens_total", "max_step_tokens"),
+        ("vllm:iteration_tokens_total", "prefill_step_share"),
+        ("vllm:num_requests_waiting_by_reason", "waiting_capacity"),
+        ("vllm:admission_rejections_total", "rejections_per_s"),
+        ("vllm:prompt_tokens_cached_total", "cached_prompt_share"),
+        ("vllm:request_prefill_time_seconds", "queue_ttft_share"),
+    ],
+)
+def test_a_metric_the_engine_lacks_reads_unknown_not_zero(family: str, reading: str) -> None:
+    window = pages(drop=family)
+    steps = read_steps(window, decode_bound=decode_bound(window[0], window[-1]))
+    assert steps.readings[reading] is None
+    assert read_steps(pages(), decode_bound=17.0).readings[reading] is not None
+
+
+def test_the_top_buckets_read_as_bounds() -> None:
+    def page(at: float, counts: dict[str, float]) -> Exposition:
+        rows = [({"le": le}, c) for le, c in counts.items()]
+        return Exposition(at=at, samples={"vllm:iteration_tokens_total_bucket": rows})
+
+    edges0 = {"1.0": 0.0, "16384.0": 0.0, "+Inf": 0.0}
+    beyond = read_steps([page(0, edges0), page(1, {"1.0": 1, "16384.0": 1, "+Inf": 2})], None)
+    assert beyond.readings["max_step_tokens"] == 16384.0
+    assert beyond.bounds["max_step_tokens"] is Bound.MORE_THAN
+    assert beyond.readings["prefill_step_share"] is None  # no decode bound: unknown
+    first = read_steps([page(0, edges0), page(1, {"1.0": 3, "16384.0": 3, "+Inf": 3})], None)
+    assert first.readings["max_step_tokens"] == 1.0
+    assert first.bounds["max_step_tokens"] is Bound.AT_MOST
+
+
+def test_fleet_merge_keeps_the_step_readings_exact() -> None:
+    """Two replicas that served the same window: the steps' counts double (the largest step and
+    the shares stay), the rejections and the waiting add up, nothing is counted across them."""
+    one = pages()
+    members = [
+        Member({"replica": name}, dict(enumerate(one)))
+        for name in ("10.0.0.1:8000", "10.0.0.2:8000")
+    ]
+    merged = merge_rounds(members, [p.at for p in one])
+    alone = read_steps(one, decode_bound=decode_bound(one[0], one[-1]))
+    fleet = read_steps(merged, decode_bound=decode_bound(merged[0], merged[-1]))
+    assert decode_bound(merged[0], merged[-1]) == 34.0
+    assert fleet.readings["max_step_tokens"] == alone.readings["max_step_tokens"]
+    assert fleet.spans == alone.spans
+    for key in ("queue_ttft_share", "cached_prompt_share", "rejections_per_s"):
+        assert fleet.readings[key] == pytest.approx(alone.readings[key])  # type: ignore[arg-type]
+    assert SampledWindow(merged).engine.requests_finished == 32.0
+    assert STEP_METRICS <= SAMPLED_METRICS  # the sampler keeps what the readings need
+
+
+# --- the shipped runbooks ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*sorted((REPO / "runbooks").glob("*.yaml")), REPO / "bot" / "demo" / "runbook.yaml"],
+    ids=lambda p: p.name,
+)
+def test_shipped_runbooks_judge_the_four_engine_causes(path: Path) -> None:
+    loaded = load_file(path, default_registry())
+    causes = [h.cause for h in loaded.runbook.hypotheses]
+    assert causes[:4] == [
+        "prefill_decode_mixing",
+        "kv_cache_pressure",
+        "queueing",
+        "abandoned_work",
+    ]
+    if any(step.probe == "nvml" for step in loaded.runbook.probes):
+        assert "gpu_fault" in causes
+    shipped = REPO / "bot" / "shipped" / "runbooks" / path.name
+    if path.parent.name == "runbooks":
+        assert shipped.read_text() == path.read_text()
