@@ -65,17 +65,23 @@ def run_canary(
     interval: float | None,
     seed: int,
     shape: Path | None = None,
+    variant: dict[str, object] | None = None,
 ) -> dict[str, float]:
     """One canary run through the real CLI (``interval`` None: no sampling; ``shape``: replay
-    it with ``--workload`` instead of the fixed lengths)."""
+    it with ``--workload`` instead of the fixed lengths; ``variant``: body fields changed, see
+    bench/_canary_body_variant.py)."""
     extra = ["--metrics-url", "none"] if interval is None else ["--sample-interval", str(interval)]
     lengths = (
         ["--workload", str(shape)] if shape is not None
         else ["--prompt-length", str(args.prompt_length),
               "--output-length", str(args.output_length)]
     )  # fmt: skip
+    cli = (
+        ["-m", "latency_checker"] if variant is None
+        else [str(ROOT / "bench" / "_canary_body_variant.py"), json.dumps(variant), "--"]
+    )  # fmt: skip
     subprocess.run(
-        [sys.executable, "-m", "latency_checker", "--endpoint", f"{base_url}/v1/completions",
+        [sys.executable, *cli, "--endpoint", f"{base_url}/v1/completions",
          "--concurrency", str(args.concurrency), "--num-requests", str(args.requests),
          *lengths, "--warmup", "4", "--seed", str(seed), "--quiet", "--output-json", str(out),
          *extra],

@@ -268,6 +268,10 @@ def _handle_event(data: str, record: RequestRecord, now: float) -> bool:
 
 
 def _count_tokens(chunk: _Chunk, record: RequestRecord, now: float) -> None:
+    """Count the tokens a chunk brings: one per chunk that carries a token while the stream
+    runs, the server's exact total from the usage at its end. The canary asks for usage once
+    (what production clients send): usage on every chunk made vLLM's API server build it for
+    every token, on the cores the engine runs on (docs/canary.md)."""
     usage = chunk.usage
     if usage is not None and usage.prompt_tokens is not None:
         record.prompt_tokens = usage.prompt_tokens
@@ -275,9 +279,10 @@ def _count_tokens(chunk: _Chunk, record: RequestRecord, now: float) -> None:
     for choice in choices:
         record.finish_reason = choice.finish_reason or record.finish_reason
     if usage is not None and usage.completion_tokens is not None:
-        total = usage.completion_tokens
-    elif any(_choice_text(c) for c in choices):
-        total = record.output_tokens + 1  # no usage per chunk: one chunk, one token
+        total = usage.completion_tokens  # exact: the final chunk (or a server that sends more)
+    elif any(_carries_token(c) for c in choices):
+        # A lower bound: a server that falls behind may pack several tokens into one chunk.
+        total = record.output_tokens + 1
     else:
         total = record.output_tokens
     if total > record.output_tokens and choices:
@@ -289,10 +294,12 @@ def _count_tokens(chunk: _Chunk, record: RequestRecord, now: float) -> None:
     record.output_tokens = max(total, record.output_tokens)
 
 
-def _choice_text(choice: _Choice) -> str:
+def _carries_token(choice: _Choice) -> bool:
+    """Whether a chunk's choice brings text. A token that ends inside a UTF-8 character brings
+    none and is not counted until the final usage: a lower bound, like packed chunks."""
     if choice.text is not None:
-        return choice.text
-    return (choice.delta.content if choice.delta else None) or ""
+        return bool(choice.text)
+    return bool(choice.delta.content if choice.delta else None)
 
 
 def _error_message(text: str) -> str:

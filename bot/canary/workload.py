@@ -288,8 +288,10 @@ class PromptFactory:
             "model": model,
             "max_tokens": w.output_length if plan is None else plan.output_tokens,
             "stream": True,
-            # vLLM: usage on every chunk, so we know exactly how many tokens each chunk carried.
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+            # Usage once, at the end, as production clients ask: vLLM's continuous_usage_stats
+            # builds it for every chunk on the engine's cores (docs/canary.md). Tokens are
+            # counted per chunk while the stream runs (bot/canary/client.py).
+            "stream_options": {"include_usage": True},
             "temperature": 0.0,
         }
         if w.ignore_eos:

@@ -1,0 +1,127 @@
+"""What in the canary's request costs the engine: A/B of body fields on one engine, one run.
+
+    python bench/canary_request_ab.py [--concurrency 150] [--requests 300] [--rounds 3]
+
+Starts one local engine and runs, in a rotated order (A B C D, B C D A, ...), the canary CLI
+with its body changed one field at a time (bench/_canary_body_variant.py) and `vllm bench
+serve` on the same workload, none of them sampling /metrics. Each arm differs from the one
+before it by one field, so the ratio between neighbours prices that field. Prints the median
+over rounds and each arm's ratio to the peer; results land in
+bench/results/canary_request_ab.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+import psutil
+from canary_vs_vllm_bench import PEER, RESULTS, run_canary, run_peer
+
+from bot.engine.process import EngineManager, free_port
+
+USAGE_ONCE = {"include_usage": True}
+# Each arm: body fields set (None removes the field) on top of what the canary builds.
+ARMS: dict[str, dict[str, object]] = {
+    "canary, usage on every chunk, temperature 0": {
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "temperature": 0.0,
+    },
+    "canary, usage once, temperature 0": {"stream_options": USAGE_ONCE, "temperature": 0.0},
+    "canary, usage on every chunk, server's temperature": {
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "temperature": None,
+    },
+    "canary, usage once, server's temperature": {
+        "stream_options": USAGE_ONCE,
+        "temperature": None,
+    },
+}
+NUMBERS = ("ttft_p50", "tpot_p50", "cpu_per_1000_tokens", "server_cpu_per_1000_tokens", "wall_s")
+
+
+def server_cpu_s(pid: int) -> float:
+    """CPU seconds the engine's processes (API server and engine core) have used so far: the
+    work a client's requests cost the server, which the machine's load does not change."""
+    root = psutil.Process(pid)
+    return sum(sum(p.cpu_times()[:2]) for p in [root, *root.children(recursive=True)])
+
+
+def main() -> None:
+    """Run every arm and the peer in rotated rounds on one engine; print the medians."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--concurrency", type=int, default=150)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--prompt-length", type=int, default=512)
+    parser.add_argument("--output-length", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    manager = EngineManager(state_dir=Path(tempfile.mkdtemp(prefix="ruleloop-ab-")))
+    port = free_port()
+    info = manager.start(port=port, flags=["--enforce-eager"], on_progress=print)
+    model_dir = manager.state_dir / "tiny-llama"
+    names = [*ARMS, PEER]
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
+    seeds = itertools.count(1)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for i in range(args.rounds):
+                for name in names[i % len(names) :] + names[: i % len(names)]:
+                    out, seed = Path(tmp) / f"{i}-{len(runs[name])}.json", next(seeds)
+                    server0 = server_cpu_s(info.pid)
+                    side = (
+                        run_peer(info.base_url, model_dir, args, out, seed=seed)
+                        if name == PEER
+                        else run_canary(
+                            info.base_url, args, out, interval=None, seed=seed,
+                            variant=ARMS[name],
+                        )
+                    )  # fmt: skip
+                    side["cpu_per_1000_tokens"] = side["cpu_s"] / side["tokens"] * 1000
+                    server = server_cpu_s(info.pid) - server0  # warmup and preflight included
+                    side["server_cpu_per_1000_tokens"] = server / side["tokens"] * 1000
+                    runs[name].append(side)
+                    print(f"round {i + 1}: {name}:", {k: round(side[k], 3) for k in NUMBERS})
+    finally:
+        manager.stop(port)
+    report(args, runs)
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[dict[str, float]]]) -> None:
+    """Print the medians with ratios to the peer, and write them to the results file."""
+    medians = {
+        name: {k: statistics.median(r[k] for r in rs) for k in NUMBERS} for name, rs in runs.items()
+    }
+    peer = medians[PEER]
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines()
+                  if line.startswith("Model name")), "unknown CPU")  # fmt: skip
+    print(
+        f"\n{args.concurrency} streams, {args.requests} requests of {args.prompt_length} + "
+        f"{args.output_length} tokens, median of {args.rounds} rotated rounds, no sampling"
+    )
+    print(f"CPU: {model}, load average {os.getloadavg()[0]:.1f} at the end")
+    print("| arm | TTFT p50 ms | TPOT p50 ms | client CPU s / 1k tokens | server CPU s / 1k "
+          "tokens | wall s | TTFT / peer | TPOT / peer | client CPU / peer | server CPU / peer |"
+          "\n|---|---|---|---|---|---|---|---|---|---|")  # fmt: skip
+    for name, m in medians.items():
+        ratios = " | ".join(f"{m[k] / peer[k]:.2f}" for k in NUMBERS[:4])
+        print(f"| {name} | {m['ttft_p50']:,.1f} | {m['tpot_p50']:.1f} | "
+              f"{m['cpu_per_1000_tokens']:.3f} | {m['server_cpu_per_1000_tokens']:.2f} | "
+              f"{m['wall_s']:.1f} | {ratios} |")  # fmt: skip
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "canary_request_ab.json").write_text(
+        json.dumps({"args": vars(args), "cpu": model, "runs": runs, "median": medians}, indent=2)
+    )
+
+
+if __name__ == "__main__":
+    main()
