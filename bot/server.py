@@ -28,7 +28,7 @@ from bot.config import Settings
 from bot.diagnosis.normal import NormalReader
 from bot.diagnosis.service import Diagnoser
 from bot.incidents.flows import IncidentFlows
-from bot.intake.service import Intake, Outcome
+from bot.intake.service import Intake
 from bot.postmortem.service import DraftService
 from bot.probes.context import ProbeContext
 from bot.remediation import actuators
@@ -59,7 +59,6 @@ from bot.web.links import PageLinks, page_links
 from bot.web.routes import IncidentPages
 
 log = logging.getLogger("ruleloop.server")
-STATUS = {Outcome.OPENED: 202, Outcome.RESOLVED: 202, Outcome.UPDATED: 200, Outcome.DUPLICATE: 200}
 
 
 def utcnow() -> dt.datetime:
@@ -275,9 +274,7 @@ def _services(
         settings=settings, db=db, clock=clock, members=members, deliver=flows.outbox.deliver,
         render=notifier.render_thread_buttons,
     )  # fmt: skip
-    return Services(
-        flows=flows, remediation=remediation, drafts=drafts, thread=thread, tasks=tasks
-    )
+    return Services(flows=flows, remediation=remediation, drafts=drafts, thread=thread, tasks=tasks)
 
 
 def _lifespan(

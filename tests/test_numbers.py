@@ -62,8 +62,8 @@ def test_a_quantile_inside_the_histogram_is_known_to_its_bucket() -> None:
 @pytest.mark.parametrize(
     ("value", "op", "limit", "expected"),
     [
-        (Reading(186.4), ">", Reading(10.0, Bound.AT_MOST).times(3), True),  # 186 > (≤ 30)
-        (Reading(25.0), ">", Reading(10.0, Bound.AT_MOST).times(3), None),  # 25 vs ≤ 30
+        (Reading(186.4), ">", Reading(30.0, Bound.AT_MOST), True),  # 186 > (≤ 30)
+        (Reading(25.0), ">", Reading(30.0, Bound.AT_MOST), None),  # 25 vs ≤ 30
         (Reading(10.0, Bound.AT_MOST), ">", Reading(150.0), False),  # ≤ 10 is never > 150
         (Reading(10.0, Bound.AT_MOST), "<", Reading(5.0), None),
         (Reading(20_000.0, Bound.MORE_THAN), ">", Reading(150.0), True),

@@ -47,7 +47,7 @@ def framed(text: str, end: bytes) -> bytes:
 def test_every_line_ending_parses_the_same_events(end: bytes) -> None:
     parser = SSEParser()
     assert parser.feed(framed(STREAM, end)) == EXPECTED
-    assert parser.retry_ms == 2500 and parser.last_event_id == "7" and parser.pending == 0
+    assert parser.retry_ms == 2500 and parser.pending == 0
 
 
 @ENDS
@@ -98,7 +98,6 @@ def test_id_fields_set_the_last_event_id_unless_they_hold_a_nul() -> None:
     parser = SSEParser()
     events = parser.feed(b"id: 1\ndata: a\n\nid: 2\x003\ndata: b\n\nid\ndata: c\n\n")
     assert [e.id for e in events] == ["1", "1", ""]  # NUL: ignored; no value: reset
-    assert parser.last_event_id == ""
 
 
 @pytest.mark.parametrize(

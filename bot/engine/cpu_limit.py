@@ -89,15 +89,6 @@ class CpuLimit:
                 "limit)"
             ) from exc
 
-    def throttled(self) -> int:
-        """How many periods the group ran out of quota in (cpu.stat): proof the limit bites."""
-        stat = self.group / "cpu.stat"
-        for line in stat.read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "nr_throttled":
-                return int(value)
-        return 0
-
     def remove(self, *, wait_s: float = 5.0) -> None:
         """Remove the group once its processes are gone: a process just killed leaves it a
         moment later, so this waits up to ``wait_s``; a group still in use is left (no error)."""

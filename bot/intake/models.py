@@ -61,11 +61,6 @@ class WebhookAlert(_Lenient):
         """The alert instance: fingerprint (derived from labels if missing) and startsAt."""
         return (self.fingerprint or label_fingerprint(self.labels), self.starts_at)
 
-    @property
-    def started(self) -> dt.datetime:
-        """startsAt as an aware datetime."""
-        return parse_time(self.starts_at)
-
 
 class Webhook(_Lenient):
     """A notification: one alert group at one moment."""

@@ -66,11 +66,6 @@ class Reading:
             return (self.value, math.inf)
         return (self.value, self.value)
 
-    def times(self, factor: float) -> Reading:
-        """``factor`` times this number (a multiple of a bound is a bound)."""
-        span = None if self.span is None else (self.span[0] * factor, self.span[1] * factor)
-        return Reading(self.value * factor, self.bound, span)
-
 
 @dataclass(frozen=True)
 class Measured:

@@ -55,11 +55,6 @@ class SSEParser:
         """Bytes fed since the last event ended (its blank line): a relay holds these back."""
         return self._lines + len(self._tail)
 
-    @property
-    def last_event_id(self) -> str:
-        """The last ``id`` the stream set (a reconnecting client sends it as Last-Event-ID)."""
-        return self._id
-
     def feed(self, chunk: bytes) -> list[Event]:
         """Read the next piece of the body; the events it completed, in order."""
         if (

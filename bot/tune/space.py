@@ -106,13 +106,6 @@ class Space:
         """
         return tuple((name, flags[name]) for name in self.flags)
 
-    def contains(self, flags: Mapping[str, EngineValue]) -> bool:
-        """Whether ``flags`` is one of the space's points."""
-        return set(flags) == set(self.flags) and all(
-            any(_same(flags[name], v) for v in self.dimensions[name].points())
-            for name in self.flags
-        )
-
     def describe(self) -> str:
         """The space in one line: 'max-num-seqs {4, 8}; max-num-batched-tokens 256..2048 step
         256 (16 flag sets)'."""
@@ -197,10 +190,6 @@ def _value(flag: str, raw: str) -> EngineValue:
     if kind == "float":
         return float(raw)
     return raw
-
-
-def _same(a: object, b: object) -> bool:
-    return type(a) is type(b) and a == b
 
 
 def _text(value: EngineValue) -> str:
