@@ -202,11 +202,12 @@ def secret_file(tmp_path: Path, name: str, secret: str) -> Path:
 
 
 def replica_env(
-    tmp_path: Path, *, engine: str, actuator: dict[str, Any], pg_url: str, slack: FakeSlack
-) -> dict[str, str]:
+    tmp_path: Path, *, engine: str, actuator: dict[str, Any], pg_url: str, slack: FakeSlack,
+    silence: dict[str, Any] | None = None,
+) -> dict[str, str]:  # fmt: skip
     """The replicas' environment: their config (``config``), the shared store, Slack at the
     fake (no Socket Mode)."""
-    path = config(tmp_path, engine=engine, actuator=actuator)
+    path = config(tmp_path, engine=engine, actuator=actuator, silence=silence)
     env = {**os.environ, "RULELOOP_CONFIG": str(path), "RULELOOP_DATABASE_URL": pg_url,
            "SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": SIGNING_SECRET,
            "SLACK_API_URL": slack.api_url}  # fmt: skip
@@ -214,10 +215,16 @@ def replica_env(
     return env
 
 
-def config(tmp_path: Path, *, engine: str, actuator: dict[str, Any]) -> Path:
+def config(
+    tmp_path: Path, *, engine: str, actuator: dict[str, Any], silence: dict[str, Any] | None = None
+) -> Path:
     """The replicas' ruleloop.toml: target ``tiny`` served by ``engine`` and changed through
-    ``actuator`` (its [targets.tiny.actuator] table); heartbeats every 0.5 s, stale after
-    STALE_S; U1 applies, U2 approves."""
+    ``actuator`` (its [targets.tiny.actuator] table), silenced per ``silence`` (its
+    [targets.tiny.silence] table, when given); heartbeats every 0.5 s, stale after STALE_S;
+    U1 applies, U2 approves."""
+    target = {"vllm_url": engine, "actuator": actuator, "canary": CANARY}
+    if silence is not None:
+        target["silence"] = silence
     runbooks = tmp_path / "runbooks"
     runbooks.mkdir()
     (runbooks / "test.yaml").write_text(RUNBOOK)
@@ -226,7 +233,7 @@ def config(tmp_path: Path, *, engine: str, actuator: dict[str, Any]) -> Path:
         "paths": {"runbooks": runbooks, "adr": adr_dir(tmp_path, matching=False)},
         "access": {"apply": ["U1"], "approve": ["U1", "U2"]},
         "remediation": {"heartbeat_s": 0.5, "stale_after_s": STALE_S},
-        "targets": {"tiny": {"vllm_url": engine, "actuator": actuator, "canary": CANARY}},
+        "targets": {"tiny": target},
         "scheduler": SCHEDULER,
     }
     path = tmp_path / "ruleloop.toml"
