@@ -221,3 +221,56 @@ def test_no_import_cycles_in_bot_or_bench() -> None:
     assert cycles({"a": {"b"}, "b": {"a"}}) == [{"a", "b"}]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}) == [{"a", "b", "c"}]
     assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def readme_layout() -> list[str]:
+    """The entries of README's layout block under bot/ ('cli/', 'server.py', ...)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("## Layout", 1)[1].split("```", 2)[1]
+    return re.findall(r"^  (\w+/|\w+\.py)\s", block, re.MULTILINE)
+
+
+def test_readme_layout_lists_every_package_of_bot() -> None:
+    """README's layout block is the first map a reader sees: every package of bot/ is on it,
+    and nothing on it is gone."""
+    listed = readme_layout()
+    assert "cli/" in listed and "server.py" in listed  # the block was found and read
+    packages = {f"{p.parent.name}/" for p in (ROOT / "bot").glob("*/__init__.py")}
+    missing = sorted(packages - set(listed))
+    gone = sorted(name for name in listed if not (ROOT / "bot" / name).exists())
+    assert not missing, f"README's layout block leaves out packages of bot/: {missing}"
+    assert not gone, f"README's layout block names what bot/ no longer has: {gone}"
+
+
+# A row of a package docstring's table of its modules: 'name.py   what it does' or 'name/  ...'.
+TABLE_ROW = re.compile(r"^\s*(\w+)(?:\.py|/)\s+\S", re.MULTILINE)
+
+
+def unlisted_modules(package: Path) -> tuple[list[str], list[str]]:
+    """A package docstring's table of its modules against the package: the modules it leaves
+    out and the names it lists that are gone. A docstring without such a table is a one-line
+    summary of the package (docs/architecture.md maps those), and is not held to one."""
+    doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text("utf-8"))) or ""
+    listed = set(TABLE_ROW.findall(doc))
+    if not listed:
+        return [], []
+    have = {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    have |= {p.parent.name for p in package.glob("*/__init__.py")}
+    return sorted(have - listed), sorted(listed - have)
+
+
+def test_a_package_that_lists_its_modules_lists_all_of_them(tmp_path: Path) -> None:
+    """A table of a package's modules that leaves some out says the package holds less than it
+    does (remediation/'s listed 5 of 16): where a package lists its modules, it lists each."""
+    for name in ("__init__", "a", "b"):  # the check itself sees a module left out, one gone
+        (tmp_path / f"{name}.py").write_text('"""P.\n\na.py  one\nc.py  gone\n"""\n')
+    assert unlisted_modules(tmp_path) == (["b"], ["c"])
+    tables = 0
+    wrong = {}
+    for init in sorted((ROOT / "bot").rglob("__init__.py")):
+        missing, gone = unlisted_modules(init.parent)
+        tables += bool(missing or gone or TABLE_ROW.search(init.read_text("utf-8")))
+        if missing or gone:
+            wrong[init.parent.relative_to(ROOT).as_posix()] = {"missing": missing, "gone": gone}
+    assert tables >= 5, "the package tables were found"
+    assert not wrong, f"package docstrings whose module table is not the package's: {wrong}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from bot.errors import UsageError
 
-# The numbers a snapshot keeps (bot.scheduler.snapshots.KEYS): what "normal" can be taken of.
+# The numbers a snapshot keeps (bot.diagnosis.normal.KEYS): what "normal" can be taken of.
 NORMAL_METRICS = ("ttft_p99_ms", "tpot_p99_ms", "goodput_ratio", "kv_fragmentation")
 _RELATIVE = re.compile(r"^\s*(?P<factor>\d+(?:\.\d+)?)\s*x\s+(?P<base>normal|before)\s*$")
 SYNTAX = (

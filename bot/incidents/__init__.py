@@ -3,6 +3,8 @@
     flows.py     alert or /diagnose -> incident -> diagnosis -> what the thread is owed
     records.py   ``IncidentRecords``: the incident rows and what each owes its thread
     outbox.py    ``Outbox``: sends an incident's messages in order, with retries and backoff
+    memory.py    earlier incidents of the same cause on the target, for the thread's line
+    stats.py     per ADR, what the store says happened to it (`ruleloop adr stats`)
 
 Why an outbox: Slack can be down, answer 5xx or 429, or refuse connections while an incident
 opens. What is owed is written in the same transaction as what made it owed (the webhook's, the

@@ -26,7 +26,7 @@ class ProbeRegistry:
             raise UsageError(f"probe {name!r} is registered twice")
         model = getattr(probe, "params_model", None)
         if not (isinstance(model, type) and issubclass(model, Params)):
-            raise UsageError(f"probe {name!r}: params_model must subclass runbooks.types.Params")
+            raise UsageError(f"probe {name!r}: params_model must subclass probes.types.Params")
         run = getattr(probe, "run", None)
         if not inspect.iscoroutinefunction(run):
             raise UsageError(f"probe {name!r}: run must be `async def run(*, target, params, ctx)`")

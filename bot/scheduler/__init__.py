@@ -10,6 +10,7 @@ work is decided in the store, by a lease row per (job, period).
     in_force.py   which ADRs are in force on a target (the baseline and drift jobs check them)
     baseline.py   canary against the gates of the ADRs in force; a drift opens an incident
     workload_drift.py  the live workload shape vs each ADR's; on drift, its gates re-run under it
+    revalidation.py  an ADR's gates re-run under the live shape (``Revalidation``)
     messages.py   what the jobs say in Slack
     snapshots.py  the four numbers every few minutes; "normal" for diagnoses
     reminders.py  one reminder in the thread for an ADR draft nobody reviewed

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from bot.store import outbox
 from bot.store.models import AuditEntry, OutboxItem
 
-ROLLBACK_FAILED = "remediation.rollback_failed"  # the audit action RemediationService writes
+ROLLBACK_FAILED = "remediation.rollback_failed"  # written by a change's run or a tuning session
 
 
 @dataclasses.dataclass(frozen=True)
