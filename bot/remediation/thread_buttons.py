@@ -83,7 +83,7 @@ class ThreadButtons(buttons.ButtonReads):
         if not (await self._members()).allows("apply", user_id):
             what = "judge the cause of" if kind == CAUSE else "silence or acknowledge"
             raise NotAllowed(
-                f"You may not {what} of incidents. Allowed: "
+                f"You may not {what} incidents. Allowed: "
                 f"{who_may(self._settings.access.apply)}. Nothing was changed."
             )
         if kind == ACKNOWLEDGE:
