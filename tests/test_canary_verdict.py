@@ -29,7 +29,7 @@ from bot.canary.verdict import (
 from bot.canary.workload import Workload
 from bot.errors import UsageError
 from bot.postmortem.draft import CanaryFacts, _canary_row
-from bot.scheduler.messages import gate_lines
+from bot.remediation.lines import verdict_lines
 from bot.tune.matrix import Row
 from bot.tune.plan import Config
 
@@ -160,7 +160,7 @@ def test_values_of_reads_the_ok_requests_and_their_tokens() -> None:
 
 def test_the_scheduler_shows_the_not_measured_rule_as_an_always_on_gate() -> None:
     verdict = judge(report_of([silent()] * 4, Gates()).as_dict(), Gates())
-    assert gate_lines(verdict, {}).splitlines()[0] == (
+    assert verdict_lines(verdict, {}).splitlines()[0] == (
         ":x: tokens delivered 0 (gate ≥ 1, always on)"
     )
 
@@ -251,7 +251,7 @@ def test_cli_tune_remediation_scheduler_and_draft_agree_on_a_stored_report(
     row = Row(
         Config("x", {}, {}, []), values=values_of(stored), failures=judge(stored, gates).failures
     )
-    marks = gate_lines(judge(stored, gates), {})
+    marks = verdict_lines(judge(stored, gates), {})
     facts = CanaryFacts.from_report(label="canary", report=stored, at=dt.datetime(2026, 1, 1))
     draft_row = _canary_row(facts, adr_gates)
     verdicts = {

@@ -1,8 +1,15 @@
-"""A remediation's gates and canary numbers as plain lines: the Slack card, the console and the
-incident page all say them the same way."""
+"""Gates and canary numbers as plain lines: the Slack card, the console, the incident page and
+the scheduled jobs all say them the same way.
+
+``gate_lines``: the gates as set (before any canary); ``verdict_lines``: a canary's verdict on
+them, gate by gate, with the number measured and a mark; ``number_lines``: the numbers.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from bot.canary.verdict import Verdict
 from bot.numbers.text import change, in_unit
 
 GATE_LABELS = {
@@ -37,6 +44,15 @@ def gate_lines(gates: dict[str, float], relative: dict[str, str] | None = None) 
         elif limit is not None:
             out.append(f"{label} {op} {value_text(limit, unit)}")
     return out
+
+
+def verdict_lines(verdict: Verdict, setters: Mapping[str, str]) -> str:
+    """One line per gate: the measured number, the gate, the ADR that set it, and a mark."""
+    return "\n".join(
+        f"{':white_check_mark:' if r.passed else ':x:'} {r.shown()} "
+        f"(gate {r.bound()}, {setters.get(r.name, 'always on')})"
+        for r in verdict.results
+    )
 
 
 def number_lines(

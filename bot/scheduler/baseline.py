@@ -27,6 +27,7 @@ from bot.config import Target
 from bot.diagnosis.models import GATE_OF, Baseline
 from bot.incidents.flows import IncidentFlows
 from bot.remediation.gate import GateRun, GateRunner
+from bot.remediation.lines import verdict_lines
 from bot.scheduler import messages
 from bot.scheduler.in_force import InForce, adrs_in_force
 from bot.scheduler.runner import Outcome, json_safe
@@ -102,7 +103,7 @@ class BaselineCanary:
             "failures": result.failures,
             "unresolved": unresolved,
         }
-        lines = messages.gate_lines(result.verdict, setters)
+        lines = verdict_lines(result.verdict, setters)
         spec = self._target.canary
         load = messages.load_text(spec.concurrency, spec.num_requests, spec.prompt_length)
         if shape is not None:

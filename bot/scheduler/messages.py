@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from bot.canary.verdict import Verdict
+from bot.remediation.lines import verdict_lines
 from bot.workload.describe import PREFIX, context_line
 
 if TYPE_CHECKING:
@@ -31,15 +31,6 @@ DRAFT_REMINDER = (
     ":hourglass: *{adr}* has waited {age} for review (`{path}`). Reviewers: {reviewers} — "
     "accept or reject the draft with its buttons in this thread, so the next incident has a rule."
 )
-
-
-def gate_lines(verdict: Verdict, setters: Mapping[str, str]) -> str:
-    """One line per gate: the measured number, the gate, the ADR that set it, and a mark."""
-    return "\n".join(
-        f"{':white_check_mark:' if r.passed else ':x:'} {r.shown()} "
-        f"(gate {r.bound()}, {setters.get(r.name, 'always on')})"
-        for r in verdict.results
-    )
 
 
 def load_text(concurrency: int, num_requests: int, prompt_length: int) -> str:
@@ -114,7 +105,7 @@ def revalidation_text(adr: Adr, check: Revalidation) -> str:
         head = ":white_check_mark: Under it the gates judged hold"
     else:
         head = ":white_check_mark: Under it the gates still hold"
-    lines = gate_lines(result.verdict, check.setters)
+    lines = verdict_lines(result.verdict, check.setters)
     text = f"{head} (the canary replayed the live traffic):\n{lines}"
     return text + (f"\n{unjudged}" if unjudged else "")
 
