@@ -7,13 +7,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from bot.config import (
-    DryRunActuatorSpec,
-    GitActuatorSpec,
-    KubernetesActuatorSpec,
-    LocalActuatorSpec,
-    Target,
-)
+from bot.config import GitActuatorSpec, KubernetesActuatorSpec, LocalActuatorSpec, Target
 from bot.errors import UsageError
 from bot.remediation.actuators.base import Actuator
 
@@ -21,29 +15,53 @@ log = logging.getLogger("ruleloop.remediation")
 ActuatorFactory = Callable[[str, Target], Actuator]
 
 
+def _local(name: str, target: Target) -> Actuator:
+    from bot.remediation.actuators.local import LocalActuator
+
+    assert isinstance(target.actuator, LocalActuatorSpec)
+    return LocalActuator(target.actuator, vllm_url=target.vllm_url)
+
+
+def _kubernetes(name: str, target: Target) -> Actuator:
+    from bot.remediation.actuators.kubernetes import KubernetesActuator
+
+    assert isinstance(target.actuator, KubernetesActuatorSpec)
+    return KubernetesActuator(target.actuator, vllm_url=target.vllm_url)
+
+
+def _git(name: str, target: Target) -> Actuator:
+    from bot.remediation.actuators.git import GitActuator
+
+    assert isinstance(target.actuator, GitActuatorSpec)
+    return GitActuator(target.actuator, target=name, vllm_url=target.vllm_url)
+
+
+def _dry_run(name: str, target: Target) -> Actuator:
+    from bot.remediation.actuators.dry_run import DryRunActuator
+
+    return DryRunActuator(vllm_url=target.vllm_url)
+
+
+# The actuators by their config's ``kind``, as the probes are by name (bot/runbooks/registry.py).
+# Each one's module is imported only when a target uses it (Kubernetes' and git's are heavy).
+ACTUATORS: dict[str, ActuatorFactory] = {
+    "local": _local,
+    "kubernetes": _kubernetes,
+    "git": _git,
+    "dry-run": _dry_run,
+}
+
+
 def build(name: str, target: Target) -> Actuator:
     """The actuator configured for a target; UsageError when it has none."""
-    spec = target.actuator
-    if isinstance(spec, LocalActuatorSpec):
-        from bot.remediation.actuators.local import LocalActuator
-
-        return LocalActuator(spec, vllm_url=target.vllm_url)
-    if isinstance(spec, KubernetesActuatorSpec):
-        from bot.remediation.actuators.kubernetes import KubernetesActuator
-
-        return KubernetesActuator(spec, vllm_url=target.vllm_url)
-    if isinstance(spec, GitActuatorSpec):
-        from bot.remediation.actuators.git import GitActuator
-
-        return GitActuator(spec, target=name, vllm_url=target.vllm_url)
-    if isinstance(spec, DryRunActuatorSpec):
-        from bot.remediation.actuators.dry_run import DryRunActuator
-
-        return DryRunActuator(vllm_url=target.vllm_url)
-    raise UsageError(
-        f"target {name!r} has no actuator, so ruleloop cannot change it; configure "
-        f'[targets.{name}.actuator] kind = "local" | "kubernetes" | "git" | "dry-run"'
-    )
+    factory = ACTUATORS.get(target.actuator.kind) if target.actuator is not None else None
+    if factory is None:
+        kinds = " | ".join(f'"{kind}"' for kind in ACTUATORS)
+        raise UsageError(
+            f"target {name!r} has no actuator, so ruleloop cannot change it; configure "
+            f"[targets.{name}.actuator] kind = {kinds}"
+        )
+    return factory(name, target)
 
 
 @contextlib.asynccontextmanager
