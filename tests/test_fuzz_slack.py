@@ -58,7 +58,8 @@ URLS = st.sampled_from([HERE, "not a url", "http://", "ftp://x/y", "http://a b/"
 SLASH = st.sampled_from(["/diagnose", "/apply-adr", "/adr-draft", "/other", "", "diagnose"])
 ACTION_IDS = st.sampled_from(
     ["apply_adr", "remediation_approve", "remediation_deny", "adr_draft_accept",
-     "adr_draft_reject", "incident_silence", "incident_acknowledge", "other", ""]
+     "adr_draft_reject", "incident_silence", "incident_acknowledge", "incident_cause_confirmed",
+     "incident_cause_wrong", "other", ""]
 )  # fmt: skip
 TYPES = st.sampled_from(
     ["block_actions", "interactive_message", "dialog_submission", "dialog_cancellation",
