@@ -137,7 +137,7 @@ async def test_page_link_prints_an_index_link_whose_entries_open_their_pages(
 
 async def test_slack_messages_link_the_page_and_the_link_opens_it(story: Story) -> None:
     findings = next(
-        c for c in story.slack.of("chat.postMessage") if c.args["text"].startswith("3 finding")
+        c for c in story.slack.of("chat.postMessage") if " finding(s) on " in c.args["text"]
     )
     found = LINK.search(json.dumps(findings.args["blocks"]))
     assert found, "the diagnosis's findings message carries the page link"

@@ -89,7 +89,10 @@ def judge(
     runbook: Runbook, readings: Readings, fleet: FleetVerdict | None = None
 ) -> list[CauseVerdict]:
     """Every hypothesis of the runbook (and one_replica for a fleet), supported first, then
-    ruled out, then cannot tell; each group in the runbook's order."""
+    ruled out, then cannot tell; each group in the runbook's order. A runbook without
+    hypotheses names no cause (its thread reads as before)."""
+    if not runbook.hypotheses:
+        return []
     titles = vocabulary.known({c.name: vocabulary.Cause(c.name, c.title) for c in runbook.causes})
     verdicts = [
         judge_one(h, titles[h.cause].title if h.cause in titles else h.cause, readings)

@@ -115,16 +115,12 @@ class Diagnoser:
         matches = matching(accepted, report, normal.numbers, normal_bounds=normal.bounds)
         window = result.windows.get("vllm_metrics")  # the four numbers' window, charted
         t2 = self._monotonic()
-        sampling = max(
-            (w.pages[-1].at - w.pages[0].at for w in result.windows.values()), default=0.0
-        )
+        sampling = max((w.pages[-1].at - w.pages[0].at for w in result.windows.values()), default=0)
         chart = _chart(
             target, labels, result, matches, baseline, normal, ended=ended, alert_start=alert_start
         )
         fleet, fleet_findings = _one_or_all(loaded, result, baseline, headline)
-        judged = causes.judge(
-            loaded.runbook, causes.Readings(result.readings, result.bounds, result.spans), fleet
-        )
+        judged = _causes(loaded, result, fleet)
         matches, cause_notes = by_cause(matches, judged)  # an ADR's cause ruled out: not offered
         # one slow replica: a fleet-wide flag change is not its fix (the thread says what is)
         offered, withheld = ([], matches) if fleet and fleet.slow else (matches, [])
@@ -133,12 +129,7 @@ class Diagnoser:
             runbook=loaded.name,
             headline=headline,
             baseline=baseline,
-            findings=[
-                *fleet_findings,
-                *result.findings,
-                *(history.describe(chart) if chart else []),
-                *(Finding(Severity.INFO, line, source="adr cause") for line in cause_notes),
-            ],  # fmt: skip
+            findings=_findings(fleet_findings, result, chart, cause_notes),
             matches=offered,
             withheld=withheld,
             replicas=fleet,
@@ -183,6 +174,29 @@ class Diagnoser:
         if diagnosis.chart is None:
             return None
         return await asyncio.to_thread(render_chart, diagnosis.chart)
+
+
+def _findings(
+    fleet: list[Finding],
+    result: RunbookResult,
+    chart: chart_data.ChartData | None,
+    cause_notes: list[str],
+) -> list[Finding]:
+    """The fleet's findings, the runbook's, the history's, then why an ADR was not offered."""
+    return [
+        *fleet,
+        *result.findings,
+        *(history.describe(chart) if chart else []),
+        *(Finding(Severity.INFO, line, source="adr cause") for line in cause_notes),
+    ]
+
+
+def _causes(
+    loaded: LoadedRunbook, result: RunbookResult, fleet: replicas.FleetVerdict | None
+) -> list[causes.CauseVerdict]:
+    """The runbook's hypotheses judged on the run's readings (and the fleet's one replica)."""
+    readings = causes.Readings(result.readings, result.bounds, result.spans)
+    return causes.judge(loaded.runbook, readings, fleet)
 
 
 def _four_numbers(
