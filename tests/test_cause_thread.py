@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,9 @@ from bot.runbooks.builtin import default_registry
 from bot.runbooks.loader import inspect_file, load_dir
 from bot.slack.console import ConsoleNotifier, render_root
 from bot.slack.views import findings_message, root_message
+from bot.web.queries import IncidentRecord
+from bot.web.routes import templates
+from bot.web.view import incident_page
 
 REPO = Path(__file__).parent.parent
 MIXING = CauseVerdict(
@@ -177,3 +181,33 @@ def test_runbooks_validate_exit_codes(tmp_path: Path) -> None:
     assert f"{bad}:6: hypotheses[0].cause: unknown cause 'cosmic_rays'" in refused.output
     assert "1 problem(s) found; fix them and run again" in refused.output
     assert "Traceback" not in refused.output
+
+
+def test_the_incident_page_shows_the_same_causes_in_the_same_order() -> None:
+    summary = json.loads(json.dumps(diagnosis([MIXING, KV, GPU]).summary()))
+    record = IncidentRecord(
+        id=3, title="VLLMTimeToFirstTokenP99High", status="firing", source="alertmanager",
+        target="prod-a", labels={}, opened_at=dt.datetime(2026, 12, 2, tzinfo=dt.UTC),
+        closed_at=None, summary=summary,
+    )  # fmt: skip
+    page = incident_page(record, adr=lambda _: None, markdown=lambda _: "")
+    html = templates().get_template("incident.html.j2").render(page=page, chart_url="")
+    likely = re.search(r'id="likely-cause"><strong>([^<]+)<', html)
+    assert likely and likely[1] == (
+        "likely cause: long prefills share scheduler steps with decode — "
+        "8,192 (4,097–8,192) tokens in one scheduler step"
+    )
+    order = [
+        f"<strong>{MIXING.title}</strong>: scheduler steps carried up to",
+        "ruled out</span>KV-cache pressure (KV cache at 31.0 %, 0 preemptions/s)",
+        "cannot tell</span>the GPU itself (not measured: nvml.xid_errors)",
+        "data gap: no GPU snapshot: configure `ruleloop agent`",
+        "TTFT p99 is 19050 ms, over 500 ms",
+    ]
+    places = [html.find(part) for part in order]
+    assert -1 not in places and places == sorted(places), places
+    bare = incident_page(
+        IncidentRecord(**{**record.__dict__, "summary": {"headline": {"ttft_p99_ms": 1.0}}}),
+        adr=lambda _: None, markdown=lambda _: "",
+    )  # fmt: skip
+    assert bare.cause_line is None and bare.causes is None  # before causes existed
