@@ -139,3 +139,21 @@ def test_the_post_incident_draft_names_the_incidents_supported_cause() -> None:
     assert _draft(_applied("promoted"), incident=with_cause).cause == ["prefill_decode_mixing"]
     assert _draft(_applied("promoted")).cause == ["kv_cache_pressure"]  # the applied ADR's
     assert _draft(None).cause == []
+
+
+def test_validate_knows_the_causes_the_runbooks_declare(tmp_path: Path) -> None:
+    path = tmp_path / SEED.name
+    path.write_text(SEED.read_text().replace("cause: kv_cache_pressure", "cause: lora_swapping"))
+    runbooks = tmp_path / "runbooks"
+    runbooks.mkdir()
+    run = CliRunner().invoke(
+        adr_cli, ["validate", str(path), "--no-vllm", "--runbooks", str(runbooks)]
+    )
+    assert run.exit_code != 0 and "unknown cause 'lora_swapping'" in run.output
+    (runbooks / "lora.yaml").write_text(
+        "causes:\n  - {name: lora_swapping, title: adapters swap}\n"
+    )
+    run = CliRunner().invoke(
+        adr_cli, ["validate", str(path), "--no-vllm", "--runbooks", str(runbooks)]
+    )
+    assert run.exit_code == 0, run.output

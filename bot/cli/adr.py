@@ -18,9 +18,11 @@ from typing import TYPE_CHECKING
 
 import click
 import sqlalchemy as sa
+import yaml
 from sqlalchemy.exc import SQLAlchemyError
 
 from bot.adr import vllm_args
+from bot.adr.causes import Cause, known
 from bot.adr.flags import to_argv
 from bot.adr.match import METRICS, match, matching, read_metric
 from bot.adr.models import Adr
@@ -183,14 +185,27 @@ def new(
     default=None,
     help="Check engine flags with vLLM's own parser [default: when vLLM is installed].",
 )
+@click.option(
+    "--runbooks",
+    "runbooks_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="RULELOOP_RUNBOOKS_DIR",
+    default=Path("runbooks"),
+    show_default=True,
+    help="Runbooks whose `causes:` an ADR's `cause` may name too (beside the built-in ones).",
+)
 @adr_dir_option
-def validate_cmd(path: Path | None, use_vllm: bool | None, adr_dir: Path) -> None:
-    """Check ADR files (default: the whole store): schema, ids, supersedes, gates, engine flags."""
+def validate_cmd(
+    path: Path | None, use_vllm: bool | None, runbooks_dir: Path, adr_dir: Path
+) -> None:
+    """Check ADR files (default: the whole store): schema, ids, supersedes, gates, engine
+    flags, cause names."""
     target = path or adr_dir
     if use_vllm and not vllm_args.available():
         raise UsageError("--vllm needs vLLM installed in this Python: pip install -e '.[engine]'")
     checker = default_checker(use_vllm)
-    problems = validate(target, checker=checker)
+    causes = known(_declared_causes(runbooks_dir))
+    problems = validate(target, checker=checker, causes=causes)
     for problem in problems:
         click.echo(str(problem), err=True)
     if problems:
@@ -323,6 +338,22 @@ def stats_cmd(days: int, as_json: bool, config_path: Path | None, state_dir: Pat
         click.echo(json.dumps(stats.as_json(rows, days=days), indent=2))
     else:
         click.echo(stats.table(rows, days=days))
+
+
+def _declared_causes(directory: Path) -> dict[str, Cause]:
+    """The causes the runbook files under ``directory`` declare (``causes:``); a file that does
+    not read is skipped here (`ruleloop runbooks validate` says why)."""
+    found: dict[str, Cause] = {}
+    for path in sorted(directory.glob("*.y*ml")) if directory.is_dir() else []:
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue
+        declared = data.get("causes") if isinstance(data, dict) else None
+        for entry in declared if isinstance(declared, list) else []:
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                found[entry["name"]] = Cause(entry["name"], str(entry.get("title", "")))
+    return found
 
 
 def _store_url(config_path: Path | None, state_dir: Path | None) -> str:
