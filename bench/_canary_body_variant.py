@@ -2,8 +2,10 @@
 
 Usage: python bench/_canary_body_variant.py VARIANT -- <latency_checker flags>
 VARIANT is a JSON object: each key is set in every request body, a null value removes the key
-(e.g. '{"temperature": null}'). The canary is otherwise the real CLI: only
-``PromptFactory.body`` is wrapped, so the A/B bench can price what each field costs the engine.
+(e.g. '{"temperature": null}'); ``prompt_ids: [LO, HI]`` moves every prompt token id into
+LO..HI-1 (which tokens the prompt holds; the canary's are 100-249). The canary is otherwise
+the real CLI: only ``PromptFactory.body`` is wrapped, so the A/B bench can price what each
+field costs the engine.
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ def main() -> None:
     def body(self: workload.PromptFactory, *args: Any, **kwargs: Any) -> dict[str, object]:
         out = original(self, *args, **kwargs)
         for key, value in variant.items():
-            if value is None:
+            if key == "prompt_ids":
+                low, high = value
+                out["prompt"] = [low + i % (high - low) for i in out["prompt"]]  # type: ignore
+            elif value is None:
                 out.pop(key, None)
             else:
                 out[key] = value

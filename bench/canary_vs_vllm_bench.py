@@ -12,9 +12,13 @@ shape (buckets (L-1, L]: every prompt and output exactly as long as the fixed on
 far faster than the engine, so the concurrency cap paces them as in the fixed rounds): the
 replay's planning and pacing priced against the fixed canary's; ``--shape FILE`` replays a
 captured one instead. Every run gets its own ``--seed`` (canary and peer alike), so no run is
-served from an earlier run's identical prompts in the engine's prefix cache. Reports the median
-over rounds of TTFT p50/p99, TPOT p50/p99 and client CPU seconds per 1,000 streamed tokens (load
-phase only), and each client's ratio to the peer. Results land in
+served from an earlier run's identical prompts in the engine's prefix cache. The engine runs
+without its prefix cache (``--prefix-caching`` keeps it): the peer's random dataset builds each
+prompt from consecutive token ids at a random start, and on the test model's 320-token
+vocabulary about 40 % of 300 prompts repeat an earlier one, so the cache served about half the
+peer's prompt tokens and none of the canary's. Reports the median over rounds of TTFT p50/p99,
+TPOT p50/p99, client CPU seconds per 1,000 streamed tokens (load phase only) and the share of
+prompt tokens the prefix cache served, and each client's ratio to the peer. Results land in
 bench/results/canary_vs_vllm_bench.json.
 """
 
@@ -23,12 +27,15 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+import httpx
 
 from bot.engine.process import EngineManager, free_port
 
@@ -55,6 +62,26 @@ def exact_shape(args: argparse.Namespace) -> str:
         f"output_tokens: {exactly(args.output_length)}\n"
         f"arrivals: {{request_rate: {SHAPE_RATE}}}\n"
     )
+
+
+def prefix_cache_counts(base_url: str) -> tuple[float, float]:
+    """The engine's prefix-cache (hit, queried) prompt tokens so far, from its /metrics."""
+    counts = {"vllm:prefix_cache_hits_total": 0.0, "vllm:prefix_cache_queries_total": 0.0}
+    for line in httpx.get(f"{base_url}/metrics", timeout=30).text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in counts:
+            counts[name] += float(line.rsplit(" ", 1)[1])
+    return counts["vllm:prefix_cache_hits_total"], counts["vllm:prefix_cache_queries_total"]
+
+
+def with_cache_share(base_url: str, run: Callable[[], dict[str, float]]) -> dict[str, float]:
+    """``run``'s numbers plus the share of its prompt tokens the prefix cache served (warmup
+    included): a client whose prompts repeat does less prefill work for the same lengths."""
+    hits0, queries0 = prefix_cache_counts(base_url)
+    numbers = run()
+    hits, queries = prefix_cache_counts(base_url)
+    numbers["prefix_cache_hit_share"] = (hits - hits0) / max(queries - queries0, 1.0)
+    return numbers
 
 
 def run_canary(
@@ -121,6 +148,11 @@ def run_peer(
     }  # fmt: skip
 
 
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    """The bench engine's flags: eager, and without the prefix cache unless asked for."""
+    return ["--enforce-eager", *([] if args.prefix_caching else ["--no-enable-prefix-caching"])]
+
+
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     """Median of each number across rounds."""
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -143,6 +175,12 @@ def main() -> None:
         help="in-flight /metrics sampling intervals to compare (seconds, comma-separated)",
     )
     parser.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="keep vLLM's prefix cache on (off by default: the peer's random prompts repeat on "
+        "the test model's 320-token vocabulary, and the cache served about half their tokens)",
+    )
+    parser.add_argument(
         "--shape",
         type=Path,
         default=None,
@@ -156,7 +194,7 @@ def main() -> None:
     manager = EngineManager(state_dir=Path(tempfile.mkdtemp(prefix="ruleloop-bench-")))
     port = free_port()
     print(f"starting vLLM on port {port} ...", flush=True)
-    info = manager.start(port=port, flags=["--enforce-eager"], on_progress=print)
+    info = manager.start(port=port, flags=engine_flags(args), on_progress=print)
     model_dir = manager.state_dir / "tiny-llama"
     Client = Callable[[Path, int], dict[str, float]]  # (report path, seed) -> numbers
 
@@ -181,7 +219,10 @@ def main() -> None:
                 for name in names:
                     print(f"round {i + 1}/{args.rounds}: {name} ...", flush=True)
                     out = Path(tmp) / f"{i}-{len(runs[name])}.json"
-                    runs[name].append(clients[name](out, next(seeds)))
+                    seed = next(seeds)
+                    runs[name].append(
+                        with_cache_share(info.base_url, lambda: clients[name](out, seed))  # noqa: B023
+                    )
                     print("   ", {k: round(v, 2) for k, v in runs[name][-1].items()}, flush=True)
     finally:
         manager.stop(port)
@@ -190,10 +231,12 @@ def main() -> None:
         side["cpu_per_1000_tokens"] = side["cpu_s"] / side["tokens"] * 1000
     medians = {name: median_of(r) for name, r in runs.items()}
     peer = medians[PEER]
-    rows = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "cpu_per_1000_tokens", "wall_s"]
+    rows = ["ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "cpu_per_1000_tokens", "wall_s",
+            "prefix_cache_hit_share"]  # fmt: skip
     print(
         f"\n{args.concurrency} streams, {args.requests} requests, {args.prompt_length} prompt "
-        f"+ {args.output_length} output tokens, median of {args.rounds} rotated rounds"
+        f"+ {args.output_length} output tokens, median of {args.rounds} rotated rounds, "
+        f"engine flags {' '.join(engine_flags(args))}, load average {os.getloadavg()[0]:.1f}"
     )
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines()
@@ -202,7 +245,7 @@ def main() -> None:
     print("| client | " + " | ".join(rows) + " | TTFT p50 / peer | TPOT p50 / peer | CPU / peer |")
     print("|---" * (len(rows) + 4) + "|")
     for name, side in medians.items():
-        cells = " | ".join(f"{side[k]:.3f}" if k.startswith("cpu") else f"{side[k]:.1f}"
+        cells = " | ".join(f"{side[k]:.3f}" if k.startswith(("cpu", "prefix")) else f"{side[k]:.1f}"
                            for k in rows)  # fmt: skip
         ratios = " | ".join(
             f"{side[k] / peer[k]:.3f}" for k in ("ttft_p50", "tpot_p50", "cpu_per_1000_tokens")
