@@ -16,6 +16,7 @@ from bot.probes.exposition import Exposition
 from bot.probes.fleet_merge import Member, merge_rounds
 from bot.probes.sampling import SAMPLED_METRICS, SampledWindow
 from bot.probes.vllm_metrics import parse_page
+from bot.probes.vllm_window import aborted_share
 from bot.runbooks.builtin import default_registry
 from bot.runbooks.conditions import parse
 from bot.runbooks.loader import load_file
@@ -198,6 +199,10 @@ def test_step_readings_of_a_real_engine_window() -> None:
     assert steps.readings["waiting_capacity"] == 0.0
     assert steps.readings["rejections_per_s"] == 0.0
     assert steps.readings["cached_prompt_share"] == 0.0  # 3,592 prompt tokens, none cached
+    engine = SampledWindow(window).engine  # 17 first tokens, 16 finished, none left running
+    assert aborted_share(engine.aborted_requests, engine.ttft_ms.count) == pytest.approx(1 / 17)
+    assert aborted_share(-2.0, 10) == 0.0  # preempted ones re-queued: nothing aborted
+    assert aborted_share(None, 10) is None and aborted_share(1.0, 0) is None
 
 
 @pytest.mark.parametrize(

@@ -38,6 +38,8 @@ VLLM_READINGS = {
     "prefix_cache_hit_rate": "prefix-cache hits / queries",
     "generation_tokens_per_s": "output tokens per second",
     "requests_finished": "requests that finished in the window",
+    "aborted_share": "of the requests that had their first token in the window, the share "
+    "aborted after it (from counts: running at both ends, first tokens, finished)",
     **STEP_READINGS,
 }
 
@@ -60,6 +62,14 @@ def _bounds(estimate: Estimate) -> list[float] | None:
     if estimate.low is None or estimate.high is None:
         return None
     return [estimate.low, estimate.high]
+
+
+def aborted_share(aborted: float | None, first_tokens: int) -> float | None:
+    """Aborted requests over first tokens; unknown without either. A count at most 0 is
+    nothing aborted (the requests queued at the start were preempted ones, not new ones)."""
+    if aborted is None or first_tokens <= 0:
+        return None
+    return max(aborted, 0.0) / first_tokens
 
 
 def fragmentation_details(fragmentation: Estimate | str) -> dict[str, object]:
@@ -106,6 +116,7 @@ class VllmMetricsProbe:
             "prefix_cache_hit_rate": engine.prefix_cache_hit_rate,
             "generation_tokens_per_s": engine.generation_tokens_per_s,
             "requests_finished": engine.requests_finished,
+            "aborted_share": aborted_share(engine.aborted_requests, engine.ttft_ms.count),
         }
         bound = decode_bound(window.pages[0], window.pages[-1])
         steps = read_steps(window.pages, decode_bound=bound)
