@@ -4,6 +4,7 @@ readings), the engine's step readings on pages a real engine served, and the shi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -225,7 +226,7 @@ def test_a_metric_the_engine_lacks_reads_unknown_not_zero(family: str, reading: 
 
 def test_the_top_buckets_read_as_bounds() -> None:
     def page(at: float, counts: dict[str, float]) -> Exposition:
-        rows = [({"le": le}, c) for le, c in counts.items()]
+        rows: list[tuple[Mapping[str, str], float]] = [({"le": le}, c) for le, c in counts.items()]
         return Exposition(at=at, samples={"vllm:iteration_tokens_total_bucket": rows})
 
     edges0 = {"1.0": 0.0, "16384.0": 0.0, "+Inf": 0.0}
@@ -252,8 +253,13 @@ def test_fleet_merge_keeps_the_step_readings_exact() -> None:
     assert decode_bound(merged[0], merged[-1]) == 34.0
     assert fleet.readings["max_step_tokens"] == alone.readings["max_step_tokens"]
     assert fleet.spans == alone.spans
-    for key in ("queue_ttft_share", "cached_prompt_share", "rejections_per_s"):
-        assert fleet.readings[key] == pytest.approx(alone.readings[key])  # type: ignore[arg-type]
+    for key in (
+        "prefill_step_share",
+        "queue_ttft_share",
+        "cached_prompt_share",
+        "rejections_per_s",
+    ):
+        assert fleet.readings[key] == pytest.approx(alone.readings[key])
     assert SampledWindow(merged).engine.requests_finished == 32.0
     assert STEP_METRICS <= SAMPLED_METRICS  # the sampler keeps what the readings need
 

@@ -118,8 +118,8 @@ class VllmMetricsProbe:
             "requests_finished": engine.requests_finished,
             "aborted_share": aborted_share(engine.aborted_requests, engine.ttft_ms.count),
         }
-        bound = decode_bound(window.pages[0], window.pages[-1])
-        steps = read_steps(window.pages, decode_bound=bound)
+        decoders = decode_bound(window.pages[0], window.pages[-1])
+        steps = read_steps(window.pages, decode_bound=decoders)
         readings.update(steps.readings)
         details: dict[str, object] = {
             "window_s": engine.duration_s,
