@@ -111,8 +111,9 @@ async def test_an_adr_whose_cause_is_supported_is_offered(
     with supported.bot.db.transaction() as s:
         [kept] = store_reads.incidents(s)
         assert kept.summary["matches"] == [SEED]
-    assert "answers kv_cache_pressure" not in "\n".join(thread(slack))
+    assert "answers kv_cache_pressure," not in "\n".join(thread(slack))  # no refusal line
     assert any(f"Matching accepted ADRs: {SEED}" in t for t in thread(slack))  # with its Apply
+    assert any("_(answers kv_cache_pressure)_" in t for t in thread(slack))
 
 
 async def test_the_second_incident_of_a_cause_names_the_first_and_its_kept_adr(

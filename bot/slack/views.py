@@ -236,7 +236,8 @@ def adr_message(
         adr = result.adr
         why = clip(plain("; ".join(c.explain() for c in result.conditions)), MAX_LINE)
         value = json.dumps({"adr": adr.id, "incident": incident_id, "target": target})
-        head = clip(f"*{plain(adr.id, 100)}*: {plain(adr.title)}", MAX_LINE)
+        answers = f" _(answers {plain(', '.join(adr.cause), 200)})_" if adr.cause else ""
+        head = clip(f"*{plain(adr.id, 100)}*: {plain(adr.title)}{answers}", MAX_LINE)
         blocks.append(
             SectionBlock(
                 text=MarkdownTextObject(text=f"{head}\n{why}"),
