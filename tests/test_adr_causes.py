@@ -119,8 +119,14 @@ def test_an_adr_whose_cause_the_diagnosis_cannot_tell_is_offered_on_its_numbers_
     assert len(offered) == 1
     assert lines == ["ADR-20260831-01 answers kv_cache_pressure: cannot tell (no vllm_metrics.kv_cache_usage); "
                      "offered on its numbers alone"]  # fmt: skip
-    offered, lines = by_cause([result("gpu_fault")], [])
-    assert len(offered) == 1 and "gpu_fault: not tested by this runbook" in lines[0]
+    offered, lines = by_cause([result("gpu_fault")], [])  # a runbook that tests no cause
+    assert len(offered) == 1 and lines == []
+    both = result("gpu_fault", "queueing")
+    offered, lines = by_cause([both], [verdict("queueing", "cannot_tell")])
+    assert (
+        offered == [both]
+        and "gpu_fault: not tested by this runbook; queueing: cannot tell" in lines[0]
+    )
 
 
 def test_verdicts_are_read_back_from_a_stored_summary() -> None:

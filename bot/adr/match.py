@@ -258,9 +258,9 @@ def by_cause(
 
     An ADR without ``cause:`` is offered as its numbers say. One with causes is offered when
     one of them is supported; not offered when every one is ruled out ("ADR-X answers
-    kv_cache_pressure, ruled out: 12 % of the KV cache in use"); offered on its numbers alone,
-    with a line saying the diagnosis could not tell, otherwise (a missing reading must not hide
-    a pre-approved fix)."""
+    kv_cache_pressure, ruled out: 12 % of the KV cache in use"); offered on its numbers alone
+    otherwise (a missing reading must not hide a pre-approved fix), with a line when the
+    diagnosis tested a cause and could not tell (silent when its runbook tests none of them)."""
     by_name = {v.cause: v for v in verdicts}
     offered: list[MatchResult] = []
     lines: list[str] = []
@@ -273,7 +273,8 @@ def by_cause(
             lines.append(f"{result.adr.id} answers {_ruled_out(causes, states)}")
         else:
             offered.append(result)
-            lines.append(f"{result.adr.id} answers {_untold(causes, states)}")
+            if any(s is not None for s in states):
+                lines.append(f"{result.adr.id} answers {_untold(causes, states)}")
     return offered, lines
 
 
