@@ -16,7 +16,7 @@ from bot.adr import causes as vocabulary
 from bot.adr.causes import Verdict
 from bot.diagnosis.replicas import FleetVerdict, ratio
 from bot.numbers.reading import Bounds, Reading, Spans
-from bot.numbers.text import show
+from bot.numbers.text import in_unit, show, unit_of
 from bot.runbooks.models import PLACEHOLDER, Hypothesis, Runbook
 
 # What to do when a probe's readings are missing altogether (the data gaps' advice).
@@ -79,8 +79,10 @@ class Readings:
         def one(m: Any) -> str:
             name = m[1]
             key = name.rsplit(".", 1)[-1]
-            value = self.values.get(name)
-            return show(key, value, self.bounds.get(name), self.spans.get(name))
+            value, span = self.values.get(name), self.spans.get(name)
+            if value is not None and span is not None and not unit_of(key):
+                return f"{in_unit(span[0], '')}–{in_unit(span[1], '')}"  # a bucket of a count
+            return show(key, value, self.bounds.get(name), span)
 
         return PLACEHOLDER.sub(one, template)
 
