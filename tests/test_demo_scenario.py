@@ -21,11 +21,13 @@ from bot.demo.scenario import (
     ADR_FILE,
     ADR_ID,
     HERE,
+    LONG_STREAMS,
     DemoFailed,
     Pace,
     _window,
     check_incident,
     gate_lines,
+    phase_times,
     settings,
 )
 from bot.numbers.reading import Bound, Measured
@@ -144,6 +146,19 @@ def test_the_last_screen_has_the_four_numbers_the_verdict_and_the_paths() -> Non
     assert text.rstrip().endswith("draft: /ws/adr/drafts/ADR-20261130-01-x.md")
 
 
+def test_the_screens_gate_marks_are_the_canary_judges_word() -> None:
+    gates = AdrGates(max_tpot_p99_ms="0.5x before", min_goodput_ratio=0.8)
+    limits = {"max_tpot_p99_ms": 100.0, "min_goodput_ratio": 0.8}
+    # on the limit passes (the judge's <= and >=); an unmeasured number or a limit the
+    # remediation never resolved fails, as the judge fails every gate it cannot read
+    on_the_limit = gate_lines(gates, limits, {"tpot_p99_ms": 100.0, "goodput_ratio": 0.8})
+    assert [line.split(": ")[1] for line in on_the_limit] == ["met", "met"]
+    unmeasured = gate_lines(gates, limits, {"tpot_p99_ms": None, "goodput_ratio": 0.95})
+    assert unmeasured[0].endswith(": MISSED") and unmeasured[1].endswith(": met")
+    unresolved = gate_lines(gates, {"min_goodput_ratio": 0.8}, {"tpot_p99_ms": 1.0})
+    assert unresolved[0].endswith(": MISSED") and unresolved[1].endswith(": MISSED")
+
+
 def test_a_diagnosis_that_failed_is_not_mistaken_for_no_incident() -> None:
     with pytest.raises(DemoFailed, match="the bot's diagnosis produced no numbers"):
         check_incident(load(DEMO_ADR), {})
@@ -164,12 +179,33 @@ def test_the_demo_stamps_each_step_with_the_time_since_its_start(
     assert _elapsed(3599.9) == "59:59"
 
 
-def test_a_long_prompt_is_half_a_second_of_this_engines_prefill_within_the_mechanism() -> None:
-    # whole prompts must fill a bad step (at most 2048) and the fix must chunk them (at least
-    # two 512-token chunks); between, what the engine prefills in about half a second
+def test_a_bad_step_is_seconds_of_this_engines_prefill_within_the_mechanism() -> None:
+    # four whole prompts fill a bad step (at most 2048 each) and each fills a fixed step at
+    # least (512: the fix spreads a bad step over four or more); between, four take about
+    # 2.5 s of this engine's prefill, so a chat token waits as long on a slow machine
     assert Pace(prefill_tok_s=18_000.0, start_s=30.0).long_prompt == 2048  # AVX-512
     assert Pace(prefill_tok_s=1_650.0, start_s=200.0).long_prompt == 1024  # a tenth of a core
-    assert Pace(prefill_tok_s=3_000.0, start_s=60.0).long_prompt == 1472  # 1,500, to 64s
+    assert Pace(prefill_tok_s=700.0, start_s=200.0).long_prompt == 512  # slower still
+    assert Pace(prefill_tok_s=3_000.0, start_s=60.0).long_prompt == 1856  # 1,875, to 64s
+    for speed in (1_650.0, 6_000.0, 18_000.0):
+        long = Pace(prefill_tok_s=speed, start_s=30.0).long_prompt
+        assert long >= 512 and LONG_STREAMS * long <= 8192  # the mechanism holds at every speed
+
+
+def test_the_fix_phases_are_timed_from_the_remediations_audit_entries() -> None:
+    import datetime as dt
+
+    t0 = dt.datetime(2026, 12, 2, 5, 0, tzinfo=dt.UTC)
+    at = {
+        "remediation.baseline_started": t0,
+        "remediation.applying": t0 + dt.timedelta(seconds=72),
+        "remediation.canary_started": t0 + dt.timedelta(seconds=120.4),
+        "remediation.canary_passed": t0 + dt.timedelta(seconds=139.6),
+    }
+    assert phase_times(at) == "before-run 1:12, restart 0:48, canary 0:19"
+    # a rollout refused before its canary: only what happened is timed
+    assert phase_times({k: at[k] for k in list(at)[:2]}) == "before-run 1:12"
+    assert phase_times({}) == "no phase timed"
 
 
 def test_the_demos_bounds_and_windows_come_from_what_was_measured(tmp_path: Path) -> None:
