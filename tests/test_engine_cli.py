@@ -72,6 +72,9 @@ def test_demo_replays_the_incident_and_drafts_the_adr(tmp_path: Path) -> None:
     assert "TPOT p99 " in out and " → " in out  # the change against the before-run
     assert "approved by <@U0LEAD>" in out
     assert "applied: the canary met every gate" in out  # the loop closed: promoted
+    # where the fix's minutes went, from the remediation's audit entries
+    times = r"outcome: promoted \(before-run \d+:\d\d, restart \d+:\d\d, canary \d+:\d\d\)"
+    assert re.search(times, result.stderr), result.stderr
     # the drafted ADR, printed in full, and left only in the demo's workspace
     assert "status: proposed" in out and "## 2. 实验对比数据 (Metrics Matrix)" in out
     (workspace,) = tmp_path.glob("demo-*")
