@@ -25,6 +25,7 @@ from bot.store.states import RemediationState as S
 
 RECENT_DAYS = 7  # "3rd time in 7 days"
 LOOKBACK_DAYS = 90  # how far back an earlier fix (and its story) is looked for
+MAX_EARLIER = 500  # the latest incidents read of a target (a flapping alert makes many)
 OUTCOME = {
     S.PROMOTED: "applied and kept",
     S.ROLLED_BACK: "applied and rolled back",
@@ -76,6 +77,7 @@ def recall(
         .where(Incident.target == incident.target, Incident.id != incident.id,
                Incident.opened_at >= since, Incident.opened_at <= incident.opened_at)
         .order_by(Incident.opened_at.desc(), Incident.id.desc())
+        .limit(MAX_EARLIER)
     ).all()  # fmt: skip
     out = []
     for cause in causes:
