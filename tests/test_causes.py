@@ -178,6 +178,14 @@ def test_one_replica_comes_from_the_fleet_verdict() -> None:
     assert outlier.number.startswith("10.0.0.7:8000: ")
     alike = one_replica(judge_fleet({"a:1": ttft(fast), "b:1": ttft(fast)}))
     assert alike.verdict == "ruled_out" and alike.number == "2 replicas alike"
+    runbook = Runbook(name="x", probes=[{"probe": "e"}], hypotheses=[MIXING])  # type: ignore[list-item]
+    fleet = judge_fleet({"10.0.0.7:8000": ttft(slow), "10.0.0.8:8000": ttft(fast)})
+    both = judge(runbook, Readings({"e.steps": 8192.0, "e.running": 3.0}), fleet)
+    assert [(v.cause, v.verdict) for v in both[:2]] == [
+        ("one_replica", "supported"),
+        ("prefill_decode_mixing", "supported"),
+    ]  # one slow replica leads: a fleet-wide cause is not its fix
+    assert judge(runbook, Readings({}), None)[0].cause == "prefill_decode_mixing"  # one engine
 
 
 # --- the engine's step readings, on pages a real engine served --------------------------------

@@ -90,8 +90,8 @@ class Readings:
 def judge(
     runbook: Runbook, readings: Readings, fleet: FleetVerdict | None = None
 ) -> list[CauseVerdict]:
-    """Every hypothesis of the runbook (and one_replica for a fleet), supported first, then
-    ruled out, then cannot tell; each group in the runbook's order. A runbook without
+    """Every hypothesis of the runbook (and one_replica for a fleet, before them), supported
+    first, then ruled out, then cannot tell; each group in the runbook's order. A runbook without
     hypotheses names no cause (its thread reads as before)."""
     if not runbook.hypotheses:
         return []
@@ -100,8 +100,8 @@ def judge(
         judge_one(h, titles[h.cause].title if h.cause in titles else h.cause, readings)
         for h in runbook.hypotheses
     ]
-    if fleet is not None:
-        verdicts.append(one_replica(fleet))
+    if fleet is not None:  # first: one slow replica is not a fleet-wide cause
+        verdicts.insert(0, one_replica(fleet))
     judged = {h.cause for h in runbook.hypotheses}
     verdicts += [
         CauseVerdict(name, titles[name].title, "cannot_tell", f"not judged: {why}")
