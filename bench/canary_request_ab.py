@@ -138,7 +138,8 @@ def report(args: argparse.Namespace, runs: dict[str, list[dict[str, float]]]) ->
                   if line.startswith("Model name")), "unknown CPU")  # fmt: skip
     print(
         f"\n{args.concurrency} streams, {args.requests} requests of {args.prompt_length} + "
-        f"{args.output_length} tokens, median of {args.rounds} rotated rounds, no sampling"
+        f"{args.output_length} tokens, median of {args.rounds} rotated rounds, no sampling, "
+        f"engine flags {' '.join(engine_flags(args))}"
     )
     print(f"CPU: {model}, load average {os.getloadavg()[0]:.1f} at the end")
     print("CPU seconds per 1,000 streamed tokens: the client's, vLLM's API server's, its engine "
