@@ -9,9 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from bot.diagnosis.causes import NOT_JUDGED, Readings, data_gaps, judge, judge_one, one_replica
+from bot.config import Target
+from bot.diagnosis import cause_text
+from bot.diagnosis.causes import (
+    NOT_JUDGED,
+    CauseVerdict,
+    Readings,
+    data_gaps,
+    judge,
+    judge_one,
+    one_replica,
+)
 from bot.diagnosis.replicas import judge as judge_fleet
 from bot.numbers.reading import Bound
+from bot.probes.context import TargetRef
 from bot.probes.engine_steps import STEP_METRICS, decode_bound, read_steps
 from bot.probes.exposition import Exposition
 from bot.probes.fleet_merge import Member, merge_rounds
@@ -22,6 +33,8 @@ from bot.runbooks.builtin import default_registry
 from bot.runbooks.conditions import parse
 from bot.runbooks.loader import load_file
 from bot.runbooks.models import Hypothesis, Runbook
+from bot.runbooks.runner import RunbookRunner
+from tests.fakes.nvml import FakeNvml
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
 REPO = Path(__file__).parent.parent
@@ -294,3 +307,47 @@ def test_shipped_runbooks_judge_the_four_engine_causes(path: Path) -> None:
     shipped = REPO / "bot" / "shipped" / "runbooks" / path.name
     if path.parent.name == "runbooks":
         assert shipped.read_text() == path.read_text()
+
+
+# --- the shipped runbook, end to end on a real engine's pages and NVML faked at the wire -------
+
+
+async def run_shipped(nvml: FakeNvml) -> list[CauseVerdict]:
+    """The shipped vllm-latency runbook's probes on the recorded engine pages, judged."""
+    from tests.test_bot_probes import PAGES, context, serve
+
+    loaded = load_file(REPO / "runbooks" / "vllm-latency.yaml", default_registry())
+    ctx, _ = context(serve({"engine/metrics": PAGES}), nvml=nvml, hostname="gpu-host")
+    target = TargetRef("prod-a", Target(vllm_url="http://engine:8000"))
+    result = await RunbookRunner(registry=default_registry()).run(loaded, target=target, ctx=ctx)
+    return judge(loaded.runbook, Readings(result.readings, result.bounds, result.spans))
+
+
+async def test_the_shipped_runbook_on_a_real_window_with_a_power_capped_gpu() -> None:
+    verdicts = await run_shipped(FakeNvml.from_file(FIXTURES.parent / "nvml" / "h200-x2.json"))
+    by_cause = {v.cause: v for v in verdicts}
+    assert by_cause["gpu_fault"].verdict == "supported"  # GPU 1 held back by its power cap
+    assert by_cause["gpu_fault"].number == "throttled GPUs: 1, XID errors: n/a"
+    assert by_cause["prefill_decode_mixing"].verdict == "ruled_out"  # steps of 1,025-2,048
+    assert by_cause["prefill_decode_mixing"].number == "1,025–2,048 tokens in one scheduler step"
+    assert by_cause["kv_cache_pressure"].verdict == "ruled_out"
+    assert by_cause["queueing"].verdict == "ruled_out"  # 13.7 % of TTFT queued
+    # 1 of 17 aborted, but its 200 prompt tokens were 5.6 % of the window's prefill (the
+    # shipped VLLMWastedPrefillHigh alert's line is 5 %)
+    abandoned = by_cause["abandoned_work"]
+    assert (
+        abandoned.verdict == "supported" and abandoned.number == "5.9 % of started requests aborted"
+    )
+    assert [v.cause for v in verdicts if v.verdict == "supported"] == [
+        "abandoned_work",
+        "gpu_fault",
+    ]
+    assert cause_text.root_line(verdicts).startswith("likely cause: work for clients that left")
+
+
+async def test_without_a_gpu_reading_the_gpu_cause_is_a_data_gap() -> None:
+    verdicts = await run_shipped(FakeNvml.no_driver())
+    gpu = next(v for v in verdicts if v.cause == "gpu_fault")
+    assert gpu.verdict == "cannot_tell" and "nvml.xid_errors" in gpu.missing
+    assert data_gaps(verdicts) == ["no GPU snapshot: configure `ruleloop agent` on the GPU nodes"]
+    assert [v.cause for v in verdicts if v.verdict == "supported"] == ["abandoned_work"]
