@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +16,7 @@ from bot.errors import UsageError
 from bot.slack.errors import error_text
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
-from tests.fakes.slack_api import FakeSlack, signed_headers
+from tests.fakes.slack_api import SIGNING_SECRET, FakeSlack, signed_headers
 
 
 @pytest.fixture
@@ -135,6 +137,29 @@ async def test_unsigned_bad_stale_and_replayed_requests_are_refused(
     await h.bot.tasks.drain()
     assert len(slack.of("response_url")) == 1  # only the first one was handled
     assert slack.of("chat.postMessage") == []
+
+
+async def test_a_signed_request_is_verified_once(
+    h: Harness, slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route checks the signature before its replay guard; bolt checked it again (issue
+    32). Counted: HMACs keyed with the signing secret while the request is served."""
+    body = b"command=%2Fdiagnose&text=nope&user_id=U1&channel_id=C0&response_url=" + (
+        slack.response_url().encode()
+    )
+    headers = signed_headers(body)
+    keyed, new = [], hmac.new
+
+    def counted(key: bytes, msg: bytes | None = None, digestmod: Any = None) -> hmac.HMAC:
+        if key == SIGNING_SECRET.encode():
+            keyed.append(msg)
+        return new(key, msg, digestmod)
+
+    monkeypatch.setattr(hmac, "new", counted)
+    response = await h.client.post("/slack/events", content=body, headers=headers)
+    assert response.status_code == 200
+    await slack.until("response_url")  # bolt ran the listener: the request went all the way
+    assert len(keyed) == 1
 
 
 async def _diagnosed(h: Harness, slack: FakeSlack) -> str:

@@ -96,10 +96,12 @@ class Intake:
         key = f"target:{target}" if target is not None else webhook.group_key
         with self._db.transaction() as session:
             incident = store.find_open(session, key=key)
-            # each instance looked up once; linear, as all of this runs under the write lock
-            rows = {a.key(): store.find_alert(session, **_key(a)) for a in webhook.alerts}
-            new = [a for a in webhook.alerts if rows[a.key()] is None]
-            known = [(a, row) for a in webhook.alerts if (row := rows[a.key()]) is not None]
+            # each instance keyed and looked up once; linear, as all of this runs under the
+            # write lock (a key without Alertmanager's fingerprint hashes the alert's labels)
+            keyed = [(a, _key(a)) for a in webhook.alerts]
+            found = [(a, key, store.find_alert(session, **key)) for a, key in keyed]
+            new = [(a, key) for a, key, row in found if row is None]
+            known = [(a, row) for a, _, row in found if row is not None]
             if incident is None:
                 if not new:
                     old = known[0][1]
@@ -125,10 +127,10 @@ class Intake:
                 opened = False
             joined = [
                 store.add_alert(
-                    session, incident, **_key(alert), status=alert.status, ends_at=alert.ends_at,
+                    session, incident, **key, status=alert.status, ends_at=alert.ends_at,
                     labels=alert.labels, annotations=alert.annotations,
                 )
-                for alert in new
+                for alert, key in new
             ]  # fmt: skip
             changed = self._update_known(session, incident, known)
             if not opened and not self._all_resolved(webhook, incident) and (joined or changed):
