@@ -224,6 +224,7 @@ def test_step_readings_of_a_real_engine_window() -> None:
     engine = SampledWindow(window).engine  # 17 first tokens, 16 finished, none left running
     assert aborted_share(engine.aborted_requests, engine.ttft_ms.count) == pytest.approx(1 / 17)
     assert aborted_share(-2.0, 10) == 0.0  # preempted ones re-queued: nothing aborted
+    assert aborted_share(3.0, 10, waiting_at_end=3.0) == 0.0  # queued at the end: maybe preempted
     assert aborted_share(None, 10) is None and aborted_share(1.0, 0) is None
 
 

@@ -39,7 +39,8 @@ VLLM_READINGS = {
     "generation_tokens_per_s": "output tokens per second",
     "requests_finished": "requests that finished in the window",
     "aborted_share": "of the requests that had their first token in the window, the share "
-    "aborted after it (from counts: running at both ends, first tokens, finished)",
+    "surely aborted after it (from counts: running at both ends, first tokens, finished, less "
+    "those queued at the end, which may be preempted)",
     **STEP_READINGS,
 }
 
@@ -64,12 +65,15 @@ def _bounds(estimate: Estimate) -> list[float] | None:
     return [estimate.low, estimate.high]
 
 
-def aborted_share(aborted: float | None, first_tokens: int) -> float | None:
-    """Aborted requests over first tokens; unknown without either. A count at most 0 is
-    nothing aborted (the requests queued at the start were preempted ones, not new ones)."""
+def aborted_share(
+    aborted: float | None, first_tokens: int, waiting_at_end: float | None = None
+) -> float | None:
+    """Aborted requests over first tokens, at least: a request queued at the window's end may
+    be a preempted one (vLLM counts the preemption only when it resumes), not an aborted one,
+    so those are not counted. Unknown without the counts; a count at most 0 is none."""
     if aborted is None or first_tokens <= 0:
         return None
-    return max(aborted, 0.0) / first_tokens
+    return max(aborted - (waiting_at_end or 0.0), 0.0) / first_tokens
 
 
 def fragmentation_details(fragmentation: Estimate | str) -> dict[str, object]:
@@ -116,7 +120,9 @@ class VllmMetricsProbe:
             "prefix_cache_hit_rate": engine.prefix_cache_hit_rate,
             "generation_tokens_per_s": engine.generation_tokens_per_s,
             "requests_finished": engine.requests_finished,
-            "aborted_share": aborted_share(engine.aborted_requests, engine.ttft_ms.count),
+            "aborted_share": aborted_share(
+                engine.aborted_requests, engine.ttft_ms.count, engine.requests_waiting
+            ),
         }
         decoders = decode_bound(window.pages[0], window.pages[-1])
         steps = read_steps(window.pages, decode_bound=decoders)
