@@ -78,6 +78,10 @@ def test_root_message_leads_with_the_likely_cause_and_its_number() -> None:
     none = json.loads(json.dumps(diagnosis([KV, GPU]).summary()))
     assert "*no cause stood out*" in str(root_message(view(none))[1])
     assert "cause" not in str(root_message(view({"headline": {}}))[1])  # not diagnosed yet
+    no_hypotheses = json.loads(json.dumps(diagnosis([]).summary()))
+    assert no_hypotheses["causes"] == []
+    assert "cause" not in str(root_message(view(no_hypotheses))[1])  # the runbook names none
+    assert "cause" not in render_root(view(no_hypotheses))
 
 
 def test_findings_message_lists_supported_then_ruled_out_then_gaps_then_findings() -> None:

@@ -146,7 +146,7 @@ def render_root(view: IncidentView, *, page: str = "") -> str:
         f"target {view.target or 'unknown'} | incident #{view.id}{page}"
         + (f" | acknowledged by {view.acknowledged_by}" if view.acknowledged_by else "")
     ]
-    if "causes" in view.summary:  # the verdict leads
+    if view.summary.get("causes"):  # the verdict leads
         lines.append(f"    {cause_text.root_line(from_json(view.summary['causes']))}")
     headline = view.summary.get("headline") or {}
     baseline = view.summary.get("baseline") or {}

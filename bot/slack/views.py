@@ -114,7 +114,7 @@ def root_message(
         HeaderBlock(text=title),
         SectionBlock(text=MarkdownTextObject(text=line)),
     ]
-    if "causes" in view.summary:  # the verdict leads: the likely cause and its one number
+    if view.summary.get("causes"):  # the verdict leads: the likely cause and its one number
         verdict = cause_text.root_line(from_json(view.summary["causes"]))
         blocks.append(SectionBlock(text=MarkdownTextObject(text=f"*{plain(verdict, MAX_LINE)}*")))
     if view.summary.get("headline"):

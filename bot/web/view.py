@@ -258,7 +258,7 @@ def incident_page(
 
 def _causes(summary: Mapping[str, Any]) -> dict[str, Any]:
     """The likely cause's line and the causes grouped (none before a diagnosis has them)."""
-    if "causes" not in summary:
+    if not summary.get("causes"):  # not diagnosed yet, or a runbook without hypotheses
         return {}
     verdicts = from_json(summary["causes"])
     return {"cause_line": cause_text.root_line(verdicts), "causes": cause_text.lines(verdicts)}
