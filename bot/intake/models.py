@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -57,6 +58,7 @@ class WebhookAlert(_Lenient):
         parse_time(value)  # kept as sent (it is half of the dedupe key) but must be a time
         return value
 
+    @cached_property  # the payload's dedupe and the intake both ask: the labels hashed once
     def key(self) -> tuple[str, str]:
         """The alert instance: fingerprint (derived from labels if missing) and startsAt."""
         return (self.fingerprint or label_fingerprint(self.labels), self.starts_at)
@@ -81,7 +83,7 @@ class Webhook(_Lenient):
     def _one_per_instance(cls, alerts: list[WebhookAlert]) -> list[WebhookAlert]:
         # An instance twice in one payload (a relay or a hand-made payload, not Alertmanager)
         # made the store's unique key fail on every retry; the later copy is the newer state.
-        latest = {alert.key(): alert for alert in alerts}
+        latest = {alert.key: alert for alert in alerts}
         return list(latest.values())
 
     @property

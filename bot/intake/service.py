@@ -256,5 +256,5 @@ def _instances(target: Target) -> set[str]:
 
 
 def _key(alert: WebhookAlert) -> dict[str, str]:
-    fingerprint, starts_at = alert.key()
+    fingerprint, starts_at = alert.key
     return {"fingerprint": fingerprint, "starts_at": starts_at}
