@@ -49,7 +49,8 @@ test: $(STAMP) system-deps
 # `make test` (.ci/run); `RULELOOP_ENGINE_CPU_LIMIT=0.1 make test` runs the whole suite so.
 SLOW_MACHINE_CORES ?= 0.1
 SLOW_MACHINE_TESTS ?= tests/test_bot_e2e.py tests/test_remediation_engine.py \
-	tests/test_engine_cli.py tests/test_goodput_engine.py tests/test_workload_drift_engine.py
+	tests/test_engine_cli.py tests/test_goodput_engine.py tests/test_workload_drift_engine.py \
+	tests/test_causes_engine.py
 test-slow-machine: $(STAMP) system-deps
 	RULELOOP_ENGINE_CPU_LIMIT=$(SLOW_MACHINE_CORES) $(BIN)/pytest -n $(TEST_WORKERS) \
 	  --dist loadscope --no-loadscope-reorder $(SLOW_MACHINE_TESTS)
