@@ -38,36 +38,33 @@ def test_usage_on_every_chunk_counts_tokens_exactly_even_when_one_chunk_carries_
 
 
 def test_chat_deltas_without_usage_count_one_token_per_chunk() -> None:
+    """The role chunk and a chunk that only ends the answer are no tokens; an empty delta is
+    (vLLM sends one for a token that ends inside a UTF-8 character)."""
     record = RequestRecord(sent_at=0.0)
-    for i, content in enumerate(["He", "llo", ""]):
-        chunk = json.dumps({"choices": [{"delta": {"content": content}}]})
-        _handle_event(event(chunk), record, i)
-    assert record.output_tokens == 2
+    chunks = [{"delta": {"role": "assistant", "content": ""}}, {"delta": {"content": "He"}},
+              {"delta": {"content": "llo"}}, {"delta": {"content": ""}},
+              {"delta": {}, "finish_reason": "stop"}]  # fmt: skip
+    for i, choice in enumerate(chunks):
+        _handle_event(event(json.dumps({"choices": [choice]})), record, i)
+    assert record.output_tokens == 3 and record.first_token_at == 1
 
 
 def test_usage_once_counts_one_token_per_chunk_then_the_final_usage_is_exact() -> None:
     """The canary asks for usage once (as production clients do): while the stream runs each
-    chunk with text counts one (a partial UTF-8 byte or a chunk that only ends the answer
-    none), and the final usage chunk gives the engine's exact count (a lagging server packs
-    several tokens into one chunk)."""
+    token chunk counts one (a partial UTF-8 byte too, a chunk that only ends the answer not),
+    and the final usage chunk gives the engine's exact count (a lagging server packs several
+    tokens into one chunk)."""
     record = RequestRecord(sent_at=0.0)
     chunk = '{"choices":[{"index":0,"text":"%s","finish_reason":%s}]}'
     _handle_event(event(chunk % ("a", "null")), record, 1.0)
     _handle_event(event(chunk % ("", "null")), record, 1.5)  # a partial UTF-8 byte
     _handle_event(event(chunk % ("bcd", "null")), record, 2.0)  # three tokens packed in one
     _handle_event(event(chunk % ("", '"length"')), record, 2.5)  # only says why it ended
-    assert record.output_tokens == 2 and record.finish_reason == "length"
-    assert (record.last_token_at, record.itl_s) == (2.0, [1.0])
+    assert record.output_tokens == 3 and record.finish_reason == "length"
+    assert (record.last_token_at, record.itl_s) == (2.0, [0.5, 0.5])
     usage = '{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":6}}'
     assert not _handle_event(event(usage), record, 3.0)
     assert (record.output_tokens, record.prompt_tokens, record.last_token_at) == (6, 7, 2.0)
-
-
-def test_a_chat_stream_s_role_chunk_is_not_a_token() -> None:
-    record = RequestRecord(sent_at=0.0)
-    role = json.dumps({"choices": [{"delta": {"role": "assistant", "content": ""}}]})
-    _handle_event(event(role), record, 1.0)
-    assert record.output_tokens == 0 and record.first_token_at is None
 
 
 @pytest.mark.parametrize(
@@ -86,7 +83,7 @@ def test_an_error_event_or_a_broken_line_fails_the_request(payload: str, message
 # -- framing, end to end ---------------------------------------------------------------------
 
 NO_TOKEN = json.dumps({"id": "cmpl-fake", "object": "text_completion", "model": MODEL,
-                       "choices": [{"index": 0, "text": "", "finish_reason": None}]})  # fmt: skip
+                       "choices": []})  # fmt: skip
 
 
 class FramedEngine(SseEngine):

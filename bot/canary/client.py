@@ -230,6 +230,7 @@ class _Usage(msgspec.Struct):
 
 class _Delta(msgspec.Struct):
     content: str | None = None
+    role: str | None = None
 
 
 class _Choice(msgspec.Struct):
@@ -281,7 +282,7 @@ def _count_tokens(chunk: _Chunk, record: RequestRecord, now: float) -> None:
     if usage is not None and usage.completion_tokens is not None:
         total = usage.completion_tokens  # exact: the final chunk (or a server that sends more)
     elif any(_carries_token(c) for c in choices):
-        # A lower bound: a server that falls behind may pack several tokens into one chunk.
+        # A lower bound: a server that falls behind packs several tokens into one chunk.
         total = record.output_tokens + 1
     else:
         total = record.output_tokens
@@ -295,11 +296,17 @@ def _count_tokens(chunk: _Chunk, record: RequestRecord, now: float) -> None:
 
 
 def _carries_token(choice: _Choice) -> bool:
-    """Whether a chunk's choice brings text. A token that ends inside a UTF-8 character brings
-    none and is not counted until the final usage: a lower bound, like packed chunks."""
+    """Whether a chunk's choice carries a token, as vLLM streams them: every chunk after the
+    first does, with empty text too (a token that ends inside a UTF-8 character; `vllm bench
+    serve` counts those alike). Not a token: a chunk that only says why the answer ended, or a
+    chat stream's first chunk, which names the role."""
     if choice.text is not None:
-        return bool(choice.text)
-    return bool(choice.delta.content if choice.delta else None)
+        text = choice.text
+    elif choice.delta is None or choice.delta.role is not None or choice.delta.content is None:
+        return False
+    else:
+        text = choice.delta.content
+    return bool(text) or choice.finish_reason is None
 
 
 def _error_message(text: str) -> str:
