@@ -131,7 +131,7 @@ READINGS = (
     "vllm_metrics.max_step_tokens", "vllm_metrics.queue_ttft_share",
     "vllm_metrics.waiting_capacity", "vllm_metrics.preemptions_per_s",
     "vllm_metrics.kv_cache_usage", "queue_cancel.wasted_prefill_share",
-    "vllm_metrics.goodput_ratio", "vllm_metrics.requests_running",
+    "vllm_metrics.goodput_ratio", "vllm_metrics.aborted_share", "vllm_metrics.requests_running",
 )  # fmt: skip
 
 
