@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from bot.cli import cli
 from bot.config import Settings
 from bot.errors import UsageError
-from bot.web.view import four_number
+from bot.web.view import BAD, GOOD, NEUTRAL, _numbers, four_number
 from tests.fakes.incident_story import ADR, PUBLIC_URL, SECRET, Story, incident_story
 from tests.fakes.slack_api import FakeSlack
 
@@ -82,6 +82,30 @@ async def test_the_page_shows_the_whole_incident(story: Story) -> None:
     assert "default-src 'none'" in policy and "script" not in policy
     assert response.headers["referrer-policy"] == "no-referrer"
     assert "<script" not in html
+
+
+def test_the_kept_canary_is_coloured_by_the_gates_that_judged_it_not_the_incidents() -> None:
+    """The canary measures at its client under its own workload: another ADR's engine-side gate
+    does not make it red next to 'kept: the canary met every gate'; its own failed gate does."""
+    summary = {
+        "headline": {"ttft_p99_ms": 2400.0, "tpot_p99_ms": 90.0},
+        "baseline": {"ttft_p99_ms": [350.0, "ADR-OTHER"], "tpot_p99_ms": [50.0, "ADR-OTHER"]},
+    }
+    kept = {
+        "ttft_ms": {"p99": 500.0},
+        "tpot_ms": {"p99": 40.0},
+        "goodput_ratio": 0.7,
+        "gates": [
+            {"name": "max_tpot_p99_ms", "passed": True},
+            {"name": "min_goodput_ratio", "passed": False},
+        ],
+    }
+    rows = {row.label: row for row in _numbers(summary, kept)}
+    assert rows["TTFT p99"].incident_tone == BAD  # the incident against the strictest gate
+    assert rows["TTFT p99"].after == "500 ms" and rows["TTFT p99"].after_tone == NEUTRAL
+    assert rows["TPOT p99"].after_tone == GOOD
+    assert rows["Goodput"].after_tone == BAD
+    assert {row.after for row in _numbers(summary, None)} == {""}
 
 
 async def test_the_chart_is_served_as_svg_and_png_from_the_diagnosis(story: Story) -> None:

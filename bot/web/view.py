@@ -16,7 +16,7 @@ from bot.adr.models import Adr
 from bot.canary.verdict import values_of
 from bot.diagnosis import cause_text
 from bot.diagnosis.causes import from_json
-from bot.diagnosis.models import summary_numbers
+from bot.diagnosis.models import GATE_OF, summary_numbers
 from bot.numbers.reading import Bound, Reading, compare
 from bot.numbers.text import FOUR, show_reading
 from bot.remediation.argv import diff
@@ -224,8 +224,7 @@ def incident_page(
     """The page of one incident."""
     summary = record.summary
     kept = _kept_canary(record)
-    after = values_of(kept.report).four() if kept is not None else {}
-    numbers = _numbers(summary, after if kept is not None else None)
+    numbers = _numbers(summary, None if kept is None else kept.report)
     status = "on demand" if record.source == "slash" else record.status
     tone = GOOD if record.status == "resolved" or record.source == "slash" else BAD
     return IncidentPage(
@@ -287,10 +286,13 @@ def index_rows(rows: Sequence[IndexRow]) -> list[dict[str, Any]]:
     return out
 
 
-def _numbers(
-    summary: Mapping[str, Any], after: Mapping[str, float | None] | None
-) -> list[NumberRow]:
+def _numbers(summary: Mapping[str, Any], kept: Mapping[str, Any] | None) -> list[NumberRow]:
+    """Each number: normal and the incident (the engine's, like for like, against the strictest
+    accepted gate) and the kept change's canary (client side, against the gates it was judged
+    by: a different source, so never coloured by the incident's gate)."""
     baseline = summary.get("baseline") or {}
+    after = values_of(kept).four() if kept is not None else {}
+    judged = {g.get("name"): g.get("passed") for g in (kept or {}).get("gates") or []}
     measured, usual = summary_numbers(summary), summary_numbers(summary, "normal")
     rows = []
     for key, label, _, worse_up in FOUR:
@@ -303,8 +305,8 @@ def _numbers(
                 normal=four_number(key, usual.reading(key)),
                 incident=four_number(key, measured.reading(key)),
                 incident_tone=_within(key, measured.reading(key), limit),
-                after="" if after is None else four_number(key, after.get(key)),
-                after_tone=NEUTRAL if after is None else _within(key, after.get(key), limit),
+                after="" if kept is None else four_number(key, after.get(key)),
+                after_tone=_judged_tone(judged.get(GATE_OF[key])),
                 gate="none"
                 if limit is None
                 else f"{'≤' if worse_up else '≥'} {four_number(key, limit)}",
@@ -312,6 +314,11 @@ def _numbers(
             )
         )
     return rows
+
+
+def _judged_tone(passed: bool | None) -> str:
+    """Green or red as the canary's own verdict on the gate said; plain when it had none."""
+    return NEUTRAL if passed is None else GOOD if passed else BAD
 
 
 def _kept_canary(record: IncidentRecord) -> CanaryRow | None:
