@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from bot.adr.match import METRICS, read_metric
+from bot.adr.match import read_metric
+from bot.adr.metrics import METRICS
 from bot.adr.models import Condition
 from bot.adr.parse import load
 from bot.adr.store import AdrStore, slugify

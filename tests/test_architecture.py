@@ -202,11 +202,6 @@ def bench_imports() -> dict[str, set[str]]:
     return imports
 
 
-# adr/models <-> adr/match: a type to move out of one of them (issue 32), while bot/adr is being
-# reworked by another change; the only cycle allowed, and only as exactly this pair.
-KNOWN_CYCLES = [{"bot.adr.match", "bot.adr.models"}]
-
-
 def test_no_import_cycles_in_bot_or_bench() -> None:
     """Two modules that import each other (even only for a type, or inside a function) are one
     module in two files: neither can be read, tested or moved alone. The fix is to move the
@@ -215,7 +210,7 @@ def test_no_import_cycles_in_bot_or_bench() -> None:
 
     graph = grimp.build_graph("bot", exclude_type_checking_imports=False)
     bot = {name: set(graph.find_modules_directly_imported_by(name)) for name in graph.modules}
-    found = [part for part in cycles(bot) if part not in KNOWN_CYCLES] + cycles(bench_imports())
+    found = cycles(bot) + cycles(bench_imports())
     assert not found, f"import cycles (move the type they share): {found}"
     # The check itself sees a cycle, a longer one, and none in a chain.
     assert cycles({"a": {"b"}, "b": {"a"}}) == [{"a", "b"}]

@@ -22,7 +22,7 @@ from pydantic import (
     field_validator,
 )
 
-from bot.adr.match import METRICS
+from bot.adr.metrics import METRICS
 from bot.adr.relative import (
     BEFORE,
     NORMAL,

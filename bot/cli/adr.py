@@ -24,7 +24,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from bot.adr import vllm_args
 from bot.adr.causes import Cause, known
 from bot.adr.flags import to_argv
-from bot.adr.match import METRICS, match, matching, read_metric
+from bot.adr.match import match, matching, read_metric
+from bot.adr.metrics import METRICS
 from bot.adr.models import Adr
 from bot.adr.relative import NORMAL_METRICS
 from bot.adr.shared import SharedAdrStore

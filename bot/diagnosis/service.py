@@ -1,7 +1,7 @@
 """The diagnoser: picks the runbook for an alert, runs it on a target, and reads the result.
 
 It turns the runbook's readings into the four numbers, a flat metrics report for ADR
-matching (names from ``bot.adr.match.METRICS``) and the baseline the accepted ADRs set; the chart
+matching (names from ``bot.adr.metrics.METRICS``) and the baseline the accepted ADRs set; the chart
 is drawn separately, after the numbers are posted (it costs about half a second of CPU).
 """
 
