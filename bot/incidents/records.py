@@ -111,34 +111,6 @@ class IncidentRecords:
 
         return await asyncio.to_thread(read)
 
-    async def write(
-        self,
-        incident_id: int,
-        action: str,
-        *,
-        detail: Mapping[str, object],
-        actor: str = "ruleloop",
-        summary: Mapping[str, object] | None = None,
-    ) -> None:
-        """Append an audit entry (and keep the diagnosis summary, when given)."""
-
-        def write() -> None:
-            with self._db.transaction() as s:
-                incident = store.get(s, incident_id)
-                assert incident is not None
-                if summary is not None:
-                    store.set_summary(s, incident, summary=summary)
-                store.audit(
-                    s,
-                    at=self._clock(),
-                    actor=actor,
-                    action=action,
-                    incident=incident,
-                    detail=detail,
-                )
-
-        await asyncio.to_thread(write)
-
     async def open_manual(self, *, target: str, user_id: str, channel_id: str) -> int:
         """A /diagnose run's own incident, with its request audited and its messages owed."""
         now = self._clock()

@@ -52,12 +52,7 @@ class Claim:
 
     job: str
     period: dt.datetime
-    attempt: int
-
-    @property
-    def takeover(self) -> bool:
-        """Whether a replica before this one started the period and died."""
-        return self.attempt > 1
+    attempt: int  # above 1: a replica before this one started the period and died
 
 
 class Leases:
