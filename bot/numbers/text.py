@@ -14,21 +14,23 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from bot.numbers import catalogue
 from bot.numbers.reading import Bound, Reading
 
-# The four numbers: key, label, unit, and whether bigger is worse.
-FOUR = (
-    ("ttft_p99_ms", "TTFT p99", "ms", True),
-    ("tpot_p99_ms", "TPOT p99", "ms", True),
-    ("goodput_ratio", "Goodput", "ratio", False),
-    ("kv_fragmentation", "KV fragmentation", "ratio", True),
-)
+# The four numbers (the catalogue's): key, label, unit, and whether bigger is worse.
+FOUR = tuple((m.key, m.label, m.unit, m.worse_up) for m in catalogue.FOUR)
 NOT_MEASURED = "n/a"
-_RATIOS = ("goodput_ratio", "kv_fragmentation", "kv_cache_usage", "slo_attainment")
+_RATIOS = (
+    *(m.key for m in catalogue.FOUR if m.unit == "ratio"),
+    "kv_cache_usage",
+    "slo_attainment",
+)
 
 
 def unit_of(key: str) -> str:
     """'ms' for latencies, 'ratio' for shares, '' for counts and rates."""
+    if key in catalogue.BY_KEY:
+        return catalogue.BY_KEY[key].unit
     if key.endswith("_ms"):
         return "ms"
     if key in _RATIOS or key.endswith(("_ratio", "_share", "_rate")):
