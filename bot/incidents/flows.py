@@ -82,7 +82,7 @@ class IncidentFlows:
         self._records = IncidentRecords(db=db, clock=clock)
         self.outbox = Outbox(
             db=db, notifier=notifier, settings=settings, clock=clock, owner=self.owner,
-            metrics=metrics, monotonic=monotonic,
+            metrics=metrics, records=self._records, monotonic=monotonic,
         )  # fmt: skip
 
     # --- Alertmanager ---------------------------------------------------------------------

@@ -63,6 +63,7 @@ class Outbox:
         clock: Callable[[], dt.datetime],
         owner: str,
         metrics: BotMetrics,
+        records: IncidentRecords,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._db = db
@@ -71,7 +72,7 @@ class Outbox:
         self._clock = clock
         self._monotonic = monotonic
         self._metrics = metrics
-        self._records = IncidentRecords(db=db, clock=clock)
+        self._records = records  # the flows', one per process
         self.owner = owner
         self._locks: defaultdict[int, asyncio.Lock] = defaultdict(asyncio.Lock)
         # when this process received the webhook (or /diagnose) behind a diagnosis: its latency
