@@ -34,6 +34,7 @@ from bot.adr.relative import (
     no_normal,
     parse_value,
 )
+from bot.numbers import catalogue
 from bot.numbers.reading import OPS, Bound
 from bot.numbers.text import compact
 from bot.workload.shape import WorkloadShape
@@ -106,12 +107,7 @@ class Fix(_Strict):
 
 
 # gate -> the metric it limits (and whose normal a relative gate multiplies)
-GATE_METRICS = {
-    "max_ttft_p99_ms": "ttft_p99_ms",
-    "max_tpot_p99_ms": "tpot_p99_ms",
-    "min_goodput_ratio": "goodput_ratio",
-    "max_kv_fragmentation": "kv_fragmentation",
-}
+GATE_METRICS = catalogue.METRIC_OF
 
 
 class AdrGates(_Strict):
@@ -122,14 +118,14 @@ class AdrGates(_Strict):
     min_goodput_ratio: Value | None = None
     max_kv_fragmentation: Value | None = None
 
-    @field_validator("max_ttft_p99_ms", "max_tpot_p99_ms")
+    @field_validator(*(m.gate for m in catalogue.FOUR if m.unit == "ms"))
     @classmethod
     def _milliseconds(cls, value: float | Relative | None) -> float | Relative | None:
         if isinstance(value, float) and not value > 0:
             raise ValueError(f"{value:g} ms: a latency limit must be greater than 0")
         return value
 
-    @field_validator("min_goodput_ratio", "max_kv_fragmentation")
+    @field_validator(*(m.gate for m in catalogue.FOUR if m.unit == "ratio"))
     @classmethod
     def _ratio(cls, value: float | Relative | None) -> float | Relative | None:
         if isinstance(value, float) and not 0 <= value <= 1:
@@ -222,7 +218,7 @@ class AdrGates(_Strict):
         return f"{flags}  {note}" if flags else note
 
 
-_RATIOS = ("min_goodput_ratio", "max_kv_fragmentation")
+_RATIOS = tuple(m.gate for m in catalogue.FOUR if m.unit == "ratio")
 
 
 def _no_before_text(key: str, before: Normal | None) -> str:
@@ -307,7 +303,8 @@ class FrontMatter(_Strict):
         return ids
 
 
-# The matrix's four numbers, by their field names.
+# The matrix's numbers, by their field names (a Literal for mypy; a test holds it to the
+# catalogue).
 MatrixMetric = Literal["ttft_p99_ms", "tpot_p99_ms", "goodput_ratio", "kv_fragmentation"]
 
 
@@ -329,12 +326,12 @@ class MatrixRow(_Strict):
     bounds: dict[MatrixMetric, Bound] = Field(default_factory=dict)
     spans: dict[MatrixMetric, tuple[float, float]] = Field(default_factory=dict)
 
-    @field_validator("ttft_p99_ms", "tpot_p99_ms")
+    @field_validator(*(m.key for m in catalogue.FOUR if m.unit == "ms"))
     @classmethod
     def _tenth_ms(cls, value: float | None) -> float | None:
         return _round(value, 1)
 
-    @field_validator("goodput_ratio", "kv_fragmentation")
+    @field_validator(*(m.key for m in catalogue.FOUR if m.unit == "ratio"))
     @classmethod
     def _tenth_percent(cls, value: float | None) -> float | None:
         return _round(value, 3)
