@@ -15,17 +15,13 @@ from bot.diagnosis.causes import CauseVerdict
 from bot.diagnosis.chart_data import ChartData
 from bot.diagnosis.replica_text import summary_json
 from bot.diagnosis.replicas import FleetVerdict
+from bot.numbers import catalogue
 from bot.numbers.reading import Bounds, Measured, Spans, spans_json
 from bot.numbers.text import FOUR
 from bot.probes.sampling import SampledWindow
 from bot.probes.types import Finding
 
-GATE_OF = {
-    "ttft_p99_ms": "max_ttft_p99_ms",
-    "tpot_p99_ms": "max_tpot_p99_ms",
-    "goodput_ratio": "min_goodput_ratio",
-    "kv_fragmentation": "max_kv_fragmentation",
-}
+GATE_OF = catalogue.GATE_OF  # metric -> the gate that limits it
 
 
 @dataclass(frozen=True)
