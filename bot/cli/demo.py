@@ -52,7 +52,7 @@ def demo(keep: bool, adr_dir: Path, cpu_limit: float | None, state_dir: Path | N
     9. the workload drifts (an agent workflow joins): the scheduler's workload job re-runs
        the ADR's gates on the live shape; the draft and the numbers are printed at the end
     Each step prints its time since the start (the fix's step split into before-run, restart
-    and canary): about 3 minutes on an AVX-512 machine, under 7 at a tenth of its core. Nothing
+    and canary): about 2 minutes on an AVX-512 machine, 5-7 at a tenth of its core. Nothing
     outside the workspace is changed. Exits 1, saying why, when the loop does not close.
     """
     from bot.demo import screen  # here: `ruleloop --help` does not load the bot and matplotlib
