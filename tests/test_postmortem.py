@@ -17,7 +17,7 @@ from bot.adr.store import AdrStore
 from bot.adr.validate import validate
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.report import CanaryReport, Gates
-from bot.canary.verdict import values_of
+from bot.canary.verdict import gates_from, values_of, with_verdict
 from bot.diagnosis.models import Baseline, Diagnosis
 from bot.errors import AdrError, NotAllowed, UsageError
 from bot.postmortem import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
@@ -167,6 +167,26 @@ def test_build_canary_verdicts_use_the_applied_adrs_gates() -> None:
     for row in adr.matrix[1:]:
         assert row.verdict.startswith("不达标 (fail: TTFT p99 ")
         assert "> 350ms" in row.verdict and "> 35ms" in row.verdict
+
+
+def test_build_reads_the_verdict_stored_with_a_run_judged_by_the_same_gates() -> None:
+    """The change's own canary was judged when it ran (bot.canary.verdict judges once): the
+    draft writes that verdict, not one of its own. Made to fail by judging the numbers again
+    (the marked reason below is then lost)."""
+    report = with_verdict(_plain_report(0.5), gates_from(_seed().gates))
+    entry = next(g for g in report["gates"] if g["name"] == "max_ttft_p99_ms")
+    assert not entry["passed"]  # 550ms TTFT p99 against the seed's 350ms
+    entry["reason"] = "TTFT p99 as stored"
+    run = CanaryFacts.from_report(label="after ADR-20260831-01", report=report, at=T0)
+    adr = _draft(_applied("rolled_back", failed_gates=[]), canaries=[run])
+    assert adr.matrix[1].verdict == "不达标 (fail: TTFT p99 as stored)"
+    assert "failed gates: TTFT p99 as stored" in adr.context
+    # A run stored with a verdict by other gates (TTFT and errors only) is judged by the
+    # ADR's from its numbers: its stored words are not the ADR's verdict.
+    judged_elsewhere = _plain_report(0.5)
+    judged_elsewhere["gates"][0]["reason"] = "TTFT p99 as stored"
+    other = CanaryFacts.from_report(label="x", report=judged_elsewhere, at=T0)
+    assert other.failures(gates_from(_seed().gates)) == ["TTFT p99 548.5ms > 350ms"]
 
 
 def test_build_incident_row_is_the_diagnosis_headline_with_missing_numbers_empty() -> None:

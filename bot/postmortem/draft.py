@@ -18,7 +18,17 @@ from bot.adr.flags import canonical
 from bot.adr.match import supported_causes, verdicts_of
 from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
 from bot.adr.parse import date_of_id
-from bot.canary.verdict import GATES, Values, gates_from, judge, judge_values, values_of
+from bot.canary.verdict import (
+    GATES,
+    MEASURED,
+    GateResult,
+    Gates,
+    Values,
+    Verdict,
+    gates_from,
+    judge_values,
+    values_of,
+)
 from bot.diagnosis.models import GATE_OF, summary_numbers
 from bot.errors import UsageError
 from bot.numbers.reading import Measured, Reading, compare
@@ -71,6 +81,34 @@ class CanaryFacts:
     def values(self) -> Values:
         """The four matrix numbers of this run."""
         return values_of(self.report)
+
+    def failures(self, gates: Gates) -> list[str]:
+        """The gates this run missed: the verdict stored with it when ``gates`` are the ones it
+        was judged by (the change's own canary; bot.canary.verdict judges once), else its
+        numbers against ``gates`` (a run recorded under other gates, e.g. a tune run, or a
+        report kept before verdicts were stored)."""
+        stored = stored_verdict(self.report)
+        if stored is not None and _limits(stored) == _limits(gates):
+            return stored.failures
+        return judge_values(self.values(), gates).failures
+
+
+def stored_verdict(report: Mapping[str, Any]) -> Verdict | None:
+    """The verdict written into a canary report (its ``gates`` list), None when it has none."""
+    entries = report.get("gates")
+    if not isinstance(entries, list) or not entries:
+        return None
+    try:
+        return Verdict(tuple(GateResult(**entry) for entry in entries))
+    except TypeError:  # an entry of another shape: not a verdict this version wrote
+        return None
+
+
+def _limits(judged: Verdict | Gates) -> dict[str, float]:
+    """The limits a verdict was judged by, or that gates set ('measured' is not a limit)."""
+    if isinstance(judged, Verdict):
+        return {r.name: r.limit for r in judged.results if r.name != MEASURED}
+    return {name: getattr(judged, name) for name in GATES if getattr(judged, name) is not None}
 
 
 @dataclass(frozen=True)
@@ -264,7 +302,7 @@ def _applied_lines(
         numbers = f" Last canary ({_one_line(runs[-1].label)}): {_four(last)}." if last else ""
         lines.append(f"- 结果 (outcome): kept — promoted.{numbers}")
     else:
-        failed = _failed(applied, last, gates)
+        failed = _failed(applied, runs[-1] if runs else None, gates)
         state = "rolled back" if applied.state == RemediationState.ROLLED_BACK else applied.state
         before = _flags(applied.before_flags) or "vLLM defaults"
         lines.append(
@@ -274,10 +312,12 @@ def _applied_lines(
     return lines
 
 
-def _failed(applied: AppliedFix, last: Values | None, gates: AdrGates | None) -> str:
+def _failed(applied: AppliedFix, last: CanaryFacts | None, gates: AdrGates | None) -> str:
     if applied.failed_gates:
         return "failed gates: " + "; ".join(applied.failed_gates)
-    missed = _missed(last, gates) if last is not None else []
+    if last is None or gates is None:
+        return ""
+    missed = last.failures(gates_from(gates, numbers_only=True))
     return "failed gates: " + "; ".join(missed) if missed else ""
 
 
@@ -304,7 +344,7 @@ def _canary_row(run: CanaryFacts, gates: AdrGates | None) -> MatrixRow:
     if gates is None or gates.is_empty():
         verdict = f"canary {'passed' if run.passed else 'failed'} (no ADR gates)"
     else:
-        missed = judge(run.report, gates_from(gates, numbers_only=True)).failures
+        missed = run.failures(gates_from(gates, numbers_only=True))
         verdict = f"不达标 (fail: {'; '.join(missed)})" if missed else PASSED
     return _row(_one_line(run.label) or "canary", values, verdict)
 
@@ -354,14 +394,6 @@ def _outside(headline: Measured, gates: AdrGates) -> list[str]:
         elif outside:
             out.append(f"{label} {_number(key, reading)} {op} {write(limit)}")
     return out
-
-
-def _missed(values: Values, gates: AdrGates | None, *, error_gate: bool = True) -> list[str]:
-    """The gates ``values`` miss, in the canary verdict's words."""
-    if gates is None:
-        return []
-    limits = gates_from(gates, numbers_only=True)
-    return judge_values(values, limits, error_gate=error_gate).failures
 
 
 def _row(config: str, values: Values, verdict: str, known: Measured | None = None) -> MatrixRow:
@@ -421,8 +453,7 @@ def _rules(
     adr, flags = applied.adr, _flags(applied.adr.fix.engine_args) or "its gateway rules"
     if applied.kept:
         return [*_flag_rules(applied), *_gateway_rules(adr.fix), *gate]
-    last = runs[-1].values() if runs else None
-    failed = _failed(applied, last, gates) or "no canary verdict recorded"
+    failed = _failed(applied, runs[-1] if runs else None, gates) or "no canary verdict recorded"
     if applied.state == RemediationState.ROLLED_BACK:
         return [
             f"不要对此症状应用 (do not apply) `{flags}` ({adr.id}) on {target} without new "
