@@ -21,9 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bot.errors import UsageError
+from bot.numbers import catalogue
 
-# The numbers a snapshot keeps (bot.diagnosis.normal.KEYS): what "normal" can be taken of.
-NORMAL_METRICS = ("ttft_p99_ms", "tpot_p99_ms", "goodput_ratio", "kv_fragmentation")
+# What "normal" can be taken of: the numbers a snapshot keeps (the catalogue says which).
+NORMAL_METRICS = catalogue.NORMAL_KEYS
 _RELATIVE = re.compile(r"^\s*(?P<factor>\d+(?:\.\d+)?)\s*x\s+(?P<base>normal|before)\s*$")
 SYNTAX = (
     "a number (e.g. 300 or 0.95), a multiple of the target's normal written like '3x normal' "

@@ -11,12 +11,12 @@ import asyncio
 import statistics
 from collections.abc import Awaitable, Callable
 
+from bot.numbers import catalogue
 from bot.numbers.reading import Bound, Measured, bounds_of, spans_of
-from bot.numbers.text import FOUR
 from bot.store import service as store
 from bot.store.db import Database
 
-KEYS = tuple(key for key, *_ in FOUR)
+KEYS = catalogue.NORMAL_KEYS  # the numbers a snapshot keeps
 # What reads a target's normal: the target's name in, its numbers with bounds and spans out.
 ReadNormal = Callable[[str], Awaitable[Measured]]
 
