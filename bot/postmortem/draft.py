@@ -18,6 +18,7 @@ from bot.adr.flags import canonical
 from bot.adr.match import supported_causes, verdicts_of
 from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
 from bot.adr.parse import date_of_id
+from bot.canary.limits import judged_limits
 from bot.canary.verdict import (
     GATES,
     MEASURED,
@@ -130,7 +131,7 @@ class AppliedFix:
         """The gates as the numbers its canary was judged by ('0.5x before' as 855 ms)."""
         if self.adr.gates is None or not self.limits:
             return self.adr.gates
-        return AdrGates(**self.limits)
+        return AdrGates(**judged_limits(self.adr.gates, self.limits))
 
     @property
     def kept(self) -> bool:

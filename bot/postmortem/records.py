@@ -24,6 +24,7 @@ from bot.adr.models import Adr, AdrGates, Status
 from bot.adr.relative import BEFORE, NORMAL
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
+from bot.canary.limits import judged_limits
 from bot.chat.messages import MessageRef
 from bot.errors import UsageError
 from bot.postmortem.draft import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
@@ -263,10 +264,8 @@ def _as_judged(adr: Adr, limits: dict[str, float] | None) -> Adr:
     if adr.gates is None or not adr.gates.relative(NORMAL):
         return adr
     # Resolved when the remediation ran; a run that ended before that keeps only numbers.
-    judged = adr.gates.resolve({}, strict=False).model_dump(exclude_none=True)
-    judged |= {key: (limits or {}).get(key) for key in adr.gates.relative(NORMAL)}
-    judged |= adr.gates.relative(BEFORE)
-    return adr.model_copy(update={"gates": AdrGates(**judged)})
+    judged = {**judged_limits(adr.gates, limits), **adr.gates.relative(BEFORE)}
+    return adr.model_copy(update={"gates": AdrGates.model_validate(judged)})
 
 
 def _shape(data: object, *, remediation_id: int) -> WorkloadShape | None:

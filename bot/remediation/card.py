@@ -13,6 +13,7 @@ from typing import Any
 
 from bot.adr.models import AdrGates
 from bot.adr.shared import SharedAdrStore
+from bot.canary.limits import judged_limits
 from bot.chat.messages import MessageRef
 from bot.config import Settings
 from bot.errors import RuleloopError
@@ -141,7 +142,5 @@ def _shown_gates(
     if gates is None:
         return {}, {}
     relative = {key: str(value) for key, value in gates.relative().items()}
-    if "gates" in rem.result:
-        return dict(rem.result["gates"]), relative
     # until the before-run, a relative gate has no number: the card says what it waits for
-    return gates.resolve({}, strict=False).model_dump(exclude_none=True), relative
+    return judged_limits(gates, rem.result.get("gates")), relative

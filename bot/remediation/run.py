@@ -14,6 +14,7 @@ from typing import Any
 
 from bot.adr.models import Adr, AdrGates, GatewayRules
 from bot.adr.relative import BEFORE, NORMAL, unlike_gate
+from bot.canary.limits import judged_limits
 from bot.config import Settings, Target
 from bot.errors import RuleloopError, UsageError
 from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed, TakesContext
@@ -49,7 +50,7 @@ class Judging:
     @property
     def limits(self) -> dict[str, float]:
         """The limits, as numbers (what the card and the record show)."""
-        return self.gates.model_dump(exclude_none=True)
+        return judged_limits(self.gates)
 
 
 class ChangeRun:
