@@ -72,16 +72,17 @@ def recall(
     if not causes:
         return []
     since = incident.opened_at - dt.timedelta(days=LOOKBACK_DAYS)
-    earlier = s.scalars(
-        select(Incident)
+    earlier = s.execute(  # the columns read only: 500 rows of every JSON column cost ~0.1 s
+        select(Incident.id, Incident.opened_at, Incident.summary)
         .where(Incident.target == incident.target, Incident.id != incident.id,
                Incident.opened_at >= since, Incident.opened_at <= incident.opened_at)
         .order_by(Incident.opened_at.desc(), Incident.id.desc())
         .limit(MAX_EARLIER)
     ).all()  # fmt: skip
+    supported = {i.id: set(supported_of(i.summary or {})) for i in earlier}  # read once
     out = []
     for cause in causes:
-        same = [i for i in earlier if cause in supported_of(i.summary or {})]
+        same = [i for i in earlier if cause in supported[i.id]]
         wrong = _marked_wrong(s, incident.target, cause, before=incident.opened_at)
         if not same and wrong is None:
             continue
@@ -92,17 +93,24 @@ def recall(
     return out
 
 
-def _last(s: Session, same: Sequence[Incident]) -> Earlier | None:
+def _last(s: Session, same: Sequence[Any]) -> Earlier | None:
     """The latest earlier incident whose change ended (kept, rolled back...), else the latest."""
+    if not same:
+        return None
+    changes = s.execute(
+        select(Remediation.incident_id, Remediation.adr_id, Remediation.state)
+        .where(
+            Remediation.incident_id.in_([i.id for i in same]), Remediation.state.in_(list(OUTCOME))
+        )
+        .order_by(Remediation.id.desc())
+    ).all()  # one query, not one per incident: up to MAX_EARLIER of them
+    latest_change: dict[int, Any] = {}
+    for row in changes:
+        latest_change.setdefault(row.incident_id, row)
     for incident in same:
-        change = s.scalars(
-            select(Remediation)
-            .where(Remediation.incident_id == incident.id, Remediation.state.in_(list(OUTCOME)))
-            .order_by(Remediation.id.desc())
-        ).first()
-        if change is not None:
+        if (change := latest_change.get(incident.id)) is not None:
             return Earlier(incident.id, incident.opened_at, change.adr_id, OUTCOME[S(change.state)])
-    return Earlier(same[0].id, same[0].opened_at) if same else None
+    return Earlier(same[0].id, same[0].opened_at)
 
 
 def _moved(s: Session, target: str, last: Earlier) -> list[str]:
