@@ -37,6 +37,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from bot.errors import UsageError
+from bot.numbers import catalogue
 from bot.numbers.text import compact
 
 # At most 1 % of requests may fail unless the gate says otherwise (0 allows none).
@@ -92,7 +93,7 @@ class Values:
     def four(self) -> dict[str, float | None]:
         """The four numbers, JSON-safe (an unbounded value becomes None)."""
         out = {}
-        for key in ("ttft_p99_ms", "tpot_p99_ms", "goodput_ratio", "kv_fragmentation"):
+        for key in catalogue.KEYS:
             value = getattr(self, key)
             out[key] = value if value is None or math.isfinite(value) else None
         return out
@@ -156,21 +157,15 @@ class Verdict:
         return [r.reason for r in self.failed]
 
 
-def _ms(value: float) -> str:
-    return compact(value, "ms")
+def _writer(unit: str) -> Callable[[float], str]:
+    """The seed's compact form in ``unit``: '350ms', '95%'."""
+    return lambda value: compact(value, unit)
 
 
-def _pct(value: float) -> str:
-    return compact(value, "ratio")
-
-
-# gate name -> (label, Values field, "max" | "min", formatter)
+# gate name -> (label, Values field, "max" | "min", formatter): the catalogue's, and errors
 GATES: dict[str, tuple[str, str, str, Callable[[float], str]]] = {
-    "max_ttft_p99_ms": ("TTFT p99", "ttft_p99_ms", "max", _ms),
-    "max_tpot_p99_ms": ("TPOT p99", "tpot_p99_ms", "max", _ms),
-    "min_goodput_ratio": ("goodput", "goodput_ratio", "min", _pct),
-    "max_kv_fragmentation": ("KV fragmentation", "kv_fragmentation", "max", _pct),
-    "max_error_rate": ("error rate", "error_rate", "max", _pct),
+    **{m.gate: (m.phrase, m.key, m.gate_kind, _writer(m.unit)) for m in catalogue.FOUR},
+    "max_error_rate": ("error rate", "error_rate", "max", _writer("ratio")),
 }
 MEASURED = "measured"  # not a gate one sets: a run that measured nothing never passes
 RULES = GATES | {MEASURED: ("tokens delivered", "delivered_tokens", "min", lambda v: f"{v:,.0f}")}
