@@ -10,20 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from bot.canary.verdict import Verdict
+from bot.numbers import catalogue
 from bot.numbers.text import change, in_unit
 
-GATE_LABELS = {
-    "max_ttft_p99_ms": ("TTFT p99", "≤", "ms"),
-    "max_tpot_p99_ms": ("TPOT p99", "≤", "ms"),
-    "min_goodput_ratio": ("goodput", "≥", "ratio"),
-    "max_kv_fragmentation": ("KV fragmentation", "≤", "ratio"),
-}
-NUMBER_LABELS = {
-    "ttft_p99_ms": ("TTFT p99", "ms"),
-    "tpot_p99_ms": ("TPOT p99", "ms"),
-    "goodput_ratio": ("goodput", "ratio"),
-    "kv_fragmentation": ("KV fragmentation", "ratio"),
-}
+# the catalogue's numbers as lines name them: gate -> (label, sign, unit), key -> (label, unit)
+GATE_LABELS = {m.gate: (m.phrase, "≤" if m.worse_up else "≥", m.unit) for m in catalogue.FOUR}
+NUMBER_LABELS = {m.key: (m.phrase, m.unit) for m in catalogue.FOUR}
 
 
 def value_text(value: float | None, unit: str) -> str:
