@@ -48,6 +48,7 @@ from bot.runtime.ids import replica_id
 from bot.runtime.metrics import BotMetrics
 from bot.runtime.tasks import TaskSupervisor
 from bot.scheduler.jobs import build_jobs, create_scheduler
+from bot.scheduler.rules_now import RulesNow
 from bot.scheduler.scheduler import Scheduler
 from bot.slack.app import build_app, web_client
 from bot.slack.console import ConsoleNotifier
@@ -213,7 +214,13 @@ def _diagnoser(
         context=seams.probe_context,
         clock=seams.clock,
         normal=NormalReader(db=db, last=settings.scheduler.normal_of_last).read,
+        rules=RulesNow(db=db, adrs=adrs, listed=_listed_adrs(settings)).read,
     )
+
+
+def _listed_adrs(settings: Settings) -> dict[str, list[str]]:
+    """Each target's `[scheduler.targets.X] adrs`: in force while none was promoted there."""
+    return {name: own.adrs for name, own in settings.scheduler.targets.items()}
 
 
 def _notifier(

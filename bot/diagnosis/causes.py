@@ -3,7 +3,9 @@
 Each hypothesis ends supported, ruled out, or cannot tell (naming the readings that were not
 measured). A reading that is only a bound or an estimate's span decides a condition only where
 the whole bound does (``bot.numbers.reading.compare``). One cause is judged in code, not YAML:
-``one_replica`` comes from the fleet verdict (bot/diagnosis/replicas.py), and only for a fleet.
+``one_replica`` comes from the fleet verdict (bot/diagnosis/replicas.py), and only for a fleet;
+``prefix_cache_lost`` compares the live prefix-cache share with the one the rules in force were
+proven at (their ADRs' workload shapes), which a YAML condition cannot read.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from bot.adr import causes as vocabulary
 from bot.adr.causes import Verdict
+from bot.adr.models import Adr
 from bot.diagnosis.replicas import FleetVerdict, ratio
 from bot.numbers.reading import Bounds, Reading, Spans
 from bot.numbers.text import in_unit, show, unit_of
@@ -27,12 +30,25 @@ GAP_ADVICE = {
 }
 # Built-in causes no shipped hypothesis judges yet, and why (a runbook may add one for them).
 NOT_JUDGED = {
-    "prefix_cache_lost": "ruleloop keeps no record of the hit rate the in-force rules were "
-    "proven at to compare with",
+    "prefix_cache_lost": "the rules in force here were not read (no store)",
     "gateway_latency": "the gateway exposes no time to first token to set beside the engine's",
     "workload_drift": "the drift job judges it (`ruleloop workload`), not the diagnosis",
 }
 _ORDER: dict[Verdict, int] = {"supported": 0, "ruled_out": 1, "cannot_tell": 2}
+CACHED_SHARE = "vllm_metrics.cached_prompt_share"
+# prefix_cache_lost: a rule proven with at least this hit rate leaned on the cache; the live
+# share under LOST_BELOW of it is lost, at CLOSE_TO of it or more it is not.
+LEANED_ON = 0.2
+LOST_BELOW = 0.5
+CLOSE_TO = 0.8
+
+
+@dataclass(frozen=True)
+class RulesInForce:
+    """What the diagnosis knows of the rules in force on its target: their accepted ADRs
+    (bot/scheduler/in_force.py decides which)."""
+
+    adrs: tuple[Adr, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -88,11 +104,15 @@ class Readings:
 
 
 def judge(
-    runbook: Runbook, readings: Readings, fleet: FleetVerdict | None = None
+    runbook: Runbook,
+    readings: Readings,
+    fleet: FleetVerdict | None = None,
+    rules: RulesInForce | None = None,
 ) -> list[CauseVerdict]:
     """Every hypothesis of the runbook (and one_replica for a fleet, before them), supported
     first, then ruled out, then cannot tell; each group in the runbook's order. A runbook without
-    hypotheses names no cause (its thread reads as before)."""
+    hypotheses names no cause (its thread reads as before). With ``rules`` (the rules in force on
+    the target), the causes judged against them too."""
     if not runbook.hypotheses:
         return []
     titles = vocabulary.known({c.name: vocabulary.Cause(c.name, c.title) for c in runbook.causes})
@@ -103,6 +123,9 @@ def judge(
     if fleet is not None:  # first: one slow replica is not a fleet-wide cause
         verdicts.insert(0, one_replica(fleet))
     judged = {h.cause for h in runbook.hypotheses}
+    if rules is not None and "prefix_cache_lost" not in judged:
+        verdicts.append(prefix_cache_lost(rules, readings))
+        judged.add("prefix_cache_lost")
     verdicts += [
         CauseVerdict(name, titles[name].title, "cannot_tell", f"not judged: {why}")
         for name, why in NOT_JUDGED.items()
@@ -160,6 +183,34 @@ def one_replica(fleet: FleetVerdict) -> CauseVerdict:
         return CauseVerdict("one_replica", title, "ruled_out", text, text)
     why = "the replicas' numbers could not be compared"
     return CauseVerdict("one_replica", title, "cannot_tell", why)
+
+
+def prefix_cache_lost(rules: RulesInForce, readings: Readings) -> CauseVerdict:
+    """The live share of prompt tokens the prefix cache served against the hit rate the rule in
+    force was proven at (its ADR's workload shape): far below it supports the cause."""
+    title = vocabulary.BUILTIN["prefix_cache_lost"].title
+    proven = [(a.id, a.workload.prefix.hit_rate) for a in rules.adrs
+              if a.workload is not None and a.workload.prefix.hit_rate is not None]  # fmt: skip
+    if not proven:
+        why = "no rule in force here records the prefix-cache hit rate it was proven at"
+        return CauseVerdict("prefix_cache_lost", title, "cannot_tell", why)
+    adr_id, then = max(proven, key=lambda p: p[1])  # the rule that leaned on the cache most
+    reading = readings.reading(CACHED_SHARE)
+    if reading is None or reading.bound is not None:
+        why = f"not measured: {CACHED_SHARE}"
+        return CauseVerdict("prefix_cache_lost", title, "cannot_tell", why, None, (CACHED_SHARE,))
+    now, pct = reading.value, _share
+    number = f"{pct(now)} of prompt tokens cached, {pct(then)} when {adr_id} was proven"
+    if then >= LEANED_ON and now < then * LOST_BELOW:
+        text = f"the prefix cache served {pct(now)} of prompt tokens, {pct(then)} under {adr_id}"
+        return CauseVerdict("prefix_cache_lost", title, "supported", text, number)
+    if then < LEANED_ON or now >= then * CLOSE_TO:
+        return CauseVerdict("prefix_cache_lost", title, "ruled_out", number, number)
+    return CauseVerdict("prefix_cache_lost", title, "cannot_tell", f"in between: {number}", number)
+
+
+def _share(value: float) -> str:
+    return show("cached_prompt_share", value)
 
 
 def data_gaps(verdicts: Iterable[CauseVerdict]) -> list[str]:

@@ -11,7 +11,7 @@ import asyncio
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from bot.adr.match import MatchResult, by_cause, matching
@@ -29,6 +29,8 @@ from bot.runbooks.loader import LoadedRunbook, RunbookSet
 from bot.runbooks.runner import RunbookResult, RunbookRunner
 
 log = logging.getLogger("ruleloop.diagnosis")
+# The rules in force on a target (bot/scheduler/rules_now.py reads them from the store).
+ReadRules = Callable[[str], Awaitable[causes.RulesInForce]]
 # A target's "normal" four numbers (the scheduler's snapshots), shown next to "now".
 
 # ADR match metric name -> the runbook reading that gives it.
@@ -83,8 +85,10 @@ class Diagnoser:
         clock: Callable[[], dt.datetime],
         monotonic: Callable[[], float] = time.monotonic,
         normal: ReadNormal | None = None,
+        rules: ReadRules | None = None,
     ) -> None:
         self._normal = normal
+        self._rules = rules
         self._runbooks = runbooks
         self._runner = runner
         self._adrs = adrs
@@ -109,6 +113,7 @@ class Diagnoser:
         t1 = self._monotonic()
         accepted = await asyncio.to_thread(self._adrs.accepted)
         normal = await self._read_normal(target.name)
+        rules = await self._read_rules(target.name)
         baseline = Baseline.from_adrs(accepted)
         headline, bounds, spans = _four_numbers(result)
         report = match_report(result.readings, result.bounds, result.spans)
@@ -120,7 +125,7 @@ class Diagnoser:
             target, labels, result, matches, baseline, normal, ended=ended, alert_start=alert_start
         )
         fleet, fleet_findings = _one_or_all(loaded, result, baseline, headline)
-        judged = _causes(loaded, result, fleet)
+        judged = _causes(loaded, result, fleet, rules)
         matches, cause_notes = by_cause(matches, judged)  # an ADR's cause ruled out: not offered
         # one slow replica: a fleet-wide flag change is not its fix (the thread says what is)
         offered, withheld = ([], matches) if fleet and fleet.slow else (matches, [])
@@ -169,6 +174,16 @@ class Diagnoser:
             log.warning("could not read the normal numbers of %s", target, exc_info=True)
             return Measured({})
 
+    async def _read_rules(self, target: str) -> causes.RulesInForce | None:
+        """The rules in force on the target; None (their causes not judged) when unread."""
+        if self._rules is None:
+            return None
+        try:
+            return await self._rules(target)
+        except Exception:
+            log.warning("could not read the rules in force on %s", target, exc_info=True)
+            return None
+
     async def chart(self, diagnosis: Diagnosis) -> bytes | None:
         """The PNG of the incident's metric and queue depth (drawn in a worker thread)."""
         if diagnosis.chart is None:
@@ -192,11 +207,15 @@ def _findings(
 
 
 def _causes(
-    loaded: LoadedRunbook, result: RunbookResult, fleet: replicas.FleetVerdict | None
+    loaded: LoadedRunbook,
+    result: RunbookResult,
+    fleet: replicas.FleetVerdict | None,
+    rules: causes.RulesInForce | None,
 ) -> list[causes.CauseVerdict]:
-    """The runbook's hypotheses judged on the run's readings (and the fleet's one replica)."""
+    """The runbook's hypotheses judged on the run's readings (and the fleet's one replica, and
+    the causes judged against the rules in force)."""
     readings = causes.Readings(result.readings, result.bounds, result.spans)
-    return causes.judge(loaded.runbook, readings, fleet)
+    return causes.judge(loaded.runbook, readings, fleet, rules)
 
 
 def _four_numbers(

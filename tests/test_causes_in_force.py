@@ -1,0 +1,136 @@
+"""The causes judged against the rules in force on the target (issue 33 (g), (h), (i)): the
+live readings from the recorded engine pages, the rules from a REAL store (SQLite and
+PostgreSQL) and ADR files on disk, read by bot/scheduler/rules_now.py as the bot wires it."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from bot.adr.models import Adr
+from bot.adr.parse import parse
+from bot.adr.render import render
+from bot.adr.store import AdrStore, file_name
+from bot.config import Target
+from bot.diagnosis.causes import (
+    CACHED_SHARE,
+    CauseVerdict,
+    Readings,
+    RulesInForce,
+    judge,
+    prefix_cache_lost,
+)
+from bot.probes.context import TargetRef
+from bot.runbooks.builtin import default_registry
+from bot.runbooks.loader import load_file
+from bot.runbooks.runner import RunbookRunner
+from bot.scheduler.rules_now import RulesNow
+from bot.store import service as store
+from bot.store.db import Database
+from bot.store.models import Remediation
+from tests import test_bot_store
+from tests.fakes.nvml import FakeNvml
+from tests.workload_pages import shape
+
+db, postgres = test_bot_store.db, test_bot_store.postgres
+
+REPO = Path(__file__).parent.parent
+SEED = parse((REPO / "adr" / "ADR-20260831-01-kv-cache-paging-throughput.md").read_text())
+T0 = dt.datetime(2026, 11, 29, 2, 0, tzinfo=dt.UTC)
+
+
+def adr(adr_id: str = SEED.id, *, hit_rate: float | None = 0.6, status: str = "accepted") -> Adr:
+    """The seed ADR, proven under a workload whose prefix cache hit ``hit_rate`` (None: an ADR
+    without a workload shape)."""
+    workload = None if hit_rate is None else shape([1000, 2000], [100, 200], hit_rate=hit_rate)
+    return SEED.model_copy(update={"id": adr_id, "workload": workload, "status": status})
+
+
+async def on_pages(rules: RulesInForce | None) -> dict[str, CauseVerdict]:
+    """The shipped runbook on the recorded engine pages (its prefix cache served 0 % of the
+    prompt tokens), judged with these rules in force."""
+    from tests.test_bot_probes import PAGES, context, serve
+
+    loaded = load_file(REPO / "runbooks" / "vllm-latency.yaml", default_registry())
+    ctx, _ = context(serve({"engine/metrics": PAGES}), nvml=FakeNvml.no_driver(), hostname="h")
+    target = TargetRef("prod-a", Target(vllm_url="http://engine:8000"))
+    result = await RunbookRunner(registry=default_registry()).run(loaded, target=target, ctx=ctx)
+    assert result.readings[CACHED_SHARE] == 0.0
+    readings = Readings(result.readings, result.bounds, result.spans)
+    return {v.cause: v for v in judge(loaded.runbook, readings, rules=rules)}
+
+
+# --- (g) the prefix cache lost --------------------------------------------------------------
+
+
+async def test_a_rule_proven_on_a_warm_prefix_cache_supports_the_cache_lost() -> None:
+    lost = (await on_pages(RulesInForce((adr(hit_rate=0.6),))))["prefix_cache_lost"]
+    assert lost.verdict == "supported"
+    assert lost.number == f"0.0 % of prompt tokens cached, 60.0 % when {SEED.id} was proven"
+    assert (
+        lost.evidence == f"the prefix cache served 0.0 % of prompt tokens, 60.0 % under {SEED.id}"
+    )
+
+
+async def test_a_rule_that_did_not_lean_on_the_cache_rules_it_out() -> None:
+    lost = (await on_pages(RulesInForce((adr(hit_rate=0.1),))))["prefix_cache_lost"]
+    assert lost.verdict == "ruled_out"
+
+
+@pytest.mark.parametrize(
+    ("live", "verdict"),
+    [(0.29, "supported"), (0.5, "ruled_out"), (0.6, "ruled_out"), (0.4, "cannot_tell")],
+)
+def test_the_live_share_against_the_proven_one(live: float, verdict: str) -> None:
+    lost = prefix_cache_lost(RulesInForce((adr(hit_rate=0.6),)), Readings({CACHED_SHARE: live}))
+    assert lost.verdict == verdict  # under half of 60 %: lost; 80 % of it or more: close
+
+
+async def test_without_a_rule_that_records_its_hit_rate_it_cannot_tell_and_says_why() -> None:
+    no_shape = (await on_pages(RulesInForce((adr(hit_rate=None),))))["prefix_cache_lost"]
+    assert no_shape.verdict == "cannot_tell"
+    assert "records the prefix-cache hit rate" in no_shape.evidence
+    nothing = (await on_pages(RulesInForce(())))["prefix_cache_lost"]
+    assert nothing.verdict == "cannot_tell"
+    unread = (await on_pages(None))["prefix_cache_lost"]  # no store: not judged, as before
+    assert unread.verdict == "cannot_tell" and unread.evidence.startswith("not judged")
+    unmeasured = prefix_cache_lost(RulesInForce((adr(),)), Readings({CACHED_SHARE: None}))
+    assert unmeasured.verdict == "cannot_tell" and unmeasured.missing == (CACHED_SHARE,)
+
+
+# --- the rules in force, read from the store as the bot does -----------------------------------
+
+
+def write(root: Path, *adrs: Adr) -> AdrStore:
+    root.mkdir(exist_ok=True)
+    for one in adrs:
+        (root / file_name(one)).write_text(render(one), encoding="utf-8")
+    return AdrStore(root=root)
+
+
+def promote(db: Database, adr_id: str, *, target: str = "prod-a") -> None:
+    with db.transaction() as s:
+        made = store.create(s, key=f"k-{adr_id}", source="alertmanager", title="TTFT",
+                            target=target, labels={}, at=T0)  # fmt: skip
+        s.flush()
+        s.add(Remediation(incident_id=made.id, adr_id=adr_id, target=target, requested_by="U1",
+                          state="promoted", approvals_needed=1, approved_by=["U2"],
+                          created_at=T0, updated_at=T0))  # fmt: skip
+
+
+async def test_the_rules_in_force_are_the_promoted_change_else_the_listed_ones(
+    db: Database, tmp_path: Path
+) -> None:
+    listed, promoted = adr("ADR-20261101-01", hit_rate=0.6), adr("ADR-20261102-01", hit_rate=0.1)
+    draft = adr("ADR-20261103-01", status="proposed")
+    adrs = write(tmp_path / "adr", listed, promoted, draft)
+    rules = RulesNow(db=db, adrs=adrs, listed={"prod-a": [listed.id, draft.id]})
+    assert [a.id for a in (await rules.read("prod-a")).adrs] == [listed.id]  # not the draft
+    assert (await rules.read("prod-b")).adrs == ()
+    promote(db, promoted.id)
+    now = await rules.read("prod-a")
+    assert [a.id for a in now.adrs] == [promoted.id]  # what the target runs now
+    verdict = prefix_cache_lost(now, Readings({CACHED_SHARE: 0.0}))
+    assert verdict.verdict == "ruled_out"  # the promoted rule was proven at 10 %
