@@ -281,3 +281,23 @@ async def test_the_slow_machines_8x_better_fix_is_kept_where_6x_normal_rolled_it
     unlike.write_text(RELATIVE_ADR.replace("0.5x before", "6x normal"))
     (problem,) = validate(unlike)
     assert problem.field == "gates.max_tpot_p99_ms" and "not comparable" in problem.why
+
+
+async def test_a_change_reads_its_adr_once_at_the_request_and_once_to_run_it(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ADR is read once by each part of a change that may run on its own replica: the
+    request (its check and its card), the approval's card, the run (handed to every card
+    update of its steps) and the post-incident draft. Made to fail by letting the card read
+    it again for each step, as it did (11 reads of the applied ADR for this change)."""
+    reads: list[str] = []
+    find = SharedAdrStore.find
+
+    def counted(self: SharedAdrStore, adr_id: str) -> Any:
+        reads.append(adr_id)
+        return find(self, adr_id)
+
+    monkeypatch.setattr(SharedAdrStore, "find", counted)
+    done = await approve(h)
+    assert done.state == "promoted"
+    assert reads.count(ADR) == 4, reads

@@ -11,7 +11,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from bot.adr.models import AdrGates
+from bot.adr.models import Adr, AdrGates
 from bot.adr.shared import SharedAdrStore
 from bot.canary.limits import judged_limits
 from bot.chat.messages import MessageRef
@@ -55,25 +55,28 @@ class Card:
         note: str,
         owner: str,
         expect: list[RemediationState],
+        adr: Adr | None = None,
         **fields: Any,
     ) -> None:
         """Move to ``state`` from one of ``expect`` as run ``owner`` (audited, then shown on
         the card); LostRun, having changed nothing, when the change is not that any more.
-        ``fields`` are the record's columns the step sets too (its result, what serves)."""
+        ``fields`` are the record's columns the step sets too (its result, what serves);
+        ``adr``: the change's ADR as its run read it (else the card reads it)."""
         moved = await self._records.step(
             remediation_id, to_state=state, action=action, detail=detail, from_states=expect,
             owner=owner, **fields,
         )  # fmt: skip
         if not moved:
             raise LostRun(f"remediation {remediation_id} is no longer run by {owner}")
-        await self.show(remediation_id, note=redact(note))  # no URL's credentials on the card
+        # no URL's credentials on the card
+        await self.show(remediation_id, note=redact(note), adr=adr)
 
-    async def show(self, remediation_id: int, *, note: str) -> None:
+    async def show(self, remediation_id: int, *, note: str, adr: Adr | None = None) -> None:
         """The card again, with ``note``; a card Slack refuses to update is only logged."""
         rem = await self._records.get(remediation_id)
         if rem.channel is None or rem.ts is None:
             return
-        view = await self.view(remediation_id, note=note)
+        view = await self.view(remediation_id, note=note, adr=adr)
         try:
             await self._notifier.update_remediation(
                 MessageRef(channel=rem.channel, ts=rem.ts), view=view
@@ -88,21 +91,29 @@ class Card:
         return await self._notifier.permalink(MessageRef(channel=rem.channel, ts=rem.ts))
 
     async def view(
-        self, remediation_id: int, *, tokens: dict[str, str] | None = None, note: str = ""
+        self,
+        remediation_id: int,
+        *,
+        tokens: dict[str, str] | None = None,
+        note: str = "",
+        adr: Adr | None = None,
     ) -> RemediationView:
-        """What the card says now: the diff, the gates, the buttons while it is pending."""
+        """What the card says now: the diff, the gates, the buttons while it is pending.
+        ``adr``: the change's ADR where the caller has read it already (read once per change)."""
         rem = await self._records.get(remediation_id)
         subject = buttons.subject(SUBJECT, rem.id)
         if tokens is None:
             pending = rem.state == RemediationState.PENDING
             tokens = await self._records.tokens(subject) if pending else {}
-        adr = await asyncio.to_thread(self._adrs.find, rem.adr_id)  # the store, off the loop
-        gates, relative = _shown_gates(rem, adr[1].gates if adr else None)
+        if adr is None:  # a card shown outside the run (a click, a sweep): read it here
+            found = await asyncio.to_thread(self._adrs.find, rem.adr_id)  # off the loop
+            adr = found[1] if found else None
+        gates, relative = _shown_gates(rem, adr.gates if adr else None)
         spec = self._settings.targets.get(rem.target)
         return RemediationView(
             id=rem.id,
             adr_id=rem.adr_id,
-            adr_title=adr[1].title if adr else "",
+            adr_title=adr.title if adr else "",
             target=rem.target,
             actuator=spec.actuator.kind if spec and spec.actuator else "none",
             requested_by=rem.requested_by,

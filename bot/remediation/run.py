@@ -78,9 +78,11 @@ class ChangeRun:
         self._card = card
         self._gate = gate
         self._silencer = silencer
+        self._adr: Adr | None = None  # read once by the run; the card shows it at each step
 
     async def run(self, adr: Adr) -> None:
         """The whole change: each part returns None when it ended the change itself."""
+        self._adr = adr
         if self.actuator.kind == "dry-run":
             await self._step(
                 S.DRY_RUN, "remediation.dry_run", {"flags": self.flags},
@@ -256,11 +258,11 @@ class ChangeRun:
     ) -> None:  # fmt: skip
         await self._card.step(
             self.rem.id, state, action, detail, note=note, owner=self.runner, expect=expect,
-            **fields,
+            adr=self._adr, **fields,
         )  # fmt: skip
         if state in ENDS_SILENCE:  # the change is over: its alerts are wanted again
             await self._silencer.end(self.rem.id)
-            await self._card.show(self.rem.id, note=redact(note))
+            await self._card.show(self.rem.id, note=redact(note), adr=self._adr)
 
     async def _add_canary(self, label: str, result: GateRun) -> None:
         """Keep the canary's report with the incident (the draft's matrix reads it)."""

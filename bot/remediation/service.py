@@ -118,7 +118,7 @@ class RemediationService:
                 )
             raise UsageError(refusal(adr.id, name, busy.holder, link)) from None
         thread = await self._threads(rem.incident_id, channel_id)
-        view = await self.card.view(rem.id, tokens=tokens)
+        view = await self.card.view(rem.id, tokens=tokens, adr=adr)
         ref = await self._notifier.post_remediation(thread, view=view)
         await self.records.remember_card(rem.id, channel=ref.channel, ts=ref.ts)
         who = "another approver" if rem.approvals_needed > 1 else "an approver"
