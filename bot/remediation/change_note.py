@@ -11,16 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from bot.numbers import catalogue
+from bot.numbers.text import show
 from bot.remediation.actuators.base import Actuator, ChangeContext, Deployed, TakesContext
 from bot.store.models import Remediation
-
-# the four numbers, as the card names them
-_NAMES = {
-    "ttft_p99_ms": ("TTFT p99", "ms"),
-    "tpot_p99_ms": ("TPOT p99", "ms"),
-    "goodput_ratio": ("Goodput", ""),
-    "kv_fragmentation": ("KV fragmentation", ""),
-}
 
 
 def give_context(
@@ -45,7 +39,7 @@ def give_context(
     if rem.incident_id is not None:
         lines.append(f"Incident #{rem.incident_id}.")
     measured = [
-        f"- {_NAMES.get(key, (key, ''))[0]}: {_number(key, value)}"
+        f"- {_label(key)}: {show(key, value)}"
         for key, value in (numbers or {}).items()
         if value is not None
     ]
@@ -62,10 +56,7 @@ def give_context(
     )
 
 
-def _number(key: str, value: float) -> str:
-    name, unit = _NAMES.get(key, (key, ""))
-    if unit:
-        return f"{value:,.1f} {unit}"
-    if key in ("goodput_ratio", "kv_fragmentation"):
-        return f"{value * 100:.1f} %"
-    return f"{value:g}"
+def _label(key: str) -> str:
+    """The catalogue's name for a number ('TTFT p99'), or its key for one it does not hold."""
+    metric = catalogue.BY_KEY.get(key)
+    return metric.label if metric else key
