@@ -16,12 +16,17 @@ from bot.adr.store import AdrStore, file_name
 from bot.config import Target
 from bot.diagnosis.causes import (
     CACHED_SHARE,
+    ENGINE_TTFT,
+    GATEWAY_TTFT,
     CauseVerdict,
     Readings,
     RulesInForce,
+    gateway_latency,
     judge,
     prefix_cache_lost,
 )
+from bot.gateway.budget import TokenBudget
+from bot.gateway.metrics import GatewayMetrics, Outcome
 from bot.probes.context import TargetRef
 from bot.runbooks.builtin import default_registry
 from bot.runbooks.loader import load_file
@@ -48,14 +53,28 @@ def adr(adr_id: str = SEED.id, *, hit_rate: float | None = 0.6, status: str = "a
     return SEED.model_copy(update={"id": adr_id, "workload": workload, "status": status})
 
 
-async def on_pages(rules: RulesInForce | None) -> dict[str, CauseVerdict]:
+def gateway_page(*ttft_s: float) -> str:
+    """The real gateway's /metrics page after streamed answers with these times to first byte."""
+    metrics = GatewayMetrics(TokenBudget())
+    for ttft in ttft_s:
+        metrics.admitted(100)
+        metrics.finished(Outcome.OK, prompt_tokens=100, output_tokens=10, ttft_s=ttft, tpot_s=0.01)
+    return metrics.exposition().decode()
+
+
+async def on_pages(
+    rules: RulesInForce | None, gateway: list[str] | None = None
+) -> dict[str, CauseVerdict]:
     """The shipped runbook on the recorded engine pages (its prefix cache served 0 % of the
-    prompt tokens), judged with these rules in force."""
+    prompt tokens; TTFT p99 2.5 s), with a gateway serving ``gateway`` (before, after) if any,
+    judged with these rules in force."""
     from tests.test_bot_probes import PAGES, context, serve
 
     loaded = load_file(REPO / "runbooks" / "vllm-latency.yaml", default_registry())
-    ctx, _ = context(serve({"engine/metrics": PAGES}), nvml=FakeNvml.no_driver(), hostname="h")
-    target = TargetRef("prod-a", Target(vllm_url="http://engine:8000"))
+    routes = {"engine/metrics": PAGES, **({"gw/metrics": gateway} if gateway else {})}
+    ctx, _ = context(serve(routes), nvml=FakeNvml.no_driver(), hostname="h")
+    url = "http://gw:9000" if gateway else None
+    target = TargetRef("prod-a", Target(vllm_url="http://engine:8000", gateway_url=url))
     result = await RunbookRunner(registry=default_registry()).run(loaded, target=target, ctx=ctx)
     assert result.readings[CACHED_SHARE] == 0.0
     readings = Readings(result.readings, result.bounds, result.spans)
@@ -98,6 +117,45 @@ async def test_without_a_rule_that_records_its_hit_rate_it_cannot_tell_and_says_
     assert unread.verdict == "cannot_tell" and unread.evidence.startswith("not judged")
     unmeasured = prefix_cache_lost(RulesInForce((adr(),)), Readings({CACHED_SHARE: None}))
     assert unmeasured.verdict == "cannot_tell" and unmeasured.missing == (CACHED_SHARE,)
+
+
+# --- (h) the gateway adds the latency ----------------------------------------------------------
+
+
+async def test_a_gateway_slower_than_its_engine_supports_gateway_latency() -> None:
+    # 20 answers began 8-10 s after they arrived at the gateway; the engine's p99 is 2.5 s
+    found = await on_pages(None, [gateway_page(), gateway_page(*[8.0] * 20)])
+    gateway = found["gateway_latency"]
+    assert gateway.verdict == "supported"
+    assert gateway.number == "TTFT p99 9,975 ms at the gateway, 2,472 ms at the engine"
+    assert gateway.evidence.startswith("the gateway adds 7,503 ms to the engine's TTFT p99")
+
+
+async def test_a_gateway_close_to_its_engine_rules_it_out() -> None:
+    found = await on_pages(None, [gateway_page(), gateway_page(*[2.5] * 20)])
+    assert found["gateway_latency"].verdict == "ruled_out"  # 2,990 ms against 2,472 ms
+
+
+@pytest.mark.parametrize(
+    ("gateway_ms", "engine_ms", "verdict"),
+    [(400.0, 150.0, "supported"), (180.0, 50.0, "supported"), (150.0, 90.0, "ruled_out"),
+     (1000.0, 850.0, "ruled_out"), (1000.0, 600.0, "cannot_tell")],
+)  # fmt: skip
+def test_what_the_gateway_adds(gateway_ms: float, engine_ms: float, verdict: str) -> None:
+    judged = gateway_latency(Readings({GATEWAY_TTFT: gateway_ms, ENGINE_TTFT: engine_ms}))
+    assert judged.verdict == verdict  # more than half and 100 ms: added; under a fifth or 100 ms
+
+
+async def test_without_a_gateway_reading_it_cannot_tell_and_is_no_data_gap() -> None:
+    none = (await on_pages(None))["gateway_latency"]
+    assert none.verdict == "cannot_tell" and none.missing == ()
+    assert none.evidence.startswith("no gateway TTFT")
+    beyond = await on_pages(None, [gateway_page(), gateway_page(*[100.0] * 20)])
+    assert beyond["gateway_latency"].verdict == "cannot_tell"  # all past 80 s: only a bound
+    assert "only a bound" in beyond["gateway_latency"].evidence
+    loaded = load_file(REPO / "runbooks" / "vllm-latency.yaml", default_registry())
+    no_probe = {v.cause: v for v in judge(loaded.runbook, Readings({}))}["gateway_latency"]
+    assert no_probe.evidence.startswith("not judged: the runbook has no queue_cancel probe")
 
 
 # --- the rules in force, read from the store as the bot does -----------------------------------

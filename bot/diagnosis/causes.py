@@ -31,11 +31,18 @@ GAP_ADVICE = {
 # Built-in causes no shipped hypothesis judges yet, and why (a runbook may add one for them).
 NOT_JUDGED = {
     "prefix_cache_lost": "the rules in force here were not read (no store)",
-    "gateway_latency": "the gateway exposes no time to first token to set beside the engine's",
+    "gateway_latency": "the runbook has no queue_cancel probe (it reads the gateway)",
     "workload_drift": "the drift job judges it (`ruleloop workload`), not the diagnosis",
 }
 _ORDER: dict[Verdict, int] = {"supported": 0, "ruled_out": 1, "cannot_tell": 2}
 CACHED_SHARE = "vllm_metrics.cached_prompt_share"
+GATEWAY_TTFT = "queue_cancel.gateway_ttft_p99_ms"
+ENGINE_TTFT = "queue_cancel.engine_ttft_p99_ms"
+# gateway_latency: the gateway adds more than ADDED_SHARE of its TTFT p99 and ADDED_MS at least;
+# under CLOSE_SHARE of it, or under ADDED_MS, it does not.
+ADDED_SHARE = 0.5
+CLOSE_SHARE = 0.2
+ADDED_MS = 100.0
 # prefix_cache_lost: a rule proven with at least this hit rate leaned on the cache; the live
 # share under LOST_BELOW of it is lost, at CLOSE_TO of it or more it is not.
 LEANED_ON = 0.2
@@ -123,6 +130,9 @@ def judge(
     if fleet is not None:  # first: one slow replica is not a fleet-wide cause
         verdicts.insert(0, one_replica(fleet))
     judged = {h.cause for h in runbook.hypotheses}
+    if GATEWAY_TTFT in readings.values and "gateway_latency" not in judged:
+        verdicts.append(gateway_latency(readings))
+        judged.add("gateway_latency")
     if rules is not None and "prefix_cache_lost" not in judged:
         verdicts.append(prefix_cache_lost(rules, readings))
         judged.add("prefix_cache_lost")
@@ -207,6 +217,31 @@ def prefix_cache_lost(rules: RulesInForce, readings: Readings) -> CauseVerdict:
     if then < LEANED_ON or now >= then * CLOSE_TO:
         return CauseVerdict("prefix_cache_lost", title, "ruled_out", number, number)
     return CauseVerdict("prefix_cache_lost", title, "cannot_tell", f"in between: {number}", number)
+
+
+def gateway_latency(readings: Readings) -> CauseVerdict:
+    """The gateway's TTFT p99 against the engine's over the same window (the queue_cancel
+    probe brackets the engine's window with two gateway scrapes): what the gateway adds."""
+    title = vocabulary.BUILTIN["gateway_latency"].title
+    gateway, engine = readings.reading(GATEWAY_TTFT), readings.reading(ENGINE_TTFT)
+    if gateway is None or engine is None:
+        if gateway is None:  # no gateway is no data gap: many targets have none
+            why = "no gateway TTFT: no gateway_url, or no streamed answer began in the window"
+            return CauseVerdict("gateway_latency", title, "cannot_tell", why)
+        why = f"not measured: {ENGINE_TTFT}"
+        return CauseVerdict("gateway_latency", title, "cannot_tell", why, None, (ENGINE_TTFT,))
+    if gateway.bound is not None or engine.bound is not None:
+        why = "a TTFT p99 fell in its histogram's first or last bucket: only a bound"
+        return CauseVerdict("gateway_latency", title, "cannot_tell", why)
+    added = gateway.value - engine.value
+    number = (f"TTFT p99 {show('ttft_p99_ms', gateway.value)} at the gateway, "
+              f"{show('ttft_p99_ms', engine.value)} at the engine")  # fmt: skip
+    if added > ADDED_MS and added > ADDED_SHARE * gateway.value:
+        text = f"the gateway adds {show('ttft_p99_ms', added)} to the engine's TTFT p99 ({number})"
+        return CauseVerdict("gateway_latency", title, "supported", text, number)
+    if added < ADDED_MS or added < CLOSE_SHARE * gateway.value:
+        return CauseVerdict("gateway_latency", title, "ruled_out", number, number)
+    return CauseVerdict("gateway_latency", title, "cannot_tell", f"in between: {number}", number)
 
 
 def _share(value: float) -> str:

@@ -17,14 +17,15 @@ from typing import ClassVar
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.exposition import Exposition
 from bot.probes.types import Params, ProbeResult
-from bot.probes.vllm_metrics import MetricsScraper
+from bot.probes.vllm_metrics import MetricsScraper, Quantiles
 from bot.probes.vllm_window import WindowParams
 from bot.runtime.redact import redact
 
 GATEWAY_REQUESTS = "ruleloop_gateway_requests_total"
 GATEWAY_OUTPUT = "ruleloop_gateway_output_tokens_total"
 GATEWAY_PROMPT = "ruleloop_gateway_prompt_tokens_total"
-GATEWAY_METRICS = frozenset({GATEWAY_REQUESTS, GATEWAY_OUTPUT, GATEWAY_PROMPT})
+GATEWAY_TTFT = "ruleloop_gateway_ttft_seconds"
+GATEWAY_METRICS = frozenset({GATEWAY_REQUESTS, GATEWAY_OUTPUT, GATEWAY_PROMPT, GATEWAY_TTFT})
 ADMITTED = ("ok", "client_cancel", "deadline", "upstream_error")
 CANCELLED = ("client_cancel", "deadline")
 
@@ -40,6 +41,8 @@ READINGS = {
     "cancelled_share": "share of admitted requests cancelled or timed out (gateway)",
     "gateway_wasted_output_tokens": "output tokens streamed to requests that did not end ok",
     "gateway_rejected": "requests the gateway refused for its token budget",
+    "gateway_ttft_p99_ms": "time to first token at the gateway (arrival to first byte), p99",
+    "engine_ttft_p99_ms": "time to first token at the engine over the same window, p99",
 }
 
 
@@ -95,7 +98,13 @@ class QueueCancelProbe:
             "wasted_decode_tokens": engine.wasted_generation.value,
             "wasted_decode_share": _complement(engine.goodput.value),
             **gateway_readings(g0, g1),
+            "engine_ttft_p99_ms": engine.ttft_ms.p99,
         }
+        ttft = gateway_ttft(g0, g1)
+        readings["gateway_ttft_p99_ms"] = ttft.p99 if ttft else None
+        bounds = {name: bound for name, quantiles in (("engine_ttft_p99_ms", engine.ttft_ms),
+                                                      ("gateway_ttft_p99_ms", ttft))
+                  if quantiles and (bound := quantiles.bounds.get("p99"))}  # fmt: skip
         details = {
             "gateway": target.target.gateway_url and redact(target.target.gateway_url),
             "aborted_requests": engine.aborted_requests,
@@ -111,7 +120,14 @@ class QueueCancelProbe:
             "wasted_decode_basis": engine.goodput.basis,
             **fleet.details(),
         }
-        return ProbeResult(readings=readings, details=details)
+        return ProbeResult(readings=readings, details=details, bounds=bounds)
+
+
+def gateway_ttft(before: Exposition | None, after: Exposition | None) -> Quantiles | None:
+    """The gateway's TTFT quantiles between its two scrapes (None: no gateway)."""
+    if before is None or after is None:
+        return None
+    return Quantiles.from_histogram(before, after, [GATEWAY_TTFT])
 
 
 def gateway_readings(
