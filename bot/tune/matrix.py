@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from bot.adr.models import AdrGates
 from bot.canary.verdict import FRAGMENTATION_SOURCES, GOODPUT_SOURCES, Values
+from bot.numbers import catalogue
 from bot.tune.plan import BASELINE, Config
 
 RECOMMENDED = "生产推荐配置 (recommended)"
@@ -93,18 +94,14 @@ def recommend(rows: list[Row], gates: AdrGates | None) -> Row | None:
 
 def _limits(rows: list[Row], gates: AdrGates | None) -> dict[str, tuple[float, str]]:
     if gates is not None and not gates.is_empty():
-        raw = {
-            "ttft_p99_ms": (gates.max_ttft_p99_ms, "max"),
-            "tpot_p99_ms": (gates.max_tpot_p99_ms, "max"),
-            "goodput_ratio": (gates.min_goodput_ratio, "min"),
-            "kv_fragmentation": (gates.max_kv_fragmentation, "max"),
-        }
+        raw = {m.key: (getattr(gates, m.gate), m.gate_kind) for m in catalogue.FOUR}
         # a gate relative to normal has no number here (tune measures no normal)
         return {k: (v, kind) for k, (v, kind) in raw.items() if isinstance(v, float)}
     base = next((r for r in rows if r.config.name == BASELINE and r.values is not None), None)
     if base is None or base.values is None:
         return {}
-    return {k: (v, "max") for k in ("ttft_p99_ms", "tpot_p99_ms") if (v := getattr(base.values, k))}
+    latencies = (m.key for m in catalogue.FOUR if m.unit == "ms")
+    return {k: (v, "max") for k in latencies if (v := getattr(base.values, k))}
 
 
 def _usage(values: Values, limits: dict[str, tuple[float, str]]) -> list[float]:
