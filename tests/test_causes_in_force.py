@@ -24,6 +24,7 @@ from bot.diagnosis.causes import (
     gateway_latency,
     judge,
     prefix_cache_lost,
+    workload_drift,
 )
 from bot.gateway.budget import TokenBudget
 from bot.gateway.metrics import GatewayMetrics, Outcome
@@ -34,7 +35,7 @@ from bot.runbooks.runner import RunbookRunner
 from bot.scheduler.rules_now import RulesNow
 from bot.store import service as store
 from bot.store.db import Database
-from bot.store.models import Remediation
+from bot.store.models import JobRun, Remediation
 from tests import test_bot_store
 from tests.fakes.nvml import FakeNvml
 from tests.workload_pages import shape
@@ -192,3 +193,67 @@ async def test_the_rules_in_force_are_the_promoted_change_else_the_listed_ones(
     assert [a.id for a in now.adrs] == [promoted.id]  # what the target runs now
     verdict = prefix_cache_lost(now, Readings({CACHED_SHARE: 0.0}))
     assert verdict.verdict == "ruled_out"  # the promoted rule was proven at 10 %
+
+
+# --- (i) workload drift: the drift job's latest check of the rules in force -----------------
+
+MOVED = "prompt p50: 1,000–2,000 -> 5,000–10,000 tokens (more than 2x larger): DRIFTED"
+
+
+def drift_run(
+    db: Database, at: dt.datetime, detail: dict[str, object], target: str = "prod-a"
+) -> None:
+    """One period of the scheduler's workload job on ``target``, as its runner keeps it."""
+    with db.transaction() as s:
+        s.add(JobRun(job=f"workload:{target}", period=at, owner="r1", state="done",
+                     claimed_at=at, expires_at=at, finished_at=at, detail=detail))  # fmt: skip
+
+
+async def test_a_rule_in_force_whose_workload_drifted_supports_workload_drift(
+    db: Database, tmp_path: Path
+) -> None:
+    rule = adr("ADR-20261101-01")
+    rules = RulesNow(db=db, adrs=write(tmp_path / "adr", rule), listed={"prod-a": [rule.id]})
+    drift_run(db, T0, {"adrs": [rule.id], "drifted": [], "dimensions": {rule.id: []}})
+    drift_run(db, T0 + dt.timedelta(hours=1),
+              {"adrs": [rule.id], "drifted": [rule.id], "dimensions": {rule.id: [MOVED]}})  # fmt: skip
+    drift_run(db, T0 + dt.timedelta(hours=2), {"skipped": "no live shape this period"})
+    drift_run(db, T0 + dt.timedelta(hours=3), {"adrs": ["ADR-X"], "drifted": ["ADR-X"]}, "prod-b")
+    verdict = workload_drift(await rules.read("prod-a"))
+    assert verdict.verdict == "supported" and verdict.number == MOVED
+    assert verdict.evidence == (
+        f"the drift job found the workload moved from {rule.id}'s on 29 Nov 03:00 UTC: {MOVED}"
+    )
+    found = await on_pages(await rules.read("prod-a"))  # in the diagnosis's verdicts too
+    assert found["workload_drift"].verdict == "supported"
+
+
+async def test_a_workload_alike_at_the_last_check_rules_drift_out(
+    db: Database, tmp_path: Path
+) -> None:
+    rule = adr("ADR-20261101-01")
+    rules = RulesNow(db=db, adrs=write(tmp_path / "adr", rule), listed={"prod-a": [rule.id]})
+    drift_run(db, T0, {"adrs": [rule.id], "drifted": [rule.id], "dimensions": {rule.id: [MOVED]}})
+    drift_run(db, T0 + dt.timedelta(hours=1),
+              {"adrs": [rule.id], "drifted": [], "dimensions": {rule.id: []}})  # fmt: skip
+    verdict = workload_drift(await rules.read("prod-a"))
+    assert verdict.verdict == "ruled_out" and verdict.number == "alike on 29 Nov 03:00 UTC"
+
+
+async def test_drift_cannot_tell_without_a_check_or_a_rule_in_force(
+    db: Database, tmp_path: Path
+) -> None:
+    rule, other = adr("ADR-20261101-01"), adr("ADR-20261102-01")
+    store_ = write(tmp_path / "adr", rule, other)
+    rules = RulesNow(db=db, adrs=store_, listed={"prod-a": [rule.id]})
+    never = workload_drift(await rules.read("prod-a"))
+    assert never.verdict == "cannot_tell" and "has not compared" in never.evidence
+    none = workload_drift(await rules.read("prod-c"))  # no rule in force there
+    assert none.verdict == "cannot_tell" and "no rule in force" in none.evidence
+    drift_run(
+        db, T0, {"adrs": [other.id], "drifted": [other.id], "dimensions": {other.id: [MOVED]}}
+    )
+    stale = workload_drift(await rules.read("prod-a"))  # it checked another rule then
+    assert stale.verdict == "cannot_tell" and "did not compare the rules in force" in stale.evidence
+    unread = (await on_pages(None))["workload_drift"]
+    assert unread.verdict == "cannot_tell" and unread.evidence.startswith("not judged")

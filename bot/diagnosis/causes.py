@@ -10,6 +10,7 @@ proven at (their ADRs' workload shapes), which a YAML condition cannot read.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,7 @@ GAP_ADVICE = {
 NOT_JUDGED = {
     "prefix_cache_lost": "the rules in force here were not read (no store)",
     "gateway_latency": "the runbook has no queue_cancel probe (it reads the gateway)",
-    "workload_drift": "the drift job judges it (`ruleloop workload`), not the diagnosis",
+    "workload_drift": "the rules in force here were not read (no store)",
 }
 _ORDER: dict[Verdict, int] = {"supported": 0, "ruled_out": 1, "cannot_tell": 2}
 CACHED_SHARE = "vllm_metrics.cached_prompt_share"
@@ -51,11 +52,22 @@ CLOSE_TO = 0.8
 
 
 @dataclass(frozen=True)
+class DriftCheck:
+    """The drift job's latest comparison of the target's live workload with its rules' shapes:
+    when, the ADRs it compared, and the drifted dimensions' lines of those that drifted."""
+
+    at: dt.datetime
+    checked: tuple[str, ...]
+    drifted: Mapping[str, list[str]]
+
+
+@dataclass(frozen=True)
 class RulesInForce:
     """What the diagnosis knows of the rules in force on its target: their accepted ADRs
-    (bot/scheduler/in_force.py decides which)."""
+    (bot/scheduler/in_force.py decides which) and the drift job's latest check, if any."""
 
     adrs: tuple[Adr, ...] = ()
+    drift: DriftCheck | None = None
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,9 @@ def judge(
     if rules is not None and "prefix_cache_lost" not in judged:
         verdicts.append(prefix_cache_lost(rules, readings))
         judged.add("prefix_cache_lost")
+    if rules is not None and "workload_drift" not in judged:
+        verdicts.append(workload_drift(rules))
+        judged.add("workload_drift")
     verdicts += [
         CauseVerdict(name, titles[name].title, "cannot_tell", f"not judged: {why}")
         for name, why in NOT_JUDGED.items()
@@ -242,6 +257,32 @@ def gateway_latency(readings: Readings) -> CauseVerdict:
     if added < ADDED_MS or added < CLOSE_SHARE * gateway.value:
         return CauseVerdict("gateway_latency", title, "ruled_out", number, number)
     return CauseVerdict("gateway_latency", title, "cannot_tell", f"in between: {number}", number)
+
+
+def workload_drift(rules: RulesInForce) -> CauseVerdict:
+    """The drift job's latest check: did the live workload move away from the shape a rule in
+    force was proven under (bot/scheduler/workload_drift.py compares them)?"""
+    title = vocabulary.BUILTIN["workload_drift"].title
+    check, ids = rules.drift, [adr.id for adr in rules.adrs]
+    if not ids:
+        why = "no rule in force here to compare the workload with"
+        return CauseVerdict("workload_drift", title, "cannot_tell", why)
+    if check is None:
+        why = "the drift job has not compared this workload yet ([scheduler] workload_every_s)"
+        return CauseVerdict("workload_drift", title, "cannot_tell", why)
+    when = f"{check.at.day} {check.at:%b %H:%M} UTC"
+    moved = [(i, check.drifted[i]) for i in ids if check.drifted.get(i)]
+    if moved:
+        adr_id, lines = moved[0]
+        text = f"the drift job found the workload moved from {adr_id}'s on {when}: " + "; ".join(
+            lines
+        )
+        return CauseVerdict("workload_drift", title, "supported", text, lines[0])
+    if any(i in check.checked for i in ids):
+        text = f"the workload matched the rules' shapes at the drift job's check on {when}"
+        return CauseVerdict("workload_drift", title, "ruled_out", text, f"alike on {when}")
+    why = f"the drift job's last check ({when}) did not compare the rules in force now"
+    return CauseVerdict("workload_drift", title, "cannot_tell", why)
 
 
 def _share(value: float) -> str:

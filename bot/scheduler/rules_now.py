@@ -9,14 +9,19 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from bot.adr.store import AdrStore
-from bot.diagnosis.causes import RulesInForce
+from bot.diagnosis.causes import DriftCheck, RulesInForce
 from bot.scheduler.in_force import adrs_in_force
 from bot.store.db import Database
+from bot.store.models import JobRun
 
 
 class RulesNow:
-    """Reads the accepted ADRs in force on a target (``bot.scheduler.in_force``)."""
+    """Reads the accepted ADRs in force on a target (``bot.scheduler.in_force``) and the
+    workload drift job's latest check there."""
 
     def __init__(
         self, *, db: Database, adrs: AdrStore, listed: Mapping[str, Sequence[str]]
@@ -31,6 +36,28 @@ class RulesNow:
         def read() -> RulesInForce:
             listed = self._listed.get(target, ())
             found = adrs_in_force(self._db, self._adrs, target=target, listed=listed)
-            return RulesInForce(adrs=tuple(found.adrs))
+            with self._db.transaction() as s:
+                drift = last_drift_check(s, target)
+            return RulesInForce(adrs=tuple(found.adrs), drift=drift)
 
         return await asyncio.to_thread(read)
+
+
+def last_drift_check(s: Session, target: str, *, look_at: int = 20) -> DriftCheck | None:
+    """The workload job's latest period on ``target`` that compared shapes (its job run's
+    detail; a period skipped for want of a live shape compared nothing)."""
+    runs = s.scalars(
+        select(JobRun)
+        .where(JobRun.job == f"workload:{target}", JobRun.state == "done")
+        .order_by(JobRun.period.desc())
+        .limit(look_at)
+    )
+    for run in runs:
+        detail = run.detail or {}
+        if "drifted" not in detail:
+            continue
+        lines = detail.get("dimensions") or {}
+        drifted = {str(i): [str(line) for line in lines.get(i) or []] for i in detail["drifted"]}
+        at = run.finished_at or run.period
+        return DriftCheck(at, tuple(str(i) for i in detail.get("adrs") or ()), drifted)
+    return None
