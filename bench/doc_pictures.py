@@ -70,8 +70,8 @@ def with_slack(slack: FakeSlack) -> Any:
     """The demo's settings, with the fake Slack and the incident page's link settings."""
     original = scenario.settings
 
-    def settings(ws: Path, *, base_url: str, state_dir: Path) -> Settings:
-        demo = original(ws, base_url=base_url, state_dir=state_dir)
+    def settings(ws: Path, **kwargs: Any) -> Settings:
+        demo = original(ws, **kwargs)
         tokens = {"bot_token": SecretStr(BOT_TOKEN), "signing_secret": SecretStr(SIGNING_SECRET),
                   "api_url": slack.api_url}  # fmt: skip
         web = WebSettings(link_secret=SecretStr(SECRET), public_url=PUBLIC_URL)
@@ -87,13 +87,15 @@ def run_demo() -> Path:
     manager = EngineManager(state_dir=root)
     port = free_port()
     print(f"workspace {ws}; engine on port {port} ...", file=sys.stderr)
+    begun = time.monotonic()
     info = manager.start(port=port, flags=scenario.BAD_FLAGS)
+    start_s = time.monotonic() - begun  # the demo sizes its waits from it
     with FakeSlack() as slack:
         scenario.settings = with_slack(slack)
         try:
             demo = scenario.Demo(ws=ws, base_url=info.base_url, manager=manager,
                                  say=lambda s: print(s, file=sys.stderr),
-                                 transcript=sys.stderr)  # fmt: skip
+                                 transcript=sys.stderr, start_s=start_s)  # fmt: skip
             asyncio.run(demo.run())
         finally:
             manager.stop(port)

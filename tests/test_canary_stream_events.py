@@ -51,20 +51,30 @@ def test_chat_deltas_without_usage_count_one_token_per_chunk() -> None:
 
 def test_usage_once_counts_one_token_per_chunk_then_the_final_usage_is_exact() -> None:
     """The canary asks for usage once (as production clients do): while the stream runs each
-    token chunk counts one (a partial UTF-8 byte too, a chunk that only ends the answer not),
-    and the final usage chunk gives the engine's exact count (a lagging server packs several
-    tokens into one chunk)."""
+    token chunk counts one (a partial UTF-8 byte too, and the last token, which comes with the
+    finish reason), and the final usage chunk gives the engine's exact count (a lagging server
+    packs several tokens into one chunk)."""
     record = RequestRecord(sent_at=0.0)
     chunk = '{"choices":[{"index":0,"text":"%s","finish_reason":%s}]}'
     _handle_event(event(chunk % ("a", "null")), record, 1.0)
     _handle_event(event(chunk % ("", "null")), record, 1.5)  # a partial UTF-8 byte
     _handle_event(event(chunk % ("bcd", "null")), record, 2.0)  # three tokens packed in one
-    _handle_event(event(chunk % ("", '"length"')), record, 2.5)  # only says why it ended
-    assert record.output_tokens == 3 and record.finish_reason == "length"
-    assert (record.last_token_at, record.itl_s) == (2.0, [0.5, 0.5])
+    _handle_event(event(chunk % ("", '"length"')), record, 2.5)  # the last, a partial byte
+    assert record.output_tokens == 4 and record.finish_reason == "length"
+    assert (record.last_token_at, record.itl_s) == (2.5, [0.5, 0.5, 0.5])
     usage = '{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":6}}'
     assert not _handle_event(event(usage), record, 3.0)
-    assert (record.output_tokens, record.prompt_tokens, record.last_token_at) == (6, 7, 2.0)
+    assert (record.output_tokens, record.prompt_tokens, record.last_token_at) == (6, 7, 2.5)
+
+
+def test_a_one_token_answer_with_empty_text_has_a_first_token() -> None:
+    """/v1/completions with max_tokens 1 streams one chunk: the token (its text empty when it
+    ends inside a UTF-8 character) and the finish reason. The demo's prefill probe reads that
+    chunk's time as TTFT; counting it as no token left the probe with none."""
+    record = RequestRecord(sent_at=0.0)
+    one = '{"choices":[{"index":0,"text":"","finish_reason":"length"}]}'
+    _handle_event(event(one), record, 0.8)
+    assert (record.output_tokens, record.ttft_s) == (1, 0.8)
 
 
 @pytest.mark.parametrize(

@@ -301,12 +301,12 @@ def _carries_token(choice: _Choice) -> bool:
     serve` counts those alike). Not a token: a chunk that only says why the answer ended, or a
     chat stream's first chunk, which names the role."""
     if choice.text is not None:
-        text = choice.text
-    elif choice.delta is None or choice.delta.role is not None or choice.delta.content is None:
+        # /v1/completions sends a chunk only for tokens, the last one with its finish reason
+        # (a 1-token answer whose text is empty is one chunk: empty text, finish reason)
+        return True
+    if choice.delta is None or choice.delta.role is not None or choice.delta.content is None:
         return False
-    else:
-        text = choice.delta.content
-    return bool(text) or choice.finish_reason is None
+    return bool(choice.delta.content) or choice.finish_reason is None
 
 
 def _error_message(text: str) -> str:
