@@ -123,6 +123,19 @@ def test_intake_next_episode_is_a_new_incident(intake: Intake) -> None:
     assert again.outcome is Outcome.OPENED and again.incident_id != first.incident_id
 
 
+def test_intake_stores_starts_at_as_sent_and_the_time_it_says(intake: Intake, db: Database) -> None:
+    """startsAt is parsed once, at intake, and kept beside its text: the diagnosis's chart
+    reads the time, never the text again. Made to fail by storing no time (the chart then has
+    no alert mark) or a time in another zone."""
+    sent = "2026-09-01T07:00:00.123456789+02:00"  # Alertmanager's nanoseconds, not UTC
+    receive(intake, alert(starts_at=sent))
+    with db.transaction() as s:
+        (incident,) = store_reads.incidents(s)
+        (stored,) = incident.alerts
+        assert stored.starts_at == sent  # half of the dedupe key, exactly as sent
+        assert stored.started_at == dt.datetime(2026, 9, 1, 5, 0, 0, 123456, tzinfo=dt.UTC)
+
+
 @pytest.mark.parametrize(
     ("labels", "target"),
     [

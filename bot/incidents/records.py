@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -14,7 +13,6 @@ from sqlalchemy.orm import Session
 from bot.chat.messages import CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG, IncidentView, MessageRef
 from bot.errors import UsageError
 from bot.incidents import memory
-from bot.intake.models import parse_time
 from bot.store import buttons
 from bot.store import outbox as items
 from bot.store import service as store
@@ -91,12 +89,8 @@ class IncidentRecords:
         def read() -> dt.datetime | None:
             with self._db.transaction() as s:
                 incident = store.get(s, incident_id)
-                starts = [] if incident is None else [a.starts_at for a in incident.alerts]
-            parsed = []
-            for text in starts:
-                with contextlib.suppress(ValueError):
-                    parsed.append(parse_time(text))
-            return min(parsed, default=None)
+                alerts = [] if incident is None else incident.alerts
+                return min((a.started_at for a in alerts if a.started_at), default=None)
 
         return await asyncio.to_thread(read)
 

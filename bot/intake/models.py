@@ -8,10 +8,11 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 from sqlalchemy import ColumnElement, String
 
 from bot.errors import RequestRejected
@@ -37,6 +38,23 @@ GROUP_KEY_MAX = _width(Incident.__table__.c.key)
 MAX_DEPTH = 32
 
 
+@dataclass(frozen=True)
+class AlertTime:
+    """startsAt as sent (half of the dedupe key, stored exactly) and the time it says, parsed
+    once here (stored beside it: nothing reads the text back as a time)."""
+
+    text: str
+    at: dt.datetime
+
+
+def _alert_time(value: object) -> AlertTime:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError("must be an RFC 3339 time, e.g. 2026-09-01T05:00:00Z")
+    if len(value) > TIME_MAX:
+        raise ValueError(f"is {len(value)} characters; a time has at most {TIME_MAX}")
+    return AlertTime(value, parse_time(value))
+
+
 class _Lenient(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
@@ -47,21 +65,15 @@ class WebhookAlert(_Lenient):
     status: Status
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
-    starts_at: str = Field(alias="startsAt", min_length=1, max_length=TIME_MAX)
+    starts_at: Annotated[AlertTime, BeforeValidator(_alert_time)] = Field(alias="startsAt")
     ends_at: str | None = Field(default=None, alias="endsAt", max_length=TIME_MAX)
     generator_url: str | None = Field(default=None, alias="generatorURL")
     fingerprint: str = Field(default="", max_length=FINGERPRINT_MAX)
 
-    @field_validator("starts_at")
-    @classmethod
-    def _timestamp(cls, value: str) -> str:
-        parse_time(value)  # kept as sent (it is half of the dedupe key) but must be a time
-        return value
-
     @cached_property  # the payload's dedupe and the intake both ask: the labels hashed once
     def key(self) -> tuple[str, str]:
         """The alert instance: fingerprint (derived from labels if missing) and startsAt."""
-        return (self.fingerprint or label_fingerprint(self.labels), self.starts_at)
+        return (self.fingerprint or label_fingerprint(self.labels), self.starts_at.text)
 
 
 class Webhook(_Lenient):

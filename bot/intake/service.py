@@ -127,8 +127,8 @@ class Intake:
                 opened = False
             joined = [
                 store.add_alert(
-                    session, incident, **key, status=alert.status, ends_at=alert.ends_at,
-                    labels=alert.labels, annotations=alert.annotations,
+                    session, incident, **key, started_at=alert.starts_at.at, status=alert.status,
+                    ends_at=alert.ends_at, labels=alert.labels, annotations=alert.annotations,
                 )
                 for alert, key in new
             ]  # fmt: skip

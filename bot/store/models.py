@@ -96,6 +96,8 @@ class Alert(Base):
     incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
     fingerprint: Mapped[str] = mapped_column(String(64))
     starts_at: Mapped[str] = mapped_column(String(64))  # exactly as Alertmanager sent it
+    # the time it says, parsed at intake; None for alerts stored before migration 0013
+    started_at: Mapped[dt.datetime | None]
     status: Mapped[str] = mapped_column(String(16))
     ends_at: Mapped[str | None] = mapped_column(String(64))
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -78,16 +78,18 @@ def add_alert(
     *,
     fingerprint: str,
     starts_at: str,
+    started_at: dt.datetime,
     status: str,
     ends_at: str | None,
     labels: Mapping[str, Any],
     annotations: Mapping[str, Any],
 ) -> Alert:
-    """Record an alert instance under an incident."""
+    """Record an alert instance under an incident (``started_at``: ``starts_at`` parsed)."""
     alert = Alert(
         incident=incident,
         fingerprint=fingerprint,
         starts_at=starts_at,
+        started_at=started_at,
         status=status,
         ends_at=ends_at,
         labels=dict(labels),
