@@ -21,8 +21,8 @@ from bot.diagnosis.chart import render_chart
 from bot.diagnosis.models import GATE_OF, Baseline, Diagnosis
 from bot.diagnosis.normal import ReadNormal
 from bot.errors import UsageError
+from bot.numbers import catalogue
 from bot.numbers.reading import Bounds, Measured, Spans, spans_json
-from bot.numbers.text import FOUR
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.types import Finding, Severity
 from bot.runbooks.loader import LoadedRunbook, RunbookSet
@@ -33,12 +33,9 @@ log = logging.getLogger("ruleloop.diagnosis")
 ReadRules = Callable[[str], Awaitable[causes.RulesInForce]]
 # A target's "normal" four numbers (the scheduler's snapshots), shown next to "now".
 
-# ADR match metric name -> the runbook reading that gives it.
+# ADR match metric name -> the runbook reading that gives it: the catalogue's, then the rest.
 MATCH_READINGS = {
-    "ttft_p99_ms": "vllm_metrics.ttft_p99_ms",
-    "tpot_p99_ms": "vllm_metrics.tpot_p99_ms",
-    "goodput_ratio": "vllm_metrics.goodput_ratio",
-    "kv_fragmentation": "vllm_metrics.kv_fragmentation",
+    **{m.key: m.reading for m in catalogue.FOUR},
     "itl_p99_ms": "vllm_metrics.itl_p99_ms",
     "e2e_p99_ms": "vllm_metrics.e2e_p99_ms",
     "engine_ttft_p99_ms": "vllm_metrics.ttft_p99_ms",
@@ -222,9 +219,10 @@ def _four_numbers(
     result: RunbookResult,
 ) -> tuple[dict[str, float | None], Bounds, Spans]:
     """The headline four numbers of a run, with the bounds and spans of those that have them."""
-    headline = {key: result.reading(f"vllm_metrics.{key}") for key, *_ in FOUR}
-    bounds = {key: b for key, *_ in FOUR if (b := result.bounds.get(f"vllm_metrics.{key}"))}
-    spans = {key: s for key, *_ in FOUR if (s := result.spans.get(f"vllm_metrics.{key}"))}
+    four = catalogue.FOUR
+    headline = {m.key: result.reading(m.reading) for m in four}
+    bounds = {m.key: b for m in four if (b := result.bounds.get(m.reading))}
+    spans = {m.key: s for m in four if (s := result.spans.get(m.reading))}
     return headline, bounds, spans
 
 
