@@ -151,3 +151,41 @@ def test_stats_cli_prints_a_table_and_json_of_the_store(tmp_path: Path, db: Data
                                     "marked_wrong": 0}  # fmt: skip
     table = CliRunner().invoke(adr_cli, ["stats"], env=env)
     assert table.exit_code == 0 and ADR in table.output and "rolled back" in table.output
+
+
+def test_the_incident_page_shows_the_threads_memory_line(db: Database) -> None:
+    from bot.web import queries
+    from bot.web.routes import templates
+    from bot.web.view import incident_page
+
+    first = incident(db, T0, summary("prefill_decode_mixing", matches=(ADR,)))
+    change(db, first, "promoted", T0 + dt.timedelta(minutes=20))
+    moved = "prompt p50 <1,000 & 2x more tokens: DRIFTED"  # Slack escapes it, HTML too
+    with db.transaction() as s:
+        drift = store.create(s, key="drift-page", source="workload_drift", title="drift",
+                             target="prod-a", labels={}, at=T0 + dt.timedelta(days=1))  # fmt: skip
+        store.audit(s, at=T0 + dt.timedelta(days=1), actor="ruleloop", action="workload.drift",
+                    incident=drift, detail={"dimensions": {ADR: [moved]}})  # fmt: skip
+    now = incident(db, T0 + dt.timedelta(days=2), summary("prefill_decode_mixing"))
+    [remembered] = recall(db, now)
+    thread = memory.memory_text([remembered])
+    assert (
+        thread is not None
+        and "*prefill_decode_mixing*" in thread
+        and "&lt;1,000 &amp; 2x" in thread
+    )
+
+    def page(incident_id: int) -> str:
+        record = queries.incident(db, incident_id)
+        assert record is not None
+        view = incident_page(record, adr=lambda _: None, markdown=lambda _: "")
+        return templates().get_template("incident.html.j2").render(page=view, chart_url="")
+
+    html = page(now)
+    line = (
+        thread.removeprefix(":repeat: ").replace("*", "").replace("&lt;", "<").replace("&amp;", "&")
+    )
+    shown = html.split('<section id="memory">', 1)[1].split("</section>", 1)[0]
+    assert f'<li class="memory">{line.replace("&", "&amp;").replace("<", "&lt;")}</li>' in shown
+    assert "2nd time in 7 days: prefill_decode_mixing; on 29 Nov (incident #" in shown
+    assert 'id="memory"' not in page(first)  # the first time: nothing remembered, no section

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from bot.incidents import memory
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import AdrDraft, AuditEntry, Incident, Remediation
@@ -97,6 +98,8 @@ class IncidentRecord:
     remediations: Sequence[RemediationRow] = field(default_factory=tuple)
     canaries: Sequence[CanaryRow] = field(default_factory=tuple)
     drafts: Sequence[DraftRow] = field(default_factory=tuple)
+    # what the store remembers of its supported causes on the target (the thread says it too)
+    memories: Sequence[memory.Memory] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -167,9 +170,10 @@ def incident(db: Database, incident_id: int) -> IncidentRecord | None:
                 select(AdrDraft).where(AdrDraft.incident_id == incident_id).order_by(AdrDraft.id)
             )
         )
+        remembered = tuple(memory.recall(s, row, row.summary or {}))
         return IncidentRecord(
             **store.head(row), labels=dict(row.labels or {}), alerts=alerts, audit=audit,
-            remediations=remediations, canaries=canaries, drafts=drafts,
+            remediations=remediations, canaries=canaries, drafts=drafts, memories=remembered,
         )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ kept, when one was). Gates are the accepted ADRs' (the diagnosis's baseline).
 from __future__ import annotations
 
 import datetime as dt
+import html
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +18,7 @@ from bot.canary.verdict import values_of
 from bot.diagnosis import cause_text
 from bot.diagnosis.causes import from_json
 from bot.diagnosis.models import GATE_OF, summary_numbers
+from bot.incidents import memory
 from bot.numbers.reading import Bound, Reading, compare
 from bot.numbers.text import FOUR, show_reading
 from bot.remediation.argv import diff
@@ -211,6 +213,7 @@ class IncidentPage:
     fleet: Fleet | None = None  # a fleet's replicas, judged one against the others
     cause_line: str | None = None  # the likely cause and its number (None: not diagnosed)
     causes: cause_text.CauseLines | None = None  # supported, ruled out, cannot tell, gaps
+    memory: list[str] = field(default_factory=list)  # the thread's memory lines, as text
 
 
 def when(at: dt.datetime) -> str:
@@ -252,7 +255,15 @@ def incident_page(
         notes=["Diagnosis failed: see the timeline."] if summary.get("failed") else [],
         fleet=_fleet(summary),
         **_causes(summary),
+        memory=[remembered(m) for m in record.memories],
     )
+
+
+def remembered(found: memory.Memory) -> str:
+    """The thread's memory line as plain text (the page escapes it as HTML): the same words,
+    without Slack's escaping and its bold cause name."""
+    line = html.unescape(memory.memory_line(found))
+    return line.replace(f"*{found.cause}*", found.cause, 1)
 
 
 def _causes(summary: Mapping[str, Any]) -> dict[str, Any]:
