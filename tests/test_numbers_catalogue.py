@@ -8,6 +8,7 @@ import dataclasses
 import typing
 
 from bot.adr.models import AdrGates, MatrixMetric, MatrixRow
+from bot.adr.parse import MATRIX_COLUMNS
 from bot.canary.verdict import Gates, Values
 from bot.numbers import catalogue
 from bot.numbers.catalogue import FOUR, GATE_OF, KEYS, METRIC_OF
@@ -33,8 +34,10 @@ def test_canary_values_hold_each_catalogue_number_first():
 def test_matrix_row_has_a_column_per_catalogue_number():
     kept = ("config", "verdict", "bounds", "spans")
     numbers = tuple(k for k in MatrixRow.model_fields if k not in kept)
-    assert numbers == KEYS
-    assert typing.get_args(MatrixMetric) == KEYS
+    columns = tuple(m.key for m in catalogue.MATRIX)
+    assert numbers == columns
+    assert typing.get_args(MatrixMetric) == columns
+    assert MATRIX_COLUMNS[1:-1] == tuple(m.column for m in catalogue.MATRIX)
 
 
 def test_gate_of_and_metric_of_are_inverse_and_name_the_direction():

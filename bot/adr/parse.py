@@ -18,6 +18,7 @@ from pydantic_core import ErrorDetails
 
 from bot.adr.models import Adr, FrontMatter
 from bot.errors import AdrError
+from bot.numbers import catalogue
 from bot.numbers.reading import Bound, Reading
 from bot.workload.describe import context_line, earlier_context_line
 from bot.workload.shape import VERSION as SHAPE_VERSION
@@ -28,7 +29,7 @@ SECTIONS = (
     "## 2. 实验对比数据 (Metrics Matrix)",
     "## 3. 固化的系统规则 (Solidified Rules)",
 )
-MATRIX_COLUMNS = ("配置参数", "TTFT (P99)", "TPOT (P99)", "Goodput", "显存碎片率", "结论")
+MATRIX_COLUMNS = ("配置参数", *(str(m.column) for m in catalogue.MATRIX), "结论")
 _SEPARATOR = re.compile(r"^\|(\s*:?-{3,}:?\s*\|)+$")
 _PIPE = re.compile(r"(?<!\\)\|")
 _LATENCY = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)$")
@@ -255,15 +256,11 @@ def _matrix(
                 )
             )
             continue
-        config, ttft, tpot, goodput, frag, verdict = cells
+        config, *numbers, verdict = cells
         row: dict[str, object] = {"config": config, "verdict": verdict, "bounds": {}, "spans": {}}
-        for cell, key, kind, column in (
-            (ttft, "ttft_p99_ms", "ms", "TTFT (P99)"),
-            (tpot, "tpot_p99_ms", "ms", "TPOT (P99)"),
-            (goodput, "goodput_ratio", "%", "Goodput"),
-            (frag, "kv_fragmentation", "%", "显存碎片率"),
-        ):
-            number = _number(cell, kind, f"matrix row {n}, {column}", file, problems)
+        for cell, metric in zip(numbers, catalogue.MATRIX, strict=True):
+            kind, key = ("ms" if metric.unit == "ms" else "%"), metric.key
+            number = _number(cell, kind, f"matrix row {n}, {metric.column}", file, problems)
             row[key] = number.value if number else None
             if number and number.bound is not None:
                 row["bounds"][key] = number.bound  # type: ignore[index]

@@ -8,6 +8,7 @@ import jinja2
 import yaml
 
 from bot.adr.models import Adr
+from bot.numbers import catalogue
 from bot.numbers.text import compact
 from bot.workload.describe import context_line
 
@@ -40,6 +41,7 @@ def _environment() -> jinja2.Environment:
         undefined=jinja2.StrictUndefined,
     )
     env.filters.update(ms=format_ms, pct=format_pct, cell=format_cell)
+    env.globals["matrix"] = catalogue.MATRIX  # the Metrics Matrix's number columns
     return env
 
 

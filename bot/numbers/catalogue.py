@@ -26,7 +26,7 @@ class Metric:
     gate: str  # the ADR gate that limits it: 'max_ttft_p99_ms'
     report: str  # dotted path in a canary report: 'ttft_ms.p99'
     reading: str  # the runbook reading that gives it: 'vllm_metrics.ttft_p99_ms'
-    column: str  # its header in an ADR's Metrics Matrix
+    column: str | None  # its header in an ADR's Metrics Matrix (None: not a matrix column)
     meaning: str  # what it is, in words (adr match's list of metrics)
     normal: bool = True  # a 'Nx normal' can be taken of it (the scheduler's snapshots keep it)
 
@@ -92,3 +92,4 @@ BY_GATE = {m.gate: m for m in FOUR}
 GATE_OF = {m.key: m.gate for m in FOUR}  # metric -> the gate that limits it
 METRIC_OF = {m.gate: m.key for m in FOUR}  # gate -> the metric it limits
 NORMAL_KEYS = tuple(m.key for m in FOUR if m.normal)
+MATRIX = tuple(m for m in FOUR if m.column)  # an ADR's Metrics Matrix's number columns, in order
