@@ -103,6 +103,22 @@ def seed_earlier(bot: Bot, n: int) -> None:
             )
 
 
+def timed(owner: object, name: str) -> list[float]:
+    """Wrap ``owner.name`` (a coroutine method) to note each call's duration in ms."""
+    taken: list[float] = []
+    method = getattr(owner, name)
+
+    async def wrapper(*args: object, **kwargs: object) -> object:
+        started = time.perf_counter()
+        try:
+            return await method(*args, **kwargs)
+        finally:
+            taken.append((time.perf_counter() - started) * 1000)
+
+    setattr(owner, name, wrapper)
+    return taken
+
+
 def time_recall(bot: Bot, repeat: int = 20) -> float:
     """The memory's lookup alone (bot.incidents.memory.recall), for a summary supporting every
     built-in cause, on the seeded store: the median of ``repeat`` runs, in ms."""
@@ -138,6 +154,8 @@ async def main(args: argparse.Namespace, earlier: int = 0) -> dict[str, object]:
         )
         bot = create_bot(settings, state_dir=tmp / "state", nvml=FakeNvml.no_driver())
         seed_earlier(bot, earlier)
+        remember_ms = timed(bot.flows._records, "remember")  # the memory's part of the work
+        diagnose_ms = timed(bot.flows._diagnoser, "diagnose")  # window + runbook + ADRs + causes
         port = free_port()
         server = uvicorn.Server(
             uvicorn.Config(bot.app, port=port, log_level="warning", lifespan="on")
@@ -199,6 +217,10 @@ async def main(args: argparse.Namespace, earlier: int = 0) -> dict[str, object]:
         "adrs_ms_p50": statistics.median(t["adrs_s"] * 1000 for t in timings),
         "slack_calls_per_incident": len(slack.calls) / args.incidents,
         "recall_every_cause_ms_p50": recall_ms,
+        "remember_ms": {k: pct(remember_ms, q) for k, q in (("p50", 0.5), ("max", 1.0))},
+        "diagnose_beyond_sampling_ms_p50": statistics.median(
+            d - w * 1000 for d, w in zip(diagnose_ms, sampling, strict=True)
+        ),
     }
     return result
 
