@@ -35,9 +35,10 @@ from bot.runbooks.runner import RunbookRunner
 from bot.scheduler.rules_now import RulesNow
 from bot.store import service as store
 from bot.store.db import Database
-from bot.store.models import JobRun, Remediation
+from bot.store.models import Incident, JobRun, Remediation
 from tests import test_bot_store
 from tests.fakes.nvml import FakeNvml
+from tests.fakes.slack_api import FakeSlack
 from tests.workload_pages import shape
 
 db, postgres = test_bot_store.db, test_bot_store.postgres
@@ -257,3 +258,35 @@ async def test_drift_cannot_tell_without_a_check_or_a_rule_in_force(
     assert stale.verdict == "cannot_tell" and "did not compare the rules in force" in stale.evidence
     unread = (await on_pages(None))["workload_drift"]
     assert unread.verdict == "cannot_tell" and unread.evidence.startswith("not judged")
+
+
+# --- through the real bot (create_bot wires the reader into the diagnosis) ---------------------
+
+
+async def test_the_served_bot_judges_drift_against_the_change_it_kept(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    from tests.test_cause_feedback_thread import SEED as KEPT
+    from tests.test_cause_feedback_thread import bot, incident
+
+    h = await bot(tmp_path, slack, "vllm_metrics.ttft_p99_ms > 1")
+    try:
+        await incident(h, 1)
+        now = h.wall.now()
+        with h.bot.db.transaction() as s:  # the fix was kept; then the drift job found it moved
+            s.add(Remediation(incident_id=1, adr_id=KEPT, target="prod-a", requested_by="U1",
+                              state="promoted", approvals_needed=1, approved_by=["U2"],
+                              created_at=now, updated_at=now))  # fmt: skip
+        drift_run(h.bot.db, now, {"adrs": [KEPT], "drifted": [KEPT], "dimensions": {KEPT: [MOVED]}})
+        await incident(h, 2)
+    finally:
+        await h.close()
+    with h.bot.db.transaction() as s:
+        first, second = (s.get(Incident, i).summary for i in (1, 2))  # type: ignore[union-attr]
+    verdicts = {c["cause"]: c for c in second["causes"]}
+    assert verdicts["workload_drift"]["verdict"] == "supported"
+    assert verdicts["workload_drift"]["number"] == MOVED
+    assert verdicts["prefix_cache_lost"]["verdict"] == "cannot_tell"  # the seed ADR has no shape
+    assert "records the prefix-cache hit rate" in verdicts["prefix_cache_lost"]["evidence"]
+    before = {c["cause"]: c for c in first["causes"]}  # nothing in force yet
+    assert "no rule in force" in before["workload_drift"]["evidence"]
