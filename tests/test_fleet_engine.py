@@ -22,6 +22,7 @@ import pytest
 from bot.canary.client import RequestRecord
 from bot.config import Target
 from bot.diagnosis import replica_text, replicas
+from bot.diagnosis.causes import one_replica
 from bot.engine.cpu_limit import MAX_CORES, cores_from_environment
 from bot.engine.process import EngineInfo
 from bot.errors import ProbeError
@@ -155,6 +156,11 @@ async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None
     (finding, *_) = replica_text.findings(verdict, fleet_slow=True)
     assert finding.message.startswith(f"one replica of 2 is slow: {sick_at} "), summary
     assert replica_text.line(verdict).startswith(f"replicas: {sick_at} "), summary
+    # the cause (e): the one sick replica supports it, named; replicas alike rule it out
+    cause = one_replica(verdict)
+    assert cause.verdict == "supported" and sick_at in cause.number, (cause, summary)
+    assert one_replica(calm_verdict).verdict == "ruled_out", summary
+    assert one_replica(both_verdict).verdict == "ruled_out", summary
     assert calm_verdict.kind == "alike" and calm_verdict.slow == [], summary
     assert replica_text.findings(calm_verdict, fleet_slow=False) == [], summary
     # every replica slow: no replica is named (it is the fleet, and the ADRs are offered as for
