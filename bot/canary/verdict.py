@@ -93,7 +93,7 @@ class Values:
     def four(self) -> dict[str, float | None]:
         """The four numbers, JSON-safe (an unbounded value becomes None)."""
         out = {}
-        for key in catalogue.KEYS:
+        for key in (m.key for m in catalogue.HEADLINE):
             value = getattr(self, key)
             out[key] = value if value is None or math.isfinite(value) else None
         return out

@@ -219,7 +219,7 @@ def _four_numbers(
     result: RunbookResult,
 ) -> tuple[dict[str, float | None], Bounds, Spans]:
     """The headline four numbers of a run, with the bounds and spans of those that have them."""
-    four = catalogue.FOUR
+    four = catalogue.HEADLINE
     headline = {m.key: result.reading(m.reading) for m in four}
     bounds = {m.key: b for m in four if (b := result.bounds.get(m.reading))}
     spans = {m.key: s for m in four if (s := result.spans.get(m.reading))}

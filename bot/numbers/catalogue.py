@@ -29,6 +29,7 @@ class Metric:
     column: str | None  # its header in an ADR's Metrics Matrix (None: not a matrix column)
     meaning: str  # what it is, in words (adr match's list of metrics)
     normal: bool = True  # a 'Nx normal' can be taken of it (the scheduler's snapshots keep it)
+    headline: bool = True  # every surface's row of numbers shows it (Slack, the page, the demo)
 
     @property
     def gate_kind(self) -> Literal["max", "min"]:
@@ -92,4 +93,5 @@ BY_GATE = {m.gate: m for m in FOUR}
 GATE_OF = {m.key: m.gate for m in FOUR}  # metric -> the gate that limits it
 METRIC_OF = {m.gate: m.key for m in FOUR}  # gate -> the metric it limits
 NORMAL_KEYS = tuple(m.key for m in FOUR if m.normal)
+HEADLINE = tuple(m for m in FOUR if m.headline)  # the row of numbers every surface shows
 MATRIX = tuple(m for m in FOUR if m.column)  # an ADR's Metrics Matrix's number columns, in order

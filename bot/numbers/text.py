@@ -17,8 +17,8 @@ from collections.abc import Callable
 from bot.numbers import catalogue
 from bot.numbers.reading import Bound, Reading
 
-# The four numbers (the catalogue's): key, label, unit, and whether bigger is worse.
-FOUR = tuple((m.key, m.label, m.unit, m.worse_up) for m in catalogue.FOUR)
+# The four headline numbers (the catalogue's): key, label, unit, and whether bigger is worse.
+FOUR = tuple((m.key, m.label, m.unit, m.worse_up) for m in catalogue.HEADLINE)
 NOT_MEASURED = "n/a"
 _RATIOS = (
     *(m.key for m in catalogue.FOUR if m.unit == "ratio"),

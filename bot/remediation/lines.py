@@ -15,7 +15,7 @@ from bot.numbers.text import change, in_unit
 
 # the catalogue's numbers as lines name them: gate -> (label, sign, unit), key -> (label, unit)
 GATE_LABELS = {m.gate: (m.phrase, "≤" if m.worse_up else "≥", m.unit) for m in catalogue.FOUR}
-NUMBER_LABELS = {m.key: (m.phrase, m.unit) for m in catalogue.FOUR}
+NUMBER_LABELS = {m.key: (m.phrase, m.unit) for m in catalogue.HEADLINE}
 
 
 def value_text(value: float | None, unit: str) -> str:
