@@ -27,7 +27,6 @@ METRICS: dict[str, tuple[str | Callable[[Mapping[str, Any]], object], str]] = {
     **{m.key: (m.report, m.meaning) for m in catalogue.FOUR},
     "ttft_p50_ms": ("ttft_ms.p50", "time to first token, median, client side"),
     "tpot_p50_ms": ("tpot_ms.p50", "time per output token, median, client side"),
-    "itl_p99_ms": ("itl_ms.p99", "gap between streamed tokens, p99"),
     "e2e_p99_ms": ("e2e_ms.p99", "request latency end to end, p99"),
     "slo_attainment": ("slo_attainment", "share of requests within the TTFT and TPOT limits"),
     "kv_fragmentation_internal": (

@@ -117,6 +117,7 @@ class AdrGates(_Strict):
     max_tpot_p99_ms: Value | None = None
     min_goodput_ratio: Value | None = None
     max_kv_fragmentation: Value | None = None
+    max_itl_p99_ms: Value | None = None
 
     @field_validator(*(m.gate for m in catalogue.FOUR if m.unit == "ms"))
     @classmethod
@@ -326,12 +327,12 @@ class MatrixRow(_Strict):
     bounds: dict[MatrixMetric, Bound] = Field(default_factory=dict)
     spans: dict[MatrixMetric, tuple[float, float]] = Field(default_factory=dict)
 
-    @field_validator(*(m.key for m in catalogue.FOUR if m.unit == "ms"))
+    @field_validator(*(m.key for m in catalogue.MATRIX if m.unit == "ms"))
     @classmethod
     def _tenth_ms(cls, value: float | None) -> float | None:
         return _round(value, 1)
 
-    @field_validator(*(m.key for m in catalogue.FOUR if m.unit == "ratio"))
+    @field_validator(*(m.key for m in catalogue.MATRIX if m.unit == "ratio"))
     @classmethod
     def _tenth_percent(cls, value: float | None) -> float | None:
         return _round(value, 3)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from bot.errors import UsageError
@@ -67,6 +67,7 @@ class Gates:
     max_tpot_p99_ms: float | None = None
     min_goodput_ratio: float | None = None
     max_kv_fragmentation: float | None = None
+    max_itl_p99_ms: float | None = None
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE
 
     def slo(self) -> tuple[float | None, float | None]:
@@ -82,6 +83,7 @@ class Values:
     tpot_p99_ms: float | None
     goodput_ratio: float | None
     kv_fragmentation: float | None
+    itl_p99_ms: float | None = field(default=None, kw_only=True)  # after the seed's four
     error_rate: float | None = None
     goodput_source: str = "canary"
     fragmentation_source: str = "observed"
@@ -291,6 +293,7 @@ def values_of(report: Mapping[str, Any]) -> Values:
     return Values(
         ttft_p99_ms=_p99(report.get("ttft_ms")),
         tpot_p99_ms=_p99(report.get("tpot_ms")),
+        itl_p99_ms=_p99(report.get("itl_ms")),
         goodput_ratio=goodput,
         kv_fragmentation=frag.get("internal") if mixed else frag.get("observed"),
         error_rate=failed / total if total else None,

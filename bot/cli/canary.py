@@ -263,6 +263,12 @@ def run_canary(
     help="Gate: TPOT p99 at most this.",
 )
 @click.option(
+    "--max-itl-p99-ms",
+    type=click.FloatRange(min=0),
+    default=None,
+    help="Gate: inter-token latency p99 at most this.",
+)
+@click.option(
     "--min-goodput-ratio",
     type=click.FloatRange(0, 1),
     default=None,
@@ -337,6 +343,7 @@ def canary(
     max_tpot_p99_ms: float | None,
     min_goodput_ratio: float | None,
     max_kv_fragmentation: float | None,
+    max_itl_p99_ms: float | None,
     max_error_rate: float,
     metrics_url: str | None,
     replicas: tuple[str, ...],
@@ -347,10 +354,9 @@ def canary(
 ) -> None:
     """Load an inference endpoint with streaming requests and check the four metrics.
 
-    Measures TTFT, TPOT, goodput ratio and KV-cache block fragmentation on the client side,
-    cross-checks them against the engine's /metrics over the same window, and checks each
-    gate you give. Prints a progress line while it runs and a summary table at the end.
-    """
+    Measures TTFT, TPOT, ITL, goodput and KV fragmentation client side, checks them against the
+    engine's /metrics over the same window and against each gate you give; prints a progress line
+    while it runs and a summary table at the end."""
     shape = None if workload_file is None else _load_shape(workload_file, ignore_eos=ignore_eos)
     concurrency, num_requests = _sized(shape, concurrency, num_requests, duration_s)
     workload = Workload(
@@ -365,7 +371,7 @@ def canary(
     )  # fmt: skip
     gates = Gates(max_ttft_p99_ms=max_ttft_p99_ms, max_tpot_p99_ms=max_tpot_p99_ms,
                   min_goodput_ratio=min_goodput_ratio, max_kv_fragmentation=max_kv_fragmentation,
-                  max_error_rate=max_error_rate)  # fmt: skip
+                  max_itl_p99_ms=max_itl_p99_ms, max_error_rate=max_error_rate)  # fmt: skip
     report = run_canary(
         workload, gates=gates, sample_interval_s=sample_interval_s, progress=not quiet,
         metrics_url=_metrics_url(metrics_url, replicas), replicas=replicas,
