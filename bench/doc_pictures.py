@@ -62,6 +62,7 @@ EMOJI = {
     "large_orange_circle": "🟠", "information_source": "ℹ️", "mag": "🔍", "warning": "⚠️",
     "hourglass_flowing_sand": "⏳", "arrows_counterclockwise": "🔄", "rewind": "⏪",
     "lock": "🔒", "memo": "📝", "heavy_check_mark": "✔️", "no_entry": "⛔",
+    "heavy_minus_sign": "➖", "world_map": "🗺️",
 }  # fmt: skip
 
 
@@ -163,19 +164,20 @@ def blocks_html(blocks: list[dict[str, Any]]) -> str:
 
 
 def thread_items(recorded: dict[str, Any], images: Path) -> tuple[str, list[str]]:
-    """The root message and the thread's replies and files, in the order they were posted."""
+    """The incident's root message and its thread's replies and files, in the order they were
+    posted (the drift act's later thread is another incident's)."""
     final = {(m["channel"], m["ts"]): m for m in recorded["messages"]}
     posted = iter(sorted(final.values(), key=lambda m: m["ts"]))
-    root, replies, pending_name = "", [], None
+    root, root_ts, replies, pending_name = "", None, [], None
     for call in recorded["calls"]:
         method, args = call["method"], call["args"]
         if method == "chat.postMessage":
             message = next(posted)
             body = blocks_html(message.get("blocks") or []) or mrkdwn(str(message.get("text")))
-            if message.get("thread_ts"):
+            if root_ts is None and not message.get("thread_ts"):
+                root, root_ts = body, message["ts"]
+            elif message.get("thread_ts") == root_ts:
                 replies.append(body)
-            else:
-                root = body
         elif method == "files.getUploadURLExternal":
             pending_name = str(args.get("filename"))
         elif method == "upload" and pending_name:

@@ -159,7 +159,8 @@ def pod(i: int, *, status: str = "firing") -> bytes:
 
 
 def test_a_fleet_wide_regression_is_one_incident_until_every_replica_resolves(
-    intake: Intake, db: Database,
+    intake: Intake,
+    db: Database,
 ) -> None:
     results = [intake.receive(parse_webhook(pod(i))) for i in range(1, 9)]
     assert [r.outcome for r in results] == [Outcome.OPENED] + [Outcome.UPDATED] * 7

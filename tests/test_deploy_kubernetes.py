@@ -174,7 +174,9 @@ def test_config_map_is_mounted_where_ruleloop_config_points_and_loads(
     assert base.web.public_url is None
 
 
-def test_rbac_lets_the_service_account_patch_and_watch_deployments_and_list_replicas(rendered: list[dict]) -> None:
+def test_rbac_lets_the_service_account_patch_and_watch_deployments_and_list_replicas(
+    rendered: list[dict],
+) -> None:
     (deployment,) = by_kind(rendered, "Deployment")
     (account,) = by_kind(rendered, "ServiceAccount")
     (role,) = by_kind(rendered, "Role")

@@ -60,7 +60,9 @@ def test_a_limit_that_cannot_be_set_says_why_and_what_to_do() -> None:
 @pytest.mark.parametrize(
     ("value", "cores"), [(None, None), ("", None), ("0.1", 0.1), (" 2 ", 2.0), ("1024", 1024.0)]
 )
-def test_the_switch_reads_cores_from_the_environment(value: str | None, cores: float | None) -> None:
+def test_the_switch_reads_cores_from_the_environment(
+    value: str | None, cores: float | None
+) -> None:
     environ = {} if value is None else {ENV_VAR: value}
     assert cores_from_environment(environ) == cores
 
