@@ -55,3 +55,23 @@ def wait(done: Callable[[], bool], *, what: str, log: Path, timeout: float = 30)
     while not done():
         assert time.monotonic() < deadline, f"{what}: timed out\n{log.read_text()[-2000:]}"
         time.sleep(0.2)
+
+
+def kube_alert(n: int, instance: str = "10.0.0.5:8000") -> dict[str, object]:
+    """An alert as kube-prometheus labels it: about 930 bytes in the webhook."""
+    pod = f"vllm-llama-3-8b-instruct-7d9f8c6b5-{n:05d}"
+    return {
+        "labels": {
+            "alertname": "VLLMTimeToFirstTokenP99High", "instance": instance,
+            "container": "vllm", "endpoint": "http-metrics", "job": "vllm-llama-3-8b-instruct",
+            "namespace": "inference", "pod": pod, "service": "vllm-llama-3-8b-instruct",
+            "prometheus": "monitoring/kube-prometheus-stack-prometheus", "severity": "page",
+            "model_name": "meta-llama/Meta-Llama-3-8B-Instruct", "node": f"gpu-node-{n % 64:03d}",
+        },
+        "annotations": {
+            "summary": "vLLM time to first token p99 is above its line",
+            "description": f"TTFT p99 of {pod} has been 2.4 s for 5 minutes (line: 1 s).",
+            "runbook_url": "https://runbooks.example.com/vllm/VLLMTimeToFirstTokenP99High",
+        },
+        "generatorURL": "http://prometheus-k8s.monitoring.svc:9090/graph?g0.expr=histogram_quantile",
+    }  # fmt: skip

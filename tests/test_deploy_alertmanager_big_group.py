@@ -20,7 +20,7 @@ from bot.config import ServerSettings
 from bot.engine.process import free_port
 from tests import store_reads
 from tests.alertmanager_process import alertmanager as running_alertmanager
-from tests.alertmanager_process import wait
+from tests.alertmanager_process import kube_alert, wait
 from tests.fakes.bot import AM_TOKEN, Harness, harness
 
 pytestmark = pytest.mark.faults
@@ -43,26 +43,6 @@ class Received(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
-
-
-def kube_alert(n: int) -> dict[str, object]:
-    """An alert as kube-prometheus labels it: about 930 bytes in the webhook."""
-    pod = f"vllm-llama-3-8b-instruct-7d9f8c6b5-{n:05d}"
-    return {
-        "labels": {
-            "alertname": "VLLMTimeToFirstTokenP99High", "instance": "10.0.0.5:8000",
-            "container": "vllm", "endpoint": "http-metrics", "job": "vllm-llama-3-8b-instruct",
-            "namespace": "inference", "pod": pod, "service": "vllm-llama-3-8b-instruct",
-            "prometheus": "monitoring/kube-prometheus-stack-prometheus", "severity": "page",
-            "model_name": "meta-llama/Meta-Llama-3-8B-Instruct", "node": f"gpu-node-{n % 64:03d}",
-        },
-        "annotations": {
-            "summary": "vLLM time to first token p99 is above its line",
-            "description": f"TTFT p99 of {pod} has been 2.4 s for 5 minutes (line: 1 s).",
-            "runbook_url": "https://runbooks.example.com/vllm/VLLMTimeToFirstTokenP99High",
-        },
-        "generatorURL": "http://prometheus-k8s.monitoring.svc:9090/graph?g0.expr=histogram_quantile",
-    }  # fmt: skip
 
 
 @pytest.fixture

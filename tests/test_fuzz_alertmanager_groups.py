@@ -40,6 +40,7 @@ from bot.engine.process import free_port
 from bot.store.db import Database
 from tests import store_reads
 from tests.alertmanager_process import alertmanager as running_alertmanager
+from tests.alertmanager_process import kube_alert
 from tests.fakes.bot import AM_TOKEN
 from tests.test_bot_e2e import Process
 
@@ -57,26 +58,6 @@ WAIT_S = 90  # a bound on waiting for a notification on a loaded machine, not a 
 def engine_of(n: int) -> str:
     """Target n's engine: a loopback address with nothing listening (probes are refused)."""
     return f"127.0.{1 + n // 250}.{1 + n % 250}:9"
-
-
-def kube_alert(instance: str, n: int) -> dict[str, object]:
-    """An alert as kube-prometheus labels it: about 930 bytes in the webhook."""
-    pod = f"vllm-llama-3-8b-instruct-7d9f8c6b5-{n:05d}"
-    return {
-        "labels": {
-            "alertname": "VLLMTimeToFirstTokenP99High", "instance": instance,
-            "container": "vllm", "endpoint": "http-metrics", "job": "vllm-llama-3-8b-instruct",
-            "namespace": "inference", "pod": pod, "service": "vllm-llama-3-8b-instruct",
-            "prometheus": "monitoring/kube-prometheus-stack-prometheus", "severity": "page",
-            "model_name": "meta-llama/Meta-Llama-3-8B-Instruct", "node": f"gpu-node-{n % 64:03d}",
-        },
-        "annotations": {
-            "summary": "vLLM time to first token p99 is above its line",
-            "description": f"TTFT p99 of {pod} has been 2.4 s for 5 minutes (line: 1 s).",
-            "runbook_url": "https://runbooks.example.com/vllm/VLLMTimeToFirstTokenP99High",
-        },
-        "generatorURL": "http://prometheus-k8s.monitoring.svc:9090/graph?g0.expr=histogram_quantile",
-    }  # fmt: skip
 
 
 @dataclass
@@ -212,7 +193,7 @@ def test_every_group_through_alertmanager_becomes_one_incident(
             instance = engine_of(next(stack.free_targets))
         else:
             instance = f"10.9.{next(stack.unknown)}.5:8000"
-        sent = [kube_alert(instance, n) for n in range(size)]
+        sent = [kube_alert(n, instance) for n in range(size)]
         answer = httpx.post(f"{stack.am}/api/v2/alerts", json=sent, timeout=60)
         assert answer.status_code == 200, answer.text
         expected[instance] = min(size, MAX_ALERTS)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from bot.numbers.reading import Bound
 from bot.probes.exposition import Exposition
+from bot.probes.vllm_metrics import counter_delta
 
 STEP_TOKENS = ("vllm:iteration_tokens_total",)
 RUNNING, WAITING = ("vllm:num_requests_running",), ("vllm:num_requests_waiting",)
@@ -71,9 +72,10 @@ def read_steps(pages: Sequence[Exposition], decode_bound: float | None) -> StepR
             "queue_ttft_share": queue_share,
             "prefill_ttft_share": None if queue_share is None else 1.0 - queue_share,
             "waiting_capacity": _peak_waiting(pages[1:] or pages, "capacity"),
-            "rejections_per_s": _per_s(_delta(before, after, REJECTIONS), duration),
+            "rejections_per_s": _per_s(counter_delta(before, after, REJECTIONS), duration),
             "cached_prompt_share": _ratio(
-                _delta(before, after, PROMPT_CACHED), _delta(before, after, PROMPT_BY_SOURCE)
+                counter_delta(before, after, PROMPT_CACHED),
+                counter_delta(before, after, PROMPT_BY_SOURCE),
             ),
         }
     )
@@ -113,7 +115,7 @@ def decode_bound(before: Exposition, after: Exposition) -> float | None:
     queued (perhaps preempted) at its start, plus those that had their first token in it. One
     token each: a bigger step surely carried prefill. None without the gauges."""
     running = before.total(RUNNING[0])
-    started = _delta(before, after, (f"{TTFT[0]}_count",))
+    started = counter_delta(before, after, (f"{TTFT[0]}_count",))
     if running is None or started is None:
         return None
     return running + (before.total(WAITING[0]) or 0.0) + started
@@ -147,8 +149,8 @@ def _queue_share(before: Exposition, after: Exposition) -> float | None:
 
 def _mean(before: Exposition, after: Exposition, histogram: str) -> float | None:
     """The mean observation a histogram gained in the window; None when it gained none."""
-    count = _delta(before, after, (f"{histogram}_count",))
-    total = _delta(before, after, (f"{histogram}_sum",))
+    count = counter_delta(before, after, (f"{histogram}_count",))
+    total = counter_delta(before, after, (f"{histogram}_sum",))
     if not count or total is None:
         return None
     return total / count
@@ -160,16 +162,6 @@ def _peak_waiting(pages: Sequence[Exposition], reason: str) -> float | None:
     name = WAITING_BY_REASON[0]
     values = [v for p in pages if (v := p.total(name, where={"reason": reason})) is not None]
     return max(values) if values else None
-
-
-def _delta(before: Exposition, after: Exposition, names: Sequence[str]) -> float | None:
-    """A counter's growth over the window (summed over label sets); None when either lacks it."""
-    name = after.first_present(names)
-    if name is None or not before.has(name):
-        return None
-    v1, v0 = after.total(name), before.total(name)
-    assert v1 is not None and v0 is not None
-    return max(v1 - v0, 0.0)
 
 
 def _per_s(count: float | None, duration: float) -> float | None:
