@@ -245,3 +245,30 @@ def test_gpu_agent_url_must_be_an_http_url() -> None:
 
     with pytest.raises(ValidationError, match="is not an http"):
         Target(vllm_url="http://10.0.0.5:8000", gpu_agent_url="10.0.0.5:9401")
+
+
+async def test_an_xid_from_the_agent_supports_the_gpu_cause(agent: AgentProcess) -> None:
+    """Cause (f) on the wire: the shipped runbook's GPU hypothesis judged on what the real agent
+    reports (XID 79 on GPU 0, GPU 1 power-capped), the same readings a diagnosis gets."""
+    from bot.diagnosis.causes import Readings, judge
+    from bot.runbooks.builtin import default_registry
+    from bot.runbooks.loader import load_file
+
+    result = await probe(target(agent.url, agent.token_file))
+    loaded = load_file(
+        FIXTURES.parent.parent / "runbooks" / "vllm-latency.yaml", default_registry()
+    )
+    readings = {f"nvml.{name}": value for name, value in result.readings.items()}
+    verdicts = {v.cause: v for v in judge(loaded.runbook, Readings(readings, {}, {}))}
+    gpu = verdicts["gpu_fault"]
+    assert gpu.verdict == "supported" and gpu.number == "throttled GPUs: 1, XID errors: 1", gpu
+
+    def gpu_verdict(**changed: float | None) -> str:
+        seen = readings | {f"nvml.{k}": v for k, v in changed.items()}
+        return {v.cause: v for v in judge(loaded.runbook, Readings(seen, {}, {}))}[
+            "gpu_fault"
+        ].verdict
+
+    assert gpu_verdict(throttled_gpus=0) == "supported"  # the XID alone
+    assert gpu_verdict(throttled_gpus=0, xid_errors=0, ecc_uncorrected=0) == "ruled_out"
+    assert gpu_verdict(throttled_gpus=0, xid_errors=None, ecc_uncorrected=0) == "cannot_tell"
