@@ -151,6 +151,17 @@ def test_build_matrix_has_one_row_per_canary_run_in_time_order_with_its_json_num
     assert "stored with incident #42" in adr.matrix_notes
 
 
+def test_the_context_names_the_background_load_the_gates_were_measured_beside() -> None:
+    """One workload per record: the workload line is the gated requests'; the context also
+    names what loaded the engine beside them (here the recorded run's 2 agent streams of
+    2,048-token prompts), and a plain canary's draft says nothing of the kind."""
+    adr = _draft(_applied("promoted"))
+    (line,) = [ln for ln in adr.context.splitlines() if ln.startswith("- 负载 (load):")]
+    assert line.endswith("ungated: agent: 2 streams of 2,048-token prompts, 8 output tokens")
+    plain = CanaryFacts.from_report(label="after", report=_plain_report(0.2), at=T0)
+    assert "负载" not in _draft(_applied("promoted"), canaries=[plain]).context
+
+
 def test_build_matrix_reads_a_plain_canary_report_as_tune_does() -> None:
     report = _plain_report(0.2)
     run = CanaryFacts.from_report(label="after ADR-20260831-01", report=report, at=T0)

@@ -255,7 +255,28 @@ def _context(
     if runs:
         listed = "; ".join(f"{_when(run.at)} {_one_line(run.label)}" for run in runs)
         lines.append(f"- 金丝雀 (canary runs, in the matrix in time order): {listed}")
+        lines += _background_lines(runs[-1])
     return "\n".join(lines)
+
+
+def _background_lines(run: CanaryFacts) -> list[str]:
+    """What loaded the engine beside the gated requests, so the record names all the traffic
+    its gates were measured under (the workload line describes the gated requests only)."""
+    classes = [b.get("workload") or {} for b in run.report.get("background") or []]
+    if not classes:
+        return []
+    described = "; ".join(
+        f"{_one_line(str(w.get('name') or 'background'))}: {w.get('concurrency')} streams of "
+        f"{w.get('prompt_length'):,}-token prompts, {w.get('output_length'):,} output tokens"
+        for w in classes
+        if isinstance(w.get("prompt_length"), int) and isinstance(w.get("output_length"), int)
+    )
+    if not described:
+        return []
+    return [
+        "- 负载 (load): the gates were measured on the canary's own requests (the workload line "
+        f"below) while these loaded the same engine, ungated: {described}"
+    ]
 
 
 def _diagnosis_lines(summary: Mapping[str, Any] | None) -> list[str]:
