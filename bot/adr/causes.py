@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 Verdict = Literal["supported", "ruled_out", "cannot_tell"]
-VERDICTS: tuple[Verdict, ...] = ("supported", "ruled_out", "cannot_tell")
 
 
 @dataclass(frozen=True)
