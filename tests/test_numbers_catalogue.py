@@ -11,23 +11,23 @@ from bot.adr.models import AdrGates, MatrixMetric, MatrixRow
 from bot.adr.parse import MATRIX_COLUMNS
 from bot.canary.verdict import Gates, Values
 from bot.numbers import catalogue
-from bot.numbers.catalogue import FOUR, GATE_OF, KEYS, METRIC_OF
+from bot.numbers.catalogue import GATE_OF, KEYS, METRIC_OF, METRICS
 from bot.numbers.text import FOUR as FOUR_ROWS
 from bot.numbers.text import show, unit_of
 
 
 def test_adr_gates_are_the_catalogues_gates():
-    assert tuple(AdrGates.model_fields) == tuple(m.gate for m in FOUR)
+    assert tuple(AdrGates.model_fields) == tuple(m.gate for m in METRICS)
 
 
 def test_canary_gates_are_the_catalogues_gates_and_the_error_gate():
     fields = tuple(f.name for f in dataclasses.fields(Gates))
-    assert fields == (*(m.gate for m in FOUR), "max_error_rate")
+    assert fields == (*(m.gate for m in METRICS), "max_error_rate")
 
 
 def test_canary_values_hold_each_catalogue_number_first():
     fields = tuple(f.name for f in dataclasses.fields(Values))
-    assert fields[: len(FOUR)] == KEYS
+    assert fields[: len(METRICS)] == KEYS
     headline = tuple(m.key for m in catalogue.HEADLINE)
     assert tuple(Values(*(1.0,) * len(headline)).four()) == headline
 
@@ -43,12 +43,12 @@ def test_matrix_row_has_a_column_per_catalogue_number():
 
 def test_gate_of_and_metric_of_are_inverse_and_name_the_direction():
     assert {v: k for k, v in GATE_OF.items()} == METRIC_OF
-    for m in FOUR:
+    for m in METRICS:
         assert m.gate == f"{m.gate_kind}_{m.key}", m.key
 
 
 def test_each_number_is_written_in_its_records_unit():
-    assert [unit_of(m.key) for m in FOUR] == [m.unit for m in FOUR]
+    assert [unit_of(m.key) for m in METRICS] == [m.unit for m in METRICS]
     assert tuple((m.key, m.label, m.unit, m.worse_up) for m in catalogue.HEADLINE) == FOUR_ROWS
     assert (show("ttft_p99_ms", 1710.0), show("goodput_ratio", 0.93)) == ("1,710 ms", "93.0 %")
     assert catalogue.BY_KEY["goodput_ratio"].phrase == "goodput"

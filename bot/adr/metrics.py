@@ -24,7 +24,7 @@ def _cancelled_share(report: Mapping[str, Any]) -> object:
 # name -> (where it is in a canary report, what it means): the catalogue's numbers, then the
 # numbers only a match condition reads
 METRICS: dict[str, tuple[str | Callable[[Mapping[str, Any]], object], str]] = {
-    **{m.key: (m.report, m.meaning) for m in catalogue.FOUR},
+    **{m.key: (m.report, m.meaning) for m in catalogue.METRICS},
     "ttft_p50_ms": ("ttft_ms.p50", "time to first token, median, client side"),
     "tpot_p50_ms": ("tpot_ms.p50", "time per output token, median, client side"),
     "e2e_p99_ms": ("e2e_ms.p99", "request latency end to end, p99"),

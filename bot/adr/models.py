@@ -119,14 +119,14 @@ class AdrGates(_Strict):
     max_kv_fragmentation: Value | None = None
     max_itl_p99_ms: Value | None = None
 
-    @field_validator(*(m.gate for m in catalogue.FOUR if m.unit == "ms"))
+    @field_validator(*(m.gate for m in catalogue.METRICS if m.unit == "ms"))
     @classmethod
     def _milliseconds(cls, value: float | Relative | None) -> float | Relative | None:
         if isinstance(value, float) and not value > 0:
             raise ValueError(f"{value:g} ms: a latency limit must be greater than 0")
         return value
 
-    @field_validator(*(m.gate for m in catalogue.FOUR if m.unit == "ratio"))
+    @field_validator(*(m.gate for m in catalogue.METRICS if m.unit == "ratio"))
     @classmethod
     def _ratio(cls, value: float | Relative | None) -> float | Relative | None:
         if isinstance(value, float) and not 0 <= value <= 1:
@@ -219,7 +219,7 @@ class AdrGates(_Strict):
         return f"{flags}  {note}" if flags else note
 
 
-_RATIOS = tuple(m.gate for m in catalogue.FOUR if m.unit == "ratio")
+_RATIOS = tuple(m.gate for m in catalogue.METRICS if m.unit == "ratio")
 
 
 def _no_before_text(key: str, before: Normal | None) -> str:

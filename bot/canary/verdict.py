@@ -166,7 +166,7 @@ def _writer(unit: str) -> Callable[[float], str]:
 
 # gate name -> (label, Values field, "max" | "min", formatter): the catalogue's, and errors
 GATES: dict[str, tuple[str, str, str, Callable[[float], str]]] = {
-    **{m.gate: (m.phrase, m.key, m.gate_kind, _writer(m.unit)) for m in catalogue.FOUR},
+    **{m.gate: (m.phrase, m.key, m.gate_kind, _writer(m.unit)) for m in catalogue.METRICS},
     "max_error_rate": ("error rate", "error_rate", "max", _writer("ratio")),
 }
 MEASURED = "measured"  # not a gate one sets: a run that measured nothing never passes

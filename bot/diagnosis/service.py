@@ -35,7 +35,7 @@ ReadRules = Callable[[str], Awaitable[causes.RulesInForce]]
 
 # ADR match metric name -> the runbook reading that gives it: the catalogue's, then the rest.
 MATCH_READINGS = {
-    **{m.key: m.reading for m in catalogue.FOUR},
+    **{m.key: m.reading for m in catalogue.METRICS},
     "e2e_p99_ms": "vllm_metrics.e2e_p99_ms",
     "engine_ttft_p99_ms": "vllm_metrics.ttft_p99_ms",
     "engine_itl_p99_ms": "vllm_metrics.itl_p99_ms",

@@ -3,7 +3,7 @@ is written, which way is worse, which gate limits it, where a canary report, a r
 ADR's matrix keep it, and whether a normal can be taken of it.
 
 Every table of "the four numbers" elsewhere (gates, labels, match readings, matrix columns) is
-derived from ``FOUR``; adding a number means adding a record here. A record's unit is its
+derived from ``METRICS``; adding a number means adding a record here. A record's unit is its
 formatter: ``bot.numbers.text`` writes every number by it (``show``, ``compact``), and so this
 module imports nothing.
 """
@@ -37,7 +37,7 @@ class Metric:
         return "max" if self.worse_up else "min"
 
 
-FOUR: tuple[Metric, ...] = (
+METRICS: tuple[Metric, ...] = (
     Metric(
         key="ttft_p99_ms",
         label="TTFT p99",
@@ -101,11 +101,11 @@ FOUR: tuple[Metric, ...] = (
         headline=False,  # shown where it is gated or matched; the rows keep the seed's four
     ),
 )
-KEYS = tuple(m.key for m in FOUR)
-BY_KEY = {m.key: m for m in FOUR}
-BY_GATE = {m.gate: m for m in FOUR}
-GATE_OF = {m.key: m.gate for m in FOUR}  # metric -> the gate that limits it
-METRIC_OF = {m.gate: m.key for m in FOUR}  # gate -> the metric it limits
-NORMAL_KEYS = tuple(m.key for m in FOUR if m.normal)
-HEADLINE = tuple(m for m in FOUR if m.headline)  # the row of numbers every surface shows
-MATRIX = tuple(m for m in FOUR if m.column)  # an ADR's Metrics Matrix's number columns, in order
+KEYS = tuple(m.key for m in METRICS)
+BY_KEY = {m.key: m for m in METRICS}
+BY_GATE = {m.gate: m for m in METRICS}
+GATE_OF = {m.key: m.gate for m in METRICS}  # metric -> the gate that limits it
+METRIC_OF = {m.gate: m.key for m in METRICS}  # gate -> the metric it limits
+NORMAL_KEYS = tuple(m.key for m in METRICS if m.normal)
+HEADLINE = tuple(m for m in METRICS if m.headline)  # the row of numbers every surface shows
+MATRIX = tuple(m for m in METRICS if m.column)  # an ADR's Metrics Matrix's number columns, in order

@@ -21,7 +21,7 @@ from bot.numbers.reading import Bound, Reading
 FOUR = tuple((m.key, m.label, m.unit, m.worse_up) for m in catalogue.HEADLINE)
 NOT_MEASURED = "n/a"
 _RATIOS = (
-    *(m.key for m in catalogue.FOUR if m.unit == "ratio"),
+    *(m.key for m in catalogue.METRICS if m.unit == "ratio"),
     "kv_cache_usage",
     "slo_attainment",
 )

@@ -14,7 +14,7 @@ from bot.numbers import catalogue
 from bot.numbers.text import change, in_unit
 
 # the catalogue's numbers as lines name them: gate -> (label, sign, unit), key -> (label, unit)
-GATE_LABELS = {m.gate: (m.phrase, "≤" if m.worse_up else "≥", m.unit) for m in catalogue.FOUR}
+GATE_LABELS = {m.gate: (m.phrase, "≤" if m.worse_up else "≥", m.unit) for m in catalogue.METRICS}
 NUMBER_LABELS = {m.key: (m.phrase, m.unit) for m in catalogue.HEADLINE}
 
 

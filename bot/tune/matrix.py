@@ -94,7 +94,7 @@ def recommend(rows: list[Row], gates: AdrGates | None) -> Row | None:
 
 def _limits(rows: list[Row], gates: AdrGates | None) -> dict[str, tuple[float, str]]:
     if gates is not None and not gates.is_empty():
-        raw = {m.key: (getattr(gates, m.gate), m.gate_kind) for m in catalogue.FOUR}
+        raw = {m.key: (getattr(gates, m.gate), m.gate_kind) for m in catalogue.METRICS}
         # a gate relative to normal has no number here (tune measures no normal)
         return {k: (v, kind) for k, (v, kind) in raw.items() if isinstance(v, float)}
     base = next((r for r in rows if r.config.name == BASELINE and r.values is not None), None)
