@@ -1,22 +1,32 @@
 """ITL p99, the number added through the catalogue alone (issue 32): an ADR gates it, the
 canary's report gives it, the verdict judges it (the bad case too), a match condition reads it,
-and what the seed's files keep (the ADR matrix, the snapshots) is unchanged."""
+the snapshots keep it so it has a normal, a gate may be '2x normal' or '2x before' of it, and
+the seed's ADR matrix is unchanged."""
 
 from __future__ import annotations
 
+import datetime as dt
+
+import pytest
+
 from bot.adr.metrics import METRICS
-from bot.adr.models import AdrGates, MatrixRow
+from bot.adr.models import AdrGates, Condition, MatrixRow
 from bot.adr.parse import MATRIX_COLUMNS
-from bot.adr.relative import NORMAL_METRICS
+from bot.adr.relative import NORMAL_METRICS, NoNormal, Relative
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.report import CanaryReport
 from bot.canary.shape_replay import fixed_shape
-from bot.canary.verdict import Gates, gates_from, judge
+from bot.canary.verdict import Gates, gates_from, judge, values_of
 from bot.canary.workload import Workload
+from bot.diagnosis.normal import NormalReader
 from bot.diagnosis.service import MATCH_READINGS
 from bot.remediation.lines import gate_lines
+from bot.store import service as store
+from bot.store.db import Database
+from tests.test_bot_store import db, postgres  # noqa: F401  (store fixtures: SQLite and PostgreSQL)
 
 SHAPE = fixed_shape(Workload(endpoint="http://x/v1/completions"), request_rate=1.0)
+AT = dt.datetime(2026, 12, 1, tzinfo=dt.UTC)
 
 
 def streamed(gaps_s: list[float]) -> RequestRecord:
@@ -51,4 +61,31 @@ def test_itl_p99_is_matchable_said_as_a_gate_and_kept_out_of_the_seeds_tables() 
     assert MATCH_READINGS["itl_p99_ms"] == "vllm_metrics.itl_p99_ms"
     assert gate_lines({"max_itl_p99_ms": 50.0}) == ["ITL p99 ≤ 50.0 ms"]
     assert "itl_p99_ms" not in MatrixRow.model_fields and len(MATRIX_COLUMNS) == 6
-    assert "itl_p99_ms" not in NORMAL_METRICS  # snapshots keep fixed columns: no normal yet
+    assert "itl_p99_ms" in NORMAL_METRICS  # a snapshot keeps every number: ITL has a normal
+    assert Condition(metric="itl_p99_ms", op=">", value="2x normal").value == Relative(2.0)
+
+
+async def test_an_itl_gate_of_2x_normal_resolves_against_the_snapshots_and_judges(
+    db: Database,  # noqa: F811
+) -> None:
+    for i, itl in enumerate([18.0, 20.0, 25.0]):  # normal: the median, 20 ms
+        with db.transaction() as s:
+            store.add_snapshot(s, target="t", at=AT + dt.timedelta(minutes=5 * i),
+                               source="test", numbers={"tpot_p99_ms": 9.0, "itl_p99_ms": itl})  # fmt: skip
+    normal = await NormalReader(db=db, last=3).read("t")
+    gates = gates_from(AdrGates(max_itl_p99_ms="2x normal").resolve(normal.numbers))
+    assert gates.max_itl_p99_ms == 40.0
+    assert judge(report([0.03] * 10, gates), gates).passed
+    assert judge(report([0.03] * 9 + [0.4], gates), gates).failures == ["ITL p99 400ms > 40ms"]
+
+
+def test_an_itl_gate_of_2x_before_resolves_against_the_before_runs_canary_and_judges() -> None:
+    absolute = Gates(max_error_rate=0.01)
+    before = values_of(report([0.05] * 10, absolute)).four()  # what the change flow keeps
+    assert before["itl_p99_ms"] == 50.0
+    gates = gates_from(AdrGates(max_itl_p99_ms="2x before").resolve({}, before=before))
+    assert gates.max_itl_p99_ms == 100.0
+    assert judge(report([0.06] * 10, gates), gates).passed  # a bit slower, within 2x
+    assert judge(report([0.05] * 9 + [0.4], gates), gates).failures == ["ITL p99 400ms > 100ms"]
+    with pytest.raises(NoNormal, match="the before-run measured no itl_p99_ms"):
+        AdrGates(max_itl_p99_ms="2x before").resolve({}, before={"tpot_p99_ms": 9.0})

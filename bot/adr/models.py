@@ -149,7 +149,7 @@ class AdrGates(_Strict):
         self, normal: Normal, *, before: Normal | None = None, strict: bool = True
     ) -> AdrGates:
         """Absolute limits: each 'Nx normal' times the target's normal value of its metric, each
-        'Nx before' times the before-run's value of it (``before``: that canary's four numbers).
+        'Nx before' times the before-run's value of it (``before``: that canary's numbers).
 
         A relative gate with nothing to multiply raises NoNormal; with ``strict=False`` it is
         left out instead (where an unresolved gate only means less to show, never less to check).

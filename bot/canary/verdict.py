@@ -93,9 +93,10 @@ class Values:
     delivered_tokens: int | None = None  # their output tokens (None: the report did not say)
 
     def four(self) -> dict[str, float | None]:
-        """The four numbers, JSON-safe (an unbounded value becomes None)."""
+        """Every catalogue number, JSON-safe (an unbounded value becomes None): what a card
+        shows of a canary (its headline four) and what a gate 'Nx before' multiplies (any)."""
         out = {}
-        for key in (m.key for m in catalogue.HEADLINE):
+        for key in catalogue.KEYS:
             value = getattr(self, key)
             out[key] = value if value is None or math.isfinite(value) else None
         return out

@@ -1,4 +1,4 @@
-"""A target's "normal": the median of each of the four numbers over its newest snapshots.
+"""A target's "normal": the median of each number over its newest snapshots.
 
 The scheduler's snapshot job (``bot.scheduler.snapshots``) takes the snapshots; the diagnosis
 shows normal beside "now" and ADR conditions written ``3x normal`` multiply it. Both read it
@@ -40,12 +40,13 @@ class NormalReader:
                 bounds: dict[str, Bound] = {}
                 spans: dict[str, tuple[float, float]] = {}
                 for key in KEYS if snapshots else ():
-                    taken = [x for x in snapshots if getattr(x, key) is not None]
-                    known = [(getattr(x, key), bounds_of(x.bounds).get(key)) for x in taken]
+                    # a snapshot keeps only what it measured (``store.add_snapshot``)
+                    taken = [(x.numbers[key], x.bounds) for x in snapshots if key in x.numbers]
+                    known = [(value, bounds_of(b).get(key)) for value, b in taken]
                     normal[key], bound = median(known)
                     if bound is not None:
                         bounds[key] = bound
-                    estimates = [(getattr(x, key), spans_of(x.bounds).get(key)) for x in taken]
+                    estimates = [(value, spans_of(b).get(key)) for value, b in taken]
                     if span := median_span(estimates):
                         spans[key] = span
                 return Measured(normal, bounds, spans)

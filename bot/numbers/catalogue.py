@@ -97,7 +97,6 @@ METRICS: tuple[Metric, ...] = (
         reading="vllm_metrics.itl_p99_ms",
         column=None,  # the seed's matrix has five columns; ADR files keep that table
         meaning="gap between streamed tokens, p99",
-        normal=False,  # a snapshot keeps its numbers in fixed columns: this one needs a migration
         headline=False,  # shown where it is gated or matched; the rows keep the seed's four
     ),
 )

@@ -1,4 +1,4 @@
-"""Four-metric snapshots: a target's TTFT, TPOT, goodput and KV fragmentation every few minutes.
+"""Snapshots: a target's numbers (the catalogue's that have a normal) every few minutes.
 
 The numbers come from the engine's own /metrics over a short window, read by the runbooks'
 ``vllm_metrics`` probe, so a snapshot and a diagnosis measure the same way. Diagnoses show the
@@ -44,7 +44,7 @@ class ColdEngine(RuleloopError):
 
 
 class MetricsSampler:
-    """Reads the four numbers of a target from its /metrics over ``window_s`` seconds."""
+    """Reads a target's numbers from its /metrics over ``window_s`` seconds."""
 
     def __init__(
         self,
@@ -61,7 +61,7 @@ class MetricsSampler:
         self.source = f"vllm_metrics {window_s:g}s"
 
     async def __call__(self, name: str, target: Target) -> Measured:
-        """Measured the window and read the four numbers (None where not measured)."""
+        """Measured the window and read the numbers (None where not measured)."""
         ctx = ProbeContext(http=self._http, monotonic=self._clock, sleep=self._sleep)
         result = await VllmMetricsProbe().run(
             target=TargetRef(name, target), params=self._params, ctx=ctx

@@ -7,6 +7,7 @@ action changes commits together, or not at all.
 from __future__ import annotations
 
 import datetime as dt
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -189,19 +190,14 @@ def add_snapshot(
     bounds: Mapping[str, str] | None = None,
     spans: Mapping[str, tuple[float, float]] | None = None,
 ) -> MetricSnapshot:
-    """Keep the four numbers of a target (keys as in ``MetricSnapshot``; missing ones None)
-    and how those not known exactly are known: in the ``bounds`` column, a bound's sign
-    ('<=') or an estimate's span ([low, high]); ``bounds_of`` and ``spans_of`` read it back."""
+    """Keep a target's numbers (by the catalogue's keys; None or a non-finite number, which
+    JSON cannot hold, is kept as not measured) and how those not known exactly are known: in
+    the ``bounds`` column, a bound's sign ('<=') or an estimate's span ([low, high]);
+    ``bounds_of`` and ``spans_of`` read it back."""
     known: dict[str, object] = {**(bounds or {}), **{k: list(s) for k, s in (spans or {}).items()}}
+    measured = {k: float(v) for k, v in numbers.items() if v is not None and math.isfinite(v)}
     snapshot = MetricSnapshot(
-        target=target,
-        at=at,
-        source=source,
-        bounds=known or None,
-        ttft_p99_ms=numbers.get("ttft_p99_ms"),
-        tpot_p99_ms=numbers.get("tpot_p99_ms"),
-        goodput_ratio=numbers.get("goodput_ratio"),
-        kv_fragmentation=numbers.get("kv_fragmentation"),
+        target=target, at=at, source=source, numbers=measured, bounds=known or None
     )
     session.add(snapshot)
     session.flush()
