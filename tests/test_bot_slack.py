@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from bot.errors import UsageError
+from bot.slack import shapes
 from bot.slack.errors import error_text
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
@@ -160,6 +161,26 @@ async def test_a_signed_request_is_verified_once(
     assert response.status_code == 200
     await slack.until("response_url")  # bolt ran the listener: the request went all the way
     assert len(keyed) == 1
+
+
+async def test_a_request_body_is_checked_once(
+    h: Harness, slack: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route checks a request's fields on its bytes before bolt; bolt's middleware checked
+    them again (issue 32), and now checks only Socket Mode's. Made to fail by checking HTTP
+    requests in the middleware again (2 checks)."""
+    checked: list[Any] = []
+    check = shapes.check
+
+    def counted(body: Any) -> None:
+        checked.append(body)
+        check(body)
+
+    monkeypatch.setattr(shapes, "check", counted)
+    response = await h.slash("nope")
+    assert response.status_code == 200
+    await slack.until("response_url")  # bolt ran the listener: the request went all the way
+    assert len(checked) == 1
 
 
 async def _diagnosed(h: Harness, slack: FakeSlack) -> str:

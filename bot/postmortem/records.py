@@ -72,9 +72,10 @@ class DraftRecords(buttons.ButtonReads):
         return await asyncio.to_thread(run)
 
     async def facts(
-        self, incident_id: int
+        self, incident_id: int, *, applied: Adr | None = None
     ) -> tuple[IncidentFacts, list[CanaryFacts], AppliedFix | None]:
-        """What the draft is written from: the incident, its canary runs, the fix it ended with."""
+        """What the draft is written from: the incident, its canary runs, the fix it ended with.
+        ``applied``: that fix's ADR where the caller read it already (read here otherwise)."""
 
         def run() -> tuple[IncidentFacts, list[CanaryFacts], AppliedFix | None]:
             with self._db.transaction() as s:
@@ -106,12 +107,12 @@ class DraftRecords(buttons.ButtonReads):
                     .where(Remediation.incident_id == incident_id, Remediation.state.in_(ENDED))
                     .order_by(Remediation.id.desc())
                 ).first()
-            applied = None
+            fix = None
             if rem is not None:
-                found = self._adrs.find(rem.adr_id)
-                if found is not None:
-                    applied = AppliedFix(
-                        adr=_as_judged(found[1], rem.result.get("gates")),
+                adr = _adr_of(rem, applied, self._adrs)
+                if adr is not None:
+                    fix = AppliedFix(
+                        adr=_as_judged(adr, rem.result.get("gates")),
                         state=rem.state,
                         before_flags=rem.before.get("flags", {}),
                         after_flags=rem.after.get("flags", {}),
@@ -121,7 +122,7 @@ class DraftRecords(buttons.ButtonReads):
                         limits=dict(rem.result.get("gates") or {}),
                         shape=_shape(rem.result.get("workload_shape"), remediation_id=rem.id),
                     )
-            return facts, canaries, applied
+            return facts, canaries, fix
 
         return await asyncio.to_thread(run)
 
@@ -254,6 +255,14 @@ class DraftRecords(buttons.ButtonReads):
             return state, where
 
         return await asyncio.to_thread(run)
+
+
+def _adr_of(rem: Remediation, read: Adr | None, adrs: SharedAdrStore) -> Adr | None:
+    """The change's ADR: the one its run read, else the store's (None when it is gone)."""
+    if read is not None and read.id == rem.adr_id:
+        return read
+    found = adrs.find(rem.adr_id)
+    return found[1] if found else None
 
 
 def _as_judged(adr: Adr, limits: dict[str, float] | None) -> Adr:

@@ -16,6 +16,7 @@ import asyncio
 import datetime as dt
 from collections.abc import Awaitable, Callable
 
+from bot.adr.models import Adr
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
 from bot.chat.messages import MessageRef
@@ -67,22 +68,24 @@ class DraftService:
         adr_id = await self.draft(chosen, author=user_id)
         return f"Drafted {adr_id} for incident #{chosen}; it is in the incident's thread."
 
-    async def after_change(self, incident_id: int, author: str) -> None:
-        """The draft a remediation ends with (the remediation service logs a failure)."""
-        await self.draft(incident_id, author=author)
+    async def after_change(self, incident_id: int, author: str, applied: Adr | None = None) -> None:
+        """The draft a remediation ends with (the remediation service logs a failure);
+        ``applied``: the ADR its run read, so the draft does not read it again."""
+        await self.draft(incident_id, author=author, applied=applied)
 
-    async def draft(self, incident_id: int, *, author: str) -> str:
-        """Store the draft with its review buttons, post it; its ADR id."""
+    async def draft(self, incident_id: int, *, author: str, applied: Adr | None = None) -> str:
+        """Store the draft with its review buttons, post it; its ADR id. ``applied``: the
+        ADR of the incident's change where the caller has read it (else it is read here)."""
         async with self._lock:
-            incident, canaries, applied = await self._records.facts(incident_id)
+            incident, canaries, fix = await self._records.facts(incident_id, applied=applied)
             adr, tokens = await self._records.record(
                 incident=incident,
                 canaries=canaries,
-                applied=applied,
+                applied=fix,
                 author=author,
             )
         thread = await self._threads(incident_id, None)
-        view = await self._view(adr.id, tokens=tokens)
+        view = await self._view(adr.id, tokens=tokens, adr=adr)  # the draft just built
         ref = await self._notifier.post_draft(
             thread, view=view, markdown=render(adr), filename=view.path.rsplit("/", 1)[-1]
         )
@@ -119,16 +122,20 @@ class DraftService:
             )
 
     async def _view(
-        self, adr_id: str, *, tokens: dict[str, str] | None = None, note: str = ""
-    ) -> DraftView:
+        self, adr_id: str, *, tokens: dict[str, str] | None = None, note: str = "",
+        adr: Adr | None = None,
+    ) -> DraftView:  # fmt: skip
+        """The draft's message; ``adr``: the record where the caller holds it (else read)."""
         draft = await self._records.draft(adr_id)
-        found = await asyncio.to_thread(self._adrs.find, adr_id)
-        adr = found[1] if found else None
+        path = draft.path  # where the draft was stored (its export path)
+        if adr is None:
+            found = await asyncio.to_thread(self._adrs.find, adr_id)
+            adr, path = (found[1], str(found[0])) if found else (None, draft.path)
         return DraftView(
             adr_id=adr_id,
             title=adr.title if adr else adr_id,
             incident_id=draft.incident_id,
-            path=str(found[0]) if found else draft.path,
+            path=path,
             state=draft.state,
             matrix=[row.model_dump() for row in adr.matrix] if adr else [],
             reviewers=list(self.settings.access.review),
