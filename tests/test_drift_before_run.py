@@ -25,6 +25,7 @@ from bot.config import CanarySpec, Settings
 from bot.remediation.gate import GateRun
 from bot.store import service as store
 from bot.store.models import Remediation, TuneSession
+from bot.store.readings import ROLLBACK_FAILED as FAILED
 from bot.workload.shape import WorkloadShape
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
@@ -58,12 +59,15 @@ class StageCanary:
     def __init__(self, kube: FakeKube, canary_url: str) -> None:
         self.tpot_p99_ms = {canary_url: 80.0, VLLM_URL: 27.7}
         self.calls: list[tuple[str, AdrGates, WorkloadShape | None, list[str]]] = []
+        self.refuse_patches_after = False  # the API refuses PATCHes from the first measurement on
         self._kube = kube
 
     async def __call__(
         self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: Any = None
     ) -> GateRun:
         self.calls.append((base_url, gates, shape, self._kube.args("vllm-canary")))
+        if self.refuse_patches_after:
+            self._kube.forbidden.add("patch")
         report = {"ttft_ms": {"p99": 180.0}, "tpot_ms": {"p99": self.tpot_p99_ms[base_url]},
                   "goodput_ratio": 0.99, "kv_fragmentation": {"observed": 0.12},
                   "requests": {"total": 32, "failed": 0}}  # fmt: skip
@@ -103,7 +107,8 @@ class Stage:
 
     def actions(self) -> list[str]:
         with self.h.bot.db.transaction() as s:
-            return [e.action for e in store_reads.audit_trail(s) if e.action.startswith("tune.")]
+            trail = store_reads.audit_trail(s)
+            return [e.action for e in trail if e.action.startswith("tune.") or e.action == FAILED]
 
     def thread(self) -> str:
         return str(self.slack.of("chat.postMessage")[-1].args["text"])
@@ -310,3 +315,35 @@ async def test_a_dry_run_actuator_is_not_asked_for_a_before(
             assert list(s.scalars(select(TuneSession))) == []
     finally:
         await h.close()
+
+
+async def test_a_target_that_serves_the_replaced_flags_again_is_not_run_twice(
+    stage: Stage,
+) -> None:
+    stage.promote()
+    for name in ("vllm", "vllm-canary"):  # someone put the old flags back by hand
+        spec = stage.kube.deployments[("inference", name)]["spec"]["template"]["spec"]
+        spec["containers"][0]["args"] = list(REPLACED)
+    stage.traffic.kind = "agents"
+    drift = await tick(stage.h)
+    why = f"prod-a already serves the flags {ADR} replaced"
+    assert drift.detail["revalidated"] == [f"{ADR}: judged nothing; not judged: {NOT_RUN}{why}"]
+    assert stage.new_patches() == [] and stage.canary.calls == [] and stage.sessions() == []
+
+
+async def test_a_restore_that_fails_fails_the_period_loudly(stage: Stage) -> None:
+    stage.promote()
+    stage.canary.refuse_patches_after = True  # measured, then the flags cannot be put back
+    stage.traffic.kind = "agents"
+    drift = await tick(stage.h)
+    assert drift.state == "failed"
+    assert drift.detail["error"].startswith("the ROLLBACK FAILED: ")
+    assert drift.detail["error"].endswith(
+        "Manual action needed: restore --max-num-batched-tokens=2048"
+    )
+    (session,) = stage.sessions()
+    assert session.state == "failed"  # not "restored": the rollback-failed alert counts it
+    assert stage.actions() == ["tune.started", "tune.restoring", FAILED]
+    assert stage.kube.args("vllm-canary") == REPLACED  # what a person must restore by hand
+    posted = [m.args["text"] for m in stage.slack.of("chat.postMessage")]
+    assert not any("hold" in text for text in posted)  # nothing holds on a half-restored target
