@@ -10,7 +10,7 @@
     │   ├── NoNormal                  a relative value with no normal measured (adr/relative.py)
     │   ├── ShapeError                a workload shape file is wrong (workload/shape.py)
     │   ├── AlreadyDecided            a draft someone else decided first (postmortem/records.py)
-    │   └── TargetBusy                a change runs on the target already (remediation/exclusion.py)
+    │   └── TargetBusy                a change runs on the target already (change/exclusion.py)
     ├── EndpointError (exit 2)        a server cannot be reached or does not speak the protocol
     │   ├── ProbeError (exit 2)       a /metrics page or other probe source is unusable
     │   ├── DeliveryFailed            Slack did not take a message; retry or not (chat/failures.py)
@@ -18,14 +18,14 @@
     │                                 (remediation/silences.py)
     ├── EngineError (exit 2)          the local vLLM engine failed to start or stop
     ├── ActuatorError                 a change could not be made or did not become healthy
-    │   │                             (remediation/actuators/base.py)
+    │   │                             (change/actuators/base.py)
     │   └── LocatorError              a git locator does not find the flags in its YAML file
-    │                                 (remediation/actuators/yaml_flags.py)
+    │                                 (change/actuators/yaml_flags.py)
     ├── GitOpsError                   git, the forge or a repository file did not do what was
     │   │                             needed (gitops/errors.py)
     │   └── Conflict                  someone else changed it first; nothing was left behind
     ├── RestoreFailed                 a tuning session could not put the target's flags back:
-    │                                 manual action (remediation/tuning.py)
+    │                                 manual action (tune/on_target.py)
     ├── ColdEngine                    the engine still warms up: no normal (scheduler/snapshots.py)
     ├── DemoFailed (exit 1)           `ruleloop demo` did not close the loop here (demo/scenario.py)
     └── GateFailed (exit 1)           the canary measured numbers outside an ADR's gates

@@ -23,6 +23,9 @@ from slack_sdk.web.async_client import AsyncWebClient
 from starlette.applications import Starlette
 
 from bot.adr.shared import SharedAdrStore
+from bot.change import actuators
+from bot.change.actuators import ActuatorFactory
+from bot.change.liveness import Sleep
 from bot.chat.messages import Notifier
 from bot.config import Settings
 from bot.diagnosis.normal import NormalReader
@@ -31,10 +34,7 @@ from bot.incidents.flows import IncidentFlows
 from bot.intake.service import Intake
 from bot.postmortem.service import DraftService
 from bot.probes.context import ProbeContext
-from bot.remediation import actuators
-from bot.remediation.actuators import ActuatorFactory
 from bot.remediation.gate import GateRunner, run_gate
-from bot.remediation.liveness import Sleep
 from bot.remediation.ports import RemediationNotifier
 from bot.remediation.service import RemediationService
 from bot.remediation.thread_buttons import ThreadButtons

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bot.change.actuators.git import GitActuator
 from bot.config import (
     ArgoCdSyncSpec,
     FluxSyncSpec,
@@ -22,7 +23,6 @@ from bot.config import (
     GitClusterSpec,
     GitLocatorSpec,
 )
-from bot.remediation.actuators.git import GitActuator
 from tests.fakes.clock import FakeTime
 from tests.fakes.forge_api import FORGE_TOKEN, FakeForge
 from tests.fakes.gitops_controller import GitOpsController

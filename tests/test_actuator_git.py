@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.remediation.actuators.base import ActuatorError, ChangeContext, Deployed
-from bot.remediation.actuators.git import GitActuator
-from bot.remediation.argv import merge, read_flags
+from bot.change.actuators.base import ActuatorError, ChangeContext, Deployed
+from bot.change.actuators.git import GitActuator
+from bot.change.argv import merge, read_flags
 from tests.fakes.forge_api import FORGE_TOKEN, Pull
 from tests.gitops_fleet import CANARY_FILE, MAIN_FILE, git
 from tests.gitops_rig import CANARY_URL, VLLM_URL, Rig, make_rig

@@ -10,16 +10,16 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.config import KubernetesActuatorSpec
-from bot.remediation.actuators.base import ActuatorError, Deployed
-from bot.remediation.actuators.kubernetes import (
+from bot.change.actuators.base import ActuatorError, Deployed
+from bot.change.actuators.kubernetes import (
     ANNOTATION,
     PATCH_TYPE,
     KubernetesActuator,
     build_client,
     rollout_waiting,
 )
-from bot.remediation.argv import merge, read_flags, record
+from bot.change.argv import merge, read_flags, record
+from bot.config import KubernetesActuatorSpec
 from tests.fakes.clock import FakeTime
 from tests.fakes.kube_api import TOKEN, FakeKube
 

@@ -1,4 +1,4 @@
-"""The actuator registry (bot/remediation/actuators/__init__.py): one actuator per kind the
+"""The actuator registry (bot/change/actuators/__init__.py): one actuator per kind the
 config accepts, built from the target's spec; a target without one is refused with the kinds."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import typing
 
 import pytest
 
+from bot.change import actuators
+from bot.change.actuators.dry_run import DryRunActuator
+from bot.change.actuators.local import LocalActuator
 from bot.config import ActuatorSpec, Target
 from bot.errors import UsageError
-from bot.remediation import actuators
-from bot.remediation.actuators.dry_run import DryRunActuator
-from bot.remediation.actuators.local import LocalActuator
 
 
 def config_kinds() -> list[str]:

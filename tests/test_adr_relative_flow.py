@@ -24,10 +24,10 @@ from bot.adr.models import AdrGates
 from bot.adr.shared import SharedAdrStore
 from bot.adr.validate import validate
 from bot.canary.verdict import gates_from, judged
+from bot.change.actuators.base import Deployed
+from bot.change.argv import FlagValues
 from bot.config import CanarySpec, Target
 from bot.errors import UsageError
-from bot.remediation.actuators.base import Deployed
-from bot.remediation.argv import FlagValues
 from bot.remediation.gate import GateRun
 from bot.store import service as store
 from bot.store.models import AdrDraft, Incident, Remediation

@@ -77,6 +77,40 @@ def test_a_one_token_answer_with_empty_text_has_a_first_token() -> None:
     assert (record.output_tokens, record.ttft_s) == (1, 0.8)
 
 
+def test_data_as_read_bytes_counts_as_its_text_does() -> None:
+    """The canary hands the parser's bytes to the JSON decoder as read (a token's text is
+    decoded once, or not at all): the counts are those of the decoded text, also for a text
+    that holds what looks like other fields, and for bytes that are no UTF-8."""
+    chunks = [
+        '{"choices":[{"index":0,"text":"a","finish_reason":null}]}',
+        '{"choices":[{"index":0,"text":"\\"finish_reason\\":\\"stop\\",\\"usage\\":{}","finish_reason":null}]}',
+        '{"choices":[{"index":0,"text":"","finish_reason":"length"}]}',
+        '{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":5}}',
+    ]
+    as_text, as_bytes = RequestRecord(sent_at=0.0), RequestRecord(sent_at=0.0)
+    for i, chunk in enumerate(chunks):
+        _handle_event(chunk, as_text, float(i))
+        _handle_event(chunk.encode(), as_bytes, float(i))
+    assert as_bytes == as_text
+    counts = (as_bytes.output_tokens, as_bytes.prompt_tokens, as_bytes.finish_reason)
+    assert counts == (5, 7, "length")
+    assert (as_bytes.first_token_at, as_bytes.itl_s) == (0.0, [1.0, 1.0])
+    broken = RequestRecord(sent_at=0.0)
+    _handle_event(b'{"choices":[{"index":0,"text":"\xff\xfe","finish_reason":null}]}', broken, 1.0)
+    assert (broken.output_tokens, broken.first_token_at) == (1, 1.0)
+    assert _handle_event(b"[DONE]", broken, 2.0)
+
+
+def test_chat_deltas_as_bytes_count_as_their_text_does() -> None:
+    chunks = [{"delta": {"role": "assistant", "content": ""}}, {"delta": {"content": "He"}},
+              {"delta": {"content": ""}}, {"delta": {"content": None}},
+              {"delta": {}, "finish_reason": "stop"}]  # fmt: skip
+    record = RequestRecord(sent_at=0.0)
+    for i, choice in enumerate(chunks):
+        _handle_event(json.dumps({"choices": [choice]}).encode(), record, i)
+    assert (record.output_tokens, record.first_token_at, record.finish_reason) == (2, 1, "stop")
+
+
 @pytest.mark.parametrize(
     ("payload", "message"),
     [
@@ -85,9 +119,13 @@ def test_a_one_token_answer_with_empty_text_has_a_first_token() -> None:
         ('"just a string"', "not a completion chunk"),
     ],
 )
-def test_an_error_event_or_a_broken_line_fails_the_request(payload: str, message: str) -> None:
+@pytest.mark.parametrize("as_bytes", [False, True], ids=["text", "bytes"])
+def test_an_error_event_or_a_broken_line_fails_the_request(
+    payload: str, message: str, as_bytes: bool
+) -> None:
+    data = payload.encode() if as_bytes else event(payload)
     with pytest.raises(StreamError, match=message):
-        _handle_event(event(payload), RequestRecord(sent_at=0.0), 1.0)
+        _handle_event(data, RequestRecord(sent_at=0.0), 1.0)
 
 
 # -- framing, end to end ---------------------------------------------------------------------

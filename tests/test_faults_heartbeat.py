@@ -24,8 +24,8 @@ from sqlalchemy import select
 
 from bot.adr.models import AdrGates
 from bot.canary.verdict import gates_from, judged
+from bot.change.argv import read_flags
 from bot.config import CanarySpec
-from bot.remediation.argv import read_flags
 from bot.remediation.gate import GateRun
 from bot.store.dbtime import db_now
 from bot.store.models import AdrDraft, Remediation

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from bot.remediation.argv import read_flags
+from bot.change.argv import read_flags
 from bot.store.db import Database
 from tests.fakes.bot import PAGES
 from tests.fakes.kube_api import TOKEN, FakeKube

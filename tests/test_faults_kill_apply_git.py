@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from bot.remediation.argv import read_flags
+from bot.change.argv import read_flags
 from bot.store.db import Database
 from tests.fakes.forge_api import FORGE_TOKEN, FakeForge
 from tests.fakes.gitops_controller import GitOpsController

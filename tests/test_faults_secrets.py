@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
+from bot.change.argv import read_flags
 from bot.errors import EndpointError
-from bot.remediation.argv import read_flags
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import FakeTime
 from tests.fakes.kube_api import FakeKube, KubeActuators

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bot.change.actuators.yaml_flags import Locator
+from bot.change.argv import read_flags
 from bot.config import ArgoCdSyncSpec, FluxSyncSpec, GitActuatorSpec, Settings
-from bot.remediation.actuators.yaml_flags import Locator
-from bot.remediation.argv import read_flags
 from tests.kustomize_render import kustomize, schema_problems
 
 ROOT = Path(__file__).parent.parent

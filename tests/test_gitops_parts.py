@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from bot.change.actuators.yaml_flags import Locator, LocatorError
 from bot.config import AdrPublishSettings, ForgeSpec, GitLocatorSpec, GitRepoSpec
 from bot.gitops.adr_publish import AdrPublisher, publish_accepted
 from bot.gitops.errors import Conflict, GitOpsError
@@ -20,7 +21,6 @@ from bot.gitops.forge import GitHub
 from bot.gitops.git import GitRepo
 from bot.gitops.landing import Landing, Proposal
 from bot.gitops.secrets import scrub
-from bot.remediation.actuators.yaml_flags import Locator, LocatorError
 from tests.fakes.forge_api import FORGE_TOKEN, FakeForge
 from tests.gitops_fleet import ARGS_PATH, EXAMPLE, MAIN_FILE, Fleet, git
 

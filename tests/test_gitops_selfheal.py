@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from bot.change.actuators.base import ChangeContext
+from bot.change.actuators.kubernetes import KubernetesActuator
+from bot.change.argv import merge, read_flags
 from bot.config import KubernetesActuatorSpec
-from bot.remediation.actuators.base import ChangeContext
-from bot.remediation.actuators.kubernetes import KubernetesActuator
-from bot.remediation.argv import merge, read_flags
 from tests.fakes.clock import FakeTime
 from tests.gitops_rig import CANARY_URL, VLLM_URL, Rig, make_rig
 

@@ -20,9 +20,9 @@ from sqlalchemy import select
 
 from bot.adr.models import AdrGates
 from bot.canary.verdict import gates_from, judged
+from bot.change.actuators import kube_read
+from bot.change.actuators.kubernetes import KubernetesActuator
 from bot.config import CanarySpec, KubernetesActuatorSpec, Target
-from bot.remediation.actuators import kube_read
-from bot.remediation.actuators.kubernetes import KubernetesActuator
 from bot.remediation.gate import GateRun
 from bot.store.models import Remediation
 from tests.fakes.bot import Harness, harness

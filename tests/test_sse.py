@@ -254,3 +254,46 @@ def test_a_relay_that_holds_back_pending_bytes_forwards_whole_events_only(
         alone = SSEParser()
         assert alone.feed(forwarded) == seen and alone.end() == []
     assert forwarded + held == raw and seen == expected(events)
+
+
+# -- feed_data: the events' data undecoded (the canary's reader) ------------------------------
+
+
+def parse_data(reads: list[bytes]) -> list[bytes]:
+    parser = SSEParser()
+    out = [d for read in reads for d in parser.feed_data(read)]
+    return out + [e.data.encode() for e in parser.end()]
+
+
+@pytest.mark.parametrize(
+    "reads",
+    [
+        [b"data: a\n\n", b"data: b\n\ndata: c\n\n"],  # the shortcuts: one event, several
+        [b"data: a\n\n\n\ndata: b\n\n"],  # a blank line too many between them
+        [b"data: a\n\ndata: b\ndata: c\n\n"],  # a second event of two data lines
+        [b"data: a\n\nevent: x\ndata: b\n\n"],  # a field other than data
+        [b"data: a\r\n\r\ndata: b\r\n\r\n"],  # CRLF
+        [b"data: a\n\ndata: b\n"],  # the last event's blank line in the next read
+        [b"data: a\n\n", b"data: b\n", b"\ndata: c\n\n"],  # an event over two reads
+        [b"data: a\n\n: comment\n\ndata: b\n\n"],  # a comment between them
+        [BOM + b"data: a\n\ndata: b\n\n"],  # the stream's first bytes: a BOM
+        [b"data: \xff\n\ndata: b\n\n"],  # bytes that are no UTF-8 are replaced
+    ],
+)
+def test_feed_data_gives_the_data_feed_gives_for_any_read(reads: list[bytes]) -> None:
+    assert parse_data(reads) == [e.data.encode() for e in parse(reads)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=EVENTS, end=st.sampled_from(LINE_ENDS), data=st.data())
+def test_feed_data_of_any_events_split_anywhere_is_their_data(
+    events: list[Spec], end: bytes, data: st.DataObject
+) -> None:
+    raw = framed(serialize(events), end)
+    # Reads at event ends (whole events, several per read) or anywhere.
+    ends = [len(framed(serialize(events[: i + 1]), end)) for i in range(len(events))]
+    anywhere = st.lists(st.integers(0, len(raw)), max_size=12)
+    cuts = sorted(data.draw(st.lists(st.sampled_from(ends)) if ends else anywhere, label="at")
+                  + data.draw(anywhere, label="cuts"))  # fmt: skip
+    reads = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+    assert parse_data(reads) == [e.data.encode() for e in expected(events)]

@@ -17,18 +17,18 @@ from optuna.trial import TrialState
 
 from bot.adr.models import EngineValue
 from bot.canary.verdict import Gates, Values, judge_values
+from bot.change.actuators.base import Deployed
+from bot.change.exclusion import TargetBusy, refusal
+from bot.change.policy import Policy
 from bot.cli import cli
 from bot.config import Settings
 from bot.errors import NotAllowed, UsageError
-from bot.remediation.actuators.base import Deployed
-from bot.remediation.exclusion import TargetBusy, refusal
-from bot.remediation.policy import Policy
 from bot.remediation.records import ChangeRequest, RemediationRecords
-from bot.remediation.tune_records import TuneRecords
-from bot.remediation.tuning import utc_now
 from bot.store.db import Database
 from bot.tune.objective import Objective, Outcome, outcome, violations
+from bot.tune.on_target import utc_now
 from bot.tune.plan import TunePlan, load_plan
+from bot.tune.records import TuneRecords
 from bot.tune.search import GridSearch, TpeSearch
 from bot.tune.space import Dimension, Space, build_space, parse_dimension
 from bot.workload import shape as shapes

@@ -27,11 +27,11 @@ from sqlalchemy import select
 
 from bot.adr.parse import load
 from bot.adr.validate import validate
+from bot.change.actuators.local import process_argv
+from bot.change.argv import read_flags
 from bot.cli import cli
 from bot.engine.model import SERVED_MODEL_NAME
 from bot.engine.process import EngineInfo, EngineManager, free_port
-from bot.remediation.actuators.local import process_argv
-from bot.remediation.argv import read_flags
 from bot.store.db import Database
 from bot.store.models import AuditEntry, TuneSession
 from bot.tune.matrix import RECOMMENDED

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from bot.runtime.sse import DONE, Event, SSEParser
+from bot.runtime.sse import DONE, SSEParser
 
 
 class Outcome(StrEnum):
@@ -186,20 +186,21 @@ async def _read_events(
 ) -> bool:
     """Read the stream into ``record``; return True when the client gave up before its end."""
     parser = SSEParser()  # any framing the spec allows: LF, CRLF or CR (docs/canary.md)
-    async for data in response.content.iter_any():
-        for event in parser.feed(data):
-            ended = _on_event(event, record, clock(), cancel_after_tokens, on_first_token)
+    readany = response.content.readany  # b"" at the end; one layer less than iter_any's
+    while read := await readany():
+        for data in parser.feed_data(read):
+            ended = _on_event(data, record, clock(), cancel_after_tokens, on_first_token)
             if ended is not None:
                 return ended
     for event in parser.end():  # a last event the server left without its blank line
-        ended = _on_event(event, record, clock(), cancel_after_tokens, on_first_token)
+        ended = _on_event(event.data, record, clock(), cancel_after_tokens, on_first_token)
         if ended is not None:
             return ended
     return False
 
 
 def _on_event(
-    event: Event,
+    data: bytes | str,
     record: RequestRecord,
     now: float,
     cancel_after_tokens: int | None,
@@ -207,7 +208,7 @@ def _on_event(
 ) -> bool | None:
     """Account for one event: None to read on, False at the stream's end, True to give up."""
     had_token = record.first_token_at is not None
-    if _handle_event(event.data, record, now):
+    if _handle_event(data, record, now):
         return False
     if on_first_token and not had_token and record.first_token_at is not None:
         on_first_token()
@@ -228,13 +229,21 @@ class _Usage(msgspec.Struct):
     completion_tokens: int | None = None
 
 
+# A token's text is never read, only whether it is there: kept as raw JSON (b'"..."', b'null',
+# or b'' when absent), msgspec neither unescapes nor copies it. The test model's tokens stream
+# as 1-2 kB of text each, so this is most of a chunk's decoding.
+_ABSENT = msgspec.Raw()
+_NULL = b"null"
+_EMPTY = b'""'
+
+
 class _Delta(msgspec.Struct):
-    content: str | None = None
+    content: msgspec.Raw = _ABSENT
     role: str | None = None
 
 
 class _Choice(msgspec.Struct):
-    text: str | None = None
+    text: msgspec.Raw = _ABSENT
     delta: _Delta | None = None
     finish_reason: str | None = None
 
@@ -251,19 +260,26 @@ class _Chunk(msgspec.Struct):
 _decode_chunk = msgspec.json.Decoder(_Chunk).decode
 
 
-def _handle_event(data: str, record: RequestRecord, now: float) -> bool:
-    """Account for one SSE event's data; return True at the end of the stream."""
+_DONE = DONE.encode()
+
+
+def _handle_event(data: bytes | str, record: RequestRecord, now: float) -> bool:
+    """Account for one SSE event's data (UTF-8 bytes as read, or text); return True at the end
+    of the stream."""
     payload = data.strip()
-    if payload == DONE:
+    if payload in (_DONE, DONE):
         return True
     try:
         chunk = _decode_chunk(payload)
     except msgspec.DecodeError as exc:
+        if isinstance(payload, bytes):  # not UTF-8: read it as the SSE spec decodes it
+            return _handle_event(payload.decode("utf-8", "replace"), record, now)
         raise StreamError(
             f"the stream carried an event that is not a completion chunk: {payload[:80]!r}"
         ) from exc
     if chunk.error is not None:
-        raise StreamError(_error_message(payload))
+        text = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
+        raise StreamError(_error_message(text))
     _count_tokens(chunk, record, now)
     return False
 
@@ -272,27 +288,32 @@ def _count_tokens(chunk: _Chunk, record: RequestRecord, now: float) -> None:
     """Count the tokens a chunk brings: one per chunk that carries a token while the stream
     runs, the server's exact total from the usage at its end. The canary asks for usage once
     (what production clients send): usage on every chunk made vLLM's API server build it for
-    every token, on the cores the engine runs on (docs/canary.md)."""
+    every token, on the cores the engine runs on (docs/canary.md). Straight-line code, no
+    generators: it runs once per streamed token, on the cores the engine needs."""
+    choices = chunk.choices
+    carries = False
+    for choice in choices:
+        if choice.finish_reason:
+            record.finish_reason = choice.finish_reason
+        carries = carries or _carries_token(choice)
     usage = chunk.usage
     if usage is not None and usage.prompt_tokens is not None:
         record.prompt_tokens = usage.prompt_tokens
-    choices = chunk.choices
-    for choice in choices:
-        record.finish_reason = choice.finish_reason or record.finish_reason
+    count = record.output_tokens
     if usage is not None and usage.completion_tokens is not None:
-        total = usage.completion_tokens  # exact: the final chunk (or a server that sends more)
-    elif any(_carries_token(c) for c in choices):
-        # A lower bound: a server that falls behind packs several tokens into one chunk.
-        total = record.output_tokens + 1
+        total = usage.completion_tokens  # exact: the final chunk (or usage on every chunk)
     else:
-        total = record.output_tokens
-    if total > record.output_tokens and choices:
+        # A lower bound: a server that falls behind packs several tokens into one chunk.
+        total = count + 1 if carries else count
+    if total <= count:
+        return
+    if choices:
         if record.first_token_at is None:
             record.first_token_at = now
         elif record.last_token_at is not None:
             record.itl_s.append(now - record.last_token_at)
         record.last_token_at = now
-    record.output_tokens = max(total, record.output_tokens)
+    record.output_tokens = total
 
 
 def _carries_token(choice: _Choice) -> bool:
@@ -300,13 +321,18 @@ def _carries_token(choice: _Choice) -> bool:
     first does, with empty text too (a token that ends inside a UTF-8 character; `vllm bench
     serve` counts those alike). Not a token: a chunk that only says why the answer ended, or a
     chat stream's first chunk, which names the role."""
-    if choice.text is not None:
+    text = bytes(choice.text)  # raw JSON: b'' absent, b'null', else a string
+    if text and text != _NULL:
         # /v1/completions sends a chunk only for tokens, the last one with its finish reason
         # (a 1-token answer whose text is empty is one chunk: empty text, finish reason)
         return True
-    if choice.delta is None or choice.delta.role is not None or choice.delta.content is None:
+    delta = choice.delta
+    if delta is None or delta.role is not None:
         return False
-    return bool(choice.delta.content) or choice.finish_reason is None
+    content = bytes(delta.content)
+    if not content or content == _NULL:
+        return False
+    return content != _EMPTY or choice.finish_reason is None
 
 
 def _error_message(text: str) -> str:

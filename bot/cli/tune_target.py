@@ -1,6 +1,6 @@
 """`ruleloop tune --target NAME`: a search on a target of the bot's config, and `--restore`.
 
-The session itself is ``bot.remediation.tuning``'s; this module gathers what it needs from the
+The session itself is ``bot.tune.on_target``'s; this module gathers what it needs from the
 command line's world: the bot's settings (TOML file and environment), the store the bot uses
 (so a restarted bot, or `--restore`, finds the session), the workload (given, or the target's
 own traffic captured first), SIGTERM turned into the same orderly stop as Ctrl-C, and the
@@ -24,24 +24,24 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bot.adr.store import AdrStore
+from bot.change import actuators
+from bot.change.actuators.base import Deployed
+from bot.change.exclusion import tuning_refusal
 from bot.config import Settings, Target
 from bot.engine.process import default_state_dir
 from bot.errors import UsageError
-from bot.remediation import actuators
-from bot.remediation.actuators.base import Deployed
-from bot.remediation.exclusion import tuning_refusal
-from bot.remediation.tune_records import TuneRecords
-from bot.remediation.tuning import (
+from bot.runtime.loop import run as run_loop
+from bot.store.db import Database
+from bot.tune.on_target import (
     approve,
     capture_shape,
     check_target,
     restore_target_session,
     utc_now,
 )
-from bot.remediation.tuning import tune_target as run_session
-from bot.runtime.loop import run as run_loop
-from bot.store.db import Database
+from bot.tune.on_target import tune_target as run_session
 from bot.tune.plan import TunePlan, WorkloadSpec
+from bot.tune.records import TuneRecords
 from bot.tune.runner import Echo
 from bot.tune.service import DraftPlace, TuneResult, write_search_draft
 from bot.workload import shape as shapes

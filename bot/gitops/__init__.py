@@ -11,6 +11,6 @@
     secrets.py      tokens read from mounted files; ``scrub`` for every text shown
     errors.py       GitOpsError, and Conflict: someone else was first, nothing left behind
 
-The remediation's git actuator (bot/remediation/actuators/git.py, with the flags' locator in
-bot/remediation/actuators/yaml_flags.py) and the ADR publisher are built from these parts.
+The remediation's git actuator (bot/change/actuators/git.py, with the flags' locator in
+bot/change/actuators/yaml_flags.py) and the ADR publisher are built from these parts.
 """

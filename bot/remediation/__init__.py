@@ -1,15 +1,11 @@
 """Remediation: apply an accepted ADR's fix behind approvals and a canary gate, or roll it back.
+The parts it shares with tuning on a target (actuators, flags, policy, one change at a time,
+liveness) live below it in bot/change.
 
 service.py         the flow: /apply-adr or an Apply click -> approval -> apply -> canary -> keep
                    or roll back, shown on one card in the incident's thread
 run.py             one approved change, run by one runner: apply, canary, keep or roll back
-liveness.py        which run owns a change, and how it shows it is alive
 records.py         the flow's store work, each one transaction with its audit entry
-exclusion.py       one change at a time per target, and the refusal naming who holds it
-policy.py          who may request and approve; which ADRs and flags are allowed
-argv.py            reading and rewriting vLLM flags inside a command line
-actuators/         where the flags are changed: local engine, Kubernetes Deployment, a commit
-                   to the deployment repository (git), dry run
 gateway_rules.py   an ADR's ``fix.gateway`` rules, applied through the gateway's admin endpoint
 gate.py            the canary with the ADR's gates against the changed engine
 lines.py           a change's gates and canary numbers as plain lines (card, console, page)
@@ -19,6 +15,4 @@ change_note.py     what an actuator that records changes for review is told abou
 silences.py        Alertmanager silences (API v2): during a change, or from a thread's button
 change_silence.py  the silence of one change: made when it applies, expired when it ends
 thread_buttons.py  the thread's Silence, Acknowledge and cause buttons, single-use
-tuning.py          tuning on a real target: each trial's flags through its actuator, restored
-tune_records.py    a tuning session's store work, each one transaction with its audit entry
 """

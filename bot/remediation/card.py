@@ -14,11 +14,11 @@ from typing import Any
 from bot.adr.models import Adr, AdrGates
 from bot.adr.shared import SharedAdrStore
 from bot.canary.limits import judged_limits
+from bot.change.argv import diff
+from bot.change.liveness import LostRun
 from bot.chat.messages import MessageRef
 from bot.config import Settings
 from bot.errors import RuleloopError
-from bot.remediation.argv import diff
-from bot.remediation.liveness import LostRun
 from bot.remediation.ports import RemediationNotifier, RemediationView
 from bot.remediation.records import SUBJECT, RemediationRecords
 from bot.runtime.redact import redact

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from bot.change.actuators.base import Actuator, ChangeContext, Deployed, TakesContext
 from bot.numbers import catalogue
 from bot.numbers.text import show
-from bot.remediation.actuators.base import Actuator, ChangeContext, Deployed, TakesContext
 from bot.store.models import Remediation
 
 

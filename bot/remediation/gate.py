@@ -10,16 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import httpx
-
 from bot.adr.models import AdrGates
 from bot.canary.measure import measure_async
 from bot.canary.runner import Progress
 from bot.canary.verdict import Judged, gates_from
 from bot.canary.workload import Workload
 from bot.config import CanarySpec
-from bot.errors import EndpointError
-from bot.runtime.redact import redact
 from bot.workload.shape import WorkloadShape
 
 GateRun = Judged  # a finished gate canary: its report, the numbers read, the verdict
@@ -93,18 +89,3 @@ async def run_gate(
         on_progress=on_progress,
         progress_interval_s=10.0,
     )
-
-
-async def verify_serving(base_url: str, *, timeout_s: float = 60.0) -> None:
-    """One short completion must succeed: the engine serves, not just answers /health."""
-    try:
-        async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as client:
-            models = (await client.get("/v1/models")).raise_for_status().json()
-            model = models["data"][0]["id"]
-            response = await client.post(
-                "/v1/completions",
-                json={"model": model, "prompt": [100, 101, 102], "max_tokens": 2},
-            )
-            response.raise_for_status()
-    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-        raise EndpointError(redact(f"{base_url} does not serve completions: {exc}")) from exc

@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 
 from bot.adr.models import GatewayRules
+from bot.change.actuators.base import ActuatorError
 from bot.errors import UsageError
-from bot.remediation.actuators.base import ActuatorError
 from bot.runtime.redact import redact
 
 PATH = "/admin/limits"

@@ -18,8 +18,8 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from bot.change import exclusion
 from bot.errors import UsageError
-from bot.remediation import exclusion
 from bot.store import buttons
 from bot.store import service as store
 from bot.store.db import Database

@@ -15,14 +15,15 @@ from typing import Any
 from bot.adr.models import Adr, AdrGates, GatewayRules
 from bot.adr.relative import BEFORE, NORMAL, unlike_gate
 from bot.canary.limits import judged_limits
+from bot.change.actuators.base import Actuator, ActuatorError, Deployed, TakesContext
+from bot.change.argv import flags_text
+from bot.change.serving import verify_serving
 from bot.config import Settings, Target
 from bot.errors import RuleloopError, UsageError
-from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed, TakesContext
-from bot.remediation.argv import flags_text
 from bot.remediation.card import Card
 from bot.remediation.change_note import give_context
 from bot.remediation.change_silence import ChangeSilencer
-from bot.remediation.gate import GateRun, GateRunner, verify_serving
+from bot.remediation.gate import GateRun, GateRunner
 from bot.remediation.gateway_rules import GatewayAdmin
 from bot.remediation.records import RemediationRecords
 from bot.runtime.ids import new_error_id

@@ -18,23 +18,21 @@ from typing import Any
 
 from bot.adr.models import Adr
 from bot.adr.shared import SharedAdrStore
+from bot.change import actuators
+from bot.change.actuators import ActuatorFactory, opened
+from bot.change.argv import diff, merge
+from bot.change.exclusion import TargetBusy, refusal
+from bot.change.liveness import LostRun, Sleep, owned
+from bot.change.policy import Policy
 from bot.chat.messages import MessageRef
 from bot.config import Settings, Target
 from bot.errors import UsageError
-from bot.remediation import actuators
-from bot.remediation.actuators import ActuatorFactory, opened
-from bot.remediation.argv import diff, merge
 from bot.remediation.card import Card
 from bot.remediation.change_silence import ChangeSilencer
-from bot.remediation.exclusion import TargetBusy, refusal
 from bot.remediation.gate import GateRunner, run_gate
-from bot.remediation.liveness import LostRun, Sleep, owned
-from bot.remediation.policy import Policy
 from bot.remediation.ports import RemediationNotifier
 from bot.remediation.records import SUBJECT, ChangeRequest, RemediationRecords
 from bot.remediation.run import ChangeRun, crashed, gateway_admin, like_for_like
-from bot.remediation.tune_records import TuneRecords
-from bot.remediation.tuning import restore_stale
 from bot.runtime.access import Members
 from bot.runtime.ids import replica_id
 from bot.runtime.tasks import TaskSupervisor
@@ -42,6 +40,8 @@ from bot.store import buttons
 from bot.store.db import Database
 from bot.store.models import ActionToken, Remediation
 from bot.store.states import ACTIVE, RemediationState
+from bot.tune.on_target import restore_stale
+from bot.tune.records import TuneRecords
 
 log = logging.getLogger("ruleloop.remediation")
 
@@ -277,7 +277,7 @@ class RemediationService:
         stale_after_s``) on the database's clock; taking a change over is one conditional
         UPDATE that checks it again, so a run that beat meanwhile keeps its change. A tuning
         session (`ruleloop tune --target`) whose process died is restored the same way
-        (``bot.remediation.tuning.restore_stale``). How many were taken over."""
+        (``bot.tune.on_target.restore_stale``). How many were taken over."""
         if stale_s is None:
             stale_s = self.settings.remediation.stale_after_s
         taken = 0

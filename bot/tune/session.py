@@ -2,7 +2,7 @@
 
 Where a trial is measured is the ``Measurer``'s business: a fresh local engine per trial
 (``bot.tune.runner.LocalMeasurer``), or a production target's canary stage through its
-actuator, rolled back after each trial (``bot.remediation.tuning``). A ``Journal`` hears of
+actuator, rolled back after each trial (``bot.tune.on_target``). A ``Journal`` hears of
 each trial before it starts and after it ends: the target's session writes both to the store,
 so a bot that restarts knows what was running. Every trial's canary JSON is written as soon as
 it is measured, into the directory the draft's matrix cites.

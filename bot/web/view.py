@@ -15,13 +15,13 @@ from typing import Any
 
 from bot.adr.models import Adr
 from bot.canary.verdict import values_of
+from bot.change.argv import diff
 from bot.diagnosis import cause_text
 from bot.diagnosis.causes import from_json
 from bot.diagnosis.models import GATE_OF, summary_numbers
 from bot.incidents import memory
 from bot.numbers.reading import Bound, Reading, compare
 from bot.numbers.text import FOUR, show_reading
-from bot.remediation.argv import diff
 from bot.remediation.lines import gate_lines, number_lines
 from bot.remediation.ports import STATES
 from bot.store.states import RemediationState

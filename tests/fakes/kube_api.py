@@ -567,8 +567,8 @@ class KubeActuators:
         self._clock = clock
 
     def __call__(self, name: str, target: Any) -> Any:
+        from bot.change.actuators.kubernetes import KubernetesActuator
         from bot.config import KubernetesActuatorSpec
-        from bot.remediation.actuators.kubernetes import KubernetesActuator
 
         assert isinstance(target.actuator, KubernetesActuatorSpec)
         return KubernetesActuator(

@@ -19,9 +19,9 @@ from typing import Any
 
 import httpx
 
+from bot.change.actuators import kube_read
+from bot.change.actuators.base import ActuatorError
 from bot.config import ArgoCdSyncSpec, FluxSyncSpec
-from bot.remediation.actuators import kube_read
-from bot.remediation.actuators.base import ActuatorError
 
 ARGO = ("argoproj.io/v1alpha1", "applications", "Argo CD Application")
 FLUX = ("kustomize.toolkit.fluxcd.io/v1", "kustomizations", "Flux Kustomization")

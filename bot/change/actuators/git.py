@@ -42,6 +42,10 @@ from typing import Any
 import httpx
 
 from bot.adr.flags import canonical
+from bot.change.actuators import kube_read, sync_status
+from bot.change.actuators.base import ActuatorError, ChangeContext, Deployed
+from bot.change.actuators.yaml_flags import Locator
+from bot.change.argv import FlagValues, flags_text, read_flags, record
 from bot.config import GitActuatorSpec, GitLocatorSpec
 from bot.gitops import trailers
 from bot.gitops.errors import Conflict, GitOpsError
@@ -49,10 +53,6 @@ from bot.gitops.forge import Forge, build_forge
 from bot.gitops.git import Commit, GitRepo
 from bot.gitops.landing import Landing, Proposal
 from bot.gitops.secrets import scrub
-from bot.remediation.actuators import kube_read, sync_status
-from bot.remediation.actuators.base import ActuatorError, ChangeContext, Deployed
-from bot.remediation.actuators.yaml_flags import Locator
-from bot.remediation.argv import FlagValues, flags_text, read_flags, record
 
 Sleep = Callable[[float], Awaitable[None]]
 # what the cluster must run for a change to be served: flag -> value (None: not set)

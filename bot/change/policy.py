@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 from bot.adr.flags import canonical, check_engine_args
 from bot.adr.models import Adr
+from bot.change.argv import FlagValues
 from bot.config import AccessSettings, Settings
 from bot.errors import NotAllowed, UsageError
-from bot.remediation.argv import FlagValues
 from bot.runtime.access import who_may
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import httpx
 
-from bot.remediation.actuators.base import ActuatorError
-from bot.remediation.argv import read_flags
+from bot.change.actuators.base import ActuatorError
+from bot.change.argv import read_flags
 from bot.runtime import kube_client
 from bot.runtime.kube_client import status_message
 

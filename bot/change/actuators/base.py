@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from bot.change.argv import FlagValues
 from bot.errors import RuleloopError
-from bot.remediation.argv import FlagValues
 
 
 class ActuatorError(RuleloopError):

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from bot.change.actuators.base import ActuatorError, Deployed
+from bot.change.argv import FlagValues, fingerprint, read_flags, record, restore, with_flags
 from bot.config import LocalActuatorSpec
 from bot.engine.process import EngineInfo, EngineManager
 from bot.errors import EngineError
-from bot.remediation.actuators.base import ActuatorError, Deployed
-from bot.remediation.argv import FlagValues, fingerprint, read_flags, record, restore, with_flags
 
 
 def process_argv(pid: int) -> list[str] | None:

@@ -34,16 +34,14 @@ from typing import Any
 import httpx
 
 from bot.adr.flags import canonical
-from bot.config import KubernetesActuatorSpec
-from bot.errors import AdrError
-from bot.remediation.actuators import kube_read
-from bot.remediation.actuators.base import ActuatorError, Deployed
-from bot.remediation.actuators.kube_read import (
+from bot.change.actuators import kube_read
+from bot.change.actuators.base import ActuatorError, Deployed
+from bot.change.actuators.kube_read import (
     ANNOTATION,
     PATCH_TYPE,
     rollout_waiting,
 )
-from bot.remediation.argv import (
+from bot.change.argv import (
     FlagValues,
     fingerprint,
     flags_text,
@@ -53,6 +51,8 @@ from bot.remediation.argv import (
     restore,
     with_flags,
 )
+from bot.config import KubernetesActuatorSpec
+from bot.errors import AdrError
 
 __all__ = ["ANNOTATION", "PATCH_TYPE", "KubernetesActuator", "build_client", "rollout_waiting"]
 

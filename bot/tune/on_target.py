@@ -31,22 +31,22 @@ from typing import Any
 
 import httpx
 
+from bot.change.actuators import ActuatorFactory, opened
+from bot.change.actuators.base import Actuator, ActuatorError, Deployed
+from bot.change.argv import flags_text
+from bot.change.exclusion import TargetBusy, tuning_refusal
+from bot.change.liveness import LostRun, heartbeat
+from bot.change.policy import Policy
+from bot.change.serving import verify_serving
 from bot.config import Settings, Target
 from bot.errors import EngineError, RuleloopError, UsageError
-from bot.remediation.actuators import ActuatorFactory, opened
-from bot.remediation.actuators.base import Actuator, ActuatorError, Deployed
-from bot.remediation.argv import flags_text
-from bot.remediation.exclusion import TargetBusy, tuning_refusal
-from bot.remediation.gate import verify_serving
-from bot.remediation.liveness import LostRun, heartbeat
-from bot.remediation.policy import Policy
-from bot.remediation.tune_records import TuneRecords
 from bot.runtime.ids import process_alive, replica_id
 from bot.store.models import TuneSession
 from bot.store.readings import ROLLBACK_FAILED
 from bot.tune.matrix import Row
 from bot.tune.objective import Outcome
 from bot.tune.plan import Config, TunePlan
+from bot.tune.records import TuneRecords
 from bot.tune.runner import measure_canary
 from bot.tune.search import Proposal, Search
 from bot.tune.session import Echo, SearchResult, make_search, run_search

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from bot.remediation.actuators.base import Deployed
-from bot.remediation.argv import FlagValues
+from bot.change.actuators.base import Deployed
+from bot.change.argv import FlagValues
 
 
 class DryRunActuator:

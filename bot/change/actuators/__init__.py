@@ -7,37 +7,37 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
+from bot.change.actuators.base import Actuator
 from bot.config import GitActuatorSpec, KubernetesActuatorSpec, LocalActuatorSpec, Target
 from bot.errors import UsageError
-from bot.remediation.actuators.base import Actuator
 
 log = logging.getLogger("ruleloop.remediation")
 ActuatorFactory = Callable[[str, Target], Actuator]
 
 
 def _local(name: str, target: Target) -> Actuator:
-    from bot.remediation.actuators.local import LocalActuator
+    from bot.change.actuators.local import LocalActuator
 
     assert isinstance(target.actuator, LocalActuatorSpec)
     return LocalActuator(target.actuator, vllm_url=target.vllm_url)
 
 
 def _kubernetes(name: str, target: Target) -> Actuator:
-    from bot.remediation.actuators.kubernetes import KubernetesActuator
+    from bot.change.actuators.kubernetes import KubernetesActuator
 
     assert isinstance(target.actuator, KubernetesActuatorSpec)
     return KubernetesActuator(target.actuator, vllm_url=target.vllm_url)
 
 
 def _git(name: str, target: Target) -> Actuator:
-    from bot.remediation.actuators.git import GitActuator
+    from bot.change.actuators.git import GitActuator
 
     assert isinstance(target.actuator, GitActuatorSpec)
     return GitActuator(target.actuator, target=name, vllm_url=target.vllm_url)
 
 
 def _dry_run(name: str, target: Target) -> Actuator:
-    from bot.remediation.actuators.dry_run import DryRunActuator
+    from bot.change.actuators.dry_run import DryRunActuator
 
     return DryRunActuator(vllm_url=target.vllm_url)
 

@@ -19,7 +19,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from bot.remediation import exclusion
+from bot.change import exclusion
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.dbtime import db_ago, db_now

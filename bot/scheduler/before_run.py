@@ -1,0 +1,129 @@
+"""A drifted rule's before, measured on the live shape: the flags its change replaced, back on
+the target's canary stage for one canary run that replays production's live traffic, then what
+serves now is put back.
+
+'0.5x before' only compares like with like: the before-run of the change that put an ADR in
+force was measured under the incident's workload. When production's workload drifts, the
+workload-drift job measures a new before under the live shape here, so that the ADR's relative
+gates can be judged again, before and after on the same traffic, the same canary, the same
+resolution.
+
+It changes the target, so only where the target's config says so
+(``[targets.X.canary] drift_before_run = true``: that setting is the approval), and under a
+change's rules: it holds the target as a tuning session does (``bot.tune.records``: one change
+at a time per target, recorded before the first change, heartbeats), and the flags that served
+are restored whatever happens; a bot that dies mid-run leaves a silent session, which the
+bot's resume restores (``bot.tune.on_target.restore_stale``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from bot.adr.models import AdrGates
+from bot.adr.relative import Normal
+from bot.change.actuators import ActuatorFactory, opened
+from bot.change.actuators.base import Actuator, Deployed
+from bot.change.argv import flags_text
+from bot.change.exclusion import TargetBusy
+from bot.change.liveness import heartbeat
+from bot.config import Target
+from bot.errors import RuleloopError
+from bot.remediation.gate import GateRunner
+from bot.runtime.ids import replica_id
+from bot.tune.on_target import finish
+from bot.tune.records import TuneRecords
+from bot.workload.shape import WorkloadShape
+
+log = logging.getLogger("ruleloop.scheduler")
+ACTOR = "ruleloop (workload drift)"
+APPROVED_BY = "[targets.{target}.canary] drift_before_run"
+
+
+@dataclass(frozen=True)
+class BeforeRun:
+    """The numbers of the replaced flags under the live shape, or why there are none."""
+
+    numbers: Normal | None
+    flags: str  # the replaced flags, in words ('--max-num-batched-tokens 8192')
+    why: str = ""  # when ``numbers`` is None
+
+    @property
+    def ran(self) -> bool:
+        """Whether the before-run measured something."""
+        return self.numbers is not None
+
+
+class BeforeRuns:
+    """Before-runs on one target's canary stage (its actuator), held like a tuning session."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        target: Target,
+        actuator_for: ActuatorFactory,
+        records: TuneRecords,
+        gate: GateRunner,
+        heartbeat_s: float,
+    ) -> None:
+        self._name, self._target = name, target
+        self._actuator_for, self._records, self._gate = actuator_for, records, gate
+        self._heartbeat_s = heartbeat_s
+
+    async def measure(self, adr_id: str, replaced: Deployed, live: WorkloadShape) -> BeforeRun:
+        """``replaced`` (what served before ``adr_id``'s change) on the canary stage, measured
+        by the canary replaying ``live``; the target serves what it served before this returns.
+        A refused or failed run is a ``BeforeRun`` saying why; a failed restore raises
+        (``RestoreFailed``: the rollback-failed alert counts it)."""
+        flags = flags_text(replaced.flags)
+        busy = await self._records.in_flight(self._name)
+        if busy is not None:
+            return BeforeRun(None, flags, f"{busy.kind} #{busy.id} holds {self._name} now")
+        async with opened(self._actuator_for, self._name, self._target) as actuator:
+            if actuator.kind == "dry-run":  # it changes nothing: the 'before' would be the fix
+                return BeforeRun(None, flags, "the dry-run actuator changes no flags")
+            serving = await actuator.current()
+            if serving.flags == replaced.flags:
+                why = f"{self._name} already serves the flags {adr_id} replaced"
+                return BeforeRun(None, flags, why)
+            try:
+                session = await self._records.begin(
+                    target=self._name, requested_by=ACTOR,
+                    approved_by=[APPROVED_BY.format(target=self._name)],
+                    plan={"drift_before_run": adr_id, "flags": dict(replaced.flags)},
+                    before=serving.to_json(), runner=(runner := replica_id()),
+                    detail={"adr": adr_id, "why": "a before measured under the live shape"},
+                )  # fmt: skip
+            except TargetBusy as exc:
+                return BeforeRun(None, flags, f"{exc.holder.kind} #{exc.holder.id} holds it now")
+            beat = asyncio.create_task(self._beat(session.id, runner))
+            reason = "the before-run ended"
+            try:
+                numbers = await self._run(actuator, replaced, live)
+            except RuleloopError as exc:
+                reason = f"the before-run failed: {exc}"
+                log.warning("%s: before-run of %s failed: %s", self._name, adr_id, exc)
+                return BeforeRun(None, flags, f"it could not run: {exc}")
+            finally:
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat
+                await finish(self._records, session.id, actuator, serving, runner=runner,
+                             reason=reason, echo=log.info, rolled_back=False)  # fmt: skip
+        return BeforeRun(numbers, flags)
+
+    async def _run(self, actuator: Actuator, replaced: Deployed, live: WorkloadShape) -> Normal:
+        deployed = await actuator.apply(replaced.flags)
+        # judged by nothing: a before-run only measures what the relative gates multiply
+        result = await self._gate(deployed.base_url, self._target.canary, AdrGates(), shape=live)
+        return result.values.four()
+
+    async def _beat(self, session_id: int, runner: str) -> None:
+        async def beat() -> bool:
+            return await self._records.heartbeat(session_id, runner=runner)
+
+        await heartbeat(beat, every_s=self._heartbeat_s, name=f"drift before-run {session_id}")
