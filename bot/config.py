@@ -350,6 +350,10 @@ class CanarySpec(_Section):
     timeout_s: float = Field(default=300.0, gt=0)
     # also measure the flags serving now, before the change: the matrix then compares both
     baseline: bool = False
+    # when the workload drifts, put the flags an in-force ADR's change replaced back on the
+    # canary stage (the whole engine with a local actuator) for one canary run on the live
+    # shape, so its 'Nx before' gates are judged like for like (docs/workload.md)
+    drift_before_run: bool = False
 
 
 # a Kubernetes object name as Services and namespaces take it (an RFC 1123 label)
@@ -517,6 +521,15 @@ class Target(_Section):
     def _port_needs_service(self) -> Target:
         if self.kubernetes_port is not None and self.kubernetes_service is None:
             raise ValueError("kubernetes_port names a port of kubernetes_service: set that too")
+        return self
+
+    @model_validator(mode="after")
+    def _before_run_needs_actuator(self) -> Target:
+        if self.canary.drift_before_run and self.actuator is None:
+            raise ValueError(
+                "canary.drift_before_run puts the replaced flags back through the target's "
+                "actuator: configure [targets.NAME.actuator], or set drift_before_run = false"
+            )
         return self
 
     @model_validator(mode="after")

@@ -148,8 +148,9 @@ def create_bot(
         build_app(settings=settings.slack, services=services, client=client) if client else None
     )
     scheduler = _scheduler(
-        settings, db, flows, services, seams, adrs=adrs, notifier=notifier, gate=gate
-    )
+        settings, db, flows, services, seams, adrs=adrs, notifier=notifier, gate=gate,
+        actuator_for=actuator_for,
+    )  # fmt: skip
     routes = Routes(
         settings=settings, intake=Intake(db=db, targets=settings.targets, clock=clock),
         flows=flows, metrics=metrics, tasks=tasks, db=db, slack=slack_app,
@@ -174,13 +175,14 @@ def _scheduler(
     adrs: SharedAdrStore,
     notifier: BotNotifier,
     gate: GateRunner,
+    actuator_for: ActuatorFactory,
 ) -> Scheduler | None:
     """The scheduled jobs (snapshots, baseline canary, workload drift, outbox...), leased per
     period under this replica's id (the flows')."""
     jobs = build_jobs(
         settings, db=db, adrs=adrs, flows=flows, notifier=notifier, http=seams.http, gate=gate,
-        remediation=services.remediation, probe_clock=seams.probe_clock, sleep=seams.sleep,
-        monotonic=seams.monotonic,
+        remediation=services.remediation, actuator_for=actuator_for, clock=seams.clock,
+        probe_clock=seams.probe_clock, sleep=seams.sleep, monotonic=seams.monotonic,
     )  # fmt: skip
     return create_scheduler(settings, db=db, jobs=jobs, clock=seams.clock, owner=flows.owner)
 

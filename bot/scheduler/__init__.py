@@ -11,6 +11,7 @@ work is decided in the store, by a lease row per (job, period).
     rules_now.py  the rules in force, read for the diagnosis (it judges causes against them)
     baseline.py   canary against the gates of the ADRs in force; a drift opens an incident
     workload_drift.py  the live workload shape vs each ADR's; on drift, its gates re-run under it
+    before_run.py  the flags a drifted ADR replaced, measured under the live shape (its before)
     revalidation.py  an ADR's gates re-run under the live shape (``Revalidation``)
     messages.py   what the jobs say in Slack
     snapshots.py  the four numbers every few minutes; "normal" for diagnoses

@@ -28,7 +28,7 @@ from bot.adr.relative import Normal
 from bot.change.actuators import ActuatorFactory, opened
 from bot.change.actuators.base import Actuator, Deployed
 from bot.change.argv import flags_text
-from bot.change.exclusion import TargetBusy
+from bot.change.exclusion import Holder, TargetBusy
 from bot.change.liveness import heartbeat
 from bot.config import Target
 from bot.errors import RuleloopError
@@ -48,8 +48,10 @@ class BeforeRun:
     """The numbers of the replaced flags under the live shape, or why there are none."""
 
     numbers: Normal | None
-    flags: str  # the replaced flags, in words ('--max-num-batched-tokens 8192')
+    flags: str  # the replaced flags, in words ('--max-num-batched-tokens=8192')
     why: str = ""  # when ``numbers`` is None
+    base_url: str = ""  # where it measured: the after-run measures the same engine
+    stage: str = "the target"  # 'the canary stage' where the actuator has one
 
     @property
     def ran(self) -> bool:
@@ -82,7 +84,7 @@ class BeforeRuns:
         flags = flags_text(replaced.flags)
         busy = await self._records.in_flight(self._name)
         if busy is not None:
-            return BeforeRun(None, flags, f"{busy.kind} #{busy.id} holds {self._name} now")
+            return BeforeRun(None, flags, _in_flight(busy, self._name))
         async with opened(self._actuator_for, self._name, self._target) as actuator:
             if actuator.kind == "dry-run":  # it changes nothing: the 'before' would be the fix
                 return BeforeRun(None, flags, "the dry-run actuator changes no flags")
@@ -98,32 +100,43 @@ class BeforeRuns:
                     before=serving.to_json(), runner=(runner := replica_id()),
                     detail={"adr": adr_id, "why": "a before measured under the live shape"},
                 )  # fmt: skip
-            except TargetBusy as exc:
-                return BeforeRun(None, flags, f"{exc.holder.kind} #{exc.holder.id} holds it now")
+            except TargetBusy as exc:  # it began between our look and our write
+                return BeforeRun(None, flags, _in_flight(exc.holder, self._name))
             beat = asyncio.create_task(self._beat(session.id, runner))
             reason = "the before-run ended"
             try:
-                numbers = await self._run(actuator, replaced, live)
+                numbers, stage = await self._run(actuator, replaced, live)
             except RuleloopError as exc:
                 reason = f"the before-run failed: {exc}"
                 log.warning("%s: before-run of %s failed: %s", self._name, adr_id, exc)
-                return BeforeRun(None, flags, f"it could not run: {exc}")
+                return BeforeRun(None, flags, str(exc))
             finally:
                 beat.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await beat
                 await finish(self._records, session.id, actuator, serving, runner=runner,
                              reason=reason, echo=log.info, rolled_back=False)  # fmt: skip
-        return BeforeRun(numbers, flags)
+        where = "the canary stage" if stage != self._target.vllm_url else "the target"
+        return BeforeRun(numbers, flags, base_url=stage, stage=where)
 
-    async def _run(self, actuator: Actuator, replaced: Deployed, live: WorkloadShape) -> Normal:
+    async def _run(
+        self, actuator: Actuator, replaced: Deployed, live: WorkloadShape
+    ) -> tuple[Normal, str]:
+        """The before's numbers, and the URL they were measured at (the canary stage's)."""
         deployed = await actuator.apply(replaced.flags)
         # judged by nothing: a before-run only measures what the relative gates multiply
         result = await self._gate(deployed.base_url, self._target.canary, AdrGates(), shape=live)
-        return result.values.four()
+        return result.values.four(), deployed.base_url
 
     async def _beat(self, session_id: int, runner: str) -> None:
         async def beat() -> bool:
             return await self._records.heartbeat(session_id, runner=runner)
 
         await heartbeat(beat, every_s=self._heartbeat_s, name=f"drift before-run {session_id}")
+
+
+def _in_flight(busy: Holder, target: str) -> str:
+    """'change #3 (ADR-x, canary) is in flight on prod-a' / 'tuning session #5 ...'."""
+    if busy.kind == "tuning":
+        return f"tuning session #{busy.id} is in flight on {target}"
+    return f"change #{busy.id} ({busy.adr_id}, {busy.state}) is in flight on {target}"

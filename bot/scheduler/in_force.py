@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from bot.adr.models import Adr
 from bot.adr.relative import Normal
 from bot.adr.store import AdrStore
+from bot.change.actuators.base import Deployed
 from bot.store import service as store
 from bot.store.db import Database
 
@@ -22,12 +23,14 @@ log = logging.getLogger("ruleloop.scheduler")
 
 @dataclass(frozen=True)
 class InForce:
-    """The accepted ADRs in force, the ids that name no accepted ADR, and the before-run
-    numbers of the change that put them in force (None: no such change)."""
+    """The accepted ADRs in force, the ids that name no accepted ADR, and, of the change that
+    put them in force (None: no such change), its before-run numbers and what served before it
+    (the actuator's record: the flags its ADR replaced)."""
 
     adrs: list[Adr]
     missing: list[str]
     before: Normal | None
+    replaced: Deployed | None = None
 
     @property
     def ids(self) -> list[str]:
@@ -40,6 +43,7 @@ def adrs_in_force(db: Database, adrs: AdrStore, *, target: str, listed: Sequence
     with db.transaction() as s:
         promoted = store.promoted_change(s, target=target)
     before = None if promoted is None else promoted.result.get("before_numbers") or None
+    replaced = Deployed.from_json(promoted.before) if promoted and promoted.before else None
     ids = [promoted.adr_id] if promoted else list(listed)
     found, missing = [], []
     for adr_id in ids:
@@ -50,4 +54,4 @@ def adrs_in_force(db: Database, adrs: AdrStore, *, target: str, listed: Sequence
             missing.append(adr_id)
     if missing:
         log.warning("%s: not accepted ADRs, left out of the scheduled checks: %s", target, missing)
-    return InForce(found, missing, before)
+    return InForce(found, missing, before, replaced)

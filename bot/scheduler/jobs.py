@@ -16,6 +16,7 @@ from typing import Protocol
 import httpx
 
 from bot.adr.shared import SharedAdrStore
+from bot.change.actuators import ActuatorFactory
 from bot.chat.messages import Notifier
 from bot.config import ScheduledTarget, Settings
 from bot.errors import UsageError
@@ -23,6 +24,7 @@ from bot.incidents.flows import IncidentFlows
 from bot.remediation.gate import GateRunner
 from bot.runtime.ids import replica_id
 from bot.scheduler.baseline import BaselineCanary
+from bot.scheduler.before_run import BeforeRuns
 from bot.scheduler.reminders import DraftReminders
 from bot.scheduler.runner import Job, JobRunner, Outcome
 from bot.scheduler.scheduler import Scheduler
@@ -30,6 +32,7 @@ from bot.scheduler.snapshots import MetricsSampler, Sampler, SnapshotJob
 from bot.scheduler.workload_drift import LiveShape, ShapeReader, WorkloadDrift
 from bot.store.db import Database
 from bot.store.leases import Leases
+from bot.tune.records import TuneRecords
 
 
 class ExpiresApprovals(Protocol):
@@ -76,6 +79,8 @@ def build_jobs(
     remediation: ExpiresApprovals | None = None,
     sampler: Sampler | None = None,
     read_shape: ShapeReader | None = None,
+    actuator_for: ActuatorFactory | None = None,
+    clock: Callable[[], dt.datetime] | None = None,
     probe_clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     monotonic: Callable[[], float] = time.monotonic,
@@ -83,10 +88,7 @@ def build_jobs(
     """Snapshot, baseline and workload-drift jobs per target, the draft reminder, approval
     expiry, the outbox."""
     config = settings.scheduler
-    unknown = sorted(set(config.targets) - set(settings.targets))
-    if unknown:
-        known = ", ".join(sorted(settings.targets)) or "none configured"
-        raise UsageError(f"[scheduler.targets] names unknown targets {unknown}; targets: {known}")
+    _known_targets(settings)
     window = config.snapshot_window_s
     sample = sampler or MetricsSampler(http=http, window_s=window, clock=probe_clock, sleep=sleep)
     live_shape = read_shape or LiveShape(
@@ -108,8 +110,11 @@ def build_jobs(
             jobs.append(Job(f"baseline:{name}", every, baseline))
         every = _either(own.workload_every_s, config.workload_every_s)
         if every:
+            before = _before_runs(settings, name, db=db, gate=gate, actuator_for=actuator_for,
+                                  clock=clock)  # fmt: skip
             drift = WorkloadDrift(name=name, target=target, listed=own.adrs, db=db, adrs=adrs,
-                                  gate=gate, flows=flows, read_shape=live_shape)  # fmt: skip
+                                  gate=gate, flows=flows, read_shape=live_shape,
+                                  before_runs=before)  # fmt: skip
             jobs.append(Job(f"workload:{name}", every, drift))
     if config.draft_reminder_every_s:
         reminders = DraftReminders(db=db, notifier=notifier, after_s=config.draft_reminder_after_s,
@@ -135,6 +140,38 @@ def create_scheduler(
         return None
     leases = Leases(db=db, owner=owner or replica_id(), ttl_s=settings.scheduler.lease_ttl_s)
     return Scheduler(runner=JobRunner(leases=leases, clock=clock), jobs=jobs, clock=clock)
+
+
+def _known_targets(settings: Settings) -> None:
+    """UsageError when [scheduler.targets] names a target that is not configured."""
+    unknown = sorted(set(settings.scheduler.targets) - set(settings.targets))
+    if unknown:
+        known = ", ".join(sorted(settings.targets)) or "none configured"
+        raise UsageError(f"[scheduler.targets] names unknown targets {unknown}; targets: {known}")
+
+
+def _before_runs(
+    settings: Settings,
+    name: str,
+    *,
+    db: Database,
+    gate: GateRunner,
+    actuator_for: ActuatorFactory | None,
+    clock: Callable[[], dt.datetime] | None,
+) -> BeforeRuns | None:
+    """The drift job's before-runs on a target that allows them (None: it does not)."""
+    target = settings.targets[name]
+    if not target.canary.drift_before_run or actuator_for is None:
+        return None
+    return BeforeRuns(
+        name=name, target=target, actuator_for=actuator_for, gate=gate,
+        records=TuneRecords(db=db, clock=clock or _utcnow),
+        heartbeat_s=settings.remediation.heartbeat_s,
+    )  # fmt: skip
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
 
 
 def _either(own: float | None, default: float) -> float:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from bot.numbers.catalogue import HEADLINE
+from bot.numbers.text import show
 from bot.remediation.lines import verdict_lines
 from bot.workload.describe import PREFIX, context_line
 
@@ -68,7 +70,12 @@ NOTHING_JUDGED = (
     ":warning: Under it nothing was judged: no gate of {adr} can be judged under the live "
     "traffic, so this says nothing of whether {adr} still helps:\n{unjudged}\nTo re-validate "
     "it, run the flags serving before {adr}'s change on the live shape (a before measured under "
-    "it), or add an absolute gate to {adr}."
+    "it: `[targets.NAME.canary] drift_before_run = true`), or add an absolute gate to {adr}."
+)
+# what 'before' meant for the gates above: the replaced flags, on the same live traffic
+BEFORE_ON_LIVE = (
+    ":leftwards_arrow_with_hook: 'before' above is {adr}'s before on the same live traffic: "
+    "{flags} (the flags its change replaced) on {stage}, then put back: {numbers}"
 )
 WORKLOAD_ALIKE = (
     ":white_check_mark: *{target}* sends the traffic {adrs} {were} measured under again: {now}"
@@ -107,7 +114,21 @@ def revalidation_text(adr: Adr, check: Revalidation) -> str:
         head = ":white_check_mark: Under it the gates still hold"
     lines = verdict_lines(result.verdict, check.setters)
     text = f"{head} (the canary replayed the live traffic):\n{lines}"
+    if check.before is not None and check.before.numbers is not None:
+        text += "\n" + BEFORE_ON_LIVE.format(
+            adr=adr.id,
+            flags=check.before.flags,
+            stage=check.before.stage,
+            numbers=_numbers(check.before.numbers),
+        )
     return text + (f"\n{unjudged}" if unjudged else "")
+
+
+def _numbers(numbers: Mapping[str, float | None]) -> str:
+    """'TTFT p99 1,710 ms, TPOT p99 41.3 ms, ...': the headline numbers measured."""
+    return ", ".join(
+        f"{m.label} {show(m.key, numbers.get(m.key))}" for m in HEADLINE if m.key in numbers
+    )
 
 
 def workload_drift(

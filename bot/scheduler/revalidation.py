@@ -7,18 +7,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bot.remediation.gate import GateRun
+from bot.scheduler.before_run import BeforeRun
 
 
 @dataclass(frozen=True)
 class Revalidation:
     """An ADR's gates re-run under the live shape (``result`` None: it sets no gate the canary
-    can judge there), which ADR set each gate, and each gate not judged, with why
-    ('max_tpot_p99_ms 0.5x before: its before was measured ...')."""
+    can judge there), which ADR set each gate, each gate not judged, with why
+    ('max_tpot_p99_ms 0.5x before: its before was measured ...'), and the before-run its
+    'Nx before' gates were resolved against (None: none was asked for)."""
 
     adr_id: str
     result: GateRun | None
     setters: dict[str, str]
     not_judged: tuple[str, ...] = ()
+    before: BeforeRun | None = None
 
     @property
     def failed(self) -> bool:

@@ -9,10 +9,14 @@ re-runs that ADR's gates with the canary replaying one replica's share of the *l
 posts one thread: what the ADR was measured at, what production sends now, and whether the
 gates it could judge hold under it, before any latency alert fires.
 
-Like for like: a gate written 'Nx before' multiplies a before-run measured under the workload
-the change was applied under, never under the live shape, so re-validation judges only the
-absolute gates and names each relative one as not judged, with why. An ADR whose gates are all
-relative is re-validated on nothing, and the thread says so instead of "the gates hold".
+Like for like: a gate written 'Nx before' multiplies a before measured under the same workload
+as the after. The change's own before-run was measured under the incident's workload, never
+under the live shape, so it is not used here. Where the target allows it
+(``[targets.X.canary] drift_before_run``), the flags the ADR's change replaced run first on the
+canary stage under the live shape (``bot.scheduler.before_run``), and the relative gates are
+judged against that. Otherwise re-validation judges only the absolute gates and names each
+relative one as not judged, with why; an ADR whose gates are all relative is then re-validated
+on nothing, and the thread says so instead of "the gates hold".
 
 One open drift thread per target (its incident's ``open_key``): while it is open, a drifting
 period adds nothing; a period whose live shape is alike again closes it. No ADR in force that
@@ -32,10 +36,13 @@ import httpx
 from sqlalchemy.exc import IntegrityError
 
 from bot.adr.models import Adr, AdrGates
+from bot.adr.relative import BEFORE
 from bot.adr.store import AdrStore
+from bot.change.actuators.base import Deployed
 from bot.config import Target
 from bot.errors import RuleloopError
 from bot.incidents.flows import IncidentFlows
+from bot.numbers.catalogue import BY_GATE
 from bot.probes.context import resolve_replicas
 from bot.probes.exposition import Exposition
 from bot.probes.replicas import Replica
@@ -44,6 +51,7 @@ from bot.probes.workload_capture import CAPTURE_METRICS, capture_fleet
 from bot.remediation.gate import GateRunner
 from bot.scheduler import messages
 from bot.scheduler.baseline import SOURCE, strictest
+from bot.scheduler.before_run import BeforeRun, BeforeRuns
 from bot.scheduler.in_force import adrs_in_force
 from bot.scheduler.revalidation import Revalidation
 from bot.scheduler.runner import Outcome, json_safe
@@ -105,6 +113,7 @@ class WorkloadDrift:
         gate: GateRunner,
         flows: IncidentFlows,
         read_shape: ShapeReader,
+        before_runs: BeforeRuns | None = None,
     ) -> None:
         self.name = name
         self._target = target
@@ -114,6 +123,7 @@ class WorkloadDrift:
         self._gate = gate
         self._flows = flows
         self._read_shape = read_shape
+        self._before_runs = before_runs  # None: the target does not allow a before-run
 
     async def __call__(self, now: dt.datetime) -> Outcome:
         """Capture the live shape; open, keep or close the target's drift thread."""
@@ -147,7 +157,7 @@ class WorkloadDrift:
         held = await asyncio.to_thread(self._still_open, now, detail)
         if held is not None:
             return Outcome(detail | {"incident": held, "opened": False})
-        checks = [await self._revalidate(adr, live) for adr in drifted]
+        checks = [await self._revalidate(adr, live, found.replaced) for adr in drifted]
         detail["revalidated"] = [check.summary for check in checks]
         incident_id, opened = await asyncio.to_thread(self._open, now, drifted, checks, detail)
         if opened:
@@ -156,21 +166,37 @@ class WorkloadDrift:
             await self._flows.reply(incident_id, "\n\n".join(parts))
         return Outcome(detail | {"incident": incident_id, "opened": opened})
 
-    async def _revalidate(self, adr: Adr, live: WorkloadShape) -> Revalidation:
-        """The ADR's absolute gates, by the canary replaying ``live`` on this target.
+    async def _revalidate(
+        self, adr: Adr, live: WorkloadShape, replaced: Deployed | None
+    ) -> Revalidation:
+        """The ADR's gates, by the canary replaying one replica's share of ``live`` on this
+        target (the canary replays on one engine).
 
-        Its relative gates are not judged: the one before-run there is (the change that put it
-        in force) was measured under another workload than ``live``, and 'Nx before' only
-        compares like with like. Without a before, ``strictest`` leaves them out, as for a
-        target that never ran the change; ``_not_judged`` names them."""
-        gates, setters = strictest([adr], None)
-        not_judged = _not_judged(adr, gates)
-        if gates.is_empty():
-            return Revalidation(adr.id, None, {}, not_judged)
-        # The canary replays on one engine: one replica's share of the fleet's traffic.
+        Its 'Nx before' gates are judged against a before measured under the same share of
+        ``live`` (``_before``), or not at all: ``strictest`` without a before leaves them out,
+        as for a target that never ran the change, and ``_not_judged`` names them, with why."""
         replay = per_replica(live)
-        result = await self._gate(self._target.vllm_url, self._target.canary, gates, shape=replay)
-        return Revalidation(adr.id, result, setters, not_judged)
+        before = await self._before(adr, replay, replaced)
+        gates, setters = strictest([adr], before.numbers if before is not None else None)
+        not_judged = _not_judged(adr, gates, before)
+        if gates.is_empty():
+            return Revalidation(adr.id, None, {}, not_judged, before)
+        # after a before-run, on the engine it measured (the canary stage, serving the fix again)
+        url = before.base_url if before is not None and before.ran else self._target.vllm_url
+        result = await self._gate(url, self._target.canary, gates, shape=replay)
+        return Revalidation(adr.id, result, setters, not_judged, before)
+
+    async def _before(
+        self, adr: Adr, replay: WorkloadShape, replaced: Deployed | None
+    ) -> BeforeRun | None:
+        """The flags ``adr``'s change replaced, measured under ``replay`` (None: no gate of it
+        needs a before, or the target does not allow a before-run)."""
+        if adr.gates is None or not adr.gates.relative(BEFORE) or self._before_runs is None:
+            return None
+        if replaced is None:
+            why = f"no change on {self.name} records which flags {adr.id} replaced"
+            return BeforeRun(None, "", why)
+        return await self._before_runs.measure(adr.id, replaced, replay)
 
     def _still_open(self, now: dt.datetime, detail: dict[str, Any]) -> int | None:
         """The open drift thread's incident, noted in the audit log (None: none open)."""
@@ -236,16 +262,25 @@ def _shape(adr: Adr) -> WorkloadShape:
     return adr.workload
 
 
-def _not_judged(adr: Adr, judged: AdrGates) -> tuple[str, ...]:
-    """Each gate of ``adr`` that ``judged`` (its gates resolved without a before) left out:
-    'max_tpot_p99_ms 0.5x before: its before was measured under ...'."""
+def _not_judged(adr: Adr, judged: AdrGates, before: BeforeRun | None) -> tuple[str, ...]:
+    """Each gate of ``adr`` that ``judged`` left out, with why: 'max_tpot_p99_ms 0.5x before:
+    its before was measured under ...' (no before-run), '...: the before-run on the live
+    shape did not run: ...', or '...: the before-run measured no TPOT p99'."""
     if adr.gates is None:
         return ()
     return tuple(
-        f"{key} {value}: {messages.NOT_JUDGED[value.base]}"
+        f"{key} {value}: {_why_not(value.base, key, before)}"
         for key, value in adr.gates.relative().items()
         if getattr(judged, key) is None
     )
+
+
+def _why_not(base: str, gate: str, before: BeforeRun | None) -> str:
+    if base != BEFORE or before is None:
+        return messages.NOT_JUDGED[base]
+    if not before.ran:
+        return f"the before-run on the live shape did not run: {before.why}"
+    return f"the before-run on the live shape measured no {BY_GATE[gate].phrase}"
 
 
 def _drifted_dimensions(result: ShapeDiff) -> list[str]:
