@@ -287,9 +287,10 @@ async def test_a_change_reads_its_adr_once_at_the_request_and_once_to_run_it(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The ADR is read once by each part of a change that may run on its own replica: the
-    request (its check and its card), the approval's card, the run (handed to every card
-    update of its steps) and the post-incident draft. Made to fail by letting the card read
-    it again for each step, as it did (11 reads of the applied ADR for this change)."""
+    request (its check and its card), and the approval, which hands what it read to its card,
+    the run (every card update of its steps) and the post-incident draft; the draft is not read
+    back to be posted. Made to fail by letting the run or the draft read it again (4 reads of
+    the applied ADR for this change before issue 32's walk, 11 before that)."""
     reads: list[str] = []
     find = SharedAdrStore.find
 
@@ -300,4 +301,26 @@ async def test_a_change_reads_its_adr_once_at_the_request_and_once_to_run_it(
     monkeypatch.setattr(SharedAdrStore, "find", counted)
     done = await approve(h)
     assert done.state == "promoted"
-    assert reads.count(ADR) == 4, reads
+    assert reads == [ADR, ADR], reads  # the draft (ADR-20261129-01) was not read back
+
+
+async def test_the_run_judges_the_adr_as_it_is_when_approved(
+    h: Harness, tmp_path: Path, canary: RecordingCanary
+) -> None:
+    """The approval reads the ADR again (request and approval may be minutes and replicas
+    apart): gates edited in between to ones that cannot be checked like for like cancel the
+    run before anything changes. Fails if the run used the ADR as the request read it."""
+    await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
+    unlike = RELATIVE_ADR.replace("max_tpot_p99_ms: 0.5x before", "max_tpot_p99_ms: 6x normal")
+    (tmp_path / "adr" / f"{ADR}-chunk-long-prefills.md").write_text(unlike)
+    with h.bot.db.transaction() as s:
+        (rem,) = s.scalars(select(Remediation)).all()
+    tokens = await h.bot.remediation.records.tokens(f"remediation:{rem.id}")
+    await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
+    await h.bot.tasks.drain()
+    with h.bot.db.transaction() as s:
+        done = s.get(Remediation, rem.id)
+        assert done is not None and done.state == "cancelled"
+        (cancelled,) = [e for e in store_reads.audit_trail(s) if e.action.endswith("cancelled")]
+    assert cancelled.detail["reason"].startswith(f"{ADR}'s gates cannot be checked like for like")
+    assert canary.gates == []  # no canary ran, nothing was applied

@@ -47,7 +47,7 @@ log = logging.getLogger("ruleloop.remediation")
 
 S = RemediationState
 ThreadFinder = Callable[[int, str | None], Awaitable[MessageRef]]
-AfterChange = Callable[[int, str], Awaitable[None]]
+AfterChange = Callable[[int, str, Adr | None], Awaitable[None]]  # incident, author, its ADR
 
 
 class RemediationService:
@@ -196,8 +196,11 @@ class RemediationService:
         if not won:
             raise UsageError("Someone else answered this request first. Nothing was changed.")
         if to_state == S.APPROVED:
-            await self.card.show(rem.id, note=f"approved by <@{user_id}>; starting")
-            self._tasks.spawn(self.execute(rem.id), name=f"remediation-{rem.id}")
+            # read once for the approval's card and the run: the ADR as it is when approved
+            found = await asyncio.to_thread(self._adrs.find, rem.adr_id)
+            adr = found[1] if found else None
+            await self.card.show(rem.id, note=f"approved by <@{user_id}>; starting", adr=adr)
+            self._tasks.spawn(self.execute(rem.id, adr=adr), name=f"remediation-{rem.id}")
         else:
             await self.card.show(rem.id, note=f"cancelled by <@{user_id}>; nothing was changed")
 
@@ -216,9 +219,11 @@ class RemediationService:
             raise UsageError(f"{rem.adr_id} on {rem.target} is already {rem.state}.")
 
     # --- the run --------------------------------------------------------------------------
-    async def execute(self, remediation_id: int) -> None:
+    async def execute(self, remediation_id: int, *, adr: Adr | None = None) -> None:
         """Apply, canary, then keep or roll back; every step audited before it starts, and
-        conditional on this run still owning the change (else it stops, see liveness)."""
+        conditional on this run still owning the change (else it stops, see liveness).
+        ``adr``: the change's ADR as the approval read it (None: read it here; one gone since
+        the request stops the run, saying so); the run and the draft use that one."""
         runner = replica_id()
         if not await self.records.take(remediation_id, runner=runner):
             log.warning("remediation %s is run elsewhere already: not here", remediation_id)
@@ -226,14 +231,17 @@ class RemediationService:
         rem = await self.records.get(remediation_id)
 
         async def run(change: ChangeRun) -> None:
-            await change.run(await asyncio.to_thread(self._adrs.get_or_raise, rem.adr_id))
+            nonlocal adr
+            if adr is None:
+                adr = await asyncio.to_thread(self._adrs.get_or_raise, rem.adr_id)
+            await change.run(adr)
 
         if not await self._owned(rem, runner, run):
             return  # taken over: its new owner finishes it (and drafts)
         rem = await self.records.get(remediation_id)
         if self._after_change is not None and rem.state in (S.PROMOTED, S.ROLLED_BACK):
             try:
-                await self._after_change(rem.incident_id, rem.requested_by)
+                await self._after_change(rem.incident_id, rem.requested_by, adr)
             except Exception:
                 log.exception("post-incident draft for remediation %s failed", remediation_id)
 
