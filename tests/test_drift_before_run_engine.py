@@ -7,10 +7,10 @@ The physics: the ADR's fix turned the prefix cache on (``--enable-prefix-caching
 ``--no-enable-prefix-caching``; gate: TTFT p99 at most half the before). A cached prefix is not
 prefilled again, so the fix helps exactly when production's prompts share one:
 
-- Still helps: agents whose prompts open with one long system prompt (AGENTS). The capture
-  reads the engine's prefix-cache hit rate (about PREFIX / PROMPT) and the replay sends that
+- Still helps: agents whose prompts open with one long system prompt (``agents``). The
+  capture reads the engine's prefix-cache hit rate (about 15/16) and the replay sends that
   share of each prompt as one shared prefix: without the cache every request prefills its
-  whole prompt, with it only its own turn, about 1/16 of it. The prompt is sized from this
+  whole prompt, with it only its own turn, 1/16 of it or less. The prompt is sized from this
   engine's measured prefill speed and request overhead, so that its prefill is OVERHEADS times
   a short request's TTFT on any machine: the before's TTFT p99 is many times the fix's.
   'Gates hold', like for like.
@@ -77,10 +77,10 @@ OVERHEADS = 16
 # The gate's TTFT p99 over 16 requests (after 4 warm-up ones) is about their worst: the worst
 # before against the worst after. Agents: without the cache the engine takes whole prompts far
 # slower than production sends them (its rate was read with the cache on), so each before waits
-# for its whole prefill at least, and the replay's requests queue behind each other's; with it,
-# each request prefills its own turn (or the part of a longer prefix no earlier one cached). Chats: both runs send
-# the same 16 short prompts, both worsts are one short prefill, and the after is never half the
-# before.
+# for its whole prefill at least, and the replay's requests queue behind each other's; with
+# it, each request prefills its own turn (or the part of a longer prefix no earlier one
+# cached). Chats: both runs send the same 16 short prompts, both worsts are one short prefill,
+# and the after is never half the before.
 CANARY = {"concurrency": 8, "num_requests": 16, "timeout_s": 600, "drift_before_run": True}
 GATE = "  max_ttft_p99_ms: 0.5x before\n"
 WINDOW_REQUESTS = 24  # finished requests of production a capture window holds, at least
