@@ -246,6 +246,20 @@ async def test_without_a_change_record_the_replaced_flags_are_unknown(stage: Sta
     assert why in stage.thread()
 
 
+async def test_an_actuator_that_cannot_say_what_serves_is_not_judged(stage: Stage) -> None:
+    stage.promote()
+    stage.kube.forbidden.add("get")  # the service account may no longer read the Deployment
+    stage.traffic.kind = "agents"
+    drift = await tick(stage.h)
+    (summary,) = drift.detail["revalidated"]  # the period posts its thread, not a stack trace
+    assert summary.startswith(
+        f"{ADR}: judged nothing; not judged: {NOT_RUN}the actuator could not say what serves: "
+    ), summary
+    assert "forbidden" in summary
+    assert stage.new_patches() == [] and stage.canary.calls == [] and stage.sessions() == []
+    assert "hold" not in stage.thread().split("What moved:")[1]
+
+
 async def test_a_refused_patch_is_not_judged_and_the_fix_serves(stage: Stage) -> None:
     stage.promote()
     stage.kube.forbidden.add("patch")  # the service account may no longer patch

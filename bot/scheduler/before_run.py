@@ -34,7 +34,7 @@ from bot.config import Target
 from bot.errors import RuleloopError
 from bot.remediation.gate import GateRunner
 from bot.runtime.ids import replica_id
-from bot.tune.on_target import finish
+from bot.tune.on_target import RestoreFailed, finish
 from bot.tune.records import TuneRecords
 from bot.workload.shape import WorkloadShape
 
@@ -85,37 +85,55 @@ class BeforeRuns:
         busy = await self._records.in_flight(self._name)
         if busy is not None:
             return BeforeRun(None, flags, _in_flight(busy, self._name))
-        async with opened(self._actuator_for, self._name, self._target) as actuator:
-            if actuator.kind == "dry-run":  # it changes nothing: the 'before' would be the fix
-                return BeforeRun(None, flags, "the dry-run actuator changes no flags")
-            serving = await actuator.current()
-            if serving.flags == replaced.flags:
-                why = f"{self._name} already serves the flags {adr_id} replaced"
-                return BeforeRun(None, flags, why)
-            try:
-                session = await self._records.begin(
-                    target=self._name, requested_by=ACTOR,
-                    approved_by=[APPROVED_BY.format(target=self._name)],
-                    plan={"drift_before_run": adr_id, "flags": dict(replaced.flags)},
-                    before=serving.to_json(), runner=(runner := replica_id()),
-                    detail={"adr": adr_id, "why": "a before measured under the live shape"},
-                )  # fmt: skip
-            except TargetBusy as exc:  # it began between our look and our write
-                return BeforeRun(None, flags, _in_flight(exc.holder, self._name))
-            beat = asyncio.create_task(self._beat(session.id, runner))
-            reason = "the before-run ended"
-            try:
-                numbers, stage = await self._run(actuator, replaced, live)
-            except RuleloopError as exc:
-                reason = f"the before-run failed: {exc}"
-                log.warning("%s: before-run of %s failed: %s", self._name, adr_id, exc)
-                return BeforeRun(None, flags, str(exc))
-            finally:
-                beat.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await beat
-                await finish(self._records, session.id, actuator, serving, runner=runner,
-                             reason=reason, echo=log.info, rolled_back=False)  # fmt: skip
+        try:
+            async with opened(self._actuator_for, self._name, self._target) as actuator:
+                if actuator.kind == "dry-run":  # it changes nothing: the 'before' would be the fix
+                    return BeforeRun(None, flags, "the dry-run actuator changes no flags")
+                serving = await actuator.current()
+                return await self._held(actuator, adr_id, serving, replaced, live)
+        except RestoreFailed:
+            raise  # the target may serve the replaced flags: the period fails, the alert counts it
+        except RuleloopError as exc:  # no actuator, or it cannot say what serves
+            return BeforeRun(None, flags, f"the actuator could not say what serves: {exc}")
+
+    async def _held(
+        self,
+        actuator: Actuator,
+        adr_id: str,
+        serving: Deployed,
+        replaced: Deployed,
+        live: WorkloadShape,
+    ) -> BeforeRun:
+        """The before-run, held like a tuning session; ``serving`` is restored at its end."""
+        # what the change replaced, in words: the flags that differ from what serves now
+        flags = flags_text({k: v for k, v in replaced.flags.items() if serving.flags.get(k) != v})
+        if serving.flags == replaced.flags:
+            why = f"{self._name} already serves the flags {adr_id} replaced"
+            return BeforeRun(None, flags_text(replaced.flags), why)
+        try:
+            session = await self._records.begin(
+                target=self._name, requested_by=ACTOR,
+                approved_by=[APPROVED_BY.format(target=self._name)],
+                plan={"drift_before_run": adr_id, "flags": dict(replaced.flags)},
+                before=serving.to_json(), runner=(runner := replica_id()),
+                detail={"adr": adr_id, "why": "a before measured under the live shape"},
+            )  # fmt: skip
+        except TargetBusy as exc:  # it began between our look and our write
+            return BeforeRun(None, flags, _in_flight(exc.holder, self._name))
+        beat = asyncio.create_task(self._beat(session.id, runner))
+        reason = "the before-run ended"
+        try:
+            numbers, stage = await self._run(actuator, replaced, live)
+        except RuleloopError as exc:
+            reason = f"the before-run failed: {exc}"
+            log.warning("%s: before-run of %s failed: %s", self._name, adr_id, exc)
+            return BeforeRun(None, flags, str(exc))
+        finally:
+            beat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beat
+            await finish(self._records, session.id, actuator, serving, runner=runner,
+                         reason=reason, echo=log.info, rolled_back=False)  # fmt: skip
         where = "the canary stage" if stage != self._target.vllm_url else "the target"
         return BeforeRun(numbers, flags, base_url=stage, stage=where)
 
