@@ -1,4 +1,4 @@
-"""Scheduled jobs: baseline canary, four-metric snapshots, workload drift, ADR draft reminders,
+"""Scheduled jobs: baseline canary, metric snapshots, workload drift, ADR draft reminders,
 approval expiry, and the outbox (Slack messages still owed, ``bot.incidents.outbox``).
 
 Every replica runs APScheduler 3.x and fires every job's tick; which replica does a period's
@@ -14,7 +14,7 @@ work is decided in the store, by a lease row per (job, period).
     before_run.py  the flags a drifted ADR replaced, measured under the live shape (its before)
     revalidation.py  an ADR's gates re-run under the live shape (``Revalidation``)
     messages.py   what the jobs say in Slack
-    snapshots.py  the four numbers every few minutes; "normal" for diagnoses
+    snapshots.py  the numbers with a normal, every few minutes; "normal" for diagnoses
     reminders.py  one reminder in the thread for an ADR draft nobody reviewed
     jobs.py       the jobs a bot's settings ask for
 """
