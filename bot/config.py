@@ -741,7 +741,7 @@ class SchedulerSettings(_Section):
 
     enabled: bool = True
     baseline_every_s: float = Field(default=3600.0, ge=0)  # canary vs the ADRs in force
-    snapshot_every_s: float = Field(default=300.0, ge=0)  # the numbers with a normal, kept as "normal"
+    snapshot_every_s: float = Field(default=300.0, ge=0)  # the numbers kept as "normal"
     snapshot_window_s: float = Field(default=10.0, gt=0, le=600)
     # the live workload shape vs the shape each ADR in force was measured under (docs/workload.md)
     workload_every_s: float = Field(default=300.0, ge=0)

@@ -81,7 +81,7 @@ async def test_an_itl_gate_of_2x_normal_resolves_against_the_snapshots_and_judge
 
 def test_an_itl_gate_of_2x_before_resolves_against_the_before_runs_canary_and_judges() -> None:
     absolute = Gates(max_error_rate=0.01)
-    before = values_of(report([0.05] * 10, absolute)).four()  # what the change flow keeps
+    before = values_of(report([0.05] * 10, absolute)).numbers()  # what the change flow keeps
     assert before["itl_p99_ms"] == 50.0
     gates = gates_from(AdrGates(max_itl_p99_ms="2x before").resolve({}, before=before))
     assert gates.max_itl_p99_ms == 100.0

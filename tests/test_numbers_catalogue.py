@@ -30,7 +30,7 @@ def test_canary_values_hold_each_catalogue_number_first():
     assert fields[: len(METRICS)] == KEYS
     headline = tuple(m.key for m in catalogue.HEADLINE)
     # every number, not only the headline's: a gate 'Nx before' multiplies any of them
-    assert tuple(Values(*(1.0,) * len(headline)).four()) == KEYS
+    assert tuple(Values(*(1.0,) * len(headline)).numbers()) == KEYS
 
 
 def test_matrix_row_has_a_column_per_catalogue_number():

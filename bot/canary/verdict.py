@@ -92,7 +92,7 @@ class Values:
     ok: int = 0  # requests that finished normally
     delivered_tokens: int | None = None  # their output tokens (None: the report did not say)
 
-    def four(self) -> dict[str, float | None]:
+    def numbers(self) -> dict[str, float | None]:
         """Every catalogue number, JSON-safe (an unbounded value becomes None): what a card
         shows of a canary (its headline four) and what a gate 'Nx before' multiplies (any)."""
         out = {}

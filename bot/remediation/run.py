@@ -112,7 +112,7 @@ class ChangeRun:
             was = None
             if self.spec.canary.baseline or adr.gates.relative(BEFORE):
                 measured = await self._baseline(adr, absolute)
-                was = None if measured is None else measured.values.four()
+                was = None if measured is None else measured.values.numbers()
             needs_before = bool(adr.gates.relative(BEFORE))
             gates = adr.gates.resolve({}, before=was) if needs_before else absolute
         except UsageError as exc:
@@ -197,7 +197,7 @@ class ChangeRun:
 
     async def _keep(self, result: GateRun, judging: Judging) -> None:
         """The canary met the gates: roll the change out beyond the canary stage."""
-        numbers = result.values.four()
+        numbers = result.values.numbers()
         await self._step(
             S.PROMOTING, "remediation.canary_passed", {"numbers": numbers},
             note="canary passed; rolling out…",
@@ -327,7 +327,7 @@ def like_for_like(adr_id: str, gates: AdrGates) -> None:
 def _rollback_result(kept: dict[str, Any], reason: str, judged: GateRun | None) -> dict[str, Any]:
     """The record's result for a rollback: why, the failed canary's numbers, and what the
     change was judged by (the resolved limits and the judging canary's workload stay)."""
-    numbers = judged.values.four() if judged is not None else {}
+    numbers = judged.values.numbers() if judged is not None else {}
     failures = judged.failures if judged is not None else []
     result = {"numbers": numbers, "failures": failures, "reason": reason}
     for key in ("gates", "before_numbers", "workload_shape"):

@@ -99,7 +99,7 @@ class BaselineCanary:
         detail: dict[str, Any] = {
             "adrs": _ids(in_force),
             "missing": missing,
-            "values": result.values.four(),
+            "values": result.values.numbers(),
             "failures": result.failures,
             "unresolved": unresolved,
         }

@@ -144,7 +144,7 @@ class BeforeRuns:
         deployed = await actuator.apply(replaced.flags)
         # judged by nothing: a before-run only measures what the relative gates multiply
         result = await self._gate(deployed.base_url, self._target.canary, AdrGates(), shape=live)
-        return result.values.four(), deployed.base_url
+        return result.values.numbers(), deployed.base_url
 
     async def _beat(self, session_id: int, runner: str) -> None:
         async def beat() -> bool:

@@ -302,7 +302,7 @@ def _numbers(summary: Mapping[str, Any], kept: Mapping[str, Any] | None) -> list
     accepted gate) and the kept change's canary (client side, against the gates it was judged
     by: a different source, so never coloured by the incident's gate)."""
     baseline = summary.get("baseline") or {}
-    after = values_of(kept).four() if kept is not None else {}
+    after = values_of(kept).numbers() if kept is not None else {}
     judged = {g.get("name"): g.get("passed") for g in (kept or {}).get("gates") or []}
     measured, usual = summary_numbers(summary), summary_numbers(summary, "normal")
     rows = []
