@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -62,6 +64,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (``--dist loadgroup`` with marks would group only the engine modules, but with pytest 9
     xdist 3.8 cannot rename the node ids it groups by, and every module was split.)"""
     items.sort(key=lambda item: -MODULE_SECONDS.get(item.path.stem, 10))
+
+
+@pytest.fixture(scope="module")
+def box_alone() -> Iterator[None]:
+    """Held for a whole module by the tests whose condition is "these engines run alike" or
+    that load the box hardest (long prefills): with two xdist workers, two such modules never
+    run at once, so one's prefills do not make the other's two 'equal' engines unequal. An
+    exclusive lock on a file every worker of this machine sees."""
+    path = Path(tempfile.gettempdir()) / "ruleloop-tests-box-alone.lock"
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from tests.fleet_engines import (  # noqa: F401 (engines, nginx: the fixtures)
     nginx,
 )
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("box_alone")]
 
 # round-robin splits the requests evenly: each group gets MIN_REQUESTS and a margin
 REQUESTS = 2 * (MIN_REQUESTS + 10)

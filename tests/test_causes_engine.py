@@ -33,7 +33,7 @@ from bot.runbooks.runner import RunbookRunner
 from tests import causes_inductions as ind
 from tests.conftest import TEST_FLAGS
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.usefixtures("box_alone")]
 
 ROOT = Path(__file__).parent.parent
 ALERT = {"alertname": "VLLMTimeToFirstTokenP99High"}  # the shipped TTFT alert's runbook

@@ -59,7 +59,7 @@ from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_remediation_engine import adr_text, engine_flags
 
-pytestmark = [pytest.mark.engine, pytest.mark.slow]
+pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.usefixtures("box_alone")]
 ADR = "ADR-20261202-01"
 LAUNCH = ["--enforce-eager", "--enable-prefix-caching"]  # what serves now: the fix
 REPLACED_LAUNCH = ["--enforce-eager", "--no-enable-prefix-caching"]  # what the fix replaced
