@@ -7,13 +7,15 @@ engine's core (not its API server) slow by a factor sized from the speeds measur
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import os
 import shutil
 import socket
 import statistics
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -175,6 +177,34 @@ async def make_sick(
         "healthy_decode_s": healthy, "sick_decode_s": sick, "sick_e2e_s": sick_e2e,
         "sick_cores": max(cores, MIN_CORES),
     }  # fmt: skip
+
+
+@contextlib.contextmanager
+def one_cpu(engines: Sequence[EngineInfo]) -> Iterator[int]:
+    """Every thread of every process of ``engines`` on one CPU (the last this process may use),
+    put back on all of them at the end; the CPU. Two engines on one run queue share it fairly,
+    whatever else the box runs: "alike" by construction. Left free, a third busy process on a
+    2-core box leaves one engine a core of its own and the other half a core, for minutes."""
+    allowed = os.sched_getaffinity(0)
+    cpu = max(allowed)
+
+    def threads() -> Iterator[int]:
+        for engine in engines:
+            root = psutil.Process(engine.pid)
+            for proc in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    yield from (thread.id for thread in proc.threads())
+
+    def place(cpus: set[int]) -> None:
+        for tid in threads():
+            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                os.sched_setaffinity(tid, cpus)
+
+    place({cpu})
+    try:
+        yield cpu
+    finally:
+        place(allowed)
 
 
 def p99(values: list[float]) -> float:

@@ -1,7 +1,9 @@
 """The live canary on two real vLLM engines behind a real nginx round-robin: the first engine is
 the baseline, the second the canary, both taking the same traffic through nginx.
 
-Both healthy: the canary is kept. Then the canary engine's core is held by a cgroup CPU quota
+Both engines run on one CPU (every thread of both pinned to it), so they share it fairly
+whatever else the box runs: two healthy engines are alike by construction, and the canary is
+kept. Then the canary engine's core is held by a cgroup CPU quota
 sized from the speeds measured here until it decodes several times slower (a slower machine
 gets a smaller quota, not a different test): the canary is rolled back on TPOT. Each window is
 sized from the measured speed of the slower engine, starts before the load (the load waits for
@@ -27,6 +29,7 @@ from tests.fleet_engines import (  # noqa: F401 (engines, nginx: the fixtures)
     load,
     make_sick,
     nginx,
+    one_cpu,
 )
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("box_alone")]
@@ -71,17 +74,18 @@ async def test_live_canary_on_real_engines(
 ) -> None:
     baseline, canary = engines
     target = Target(vllm_url=nginx, replicas=[baseline.base_url], canary_replicas=[canary.base_url])
-    async with aiohttp.ClientSession() as session:
-        _, healthy_e2e = await alone(session, canary.base_url)
-        _, other_e2e = await alone(session, baseline.base_url)
-        kept, kept_load_s, kept_window_s = await live_window(
-            session, target, max(healthy_e2e, other_e2e)
-        )
+    with one_cpu(engines):
+        async with aiohttp.ClientSession() as session:
+            _, healthy_e2e = await alone(session, canary.base_url)
+            _, other_e2e = await alone(session, baseline.base_url)
+            kept, kept_load_s, kept_window_s = await live_window(
+                session, target, max(healthy_e2e, other_e2e)
+            )
 
-        measured = await make_sick(session, engines, SLOWDOWN)
-        rolled, sick_load_s, sick_window_s = await live_window(
-            session, target, measured["sick_e2e_s"]
-        )
+            measured = await make_sick(session, engines, SLOWDOWN)
+            rolled, sick_load_s, sick_window_s = await live_window(
+                session, target, measured["sick_e2e_s"]
+            )
 
     summary = (
         f"measured {measured}, healthy e2e {healthy_e2e:.3f}/{other_e2e:.3f} s; both healthy: "
