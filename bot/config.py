@@ -530,6 +530,15 @@ class Target(_Section):
                 "canary.drift_before_run puts the replaced flags back through the target's "
                 "actuator: configure [targets.NAME.actuator], or set drift_before_run = false"
             )
+        if self.canary.drift_before_run and not _has_canary_stage(self.actuator):
+            # without a canary stage the old flags would go on every pod serving production
+            raise ValueError(
+                "canary.drift_before_run puts the flags an ADR replaced back for one canary "
+                "run, on the canary stage only, never on the pods serving production: give "
+                "[targets.NAME.actuator] a canary (canary_deployment and canary_url for "
+                "kubernetes; canary_locator, canary_url and cluster.canary_deployment for "
+                "git), or set drift_before_run = false"
+            )
         return self
 
     @model_validator(mode="after")
@@ -554,6 +563,16 @@ class Target(_Section):
         """host:port of the engine, as Prometheus writes it in the `instance` label (never the
         URL's user info: it is matched against labels and written into Prometheus queries)."""
         return urlsplit(self.vllm_url).netloc.rpartition("@")[2]
+
+
+def _has_canary_stage(actuator: ActuatorSpec | None) -> bool:
+    """Whether a change through ``actuator`` can reach a canary stage alone. A local engine is
+    one engine (a workstation's or the demo's): it is its own stage."""
+    if isinstance(actuator, KubernetesActuatorSpec):
+        return actuator.canary_deployment is not None
+    if isinstance(actuator, GitActuatorSpec):
+        return actuator.canary_locator is not None
+    return True
 
 
 class RemediationSettings(_Section):

@@ -307,6 +307,23 @@ def test_a_before_run_without_an_actuator_is_a_config_error() -> None:
     Settings.model_validate({"targets": {"prod-a": allowed}})
 
 
+def test_a_before_run_never_goes_on_the_pods_serving_production() -> None:
+    """A Kubernetes or git actuator without a canary stage would put the old flags on every
+    pod that serves: the config refuses it, and takes the same actuator with a canary."""
+    kube = kube_target("http://canary.test", drift_before_run=True)
+    main_only = {key: value for key, value in kube["actuator"].items() if "canary" not in key}
+    git = {"kind": "git", "repo_url": "https://git.test/infra.git", "direct_push": True,
+           "locator": {"file": "vllm.yaml", "args": "spec.args"},
+           "cluster": {"namespace": "inference", "deployment": "vllm"}}  # fmt: skip
+    for actuator in (main_only, git):
+        with pytest.raises(ValidationError) as caught:
+            Settings.model_validate({"targets": {"prod-a": kube | {"actuator": actuator}}})
+        message = str(caught.value)
+        assert "never on the pods serving production" in message, message
+        assert "canary_deployment and canary_url" in message and "= false" in message
+    Settings.model_validate({"targets": {"prod-a": kube}})  # the good case: with its canary
+
+
 async def test_a_dry_run_actuator_is_not_asked_for_a_before(
     tmp_path: Path, slack: FakeSlack
 ) -> None:
