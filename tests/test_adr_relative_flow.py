@@ -193,15 +193,7 @@ async def test_apply_adr_refuses_a_gate_relative_to_the_engines_normal(
 async def approve(h: Harness) -> Remediation:
     """Request the ADR on prod-a, approve it, let the change run; the finished remediation."""
     await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
-    with h.bot.db.transaction() as s:
-        (rem,) = s.scalars(select(Remediation)).all()
-    tokens = await h.bot.remediation.records.tokens(f"remediation:{rem.id}")
-    await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
-    await h.bot.tasks.drain()
-    with h.bot.db.transaction() as s:
-        done = s.get(Remediation, rem.id)
-        assert done is not None
-        return done
+    return await h.approve_change()
 
 
 async def test_the_gate_is_taken_from_the_before_run_and_the_card_shows_the_change(
@@ -210,11 +202,7 @@ async def test_the_gate_is_taken_from_the_before_run_and_the_card_shows_the_chan
     await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
     card = json.dumps(slack.of("chat.postMessage")[-1].args["blocks"], ensure_ascii=False)
     assert "TPOT p99 ≤ 0.5x before (after the before-run)" in card and "goodput ≥ 95.0 %" in card
-    with h.bot.db.transaction() as s:
-        (rem,) = s.scalars(select(Remediation)).all()
-    tokens = await h.bot.remediation.records.tokens(f"remediation:{rem.id}")
-    await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
-    await h.bot.tasks.drain()
+    done = await h.approve_change()
 
     # the before-run is judged by the absolute gates only; the change by 0.5 x its 60 ms
     assert canary.gates == [
@@ -222,8 +210,6 @@ async def test_the_gate_is_taken_from_the_before_run_and_the_card_shows_the_chan
         AdrGates(max_tpot_p99_ms=30.0, min_goodput_ratio=0.95),
     ]
     with h.bot.db.transaction() as s:
-        done = s.get(Remediation, rem.id)
-        assert done is not None
         applying = next(e for e in store_reads.audit_trail(s) if e.action == "remediation.applying")
         draft = s.scalars(select(AdrDraft)).one()
     assert done.state == "promoted"
@@ -313,14 +299,8 @@ async def test_the_run_judges_the_adr_as_it_is_when_approved(
     await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
     unlike = RELATIVE_ADR.replace("max_tpot_p99_ms: 0.5x before", "max_tpot_p99_ms: 6x normal")
     (tmp_path / "adr" / f"{ADR}-chunk-long-prefills.md").write_text(unlike)
+    assert (await h.approve_change()).state == "cancelled"
     with h.bot.db.transaction() as s:
-        (rem,) = s.scalars(select(Remediation)).all()
-    tokens = await h.bot.remediation.records.tokens(f"remediation:{rem.id}")
-    await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
-    await h.bot.tasks.drain()
-    with h.bot.db.transaction() as s:
-        done = s.get(Remediation, rem.id)
-        assert done is not None and done.state == "cancelled"
         (cancelled,) = [e for e in store_reads.audit_trail(s) if e.action.endswith("cancelled")]
     assert cancelled.detail["reason"].startswith(f"{ADR}'s gates cannot be checked like for like")
     assert canary.gates == []  # no canary ran, nothing was applied

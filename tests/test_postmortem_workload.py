@@ -82,15 +82,9 @@ async def _apply(h: Harness) -> tuple[Remediation, str]:
     """Request the ADR on prod-a, approve it, let it run; the remediation and the draft's text
     (the one the change ended with, else the one `/adr-draft` writes)."""
     await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
+    done = await h.approve_change()
     with h.bot.db.transaction() as s:
-        (rem,) = s.scalars(select(Remediation)).all()
-    tokens = await h.bot.remediation.records.tokens(f"remediation:{rem.id}")
-    await h.bot.remediation.click(user_id="U2", token=tokens["approve"])
-    await h.bot.tasks.drain()
-    with h.bot.db.transaction() as s:
-        done = s.get(Remediation, rem.id)
         draft = s.scalars(select(AdrDraft)).one_or_none()
-    assert done is not None
     adr_id = draft.adr_id if draft else await h.bot.drafts.draft(done.incident_id, author="U1")
     adrs = SharedAdrStore(root=Path("adr"), db=h.bot.db, sync=False)
     return done, render(adrs.get_or_raise(adr_id))

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import select
 
 from bot.config import Settings
 from bot.server import Bot, create_bot
+from bot.store.models import Remediation
 from tests.conftest import FIXTURES
 from tests.fakes.clock import FakeTime, WallClock
 from tests.fakes.nvml import FakeNvml
@@ -126,6 +128,19 @@ class Harness:
 
         body = urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
         return await self.client.post("/slack/events", content=body, headers=signed_headers(body))
+
+    async def approve_change(self, *, approver: str = "U2") -> Remediation:
+        """Approve the one change requested (by someone other than its requester) and let it
+        run to its end; the remediation as it ended."""
+        with self.bot.db.transaction() as s:
+            (requested,) = s.scalars(select(Remediation)).all()
+        tokens = await self.bot.remediation.records.tokens(f"remediation:{requested.id}")
+        await self.bot.remediation.click(user_id=approver, token=tokens["approve"])
+        await self.bot.tasks.drain()
+        with self.bot.db.transaction() as s:
+            done = s.get(Remediation, requested.id)
+        assert done is not None
+        return done
 
     async def webhook(self, body: bytes, *, token: str | None = AM_TOKEN) -> httpx.Response:
         """POST an Alertmanager notification."""
