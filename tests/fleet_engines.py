@@ -181,24 +181,22 @@ async def make_sick(
 
 @contextlib.contextmanager
 def one_cpu(engines: Sequence[EngineInfo]) -> Iterator[int]:
-    """Every thread of every process of ``engines`` on one CPU (the last this process may use),
-    put back on all of them at the end; the CPU. Two engines on one run queue share it fairly,
-    whatever else the box runs: "alike" by construction. Left free, a third busy process on a
-    2-core box leaves one engine a core of its own and the other half a core, for minutes."""
+    """Every thread of every process of ``engines`` (API servers and cores) on one CPU, the
+    last this process may use; put back on all of them at the end; the CPU. Two engines on one
+    run queue share it fairly, whatever else the box runs: "alike" by construction. Left free,
+    a third busy process on a 2-core box leaves one engine a core of its own and the other half
+    a core, for minutes; pinning the cores alone left the API servers as unequal."""
     allowed = os.sched_getaffinity(0)
     cpu = max(allowed)
 
-    def threads() -> Iterator[int]:
+    def place(cpus: set[int]) -> None:
         for engine in engines:
             root = psutil.Process(engine.pid)
             for proc in [root, *root.children(recursive=True)]:
                 with contextlib.suppress(psutil.NoSuchProcess):
-                    yield from (thread.id for thread in proc.threads())
-
-    def place(cpus: set[int]) -> None:
-        for tid in threads():
-            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
-                os.sched_setaffinity(tid, cpus)
+                    for thread in proc.threads():
+                        with contextlib.suppress(ProcessLookupError):  # a thread that ended
+                            os.sched_setaffinity(thread.id, cpus)
 
     place({cpu})
     try:

@@ -1,7 +1,7 @@
 """The live canary on two real vLLM engines behind a real nginx round-robin: the first engine is
 the baseline, the second the canary, both taking the same traffic through nginx.
 
-Both engines run on one CPU (every thread of both pinned to it), so they share it fairly
+Both engines run on one CPU (every thread pinned to it), so they share it fairly
 whatever else the box runs: two healthy engines are alike by construction, and the canary is
 kept. Then the canary engine's core is held by a cgroup CPU quota
 sized from the speeds measured here until it decodes several times slower (a slower machine

@@ -47,7 +47,7 @@ from bot.change.actuators import build
 from bot.change.actuators.base import Deployed
 from bot.change.argv import read_flags, record
 from bot.config import Target
-from bot.engine.process import EngineManager, free_port
+from bot.engine.process import EngineManager
 from bot.remediation.gate import GateRun, run_gate
 from bot.scheduler.before_run import BeforeRuns
 from bot.scheduler.workload_drift import LiveShape, WorkloadDrift
@@ -57,7 +57,7 @@ from bot.tune.records import TuneRecords
 from bot.workload.shape import WorkloadShape
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
-from tests.test_remediation_engine import adr_text, engine_flags
+from tests.test_remediation_engine import adr_text, engine_flags, own_engine
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow, pytest.mark.usefixtures("box_alone")]
 ADR = "ADR-20261202-01"
@@ -139,13 +139,7 @@ def write_adr(adr_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def local_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineManager, int]]:
     """One engine for the module, serving the fix; the actuator restarts it on its port."""
-    manager = EngineManager(state_dir=tmp_path_factory.mktemp("drift-before-run-engine"))
-    port = free_port()
-    manager.start(port=port, flags=LAUNCH, timeout_s=600)
-    try:
-        yield manager, port
-    finally:
-        manager.stop(port)
+    yield from own_engine(tmp_path_factory, "drift-before-run-engine", LAUNCH)
 
 
 @pytest.fixture

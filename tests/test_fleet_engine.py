@@ -8,6 +8,9 @@ from two engines); with the replicas listed, the fleet's TTFT p99 must be the cl
 per-replica details must show the sick one, and the replica rule must name it. Then the sick
 engine is let go, and with both replicas healthy the rule must name none. Last, both are held at
 the sick quota: the fleet is slow, and the rule must name no replica (a fleet-wide slowness).
+
+Both engines run on one CPU (every thread pinned to it), so the box's other work slows
+them alike: healthy, they are twins by construction, not by the scheduler's luck.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from tests.fleet_engines import (  # noqa: F401 (engines, nginx: the fixtures)
     load,
     make_sick,
     nginx,
+    one_cpu,
     p99,
     sick_limit,
 )
@@ -95,33 +99,35 @@ def verdict_of(result: ProbeResult) -> replicas.FleetVerdict:
 
 
 async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None:  # noqa: F811
-    async with aiohttp.ClientSession() as session, httpx.AsyncClient(timeout=30) as http:
-        measured = await make_sick(session, engines)
+    with one_cpu(engines):
+        async with aiohttp.ClientSession() as session, httpx.AsyncClient(timeout=30) as http:
+            measured = await make_sick(session, engines)
 
-        # (a) the bot pointed at nginx alone: its scrapes alternate between the two engines
-        ctx = ProbeContext(http=http)
-        lone = TargetRef("svc", Target(vllm_url=nginx))
-        with pytest.raises(ProbeError, match=rf"{nginx} answers from 2 engines.*replicas = "):
-            await VllmMetricsProbe().run(
-                target=lone, params=WindowParams(window_s=2, interval_s=INTERVAL_S), ctx=ctx
-            )
+            # (a) the bot pointed at nginx alone: its scrapes alternate between the two engines
+            ctx = ProbeContext(http=http)
+            lone = TargetRef("svc", Target(vllm_url=nginx))
+            with pytest.raises(ProbeError, match=rf"{nginx} answers from 2 engines.*replicas = "):
+                await VllmMetricsProbe().run(
+                    target=lone, params=WindowParams(window_s=2, interval_s=INTERVAL_S), ctx=ctx
+                )
 
-        # (b) the replicas listed: one window over the load, sized from the sick engine's speed
-        fleet = Target(vllm_url=nginx, replicas=[e.base_url for e in engines])
-        window_s = min(LOAD / 2 * measured["sick_e2e_s"] + 5, 540)  # serially: 3x the need here
-        result, records, load_s = await measured_window(session, http, fleet, window_s)
+            # (b) the replicas listed: one window over the load, sized from the sick engine's speed
+            fleet = Target(vllm_url=nginx, replicas=[e.base_url for e in engines])
+            window_s = min(LOAD / 2 * measured["sick_e2e_s"] + 5, 540)  # serially: 3x the need here
+            result, records, load_s = await measured_window(session, http, fleet, window_s)
 
-        # (c) the sick engine let go (back to the suite's own limit, if any): both healthy
-        hold(sick_limit(engines[1].port, cores_from_environment() or MAX_CORES), engines[1])
-        _, healthy_e2e = await alone(session, engines[1].base_url)
-        calm_s = min(LOAD / 2 * healthy_e2e + 5, 540)
-        calm, _, calm_load_s = await measured_window(session, http, fleet, calm_s)
+            # (c) the sick engine let go (back to the suite's own limit, if any): both healthy
+            hold(sick_limit(engines[1].port, cores_from_environment() or MAX_CORES), engines[1])
+            _, healthy_e2e = await alone(session, engines[1].base_url)
+            # both busy on one CPU: at most the LOAD requests one after another on one engine
+            calm_s = min(LOAD * healthy_e2e + 5, 540)
+            calm, _, calm_load_s = await measured_window(session, http, fleet, calm_s)
 
-        # (d) every replica slowed alike (the sick quota on both): a fleet-wide slowness
-        for engine in engines:
-            hold(sick_limit(engine.port, measured["sick_cores"]), engine)
-        slow_s = min(LOAD / 2 * measured["sick_e2e_s"] + 5, 540)
-        both, _, both_load_s = await measured_window(session, http, fleet, slow_s)
+            # (d) every replica slowed alike (the sick quota on both): a fleet-wide slowness
+            for engine in engines:
+                hold(sick_limit(engine.port, measured["sick_cores"]), engine)
+            slow_s = min(LOAD / 2 * measured["sick_e2e_s"] + 5, 540)
+            both, _, both_load_s = await measured_window(session, http, fleet, slow_s)
 
     clients = p99([r.ttft_s for r in records if r.ttft_s is not None])
     window = result.window

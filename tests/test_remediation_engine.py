@@ -67,15 +67,23 @@ async def gateway(local_engine: tuple[EngineManager, int]) -> AsyncIterator[tupl
     await client.aclose()
 
 
-@pytest.fixture(scope="module")
-def local_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineManager, int]]:
-    manager = EngineManager(state_dir=tmp_path_factory.mktemp("remediation-engine"))
+def own_engine(
+    tmp_path_factory: pytest.TempPathFactory, name: str, flags: list[str]
+) -> Iterator[tuple[EngineManager, int]]:
+    """An engine of a module's own, on a port of its own (the local actuator restarts it
+    there with other flags), stopped at the end: its manager and port."""
+    manager = EngineManager(state_dir=tmp_path_factory.mktemp(name))
     port = free_port()
-    manager.start(port=port, flags=LAUNCH, timeout_s=600)
+    manager.start(port=port, flags=flags, timeout_s=600)
     try:
         yield manager, port
     finally:
         manager.stop(port)
+
+
+@pytest.fixture(scope="module")
+def local_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EngineManager, int]]:
+    yield from own_engine(tmp_path_factory, "remediation-engine", LAUNCH)
 
 
 def make_harness(
