@@ -18,6 +18,7 @@ secrets and deployment overrides. Environment wins over the file. Business code 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import tomllib
 from collections.abc import Mapping
@@ -416,6 +417,11 @@ class SilenceSpec(_Section):
         return matchers
 
 
+# Where pods get their addresses (RFC 1918, shared address space, IPv6 unique local): the
+# default networks a discovered replica may be in.
+POD_NETWORKS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7")
+
+
 class Target(_Section):
     """One inference deployment the bot can diagnose (and, with an actuator, change)."""
 
@@ -441,6 +447,16 @@ class Target(_Section):
         default=None,
         description="the name of the Service port that serves vLLM; unset: the Service's only port",
     )
+    kubernetes_networks: list[str] = Field(
+        default_factory=lambda: list(POD_NETWORKS),
+        description="the networks a discovered pod address must be in before the bot scrapes "
+        "it (docs/fleet.md); a loopback, link-local (the cloud metadata address) or multicast "
+        "address only when a network listed here lies inside that block",
+    )
+    kubernetes_max_replicas: int = Field(
+        default=64, ge=1, le=1024,
+        description="more ready endpoints than this and discovery is refused, nothing scraped",
+    )  # fmt: skip
     kubernetes_api: KubernetesApiSpec = Field(default_factory=KubernetesApiSpec)
     gateway_url: str | None = Field(
         default=None, description="the inference gateway: its counters join queue_cancel"
@@ -506,6 +522,21 @@ class Target(_Section):
                 "(lowercase letters, digits and '-', at most 63 each)"
             )
         return ref
+
+    @field_validator("kubernetes_networks")
+    @classmethod
+    def _networks(cls, networks: list[str]) -> list[str]:
+        checked = []
+        for text in networks:
+            try:
+                checked.append(str(ipaddress.ip_network(text, strict=True)))
+            except ValueError as exc:
+                raise ValueError(
+                    f"{text!r} is not a network like \"10.0.0.0/8\" or \"fd00::/8\" ({exc})"
+                ) from None
+        if not checked:
+            raise ValueError("list at least one network, e.g. the cluster's pod CIDR")
+        return checked
 
     @field_validator("kubernetes_port")
     @classmethod

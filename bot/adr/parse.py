@@ -30,6 +30,10 @@ SECTIONS = (
     "## 3. 固化的系统规则 (Solidified Rules)",
 )
 MATRIX_COLUMNS = ("配置参数", *(str(m.column) for m in catalogue.MATRIX), "结论")
+# An ADR's front matter nests a few levels (workload.prefix.groups.0.share is 5): far past
+# that, it is no ADR, and validating it would only exhaust the stack.
+MAX_DEPTH = 32
+_TOO_DEEP = f"nested more than {MAX_DEPTH} levels deep: an ADR's fields nest a few levels at most"
 _SEPARATOR = re.compile(r"^\|(\s*:?-{3,}:?\s*\|)+$")
 _PIPE = re.compile(r"(?<!\\)\|")
 _LATENCY = re.compile(r"^(?P<n>\d+(?:\.\d+)?)\s*(?P<unit>ms|s)$")
@@ -90,6 +94,10 @@ def parse_with_problems(text: str, *, file: str = "<adr>") -> tuple[Adr | None, 
         ]
     try:
         data = yaml.safe_load(front_text)
+    except RecursionError:
+        return None, [Problem(file, "front matter", _TOO_DEEP)]
+    except ValueError as exc:  # not a YAMLError: an integer past Python's 4,300 digits
+        return None, [Problem(file, "front matter", f"not a value an ADR can hold: {exc}")]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 2}: " if mark is not None else ""
@@ -98,6 +106,8 @@ def parse_with_problems(text: str, *, file: str = "<adr>") -> tuple[Adr | None, 
         ]
     if not isinstance(data, dict):
         return None, [Problem(file, "front matter", "must be a YAML mapping (id: ..., title: ...)")]
+    if _depth(data) > MAX_DEPTH:
+        return None, [Problem(file, "front matter", _TOO_DEEP)]
     try:
         front = FrontMatter.model_validate(data)
     except ValidationError as exc:
@@ -122,6 +132,20 @@ def parse_with_problems(text: str, *, file: str = "<adr>") -> tuple[Adr | None, 
     except ValidationError as exc:
         problems += [Problem(file, _loc(e["loc"]), _why(e)) for e in exc.errors()]
         return None, problems
+
+
+def _depth(data: object) -> int:
+    """How deep mappings and lists nest in ``data`` (counted without recursion)."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_DEPTH:
+            break
+        if isinstance(node, dict | list):
+            children = node.values() if isinstance(node, dict) else node
+            stack += [(child, depth + 1) for child in children]
+    return deepest
 
 
 def _split(text: str) -> tuple[str | None, str]:

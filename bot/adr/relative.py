@@ -63,16 +63,34 @@ def parse_value(value: object) -> float | Relative:
     if isinstance(value, Relative):
         return value
     if isinstance(value, int | float) and not isinstance(value, bool):
-        if not math.isfinite(value):
-            raise ValueError(f"{value!r} is not a finite number; use {SYNTAX}")
-        return float(value)
+        number = _finite(value)
+        if number is None:
+            raise ValueError(f"{_short(value)} is not a finite number; use {SYNTAX}")
+        return number
     if isinstance(value, str) and (m := _RELATIVE.match(value)):
-        factor = float(m["factor"])
+        factor = _finite(m["factor"])
+        if factor is None:
+            raise ValueError(f"{_short(value)}: the multiple is too large to be a number")
         if factor <= 0:
             raise ValueError(f"{value!r}: the multiple of normal must be greater than 0")
         return Relative(factor, m["base"])
     hint = " (write the number without quotes)" if _is_number(value) else ""
-    raise ValueError(f"{value!r} is not {SYNTAX}{hint}")
+    raise ValueError(f"{_short(value)} is not {SYNTAX}{hint}")
+
+
+def _finite(value: int | float | str) -> float | None:
+    """``value`` as a finite float; None for one too large (a 400-digit integer) or inf/nan."""
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
+def _short(value: object) -> str:
+    """A value as an error message quotes it: at most 60 characters of its repr."""
+    text = repr(value) if not isinstance(value, int) or abs(value) < 10**40 else "an integer"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def dump_value(value: float | Relative) -> float | str:

@@ -88,7 +88,11 @@ async def resolve_replicas(target: Target) -> list[Replica]:
         return replicas_of(target)
     assert target.kubernetes_service is not None
     return await discover(
-        target.kubernetes_service, port=target.kubernetes_port, api=target.kubernetes_api
+        target.kubernetes_service,
+        port=target.kubernetes_port,
+        api=target.kubernetes_api,
+        networks=target.kubernetes_networks,
+        max_replicas=target.kubernetes_max_replicas,
     )
 
 
