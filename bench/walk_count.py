@@ -1,7 +1,10 @@
 """How long the /apply-adr walk is: functions, modules and calls of bot/ from the slash command
 to the post-incident draft, and how often the change's ADR is read.
 
-    python bench/walk_count.py [--json]
+    python bench/walk_count.py [--json] [--list]
+
+Two walks: /apply-adr to the post-incident draft, and an Alertmanager notification to its
+posted diagnosis.
 
 Drives one change in this process the way the tests do: the real bot (create_bot, SQLite),
 signed Slack requests through the route and the slack-bolt app, the fake Slack Web API at the
@@ -19,7 +22,11 @@ frames whose file is under bot/:
   adr_reads  the ADR store read for a record: calls of SharedAdrStore.find (each stats the adr
              directory for changed files and reads the database), by the bot function that asked;
   checks     how often the two Slack requests' signatures and body shapes were checked, and the
-             ADR's gates checked like for like.
+             ADR's gates checked like for like;
+  transactions  store transactions opened (bot.store.db.Database.transaction);
+  change_reads  SQL reads of the change's row (SELECTs from the changes table);
+  row_reads     every SELECT, by the table it reads first;
+  card_renders  the card's view built (bot.remediation.card.Card.view).
 A bot's start (create_bot, the store's first import of adr/) is outside the count.
 No timings: the counts are the same on every machine.
 """
@@ -30,6 +37,7 @@ import argparse
 import asyncio
 import dis
 import json
+import re
 import sys
 import tempfile
 import threading
@@ -41,13 +49,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sqlalchemy import select  # noqa: E402
+from sqlalchemy import event, select  # noqa: E402
 
 from bot.adr.models import AdrGates  # noqa: E402
 from bot.canary.verdict import gates_from, judged  # noqa: E402
 from bot.config import CanarySpec  # noqa: E402
 from bot.remediation.gate import GateRun  # noqa: E402
 from bot.store.models import AdrDraft, Remediation  # noqa: E402
+from tests.fakes.alerts import alert  # noqa: E402
+from tests.fakes.alerts import body as alert_body  # noqa: E402
 from tests.fakes.bot import harness  # noqa: E402
 from tests.fakes.clock import FakeTime  # noqa: E402
 from tests.fakes.kube_api import FakeKube, KubeActuators  # noqa: E402
@@ -70,10 +80,18 @@ CHECKS = {  # what the walk checks more than once unless the code says why
 }
 
 
+TRANSACTION = ("bot/store/db.py", "Database.transaction")
+CARD = ("bot/remediation/card.py", "Card.view")
+FROM = re.compile(r"\bFROM\s+\"?(\w+)")
+
+
 class Walk:
-    """The profile hook: what bot/ code ran, and who read the ADR store."""
+    """The profile hook: what bot/ code ran, and who read the ADR store; and, as an engine
+    event, each SQL statement that read a change's row."""
 
     def __init__(self) -> None:
+        self.reads: Counter[str] = Counter()
+        self.counting = False
         self.calls: Counter[tuple[str, str]] = Counter()
         self.adr_reads: Counter[str] = Counter()
         self._entry: dict[CodeType, int] = {}
@@ -112,6 +130,12 @@ class Walk:
             self._entry[code] = offsets[0] if offsets else 0
         return self._entry[code]
 
+    def statement(self, conn: object, cursor: object, statement: str, *args: object) -> None:
+        """An engine's before_cursor_execute: count each SELECT by the table it reads."""
+        if self.counting and statement.lstrip().upper().startswith("SELECT"):
+            table = FROM.search(statement)
+            self.reads[table[1] if table else "?"] += 1
+
     def summary(self) -> dict[str, Any]:
         return {
             "functions": len(self.calls),
@@ -121,6 +145,10 @@ class Walk:
             "adr_read_by": dict(self.adr_reads),
             "checks": {name: sum(n for key, n in self.calls.items() if key == where)
                        for name, where in CHECKS.items()},
+            "transactions": self.calls[TRANSACTION],
+            "change_reads": self.reads["changes"],
+            "row_reads": dict(self.reads.most_common()),
+            "card_renders": self.calls[CARD],
         }  # fmt: skip
 
 
@@ -155,7 +183,9 @@ async def one_change(walk: Walk, tmp: Path) -> str:
             targets={"prod-a": {"vllm_url": "http://10.0.0.5:8000", "actuator": spec}},
         )  # fmt: skip
         h.bot.remediation.card._adrs.sync()  # the bot's start: adr/ imported (not counted)
+        event.listen(h.bot.db.engine, "before_cursor_execute", walk.statement)
         try:
+            walk.counting = True
             sys.setprofile(walk)
             threading.setprofile(walk)
             await h.slash(f"{ADR} prod-a", command="/apply-adr")
@@ -169,6 +199,7 @@ async def one_change(walk: Walk, tmp: Path) -> str:
         finally:
             sys.setprofile(None)
             threading.setprofile(None)
+            walk.counting = False
         try:
             with h.bot.db.transaction() as s:
                 (rem,) = s.scalars(select(Remediation)).all()
@@ -177,6 +208,31 @@ async def one_change(walk: Walk, tmp: Path) -> str:
         finally:
             await h.close()
             await actuators.aclose()
+
+
+async def one_alert(walk: Walk, tmp: Path) -> str:
+    """An Alertmanager notification to its posted diagnosis: the incident opened, the runbook
+    run on recorded /metrics pages, the findings and the matching ADR posted in the thread;
+    the incident's state and how many Slack messages it has."""
+    with FakeSlack() as slack:
+        h = harness(tmp, slack=slack, matching_adr=True)
+        h.bot.remediation.card._adrs.sync()  # the bot's start: adr/ imported (not counted)
+        event.listen(h.bot.db.engine, "before_cursor_execute", walk.statement)
+        try:
+            walk.counting = True
+            sys.setprofile(walk)
+            threading.setprofile(walk)
+            response = await h.webhook(alert_body(alert()))
+            await slack.until("chat.update")
+            await h.bot.tasks.drain()
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)
+            walk.counting = False
+        try:
+            return f"{response.json()['outcome']}, {len(slack.of('chat.postMessage'))} messages"
+        finally:
+            await h.close()
 
 
 def _buttons(call: Any) -> dict[str, str]:
@@ -193,17 +249,23 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--list", action="store_true", help="also each function and its calls")
     args = parser.parse_args()
-    walk = Walk()
-    with tempfile.TemporaryDirectory() as tmp:
-        state = asyncio.run(one_change(walk, Path(tmp)))
-    found = {"path": "/apply-adr -> verdict -> draft", "state": state, **walk.summary()}
-    if args.list:
-        found["each"] = {f"{where}:{name}": n for (where, name), n in sorted(walk.calls.items())}
+    walks = {"/apply-adr -> verdict -> draft": one_change, "alert -> diagnosis": one_alert}
+    every = []
+    for path, drive in walks.items():
+        walk = Walk()
+        with tempfile.TemporaryDirectory() as tmp:
+            state = asyncio.run(drive(walk, Path(tmp)))
+        found = {"path": path, "state": state, **walk.summary()}
+        if args.list:
+            found["each"] = {f"{w}:{name}": n for (w, name), n in sorted(walk.calls.items())}
+        every.append(found)
     if args.json:
-        print(json.dumps(found, indent=2))
+        print(json.dumps(every, indent=2))
         return
-    for key, value in found.items():
-        print(f"{key:>10}: {value}")
+    for found in every:
+        for key, value in found.items():
+            print(f"{key:>13}: {value}")
+        print()
 
 
 if __name__ == "__main__":

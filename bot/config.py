@@ -532,7 +532,7 @@ class Target(_Section):
                 checked.append(str(ipaddress.ip_network(text, strict=True)))
             except ValueError as exc:
                 raise ValueError(
-                    f"{text!r} is not a network like \"10.0.0.0/8\" or \"fd00::/8\" ({exc})"
+                    f'{text!r} is not a network like "10.0.0.0/8" or "fd00::/8" ({exc})'
                 ) from None
         if not checked:
             raise ValueError("list at least one network, e.g. the cluster's pod CIDR")

@@ -13,7 +13,7 @@ from bot.remediation.records import ChangeRequest, RemediationRecords
 from bot.store import buttons
 from bot.store import service as store
 from bot.store.db import Database
-from bot.store.states import ACTIVE, IN_FLIGHT, RemediationState
+from bot.store.states import ACTIVE, IN_FLIGHT, ChangeState
 from tests.fakes.clock import WallClock
 
 T0 = dt.datetime(2026, 11, 29, 2, 0, tzinfo=dt.UTC)
@@ -128,7 +128,7 @@ async def test_remediation_records_issue_and_read_its_buttons(db: Database) -> N
         )
     )  # fmt: skip
     subject = buttons.subject("remediation", rem.id)
-    assert rem.state == RemediationState.PENDING == "pending"
+    assert rem.state == ChangeState.PENDING == "pending"
     assert await records.tokens(subject) == tokens and sorted(tokens) == ["approve", "deny"]
     row = await records.token(tokens["approve"])
     assert row is not None and (row.subject, row.incident_id) == (subject, incident_id)
@@ -143,5 +143,5 @@ def test_states_are_the_stored_strings() -> None:
         "pending", "approved", "applying", "canary", "promoting", "rolling_back",
     ]  # fmt: skip
     assert sorted(ACTIVE) == ["applying", "approved", "canary", "promoting", "rolling_back"]
-    assert RemediationState("rolled_back") is RemediationState.ROLLED_BACK
-    assert f"{RemediationState.DRY_RUN}" == "dry_run"
+    assert ChangeState("rolled_back") is ChangeState.ROLLED_BACK
+    assert f"{ChangeState.DRY_RUN}" == "dry_run"

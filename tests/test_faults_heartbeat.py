@@ -44,7 +44,7 @@ PASSING = {"ttft_ms": {"p99": 180.0}, "tpot_ms": {"p99": 21.5}, "goodput_ratio":
            "kv_fragmentation": {"observed": 0.12}, "requests": {"total": 32, "failed": 0}}  # fmt: skip
 # The store refuses heartbeats: writes of heartbeat_at that change nothing else a step does.
 REFUSE = (
-    "CREATE TRIGGER refuse_heartbeats BEFORE UPDATE OF heartbeat_at ON remediations "
+    "CREATE TRIGGER refuse_heartbeats BEFORE UPDATE OF heartbeat_at ON changes "
     "WHEN NEW.state = OLD.state AND NEW.result IS OLD.result "
     "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END"
 )

@@ -87,7 +87,7 @@ def assert_secret_nowhere(h: Harness, slack: FakeSlack, caplog: pytest.LogCaptur
         audit = rows("audit_log")
         assert any("remediation.requested" in row for row in audit)
         assert not [row for row in audit if SECRET in row]
-        for table in ("remediations", "incidents", "canary_results", "action_tokens"):
+        for table in ("changes", "incidents", "canary_results", "action_tokens"):
             assert not [row for row in rows(table) if SECRET in row], table
     calls = [json.dumps(c.args) + repr(c.body) for c in slack.calls]
     assert calls and not [c for c in calls if SECRET in c]

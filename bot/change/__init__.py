@@ -1,11 +1,14 @@
-"""Changing a target's engine: what the apply flow (bot/remediation) and tuning on a target
-(bot/tune/on_target.py) both use to set flags, hold the target, and check it still serves.
+"""Changing a target's engine: what every kind of change (a remediation, bot/remediation; a
+tuning session, bot/tune/on_target.py; a drift before-run, bot/scheduler/before_run.py) uses to
+set flags, hold the target, and check it still serves. Every change is a row of one table,
+``changes`` (bot.store.models.Change, its ``kind`` saying which).
 
 actuators/         where the flags are changed: local engine, Kubernetes Deployment, a commit
                    to the deployment repository (git), dry run
 argv.py            reading and rewriting vLLM flags inside a command line
 policy.py          who may request and approve; which ADRs and flags are allowed
 exclusion.py       one change at a time per target, and the refusal naming who holds it
+rows.py            what the records of every kind share: one heartbeat, staleness, who holds
 liveness.py        which run owns a change, and how it shows it is alive
 serving.py         after a change or a restore: the engine serves a completion, not just /health
 """

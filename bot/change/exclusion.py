@@ -1,30 +1,28 @@
-"""One change at a time per target: which remediation (or tuning session) holds a target, and
-the refusal naming it.
+"""One change at a time per target: which change (a remediation, a tuning session, a drift
+before-run) holds a target, and the refusal naming it.
 
-The guarantee is the store's (a unique index on the target of in-flight remediations,
-``bot.store.states.IN_FLIGHT``, and one on in-flight tuning sessions, ``TUNING``): of requests
-racing on one target, one insert wins and the others fail. A remediation and a tuning session
-live in two tables, so each checks the other's in the same transaction, after ``lock``: SQLite
-serializes writing transactions anyway (BEGIN IMMEDIATE), PostgreSQL takes a transaction-scoped
-advisory lock per target. This module turns a lost race into an answer the person can act on.
+The guarantee is the store's: every change is a row of one table, ``changes``, with one unique
+index on the target of the changes that hold it (``bot.store.states.HOLDS``). Of requests
+racing on one target, whatever their kinds, one insert wins and the others fail with an
+IntegrityError, which the flows turn into ``TargetBusy`` naming the winner. This module says
+who holds a target and turns a lost race into an answer the person can act on.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from bot.errors import UsageError
-from bot.store.models import TUNING, Remediation, TuneSession
-from bot.store.states import IN_FLIGHT, RemediationState
+from bot.store.models import Change, Remediation
+from bot.store.states import HOLDS, ChangeKind, ChangeState
 
 
 @dataclass(frozen=True)
 class Holder:
-    """What a refusal says about the remediation in flight on a target."""
+    """What a refusal says about the change in flight on a target."""
 
     id: int
     adr_id: str
@@ -33,12 +31,12 @@ class Holder:
     requested_by: str
     channel: str | None
     ts: str | None
-    kind: str = "change"  # or "tuning": a `ruleloop tune --target` session
+    kind: str = "change"  # or "tuning": a tuning session or a drift before-run
 
 
 class TargetBusy(UsageError):
-    """Another remediation (or a tuning session) is pending or running on the target;
-    ``holder`` is that one."""
+    """Another change (a remediation, or a tuning session) is pending or running on the
+    target; ``holder`` is that one."""
 
     def __init__(self, holder: Holder) -> None:
         what = "tuning session" if holder.kind == "tuning" else "change"
@@ -46,40 +44,21 @@ class TargetBusy(UsageError):
         self.holder = holder
 
 
-def lock(session: Session, target: str) -> None:
-    """Serialize, per target, the transactions that check and then take it (PostgreSQL: an
-    advisory lock held until the transaction ends; SQLite's writers are serialized already)."""
-    if session.get_bind().dialect.name != "postgresql":
-        return
-    digest = hashlib.sha256(f"target:{target}".encode()).digest()
-    key = int.from_bytes(digest[:8], "big", signed=True)
-    session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
-
-
 def holder(session: Session, target: str) -> Holder | None:
-    """The remediation pending or running on ``target``, else the tuning session running
-    there, if any."""
-    query = select(Remediation).where(
-        Remediation.target == target, Remediation.state.in_(IN_FLIGHT)
-    )
-    rem = session.scalars(query.order_by(Remediation.id)).first()
-    if rem is None:
-        return tuning(session, target)
-    return Holder(
-        id=rem.id, adr_id=rem.adr_id, target=rem.target, state=rem.state,
-        requested_by=rem.requested_by, channel=rem.channel, ts=rem.ts,
-    )  # fmt: skip
-
-
-def tuning(session: Session, target: str) -> Holder | None:
-    """The tuning session running (or restoring) on ``target``, if any."""
-    query = select(TuneSession).where(TuneSession.target == target, TuneSession.state.in_(TUNING))
-    found = session.scalars(query.order_by(TuneSession.id)).first()
-    if found is None:
+    """The change pending or running on ``target``, of any kind, if any."""
+    query = select(Change).where(Change.target == target, Change.state.in_(HOLDS))
+    row = session.scalars(query.order_by(Change.id)).first()
+    if row is None:
         return None
+    if isinstance(row, Remediation):
+        return Holder(
+            id=row.id, adr_id=row.adr_id, target=row.target, state=row.state,
+            requested_by=row.requested_by, channel=row.channel, ts=row.ts,
+        )  # fmt: skip
+    assert row.kind in (ChangeKind.TUNING, ChangeKind.DRIFT_BEFORE_RUN), row.kind
     return Holder(
-        id=found.id, adr_id="tuning", target=found.target, state=found.state,
-        requested_by=found.requested_by, channel=None, ts=None, kind="tuning",
+        id=row.id, adr_id="tuning", target=row.target, state=row.state,
+        requested_by=row.requested_by, channel=None, ts=None, kind="tuning",
     )  # fmt: skip
 
 
@@ -93,7 +72,7 @@ def refusal(adr_id: str, target: str, busy: Holder, link: str | None) -> str:
             "target: wait until it ends (if its process died, `ruleloop tune --target "
             f"{target} --restore` finishes it). Nothing was changed."
         )
-    doing = "waiting for approval" if busy.state == RemediationState.PENDING else "running"
+    doing = "waiting for approval" if busy.state == ChangeState.PENDING else "running"
     if link:
         card = f"; its card: <{link}|change #{busy.id}>"
     elif busy.channel:
@@ -117,7 +96,7 @@ def tuning_refusal(target: str, busy: Holder) -> str:
             f"{target} --restore` puts the flags it found back"
         )
     else:
-        doing = "waiting for approval" if busy.state == RemediationState.PENDING else "running"
+        doing = "waiting for approval" if busy.state == ChangeState.PENDING else "running"
         what = (
             f"change #{busy.id} ({busy.adr_id}, {busy.state}, requested by {busy.requested_by}) "
             f"is {doing} there"

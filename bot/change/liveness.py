@@ -1,4 +1,5 @@
-"""Which run owns a remediation, and how it shows it is alive.
+"""Which run owns a change (a remediation, a tuning session, a drift before-run), and how it
+shows it is alive.
 
 A run (the approving replica's, or the one a resume starts) is a ``runner`` id written on the
 remediation when it takes it; every step it writes is conditional on still being that runner
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 
 log = logging.getLogger("ruleloop.remediation")
@@ -59,6 +60,21 @@ async def heartbeat(
             return
 
 
+@contextlib.asynccontextmanager
+async def beating(
+    beat: Beat, *, every_s: float, name: str, sleep: Sleep = asyncio.sleep
+) -> AsyncIterator[None]:
+    """Heartbeats while the block runs (every kind of change: a remediation's run, a tuning
+    session, a drift before-run), stopped when it ends however it ends."""
+    heart = asyncio.create_task(heartbeat(beat, every_s=every_s, name=name, sleep=sleep))
+    try:
+        yield
+    finally:
+        heart.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await heart
+
+
 async def owned(
     work: Coroutine[Any, Any, None],
     beat: Beat,
@@ -69,17 +85,13 @@ async def owned(
 ) -> bool:
     """Run ``work`` with heartbeats (waiting between them with ``sleep``); False when it
     stopped because the run was lost."""
-    heart = asyncio.create_task(heartbeat(beat, every_s=every_s, name=name, sleep=sleep))
     try:
-        await work
+        async with beating(beat, every_s=every_s, name=name, sleep=sleep):
+            await work
     except LostRun:
         log.warning(
             "%s was taken over by another replica: this run stops without touching the target",
             name,
         )
         return False
-    finally:
-        heart.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await heart
     return True

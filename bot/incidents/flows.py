@@ -234,8 +234,9 @@ class IncidentFlows:
         if ref is not None:
             return ref
         await self._records.owe(incident_id, root_channel=channel)
-        await self.outbox.deliver(incident_id, force=True)  # someone is waiting: no backoff
-        ref = await self._records.root(incident_id)
+        # someone is waiting: no backoff; posted by another replica meanwhile: read it
+        ref = (await self.outbox.deliver(incident_id, force=True)).root
+        ref = ref or await self._records.root(incident_id)
         if ref is None:
             why = await self._records.owed_error(incident_id, items.ROOT)
             raise EndpointError(

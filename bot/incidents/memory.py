@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from bot.adr.match import supported_causes, verdicts_of
 from bot.chat.mrkdwn import escape
 from bot.store.models import AuditEntry, CauseFeedback, Incident, Remediation
-from bot.store.states import RemediationState as S
+from bot.store.states import ChangeState as S
 
 RECENT_DAYS = 7  # "3rd time in 7 days"
 LOOKBACK_DAYS = 90  # how far back an earlier fix (and its story) is looked for

@@ -42,6 +42,7 @@ class Round:
     retried: int = 0
     failed: int = 0
     unreachable: bool = False  # Slack itself failed: later messages would meet the same
+    root: MessageRef | None = None  # the root message, when this round posted it
 
     def add(self, other: Round) -> None:
         """Count another round in."""
@@ -104,6 +105,8 @@ class Outbox:
                     return done
                 await asyncio.to_thread(self._sent, item, ref)
                 done.sent += 1
+                if item.kind == items.ROOT:
+                    done.root = ref
 
     async def deliver_due(self) -> Round:
         """Deliver every incident with a message due; stop while Slack itself is failing.

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from bot.incidents.memory import supported_of
 from bot.store.models import CauseFeedback, Incident, Remediation
-from bot.store.states import RemediationState as S
+from bot.store.states import ChangeState as S
 
 NOT_APPLIED = (S.PENDING, S.APPROVED, S.CANCELLED, S.EXPIRED, S.DRY_RUN)
 COLUMNS = (

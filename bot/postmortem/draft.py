@@ -34,7 +34,7 @@ from bot.diagnosis.models import GATE_OF, summary_numbers
 from bot.errors import UsageError
 from bot.numbers.reading import Measured, Reading, compare
 from bot.numbers.text import FOUR, compact
-from bot.store.states import RemediationState
+from bot.store.states import ChangeState
 from bot.tune.matrix import PASSED, source_note
 from bot.workload.shape import WorkloadShape
 
@@ -117,7 +117,7 @@ class AppliedFix:
     """The ADR applied during the incident and how it ended (a remediation, as plain data)."""
 
     adr: Adr
-    state: str  # how it ended (a RemediationState): promoted | rolled_back | failed | ...
+    state: str  # how it ended (a ChangeState): promoted | rolled_back | failed | ...
     before_flags: Mapping[str, object] = field(default_factory=dict)
     after_flags: Mapping[str, object] = field(default_factory=dict)
     requested_by: str = ""
@@ -136,7 +136,7 @@ class AppliedFix:
     @property
     def kept(self) -> bool:
         """The change passed its canary and was promoted."""
-        return self.state == RemediationState.PROMOTED
+        return self.state == ChangeState.PROMOTED
 
 
 def build_postmortem(
@@ -219,7 +219,7 @@ def _title(incident: IncidentFacts, applied: AppliedFix | None) -> str:
         outcome = "diagnosed, no fix applied yet"
     elif applied.kept:
         outcome = f"{applied.adr.id} kept ({_flags(applied.adr.fix.engine_args) or 'gateway only'})"
-    elif applied.state == RemediationState.ROLLED_BACK:
+    elif applied.state == ChangeState.ROLLED_BACK:
         outcome = f"{applied.adr.id} rolled back"
     else:
         outcome = f"{applied.adr.id} {applied.state}"
@@ -325,7 +325,7 @@ def _applied_lines(
         lines.append(f"- 结果 (outcome): kept — promoted.{numbers}")
     else:
         failed = _failed(applied, runs[-1] if runs else None, gates)
-        state = "rolled back" if applied.state == RemediationState.ROLLED_BACK else applied.state
+        state = "rolled back" if applied.state == ChangeState.ROLLED_BACK else applied.state
         before = _flags(applied.before_flags) or "vLLM defaults"
         lines.append(
             f"- 结果 (outcome): {state} — {failed or 'no canary verdict recorded'}. "
@@ -476,7 +476,7 @@ def _rules(
     if applied.kept:
         return [*_flag_rules(applied), *_gateway_rules(adr.fix), *gate]
     failed = _failed(applied, runs[-1] if runs else None, gates) or "no canary verdict recorded"
-    if applied.state == RemediationState.ROLLED_BACK:
+    if applied.state == ChangeState.ROLLED_BACK:
         return [
             f"不要对此症状应用 (do not apply) `{flags}` ({adr.id}) on {target} without new "
             f"evidence: its canary here missed the gates ({failed}) and it was rolled back. "

@@ -34,14 +34,14 @@ from bot.store import buttons
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import AdrDraft, Incident, Remediation
-from bot.store.states import RemediationState
+from bot.store.states import ChangeState
 from bot.workload.shape import WorkloadShape
 
 log = logging.getLogger(__name__)
 
 SUBJECT = "draft"  # its review buttons' subject: buttons.subject(SUBJECT, adr_id)
 # the remediations that ran their course (kept, rolled back, or failed): the fix a draft reports
-ENDED = (RemediationState.PROMOTED, RemediationState.ROLLED_BACK, RemediationState.FAILED)
+ENDED = (ChangeState.PROMOTED, ChangeState.ROLLED_BACK, ChangeState.FAILED)
 ID_TRIES = 5  # replicas drafting on one day at once: each takes the next free id
 
 
@@ -129,14 +129,15 @@ class DraftRecords(buttons.ButtonReads):
     async def record(
         self, *, incident: IncidentFacts, canaries: list[CanaryFacts],
         applied: AppliedFix | None, author: str,
-    ) -> tuple[Adr, dict[str, str]]:  # fmt: skip
-        """The draft, its review buttons and its audit entry, in one transaction.
+    ) -> tuple[Adr, dict[str, str], AdrDraft]:  # fmt: skip
+        """The draft, its review buttons and its audit entry, in one transaction; the draft,
+        its buttons and its row as written.
 
         Another replica may take the same id at the same moment: the store refuses the second
         (unique id) and the draft is built again with the next free id.
         """
 
-        def run() -> tuple[Adr, dict[str, str]]:
+        def run() -> tuple[Adr, dict[str, str], AdrDraft]:
             self._adrs.sync()  # ids of files added to adr/ count too
             for attempt in range(ID_TRIES):
                 now = self._clock()
@@ -147,10 +148,10 @@ class DraftRecords(buttons.ButtonReads):
                             incident=incident, canaries=canaries, applied=applied,
                             deciders=[author],
                         )  # fmt: skip
-                        tokens = self._insert(
+                        tokens, row = self._insert(
                             s, adr, incident_id=incident.id, author=author, now=now
                         )
-                    return adr, tokens
+                    return adr, tokens, row
                 except IntegrityError:
                     if attempt == ID_TRIES - 1:
                         raise
@@ -160,15 +161,14 @@ class DraftRecords(buttons.ButtonReads):
 
     def _insert(
         self, s: Session, adr: Adr, *, incident_id: int, author: str, now: dt.datetime
-    ) -> dict[str, str]:
+    ) -> tuple[dict[str, str], AdrDraft]:
         stored = self._adrs.add_draft(s, adr, source="bot", actor=author, at=now)
         path = str(self._adrs.location(stored))
-        s.add(
-            AdrDraft(
-                adr_id=adr.id, incident_id=incident_id, path=path, author=author,
-                state="proposed", created_at=now,
-            )
+        row = AdrDraft(
+            adr_id=adr.id, incident_id=incident_id, path=path, author=author,
+            state="proposed", created_at=now,
         )  # fmt: skip
+        s.add(row)
         tokens = buttons.issue(
             s, buttons.subject(SUBJECT, adr.id), ("accept", "reject"),
             incident_id=incident_id, now=now,
@@ -178,7 +178,7 @@ class DraftRecords(buttons.ButtonReads):
             incident=store.get(s, incident_id), detail={"adr": adr.id, "path": path},
         )  # fmt: skip
         s.flush()  # a taken id fails here, inside the retry
-        return tokens
+        return tokens, row
 
     async def remember(self, adr_id: str, ref: MessageRef) -> None:
         """Where the draft's summary was posted (to update it after review)."""

@@ -78,14 +78,15 @@ class DraftService:
         ADR of the incident's change where the caller has read it (else it is read here)."""
         async with self._lock:
             incident, canaries, fix = await self._records.facts(incident_id, applied=applied)
-            adr, tokens = await self._records.record(
+            adr, tokens, stored = await self._records.record(
                 incident=incident,
                 canaries=canaries,
                 applied=fix,
                 author=author,
             )
         thread = await self._threads(incident_id, None)
-        view = await self._view(adr.id, tokens=tokens, adr=adr)  # the draft just built
+        # the draft just built, where record() stored it: nothing to read back
+        view = await self._view(adr.id, tokens=tokens, adr=adr, draft=stored)
         ref = await self._notifier.post_draft(
             thread, view=view, markdown=render(adr), filename=view.path.rsplit("/", 1)[-1]
         )
@@ -123,14 +124,16 @@ class DraftService:
 
     async def _view(
         self, adr_id: str, *, tokens: dict[str, str] | None = None, note: str = "",
-        adr: Adr | None = None,
+        adr: Adr | None = None, draft: AdrDraft | None = None,
     ) -> DraftView:  # fmt: skip
-        """The draft's message; ``adr``: the record where the caller holds it (else read)."""
-        draft = await self._records.draft(adr_id)
+        """The draft's message; ``adr`` and ``draft``: the record and its draft row, where the
+        caller holds them (else read)."""
+        if draft is None:
+            draft = await self._records.draft(adr_id)
         path = draft.path  # where the draft was stored (its export path)
         if adr is None:
             found = await asyncio.to_thread(self._adrs.find, adr_id)
-            adr, path = (found[1], str(found[0])) if found else (None, draft.path)
+            adr, path = (found[1], str(found[0])) if found else (None, path)
         return DraftView(
             adr_id=adr_id,
             title=adr.title if adr else adr_id,

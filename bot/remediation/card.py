@@ -24,7 +24,7 @@ from bot.remediation.records import SUBJECT, RemediationRecords
 from bot.runtime.redact import redact
 from bot.store import buttons
 from bot.store.models import Remediation
-from bot.store.states import RemediationState
+from bot.store.states import ChangeState
 
 log = logging.getLogger("ruleloop.remediation")
 
@@ -48,41 +48,52 @@ class Card:
     async def step(
         self,
         remediation_id: int,
-        state: RemediationState,
+        state: ChangeState,
         action: str,
         detail: dict[str, Any],
         *,
         note: str,
         owner: str,
-        expect: list[RemediationState],
+        expect: list[ChangeState],
         adr: Adr | None = None,
+        show: bool = True,
         **fields: Any,
-    ) -> None:
+    ) -> Remediation:
         """Move to ``state`` from one of ``expect`` as run ``owner`` (audited, then shown on
-        the card); LostRun, having changed nothing, when the change is not that any more.
-        ``fields`` are the record's columns the step sets too (its result, what serves);
-        ``adr``: the change's ADR as its run read it (else the card reads it)."""
+        the card unless ``show`` is False: the caller shows it once it is done); LostRun,
+        having changed nothing, when the change is not that any more. ``fields`` are the
+        record's columns the step sets too (its result, what serves); ``adr``: the change's ADR
+        as its run read it (else the card reads it). The remediation as the step wrote it."""
         moved = await self._records.step(
             remediation_id, to_state=state, action=action, detail=detail, from_states=expect,
             owner=owner, **fields,
         )  # fmt: skip
-        if not moved:
+        if moved is None:
             raise LostRun(f"remediation {remediation_id} is no longer run by {owner}")
-        # no URL's credentials on the card
-        await self.show(remediation_id, note=redact(note), adr=adr)
+        if show:  # no URL's credentials on the card
+            await self.show(moved, note=redact(note), adr=adr)
+        return moved
 
-    async def show(self, remediation_id: int, *, note: str, adr: Adr | None = None) -> None:
-        """The card again, with ``note``; a card Slack refuses to update is only logged."""
-        rem = await self._records.get(remediation_id)
+    async def show(
+        self, remediation: Remediation | int, *, note: str, adr: Adr | None = None
+    ) -> None:
+        """The card again, with ``note``, of the remediation as a step returned it (or read
+        now, given its id); a card Slack refuses to update is only logged."""
+        rem = await self._row(remediation)
         if rem.channel is None or rem.ts is None:
             return
-        view = await self.view(remediation_id, note=note, adr=adr)
+        view = await self.view(rem, note=note, adr=adr)
         try:
             await self._notifier.update_remediation(
                 MessageRef(channel=rem.channel, ts=rem.ts), view=view
             )
         except RuleloopError:
-            log.warning("could not update the card of remediation %s", remediation_id)
+            log.warning("could not update the card of remediation %s", rem.id)
+
+    async def _row(self, remediation: Remediation | int) -> Remediation:
+        if isinstance(remediation, Remediation):
+            return remediation
+        return await self._records.get(remediation)
 
     async def permalink(self, rem: Remediation) -> str | None:
         """A link to the card (None without one, or when Slack does not give it)."""
@@ -92,19 +103,22 @@ class Card:
 
     async def view(
         self,
-        remediation_id: int,
+        remediation: Remediation | int,
         *,
         tokens: dict[str, str] | None = None,
+        expires_at: dt.datetime | None = None,
         note: str = "",
         adr: Adr | None = None,
     ) -> RemediationView:
         """What the card says now: the diff, the gates, the buttons while it is pending.
+        ``tokens`` and ``expires_at``: the buttons as the request issued them (else read);
         ``adr``: the change's ADR where the caller has read it already (read once per change)."""
-        rem = await self._records.get(remediation_id)
-        subject = buttons.subject(SUBJECT, rem.id)
-        if tokens is None:
-            pending = rem.state == RemediationState.PENDING
-            tokens = await self._records.tokens(subject) if pending else {}
+        rem = await self._row(remediation)
+        if rem.state != ChangeState.PENDING:  # only a pending card has buttons, and an expiry
+            tokens, expires_at = {}, None
+        elif tokens is None or expires_at is None:  # not given by the request that made them
+            subject = buttons.subject(SUBJECT, rem.id)
+            tokens, expires_at = await self._records.pending_buttons(subject, tokens=tokens)
         if adr is None:  # a card shown outside the run (a click, a sweep): read it here
             found = await asyncio.to_thread(self._adrs.find, rem.adr_id)  # off the loop
             adr = found[1] if found else None
@@ -123,8 +137,8 @@ class Card:
             relative_gates=relative,
             two_person=rem.approvals_needed > 1,
             approved_by=list(rem.approved_by),
-            expires_at=await self._records.expires_at(subject),
-            tokens=tokens,
+            expires_at=expires_at,
+            tokens=tokens or {},
             note=note,
             gateway=dict(rem.after.get("gateway") or {}),
             numbers=dict(rem.result.get("numbers", {})),

@@ -64,24 +64,30 @@ class ChangeSilencer:
             detail={**silence.to_json(), "matchers": spec.matchers, "comment": comment},
         )  # fmt: skip
 
-    async def end(self, remediation_id: int) -> None:
-        """Expire the silence of a change that ended, if it has one still on; never raises
-        (the sweep retries what Alertmanager did not take)."""
-        rem = await self._records.get(remediation_id)
+    async def end(self, remediation: Remediation | int) -> Remediation:
+        """Expire the silence of a change that ended (as its last step returned it, or read
+        now by id), if it has one still on; never raises (the sweep retries what Alertmanager
+        did not take). The remediation as it is then."""
+        rem = remediation
+        if not isinstance(rem, Remediation):
+            rem = await self._records.get(rem)
         if rem.state not in ACTIVE:  # never the silence of a change another run still runs
-            await self._expire(rem)
+            rem = await self._expire(rem) or rem
+        return rem
 
     async def sweep(self) -> int:
         """Expire the silences of changes that ended without expiring theirs; how many."""
         expired = 0
         for rem in await self._records.unexpired_silences():
-            expired += await self._expire(rem)
+            expired += await self._expire(rem) is not None
         return expired
 
-    async def _expire(self, rem: Remediation) -> bool:
+    async def _expire(self, rem: Remediation) -> Remediation | None:
+        """The remediation with its silence expired, as written; None when there was none to
+        expire, or Alertmanager did not take it."""
         kept: dict[str, Any] = dict(rem.silence or {})
         if not kept.get("id") or kept.get("expired"):
-            return False
+            return None
         try:
             await silences.expire(kept["alertmanager_url"], kept["id"])
         except silences.SilenceError as exc:
@@ -90,9 +96,8 @@ class ChangeSilencer:
                 rem.id, kept, action="remediation.silence_expire_failed",
                 detail={"id": kept["id"], "error": str(exc)},
             )  # fmt: skip
-            return False
-        await self._records.note_silence(
+            return None
+        return await self._records.note_silence(
             rem.id, {**kept, "expired": True}, action="remediation.silence_expired",
             detail={"id": kept["id"], "state": rem.state},
         )  # fmt: skip
-        return True

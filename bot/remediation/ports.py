@@ -8,24 +8,24 @@ from typing import Any, Protocol
 
 from bot.chat.messages import MessageRef
 from bot.postmortem.ports import DraftNotifier
-from bot.store.states import RemediationState
+from bot.store.states import ChangeState
 
 # state -> what the card says it is doing (one message, updated in place); keyed by the members,
 # which are the stored strings, so a state read back from the store finds its text
 STATES: dict[str, str] = {
-    RemediationState.PENDING: "waiting for approval",
-    RemediationState.APPROVED: "approved, starting",
-    RemediationState.APPLYING: "applying the flags (restarting the engine)…",
-    RemediationState.CANARY: "canary running against the ADR's gates…",
-    RemediationState.PROMOTING: "canary passed, rolling out…",
-    RemediationState.PROMOTED: "applied: the canary met every gate",
-    RemediationState.ROLLING_BACK: "rolling back to the previous flags…",
-    RemediationState.ROLLED_BACK: "rolled back: the previous flags serve again",
-    RemediationState.FAILED: "FAILED: manual action needed",
-    RemediationState.CANCELLED: "cancelled, nothing was changed",
-    RemediationState.EXPIRED: "expired, nothing was changed",
-    RemediationState.INTERRUPTED: "interrupted by a bot restart",
-    RemediationState.DRY_RUN: "dry run: nothing was changed",
+    ChangeState.PENDING: "waiting for approval",
+    ChangeState.APPROVED: "approved, starting",
+    ChangeState.APPLYING: "applying the flags (restarting the engine)…",
+    ChangeState.CANARY: "canary running against the ADR's gates…",
+    ChangeState.PROMOTING: "canary passed, rolling out…",
+    ChangeState.PROMOTED: "applied: the canary met every gate",
+    ChangeState.ROLLING_BACK: "rolling back to the previous flags…",
+    ChangeState.ROLLED_BACK: "rolled back: the previous flags serve again",
+    ChangeState.FAILED: "FAILED: manual action needed",
+    ChangeState.CANCELLED: "cancelled, nothing was changed",
+    ChangeState.EXPIRED: "expired, nothing was changed",
+    ChangeState.INTERRUPTED: "interrupted by a bot restart",
+    ChangeState.DRY_RUN: "dry run: nothing was changed",
 }
 
 

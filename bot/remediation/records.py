@@ -9,25 +9,40 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import ColumnElement, Executable, or_, select, update
-from sqlalchemy.engine import CursorResult
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from bot.change import exclusion
+from bot.change import exclusion, rows
 from bot.errors import UsageError
 from bot.store import buttons
 from bot.store import service as store
-from bot.store.db import Database
-from bot.store.dbtime import db_ago, db_now
-from bot.store.models import CanaryResult, Incident, Remediation
-from bot.store.states import ACTIVE, RemediationState
+from bot.store.dbtime import db_now
+from bot.store.models import ActionToken, CanaryResult, Incident, Remediation
+from bot.store.states import ACTIVE, ChangeState
 
 SUBJECT = "remediation"  # its buttons' subject: buttons.subject(SUBJECT, remediation_id)
+
+
+@dataclass(frozen=True)
+class CanaryRecord:
+    """A canary run to keep with the incident: the matrix row's label, its verdict and its
+    full JSON report (the draft's matrix reads it)."""
+
+    label: str
+    passed: bool
+    report: Mapping[str, Any]
+
+    def row(self, *, incident_id: int, remediation_id: int | None, at: dt.datetime) -> CanaryResult:
+        """The canary_results row."""
+        return CanaryResult(
+            incident_id=incident_id, remediation_id=remediation_id, label=self.label,
+            passed=self.passed, report=dict(self.report), at=at,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -47,27 +62,23 @@ class ChangeRequest:
     ttl_s: float  # how long its buttons may be used
 
 
-def _rows(session: Session, statement: Executable) -> int:
-    """Rows an UPDATE changed."""
-    return cast(CursorResult[Any], session.execute(statement)).rowcount
-
-
-def _silent(seconds: float) -> ColumnElement[bool]:
-    """No step or heartbeat for ``seconds``, on the database's clock."""
-    return or_(Remediation.heartbeat_at.is_(None), Remediation.heartbeat_at < db_ago(seconds))
-
-
 def _audit(
-    s: Session, remediation_id: int, *, now: dt.datetime, actor: str, action: str,
+    s: Session, rem: Remediation, *, now: dt.datetime, actor: str, action: str,
     detail: Mapping[str, Any],
-) -> None:  # fmt: skip
-    """The audit entry of a remediation's step, in its incident, in the step's transaction."""
-    rem = s.get(Remediation, remediation_id)
-    assert rem is not None
+) -> Remediation:  # fmt: skip
+    """The audit entry of a remediation's step, in its incident, in the step's transaction;
+    ``rem`` as the step wrote it (what the step returns, so its caller reads no more)."""
     store.audit(
         s, at=now, actor=actor, action=action, incident=store.get(s, rem.incident_id),
-        detail={"remediation": remediation_id, **detail},
+        detail={"remediation": rem.id, **detail},
     )  # fmt: skip
+    return rem
+
+
+def _written(s: Session, statement: Any) -> Remediation | None:
+    """The remediation a conditional UPDATE wrote, as the database returned it (RETURNING: the
+    write is its own read); None when no row matched."""
+    return s.scalars(statement.returning(Remediation)).one_or_none()
 
 
 def _refuse_if_expired(session: Session, token: str, now: dt.datetime) -> None:
@@ -81,12 +92,8 @@ def _refuse_if_expired(session: Session, token: str, now: dt.datetime) -> None:
     )
 
 
-class RemediationRecords(buttons.ButtonReads):
+class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
     """Remediations, their single-use buttons and canary results, on one database."""
-
-    def __init__(self, *, db: Database, clock: Callable[[], dt.datetime]) -> None:
-        self._db = db
-        self._clock = clock
 
     @staticmethod
     def _open_incident(s: Session, request: ChangeRequest, *, now: dt.datetime) -> Incident:
@@ -140,7 +147,6 @@ class RemediationRecords(buttons.ButtonReads):
             now = self._clock()
             try:
                 with self._db.transaction() as s:
-                    exclusion.lock(s, request.target)
                     busy = exclusion.holder(s, request.target)
                     if busy is None:
                         incident = (
@@ -173,7 +179,7 @@ class RemediationRecords(buttons.ButtonReads):
             adr_id=request.adr_id,
             target=request.target,
             requested_by=request.user_id,
-            state=RemediationState.PENDING,
+            state=ChangeState.PENDING,
             approvals_needed=2 if request.two_person else 1,
             approved_by=[],
             change=dict(request.change),
@@ -211,6 +217,18 @@ class RemediationRecords(buttons.ButtonReads):
 
         return await asyncio.to_thread(run)
 
+    async def clicked(self, value: str) -> tuple[ActionToken | None, Remediation | None]:
+        """The button with this value and the remediation it belongs to (None for a button
+        this bot did not issue, or one of another subject), in one read."""
+
+        def run() -> tuple[ActionToken | None, Remediation | None]:
+            with self._db.transaction() as s:
+                row = buttons.find(s, value)
+                key = buttons.subject_key(row.subject, SUBJECT) if row is not None else None
+                return row, s.get(Remediation, int(key)) if key is not None else None
+
+        return await asyncio.to_thread(run)
+
     async def tokens(self, subject: str) -> dict[str, str]:
         """The unused buttons of a subject, kind -> value."""
 
@@ -229,6 +247,19 @@ class RemediationRecords(buttons.ButtonReads):
 
         return await asyncio.to_thread(run)
 
+    async def pending_buttons(
+        self, subject: str, *, tokens: dict[str, str] | None
+    ) -> tuple[dict[str, str], dt.datetime | None]:
+        """A pending card's buttons (``tokens`` when the caller has them) and when they expire,
+        in one read."""
+
+        def run() -> tuple[dict[str, str], dt.datetime | None]:
+            with self._db.transaction() as s:
+                live = buttons.live(s, subject) if tokens is None else tokens
+                return live, buttons.expires_at(s, subject)
+
+        return await asyncio.to_thread(run)
+
     async def claim(
         self,
         *,
@@ -238,39 +269,38 @@ class RemediationRecords(buttons.ButtonReads):
         to_state: str,
         action: str,
         detail: Mapping[str, Any],
-    ) -> bool:
+    ) -> Remediation | None:
         """Use a button: the pending remediation moves to ``to_state`` and all its buttons are
         spent, with the audit entry, in one transaction; False when someone else was first,
         UsageError when the button expired (even after the caller's own check)."""
 
-        def run() -> bool:
+        def run() -> Remediation | None:
             now = self._clock()
             # The expiry is part of the conditional UPDATE: the caller checked it before a Slack
             # call (user groups), and the button may have expired in between.
             usable = buttons.usable(token, now)
             with self._db.transaction() as s:
-                moved = _rows(
+                rem = _written(
                     s,
                     update(Remediation)
                     .where(
                         Remediation.id == remediation_id,
-                        Remediation.state == RemediationState.PENDING,
+                        Remediation.state == ChangeState.PENDING,
                         usable,
                     )
                     .values(
                         state=to_state,
                         updated_at=now,
-                        approved_by=[user_id] if to_state == RemediationState.APPROVED else [],
+                        approved_by=[user_id] if to_state == ChangeState.APPROVED else [],
                         heartbeat_at=db_now(),  # not started for long: its replica is gone
                     ),
                 )
-                if moved != 1:
+                if rem is None:
                     _refuse_if_expired(s, token, now)
-                    return False
+                    return None
                 buttons.spend(s, buttons.subject(SUBJECT, remediation_id), user_id=user_id, now=now)
-                _audit(s, remediation_id, now=now, actor=user_id, action=action,
-                       detail={"token": token[:6], **detail})  # fmt: skip
-                return True
+                return _audit(s, rem, now=now, actor=user_id, action=action,
+                              detail={"token": token[:6], **detail})  # fmt: skip
 
         return await asyncio.to_thread(run)
 
@@ -285,13 +315,15 @@ class RemediationRecords(buttons.ButtonReads):
         owner: str | None = None,
         stale_s: float | None = None,
         actor: str = "ruleloop",
+        canary: CanaryRecord | None = None,
         **fields: Any,
-    ) -> bool:
+    ) -> Remediation | None:
         """Audit a step, then move the remediation to ``to_state`` (one transaction); False,
         changing nothing, unless it is in one of ``from_states``, run by ``owner`` and (with
-        ``stale_s``) silent that long on the database's clock."""
+        ``stale_s``) silent that long on the database's clock. ``canary``: a canary run the
+        step follows, kept in the same transaction. The remediation as the step wrote it."""
 
-        def run() -> bool:
+        def run() -> Remediation | None:
             now = self._clock()
             with self._db.transaction() as s:
                 query = update(Remediation).where(Remediation.id == remediation_id)
@@ -300,32 +332,35 @@ class RemediationRecords(buttons.ButtonReads):
                 if owner is not None:
                     query = query.where(Remediation.runner == owner)
                 if stale_s is not None:
-                    query = query.where(_silent(stale_s))
+                    query = query.where(rows.silent(stale_s))
                 values = {"state": to_state, "updated_at": now, "heartbeat_at": db_now(), **fields}
-                moved = _rows(s, query.values(**values))
-                if moved != 1:
-                    return False
-                _audit(s, remediation_id, now=now, actor=actor, action=action,
-                       detail={"state": to_state, **detail})  # fmt: skip
-                return True
+                rem = _written(s, query.values(**values))
+                if rem is None:
+                    return None
+                if canary is not None:  # the canary the step follows, kept with it
+                    s.add(canary.row(incident_id=rem.incident_id, remediation_id=rem.id,
+                                     at=now))  # fmt: skip
+                return _audit(s, rem, now=now, actor=actor, action=action,
+                              detail={"state": to_state, **detail})  # fmt: skip
 
         return await asyncio.to_thread(run)
 
-    async def take(self, remediation_id: int, *, runner: str) -> bool:
-        """Become the run of an approved remediation nobody runs yet; False if another has."""
+    async def take(self, remediation_id: int, *, runner: str) -> Remediation | None:
+        """Become the run of an approved remediation nobody runs yet: the remediation, or None
+        if another run has it."""
 
-        def run() -> bool:
+        def run() -> Remediation | None:
             with self._db.transaction() as s:
                 query = (
                     update(Remediation)
                     .where(
                         Remediation.id == remediation_id,
-                        Remediation.state == RemediationState.APPROVED,
+                        Remediation.state == ChangeState.APPROVED,
                         Remediation.runner.is_(None),
                     )
                     .values(runner=runner, heartbeat_at=db_now())
                 )
-                return _rows(s, query) == 1
+                return _written(s, query)
 
         return await asyncio.to_thread(run)
 
@@ -335,16 +370,7 @@ class RemediationRecords(buttons.ButtonReads):
 
         def run() -> bool:
             with self._db.transaction() as s:
-                query = (
-                    update(Remediation)
-                    .where(
-                        Remediation.id == remediation_id,
-                        Remediation.runner == runner,
-                        Remediation.state.in_(list(ACTIVE)),
-                    )
-                    .values(heartbeat_at=db_now())
-                )
-                return _rows(s, query) == 1
+                return rows.beat(s, remediation_id, runner=runner)
 
         return await asyncio.to_thread(run)
 
@@ -361,28 +387,6 @@ class RemediationRecords(buttons.ButtonReads):
 
         return await asyncio.to_thread(run)
 
-    async def add_canary(
-        self, *, incident_id: int, remediation_id: int | None, label: str, passed: bool,
-        report: Mapping[str, Any],
-    ) -> int:  # fmt: skip
-        """Keep a canary's full JSON report with the incident (the draft's matrix reads it)."""
-
-        def run() -> int:
-            with self._db.transaction() as s:
-                row = CanaryResult(
-                    incident_id=incident_id,
-                    remediation_id=remediation_id,
-                    label=label,
-                    passed=passed,
-                    report=dict(report),
-                    at=self._clock(),
-                )
-                s.add(row)
-                s.flush()
-                return row.id
-
-        return await asyncio.to_thread(run)
-
     async def stale(self, *, older_than_s: float, states: Iterable[str]) -> list[Remediation]:
         """Remediations in ``states`` whose run was silent longer than the limit, judged on
         the database's clock (replica clocks may disagree)."""
@@ -390,7 +394,7 @@ class RemediationRecords(buttons.ButtonReads):
         def run() -> list[Remediation]:
             with self._db.transaction() as s:
                 query = select(Remediation).where(
-                    Remediation.state.in_(list(states)), _silent(older_than_s)
+                    Remediation.state.in_(list(states)), rows.silent(older_than_s)
                 )
                 return list(s.scalars(query.order_by(Remediation.id)).all())
 
@@ -406,7 +410,7 @@ class RemediationRecords(buttons.ButtonReads):
                 if not ids:
                     return []
                 query = select(Remediation).where(
-                    Remediation.id.in_(ids), Remediation.state == RemediationState.PENDING
+                    Remediation.id.in_(ids), Remediation.state == ChangeState.PENDING
                 )
                 return list(s.scalars(query).all())
 
@@ -415,22 +419,24 @@ class RemediationRecords(buttons.ButtonReads):
     async def note_silence(
         self, remediation_id: int, silence: Mapping[str, Any], *, action: str,
         detail: Mapping[str, Any],
-    ) -> None:  # fmt: skip
+    ) -> Remediation:  # fmt: skip
         """Keep the change's silence (created, failed, expired) with its audit entry, in one
-        transaction; the state does not move."""
+        transaction; the state does not move. The remediation as it left it."""
 
-        def run() -> None:
+        def run() -> Remediation:
             now = self._clock()
             with self._db.transaction() as s:
-                s.execute(
+                rem = _written(
+                    s,
                     update(Remediation)
                     .where(Remediation.id == remediation_id)
-                    .values(silence=dict(silence))
+                    .values(silence=dict(silence)),
                 )
-                _audit(s, remediation_id, now=now, actor="ruleloop", action=action,
-                       detail=dict(detail))  # fmt: skip
+                assert rem is not None, remediation_id
+                return _audit(s, rem, now=now, actor="ruleloop", action=action,
+                              detail=dict(detail))  # fmt: skip
 
-        await asyncio.to_thread(run)
+        return await asyncio.to_thread(run)
 
     async def unexpired_silences(self) -> list[Remediation]:
         """Ended changes whose silence was not expired (their run died, or Alertmanager did

@@ -25,16 +25,16 @@ from bot.remediation.change_note import give_context
 from bot.remediation.change_silence import ChangeSilencer
 from bot.remediation.gate import GateRun, GateRunner
 from bot.remediation.gateway_rules import GatewayAdmin
-from bot.remediation.records import RemediationRecords
+from bot.remediation.records import CanaryRecord, RemediationRecords
 from bot.runtime.ids import new_error_id
 from bot.runtime.redact import redact
 from bot.store.models import Remediation
 from bot.store.readings import ROLLBACK_FAILED
-from bot.store.states import ACTIVE, RemediationState
+from bot.store.states import ACTIVE, ChangeState
 
 log = logging.getLogger("ruleloop.remediation")
 
-S = RemediationState
+S = ChangeState
 PREVIOUS = "the previous flags"  # what a message says of an empty set of flags
 Numbers = dict[str, float | None]
 ENDS_SILENCE = (S.PROMOTED, S.ROLLED_BACK, S.FAILED)  # a change's silence is expired at these
@@ -79,6 +79,8 @@ class ChangeRun:
         self._card = card
         self._gate = gate
         self._silencer = silencer
+        self._latest: Remediation | None = None  # the row as the last step wrote it
+        self._unsaved: CanaryRecord | None = None  # a canary run the next step keeps
         self._adr: Adr | None = None  # read once by the run; the card shows it at each step
 
     async def run(self, adr: Adr) -> None:
@@ -138,7 +140,7 @@ class ChangeRun:
         except RuleloopError as exc:
             log.warning("baseline canary of remediation %s failed: %s", self.rem.id, exc)
             return None
-        await self._add_canary("before: " + flags_text(self.before.flags, none=PREVIOUS), result)
+        self._add_canary("before: " + flags_text(self.before.flags, none=PREVIOUS), result)
         return result
 
     async def _apply(self, adr: Adr, judging: Judging) -> Deployed | None:
@@ -186,7 +188,7 @@ class ChangeRun:
             await self.roll_back(reason=reason, expect=[S.CANARY])
             return None
         label = f"{adr.id} on {self.name}: {flags_text(self.rem.change, none='', ordered=False)}"
-        await self._add_canary(label, result)
+        self._add_canary(label, result)
         if not result.passed:
             await self.roll_back(
                 reason="canary failed the gates: " + "; ".join(result.failures),
@@ -217,11 +219,11 @@ class ChangeRun:
         )  # fmt: skip
 
     async def roll_back(
-        self, *, reason: str, expect: list[RemediationState], judged: GateRun | None = None
+        self, *, reason: str, expect: list[ChangeState], judged: GateRun | None = None
     ) -> None:
         """Back to the recorded flags, from state ``expect``; ``judged`` is the canary that
         failed the gates, if one did (its numbers and workload stay on the record)."""
-        current = await self._records.get(self.rem.id)
+        current = self._latest or await self._records.get(self.rem.id)
         result = _rollback_result(current.result, reason, judged)
         await self._step(
             S.ROLLING_BACK, "remediation.rolling_back", {"reason": reason},
@@ -254,23 +256,29 @@ class ChangeRun:
 
     # --- parts ------------------------------------------------------------------------------
     async def _step(
-        self, state: RemediationState, action: str, detail: dict[str, Any], *, note: str,
-        expect: list[RemediationState], **fields: Any,
+        self, state: ChangeState, action: str, detail: dict[str, Any], *, note: str,
+        expect: list[ChangeState], **fields: Any,
     ) -> None:  # fmt: skip
-        await self._card.step(
+        ends = state in ENDS_SILENCE  # the change is over: its alerts are wanted again
+        canary, self._unsaved = self._unsaved, None
+        self._latest = await self._card.step(
             self.rem.id, state, action, detail, note=note, owner=self.runner, expect=expect,
-            adr=self._adr, **fields,
+            adr=self._adr, show=not ends, canary=canary, **fields,
         )  # fmt: skip
-        if state in ENDS_SILENCE:  # the change is over: its alerts are wanted again
-            await self._silencer.end(self.rem.id)
-            await self._card.show(self.rem.id, note=redact(note), adr=self._adr)
+        if ends:  # shown once, with the silence as its end left it
+            self._latest = await self._silencer.end(self._latest)
+            await self._card.show(self._latest, note=redact(note), adr=self._adr)
 
-    async def _add_canary(self, label: str, result: GateRun) -> None:
-        """Keep the canary's report with the incident (the draft's matrix reads it)."""
-        await self._records.add_canary(
-            incident_id=self.rem.incident_id, remediation_id=self.rem.id, label=label,
-            passed=result.passed, report=result.report,
-        )  # fmt: skip
+    def _add_canary(self, label: str, result: GateRun) -> None:
+        """Keep the canary's report with the incident (the draft's matrix reads it): written
+        with the step that follows it, in its transaction (every canary is followed by one)."""
+        assert self._unsaved is None, "a canary run was not kept"
+        self._unsaved = CanaryRecord(label=label, passed=result.passed, report=result.report)
+
+    @property
+    def latest(self) -> Remediation | None:
+        """The remediation as this run's last step wrote it (None before its first)."""
+        return self._latest
 
     async def _give_context(
         self, *, adr_title: str = "", numbers: Numbers | None = None, reason: str = ""

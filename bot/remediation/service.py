@@ -31,7 +31,7 @@ from bot.remediation.card import Card
 from bot.remediation.change_silence import ChangeSilencer
 from bot.remediation.gate import GateRunner, run_gate
 from bot.remediation.ports import RemediationNotifier
-from bot.remediation.records import SUBJECT, ChangeRequest, RemediationRecords
+from bot.remediation.records import ChangeRequest, RemediationRecords
 from bot.remediation.run import ChangeRun, crashed, gateway_admin, like_for_like
 from bot.runtime.access import Members
 from bot.runtime.ids import replica_id
@@ -39,13 +39,13 @@ from bot.runtime.tasks import TaskSupervisor
 from bot.store import buttons
 from bot.store.db import Database
 from bot.store.models import ActionToken, Remediation
-from bot.store.states import ACTIVE, RemediationState
+from bot.store.states import ACTIVE, ChangeState
 from bot.tune.on_target import restore_stale
 from bot.tune.records import TuneRecords
 
 log = logging.getLogger("ruleloop.remediation")
 
-S = RemediationState
+S = ChangeState
 ThreadFinder = Callable[[int, str | None], Awaitable[MessageRef]]
 AfterChange = Callable[[int, str, Adr | None], Awaitable[None]]  # incident, author, its ADR
 
@@ -118,7 +118,9 @@ class RemediationService:
                 )
             raise UsageError(refusal(adr.id, name, busy.holder, link)) from None
         thread = await self._threads(rem.incident_id, channel_id)
-        view = await self.card.view(rem.id, tokens=tokens, adr=adr)
+        # the buttons expire approval_ttl_s after the request (records.create issued them so)
+        expires = rem.created_at + dt.timedelta(seconds=self.settings.remediation.approval_ttl_s)
+        view = await self.card.view(rem, tokens=tokens, expires_at=expires, adr=adr)
         ref = await self._notifier.post_remediation(thread, view=view)
         await self.records.remember_card(rem.id, channel=ref.channel, ts=ref.ts)
         who = "another approver" if rem.approvals_needed > 1 else "an approver"
@@ -166,14 +168,12 @@ class RemediationService:
     # --- buttons ------------------------------------------------------------------------
     async def click(self, *, user_id: str, token: str) -> None:
         """An Approve or Cancel click on a card: checked, then acted on exactly once."""
-        row = await self.records.token(token)
-        key = buttons.subject_key(row.subject, SUBJECT) if row is not None else None
-        if row is None or key is None:
+        row, rem = await self.records.clicked(token)
+        if row is None or rem is None:
             raise UsageError(
                 "This button is not one this bot issued (or its request was removed). "
                 "Nothing was changed."
             )
-        rem = await self.records.get(int(key))
         self._check_usable(row, rem)
         if row.kind == "approve":
             self.policy.check_approval(
@@ -193,16 +193,16 @@ class RemediationService:
             token=token, user_id=user_id, remediation_id=rem.id, to_state=to_state,
             action=action, detail={"adr": rem.adr_id, "target": rem.target},
         )  # fmt: skip
-        if not won:
+        if won is None:
             raise UsageError("Someone else answered this request first. Nothing was changed.")
         if to_state == S.APPROVED:
             # read once for the approval's card and the run: the ADR as it is when approved
             found = await asyncio.to_thread(self._adrs.find, rem.adr_id)
             adr = found[1] if found else None
-            await self.card.show(rem.id, note=f"approved by <@{user_id}>; starting", adr=adr)
+            await self.card.show(won, note=f"approved by <@{user_id}>; starting", adr=adr)
             self._tasks.spawn(self.execute(rem.id, adr=adr), name=f"remediation-{rem.id}")
         else:
-            await self.card.show(rem.id, note=f"cancelled by <@{user_id}>; nothing was changed")
+            await self.card.show(won, note=f"cancelled by <@{user_id}>; nothing was changed")
 
     def _check_usable(self, row: ActionToken, rem: Remediation) -> None:
         """UsageError, saying why, for a button already used, expired, or of a decided change."""
@@ -225,20 +225,22 @@ class RemediationService:
         ``adr``: the change's ADR as the approval read it (None: read it here; one gone since
         the request stops the run, saying so); the run and the draft use that one."""
         runner = replica_id()
-        if not await self.records.take(remediation_id, runner=runner):
+        taken = await self.records.take(remediation_id, runner=runner)
+        if taken is None:
             log.warning("remediation %s is run elsewhere already: not here", remediation_id)
             return
-        rem = await self.records.get(remediation_id)
+        adr_id, ended = taken.adr_id, None
 
         async def run(change: ChangeRun) -> None:
-            nonlocal adr
+            nonlocal adr, ended
             if adr is None:
-                adr = await asyncio.to_thread(self._adrs.get_or_raise, rem.adr_id)
+                adr = await asyncio.to_thread(self._adrs.get_or_raise, adr_id)
             await change.run(adr)
+            ended = change.latest
 
-        if not await self._owned(rem, runner, run):
+        if not await self._owned(taken, runner, run):
             return  # taken over: its new owner finishes it (and drafts)
-        rem = await self.records.get(remediation_id)
+        rem = ended or await self.records.get(remediation_id)
         if self._after_change is not None and rem.state in (S.PROMOTED, S.ROLLED_BACK):
             try:
                 await self._after_change(rem.incident_id, rem.requested_by, adr)

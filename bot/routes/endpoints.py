@@ -36,7 +36,7 @@ from bot.runtime.ids import new_error_id
 from bot.runtime.metrics import BotMetrics
 from bot.runtime.tasks import TaskSupervisor
 from bot.slack import shapes
-from bot.slack.replay import ReplayGuard
+from bot.slack.replay import ReplayGuard, Seen
 from bot.store.db import Database
 from bot.store.readings import StoreReading, read_store
 from bot.web.routes import IncidentPages
@@ -140,11 +140,13 @@ class Routes:
         if not valid:
             metrics.labels("bad_signature").inc()
             return _reason(401, "missing, stale or wrong Slack signature")
-        seen = self._replays.first_time
-        if not await asyncio.to_thread(seen, timestamp=timestamp, signature=signature):
+        seen = await asyncio.to_thread(
+            self._replays.check, timestamp=timestamp, signature=signature, body=body
+        )
+        if seen == Seen.REPLAYED:
             metrics.labels("replayed").inc()
             return _reason(401, "this signed request was already received (replay)")
-        if not await asyncio.to_thread(self._replays.first_delivery, body):
+        if seen == Seen.RETRIED:
             # Slack delivering again (X-Slack-Retry-Num): acked, not acted on twice
             metrics.labels("retried").inc()
             log.info("Slack retried a request (%s): acknowledged, already handled",

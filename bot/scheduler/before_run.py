@@ -18,8 +18,6 @@ bot's resume restores (``bot.tune.on_target.restore_stale``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -29,11 +27,12 @@ from bot.change.actuators import ActuatorFactory, opened
 from bot.change.actuators.base import Actuator, Deployed
 from bot.change.argv import flags_text
 from bot.change.exclusion import Holder, TargetBusy
-from bot.change.liveness import heartbeat
+from bot.change.liveness import Beat, beating
 from bot.config import Target
 from bot.errors import RuleloopError
 from bot.remediation.gate import GateRunner
 from bot.runtime.ids import replica_id
+from bot.store.states import ChangeKind
 from bot.tune.on_target import RestoreFailed, finish
 from bot.tune.records import TuneRecords
 from bot.workload.shape import WorkloadShape
@@ -115,23 +114,24 @@ class BeforeRuns:
                 target=self._name, requested_by=ACTOR,
                 approved_by=[APPROVED_BY.format(target=self._name)],
                 plan={"drift_before_run": adr_id, "flags": dict(replaced.flags)},
+                kind=ChangeKind.DRIFT_BEFORE_RUN,
                 before=serving.to_json(), runner=(runner := replica_id()),
                 detail={"adr": adr_id, "why": "a before measured under the live shape"},
             )  # fmt: skip
         except TargetBusy as exc:  # it began between our look and our write
             return BeforeRun(None, flags, _in_flight(exc.holder, self._name))
-        beat = asyncio.create_task(self._beat(session.id, runner))
         reason = "the before-run ended"
         try:
-            numbers, stage = await self._run(actuator, replaced, live)
+            async with beating(
+                self._beat(session.id, runner), every_s=self._heartbeat_s,
+                name=f"drift before-run {session.id}",
+            ):  # fmt: skip
+                numbers, stage = await self._run(actuator, replaced, live)
         except RuleloopError as exc:
             reason = f"the before-run failed: {exc}"
             log.warning("%s: before-run of %s failed: %s", self._name, adr_id, exc)
             return BeforeRun(None, flags, str(exc))
         finally:
-            beat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beat
             await finish(self._records, session.id, actuator, serving, runner=runner,
                          reason=reason, echo=log.info, rolled_back=False)  # fmt: skip
         where = "the canary stage" if stage != self._target.vllm_url else "the target"
@@ -146,11 +146,11 @@ class BeforeRuns:
         result = await self._gate(deployed.base_url, self._target.canary, AdrGates(), shape=live)
         return result.values.numbers(), deployed.base_url
 
-    async def _beat(self, session_id: int, runner: str) -> None:
+    def _beat(self, session_id: int, runner: str) -> Beat:
         async def beat() -> bool:
             return await self._records.heartbeat(session_id, runner=runner)
 
-        await heartbeat(beat, every_s=self._heartbeat_s, name=f"drift before-run {session_id}")
+        return beat
 
 
 def _in_flight(busy: Holder, target: str) -> str:

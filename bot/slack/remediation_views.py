@@ -25,7 +25,7 @@ from bot.chat.mrkdwn import clip, escape_keeping, plain
 from bot.postmortem.ports import DraftView
 from bot.remediation.lines import NUMBER_LABELS, gate_lines, number_lines, value_text
 from bot.remediation.ports import STATES, RemediationView
-from bot.store.states import RemediationState as S
+from bot.store.states import ChangeState as S
 
 SECTION = 3000  # the most a section's text may hold
 

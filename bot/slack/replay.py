@@ -16,6 +16,7 @@ import datetime as dt
 import hashlib
 import time
 from collections.abc import Callable
+from enum import StrEnum
 
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
@@ -25,6 +26,14 @@ from bot.store.models import SlackReplay
 
 WINDOW_S = 60 * 5  # Slack's own tolerance for request timestamps
 DELIVERY_WINDOW_S = 60 * 30  # Slack retries a delivery 3 times, the last about 5 minutes on
+
+
+class Seen(StrEnum):
+    """What a signed Slack request is to the store: new, replayed, or delivered again."""
+
+    FIRST = "first"
+    REPLAYED = "replayed"
+    RETRIED = "retried"
 
 
 class ReplayGuard:
@@ -37,23 +46,36 @@ class ReplayGuard:
         self._clock = clock
         self._window = dt.timedelta(seconds=window_s)
 
-    def first_time(self, *, timestamp: str, signature: str) -> bool:
-        """True the first time a pair is seen by any replica; False for a replay in the window."""
-        key = hashlib.sha256(f"{timestamp}\n{signature}".encode()).hexdigest()
-        return self._first(key, self._window)
+    def check(self, *, timestamp: str, signature: str, body: bytes) -> Seen:
+        """Whether a signed request is new (FIRST), a replay of a signed request in the window
+        (REPLAYED), or Slack delivering a body again (RETRIED); both remembered at once, in
+        one transaction. Of two replicas racing on one request the loser's insert fails, and
+        it asks again key by key, as the winner left them."""
+        signed = (_key(f"{timestamp}\n{signature}".encode()), self._window)
+        delivery = (_key(b"delivery\n" + body), dt.timedelta(seconds=DELIVERY_WINDOW_S))
+        try:
+            if self._first(signed, delivery):
+                return Seen.FIRST
+        except IntegrityError:
+            pass
+        if not self._first(signed):
+            return Seen.REPLAYED
+        return Seen.FIRST if self._first(delivery) else Seen.RETRIED
 
-    def first_delivery(self, body: bytes) -> bool:
-        """True the first time a request body is seen; False for Slack's retry of it."""
-        key = hashlib.sha256(b"delivery\n" + body).hexdigest()
-        return self._first(key, dt.timedelta(seconds=DELIVERY_WINDOW_S))
-
-    def _first(self, key: str, window: dt.timedelta) -> bool:
+    def _first(self, *keys: tuple[str, dt.timedelta]) -> bool:
+        """Remember every key (with its window) when none is known yet; False when one is."""
         now = dt.datetime.fromtimestamp(self._clock(), dt.UTC)
         try:
             with self._db.transaction() as session:
                 # pairs older than the window can only come with a stale timestamp (refused)
                 session.execute(delete(SlackReplay).where(SlackReplay.expires_at < now))
-                session.add(SlackReplay(key=key, expires_at=now + window))
+                session.add_all(SlackReplay(key=k, expires_at=now + w) for k, w in keys)
         except IntegrityError:
+            if len(keys) > 1:
+                raise
             return False
         return True
+
+
+def _key(text: bytes) -> str:
+    return hashlib.sha256(text).hexdigest()

@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
-from bot.store.states import IN_FLIGHT
+from bot.store.states import HOLDS, ChangeKind
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
@@ -136,101 +136,98 @@ class AuditEntry(Base):
     note: Mapped[str] = mapped_column(Text, default="")
 
 
-# A remediation in one of the IN_FLIGHT states (bot.store.states) holds its target: no second
-# one may be pending or running there (the partial unique index below is what two racing
-# requests run into).
-_IN_FLIGHT_SQL = "state IN (" + ", ".join(f"'{state}'" for state in IN_FLIGHT) + ")"
+# A change in one of the HOLDS states (bot.store.states) holds its target: no second change of
+# any kind may be pending or running there (the partial unique index below is what two racing
+# requests run into, whatever their kinds).
+_HOLDS_SQL = "state IN (" + ", ".join(f"'{state}'" for state in HOLDS) + ")"
 
 
-class Remediation(Base):
-    """One /apply-adr request and where it stands; the audit log holds each step's history.
+class Change(Base):
+    """One change to a target, of any kind (``kind``: bot.store.states.ChangeKind), and where it
+    stands; the audit log holds each step's history.
 
-    ``state`` moves pending -> approved -> applying -> canary -> (promoted | rolling_back ->
-    rolled_back) or ends refused / expired / failed. ``before`` is what served before the change
-    (the actuator's record, enough to restore it exactly); ``after`` the flags it asked for.
-    At most one remediation per target is in flight (``IN_FLIGHT``). ``runner`` is the run
-    that works on it and ``heartbeat_at`` when that run last said so, on the database's clock:
-    a run whose heartbeat is stale is taken over (``RemediationService.resume``).
+    ``before`` is what served before the change (the actuator's record, enough to restore it
+    exactly). ``runner`` is the run that works on it and ``heartbeat_at`` when that run last
+    said so, on the database's clock: a change whose heartbeat is stale is taken over (a
+    remediation rolled back, a tuning session restored) by the next bot. One table for every
+    kind (single-table inheritance: Remediation, TuneSession, DriftBeforeRun), so one unique
+    index holds a target and one query says who holds it (bot.change.exclusion).
     """
 
-    __tablename__ = "remediations"
+    __tablename__ = "changes"
     __table_args__ = (
         Index(
-            "uq_remediations_in_flight_target",
+            "uq_changes_holding_target",
             "target",
             unique=True,
-            sqlite_where=text(_IN_FLIGHT_SQL),
-            postgresql_where=text(_IN_FLIGHT_SQL),
+            sqlite_where=text(_HOLDS_SQL),
+            postgresql_where=text(_HOLDS_SQL),
         ),
     )
+    __mapper_args__ = {"polymorphic_on": "kind"}
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
-    adr_id: Mapped[str] = mapped_column(String(32))
+    kind: Mapped[str] = mapped_column(String(24), index=True)
     target: Mapped[str] = mapped_column(String(200))
-    requested_by: Mapped[str] = mapped_column(String(64))
     state: Mapped[str] = mapped_column(String(16), index=True)
-    approvals_needed: Mapped[int] = mapped_column(Integer)
+    requested_by: Mapped[str] = mapped_column(String(64))
     approved_by: Mapped[list[str]] = mapped_column(JSON, default=list)
-    change: Mapped[dict[str, Any]] = mapped_column(default=dict)  # ADR flags asked for
     before: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    after: Mapped[dict[str, Any]] = mapped_column(default=dict)
     result: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    channel: Mapped[str | None] = mapped_column(String(64))  # the progress message
-    ts: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[dt.datetime]
     updated_at: Mapped[dt.datetime]
     # the run working on it (host:pid:random): every step it writes is conditional on still
     # being this runner, so a run another replica took over stops at its next step
     runner: Mapped[str | None] = mapped_column(String(200))
     heartbeat_at: Mapped[dt.datetime | None]  # the database's clock (bot.store.dbtime)
+
+
+class Remediation(Change):
+    """One /apply-adr request (``kind`` remediation).
+
+    ``state`` moves pending -> approved -> applying -> canary -> (promoted | rolling_back ->
+    rolled_back) or ends refused / expired / failed. ``after`` holds the flags it asked for.
+    Its own columns are nullable in ``changes`` (other kinds leave them empty); a remediation
+    always sets them.
+    """
+
+    __mapper_args__ = {"polymorphic_identity": ChangeKind.REMEDIATION.value}
+
+    incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True, nullable=True)
+    adr_id: Mapped[str] = mapped_column(String(32), nullable=True)
+    approvals_needed: Mapped[int] = mapped_column(Integer, nullable=True)
+    change: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, nullable=True)
+    after: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, nullable=True)
+    channel: Mapped[str | None] = mapped_column(String(64))  # the progress message
+    ts: Mapped[str | None] = mapped_column(String(32))
     # the Alertmanager silence of the change (bot.remediation.silences): id, URL, end, and
     # "expired" once it was; kept so a run that died leaves no silence behind (the sweep)
     silence: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
 
 
-# A tuning session in one of these states holds its target: it changes the flags trial by trial
-# (and restores them), so no remediation may start there, nor a second session.
-TUNING = ("running", "restoring")
-_TUNING_SQL = "state IN (" + ", ".join(f"'{state}'" for state in TUNING) + ")"
-
-
-class TuneSession(Base):
-    """One `ruleloop tune --target` session: who asked and approved it, the plan it searches,
-    and ``before``, what served when it started (the actuator's record, enough to restore it).
+class TuneSession(Change):
+    """One `ruleloop tune --target` session (``kind`` tuning): who asked and approved it and
+    the plan it searches.
 
     ``state`` moves running -> restoring -> restored, or ends failed (the restore did not
     work: manual action). ``trial`` is the trial in progress (its number, flags and phase), so
-    a bot that finds the session silent knows what it is restoring from. ``runner`` and
-    ``heartbeat_at`` (the database's clock) say which process works on it and that it lives:
-    a session silent past ``[remediation] stale_after_s`` is restored by the next bot or
-    `ruleloop tune --restore`, as a stopped remediation is rolled back.
+    a bot that finds the session silent knows what it is restoring from. A session silent past
+    ``[remediation] stale_after_s`` is restored by the next bot or `ruleloop tune --restore`,
+    as a stopped remediation is rolled back.
     """
 
-    __tablename__ = "tune_sessions"
-    __table_args__ = (
-        Index(
-            "uq_tune_sessions_in_flight_target",
-            "target",
-            unique=True,
-            sqlite_where=text(_TUNING_SQL),
-            postgresql_where=text(_TUNING_SQL),
-        ),
-    )
+    __mapper_args__ = {"polymorphic_identity": ChangeKind.TUNING.value}
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    target: Mapped[str] = mapped_column(String(200))
-    state: Mapped[str] = mapped_column(String(16), index=True)
-    requested_by: Mapped[str] = mapped_column(String(64))
-    approved_by: Mapped[list[str]] = mapped_column(JSON, default=list)
-    plan: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    before: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    trial: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    result: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    created_at: Mapped[dt.datetime]
-    updated_at: Mapped[dt.datetime]
-    runner: Mapped[str | None] = mapped_column(String(200))
-    heartbeat_at: Mapped[dt.datetime | None]
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, nullable=True)
+    trial: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, nullable=True)
+
+
+class DriftBeforeRun(TuneSession):
+    """The drift job's before-run of an in-force ADR (``kind`` drift_before_run): the flags its
+    change replaced put back on the canary stage for one canary run, then restored. Held,
+    heartbeaten and restored exactly as a tuning session is (bot.scheduler.before_run)."""
+
+    __mapper_args__ = {"polymorphic_identity": ChangeKind.DRIFT_BEFORE_RUN.value}
 
 
 class ActionToken(Base):
@@ -260,7 +257,7 @@ class CanaryResult(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     incident_id: Mapped[int] = mapped_column(ForeignKey("incidents.id"), index=True)
-    remediation_id: Mapped[int | None] = mapped_column(ForeignKey("remediations.id"))
+    remediation_id: Mapped[int | None] = mapped_column(ForeignKey("changes.id"))
     label: Mapped[str] = mapped_column(String(200))  # the matrix row's config cell
     passed: Mapped[bool]
     report: Mapped[dict[str, Any]] = mapped_column(default=dict)

@@ -24,7 +24,7 @@ from bot.store.models import (
     Remediation,
     SlackMessage,
 )
-from bot.store.states import RemediationState
+from bot.store.states import ChangeState
 
 FIRING, RESOLVED = "firing", "resolved"
 
@@ -227,7 +227,7 @@ def promoted_change(session: Session, *, target: str) -> Remediation | None:
     """The newest remediation promoted on a target (its ADR is what it runs now), if any."""
     query = (
         select(Remediation)
-        .where(Remediation.target == target, Remediation.state == RemediationState.PROMOTED)
+        .where(Remediation.target == target, Remediation.state == ChangeState.PROMOTED)
         .order_by(Remediation.updated_at.desc(), Remediation.id.desc())
         .limit(1)
     )

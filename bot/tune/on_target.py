@@ -35,7 +35,7 @@ from bot.change.actuators import ActuatorFactory, opened
 from bot.change.actuators.base import Actuator, ActuatorError, Deployed
 from bot.change.argv import flags_text
 from bot.change.exclusion import TargetBusy, tuning_refusal
-from bot.change.liveness import LostRun, heartbeat
+from bot.change.liveness import Beat, LostRun, beating
 from bot.change.policy import Policy
 from bot.change.serving import verify_serving
 from bot.config import Settings, Target
@@ -254,11 +254,14 @@ async def tune_target(
         )  # fmt: skip
 
         every_s = settings.remediation.heartbeat_s
-        heart = _heartbeat(records, session.id, runner=runner, every_s=every_s)
         try:
-            result = await run_search(
-                plan, search, trials, runs_dir=runs_dir, echo=echo, journal=trials
-            )
+            async with beating(
+                _beat(records, session.id, runner), every_s=every_s,
+                name=f"tuning session {session.id}",
+            ):  # fmt: skip
+                result = await run_search(
+                    plan, search, trials, runs_dir=runs_dir, echo=echo, journal=trials
+                )
         except LostRun:
             raise UsageError(
                 f"tuning session #{session.id} was taken over by another process (it found the "
@@ -270,10 +273,6 @@ async def tune_target(
                              reason=f"stopped: {_why(exc)}", echo=echo,
                              rolled_back=trials.rolled_back)  # fmt: skip
             raise
-        finally:
-            heart.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heart
         best = result.pick.config.name if result.pick else None
         await finish(records, session.id, actuator, before, runner=runner, echo=echo,
                      reason="finished", result={"trials": len(result.rows), "best": best},
@@ -294,17 +293,13 @@ async def _refuse_unless_free(
         raise UsageError(tuning_refusal(name, busy))
 
 
-def _heartbeat(
-    records: TuneRecords, session_id: int, *, runner: str, every_s: float
-) -> asyncio.Task[None]:
+def _beat(records: TuneRecords, session_id: int, runner: str) -> Beat:
     """The session's heartbeat, so another process restores the target only once it is dead."""
 
     async def beat() -> bool:
         return await records.heartbeat(session_id, runner=runner)
 
-    return asyncio.create_task(
-        heartbeat(beat, every_s=every_s, name=f"tuning session {session_id}")
-    )
+    return beat
 
 
 async def _begin(

@@ -10,37 +10,21 @@ elsewhere changes nothing more.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from sqlalchemy import ColumnElement, Executable, or_, select, update
-from sqlalchemy.engine import CursorResult
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
-from bot.change import exclusion
+from bot.change import exclusion, rows
 from bot.store import service as store
-from bot.store.db import Database
-from bot.store.dbtime import db_ago, db_now
-from bot.store.models import TUNING, TuneSession
+from bot.store.dbtime import db_now
+from bot.store.models import DriftBeforeRun, TuneSession
+from bot.store.states import TUNING, ChangeKind, ChangeState
 
 
-def _rows(session: Session, statement: Executable) -> int:
-    return cast(CursorResult[Any], session.execute(statement)).rowcount
-
-
-def _silent(seconds: float) -> ColumnElement[bool]:
-    """No step or heartbeat for ``seconds``, on the database's clock."""
-    return or_(TuneSession.heartbeat_at.is_(None), TuneSession.heartbeat_at < db_ago(seconds))
-
-
-class TuneRecords:
+class TuneRecords(rows.ChangeRecords):
     """Tuning sessions on one database."""
-
-    def __init__(self, *, db: Database, clock: Callable[[], dt.datetime]) -> None:
-        self._db = db
-        self._clock = clock
 
     async def begin(
         self,
@@ -52,19 +36,21 @@ class TuneRecords:
         before: Mapping[str, Any],
         runner: str,
         detail: Mapping[str, Any],
+        kind: ChangeKind = ChangeKind.TUNING,
     ) -> TuneSession:
-        """A running session on ``target``, audited as started; TargetBusy when a remediation
-        or another session is in flight there (checked in the same transaction)."""
+        """A running session on ``target`` (a tuning session, or with ``kind`` a drift
+        before-run), audited as started; TargetBusy when any change holds the target (the
+        store's one index on holding changes decides a race)."""
+        model = DriftBeforeRun if kind == ChangeKind.DRIFT_BEFORE_RUN else TuneSession
 
         def run() -> TuneSession:
             now = self._clock()
             try:
                 with self._db.transaction() as s:
-                    exclusion.lock(s, target)
                     busy = exclusion.holder(s, target)
                     if busy is None:
-                        row = TuneSession(
-                            target=target, state="running", requested_by=requested_by,
+                        row = model(
+                            target=target, state=ChangeState.RUNNING, requested_by=requested_by,
                             approved_by=list(approved_by), plan=dict(plan), before=dict(before),
                             trial={}, result={}, created_at=now, updated_at=now, runner=runner,
                             heartbeat_at=db_now(),
@@ -73,7 +59,8 @@ class TuneRecords:
                         s.flush()
                         store.audit(
                             s, at=now, actor=requested_by, action="tune.started",
-                            detail={"tune_session": row.id, "target": target, "state": "running",
+                            detail={"tune_session": row.id, "target": target,
+                                    "state": ChangeState.RUNNING, "kind": kind,
                                     "approved_by": list(approved_by), "before": dict(before),
                                     **detail},
                         )  # fmt: skip
@@ -140,7 +127,7 @@ class TuneRecords:
                     TuneSession.runner == owner,
                 )
                 values = {"updated_at": now, "heartbeat_at": db_now(), **fields}
-                if _rows(s, query.values(**values)) != 1:
+                if rows.rowcount(s, query.values(**values)) != 1:
                     return False
                 row = s.get(TuneSession, session_id)
                 assert row is not None
@@ -158,16 +145,7 @@ class TuneRecords:
 
         def run() -> bool:
             with self._db.transaction() as s:
-                query = (
-                    update(TuneSession)
-                    .where(
-                        TuneSession.id == session_id,
-                        TuneSession.runner == runner,
-                        TuneSession.state.in_(list(TUNING)),
-                    )
-                    .values(heartbeat_at=db_now())
-                )
-                return _rows(s, query) == 1
+                return rows.beat(s, session_id, runner=runner)
 
         return await asyncio.to_thread(run)
 
@@ -177,7 +155,7 @@ class TuneRecords:
         def run() -> list[TuneSession]:
             with self._db.transaction() as s:
                 query = select(TuneSession).where(
-                    TuneSession.state.in_(list(TUNING)), _silent(older_than_s)
+                    TuneSession.state.in_(list(TUNING)), rows.silent(older_than_s)
                 )
                 if target is not None:
                     query = query.where(TuneSession.target == target)
@@ -204,8 +182,8 @@ class TuneRecords:
                     else TuneSession.runner == was_run_by
                 )
                 if stale_s is not None:
-                    query = query.where(_silent(stale_s))
-                moved = _rows(
+                    query = query.where(rows.silent(stale_s))
+                moved = rows.rowcount(
                     s,
                     query.values(
                         state="restoring", runner=runner, updated_at=now, heartbeat_at=db_now()

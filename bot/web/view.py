@@ -24,7 +24,7 @@ from bot.numbers.reading import Bound, Reading, compare
 from bot.numbers.text import FOUR, show_reading
 from bot.remediation.lines import gate_lines, number_lines
 from bot.remediation.ports import STATES
-from bot.store.states import RemediationState
+from bot.store.states import ChangeState
 from bot.web.queries import (
     AlertRow,
     AuditRow,
@@ -38,11 +38,11 @@ from bot.web.queries import (
 AdrLookup = Callable[[str], Adr | None]
 GOOD, BAD, NEUTRAL = "good", "bad", "neutral"
 ENDED_BAD = {
-    RemediationState.ROLLED_BACK,
-    RemediationState.FAILED,
-    RemediationState.CANCELLED,
-    RemediationState.EXPIRED,
-    RemediationState.INTERRUPTED,
+    ChangeState.ROLLED_BACK,
+    ChangeState.FAILED,
+    ChangeState.CANCELLED,
+    ChangeState.EXPIRED,
+    ChangeState.INTERRUPTED,
 }
 
 
@@ -334,7 +334,7 @@ def _judged_tone(passed: bool | None) -> str:
 
 def _kept_canary(record: IncidentRecord) -> CanaryRow | None:
     """The canary that passed on the change that was kept (the "after the fix" numbers)."""
-    kept = {r.id for r in record.remediations if r.state == RemediationState.PROMOTED}
+    kept = {r.id for r in record.remediations if r.state == ChangeState.PROMOTED}
     runs = [c for c in record.canaries if c.remediation_id in kept and c.passed]
     after = [c for c in runs if not c.label.startswith("before:")]
     return after[-1] if after else None
@@ -366,9 +366,7 @@ def _alert_line(a: AlertRow) -> str:
 
 
 def _remediation(r: RemediationRow) -> RemediationCard:
-    tone = (
-        GOOD if r.state == RemediationState.PROMOTED else (BAD if r.state in ENDED_BAD else NEUTRAL)
-    )
+    tone = GOOD if r.state == ChangeState.PROMOTED else (BAD if r.state in ENDED_BAD else NEUTRAL)
     changed = diff(r.before.get("flags", {}), r.after.get("flags", {}))
     return RemediationCard(
         id=r.id,
@@ -428,7 +426,7 @@ def _event(e: AuditRow) -> Event:
         state = action.split(".", 1)[1]
         text = STATES.get(state, state.replace("_", " "))
         adr, reason = d.get("adr"), d.get("reason")
-        good = state in (RemediationState.PROMOTED, "canary_passed")
+        good = state in (ChangeState.PROMOTED, "canary_passed")
         tone = GOOD if good else (BAD if state in ENDED_BAD else NEUTRAL)
         text = (f"/apply-adr {adr}: " if adr else "") + text + (f" ({reason})" if reason else "")
         return Event(when(e.at), e.actor, text, tone)
