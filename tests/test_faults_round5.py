@@ -290,3 +290,57 @@ def test_adr_list_names_the_bad_file_and_why(tmp_path: Path, spoil: Any, why: st
     assert result.exit_code == 2, result.output
     assert result.output.startswith(f"error: {store / name}: ") and why in result.output
     assert "unexpected" not in result.output and len(result.output) < 600
+
+
+# --- low findings: the condition grammar -------------------------------------------------
+
+
+@pytest.mark.parametrize("spaces", [10_000, 200_000])
+def test_a_condition_padded_with_spaces_is_read_in_one_pass(spaces: int) -> None:
+    """Reproduction: the splitter was quadratic in whitespace (10k spaces 0.81 s, 50k 19 s;
+    200k would take minutes). Now the text is split on whitespace once; an alarm far above the
+    cost on the slowest machine (milliseconds here) stops the old behaviour, not a slow box."""
+    import signal
+
+    from bot.runbooks.conditions import parse
+
+    def stuck(*_: object) -> None:
+        raise TimeoutError(f"parsing {spaces} spaces took over 60 s")
+
+    old = signal.signal(signal.SIGALRM, stuck)
+    signal.alarm(60)
+    try:
+        found = parse("vllm_metrics.ttft_p99_ms > 1" + " " * spaces + "and queue_cancel.x < 2")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert [len(group) for group in found.alternatives] == [2]
+
+
+RUNBOOK_WITH = """
+name: bad
+probes:
+  - {{probe: vllm_metrics, params: {{window_s: 2}}}}
+findings:
+  - {{when: "{when}", severity: info, message: "{message}"}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("when", "message", "said"),
+    [
+        ("vllm_metrics.ttft_p99_ms > 1", "p99 {value[0]}", "message may use only {value}"),
+        ("vllm_metrics.ttft_p99_ms > " + "9" * 400, "x", "is not `probe.reading OP number`"),
+    ],
+)
+def test_a_bad_finding_is_named_by_runbooks_validate_not_an_unexpected_failure(
+    tmp_path: Path, when: str, message: str, said: str
+) -> None:
+    """Reproduction: a message `{value[0]}` was an "unexpected failure" in `runbooks validate`
+    (and at start) instead of naming the file and field; a 400-digit limit was an infinite one."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(RUNBOOK_WITH.format(when=when, message=message))
+    result = CliRunner().invoke(cli, ["runbooks", "validate", str(path)])
+    assert result.exit_code == 2, result.output
+    assert "bad.yaml" in result.output and said in result.output
+    assert "unexpected" not in result.output

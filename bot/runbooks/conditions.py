@@ -8,15 +8,16 @@ all are True; ``or`` is True if any part is True, False if all are False; otherw
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from bot.numbers.reading import Reading, compare
 
-CLAUSE = re.compile(r"^\s*(?P<probe>[A-Za-z_]\w*)\.(?P<reading>\w+)\s*(?P<op>[<>]=?|==|!=)\s*"
-                    r"(?P<value>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*$")  # fmt: skip
-_JOINERS = re.compile(r"\s+(and|or)\s+")
+CLAUSE = re.compile(r"^(?P<probe>[A-Za-z_]\w*)\.(?P<reading>\w+) ?(?P<op>[<>]=?|==|!=) ?"
+                    r"(?P<value>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)$")  # fmt: skip
+JOINERS = ("and", "or")
 SHAPE = "`probe.reading OP number`, joined by `and` / `or` (OP one of < <= > >= == !=)"
 
 
@@ -63,16 +64,35 @@ def _all(values: Iterable[bool | None]) -> bool | None:
 
 
 def parse(text: str) -> Condition:
-    """Parse a condition; ValueError saying which part is not a clause and what to write."""
-    parts = _JOINERS.split(text.strip())
+    """Parse a condition; ValueError saying which part is not a clause and what to write.
+
+    Split on whitespace first (linear in the text, however many spaces it holds), then read
+    the words between joiners as one clause."""
     groups: list[list[Clause]] = [[]]
-    for i, part in enumerate(parts):
-        if i % 2:  # a joiner
-            if part == "or":
-                groups.append([])
+    words: list[str] = []
+    for word in [*text.split(), "or"]:
+        if word not in JOINERS:
+            words.append(word)
             continue
-        m = CLAUSE.match(part)
-        if m is None:
-            raise ValueError(f"{part.strip() or text!r} is not a clause: write {SHAPE}")
-        groups[-1].append(Clause(f"{m['probe']}.{m['reading']}", m["op"], float(m["value"])))
-    return Condition(text.strip(), tuple(tuple(g) for g in groups))
+        groups[-1].append(clause(" ".join(words), whole=text))
+        words = []
+        if word == "or":
+            groups.append([])
+    return Condition(text.strip(), tuple(tuple(g) for g in groups[:-1]))
+
+
+def clause(text: str, *, whole: str | None = None) -> Clause:
+    """One ``probe.reading OP number`` clause (the one grammar of runbook findings and
+    conditions); ValueError saying what to write."""
+    m = CLAUSE.match(" ".join(text.split()))
+    shown = _short(text.strip() or (whole or text).strip())
+    if m is None:
+        raise ValueError(f"{shown!r} is not a clause: write {SHAPE}")
+    limit = float(m["value"])
+    if not math.isfinite(limit):
+        raise ValueError(f"{shown!r}: the number is too large to compare with")
+    return Clause(f"{m['probe']}.{m['reading']}", m["op"], limit)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 80 else text[:77] + "..."

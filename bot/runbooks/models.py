@@ -29,10 +29,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bot.numbers.reading import OPS
-from bot.runbooks.conditions import Condition, parse
+from bot.runbooks.conditions import Condition, clause, parse
 
-_WHEN = re.compile(r"^\s*(?P<probe>[A-Za-z_]\w*)\.(?P<reading>\w+)\s*(?P<op>[<>]=?|==|!=)\s*"
-                   r"(?P<value>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*$")  # fmt: skip
 SEVERITIES = ("info", "warning", "critical")
 
 
@@ -57,10 +55,12 @@ class FindingRule(_Strict):
     @field_validator("when")
     @classmethod
     def _condition(cls, when: str) -> str:
-        if not _WHEN.match(when):
+        try:
+            clause(when)
+        except ValueError:
             raise ValueError(
-                f"{when!r} is not `probe.reading OP number` (OP one of {' '.join(OPS)})"
-            )
+                f"{when[:80]!r} is not `probe.reading OP number` (OP one of {' '.join(OPS)})"
+            ) from None
         return when
 
     @field_validator("severity")
@@ -75,16 +75,16 @@ class FindingRule(_Strict):
     def _template(cls, message: str) -> str:
         try:
             message.format(value=1.0, limit=1.0)
-        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
             raise ValueError(f"message may use only {{value}} and {{limit}}: {exc}") from None
         return message
 
     @property
     def parts(self) -> tuple[str, str, str, float]:
         """(probe, reading, op, limit)."""
-        m = _WHEN.match(self.when)
-        assert m is not None
-        return m["probe"], m["reading"], m["op"], float(m["value"])
+        found = clause(self.when)
+        probe, _, reading = found.reading.partition(".")
+        return probe, reading, found.op, found.limit
 
 
 # `{probe.reading}` in a hypothesis's number or evidence: the reading, written as everywhere
