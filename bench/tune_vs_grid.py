@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from bot.engine.process import EngineManager  # noqa: E402
 from bot.runtime.loop import run as run_loop  # noqa: E402
 from bot.tune.matrix import Row  # noqa: E402
-from bot.tune.objective import Outcome  # noqa: E402
+from bot.tune.objective import TrialOutcome  # noqa: E402
 from bot.tune.plan import Config, TunePlan  # noqa: E402
 from bot.tune.runner import LocalMeasurer, TuneRunner  # noqa: E402
 from bot.tune.search import GridSearch, Proposal, Search, TpeSearch  # noqa: E402
@@ -98,7 +98,7 @@ class Fixed:
         number = self.budget - len(self._points) + 1
         return Proposal(number=number, flags=self._points.pop(0), how="side by side")
 
-    def report(self, proposal: Proposal, outcome: Outcome) -> None:
+    def report(self, proposal: Proposal, outcome: TrialOutcome) -> None:
         """Nothing to learn."""
 
 

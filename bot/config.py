@@ -23,7 +23,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -115,6 +115,8 @@ class LocalActuatorSpec(_Section):
     merged into it (the previous line is kept for rollback).
     """
 
+    changes_flags: ClassVar[bool] = True  # the actuator it builds changes flags
+
     kind: Literal["local"]
     flags: list[str] = Field(default_factory=lambda: ["--enforce-eager"])
     state_dir: Path | None = None
@@ -130,6 +132,8 @@ class LocalActuatorSpec(_Section):
 
 class KubernetesActuatorSpec(_Section):
     """Patch the container args of a Deployment (optionally a canary Deployment first)."""
+
+    changes_flags: ClassVar[bool] = True  # the actuator it builds changes flags
 
     kind: Literal["kubernetes"]
     api_url: str = "https://kubernetes.default.svc"
@@ -296,6 +300,8 @@ class GitActuatorSpec(GitRepoSpec):
     """Commit the flags to the deployment repository (a pull request the bot merges, or a
     direct push), then wait until the cluster serves them; roll back with a revert commit."""
 
+    changes_flags: ClassVar[bool] = True  # the actuator it builds changes flags
+
     kind: Literal["git"]
     locator: GitLocatorSpec
     canary_locator: GitLocatorSpec | None = None  # a canary's own file: changed first
@@ -326,6 +332,8 @@ class GitActuatorSpec(GitRepoSpec):
 
 class DryRunActuatorSpec(_Section):
     """Change nothing: say exactly what would change."""
+
+    changes_flags: ClassVar[bool] = False  # the actuator it builds changes flags
 
     kind: Literal["dry-run"]
 

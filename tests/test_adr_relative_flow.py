@@ -96,6 +96,7 @@ class MemoryActuator:
     """An engine's flags held in memory: apply, promote and rollback just record them."""
 
     kind = "memory"
+    changes_flags = True
 
     def __init__(self, name: str, spec: Target) -> None:
         self.flags: FlagValues = {"max-num-batched-tokens": 8192}

@@ -11,7 +11,7 @@ import pytest
 from bot.config import Target
 from bot.errors import RequestRejected
 from bot.intake.models import parse_time, parse_webhook
-from bot.intake.service import Intake, Outcome
+from bot.intake.service import Intake, IntakeOutcome
 from bot.store import service as store
 from bot.store.db import Database
 from tests import store_reads
@@ -75,10 +75,10 @@ def test_parse_time_nanoseconds() -> None:
 
 def test_intake_opens_once_whatever_is_retried(intake: Intake, db: Database) -> None:
     first = receive(intake, alert())
-    assert first.outcome is Outcome.OPENED
+    assert first.outcome is IntakeOutcome.OPENED
     for _ in range(3):  # Alertmanager retries and repeat_interval re-sends
         again = receive(intake, alert())
-        assert (again.outcome, again.incident_id) == (Outcome.DUPLICATE, first.incident_id)
+        assert (again.outcome, again.incident_id) == (IntakeOutcome.DUPLICATE, first.incident_id)
     with db.transaction() as s:
         (incident,) = store_reads.incidents(s)
         assert incident.target == "prod-a" and len(incident.alerts) == 1
@@ -88,7 +88,7 @@ def test_intake_opens_once_whatever_is_retried(intake: Intake, db: Database) -> 
 def test_intake_new_instance_joins_open_incident(intake: Intake, db: Database) -> None:
     first = receive(intake, alert())
     second = receive(intake, alert(), alert(fingerprint="aa", instance="10.0.0.6:8000"))
-    assert (second.outcome, second.incident_id) == (Outcome.UPDATED, first.incident_id)
+    assert (second.outcome, second.incident_id) == (IntakeOutcome.UPDATED, first.incident_id)
     with db.transaction() as s:
         assert len(store.get(s, first.incident_id).alerts) == 2  # type: ignore[union-attr]
 
@@ -96,10 +96,10 @@ def test_intake_new_instance_joins_open_incident(intake: Intake, db: Database) -
 def test_intake_resolved_closes_and_late_firing_is_stale(intake: Intake, db: Database) -> None:
     opened = receive(intake, alert())
     resolved = receive(intake, alert(status="resolved"))
-    assert (resolved.outcome, resolved.incident_id) == (Outcome.RESOLVED, opened.incident_id)
-    assert receive(intake, alert(status="resolved")).outcome is Outcome.DUPLICATE
+    assert (resolved.outcome, resolved.incident_id) == (IntakeOutcome.RESOLVED, opened.incident_id)
+    assert receive(intake, alert(status="resolved")).outcome is IntakeOutcome.DUPLICATE
     late = receive(intake, alert())  # the firing retry arrives after the resolution
-    assert (late.outcome, late.incident_id) == (Outcome.DUPLICATE, opened.incident_id)
+    assert (late.outcome, late.incident_id) == (IntakeOutcome.DUPLICATE, opened.incident_id)
     assert "resolved" in late.reason
     with db.transaction() as s:
         (incident,) = store_reads.incidents(s)
@@ -108,8 +108,10 @@ def test_intake_resolved_closes_and_late_firing_is_stale(intake: Intake, db: Dat
 
 def test_intake_resolved_without_firing_creates_closed(intake: Intake, db: Database) -> None:
     result = receive(intake, alert(status="resolved"))
-    assert result.outcome is Outcome.RESOLVED and "never seen" in result.reason
-    assert receive(intake, alert()).outcome is Outcome.DUPLICATE  # the firing one, out of order
+    assert result.outcome is IntakeOutcome.RESOLVED and "never seen" in result.reason
+    assert (
+        receive(intake, alert()).outcome is IntakeOutcome.DUPLICATE
+    )  # the firing one, out of order
     with db.transaction() as s:
         (incident,) = store_reads.incidents(s)
         assert incident.status == "resolved"
@@ -120,7 +122,7 @@ def test_intake_next_episode_is_a_new_incident(intake: Intake) -> None:
     first = receive(intake, alert())
     receive(intake, alert(status="resolved"))
     again = receive(intake, alert(starts_at="2026-09-01T05:00:00Z"))
-    assert again.outcome is Outcome.OPENED and again.incident_id != first.incident_id
+    assert again.outcome is IntakeOutcome.OPENED and again.incident_id != first.incident_id
 
 
 def test_intake_stores_starts_at_as_sent_and_the_time_it_says(intake: Intake, db: Database) -> None:
@@ -163,13 +165,13 @@ def test_a_fleet_wide_regression_is_one_incident_until_every_replica_resolves(
     db: Database,
 ) -> None:
     results = [intake.receive(parse_webhook(pod(i))) for i in range(1, 9)]
-    assert [r.outcome for r in results] == [Outcome.OPENED] + [Outcome.UPDATED] * 7
+    assert [r.outcome for r in results] == [IntakeOutcome.OPENED] + [IntakeOutcome.UPDATED] * 7
     assert len({r.incident_id for r in results}) == 1
     for i in range(1, 8):  # seven replicas recover; one is still slow
         partial = intake.receive(parse_webhook(pod(i, status="resolved")))
-        assert partial.outcome is Outcome.UPDATED
+        assert partial.outcome is IntakeOutcome.UPDATED
     last = intake.receive(parse_webhook(pod(8, status="resolved")))
-    assert (last.outcome, last.incident_id) == (Outcome.RESOLVED, results[0].incident_id)
+    assert (last.outcome, last.incident_id) == (IntakeOutcome.RESOLVED, results[0].incident_id)
     with db.transaction() as s:
         (incident,) = store_reads.incidents(s)
         assert incident.target == "fleet" and incident.status == "resolved"
@@ -182,7 +184,7 @@ def test_alerts_of_two_targets_stay_two_incidents(intake: Intake) -> None:
     fleet = intake.receive(parse_webhook(pod(1)))
     other = receive(intake, alert(instance="10.0.0.6:8000", fingerprint="b"), group_key="b")
     unknown = receive(intake, alert(instance="10.9.9.9:8000", fingerprint="c"), group_key="c")
-    assert {fleet.outcome, other.outcome, unknown.outcome} == {Outcome.OPENED}
+    assert {fleet.outcome, other.outcome, unknown.outcome} == {IntakeOutcome.OPENED}
     assert len({fleet.incident_id, other.incident_id, unknown.incident_id}) == 3
 
 
@@ -192,7 +194,7 @@ def test_intake_racing_twins_make_one_incident(intake: Intake, db: Database) -> 
     hook = parse_webhook(body(alert()))
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: intake.receive(hook), range(8)))
-    assert sorted(r.outcome for r in results).count(Outcome.OPENED) == 1
+    assert sorted(r.outcome for r in results).count(IntakeOutcome.OPENED) == 1
     assert len({r.incident_id for r in results}) == 1
     with db.transaction() as s:
         assert len(store_reads.incidents(s)) == 1

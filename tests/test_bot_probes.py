@@ -10,7 +10,7 @@ import pytest
 from bot.config import Target
 from bot.errors import EndpointError, ProbeError
 from bot.gateway.budget import TokenBudget
-from bot.gateway.metrics import GatewayMetrics, Outcome
+from bot.gateway.metrics import GatewayMetrics, RelayOutcome
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.nvml import NvmlParams, NvmlProbe
 from bot.probes.prometheus import PrometheusParams, PrometheusProbe
@@ -89,15 +89,15 @@ async def test_probes_share_one_window() -> None:
 def _gateway_page(ok: int, cancelled: int, deadline: int, rejected: int) -> str:
     metrics = GatewayMetrics(TokenBudget())
     for outcome, n in (
-        (Outcome.OK, ok),
-        (Outcome.CLIENT_CANCEL, cancelled),
-        (Outcome.DEADLINE, deadline),
+        (RelayOutcome.OK, ok),
+        (RelayOutcome.CLIENT_CANCEL, cancelled),
+        (RelayOutcome.DEADLINE, deadline),
     ):
         for _ in range(n):
             metrics.admitted(100)
             metrics.finished(outcome, prompt_tokens=100, output_tokens=10, ttft_s=0.1, tpot_s=0.01)
     for _ in range(rejected):
-        metrics.refused(Outcome.REJECTED)
+        metrics.refused(RelayOutcome.REJECTED)
     return metrics.exposition().decode()
 
 

@@ -20,7 +20,7 @@ from bot.config import Target
 from bot.engine.process import free_port
 from bot.errors import UsageError
 from bot.intake.models import parse_webhook
-from bot.intake.service import Intake, Outcome
+from bot.intake.service import Intake, IntakeOutcome
 from bot.store import service as store
 from bot.store.db import AppendOnlyError, Database
 from tests import store_reads
@@ -173,6 +173,6 @@ def test_intake_racing_twins_on_each_backend(db: Database) -> None:
     hook = parse_webhook(body(alert()))
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(lambda _: intake.receive(hook), range(8)))
-    assert [r.outcome for r in results].count(Outcome.OPENED) == 1
+    assert [r.outcome for r in results].count(IntakeOutcome.OPENED) == 1
     with db.transaction() as s:
         assert len(store_reads.incidents(s)) == 1

@@ -27,7 +27,7 @@ from bot.diagnosis.causes import (
     workload_drift,
 )
 from bot.gateway.budget import TokenBudget
-from bot.gateway.metrics import GatewayMetrics, Outcome
+from bot.gateway.metrics import GatewayMetrics, RelayOutcome
 from bot.probes.context import TargetRef
 from bot.runbooks.builtin import default_registry
 from bot.runbooks.loader import load_file
@@ -60,7 +60,9 @@ def gateway_page(*ttft_s: float) -> str:
     metrics = GatewayMetrics(TokenBudget())
     for ttft in ttft_s:
         metrics.admitted(100)
-        metrics.finished(Outcome.OK, prompt_tokens=100, output_tokens=10, ttft_s=ttft, tpot_s=0.01)
+        metrics.finished(
+            RelayOutcome.OK, prompt_tokens=100, output_tokens=10, ttft_s=ttft, tpot_s=0.01
+        )
     return metrics.exposition().decode()
 
 

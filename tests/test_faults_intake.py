@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bot.intake.models import parse_webhook
-from bot.intake.service import Intake, Outcome
+from bot.intake.service import Intake, IntakeOutcome
 from bot.store.db import Database
 from tests import store_reads
 from tests.fakes.alerts import alert, body, payload
@@ -162,7 +162,7 @@ def _timed_group(intake: Intake, n: int, key: str) -> float:
              parse_webhook(body(*resolved, *firing[n // 2 :], group_key=key))]  # fmt: skip
     started = time.perf_counter()
     outcomes = [intake.receive(hook).outcome for hook in hooks]
-    assert outcomes == [Outcome.OPENED, Outcome.UPDATED]
+    assert outcomes == [IntakeOutcome.OPENED, IntakeOutcome.UPDATED]
     return time.perf_counter() - started
 
 

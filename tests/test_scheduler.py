@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.errors import UsageError
-from bot.scheduler.runner import Job, JobRunner, Outcome
+from bot.scheduler.runner import Job, JobOutcome, JobRunner
 from bot.scheduler.scheduler import Scheduler
 from bot.store import service as store
 from bot.store.db import Database
@@ -43,7 +43,7 @@ class Counter:
         self.calls: list[dt.datetime] = []
         self.fail = fail
 
-    async def __call__(self, now: dt.datetime) -> Outcome:
+    async def __call__(self, now: dt.datetime) -> JobOutcome:
         self.calls.append(now)
         if self.fail:
             raise RuntimeError("boom")
@@ -51,7 +51,7 @@ class Counter:
         def write(session: Any) -> None:
             store.add_snapshot(session, target="t", at=now, source="test", numbers={})
 
-        return Outcome({"n": len(self.calls)}, write=write)
+        return JobOutcome({"n": len(self.calls)}, write=write)
 
 
 @pytest.mark.parametrize(
@@ -177,10 +177,10 @@ async def test_runner_cancels_a_job_whose_lease_was_taken(sqlite: Database) -> N
     """A replica that stalled past its lease stops working, and its result is not kept."""
     started, release = asyncio.Event(), asyncio.Event()
 
-    async def slow(now: dt.datetime) -> Outcome:
+    async def slow(now: dt.datetime) -> JobOutcome:
         started.set()
         await release.wait()
-        return Outcome({"stale": True})
+        return JobOutcome({"stale": True})
 
     clock = [at(1)]
     stalled = JobRunner(leases=Leases(db=sqlite, owner="a", ttl_s=0.06), clock=lambda: clock[0])
@@ -197,7 +197,7 @@ async def test_runner_cancels_a_job_whose_lease_was_taken(sqlite: Database) -> N
 async def test_scheduler_stop_hands_a_running_period_back(sqlite: Database) -> None:
     started = asyncio.Event()
 
-    async def forever(now: dt.datetime) -> Outcome:
+    async def forever(now: dt.datetime) -> JobOutcome:
         started.set()
         await asyncio.Event().wait()
         raise AssertionError("never")

@@ -25,7 +25,7 @@ from bot.config import Settings
 from bot.errors import NotAllowed, UsageError
 from bot.remediation.records import ChangeRequest, RemediationRecords
 from bot.store.db import Database
-from bot.tune.objective import Objective, Outcome, outcome, violations
+from bot.tune.objective import Objective, TrialOutcome, outcome, violations
 from bot.tune.on_target import utc_now
 from bot.tune.plan import TunePlan, load_plan
 from bot.tune.records import TuneRecords
@@ -140,8 +140,8 @@ def test_violations_say_how_far_past_each_gate_a_trial_is() -> None:
 
 
 def run(
-    search: TpeSearch | GridSearch, f: Callable[[Flags], Outcome]
-) -> list[tuple[Flags, Outcome]]:
+    search: TpeSearch | GridSearch, f: Callable[[Flags], TrialOutcome]
+) -> list[tuple[Flags, TrialOutcome]]:
     """Drive a search to its end against ``f``; every proposal and what it gave."""
     seen = []
     while (proposal := search.propose()) is not None:
@@ -151,10 +151,10 @@ def run(
     return seen
 
 
-def throughput(flags: Flags) -> Outcome:
+def throughput(flags: Flags) -> TrialOutcome:
     """More sequences per step are better by construction; the token budget matters less."""
     value = math.log2(int(flags["max-num-seqs"])) * 10 + int(flags["max-num-batched-tokens"]) / 256
-    return Outcome(value=value + (1 if flags["enable-prefix-caching"] else 0), constraints={})
+    return TrialOutcome(value=value + (1 if flags["enable-prefix-caching"] else 0), constraints={})
 
 
 def test_tpe_finds_the_value_better_by_construction_in_half_the_trials() -> None:
@@ -174,7 +174,7 @@ def test_no_flag_set_is_measured_twice_even_when_the_sampler_repeats_itself() ->
     small = space(max_num_seqs=Dimension(values=[1, 2, 4, 8]),
                   enable_prefix_caching=Dimension(values=[True, False]))  # fmt: skip
     search = TpeSearch(small, "maximize", budget=small.size, seed=3)
-    seen = run(search, lambda f: Outcome(value=float(f["max-num-seqs"]), constraints={}))
+    seen = run(search, lambda f: TrialOutcome(value=float(f["max-num-seqs"]), constraints={}))
     keys = [small.key(f) for f, _ in seen]
     assert len(keys) == small.size and len(set(keys)) == small.size  # all of it, each once
     assert search.duplicates > 0  # TPE came back to points it had: none was measured again
@@ -206,7 +206,7 @@ def test_a_repeat_is_replaced_by_the_nearest_untried_flag_set() -> None:
             assert abs(values.index(value) - at) == min(abs(i - at) for i in untried)
             replaced += 1
         tried.append(value)
-        search.report(proposal, Outcome(value=-abs(value - 16), constraints={}))
+        search.report(proposal, TrialOutcome(value=-abs(value - 16), constraints={}))
     assert replaced == search.duplicates > 0
     assert sorted(tried) == values  # budget = size: each value once
 
@@ -216,11 +216,13 @@ def test_failed_and_gate_missing_trials_are_marked_so_and_never_measured_again()
     suggesting it. Here a crash is FAIL, a gate miss an infeasible COMPLETE, and neither is
     measured a second time however often the sampler comes back to it."""
 
-    def f(flags: Flags) -> Outcome:
+    def f(flags: Flags) -> TrialOutcome:
         if flags["max-num-seqs"] == 1:  # vLLM refused these flags
-            return Outcome(failed="refused: vLLM exited")
+            return TrialOutcome(failed="refused: vLLM exited")
         over = 0.5 if flags["max-num-seqs"] == 2 else -0.5  # TTFT gate missed at 2 sequences
-        return Outcome(value=float(flags["max-num-seqs"]), constraints={"max_ttft_p99_ms": over})
+        return TrialOutcome(
+            value=float(flags["max-num-seqs"]), constraints={"max_ttft_p99_ms": over}
+        )
 
     search = TpeSearch(SPACE, "maximize", budget=SPACE.size, seed=0)
     seen = run(search, f)

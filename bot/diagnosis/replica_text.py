@@ -15,7 +15,7 @@ from bot.diagnosis.replicas import (
     SHARE_BEYOND,
     UNKNOWN,
     FleetVerdict,
-    Judged,
+    ReplicaVerdict,
     Row,
 )
 from bot.numbers.text import show
@@ -26,7 +26,7 @@ MAX_NAMED = 3  # replicas named in the one line; the rest are counted
 MAX_IN_FINDING = 5
 
 
-def _p99(judged: Judged) -> str:
+def _p99(judged: ReplicaVerdict) -> str:
     bound = judged.p99.bound
     return f"{LABEL[judged.metric]} {show(judged.metric, judged.p99.value, bound)}"
 
@@ -103,7 +103,7 @@ def _slow_message(verdict: FleetVerdict) -> str:
     return f"{head}: " + "; ".join(named) + (f"; and {more} more (incident page)" if more else "")
 
 
-def _against(judged: Judged) -> str:
+def _against(judged: ReplicaVerdict) -> str:
     """'TTFT p99 490 ms vs 38.0 ms on the other 1' (the median of several others' p99s)."""
     ref = judged.reference
     assert ref is not None  # a slow judgement always has one

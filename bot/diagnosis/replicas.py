@@ -42,7 +42,7 @@ Buckets = Mapping[float, float]  # cumulative counts by upper edge (seconds), ov
 
 
 @dataclass(frozen=True)
-class Metric:
+class ReplicaMetric:
     """A latency judged per replica: its key, its label, its histograms (first with data)."""
 
     key: str
@@ -51,9 +51,9 @@ class Metric:
 
 
 METRICS = (
-    Metric("ttft_p99_ms", "TTFT p99", (TTFT,)),
-    Metric("tpot_p99_ms", "TPOT p99", (TPOT, ITL)),  # ITL where the engine has no TPOT
-    Metric("queue_time_p99_ms", "queue time p99", (QUEUE_TIME,)),
+    ReplicaMetric("ttft_p99_ms", "TTFT p99", (TTFT,)),
+    ReplicaMetric("tpot_p99_ms", "TPOT p99", (TPOT, ITL)),  # ITL where the engine has no TPOT
+    ReplicaMetric("queue_time_p99_ms", "queue time p99", (QUEUE_TIME,)),
 )
 LABEL = {m.key: m.label for m in METRICS}
 
@@ -88,7 +88,7 @@ class P99:
 
 
 @dataclass(frozen=True)
-class Judged:
+class ReplicaVerdict:
     """One replica on one metric: its p99, the others' median it was held against, the verdict."""
 
     metric: str
@@ -104,7 +104,7 @@ class Row:
     """One replica and its judgements, by metric."""
 
     address: str
-    judged: Mapping[str, Judged]
+    judged: Mapping[str, ReplicaVerdict]
     note: str | None = None
 
     @property
@@ -114,7 +114,7 @@ class Row:
         return SLOW if SLOW in states else (ALIKE if ALIKE in states else UNKNOWN)
 
     @property
-    def slow(self) -> list[Judged]:
+    def slow(self) -> list[ReplicaVerdict]:
         """Its slow metrics, the farthest from its reference first."""
         return sorted((j for j in self.judged.values() if j.state == SLOW), key=ratio, reverse=True)
 
@@ -146,7 +146,7 @@ class FleetVerdict:
         return "alike" if any(r.state == ALIKE for r in self.rows) else "cannot tell"
 
 
-def ratio(judged: Judged) -> float:
+def ratio(judged: ReplicaVerdict) -> float:
     """Its p99 over its reference's (infinite against a zero or missing reference)."""
     own, ref = judged.p99.value, None if judged.reference is None else judged.reference.value
     return math.inf if not ref or own is None else own / ref
@@ -175,28 +175,32 @@ def _worst_first(row: Row) -> tuple[int, float, str]:
     return order, -size, row.address
 
 
-def _judge(metric: str, own: P99, others: Sequence[P99]) -> Judged:
+def _judge(metric: str, own: P99, others: Sequence[P99]) -> ReplicaVerdict:
     """Rule 1-4 of the module docstring for one replica on one metric."""
     counted = sorted((o for o in others if o.count >= MIN_REQUESTS and o.value is not None),
                      key=lambda o: o.value or 0.0)  # fmt: skip
     if own.count < MIN_REQUESTS:
         why = f"{own.count} requests in the window, {MIN_REQUESTS} needed"
-        return Judged(metric, own, None, len(counted), UNKNOWN, why)
+        return ReplicaVerdict(metric, own, None, len(counted), UNKNOWN, why)
     if not counted:
         why = f"no other replica had {MIN_REQUESTS} requests in the window"
-        return Judged(metric, own, None, 0, UNKNOWN, why)
+        return ReplicaVerdict(metric, own, None, 0, UNKNOWN, why)
     ref = counted[len(counted) // 2]  # the upper median: with 2 others, the slower one
     if ref.edge is None or math.isinf(ref.edge):
-        return Judged(metric, own, ref, len(counted), ALIKE, "the others' p99 is past every edge")
+        return ReplicaVerdict(
+            metric, own, ref, len(counted), ALIKE, "the others' p99 is past every edge"
+        )
     beyond = own.beyond(ref.edge)
     if beyond is None:
         why = "its histogram's buckets differ from the others'"
-        return Judged(metric, own, ref, len(counted), UNKNOWN, why)
-    times = ratio(Judged(metric, own, ref, 0, "", ""))
+        return ReplicaVerdict(metric, own, ref, len(counted), UNKNOWN, why)
+    times = ratio(ReplicaVerdict(metric, own, ref, 0, "", ""))
     edge = show(metric, ref.edge * 1000.0)
     past = beyond >= SHARE_BEYOND * own.count
     why = f"{times:.1f}x the others' median; {beyond:.0f} of its {own.count} requests over {edge}"
-    return Judged(metric, own, ref, len(counted), SLOW if past and times >= FACTOR else ALIKE, why)
+    return ReplicaVerdict(
+        metric, own, ref, len(counted), SLOW if past and times >= FACTOR else ALIKE, why
+    )
 
 
 def histograms(window: SampledWindow, addresses: Sequence[str]) -> dict[str, dict[str, Buckets]]:
@@ -209,7 +213,7 @@ def histograms(window: SampledWindow, addresses: Sequence[str]) -> dict[str, dic
 
 
 def _delta(
-    first: Exposition, last: Exposition, metric: Metric, where: Mapping[str, str]
+    first: Exposition, last: Exposition, metric: ReplicaMetric, where: Mapping[str, str]
 ) -> Buckets:
     """The buckets' deltas of the first of the metric's histograms that gained any."""
     delta: dict[float, float] = {}

@@ -36,7 +36,7 @@ from bot.gateway.costing import Cost, Costing, bad_request, parse_body
 from bot.gateway.deadlines import HEADER as TIMEOUT_HEADER
 from bot.gateway.deadlines import BadTimeout, request_timeout
 from bot.gateway.limits import Limits
-from bot.gateway.metrics import CONTENT_TYPE, GatewayMetrics, Outcome
+from bot.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RelayOutcome
 from bot.gateway.records import MAX_RECORDS, Recorder
 from bot.gateway.relay import Exchange, Relay, send_problem, upstream_headers
 from bot.gateway.responses import HTTPProblem
@@ -146,12 +146,12 @@ class Gateway:
         except ClientGone:
             return
         except HTTPProblem as problem:
-            await self._refuse(send, problem, Outcome.INVALID)
+            await self._refuse(send, problem, RelayOutcome.INVALID)
             return
         try:
             self._admit(cost, limits)
         except HTTPProblem as problem:
-            await self._refuse(send, problem, Outcome.REJECTED)
+            await self._refuse(send, problem, RelayOutcome.REJECTED)
             return
         self.metrics.admitted(cost.prompt_tokens)
         ex: Exchange | None = None
@@ -167,7 +167,7 @@ class Gateway:
             self._account(ex, cost, arrived_s=arrived_s)
             self._record(body, ex, cost, chat=chat, at=arrived_at, took=loop.time() - arrived)
 
-    async def _refuse(self, send: Send, problem: HTTPProblem, outcome: Outcome) -> None:
+    async def _refuse(self, send: Send, problem: HTTPProblem, outcome: RelayOutcome) -> None:
         self.metrics.refused(outcome)
         await send_problem(send, problem)
 
@@ -181,7 +181,7 @@ class Gateway:
 
     def _account(self, ex: Exchange | None, cost: Cost, *, arrived_s: float) -> None:
         if ex is None:  # cancelled from outside (server shutdown)
-            self.metrics.finished(Outcome.CLIENT_CANCEL, prompt_tokens=cost.prompt_tokens,
+            self.metrics.finished(RelayOutcome.CLIENT_CANCEL, prompt_tokens=cost.prompt_tokens,
                                   output_tokens=0, ttft_s=None, tpot_s=None)  # fmt: skip
             return
         ttft = tpot = None
@@ -203,7 +203,7 @@ class Gateway:
             prompt_from = "ids" if not chat and _token_ids(body.get("prompt")) else "estimate"
             prompt = cost.prompt_tokens
         if ex is None:
-            output, output_from, outcome = 0, "events", Outcome.CLIENT_CANCEL.value
+            output, output_from, outcome = 0, "events", RelayOutcome.CLIENT_CANCEL.value
         else:
             output, outcome = ex.output_tokens, ex.outcome.value
             output_from = "usage" if ex.usage_tokens is not None else "events"

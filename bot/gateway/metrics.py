@@ -48,7 +48,7 @@ TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05
                 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)  # fmt: skip
 
 
-class Outcome(StrEnum):
+class RelayOutcome(StrEnum):
     """How an inference request ended, as the gateway counts it."""
 
     OK = "ok"
@@ -101,7 +101,7 @@ class GatewayMetrics:
         requests = Counter(
             "ruleloop_gateway_requests", "Inference requests by outcome.", ["outcome"], registry=r
         )
-        self._requests = {o: requests.labels(o.value) for o in Outcome}
+        self._requests = {o: requests.labels(o.value) for o in RelayOutcome}
         output = Counter(
             "ruleloop_gateway_output_tokens",
             "Output tokens streamed through the gateway, delivered or wasted.",
@@ -139,7 +139,7 @@ class GatewayMetrics:
             registry=r,
         ).set_function(lambda: budget.limit)
 
-    def refused(self, outcome: Outcome) -> None:
+    def refused(self, outcome: RelayOutcome) -> None:
         """Count a request answered before admission (rejected or invalid)."""
         self._requests[outcome].inc()
 
@@ -149,7 +149,7 @@ class GatewayMetrics:
 
     def finished(
         self,
-        outcome: Outcome,
+        outcome: RelayOutcome,
         *,
         prompt_tokens: int,
         output_tokens: int,
@@ -158,7 +158,7 @@ class GatewayMetrics:
     ) -> None:
         """Count an admitted request's end, its tokens and latencies."""
         self._requests[outcome].inc()
-        if outcome is Outcome.OK:
+        if outcome is RelayOutcome.OK:
             if output_tokens:
                 self._delivered.inc(output_tokens)
             if tpot_s is not None:

@@ -23,7 +23,7 @@ from typing import cast
 import httpx
 
 from bot.gateway import responses
-from bot.gateway.metrics import Outcome
+from bot.gateway.metrics import RelayOutcome
 from bot.gateway.types import Headers, Message, Receive, Send
 from bot.runtime.sse import DONE, SSEParser
 
@@ -47,7 +47,7 @@ RESPONSE_DROP = frozenset(
 class Exchange:
     """What happened in one exchange: how it ended, when bytes flowed, how many tokens."""
 
-    outcome: Outcome = Outcome.CLIENT_CANCEL
+    outcome: RelayOutcome = RelayOutcome.CLIENT_CANCEL
     status: int | None = None
     first_byte_s: float | None = None
     last_byte_s: float | None = None
@@ -190,14 +190,14 @@ class Relay:
         except TimeoutError:
             await self._timed_out(send, ex, deadline_s)
         except httpx.HTTPError as exc:
-            ex.outcome = Outcome.UPSTREAM_ERROR
+            ex.outcome = RelayOutcome.UPSTREAM_ERROR
             detail = str(exc) or type(exc).__name__
             await self._fail(send, ex, responses.upstream_broke_mid_stream(detail),
                              responses.upstream_unreachable(detail))  # fmt: skip
         except OSError:
             if not ex.client_gone:
                 raise
-            ex.outcome = _finished(ex) if ex.ended else Outcome.CLIENT_CANCEL
+            ex.outcome = _finished(ex) if ex.ended else RelayOutcome.CLIENT_CANCEL
         finally:
             watcher.cancel()
         return ex
@@ -219,9 +219,9 @@ class Relay:
         if ex.done or ex.ended:
             ex.outcome = _finished(ex)
         elif ex.client_gone:
-            ex.outcome = Outcome.CLIENT_CANCEL
+            ex.outcome = RelayOutcome.CLIENT_CANCEL
         else:
-            ex.outcome = Outcome.DEADLINE
+            ex.outcome = RelayOutcome.DEADLINE
             await self._fail(send, ex, responses.deadline_mid_stream(deadline_s),
                              responses.deadline_before_output(deadline_s))  # fmt: skip
 
@@ -338,8 +338,12 @@ class Relay:
                 raise
 
 
-def _finished(ex: Exchange) -> Outcome:
-    return Outcome.OK if ex.status is not None and ex.status < 400 else Outcome.UPSTREAM_ERROR
+def _finished(ex: Exchange) -> RelayOutcome:
+    return (
+        RelayOutcome.OK
+        if ex.status is not None and ex.status < 400
+        else RelayOutcome.UPSTREAM_ERROR
+    )
 
 
 def _count(payload: bytes, ex: Exchange) -> None:

@@ -33,7 +33,7 @@ from bot.errors import EndpointError, NotAllowed, RuleloopError, UsageError
 from bot.incidents.memory import supported_of
 from bot.incidents.outbox import Outbox
 from bot.incidents.records import ButtonsOf, IncidentRecords
-from bot.intake.service import IntakeResult, Outcome
+from bot.intake.service import IntakeOutcome, IntakeResult
 from bot.probes.context import TargetRef
 from bot.probes.types import Finding, Severity
 from bot.runtime.access import who_may
@@ -90,11 +90,11 @@ class IncidentFlows:
         """Start what an intake outcome calls for, in the background."""
         self._metrics.webhooks.labels(result.outcome.value).inc()
         incident_id = result.incident_id
-        if result.outcome is Outcome.OPENED:
+        if result.outcome is IntakeOutcome.OPENED:
             self._tasks.spawn(
                 self.drive(incident_id, received=received), name=f"diagnose-{incident_id}"
             )
-        elif result.outcome in (Outcome.RESOLVED, Outcome.UPDATED) or result.owed:
+        elif result.outcome in (IntakeOutcome.RESOLVED, IntakeOutcome.UPDATED) or result.owed:
             # an alert that joined or resolved has its thread line (bot.intake.service); a
             # repeat of an incident Slack never got is the moment to try it again
             self._tasks.spawn(self.drive(incident_id), name=f"deliver-{incident_id}")

@@ -42,7 +42,7 @@ NEWS_LINES = 10  # alerts named in one thread line about the alerts that changed
 RACE_ATTEMPTS = 8
 
 
-class Outcome(StrEnum):
+class IntakeOutcome(StrEnum):
     """What a notification did."""
 
     OPENED = "opened"  # a new incident: diagnose it
@@ -55,7 +55,7 @@ class Outcome(StrEnum):
 class IntakeResult:
     """The outcome, the incident concerned, and a reason a person can read."""
 
-    outcome: Outcome
+    outcome: IntakeOutcome
     incident_id: int
     reason: str
     owed: int = 0  # Slack messages of the incident made due again (a repeat of an undelivered one)
@@ -166,19 +166,21 @@ class Intake:
             self._audit(session, incident, "incident.resolved", detail, now)
             items.owe_root_change(session, incident.id, at=now)  # resolved, or its root at last
             why = "resolved (its firing notification was never seen)" if opened else "resolved"
-            return IntakeResult(Outcome.RESOLVED, incident.id, f"incident {incident.id} {why}")
+            return IntakeResult(
+                IntakeOutcome.RESOLVED, incident.id, f"incident {incident.id} {why}"
+            )
         if opened:
             detail["target"] = incident.target
             self._audit(session, incident, "incident.opened", detail, now)
             items.owe_root(session, incident.id, at=now, channel=None)
             items.owe_diagnosis(session, incident.id, at=now)
-            return IntakeResult(Outcome.OPENED, incident.id, f"incident {incident.id} opened")
+            return IntakeResult(IntakeOutcome.OPENED, incident.id, f"incident {incident.id} opened")
         if new or changed:
             detail["changed"] = changed
             self._audit(session, incident, "incident.alerts_changed", detail, now)
             owed = items.rearm(session, incident.id, now=now)
             return IntakeResult(
-                Outcome.UPDATED, incident.id,
+                IntakeOutcome.UPDATED, incident.id,
                 f"incident {incident.id}: {new} new alert(s)" + _owed_note(owed), owed,
             )  # fmt: skip
         return _repeat(
@@ -242,7 +244,7 @@ def alerts_news(incident: Incident, *, joined: list[Alert], changed: list[Alert]
 def _repeat(session: Session, incident_id: int, reason: str, now: dt.datetime) -> IntakeResult:
     """A duplicate: nothing new, but what Slack never took of the incident is tried again now."""
     owed = items.rearm(session, incident_id, now=now)
-    return IntakeResult(Outcome.DUPLICATE, incident_id, reason + _owed_note(owed), owed)
+    return IntakeResult(IntakeOutcome.DUPLICATE, incident_id, reason + _owed_note(owed), owed)
 
 
 def _owed_note(owed: int) -> str:

@@ -86,7 +86,7 @@ class ChangeRun:
     async def run(self, adr: Adr) -> None:
         """The whole change: each part returns None when it ended the change itself."""
         self._adr = adr
-        if self.actuator.kind == "dry-run":
+        if not self.actuator.changes_flags:
             await self._step(
                 S.DRY_RUN, "remediation.dry_run", {"flags": self.flags},
                 note="dry run: the flags above would be set; nothing was changed",

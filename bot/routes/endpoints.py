@@ -30,7 +30,7 @@ from bot.config import Settings
 from bot.errors import RequestRejected
 from bot.incidents.flows import IncidentFlows
 from bot.intake.models import parse_webhook
-from bot.intake.service import Intake, Outcome
+from bot.intake.service import Intake, IntakeOutcome
 from bot.routes.request_body import read_body, replay
 from bot.runtime.ids import new_error_id
 from bot.runtime.metrics import BotMetrics
@@ -42,7 +42,12 @@ from bot.store.readings import StoreReading, read_store
 from bot.web.routes import IncidentPages
 
 log = logging.getLogger("ruleloop.server")
-STATUS = {Outcome.OPENED: 202, Outcome.RESOLVED: 202, Outcome.UPDATED: 200, Outcome.DUPLICATE: 200}
+STATUS = {
+    IntakeOutcome.OPENED: 202,
+    IntakeOutcome.RESOLVED: 202,
+    IntakeOutcome.UPDATED: 200,
+    IntakeOutcome.DUPLICATE: 200,
+}
 Lifespan = Callable[[Starlette], contextlib.AbstractAsyncContextManager[None]]
 
 

@@ -36,7 +36,7 @@ class Clause:
 
 
 @dataclass(frozen=True)
-class Condition:
+class RunbookCondition:
     """Alternatives (``or``) of conjunctions (``and``) of clauses."""
 
     text: str
@@ -63,7 +63,7 @@ def _all(values: Iterable[bool | None]) -> bool | None:
     return True if all(v is True for v in seen) else None
 
 
-def parse(text: str) -> Condition:
+def parse(text: str) -> RunbookCondition:
     """Parse a condition; ValueError saying which part is not a clause and what to write.
 
     Split on whitespace first (linear in the text, however many spaces it holds), then read
@@ -78,7 +78,7 @@ def parse(text: str) -> Condition:
         words = []
         if word == "or":
             groups.append([])
-    return Condition(text.strip(), tuple(tuple(g) for g in groups[:-1]))
+    return RunbookCondition(text.strip(), tuple(tuple(g) for g in groups[:-1]))
 
 
 def clause(text: str, *, whole: str | None = None) -> Clause:

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bot.numbers.reading import OPS
-from bot.runbooks.conditions import Condition, clause, parse
+from bot.runbooks.conditions import RunbookCondition, clause, parse
 
 SEVERITIES = ("info", "warning", "critical")
 
@@ -128,12 +128,12 @@ class Hypothesis(_Strict):
         return text
 
     @property
-    def supported(self) -> Condition:
+    def supported(self) -> RunbookCondition:
         """The supporting condition, parsed."""
         return parse(self.supported_when)
 
     @property
-    def ruled_out(self) -> Condition | None:
+    def ruled_out(self) -> RunbookCondition | None:
         """The ruling-out condition, parsed (None: the supporting one decided false)."""
         return None if self.ruled_out_when is None else parse(self.ruled_out_when)
 

@@ -30,7 +30,7 @@ from bot.remediation.gate import GateRun, GateRunner
 from bot.remediation.lines import verdict_lines
 from bot.scheduler import messages
 from bot.scheduler.in_force import InForce, adrs_in_force
-from bot.scheduler.runner import Outcome, json_safe
+from bot.scheduler.runner import JobOutcome, json_safe
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import CanaryResult
@@ -78,19 +78,19 @@ class BaselineCanary:
         self._notifier = notifier
         self._monotonic = monotonic
 
-    async def __call__(self, now: dt.datetime) -> Outcome:
+    async def __call__(self, now: dt.datetime) -> JobOutcome:
         """Run the canary; open, update or resolve the drift incident."""
         found = await asyncio.to_thread(self.in_force)
         in_force, missing, before = found.adrs, found.missing, found.before
         if not in_force:
-            return Outcome({"skipped": "no accepted ADR in force here", "missing": missing})
+            return JobOutcome({"skipped": "no accepted ADR in force here", "missing": missing})
         # Gates written as 'Nx before' are checked against the before-run of the change that put
         # the ADR in force (the same canary); without one they are left out and named in the
         # detail, as are gates relative to normal, which would compare unlike numbers.
         gates, setters = strictest(in_force, before)
         unresolved = _unresolved(in_force, before)
         if gates.is_empty():
-            return Outcome({"skipped": "the ADRs in force set no gate they can check yet",
+            return JobOutcome({"skipped": "the ADRs in force set no gate they can check yet",
                             "adrs": _ids(in_force), "unresolved": unresolved})  # fmt: skip
         # One ADR in force that records its workload is checked under it, as it was measured;
         # several (their shapes differ) share the target's canary load.
@@ -114,7 +114,7 @@ class BaselineCanary:
                 await self._flows.show_resolved(resolved)
                 text = messages.RECOVERED.format(target=self.name, load=load, lines=lines)
                 await self._flows.reply(resolved, text)  # owed: kept while Slack is down
-            return Outcome(detail | {"resolved": resolved})
+            return JobOutcome(detail | {"resolved": resolved})
         incident_id, opened, posted = await asyncio.to_thread(self._open, now, result, detail)
         if not posted:  # new, or opened by a replica that died before posting it
             await self._flows.diagnose_incident(incident_id, received=self._monotonic())
@@ -124,7 +124,7 @@ class BaselineCanary:
         else:
             text = messages.still_drifting(now, load, lines)
         await self._flows.reply(incident_id, text)
-        return Outcome(detail | {"incident": incident_id, "opened": opened})
+        return JobOutcome(detail | {"incident": incident_id, "opened": opened})
 
     def in_force(self) -> InForce:
         """What is in force on this target now."""

@@ -86,7 +86,7 @@ class BeforeRuns:
             return BeforeRun(None, flags, _in_flight(busy, self._name))
         try:
             async with opened(self._actuator_for, self._name, self._target) as actuator:
-                if actuator.kind == "dry-run":  # it changes nothing: the 'before' would be the fix
+                if not actuator.changes_flags:  # the 'before' would be the fix
                     return BeforeRun(None, flags, "the dry-run actuator changes no flags")
                 serving = await actuator.current()
                 return await self._held(actuator, adr_id, serving, replaced, live)

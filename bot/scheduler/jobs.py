@@ -26,7 +26,7 @@ from bot.runtime.ids import replica_id
 from bot.scheduler.baseline import BaselineCanary
 from bot.scheduler.before_run import BeforeRuns
 from bot.scheduler.reminders import DraftReminders
-from bot.scheduler.runner import Job, JobRunner, Outcome
+from bot.scheduler.runner import Job, JobOutcome, JobRunner
 from bot.scheduler.scheduler import Scheduler
 from bot.scheduler.snapshots import MetricsSampler, Sampler, SnapshotJob
 from bot.scheduler.workload_drift import LiveShape, ShapeReader, WorkloadDrift
@@ -51,8 +51,10 @@ def approval_expiry(service: ExpiresApprovals, *, every_s: float) -> Job:
     """Expires approval requests nobody approved in time, and rolls back changes a dead
     replica left half done (their heartbeat went stale)."""
 
-    async def run(now: dt.datetime) -> Outcome:
-        return Outcome({"expired": await service.expire_due(), "resumed": await service.resume()})
+    async def run(now: dt.datetime) -> JobOutcome:
+        return JobOutcome(
+            {"expired": await service.expire_due(), "resumed": await service.resume()}
+        )
 
     return Job("approval_expiry", every_s, run)
 
@@ -61,8 +63,8 @@ def outbox(flows: IncidentFlows, *, every_s: float) -> Job:
     """Sends again the Slack messages incidents are still owed (Slack was down, or refused them
     with a 5xx or a 429), and runs the diagnoses a stopped replica left."""
 
-    async def run(now: dt.datetime) -> Outcome:
-        return Outcome(await flows.sweep())
+    async def run(now: dt.datetime) -> JobOutcome:
+        return JobOutcome(await flows.sweep())
 
     return Job("outbox", every_s, run)
 

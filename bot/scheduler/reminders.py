@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from bot.chat.messages import MessageRef, Notifier
 from bot.runtime.access import who_may
 from bot.scheduler import messages
-from bot.scheduler.runner import Outcome
+from bot.scheduler.runner import JobOutcome
 from bot.store import service as store
 from bot.store.db import Database
 
@@ -46,7 +46,7 @@ class DraftReminders:
         self._after = dt.timedelta(seconds=after_s)
         self._reviewers = reviewers
 
-    async def __call__(self, now: dt.datetime) -> Outcome:
+    async def __call__(self, now: dt.datetime) -> JobOutcome:
         """Post one reminder per due draft, then record it."""
         reminded, threadless = [], []
         for draft in await asyncio.to_thread(self.due, now):
@@ -64,7 +64,7 @@ class DraftReminders:
             await asyncio.to_thread(self._record, draft, now)
         if threadless:
             log.warning("drafts with no incident thread to remind in: %s", threadless)
-        return Outcome({"reminded": reminded, "no_thread": threadless})
+        return JobOutcome({"reminded": reminded, "no_thread": threadless})
 
     def due(self, now: dt.datetime) -> list[Due]:
         """Drafts to remind about now."""

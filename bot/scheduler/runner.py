@@ -2,7 +2,7 @@
 
 A job is a name, an interval and an async function of the time (``now``), so tests drive it
 with a controlled clock. While it runs a heartbeat renews its lease; a job that loses its lease
-is cancelled and its store writes (``Outcome.write``) are dropped, so a period's work is kept
+is cancelled and its store writes (``JobOutcome.write``) are dropped, so a period's work is kept
 once. A job that raises ends its period as failed: the next period runs it again.
 """
 
@@ -26,14 +26,14 @@ log = logging.getLogger("ruleloop.scheduler")
 
 
 @dataclass(frozen=True)
-class Outcome:
+class JobOutcome:
     """What a job's period did: a JSON-ready detail, and store writes kept with its completion."""
 
     detail: Mapping[str, Any] = field(default_factory=dict)
     write: Callable[[Session], None] | None = None
 
 
-Work = Callable[[dt.datetime], Awaitable[Outcome | None]]
+Work = Callable[[dt.datetime], Awaitable[JobOutcome | None]]
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,10 @@ class JobRunner:
                 raise
             return RunResult(job.name, claim.period, claim.attempt, "lost", {})
         except Exception as exc:
-            state, outcome = FAILED, Outcome(detail=_failure(job.name, exc))
+            state, outcome = FAILED, JobOutcome(detail=_failure(job.name, exc))
         finally:
             heart.cancel()
-        outcome = outcome or Outcome()
+        outcome = outcome or JobOutcome()
         detail = json_safe(dict(outcome.detail)) | {"attempt": claim.attempt}
         try:
             await asyncio.to_thread(

@@ -27,7 +27,7 @@ from bot.numbers.reading import Measured, spans_json
 from bot.probes.context import ProbeContext, TargetRef
 from bot.probes.vllm_metrics import REQUEST_SUCCESS
 from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
-from bot.scheduler.runner import Outcome
+from bot.scheduler.runner import JobOutcome
 from bot.store import service as store
 
 KEEP = dt.timedelta(days=14)  # older snapshots are forgotten
@@ -90,13 +90,13 @@ class SnapshotJob:
         self._sample = sample
         self._source = source
 
-    async def __call__(self, now: dt.datetime) -> Outcome:
+    async def __call__(self, now: dt.datetime) -> JobOutcome:
         """Measure, and hand the runner the write that keeps the snapshot (none while the
         engine warms up)."""
         try:
             sample = await self._sample(self.name, self._target)
         except ColdEngine as cold:
-            return Outcome(detail={"skipped": str(cold)})
+            return JobOutcome(detail={"skipped": str(cold)})
         numbers, bounds = dict(sample.numbers), {k: str(b) for k, b in sample.bounds.items()}
         spans = dict(sample.spans)
 
@@ -108,4 +108,4 @@ class SnapshotJob:
             store.prune_snapshots(session, target=self.name, before=now - KEEP)
 
         detail = {"numbers": numbers, "bounds": bounds, "spans": spans_json(spans)}
-        return Outcome(detail=detail, write=write)
+        return JobOutcome(detail=detail, write=write)

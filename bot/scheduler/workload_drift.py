@@ -54,7 +54,7 @@ from bot.scheduler.baseline import SOURCE, strictest
 from bot.scheduler.before_run import BeforeRun, BeforeRuns
 from bot.scheduler.in_force import adrs_in_force
 from bot.scheduler.revalidation import Revalidation
-from bot.scheduler.runner import Outcome, json_safe
+from bot.scheduler.runner import JobOutcome, json_safe
 from bot.store import service as store
 from bot.store.db import Database
 from bot.workload.describe import context_line
@@ -125,19 +125,19 @@ class WorkloadDrift:
         self._read_shape = read_shape
         self._before_runs = before_runs  # None: the target does not allow a before-run
 
-    async def __call__(self, now: dt.datetime) -> Outcome:
+    async def __call__(self, now: dt.datetime) -> JobOutcome:
         """Capture the live shape; open, keep or close the target's drift thread."""
         found = await asyncio.to_thread(
             adrs_in_force, self._db, self._adrs, target=self.name, listed=self._listed
         )
         measured = [adr for adr in found.adrs if adr.workload is not None]
         if not measured:
-            return Outcome({"skipped": "no ADR in force records the workload it was measured "
+            return JobOutcome({"skipped": "no ADR in force records the workload it was measured "
                             "under", "adrs": found.ids, "missing": found.missing})  # fmt: skip
         try:
             live = await self._read_shape(self.name, self._target)
         except RuleloopError as exc:  # no traffic, engine restarted, /metrics unreachable
-            return Outcome({"skipped": f"no live shape this period: {exc}", "adrs": found.ids})
+            return JobOutcome({"skipped": f"no live shape this period: {exc}", "adrs": found.ids})
         diffs = {adr.id: diff(_shape(adr), live) for adr in measured}
         drifted = [adr for adr in measured if diffs[adr.id].drifted]
         detail: dict[str, Any] = {
@@ -153,10 +153,10 @@ class WorkloadDrift:
                 await self._flows.show_resolved(closed)
                 text = messages.workload_alike(self.name, measured, live)
                 await self._flows.reply(closed, text)  # owed: kept while Slack is down
-            return Outcome(detail | {"resolved": closed})
+            return JobOutcome(detail | {"resolved": closed})
         held = await asyncio.to_thread(self._still_open, now, detail)
         if held is not None:
-            return Outcome(detail | {"incident": held, "opened": False})
+            return JobOutcome(detail | {"incident": held, "opened": False})
         checks = [await self._revalidate(adr, live, found.replaced) for adr in drifted]
         detail["revalidated"] = [check.summary for check in checks]
         incident_id, opened = await asyncio.to_thread(self._open, now, drifted, checks, detail)
@@ -164,7 +164,7 @@ class WorkloadDrift:
             parts = [messages.workload_drift(self.name, adr, live, diffs[adr.id], check)
                      for adr, check in zip(drifted, checks, strict=True)]  # fmt: skip
             await self._flows.reply(incident_id, "\n\n".join(parts))
-        return Outcome(detail | {"incident": incident_id, "opened": opened})
+        return JobOutcome(detail | {"incident": incident_id, "opened": opened})
 
     async def _revalidate(
         self, adr: Adr, live: WorkloadShape, replaced: Deployed | None

@@ -100,7 +100,7 @@ class Objective(BaseModel):
 
 
 @dataclass(frozen=True)
-class Outcome:
+class TrialOutcome:
     """One trial as the search sees it: a value and the gates' violations, or why it failed."""
 
     value: float | None = None
@@ -113,14 +113,14 @@ class Outcome:
         return self.failed is None and all(v <= 0 for v in self.constraints.values())
 
 
-def outcome(objective: Objective, report: Mapping[str, Any] | None, gates: Gates) -> Outcome:
+def outcome(objective: Objective, report: Mapping[str, Any] | None, gates: Gates) -> TrialOutcome:
     """Score a measured canary report; a trial without one is a failure (say why elsewhere)."""
     if report is None:
-        return Outcome(failed="not measured")
+        return TrialOutcome(failed="not measured")
     value = objective.value(report)
     if value is None or math.isnan(value):
-        return Outcome(failed=f"the canary report has no {objective.metric}")
-    return Outcome(value=value, constraints=violations(judge(report, gates)))
+        return TrialOutcome(failed=f"the canary report has no {objective.metric}")
+    return TrialOutcome(value=value, constraints=violations(judge(report, gates)))
 
 
 def violations(verdict: Verdict) -> dict[str, float]:

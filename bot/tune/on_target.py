@@ -44,7 +44,7 @@ from bot.runtime.ids import process_alive, replica_id
 from bot.store.models import TuneSession
 from bot.store.readings import ROLLBACK_FAILED
 from bot.tune.matrix import Row
-from bot.tune.objective import Outcome
+from bot.tune.objective import TrialOutcome
 from bot.tune.plan import Config, TunePlan
 from bot.tune.records import TuneRecords
 from bot.tune.runner import measure_canary
@@ -85,7 +85,7 @@ def check_target(name: str, spec: Target, plan: TunePlan) -> None:
             f"target {name!r} has no actuator, so ruleloop cannot change its flags to measure "
             f'them; configure [targets.{name}.actuator] kind = "local" | "kubernetes" | "git"'
         )
-    if spec.actuator.kind == "dry-run":
+    if not spec.actuator.changes_flags:
         raise UsageError(
             f"target {name!r} has a dry-run actuator: it changes nothing, so every trial would "
             "measure the flags serving now; tune it with a local, kubernetes or git actuator"
@@ -168,7 +168,7 @@ class TargetTrials:
             await restore_target(self.actuator, self.before)
             self.rolled_back = True
 
-    async def trial_ended(self, proposal: Proposal, row: Row, result: Outcome) -> None:
+    async def trial_ended(self, proposal: Proposal, row: Row, result: TrialOutcome) -> None:
         """Written once the trial's numbers are in and the target serves ``before`` again."""
         summary = {
             "number": proposal.number,

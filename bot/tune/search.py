@@ -38,7 +38,7 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.trial import TrialState
 
 from bot.adr.models import EngineValue
-from bot.tune.objective import Direction, Outcome
+from bot.tune.objective import Direction, TrialOutcome
 from bot.tune.space import Flags, Key, Space
 
 NEAREST_UP_TO = 4096  # a larger space draws an untried point at random instead of the nearest
@@ -64,7 +64,7 @@ class Search(Protocol):
         """The next flag set to measure, or None when done."""
         ...
 
-    def report(self, proposal: Proposal, outcome: Outcome) -> None:
+    def report(self, proposal: Proposal, outcome: TrialOutcome) -> None:
         """How the proposed trial went."""
         ...
 
@@ -92,7 +92,7 @@ class TpeSearch:
         self.startup = default_startup(self.budget) if startup is None else startup
         self.duplicates = 0  # proposals the sampler repeated: told FAIL, never measured
         self._rng = random.Random(seed)
-        self._tried: dict[Key, Outcome | None] = {}  # None: proposed, not reported yet
+        self._tried: dict[Key, TrialOutcome | None] = {}  # None: proposed, not reported yet
         self._numbers: dict[Key, int] = {}  # the Optuna trial that measured each point
         self._pending: dict[int, optuna.trial.Trial] = {}
         self._distributions, self._decode = _distributions(space)
@@ -127,7 +127,7 @@ class TpeSearch:
         self.study.enqueue_trial(self._params(near))
         return self._hold(self._ask(), near, "the untried flag set nearest to a repeat of TPE's")
 
-    def report(self, proposal: Proposal, outcome: Outcome) -> None:
+    def report(self, proposal: Proposal, outcome: TrialOutcome) -> None:
         """Tell the study: FAIL without a value, else the value and each gate's violation."""
         trial = self._pending.pop(proposal.number)
         self._tried[self.space.key(proposal.flags)] = outcome
@@ -223,7 +223,7 @@ class GridSearch:
         self._count += 1
         return Proposal(number=self._count, flags=next(self._points), how="grid")
 
-    def report(self, proposal: Proposal, outcome: Outcome) -> None:
+    def report(self, proposal: Proposal, outcome: TrialOutcome) -> None:
         """A grid measures every point whatever the last one gave."""
 
 

@@ -19,7 +19,7 @@ from typing import Protocol
 from bot.adr.render import format_ms
 from bot.canary.verdict import Gates, gates_from
 from bot.tune.matrix import Row
-from bot.tune.objective import Objective, Outcome, outcome
+from bot.tune.objective import Objective, TrialOutcome, outcome
 from bot.tune.plan import Config, TunePlan
 from bot.tune.runner import write_row
 from bot.tune.search import GridSearch, Proposal, Search, TpeSearch
@@ -43,7 +43,7 @@ class Journal(Protocol):
         """Trial ``proposal.number`` is about to change the engine's flags."""
         ...
 
-    async def trial_ended(self, proposal: Proposal, row: Row, result: Outcome) -> None:
+    async def trial_ended(self, proposal: Proposal, row: Row, result: TrialOutcome) -> None:
         """The trial is measured (or failed) and what served before serves again."""
         ...
 
@@ -109,9 +109,9 @@ async def run_search(
     return SearchResult(rows=rows, pick=pick, search=search, wall_s=time.perf_counter() - started)
 
 
-def _score(objective: Objective, row: Row, gates: Gates) -> Outcome:
+def _score(objective: Objective, row: Row, gates: Gates) -> TrialOutcome:
     if row.values is None or row.report is None:
-        return Outcome(failed=f"{row.failed_at or 'canary'}: {row.error or 'not measured'}")
+        return TrialOutcome(failed=f"{row.failed_at or 'canary'}: {row.error or 'not measured'}")
     return outcome(objective, row.report, gates)
 
 
@@ -144,7 +144,7 @@ def score_text(objective: Objective, value: float | None) -> str:
     return f"{value:,.2f} {unit}"
 
 
-def _said(objective: Objective, result: Outcome) -> str:
+def _said(objective: Objective, result: TrialOutcome) -> str:
     if result.failed is not None:
         return f"FAILED (never tried again): {result.failed}"
     verdict = "meets the gates" if result.feasible else "misses the gates (infeasible)"

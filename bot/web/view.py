@@ -164,7 +164,7 @@ class RemediationCard:
 
 
 @dataclass(frozen=True)
-class CanaryRun:
+class CanaryRunView:
     """One canary run and its verdict."""
 
     label: str
@@ -206,7 +206,7 @@ class IncidentPage:
     chart_history: bool  # the chart has the metric's Prometheus history beside the window
     adrs: list[AdrCard]
     remediations: list[RemediationCard]
-    canaries: list[CanaryRun]
+    canaries: list[CanaryRunView]
     drafts: list[DraftCard]
     timeline: list[Event]
     notes: list[str] = field(default_factory=list)
@@ -393,9 +393,9 @@ def _flag(value: object) -> str:
     return str(value)
 
 
-def _canary(c: CanaryRow) -> CanaryRun:
+def _canary(c: CanaryRow) -> CanaryRunView:
     values = values_of(c.report)
-    return CanaryRun(
+    return CanaryRunView(
         label=c.label,
         at=when(c.at),
         passed=c.passed,

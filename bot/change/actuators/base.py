@@ -56,6 +56,9 @@ class Actuator(Protocol):
     """Changes one target's vLLM flags; see the module docstring for the contract."""
 
     kind: str
+    # a capability, not a kind to compare with: False for one that changes nothing (dry run),
+    # so a before-run, a tuning trial or a canary there would measure what serves now
+    changes_flags: bool
 
     async def current(self) -> Deployed:
         """What serves now."""

@@ -10,6 +10,7 @@ class DryRunActuator:
     """Reports the flags it was given as if applied; nothing runs, so there is no canary."""
 
     kind = "dry-run"
+    changes_flags = False
 
     def __init__(self, *, vllm_url: str) -> None:
         self._url = vllm_url

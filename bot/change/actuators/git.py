@@ -72,6 +72,7 @@ class GitActuator:
     """Changes a target's vLLM flags by committing them to its deployment repository."""
 
     kind = "git"
+    changes_flags = True
 
     def __init__(
         self,

@@ -88,6 +88,7 @@ class KubernetesActuator:
     """Changes the vLLM flags of one Deployment (after a canary Deployment, when configured)."""
 
     kind = "kubernetes"
+    changes_flags = True
 
     def __init__(
         self,

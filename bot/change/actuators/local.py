@@ -39,6 +39,7 @@ class LocalActuator:
     """Restart the engine on ``vllm_url``'s port with new flags; keep the old ones to go back."""
 
     kind = "local"
+    changes_flags = True
 
     def __init__(
         self, spec: LocalActuatorSpec, *, vllm_url: str, manager: EngineManager | None = None
