@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dis
 import json
 import re
@@ -42,6 +43,7 @@ import sys
 import tempfile
 import threading
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
@@ -58,7 +60,7 @@ from bot.remediation.gate import GateRun  # noqa: E402
 from bot.store.models import AdrDraft, Remediation  # noqa: E402
 from tests.fakes.alerts import alert  # noqa: E402
 from tests.fakes.alerts import body as alert_body  # noqa: E402
-from tests.fakes.bot import harness  # noqa: E402
+from tests.fakes.bot import Harness, harness  # noqa: E402
 from tests.fakes.clock import FakeTime  # noqa: E402
 from tests.fakes.kube_api import FakeKube, KubeActuators  # noqa: E402
 from tests.fakes.slack_api import FakeSlack  # noqa: E402
@@ -130,6 +132,21 @@ class Walk:
             self._entry[code] = offsets[0] if offsets else 0
         return self._entry[code]
 
+    @contextlib.contextmanager
+    def on(self, h: Harness) -> Iterator[None]:
+        """Count what the block makes the bot do (its start, adr/ imported, is not counted)."""
+        h.bot.remediation.card._adrs.sync()
+        event.listen(h.bot.db.engine, "before_cursor_execute", self.statement)
+        try:
+            self.counting = True
+            sys.setprofile(self)
+            threading.setprofile(self)
+            yield
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)
+            self.counting = False
+
     def statement(self, conn: object, cursor: object, statement: str, *args: object) -> None:
         """An engine's before_cursor_execute: count each SELECT by the table it reads."""
         if self.counting and statement.lstrip().upper().startswith("SELECT"):
@@ -182,12 +199,7 @@ async def one_change(walk: Walk, tmp: Path) -> str:
             tmp, slack=slack, bot_options={"actuator_for": actuators, "gate": passing},
             targets={"prod-a": {"vllm_url": "http://10.0.0.5:8000", "actuator": spec}},
         )  # fmt: skip
-        h.bot.remediation.card._adrs.sync()  # the bot's start: adr/ imported (not counted)
-        event.listen(h.bot.db.engine, "before_cursor_execute", walk.statement)
-        try:
-            walk.counting = True
-            sys.setprofile(walk)
-            threading.setprofile(walk)
+        with walk.on(h):
             await h.slash(f"{ADR} prod-a", command="/apply-adr")
             await slack.until("response_url")  # the answer: the card is posted and remembered
             await h.bot.tasks.drain()
@@ -196,10 +208,6 @@ async def one_change(walk: Walk, tmp: Path) -> str:
                 _buttons(card)["remediation_approve"], user="U2", action_id="remediation_approve"
             )
             await h.bot.tasks.drain()
-        finally:
-            sys.setprofile(None)
-            threading.setprofile(None)
-            walk.counting = False
         try:
             with h.bot.db.transaction() as s:
                 (rem,) = s.scalars(select(Remediation)).all()
@@ -216,19 +224,10 @@ async def one_alert(walk: Walk, tmp: Path) -> str:
     the incident's state and how many Slack messages it has."""
     with FakeSlack() as slack:
         h = harness(tmp, slack=slack, matching_adr=True)
-        h.bot.remediation.card._adrs.sync()  # the bot's start: adr/ imported (not counted)
-        event.listen(h.bot.db.engine, "before_cursor_execute", walk.statement)
-        try:
-            walk.counting = True
-            sys.setprofile(walk)
-            threading.setprofile(walk)
+        with walk.on(h):
             response = await h.webhook(alert_body(alert()))
             await slack.until("chat.update")
             await h.bot.tasks.drain()
-        finally:
-            sys.setprofile(None)
-            threading.setprofile(None)
-            walk.counting = False
         try:
             return f"{response.json()['outcome']}, {len(slack.of('chat.postMessage'))} messages"
         finally:

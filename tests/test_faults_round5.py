@@ -73,6 +73,19 @@ def fleet_harness(
     return harness(tmp_path, slack=slack, transport=fetched, targets={"prod-a": prod_a})
 
 
+async def discover(
+    tmp_path: Path, slack: FakeSlack, kube_url: str, **target: Any
+) -> tuple[str, list[str]]:
+    """A /diagnose of prod-a (Service inference/vllm); what the thread shows and every URL the
+    bot fetched."""
+    fetched = Recording()
+    h = fleet_harness(tmp_path, slack, kube_url, fetched, **target)
+    try:
+        return await diagnose(h, slack), fetched.urls
+    finally:
+        await h.close()
+
+
 async def diagnose(h: Harness, slack: FakeSlack) -> str:
     """/diagnose prod-a to its end; every block the bot posted, as one JSON text."""
     await h.slash("prod-a")
@@ -104,13 +117,8 @@ async def test_a_discovered_address_outside_the_pod_networks_is_never_fetched(
     kube.add_endpoint_slice("vllm", [{"ip": "10.1.0.7", "pod": "vllm-0"}])
     hostile = kube.add_endpoint_slice("vllm", [{"ip": address, "pod": "vllm-1"}])
     hostile["addressType"] = family
-    fetched = Recording()
-    h = fleet_harness(tmp_path, slack, kube_url, fetched)
-    try:
-        shown = await diagnose(h, slack)
-    finally:
-        await h.close()
-    assert fetched.urls == []  # not even the good replica: a fleet read partly is no fleet
+    shown, urls = await discover(tmp_path, slack, kube_url)
+    assert urls == []  # not even the good replica: a fleet read partly is no fleet
     assert "endpoint address(es) refused, nothing was scraped" in shown
     assert why in shown
     assert "kubernetes_networks" in shown
@@ -122,13 +130,8 @@ async def test_a_listed_loopback_network_is_fetched(
 ) -> None:
     """The check is the config's, not a blanket refusal: a network listed on purpose is read."""
     kube.add_endpoint_slice("vllm", [{"ip": "127.0.0.9", "pod": "vllm-0"}])
-    fetched = Recording()
-    h = fleet_harness(tmp_path, slack, kube_url, fetched, kubernetes_networks=["127.0.0.0/8"])
-    try:
-        await diagnose(h, slack)
-    finally:
-        await h.close()
-    assert fetched.urls and {u for u in fetched.urls} == {"http://127.0.0.9:8000/metrics"}
+    _, urls = await discover(tmp_path, slack, kube_url, kubernetes_networks=["127.0.0.0/8"])
+    assert urls and {u for u in urls} == {"http://127.0.0.9:8000/metrics"}
 
 
 async def test_a_wide_network_does_not_let_in_the_metadata_address(
@@ -136,13 +139,8 @@ async def test_a_wide_network_does_not_let_in_the_metadata_address(
 ) -> None:
     """0.0.0.0/0 lists every address, but not the special blocks on purpose."""
     kube.add_endpoint_slice("vllm", [{"ip": "169.254.169.254", "pod": "vllm-0"}])
-    fetched = Recording()
-    h = fleet_harness(tmp_path, slack, kube_url, fetched, kubernetes_networks=["0.0.0.0/0"])
-    try:
-        shown = await diagnose(h, slack)
-    finally:
-        await h.close()
-    assert fetched.urls == []
+    shown, urls = await discover(tmp_path, slack, kube_url, kubernetes_networks=["0.0.0.0/0"])
+    assert urls == []
     assert "169.254.169.254 is a link-local address" in shown
 
 
@@ -151,13 +149,8 @@ async def test_more_endpoints_than_the_cap_are_refused_before_any_scrape(
 ) -> None:
     """Reproduction: 100 endpoints were 100 scrapes."""
     kube.add_endpoint_slice("vllm", [{"ip": f"10.1.{n // 250}.{n % 250 + 1}"} for n in range(100)])
-    fetched = Recording()
-    h = fleet_harness(tmp_path, slack, kube_url, fetched, kubernetes_max_replicas=64)
-    try:
-        shown = await diagnose(h, slack)
-    finally:
-        await h.close()
-    assert fetched.urls == []
+    shown, urls = await discover(tmp_path, slack, kube_url, kubernetes_max_replicas=64)
+    assert urls == []
     assert "lists more than 64 ready endpoints: nothing was scraped" in shown
 
 
@@ -197,13 +190,8 @@ async def test_a_malformed_slice_is_said_not_a_traceback(
     """Reproduction: a port that is an object, or endpoints that are a string, gave "probe
     failed unexpectedly" with a traceback."""
     spoil(kube.add_endpoint_slice("vllm", [{"ip": "10.1.0.7", "pod": "vllm-0"}]))
-    fetched = Recording()
-    h = fleet_harness(tmp_path, slack, kube_url, fetched)
-    try:
-        shown = await diagnose(h, slack)
-    finally:
-        await h.close()
-    assert fetched.urls == []
+    shown, urls = await discover(tmp_path, slack, kube_url)
+    assert urls == []
     assert said in shown
     assert "unexpected" not in shown and "Traceback" not in shown
 

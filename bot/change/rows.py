@@ -12,7 +12,7 @@ import datetime as dt
 from collections.abc import Callable
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Executable, or_, update
+from sqlalchemy import ColumnElement, Executable, or_, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
@@ -45,6 +45,13 @@ def beat(session: Session, change_id: int, *, runner: str) -> bool:
         .values(heartbeat_at=db_now())
     )
     return rowcount(session, query) == 1
+
+
+def stale(session: Session, *, older_than_s: float) -> list[Change]:
+    """Every change, of any kind, whose run was silent longer than the limit (database
+    clock): its process died, and the next bot takes it over (bot.change.resume)."""
+    query = select(Change).where(Change.state.in_(list(RUNS)), silent(older_than_s))
+    return list(session.scalars(query.order_by(Change.id)).all())
 
 
 class ChangeRecords:

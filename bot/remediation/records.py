@@ -387,19 +387,6 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
 
         return await asyncio.to_thread(run)
 
-    async def stale(self, *, older_than_s: float, states: Iterable[str]) -> list[Remediation]:
-        """Remediations in ``states`` whose run was silent longer than the limit, judged on
-        the database's clock (replica clocks may disagree)."""
-
-        def run() -> list[Remediation]:
-            with self._db.transaction() as s:
-                query = select(Remediation).where(
-                    Remediation.state.in_(list(states)), rows.silent(older_than_s)
-                )
-                return list(s.scalars(query.order_by(Remediation.id)).all())
-
-        return await asyncio.to_thread(run)
-
     async def expired_pending(self) -> list[Remediation]:
         """Pending remediations whose buttons have expired."""
 

@@ -24,6 +24,8 @@ from bot.change.argv import diff, merge
 from bot.change.exclusion import TargetBusy, refusal
 from bot.change.liveness import LostRun, Sleep, owned
 from bot.change.policy import Policy
+from bot.change.resume import Restorer
+from bot.change.resume import resume as resume_changes
 from bot.chat.messages import MessageRef
 from bot.config import Settings, Target
 from bot.errors import UsageError
@@ -38,14 +40,15 @@ from bot.runtime.ids import replica_id
 from bot.runtime.tasks import TaskSupervisor
 from bot.store import buttons
 from bot.store.db import Database
-from bot.store.models import ActionToken, Remediation
-from bot.store.states import ACTIVE, ChangeState
-from bot.tune.on_target import restore_stale
+from bot.store.models import ActionToken, Change, Remediation
+from bot.store.states import ChangeKind, ChangeState
+from bot.tune.on_target import SessionRestorer
 from bot.tune.records import TuneRecords
 
 log = logging.getLogger("ruleloop.remediation")
 
 S = ChangeState
+K = ChangeKind
 ThreadFinder = Callable[[int, str | None], Awaitable[MessageRef]]
 AfterChange = Callable[[int, str, Adr | None], Awaitable[None]]  # incident, author, its ADR
 
@@ -70,6 +73,7 @@ class RemediationService:
         sleep: Sleep = asyncio.sleep,
     ) -> None:
         self.settings = settings
+        self._db = db
         self.records = RemediationRecords(db=db, clock=clock)
         self.tuning = TuneRecords(db=db, clock=clock)
         self.policy = Policy(settings)
@@ -281,46 +285,52 @@ class RemediationService:
 
     # --- housekeeping (at startup and on a schedule) ----------------------------------------
     async def resume(self, *, stale_s: float | None = None) -> int:
-        """Finish what a stopped replica left half done: roll back to the recorded flags.
+        """Finish what a stopped replica left half done, of every kind of change (the one
+        resume path, ``bot.change.resume``): a remediation rolled back to its recorded flags
+        (``take_over``), a tuning session or drift before-run restored
+        (``bot.tune.on_target.SessionRestorer``).
 
         Stale means no step or heartbeat for ``stale_s`` (default ``[remediation]
         stale_after_s``) on the database's clock; taking a change over is one conditional
-        UPDATE that checks it again, so a run that beat meanwhile keeps its change. A tuning
-        session (`ruleloop tune --target`) whose process died is restored the same way
-        (``bot.tune.on_target.restore_stale``). How many were taken over."""
+        UPDATE that checks it again, so a run that beat meanwhile keeps its change. How many
+        were taken over."""
         if stale_s is None:
             stale_s = self.settings.remediation.stale_after_s
-        taken = 0
-        for rem in await self.records.stale(older_than_s=stale_s, states=ACTIVE):
-            runner = replica_id()
-            won = await self.records.step(
-                rem.id,
-                to_state=S.ROLLING_BACK if rem.state != S.APPROVED else S.INTERRUPTED,
-                action="remediation.resumed",
-                detail={"found_in": rem.state, "was_run_by": rem.runner},
-                from_states=[rem.state],
-                stale_s=stale_s,
-                runner=runner,
-            )
-            if not won:
-                continue  # another replica took it, or its run beat again meanwhile
-            taken += 1
-            if rem.state == S.APPROVED:  # nothing was applied yet
-                note = "the bot restarted before applying; nothing was changed"
-                await self.card.show(rem.id, note=note)
-                continue
-            reason = f"the bot restarted while this change was {rem.state}"
-
-            async def roll_back(change: ChangeRun, reason: str = reason) -> None:
-                await change.roll_back(reason=reason, expect=[S.ROLLING_BACK])
-
-            await self._owned(rem, runner, roll_back)
-        taken += await restore_stale(
-            self.settings, self.tuning, actuator_for=self._actuator_for, stale_s=stale_s
-        )
+        sessions = SessionRestorer(self.settings, self.tuning, self._actuator_for)
+        restorers: dict[str, Restorer] = {
+            K.REMEDIATION: self, K.TUNING: sessions, K.DRIFT_BEFORE_RUN: sessions,
+        }  # fmt: skip
+        taken = await resume_changes(self._db, restorers, stale_s=stale_s)
         # what a dead run (or an Alertmanager that did not answer) left silenced
         await self.silencer.sweep()
         return taken
+
+    async def take_over(self, change: Change, *, stale_s: float) -> bool:
+        """Roll back a remediation whose run went silent (one nothing was applied for yet is
+        marked interrupted); True when this process took it over."""
+        assert isinstance(change, Remediation), change.kind
+        rem, runner = change, replica_id()
+        won = await self.records.step(
+            rem.id,
+            to_state=S.ROLLING_BACK if rem.state != S.APPROVED else S.INTERRUPTED,
+            action="remediation.resumed",
+            detail={"found_in": rem.state, "was_run_by": rem.runner},
+            from_states=[rem.state],
+            stale_s=stale_s,
+            runner=runner,
+        )
+        if won is None:
+            return False  # another replica took it, or its run beat again meanwhile
+        if rem.state == S.APPROVED:  # nothing was applied yet
+            await self.card.show(won, note="the bot restarted before applying; nothing was changed")
+            return True
+        reason = f"the bot restarted while this change was {rem.state}"
+
+        async def roll_back(change: ChangeRun) -> None:
+            await change.roll_back(reason=reason, expect=[S.ROLLING_BACK])
+
+        await self._owned(won, runner, roll_back)
+        return True
 
     async def expire_due(self) -> int:
         """Pending requests whose buttons expired: mark them expired and say so on the card."""

@@ -13,7 +13,7 @@ It changes the target, so only where the target's config says so
 change's rules: it holds the target as a tuning session does (``bot.tune.records``: one change
 at a time per target, recorded before the first change, heartbeats), and the flags that served
 are restored whatever happens; a bot that dies mid-run leaves a silent session, which the
-bot's resume restores (``bot.tune.on_target.restore_stale``).
+bot's resume restores (``bot.tune.on_target.SessionRestorer``).
 """
 
 from __future__ import annotations

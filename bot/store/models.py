@@ -164,7 +164,8 @@ class Change(Base):
             postgresql_where=text(_HOLDS_SQL),
         ),
     )
-    __mapper_args__ = {"polymorphic_on": "kind"}
+    # every kind's columns loaded with the row, so a change read as Change is whole when detached
+    __mapper_args__ = {"polymorphic_on": "kind", "with_polymorphic": "*"}
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(24), index=True)

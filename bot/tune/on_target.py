@@ -11,8 +11,9 @@ A session is a change to the target, so it is held to a change's rules:
 - recorded before its first change (``TuneRecords.begin``, with ``before``, the actuator's
   record of what served), every trial written before it changes the target, with heartbeats;
 - restored by whoever finds it silent: this process at the end (or on Ctrl-C / SIGTERM), else
-  `ruleloop tune --target NAME --restore`, or the bot's resume (``restore_stale``) after a
-  kill -9, which rolls back to ``before`` exactly as a stopped remediation is rolled back.
+  `ruleloop tune --target NAME --restore`, or the bot's resume (``SessionRestorer``, through
+  bot.change.resume) after a kill -9, which rolls back to ``before`` exactly as a stopped
+  remediation is rolled back.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from bot.change.serving import verify_serving
 from bot.config import Settings, Target
 from bot.errors import EngineError, RuleloopError, UsageError
 from bot.runtime.ids import process_alive, replica_id
-from bot.store.models import TuneSession
+from bot.store.models import Change, TuneSession
 from bot.store.readings import ROLLBACK_FAILED
 from bot.tune.matrix import Row
 from bot.tune.objective import TrialOutcome
@@ -437,27 +438,29 @@ async def restore_session(
     return True
 
 
-async def restore_stale(
-    settings: Settings,
-    records: TuneRecords,
-    *,
-    actuator_for: ActuatorFactory,
-    stale_s: float,
-    echo: Echo = lambda line: None,
-) -> int:
-    """Restore every session silent ``stale_s`` (the bot's resume, at start and on schedule);
-    how many this process restored. A failed restore is logged, marked failed and counted by
-    the rollback-failed alert; the others go on."""
-    done = 0
-    for row in await records.stale(older_than_s=stale_s):
+@dataclass(frozen=True)
+class SessionRestorer:
+    """The restorer of tuning sessions and drift before-runs for the one resume path
+    (bot.change.resume): a silent one's target gets back the flags it found."""
+
+    settings: Settings
+    records: TuneRecords
+    actuator_for: ActuatorFactory
+    echo: Echo = lambda line: None
+
+    async def take_over(self, change: Change, *, stale_s: float) -> bool:
+        """Restore ``change`` (a TuneSession) if still silent; True when this process did. A
+        failed restore is logged, marked failed and counted by the rollback-failed alert."""
+        assert isinstance(change, TuneSession), change.kind
         try:
-            name, spec = settings.target(row.target)
-            async with opened(actuator_for, name, spec) as actuator:
-                if await restore_session(records, row, actuator, stale_s=stale_s, echo=echo):
-                    done += 1
+            name, spec = self.settings.target(change.target)
+            async with opened(self.actuator_for, name, spec) as actuator:
+                return await restore_session(
+                    self.records, change, actuator, stale_s=stale_s, echo=self.echo
+                )
         except (RuleloopError, LostRun) as exc:
-            log.error("tuning session %s on %s: restore failed: %s", row.id, row.target, exc)
-    return done
+            log.error("tuning session %s on %s: restore failed: %s", change.id, change.target, exc)
+            return False
 
 
 async def restore_target_session(

@@ -149,20 +149,6 @@ class TuneRecords(rows.ChangeRecords):
 
         return await asyncio.to_thread(run)
 
-    async def stale(self, *, older_than_s: float, target: str | None = None) -> list[TuneSession]:
-        """Sessions in flight whose run was silent longer than the limit (database clock)."""
-
-        def run() -> list[TuneSession]:
-            with self._db.transaction() as s:
-                query = select(TuneSession).where(
-                    TuneSession.state.in_(list(TUNING)), rows.silent(older_than_s)
-                )
-                if target is not None:
-                    query = query.where(TuneSession.target == target)
-                return list(s.scalars(query.order_by(TuneSession.id)).all())
-
-        return await asyncio.to_thread(run)
-
     async def take_over(
         self, session_id: int, *, runner: str, stale_s: float | None, was_run_by: str | None
     ) -> bool:
