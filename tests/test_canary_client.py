@@ -151,7 +151,7 @@ async def test_canary_impatient_share_cancels_after_n_tokens() -> None:
         )  # fmt: skip
         assert check(workload) == []
         run = CanaryRun(workload, metrics_url=None)
-        report = (await run.run()).as_dict()
+        report = (await run.run()).report().json_dict()
     cancelled = [r for r in run.records if r.outcome is Outcome.CANCELLED]
     ok = [r for r in run.records if r.outcome is Outcome.OK]
     assert cancelled and ok and len(cancelled) + len(ok) == 16
@@ -175,7 +175,7 @@ async def test_a_run_shorter_than_one_sample_interval_is_sampled_at_the_first_to
             prompt_length=8, output_length=4,
         )  # fmt: skip
         run = CanaryRun(workload, metrics_url=f"{engine.base_url}/metrics", sample_interval_s=3600)
-        report = (await run.run()).as_dict()
+        report = (await run.run()).report().json_dict()
     frag = report["kv_fragmentation"]
     assert (frag["samples"], frag["samples_with_kv"]) == (1, 1)
     assert 0.0 <= frag["observed"] <= 1.0

@@ -8,6 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
@@ -15,6 +16,9 @@ from bot.cli.canary import canary
 from bot.engine.process import EngineInfo, free_port
 
 pytestmark = pytest.mark.engine
+SCHEMA = json.loads(
+    (Path(__file__).parent.parent / "docs" / "canary-report.schema.json").read_text()
+)
 
 SMALL = [
     "--num-requests",
@@ -37,6 +41,8 @@ def run(args: list[str]) -> tuple[int, str, dict | None, str]:
             canary, [*args, "--output-json", str(path)], catch_exceptions=False
         )
         report = json.loads(path.read_text()) if path.exists() else None
+    if report is not None:  # every report the CLI writes is the documented schema's
+        jsonschema.validate(report, SCHEMA)
     return result.exit_code, result.stdout, report, result.stderr
 
 

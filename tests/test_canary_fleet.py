@@ -63,7 +63,7 @@ async def test_one_pods_page_under_a_fleets_traffic_is_not_full_goodput_and_fail
         run = CanaryRun(
             workload(f.endpoint), gates=GATES, metrics_url=f"{f.pods[0].base_url}/metrics"
         )
-        report = (await run.run()).as_dict()
+        report = (await run.run()).report().json_dict()
     assert report["tokens"]["delivered"] == REQUESTS * OUTPUT
     assert report["tokens"]["engine_generated"] == REQUESTS * OUTPUT / 2
     assert report["goodput_ratio"] is None  # was min(2.0, 1.0): 100 %
@@ -79,7 +79,7 @@ async def test_one_pods_page_under_a_fleets_traffic_is_not_full_goodput_and_fail
 async def test_every_replica_merged_reads_the_whole_fleet_and_passes() -> None:
     async with fleet([0.5, 0.5]) as f:
         run = CanaryRun(workload(f.endpoint), gates=GATES, replicas=[p.base_url for p in f.pods])
-        report = (await run.run()).as_dict()
+        report = (await run.run()).report().json_dict()
         assert all(p.scrapes >= 2 for p in f.pods)
     assert report["tokens"]["engine_generated"] == REQUESTS * OUTPUT
     assert report["goodput_ratio"] == pytest.approx(1.0)
@@ -93,7 +93,7 @@ async def test_a_fleet_that_wasted_tokens_fails_the_gate_on_the_merged_read() ->
     # The pods generated twice what reached clients (work for requests that were abandoned).
     async with fleet([0.5, 0.5], generated=2.0) as f:
         run = CanaryRun(workload(f.endpoint), gates=GATES, replicas=[p.base_url for p in f.pods])
-        report = (await run.run()).as_dict()
+        report = (await run.run()).report().json_dict()
     assert report["goodput_ratio"] == pytest.approx(0.5)
     (gate,) = [g for g in report["gates"] if g["name"] == "min_goodput_ratio"]
     assert not gate["passed"] and "50" in gate["reason"]
@@ -106,7 +106,7 @@ async def test_a_counting_difference_within_the_tolerance_is_shown_as_measured_n
         run = CanaryRun(
             workload(f.endpoint), gates=GATES, metrics_url=f"{f.pods[0].base_url}/metrics"
         )
-        report = (await run.run()).as_dict()
+        report = (await run.run()).report().json_dict()
     assert report["goodput_source"] == "engine"
     assert report["goodput_ratio"] == pytest.approx(1 / 0.99)  # above 1: never clamped
     assert report["passed"]

@@ -46,7 +46,7 @@ async def test_pulse_sends_from_burst_streams_only_during_bursts() -> None:
     async with SseEngine(token_delay_s=0.025) as engine:
         workload = Workload(**{**PULSE.__dict__, "endpoint": f"{engine.base_url}/v1/completions"})
         run = CanaryRun(workload)
-        report = (await run.run()).as_dict()
+        report = (await run.run()).report().json_dict()
     records = run.records
     assert all(r.outcome is Outcome.OK for r in records) and report["passed"]
     assert report["workload"]["pattern"]["kind"] == "pulse"
@@ -82,7 +82,7 @@ async def test_no_vllm_metrics_beside_the_endpoint_is_a_warning_and_client_side_
     async with SseEngine() as engine:  # serves completions; /metrics is a 404 there
         workload = Workload(endpoint=f"{engine.base_url}/v1/completions", num_requests=4)
         run = CanaryRun(workload, discover_metrics=True)
-        report = (await run.run()).as_dict()
+        report = (await run.run()).report().json_dict()
         base = engine.base_url
     assert report["engine"] is None and report["workload"]["metrics_url"] is None
     assert report["goodput_source"].startswith("client")

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bot.canary.client import Outcome, RequestRecord
-from bot.canary.report import CanaryReport, slo_attainment, summarize
+from bot.canary.report import CanaryMeasurement, slo_attainment, summarize
 from bot.canary.shape_replay import fixed_shape
 from bot.canary.verdict import Gates, values_of
 from bot.canary.workload import Workload
@@ -82,10 +82,10 @@ def test_resident_lengths_counts_shared_prefix_once() -> None:
 def test_summarize_uses_linear_interpolation_like_numpy() -> None:
     values = [float(v) for v in range(1, 101)]
     out = summarize(values)
-    assert out["p99"] == pytest.approx(np.percentile(values, 99))
-    assert out["p50"] == pytest.approx(50.5)
-    assert out["mean"] == pytest.approx(50.5)
-    assert summarize([]) == {
+    assert out.p99 == pytest.approx(np.percentile(values, 99))
+    assert out.p50 == pytest.approx(50.5)
+    assert out.mean == pytest.approx(50.5)
+    assert summarize([]).model_dump() == {
         "p50": None, "p90": None, "p99": None, "mean": None, "count": 0, "infinite": 0
     }  # fmt: skip
 
@@ -114,8 +114,8 @@ def test_slo_attainment_counts_ok_requests_within_both_limits() -> None:
     assert slo_attainment(records, ttft_ms=None, tpot_ms=None) == pytest.approx(3 / 4)
 
 
-def make_report(records, gates: Gates, samples=()) -> CanaryReport:
-    return CanaryReport(
+def make_report(records, gates: Gates, samples=()) -> CanaryMeasurement:
+    return CanaryMeasurement(
         shape=SHAPE, workload={}, records=records, engine=None, samples=list(samples), gates=gates,
         wall_s=1.0, client_cpu_s=0.1,
     )  # fmt: skip
@@ -155,7 +155,11 @@ def test_report_json_has_the_contract_keys() -> None:
     sample = FragmentationSample(
         at=0.1, observed=0.2, internal=0.1, resident_tokens=10, kv_usage=0.1
     )
-    data = make_report([record(0.1, 1.1, 11)], Gates(max_ttft_p99_ms=500), [sample]).as_dict()
+    data = (
+        make_report([record(0.1, 1.1, 11)], Gates(max_ttft_p99_ms=500), [sample])
+        .report()
+        .json_dict()
+    )
     for key in (
         "ttft_ms",
         "tpot_ms",
@@ -197,7 +201,7 @@ def test_goodput_reads_the_engine_when_it_served_the_canary_alone() -> None:
     records = [record(0.1, 1.1, 30), record(0.1, 1.1, 30)]
     report = replace(make_report(records, Gates()), engine=engine_window(finished=2, generated=80))
     assert report.goodput_ratio() == (pytest.approx(60 / 80), "engine")
-    assert report.numbers()["other_clients_requests"] == 0
+    assert report.numbers().other_clients_requests == 0
 
 
 def test_goodput_beside_other_clients_reads_the_canarys_own_requests() -> None:
@@ -209,4 +213,4 @@ def test_goodput_beside_other_clients_reads_the_canarys_own_requests() -> None:
     )
     value, source = shared.goodput_ratio()
     assert value == pytest.approx(1.0) and source.startswith("shared (the engine also ended 40 ")
-    assert values_of(shared.as_dict()).goodput_source == "shared"
+    assert values_of(shared.report()).goodput_source == "shared"

@@ -359,7 +359,7 @@ async def test_a_replay_sends_the_shapes_lengths_and_reports_the_shape() -> None
         p.prompt_tokens for p in expected
     )
     assert report.shape is shape
-    data = report.as_dict()
+    data = report.report().json_dict()
     assert data["workload_shape"] == shape.model_dump(mode="json")
     json.dumps(data)  # the whole report is JSON
     assert data["workload"]["pattern"] == pattern(workload) == {
@@ -380,10 +380,10 @@ async def test_a_fixed_run_reports_the_shape_its_parameters_describe() -> None:
             prompt_length=40, prefix_length=8, output_length=4,
         )  # fmt: skip
         report = await CanaryRun(workload).run()
-    shape = report.as_dict()["workload_shape"]
+    shape = report.report().json_dict()["workload_shape"]
     assert shape["source"] == FIXED_SOURCE
     assert shape["prompt_tokens"]["buckets"]["50"] == 1.0
     assert shape["output_tokens"]["buckets"]["5"] == 1.0
     assert shape["prefix"]["groups"] == [{"share": 1.0, "length": 8}]
     assert shape["arrivals"]["concurrency"] == 3.0 and shape["arrivals"]["request_rate"] > 0
-    assert report.as_dict()["workload"]["shape"] is None
+    assert report.report().json_dict()["workload"]["shape"] is None

@@ -191,7 +191,7 @@ async def test_the_canary_counts_the_tokens_of_events_framed_with_crlf_or_cr(
 ) -> None:
     async with FramedEngine(end, split=split) as engine:
         run = CanaryRun(workload(engine), metrics_url=None)
-        report = (await asyncio.wait_for(run.run(), GUARD_S)).as_dict()
+        report = (await asyncio.wait_for(run.run(), GUARD_S)).report().json_dict()
     assert engine.completed == 4
     assert [(r.outcome, r.output_tokens) for r in run.records] == [(Outcome.OK, 5)] * 4
     assert report["tokens"]["delivered"] == 20 and report["tpot_ms"]["count"] == 4
@@ -201,7 +201,7 @@ async def test_the_canary_counts_the_tokens_of_events_framed_with_crlf_or_cr(
 async def test_the_last_event_of_a_body_that_ends_without_its_blank_line_still_counts() -> None:
     async with FramedEngine(b"\r\n", unterminated=True) as engine:
         run = CanaryRun(workload(engine), metrics_url=None)
-        report = (await asyncio.wait_for(run.run(), GUARD_S)).as_dict()
+        report = (await asyncio.wait_for(run.run(), GUARD_S)).report().json_dict()
     assert [(r.outcome, r.output_tokens) for r in run.records] == [(Outcome.OK, 5)] * 4
     assert report["passed"]
 
@@ -209,7 +209,7 @@ async def test_the_last_event_of_a_body_that_ends_without_its_blank_line_still_c
 async def test_a_run_whose_events_carry_no_tokens_is_not_measured_and_fails() -> None:
     async with FramedEngine(b"\n", tokens=False) as engine:
         run = CanaryRun(workload(engine), metrics_url=None)
-        report = (await asyncio.wait_for(run.run(), GUARD_S)).as_dict()
+        report = (await asyncio.wait_for(run.run(), GUARD_S)).report().json_dict()
     assert report["requests"]["ok"] == 4 and report["tokens"]["streamed"] == 0
     assert not report["passed"]
     failed = [g for g in report["gates"] if not g["passed"]]

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from bot.adr.models import AdrGates
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.render import summary_table
-from bot.canary.report import CanaryReport
+from bot.canary.report import CanaryMeasurement
+from bot.canary.schema import CanaryReport as Report
 from bot.canary.shape_replay import fixed_shape
 from bot.canary.verdict import (
     DEFAULT_MAX_ERROR_RATE,
@@ -24,7 +25,6 @@ from bot.canary.verdict import (
     judge_values,
     judged,
     values_of,
-    with_verdict,
 )
 from bot.canary.workload import Workload
 from bot.errors import UsageError
@@ -59,8 +59,8 @@ def silent() -> RequestRecord:
     return r
 
 
-def report_of(records: list[RequestRecord], gates: Gates = GATES) -> CanaryReport:
-    return CanaryReport(
+def report_of(records: list[RequestRecord], gates: Gates = GATES) -> CanaryMeasurement:
+    return CanaryMeasurement(
         shape=SHAPE, workload={}, records=records, engine=None, samples=[], gates=gates, wall_s=1.0,
         client_cpu_s=0.1,
     )  # fmt: skip
@@ -89,14 +89,14 @@ def test_judge_values_says_which_gate_and_by_how_much(values: Values, failures: 
 
 
 def test_the_seed_gate_fails_a_release_whose_requests_are_99_percent_429() -> None:
-    data = report_of([ok(0.05)] + [failed() for _ in range(99)]).as_dict()
+    data = report_of([ok(0.05)] + [failed() for _ in range(99)]).report().json_dict()
     assert data["passed"] is False
     failed_gates = {g["name"]: g for g in data["gates"] if not g["passed"]}
     assert set(failed_gates) == {"max_ttft_p99_ms", "max_tpot_p99_ms", "max_error_rate"}
     assert failed_gates["max_error_rate"]["reason"] == "error rate 99% > 1%"
     assert data["requests"]["failed_by_cause"] == {"HTTP 429": 99}
     assert data["ttft_ms"]["p99"] is None and data["ttft_ms"]["infinite"] == 99
-    table = summary_table(data)
+    table = summary_table(Report.of(data))
     assert "failed by cause: 99 x HTTP 429" in table
     assert "TTFT p99             ∞ (failed requests)" in table
     assert table.rstrip().endswith("verdict: GATE FAILED")
@@ -118,13 +118,13 @@ NOT_MEASURED = (
 
 def test_a_run_whose_requests_succeeded_without_tokens_fails_as_not_measured() -> None:
     # Once a canary read no event of a CRLF-framed server: 4 ok, 0 tokens, "all gates passed".
-    data = report_of([silent()] * 4, Gates()).as_dict()
+    data = report_of([silent()] * 4, Gates()).report().json_dict()
     assert data["passed"] is False and data["error_rate"] == 0.0
     assert [(g["name"], g["passed"]) for g in data["gates"]] == [
         ("measured", False), ("max_error_rate", True),
     ]  # fmt: skip
     assert data["gates"][0]["reason"] == NOT_MEASURED
-    table = summary_table(data)
+    table = summary_table(Report.of(data))
     assert f"FAIL  measured: {NOT_MEASURED}" in table
     assert table.rstrip().endswith("verdict: GATE FAILED")
 
@@ -153,13 +153,15 @@ def test_a_run_where_some_requests_streamed_tokens_was_measured() -> None:
 
 
 def test_values_of_reads_the_ok_requests_and_their_tokens() -> None:
-    values = values_of({"requests": {"ok": 4, "total": 5, "failed": 1}, "tokens": {"delivered": 0}})
+    values = values_of(
+        Report.of({"requests": {"ok": 4, "total": 5, "failed": 1}, "tokens": {"delivered": 0}})
+    )
     assert (values.ok, values.delivered_tokens) == (4, 0)
-    assert values_of({"requests": {"ok": 4, "total": 4}}).delivered_tokens is None
+    assert values_of(Report.of({"requests": {"ok": 4, "total": 4}})).delivered_tokens is None
 
 
 def test_the_scheduler_shows_the_not_measured_rule_as_an_always_on_gate() -> None:
-    verdict = judge(report_of([silent()] * 4, Gates()).as_dict(), Gates())
+    verdict = judge(report_of([silent()] * 4, Gates()).report(), Gates())
     assert verdict_lines(verdict, {}).splitlines()[0] == (
         ":x: tokens delivered 0 (gate ≥ 1, always on)"
     )
@@ -168,7 +170,7 @@ def test_the_scheduler_shows_the_not_measured_rule_as_an_always_on_gate() -> Non
 def test_cancelled_requests_are_not_failures_but_miss_the_slo() -> None:
     cancelled = RequestRecord(sent_at=0.0, first_token_at=0.04, finished_at=0.1)
     cancelled.output_tokens, cancelled.outcome = 3, Outcome.CANCELLED
-    data = report_of([ok(0.05)] * 3 + [cancelled]).as_dict()
+    data = report_of([ok(0.05)] * 3 + [cancelled]).report().json_dict()
     assert data["error_rate"] == 0.0 and data["ttft_ms"]["count"] == 3
     assert data["slo_attainment"] == pytest.approx(3 / 4)
 
@@ -182,7 +184,7 @@ def test_more_failures_never_report_better_latency(ttfts: list[float], flips: li
     """Turn any requests of a run into failures: no percentile, no gate gets better."""
     base = [ok(t, tpot_s=t / 50) for t in ttfts]
     worse = [failed() if i in flips else r for i, r in enumerate(base)]
-    a, b = report_of(base).as_dict(), report_of(worse).as_dict()
+    a, b = report_of(base).report().json_dict(), report_of(worse).report().json_dict()
     for key in ("ttft_ms", "tpot_ms", "e2e_ms"):
         for pct in ("p50", "p90", "p99"):
             va = math.inf if a[key][pct] is None else a[key][pct]
@@ -198,22 +200,23 @@ def test_values_of_reads_the_canarys_own_goodput_and_internal_fragmentation_besi
     report: dict[str, Any] = {
         "ttft_ms": {"p99": 120.0}, "tpot_ms": {"p99": 40.0}, "goodput_ratio": 0.4,
         "kv_fragmentation": {"observed": 0.7, "internal": 0.1},
-        # the engine's window mixes in the background: unknown, it says; not what gates read
-        "engine": {"goodput_ratio": None}, "tokens": {"delivered": 490, "streamed": 500},
+        "tokens": {"delivered": 490, "streamed": 500},
         "requests": {"total": 10, "failed": 0},
     }  # fmt: skip
-    plain = values_of(report)
+    plain = values_of(Report.of(report))
     assert (plain.goodput_ratio, plain.kv_fragmentation) == (0.4, 0.7)
-    mixed = values_of(report | {"background": [{"workload": {"name": "long prompts"}}]})
+    mixed = values_of(Report.of(report | {"background": [{"workload": {"name": "long prompts"}}]}))
     assert (mixed.goodput_ratio, mixed.kv_fragmentation) == (0.98, 0.1)
     (goodput_gate,) = [
         r
-        for r in judge(report | {"background": [{}]}, GATES).results
+        for r in judge(Report.of(report | {"background": [{}]}), GATES).results
         if r.name == "min_goodput_ratio"
     ]
     assert goodput_gate.passed
     assert goodput_gate.source.startswith("goodput of the canary's own requests")
-    nothing = values_of(report | {"background": [{}], "tokens": {"delivered": 0, "streamed": 0}})
+    nothing = values_of(
+        Report.of(report | {"background": [{}], "tokens": {"delivered": 0, "streamed": 0}})
+    )
     assert nothing.goodput_ratio is None  # nothing streamed: not measured, never 100 %
 
 
@@ -243,15 +246,18 @@ def test_cli_tune_remediation_scheduler_and_draft_agree_on_a_stored_report(
 ) -> None:
     adr_gates = AdrGates(max_ttft_p99_ms=350, max_tpot_p99_ms=35)
     gates = gates_from(adr_gates)
-    stored = report_of(STORED[name], gates).as_dict()
+    stored = report_of(STORED[name], gates).report().json_dict()
     if background:  # as the remediation gate and tune store a mixed run
-        stored = with_verdict(stored | {"background": [{"workload": {"name": "long"}}]}, gates)
+        stored = judged(
+            stored | {"background": [{"workload": {"name": "long"}}]}, gates
+        ).report.json_dict()
     cli = stored["passed"]  # what latency_checker exits on (0 / 1)
     remediation = judged(stored, gates)  # as the remediation gate judges a canary
     row = Row(
-        Config("x", {}, {}, []), values=values_of(stored), failures=judge(stored, gates).failures
-    )
-    marks = verdict_lines(judge(stored, gates), {})
+        Config("x", {}, {}, []), values=values_of(Report.of(stored)),
+        failures=judge(Report.of(stored), gates).failures,
+    )  # fmt: skip
+    marks = verdict_lines(judge(Report.of(stored), gates), {})
     facts = CanaryFacts.from_report(label="canary", report=stored, at=dt.datetime(2026, 1, 1))
     draft_row = _canary_row(facts, adr_gates)
     verdicts = {

@@ -190,7 +190,7 @@ class Gate:
         return result
 
     def ttft_p99s(self) -> str:
-        before, after = (run.report.get("ttft_ms") for _, run in self.runs)
+        before, after = (run.report.ttft_ms for _, run in self.runs)
         return f"TTFT ms before {before}, after {after}"
 
 

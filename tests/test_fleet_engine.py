@@ -180,4 +180,9 @@ async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None
         f.message.startswith("one replica")
         for f in replica_text.findings(both_verdict, fleet_slow=True)
     ), summary
-    assert both.readings["tpot_p99_ms"] > 2 * calm.readings["tpot_p99_ms"], summary
+    # decode speed is the histogram's exact mean (sum / count), not its p99: a tail quantile of
+    # a few dozen requests moves with the box's other work (CI: 74.5 vs 47 ms at 8x the quota)
+    assert both.window is not None and calm.window is not None
+    slow_mean, calm_mean = both.window.tpot_ms.mean, calm.window.tpot_ms.mean
+    assert slow_mean is not None and calm_mean is not None, summary
+    assert slow_mean > 2 * calm_mean, (slow_mean, calm_mean, summary)

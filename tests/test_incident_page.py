@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from click.testing import CliRunner
 
+from bot.canary.schema import CanaryReport
 from bot.cli import cli
 from bot.config import Settings
 from bot.errors import UsageError
@@ -91,15 +92,17 @@ def test_the_kept_canary_is_coloured_by_the_gates_that_judged_it_not_the_inciden
         "headline": {"ttft_p99_ms": 2400.0, "tpot_p99_ms": 90.0},
         "baseline": {"ttft_p99_ms": [350.0, "ADR-OTHER"], "tpot_p99_ms": [50.0, "ADR-OTHER"]},
     }
-    kept = {
-        "ttft_ms": {"p99": 500.0},
-        "tpot_ms": {"p99": 40.0},
-        "goodput_ratio": 0.7,
-        "gates": [
-            {"name": "max_tpot_p99_ms", "passed": True},
-            {"name": "min_goodput_ratio", "passed": False},
-        ],
-    }
+    kept = CanaryReport.of(
+        {
+            "ttft_ms": {"p99": 500.0},
+            "tpot_ms": {"p99": 40.0},
+            "goodput_ratio": 0.7,
+            "gates": [
+                {"name": "max_tpot_p99_ms", "limit": 50, "passed": True, "reason": "40 <= 50"},
+                {"name": "min_goodput_ratio", "limit": 0.9, "passed": False, "reason": "0.7"},
+            ],
+        }
+    )
     rows = {row.label: row for row in _numbers(summary, kept)}
     assert rows["TTFT p99"].incident_tone == BAD  # the incident against the strictest gate
     assert rows["TTFT p99"].after == "500 ms" and rows["TTFT p99"].after_tone == NEUTRAL

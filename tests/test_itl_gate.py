@@ -14,7 +14,7 @@ from bot.adr.models import AdrGates, Condition, MatrixRow
 from bot.adr.parse import MATRIX_COLUMNS
 from bot.adr.relative import NORMAL_METRICS, NoNormal, Relative
 from bot.canary.client import Outcome, RequestRecord
-from bot.canary.report import CanaryReport
+from bot.canary.report import CanaryMeasurement
 from bot.canary.shape_replay import fixed_shape
 from bot.canary.verdict import Gates, gates_from, judge, values_of
 from bot.canary.workload import Workload
@@ -38,9 +38,9 @@ def streamed(gaps_s: list[float]) -> RequestRecord:
 
 def report(gaps_s: list[float], gates: Gates) -> dict[str, object]:
     records = [streamed(gaps_s) for _ in range(20)]
-    run = CanaryReport(shape=SHAPE, workload={}, records=records, engine=None, samples=[],
+    run = CanaryMeasurement(shape=SHAPE, workload={}, records=records, engine=None, samples=[],
                        gates=gates, wall_s=1.0, client_cpu_s=0.1)  # fmt: skip
-    return run.as_dict()
+    return run.report()
 
 
 def test_an_adr_gate_on_itl_p99_passes_a_smooth_stream_and_fails_a_stuttering_one() -> None:

@@ -16,8 +16,9 @@ from bot.adr.render import render
 from bot.adr.store import AdrStore
 from bot.adr.validate import validate
 from bot.canary.client import Outcome, RequestRecord
-from bot.canary.report import CanaryReport, Gates
-from bot.canary.verdict import gates_from, values_of, with_verdict
+from bot.canary.report import CanaryMeasurement, Gates
+from bot.canary.schema import CanaryReport as Report
+from bot.canary.verdict import gates_from, judged, values_of
 from bot.diagnosis.models import Baseline, Diagnosis
 from bot.errors import AdrError, NotAllowed, UsageError
 from bot.postmortem import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
@@ -60,11 +61,11 @@ def _plain_report(ttft_s: float) -> dict[str, Any]:
     sample = FragmentationSample(
         at=0.1, observed=0.123456, internal=0.05, resident_tokens=10, kv_usage=0.2
     )
-    report = CanaryReport(
+    report = CanaryMeasurement(
         shape=chat(), workload={"concurrency": 4}, records=records, engine=None, samples=[sample],
         gates=Gates(max_ttft_p99_ms=350), wall_s=2.0, client_cpu_s=0.1,
     )  # fmt: skip
-    return json.loads(json.dumps(report.as_dict()))
+    return report.report().json_dict()
 
 
 def _summary(*, ttft: float = 2431.27, goodput: float | None = 0.6187) -> dict[str, Any]:
@@ -132,7 +133,9 @@ def _cells(row: MatrixRow) -> tuple[float | None, ...]:
 
 def _rounded(report: dict[str, Any], *, mixed: bool) -> tuple[float | None, ...]:
     # Without its background classes a report is read as a plain canary's.
-    v = values_of(report if mixed else {k: x for k, x in report.items() if k != "background"})
+    v = values_of(
+        Report.of(report if mixed else {k: x for k, x in report.items() if k != "background"})
+    )
     row = MatrixRow(config="x", ttft_p99_ms=v.ttft_p99_ms, tpot_p99_ms=v.tpot_p99_ms,
                     goodput_ratio=v.goodput_ratio, kv_fragmentation=v.kv_fragmentation)  # fmt: skip
     return _cells(row)
@@ -184,7 +187,7 @@ def test_build_reads_the_verdict_stored_with_a_run_judged_by_the_same_gates() ->
     """The change's own canary was judged when it ran (bot.canary.verdict judges once): the
     draft writes that verdict, not one of its own. Made to fail by judging the numbers again
     (the marked reason below is then lost)."""
-    report = with_verdict(_plain_report(0.5), gates_from(_seed().gates))
+    report = judged(_plain_report(0.5), gates_from(_seed().gates)).report.json_dict()
     entry = next(g for g in report["gates"] if g["name"] == "max_ttft_p99_ms")
     assert not entry["passed"]  # 550ms TTFT p99 against the seed's 350ms
     entry["reason"] = "TTFT p99 as stored"

@@ -15,7 +15,8 @@ from bot.adr.parse import load, parse
 from bot.adr.render import render
 from bot.adr.validate import validate
 from bot.canary.client import Outcome, RequestRecord
-from bot.canary.report import CanaryReport, Gates
+from bot.canary.report import CanaryMeasurement, Gates
+from bot.canary.schema import CanaryReport
 from bot.canary.shape_replay import fixed_shape
 from bot.canary.verdict import Values, gates_from, judge_values
 from bot.cli import cli
@@ -176,18 +177,18 @@ def test_recommend_returns_none_when_nothing_passes_and_draft_says_so(tmp_path: 
     )
 
 
-def _report(shape: WorkloadShape, ttft_s: float = 0.2) -> dict[str, object]:
+def _report(shape: WorkloadShape, ttft_s: float = 0.2) -> CanaryReport:
     """A canary JSON report as the runner keeps it for a row (it says the shape it sent)."""
     records = []
     for k in (0.5, 0.8, 1.0):
         r = RequestRecord(sent_at=10.0, first_token_at=10.0 + ttft_s * k, finished_at=11.0 + k)
         r.output_tokens, r.outcome = 33, Outcome.OK
         records.append(r)
-    report = CanaryReport(
+    report = CanaryMeasurement(
         shape=shape, workload={"concurrency": 8}, records=records, engine=None, samples=[],
         gates=Gates(), wall_s=2.0, client_cpu_s=0.1,
     )  # fmt: skip
-    return json.loads(json.dumps(report.as_dict()))
+    return report.report()
 
 
 def test_the_draft_records_the_workload_its_rows_were_measured_under(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 
 from bot.adr.models import EngineValue
+from bot.canary.schema import CanaryReport
 from bot.canary.verdict import Gates, Values, judge_values
 from bot.change.actuators.base import Deployed
 from bot.change.exclusion import TargetBusy, refusal
@@ -108,8 +109,8 @@ def test_dimensions_from_the_command_line() -> None:
 
 
 def test_objective_reads_its_metric_from_a_canary_report() -> None:
-    report = {"slo_attainment": 0.75, "throughput": {"requests_per_s": 8.0,
-              "output_tokens_per_s": 512.0}, "ttft_ms": {"p99": None, "infinite": 2}}  # fmt: skip
+    report = CanaryReport.of({"slo_attainment": 0.75, "throughput": {"requests_per_s": 8.0,
+              "output_tokens_per_s": 512.0}, "ttft_ms": {"p99": None, "infinite": 2}})  # fmt: skip
     assert Objective(maximize="goodput_rps").value(report) == 6.0
     assert Objective(maximize="output_tokens_per_s").value(report) == 512.0
     assert Objective(minimize="ttft_p99_ms").value(report) == math.inf  # failed requests
@@ -130,8 +131,8 @@ def test_violations_say_how_far_past_each_gate_a_trial_is() -> None:
     assert missed["min_goodput_ratio"] == pytest.approx(1.0)
     unbounded = violations(judge_values(Values(math.inf, 5, 0.99, None, error_rate=0.5), gates))
     assert unbounded["max_ttft_p99_ms"] == 1e6 and unbounded["max_error_rate"] > 0
-    report = {"ttft_ms": {"p99": 300.0}, "requests": {"total": 4, "ok": 4},
-              "tokens": {"delivered": 8}, "slo_attainment": 1, "throughput": {"requests_per_s": 2}}  # fmt: skip
+    report = CanaryReport.of({"ttft_ms": {"p99": 300.0}, "requests": {"total": 4, "ok": 4},
+              "tokens": {"delivered": 8}, "slo_attainment": 1, "throughput": {"requests_per_s": 2}})  # fmt: skip
     scored = outcome(Objective(maximize="goodput_rps"), report, Gates(max_ttft_p99_ms=200))
     assert scored.value == 2 and not scored.feasible and scored.failed is None
 

@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from bot.canary.report import CanaryReport
+from bot.canary.report import CanaryMeasurement
 from bot.canary.runner import CanaryRun, Progress
+from bot.canary.schema import BackgroundClass, CanaryReport
 from bot.canary.shape_replay import fixed_shape
 from bot.canary.verdict import Gates, Judged, judged
 from bot.canary.workload import Workload
@@ -34,8 +35,8 @@ def measure(
     sample_interval_s: float = 0.5,
     on_progress: Callable[[Progress], None] | None = None,
     progress_interval_s: float = 5.0,
-) -> dict[str, Any]:
-    """Run the canary (and its background load); return the canary JSON report."""
+) -> CanaryReport:
+    """Run the canary (and its background load); return the canary report, judged."""
     run = asyncio.run(
         measure_async(
             workload,
@@ -86,24 +87,25 @@ async def measure_async(
     out = report.numbers()
     if runs:
         wall = time.perf_counter() - started
-        out["background"] = [_client_side(name, run, wall) for name, run in runs]
+        classes = [_client_side(name, run, wall) for name, run in runs]
+        out = out.model_copy(update={"background": classes})
     # With background load the gates read the canary's own goodput and internal fragmentation.
-    return judged({"passed": None, **out}, gates)
+    return judged(out, gates)
 
 
-def _raise_if_failed(tasks: Sequence[asyncio.Task[CanaryReport]]) -> None:
+def _raise_if_failed(tasks: Sequence[asyncio.Task[CanaryMeasurement]]) -> None:
     for task in tasks:
         if task.done() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
 
 
-def _client_side(name: str, run: CanaryRun, wall_s: float) -> dict[str, Any]:
+def _client_side(name: str, run: CanaryRun, wall_s: float) -> BackgroundClass:
     """What a background class saw, from its finished requests (client side only)."""
     finished = [r for r in run.records if r.outcome is not None]
     shape = run.workload.shape or fixed_shape(
         run.workload, request_rate=max(len(finished), 1) / wall_s if wall_s > 0 else 1.0
     )
-    report = CanaryReport(
+    report = CanaryMeasurement(
         shape=shape,
         workload={"name": name, **_plain(run.workload)},
         records=finished,
@@ -114,9 +116,10 @@ def _client_side(name: str, run: CanaryRun, wall_s: float) -> dict[str, Any]:
         client_cpu_s=0.0,
     )
     data = report.numbers()  # client side only: nothing to judge
-    return {
-        key: data[key] for key in ("workload", "ttft_ms", "tpot_ms", "requests", "tokens", "errors")
-    }
+    return BackgroundClass(
+        workload=data.workload, ttft_ms=data.ttft_ms, tpot_ms=data.tpot_ms,
+        requests=data.requests, tokens=data.tokens, errors=data.errors,
+    )  # fmt: skip
 
 
 def _plain(workload: Workload) -> dict[str, Any]:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from bot.canary.runner import Progress
+from bot.canary.schema import CanaryReport, Spread
 from bot.numbers.text import NOT_MEASURED, in_unit
+from bot.probes.vllm_metrics import Quantiles
 
 
 def progress_line(p: Progress) -> str:
@@ -22,10 +22,12 @@ def _ms(value: float | None) -> str:
     return NOT_MEASURED if value is None else in_unit(value, "ms")
 
 
-def _p(summary: dict[str, Any], key: str) -> str:
-    """A client-side percentile; '∞' where failed requests (counted as inf) reached it."""
-    value = summary.get(key)
-    if value is None and summary.get("infinite"):
+def _p(summary: Spread | Quantiles | None, key: str) -> str:
+    """A percentile; '∞' where failed requests (counted as inf) reached it."""
+    if summary is None:
+        return _ms(None)
+    value = getattr(summary, key)
+    if value is None and isinstance(summary, Spread) and summary.infinite:
         return "∞ (failed requests)"
     return _ms(value)
 
@@ -34,59 +36,60 @@ def _pct(value: float | None) -> str:
     return NOT_MEASURED if value is None else in_unit(value, "ratio")
 
 
-def summary_table(report: dict[str, Any]) -> str:
+def summary_table(report: CanaryReport) -> str:
     """The four metrics from both sides, request outcomes and gate verdicts, as aligned text."""
-    engine = report.get("engine") or {}
-    e_ttft = engine.get("ttft_ms") or {}
-    e_itl = engine.get("itl_ms") or {}
-    ttft, tpot = report["ttft_ms"], report["tpot_ms"]
-    frag = report["kv_fragmentation"]
-    req = report["requests"]
+    engine = report.engine
+    e_ttft, e_itl = (engine.ttft_ms, engine.itl_ms) if engine else (None, None)
+    ttft, tpot, frag, req = report.ttft_ms, report.tpot_ms, report.kv_fragmentation, report.requests
     rows = [
         ("metric", "client", _engine_header(report)),
-        ("TTFT p50", _p(ttft, "p50"), _ms(e_ttft.get("p50"))),
-        ("TTFT p99", _p(ttft, "p99"), _ms(e_ttft.get("p99"))),
+        ("TTFT p50", _p(ttft, "p50"), _p(e_ttft, "p50")),
+        ("TTFT p99", _p(ttft, "p99"), _p(e_ttft, "p99")),
         ("TPOT p50", _p(tpot, "p50"), "-"),
         ("TPOT p99", _p(tpot, "p99"), "-"),
-        ("ITL p99", _ms(report["itl_ms"]["p99"]), _ms(e_itl.get("p99"))),
-        ("goodput ratio", _pct(report["goodput_ratio"]), _pct(engine.get("goodput_ratio"))),
-        ("SLO attainment", _pct(report["slo_attainment"]), "-"),
-        ("KV frag. (observed)", _pct(frag["observed"]), "-"),
-        ("KV frag. (internal)", _pct(frag["internal"]), "-"),
-        ("wasted prefill tok", "-", _fmt_num(report["wasted_prefill_tokens"])),
+        ("ITL p99", _ms(report.itl_ms.p99), _p(e_itl, "p99")),
+        (
+            "goodput ratio",
+            _pct(report.goodput_ratio),
+            _pct(engine.goodput_ratio if engine else None),
+        ),
+        ("SLO attainment", _pct(report.slo_attainment), "-"),
+        ("KV frag. (observed)", _pct(frag.observed), "-"),
+        ("KV frag. (internal)", _pct(frag.internal), "-"),
+        ("wasted prefill tok", "-", _fmt_num(report.wasted_prefill_tokens)),
     ]
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = ["  ".join(cell.ljust(width[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in width))
     lines.append("")
+    wall_s = report.throughput.wall_s or 0.0
     lines.append(
-        f"requests: {req['ok']} ok, {req['cancelled']} cancelled, {req['failed']} failed "
-        f"of {req['total']} in {report['throughput']['wall_s']:.1f} s "
-        f"({report['tokens']['streamed']:,} tokens streamed)"
+        f"requests: {req.ok} ok, {req.cancelled} cancelled, {req.failed} failed "
+        f"of {req.total} in {wall_s:.1f} s ({report.tokens.streamed or 0:,} tokens streamed)"
     )
-    causes = req.get("failed_by_cause") or {}
-    if causes:
+    if req.failed_by_cause:
         lines.append(
-            "failed by cause: " + ", ".join(f"{n} x {cause}" for cause, n in causes.items())
+            "failed by cause: "
+            + ", ".join(f"{n} x {cause}" for cause, n in req.failed_by_cause.items())
         )
-    for error in report.get("errors", []):
-        lines.append(f"  {error['count']} x {error['error']}")
+    for error in report.errors:
+        lines.append(f"  {error.count} x {error.error}")
     lines.append("gates:")
-    for gate in report["gates"]:
-        mark = "PASS" if gate["passed"] else "FAIL"
-        lines.append(f"  {mark}  {gate['name']}: {gate['reason']}")
-        lines.append(f"        ({gate['source']})")
-    if len(report["gates"]) <= 1:
+    for gate in report.gates:
+        mark = "PASS" if gate.passed else "FAIL"
+        lines.append(f"  {mark}  {gate.name}: {gate.reason}")
+        lines.append(f"        ({gate.source})")
+    if len(report.gates) <= 1:
         lines.append("  (only the error gate: pass --max-ttft-p99-ms etc. to gate latency)")
-    lines.append("verdict: " + ("all gates passed" if report["passed"] else "GATE FAILED"))
-    for warning in report.get("warnings") or []:
+    lines.append("verdict: " + ("all gates passed" if report.passed else "GATE FAILED"))
+    for warning in report.warnings:
         lines.append(f"warning: {warning}")
     return "\n".join(lines)
 
 
-def _engine_header(report: dict[str, Any]) -> str:
+def _engine_header(report: CanaryReport) -> str:
     """The engine column's scope: the fleet merged, or one page (one replica's)."""
-    scope = report.get("engine_scope") or ""
+    scope = report.engine_scope or ""
     if scope.startswith("fleet"):
         return "engine (" + scope.split(" merged")[0] + ")"
     return "engine (one page)" if scope else "engine"

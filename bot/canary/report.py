@@ -15,7 +15,19 @@ from typing import Any
 import numpy as np
 
 from bot.canary.client import Outcome, RequestRecord
-from bot.canary.verdict import Gates, Verdict, judge, percentile, with_verdict
+from bot.canary.schema import (
+    CanaryReport,
+    ClientCpu,
+    ErrorCount,
+    Fragmentation,
+    RequestCounts,
+    SloLimits,
+    Spread,
+    Throughput,
+    TimelinePoint,
+    TokenCounts,
+)
+from bot.canary.verdict import Gates, Verdict, judge, judged, percentile
 from bot.probes.fragmentation import FragmentationSample
 from bot.probes.vllm_metrics import EngineWindow
 from bot.workload.shape import WorkloadShape
@@ -29,7 +41,7 @@ FRAGMENTATION_DEFINITIONS = {
 }
 
 
-def summarize(values_ms: Sequence[float]) -> dict[str, Any]:
+def summarize(values_ms: Sequence[float]) -> Spread:
     """p50/p90/p99 (linear interpolation, as numpy) and mean of a list of milliseconds.
 
     A value of inf is a failed request: a percentile it reaches is unbounded, stored as null,
@@ -37,13 +49,13 @@ def summarize(values_ms: Sequence[float]) -> dict[str, Any]:
     """
     ordered = sorted(values_ms)
     infinite = sum(1 for v in ordered if math.isinf(v))
-    out: dict[str, Any] = {key: None for key in (*PERCENTILES, "mean")}
+    out: dict[str, float | None] = {}
     if ordered:
         for key, pct in PERCENTILES.items():
             value = percentile(ordered, pct)
             out[key] = value if math.isfinite(value) else None
         out["mean"] = None if infinite else float(np.mean(ordered))
-    return out | {"count": len(ordered), "infinite": infinite}
+    return Spread(**out, count=len(ordered), infinite=infinite)
 
 
 def slo_attainment(
@@ -68,18 +80,18 @@ def slo_attainment(
     return met / len(records)
 
 
-def fragmentation_summary(samples: Sequence[FragmentationSample]) -> dict[str, Any]:
+def fragmentation_summary(samples: Sequence[FragmentationSample]) -> Fragmentation:
     """Mean of each view over the samples where it was defined."""
     observed = [s.observed for s in samples if s.observed is not None]
     internal = [s.internal for s in samples if s.internal is not None]
-    return {
-        "observed": float(np.mean(observed)) if observed else None,
-        "internal": float(np.mean(internal)) if internal else None,
-        "observed_max": float(np.max(observed)) if observed else None,
-        "samples": len(samples),
-        "samples_with_kv": len(observed),
-        "definition": FRAGMENTATION_DEFINITIONS,
-    }
+    return Fragmentation(
+        observed=float(np.mean(observed)) if observed else None,
+        internal=float(np.mean(internal)) if internal else None,
+        observed_max=float(np.max(observed)) if observed else None,
+        samples=len(samples),
+        samples_with_kv=len(observed),
+        definition=FRAGMENTATION_DEFINITIONS,
+    )
 
 
 # Requests the engine may end in a window beyond the canary's own without meaning other clients
@@ -94,8 +106,9 @@ ONE_PAGE = "one /metrics page: one replica's when the endpoint is a Service (pas
 
 
 @dataclass
-class CanaryReport:
-    """Everything a run measured; ``as_dict`` is the JSON contract of latency_checker.
+class CanaryMeasurement:
+    """Everything a run measured; ``report`` is the JSON contract of latency_checker
+    (``bot.canary.schema.CanaryReport``).
 
     ``shape``: the workload shape the run sent: the one replayed (``--workload``), or the one
     its fixed parameters describe (``bot.canary.shape_replay.fixed_shape``); always set.
@@ -109,13 +122,13 @@ class CanaryReport:
     gates: Gates
     wall_s: float
     client_cpu_s: float
-    timeline: list[dict[str, Any]] = field(default_factory=list)  # engine gauges per sample
+    timeline: list[TimelinePoint] = field(default_factory=list)  # engine gauges per sample
     warnings: list[str] = field(default_factory=list)  # said beside the numbers, not fatal
     replicas: int = 0  # engines merged into ``engine`` (--replica); 0: one page as given
     replica_details: dict[str, Any] = field(default_factory=dict)  # each replica's numbers
 
     # -- client-side numbers -------------------------------------------------------------
-    def outcomes(self) -> dict[str, Any]:
+    def outcomes(self) -> RequestCounts:
         """Requests by outcome, and the failed ones by cause ('HTTP 429', 'timeout', ...)."""
         counts = {o.value: 0 for o in Outcome}
         causes: dict[str, int] = {}
@@ -125,7 +138,7 @@ class CanaryReport:
                 cause = record.cause or "unknown"
                 causes[cause] = causes.get(cause, 0) + 1
         failed_by_cause = dict(sorted(causes.items(), key=lambda kv: -kv[1]))
-        return {**counts, "total": len(self.records), "failed_by_cause": failed_by_cause}
+        return RequestCounts(**counts, total=len(self.records), failed_by_cause=failed_by_cause)
 
     def ok_records(self) -> list[RequestRecord]:
         """Requests that finished normally."""
@@ -135,7 +148,7 @@ class CanaryReport:
         """Requests latency is judged on: all but those the client itself gave up on."""
         return [r for r in self.records if r.outcome is not Outcome.CANCELLED]
 
-    def ttft_ms(self) -> dict[str, Any]:
+    def ttft_ms(self) -> Spread:
         """TTFT of every request that did not cancel itself; no first token counts as inf."""
         return summarize(
             [
@@ -145,7 +158,7 @@ class CanaryReport:
             ]
         )
 
-    def tpot_ms(self) -> dict[str, Any]:
+    def tpot_ms(self) -> Spread:
         """TPOT of requests with more than one token; every failed request counts as inf."""
         values = []
         for r in self.judged_records():
@@ -155,7 +168,7 @@ class CanaryReport:
                 values.append(r.tpot_s * 1000)
         return summarize(values)
 
-    def e2e_ms(self) -> dict[str, Any]:
+    def e2e_ms(self) -> Spread:
         """End-to-end latency; every failed request counts as inf."""
         return summarize(
             [
@@ -164,7 +177,7 @@ class CanaryReport:
             ]
         )
 
-    def itl_ms(self) -> dict[str, Any]:
+    def itl_ms(self) -> Spread:
         """Gaps between token-carrying chunks, all requests that finished normally."""
         return summarize([gap * 1000 for r in self.ok_records() for gap in r.itl_s])
 
@@ -233,64 +246,63 @@ class CanaryReport:
             return f"fleet: {self.replicas} replica{'s' if self.replicas > 1 else ''} merged"
         return ONE_PAGE
 
-    def fragmentation(self) -> dict[str, Any]:
+    def fragmentation(self) -> Fragmentation:
         """KV fragmentation; the observed view is unknown when the engine page is partial
         (the canary's resident tokens on every replica over one replica's KV slots)."""
         summary = fragmentation_summary(self.samples)
         partial = self.partial_engine()
         if partial is not None:
-            summary.update(observed=None, observed_max=None, unknown=partial)
+            return summary.model_copy(
+                update={"observed": None, "observed_max": None, "unknown": partial}
+            )
         return summary
 
     # -- the report and its verdict ------------------------------------------------------
-    def numbers(self) -> dict[str, Any]:
-        """The JSON report without the verdict."""
+    def numbers(self) -> CanaryReport:
+        """The report without the verdict."""
         goodput, goodput_source = self.goodput_ratio()
-        partial = self.partial_engine() is not None
+        partial = self.partial_engine()
         ttft_limit, tpot_limit = self.gates.slo()
         streamed = self.streamed_tokens()
         outcomes = self.outcomes()
-        return {
-            "ttft_ms": self.ttft_ms(),
-            "tpot_ms": self.tpot_ms(),
-            "itl_ms": self.itl_ms(),
-            "e2e_ms": self.e2e_ms(),
-            "goodput_ratio": goodput,
-            "goodput_source": goodput_source,
-            "slo_attainment": slo_attainment(self.records, ttft_ms=ttft_limit, tpot_ms=tpot_limit),
-            "slo": {"ttft_ms": ttft_limit, "tpot_ms": tpot_limit},
-            "kv_fragmentation": self.fragmentation(),
-            "wasted_prefill_tokens": self.engine.wasted_prefill_tokens if self.engine else None,
-            "requests": outcomes,
-            # requests the engine ended in the window that were not the canary's (None: unknown)
-            "other_clients_requests": self.others_requests(),
-            "error_rate": outcomes["failed"] / outcomes["total"] if outcomes["total"] else None,
-            "tokens": {
-                "delivered": self.delivered_tokens(),
-                "streamed": streamed,
-                "engine_generated": self.engine.generation_tokens if self.engine else None,
-                "prompt_sent": sum(
-                    r.prompt_tokens or r.planned_prompt_tokens for r in self.records
-                ),
-            },
-            "throughput": {
-                "wall_s": self.wall_s,
-                "output_tokens_per_s": streamed / self.wall_s if self.wall_s > 0 else None,
-                "requests_per_s": len(self.records) / self.wall_s if self.wall_s > 0 else None,
-            },
-            "client_cpu": {
-                "seconds": self.client_cpu_s,
-                "per_1000_tokens": self.client_cpu_s / streamed * 1000 if streamed else None,
-            },
-            "errors": _top_errors(self.records),
-            "engine": self.engine.as_dict() if self.engine else None,
-            "engine_scope": self.engine_scope(),
-            "engine_replicas": self.replica_details or None,
-            "workload": self.workload,
-            "workload_shape": self.shape.model_dump(mode="json"),
-            "timeline": self.timeline,
-            "warnings": list(self.warnings) + ([self.partial_engine() or ""] if partial else []),
-        }
+        return CanaryReport(
+            ttft_ms=self.ttft_ms(),
+            tpot_ms=self.tpot_ms(),
+            itl_ms=self.itl_ms(),
+            e2e_ms=self.e2e_ms(),
+            goodput_ratio=goodput,
+            goodput_source=goodput_source,
+            slo_attainment=slo_attainment(self.records, ttft_ms=ttft_limit, tpot_ms=tpot_limit),
+            slo=SloLimits(ttft_ms=ttft_limit, tpot_ms=tpot_limit),
+            kv_fragmentation=self.fragmentation(),
+            wasted_prefill_tokens=self.engine.wasted_prefill_tokens if self.engine else None,
+            requests=outcomes,
+            other_clients_requests=self.others_requests(),
+            error_rate=outcomes.failed / outcomes.total if outcomes.total else None,
+            tokens=TokenCounts(
+                delivered=self.delivered_tokens(),
+                streamed=streamed,
+                engine_generated=self.engine.generation_tokens if self.engine else None,
+                prompt_sent=sum(r.prompt_tokens or r.planned_prompt_tokens for r in self.records),
+            ),
+            throughput=Throughput(
+                wall_s=self.wall_s,
+                output_tokens_per_s=streamed / self.wall_s if self.wall_s > 0 else None,
+                requests_per_s=len(self.records) / self.wall_s if self.wall_s > 0 else None,
+            ),
+            client_cpu=ClientCpu(
+                seconds=self.client_cpu_s,
+                per_1000_tokens=self.client_cpu_s / streamed * 1000 if streamed else None,
+            ),
+            errors=_top_errors(self.records),
+            engine=self.engine,
+            engine_scope=self.engine_scope(),
+            engine_replicas=self.replica_details or None,
+            workload=self.workload,
+            workload_shape=self.shape,
+            timeline=self.timeline,
+            warnings=[*self.warnings, *([partial] if partial else [])],
+        )
 
     def verdict(self) -> Verdict:
         """The gates' verdict on this run (``bot.canary.verdict``, the one judge)."""
@@ -301,15 +313,15 @@ class CanaryReport:
         """Every gate passed (the error gate is always on)."""
         return self.verdict().passed
 
-    def as_dict(self) -> dict[str, Any]:
-        """The JSON report, with the verdict."""
-        return with_verdict({"passed": None, **self.numbers()}, self.gates)
+    def report(self) -> CanaryReport:
+        """The report, with the verdict."""
+        return judged(self.numbers(), self.gates).report
 
 
-def _top_errors(records: Sequence[RequestRecord], limit: int = 5) -> list[dict[str, Any]]:
+def _top_errors(records: Sequence[RequestRecord], limit: int = 5) -> list[ErrorCount]:
     counts: dict[str, int] = {}
     for record in records:
         if record.error:
             counts[record.error] = counts.get(record.error, 0) + 1
     ranked = sorted(counts.items(), key=lambda kv: -kv[1])[:limit]
-    return [{"error": error, "count": count} for error, count in ranked]
+    return [ErrorCount(error=error, count=count) for error, count in ranked]

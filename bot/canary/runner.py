@@ -12,7 +12,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 
 import aiohttp
@@ -22,7 +22,8 @@ import msgspec
 from bot.canary.client import Outcome, RequestRecord, stream_request
 from bot.canary.fleet import FleetScraper, Round
 from bot.canary.plan import Plan
-from bot.canary.report import CanaryReport
+from bot.canary.report import CanaryMeasurement
+from bot.canary.schema import TimelinePoint
 from bot.canary.shape_replay import DEFAULT_BLOCK_SIZE, ShapeReplay, fixed_shape
 from bot.canary.verdict import Gates
 from bot.canary.workload import Api, CancelMode, PromptFactory, Workload
@@ -101,17 +102,6 @@ class Progress:
     tokens: int
 
 
-@dataclass(frozen=True)
-class TimelinePoint:
-    """Engine gauges at one in-flight scrape (for charts)."""
-
-    t_s: float
-    running: float | None
-    waiting: float | None
-    kv_usage: float | None
-    resident_tokens: int
-
-
 class CanaryRun:
     """One canary run against one endpoint; ``run()`` returns the report."""
 
@@ -152,7 +142,7 @@ class CanaryRun:
         self._warmup_replay: ShapeReplay | None = None  # its warmup: same prefixes, own draws
         self._first_token = asyncio.Event()  # a measured stream got its first token
 
-    async def run(self) -> CanaryReport:
+    async def run(self) -> CanaryMeasurement:
         """Preflight, load, scrape; raise EndpointError when the endpoint cannot be used."""
         w = self.workload
         # httpx for the few control calls (preflight, /tokenize, /metrics); aiohttp for the
@@ -194,7 +184,7 @@ class CanaryRun:
             after = await self._settled(scraper) if scraper else None
         self._fail_if_nothing_worked()
         window, details = self._engine_window(scraper, before, after, before_round)
-        return CanaryReport(
+        return CanaryMeasurement(
             shape=self._shape(wall_s),
             workload=self._workload_dict(model, scraper),
             records=self.records,
@@ -203,7 +193,7 @@ class CanaryRun:
             gates=self.gates,
             wall_s=wall_s,
             client_cpu_s=cpu_s,
-            timeline=[asdict(p) for p in self.timeline],
+            timeline=self.timeline,
             warnings=self.warnings,
             replicas=len(self.replicas),
             replica_details=details,
@@ -519,7 +509,13 @@ class CanaryRun:
         lengths, resident = resident_lengths(prefilled, shared_prefix=shared)
         now = time.perf_counter() - self._started
         self.timeline.append(
-            TimelinePoint(now, gauge(page, RUNNING), gauge(page, WAITING), kv, resident)
+            TimelinePoint(
+                t_s=now,
+                running=gauge(page, RUNNING),
+                waiting=gauge(page, WAITING),
+                kv_usage=kv,
+                resident_tokens=resident,
+            )  # fmt: skip
         )
         if cache is None or kv is None:
             return

@@ -32,10 +32,11 @@ Which numbers a gate reads (``values_of``), said again in every gate result's ``
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from bot.canary.schema import CanaryReport, GateLine
 from bot.errors import UsageError
 from bot.numbers import catalogue
 from bot.numbers.text import compact
@@ -233,8 +234,8 @@ def not_measured(values: Values) -> GateResult | None:
     return GateResult(MEASURED, 1, 0, False, reason, source)
 
 
-def judge(report: Mapping[str, Any], gates: Gates) -> Verdict:
-    """The verdict on a canary JSON report (as `latency_checker --output-json` writes it)."""
+def judge(report: CanaryReport, gates: Gates) -> Verdict:
+    """The verdict on a canary report (as `latency_checker --output-json` writes it)."""
     return judge_values(values_of(report), gates)
 
 
@@ -243,7 +244,7 @@ class Judged:
     """A canary report judged once: the report with its verdict written in, the numbers the
     gates read and the verdict, so that no caller parses or judges the report again."""
 
-    report: dict[str, Any]
+    report: CanaryReport
     values: Values
     verdict: Verdict
 
@@ -258,63 +259,47 @@ class Judged:
         return self.verdict.failures
 
 
-def judged(report: dict[str, Any], gates: Gates) -> Judged:
-    """Read ``report``'s numbers and judge them by ``gates``, once."""
-    values = values_of(report)
+def judged(report: CanaryReport | dict[str, Any], gates: Gates) -> Judged:
+    """Read ``report``'s numbers (stored JSON is parsed here, once) and judge them by
+    ``gates``, once."""
+    parsed = CanaryReport.of(report)
+    values = values_of(parsed)
     verdict = judge_values(values, gates)
-    results = [r.as_dict() for r in verdict.results]
-    return Judged(report | {"passed": verdict.passed, "gates": results}, values, verdict)
+    lines = [GateLine(**r.as_dict()) for r in verdict.results]
+    return Judged(
+        parsed.model_copy(update={"passed": verdict.passed, "gates": lines}), values, verdict
+    )
 
 
-def with_verdict(report: dict[str, Any], gates: Gates) -> dict[str, Any]:
-    """The report with ``passed`` and ``gates`` set from its own numbers (call after edits)."""
-    return judged(report, gates).report
-
-
-def values_of(report: Mapping[str, Any]) -> Values:
-    """The numbers the gates read from a canary JSON report (see the module docstring)."""
-    mixed = bool(report.get("background"))
-    frag = report.get("kv_fragmentation") or {}
-    requests = report.get("requests") or {}
-    total = int(requests.get("total") or 0)
-    failed = int(requests.get("failed") or 0)
-    delivered = (report.get("tokens") or {}).get("delivered")
+def values_of(report: CanaryReport) -> Values:
+    """The numbers the gates read from a canary report (see the module docstring)."""
+    mixed = bool(report.background)
+    frag, requests, tokens = report.kv_fragmentation, report.requests, report.tokens
     if mixed:
-        tokens = report.get("tokens") or {}
-        streamed = tokens.get("streamed")
-        goodput = tokens.get("delivered", 0) / streamed if streamed else None
+        streamed = tokens.streamed
+        goodput = (tokens.delivered or 0) / streamed if streamed else None
         goodput_source = "own"
     else:
-        goodput = report.get("goodput_ratio")
-        source = str(report.get("goodput_source") or "canary")
+        goodput = report.goodput_ratio
+        source = report.goodput_source or "canary"
         goodput_source = next(
             (kind for kind in ("client", "shared", "partial") if source.startswith(kind)),
             "canary",
         )
     return Values(
-        ttft_p99_ms=_p99(report.get("ttft_ms")),
-        tpot_p99_ms=_p99(report.get("tpot_ms")),
-        itl_p99_ms=_p99(report.get("itl_ms")),
+        ttft_p99_ms=report.ttft_ms.p99_judged(),
+        tpot_p99_ms=report.tpot_ms.p99_judged(),
+        itl_p99_ms=report.itl_ms.p99_judged(),
         goodput_ratio=goodput,
-        kv_fragmentation=frag.get("internal") if mixed else frag.get("observed"),
-        error_rate=failed / total if total else None,
+        kv_fragmentation=frag.internal if mixed else frag.observed,
+        error_rate=requests.failed / requests.total if requests.total else None,
         goodput_source=goodput_source,
         fragmentation_source="internal" if mixed else "observed",
-        failed=failed,
-        total=total,
-        ok=int(requests.get("ok") or 0),
-        delivered_tokens=None if delivered is None else int(delivered),
+        failed=requests.failed,
+        total=requests.total,
+        ok=requests.ok,
+        delivered_tokens=tokens.delivered,
     )
-
-
-def _p99(summary: Mapping[str, Any] | None) -> float | None:
-    """A summary's p99; inf when failed requests (stored as null + ``infinite``) reached it."""
-    if not summary:
-        return None
-    value = summary.get("p99")
-    if value is None and summary.get("infinite"):
-        return math.inf
-    return None if value is None else float(value)
 
 
 def gates_from(limits: object, *, numbers_only: bool = False) -> Gates:

@@ -15,6 +15,7 @@ from click.core import ParameterSource
 
 from bot.canary.render import progress_line, summary_table
 from bot.canary.runner import METRICS_PATHS, CanaryRun, Progress
+from bot.canary.schema import CanaryReport
 from bot.canary.shape_replay import default_cap
 from bot.canary.verdict import DEFAULT_MAX_ERROR_RATE, Gates
 from bot.canary.workload import CancelMode, Workload, check
@@ -79,8 +80,8 @@ def run_canary(
     replicas: tuple[str, ...] = (),
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
     progress: bool = False,
-) -> dict[str, object]:
-    """Run one canary and return its JSON report (raises on usage or endpoint errors)."""
+) -> CanaryReport:
+    """Run one canary and return its report (raises on usage or endpoint errors)."""
     problems = check(workload)
     if problems:
         raise UsageError("; ".join(problems))
@@ -108,7 +109,7 @@ def run_canary(
         click.echo("", err=True)
     for warning in run.warnings:
         click.echo(f"warning: {warning}", err=True)
-    return report.as_dict()
+    return report.report()
 
 
 @click.command(
@@ -406,14 +407,14 @@ def _metrics_url(metrics_url: str | None, replicas: tuple[str, ...]) -> str | No
     return metrics_url
 
 
-def _report(report: dict[str, object], output_json: Path | None) -> None:
+def _report(report: CanaryReport, output_json: Path | None) -> None:
     """Write the report where --output-json says, print its summary, and fail on a gate."""
     if output_json is not None:
         output_json.parent.mkdir(parents=True, exist_ok=True)
-        output_json.write_text(json.dumps(report, indent=2))
+        output_json.write_text(report.model_dump_json(indent=2))
     click.echo(summary_table(report))
-    if not report["passed"]:
-        failed = [g["name"] for g in report["gates"] if not g["passed"]]  # type: ignore[attr-defined]
+    if not report.passed:
+        failed = [g.name for g in report.gates if not g.passed]
         raise GateFailed(f"gate failed: {', '.join(failed)}")
 
 
@@ -446,6 +447,17 @@ def _load_shape(path: Path, *, ignore_eos: bool) -> WorkloadShape:
     return load(path)
 
 
+@click.command("canary-schema", cls=Command)
+def canary_schema() -> None:
+    """Print the JSON Schema of the canary report (`--output-json`), as
+    docs/canary-report.schema.json holds it:
+
+        ruleloop canary-schema > docs/canary-report.schema.json
+    """
+    click.echo(json.dumps(CanaryReport.model_json_schema(mode="serialization"), indent=2))
+
+
 def register(cli: click.Group) -> None:
-    """Add `canary` to the ruleloop command line."""
+    """Add `canary` and `canary-schema` to the ruleloop command line."""
     cli.add_command(canary)
+    cli.add_command(canary_schema)

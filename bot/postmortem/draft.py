@@ -19,6 +19,7 @@ from bot.adr.match import supported_causes, verdicts_of
 from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
 from bot.adr.parse import date_of_id
 from bot.canary.limits import judged_limits
+from bot.canary.schema import CanaryReport
 from bot.canary.verdict import (
     GATES,
     MEASURED,
@@ -64,20 +65,21 @@ class CanaryFacts:
 
     label: str
     passed: bool
-    report: Mapping[str, Any]
+    report: CanaryReport
     at: dt.datetime
     mixed: bool = False  # measured beside background load (see bot.canary.verdict)
 
     @classmethod
-    def from_report(cls, *, label: str, report: Mapping[str, Any], at: dt.datetime) -> CanaryFacts:
-        """Facts of a stored report; mixed when the report carries background classes."""
+    def from_report(
+        cls, *, label: str, report: CanaryReport | dict[str, Any], at: dt.datetime
+    ) -> CanaryFacts:
+        """Facts of a report (stored JSON is parsed here, once); mixed when the report carries
+        background classes."""
+        parsed = CanaryReport.of(report)
         return cls(
-            label=label,
-            passed=bool(report.get("passed")),
-            report=report,
-            at=at,
-            mixed=bool(report.get("background")),
-        )
+            label=label, passed=bool(parsed.passed), report=parsed, at=at,
+            mixed=bool(parsed.background),
+        )  # fmt: skip
 
     def values(self) -> Values:
         """The four matrix numbers of this run."""
@@ -94,15 +96,15 @@ class CanaryFacts:
         return judge_values(self.values(), gates).failures
 
 
-def stored_verdict(report: Mapping[str, Any]) -> Verdict | None:
+def stored_verdict(report: CanaryReport) -> Verdict | None:
     """The verdict written into a canary report (its ``gates`` list), None when it has none."""
-    entries = report.get("gates")
-    if not isinstance(entries, list) or not entries:
+    if not report.gates:
         return None
-    try:
-        return Verdict(tuple(GateResult(**entry) for entry in entries))
-    except TypeError:  # an entry of another shape: not a verdict this version wrote
-        return None
+    return Verdict(
+        tuple(
+            GateResult(g.name, g.limit, g.value, g.passed, g.reason, g.source) for g in report.gates
+        )
+    )
 
 
 def _limits(judged: Verdict | Gates) -> dict[str, float]:
@@ -262,7 +264,7 @@ def _context(
 def _background_lines(run: CanaryFacts) -> list[str]:
     """What loaded the engine beside the gated requests, so the record names all the traffic
     its gates were measured under (the workload line describes the gated requests only)."""
-    classes = [b.get("workload") or {} for b in run.report.get("background") or []]
+    classes = [b.workload for b in run.report.background]
     if not classes:
         return []
     described = "; ".join(

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -61,6 +61,7 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 PREEMPTIONS = ("vllm:num_preemptions_total", "vllm:num_preemptions")
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
 PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
+NOT_STORED = "not in this report (stored by an earlier release)"
 PREFIX_HIT_RATE = ("vllm:gpu_prefix_cache_hit_rate",)  # older engines: a gauge, not counters
 GENERATION_TOKENS = ("vllm:generation_tokens_total",)
 PROMPT_TOKENS = ("vllm:prompt_tokens_total",)
@@ -175,15 +176,12 @@ class EngineWindow:
     requests_finished: float | None
     cache: CacheConfig | None
     # Over the requests that ended in the window (module docstring): estimates with bounds.
-    goodput: Estimate
-    wasted_generation: Estimate  # output tokens of requests aborted in the window
-    wasted_prefill: Estimate  # prompt tokens of requests aborted in the window
-    wasted_prefill_share: Estimate  # of the prompt tokens of the requests that ended
-    aborted_requests: float | None  # aborted after their first token (counts, module docstring)
-
-    def as_dict(self) -> dict[str, object]:
-        """Plain dict for JSON reports."""
-        return asdict(self)
+    # Defaults: unknown, as a report stored by a release before them reads back.
+    goodput: Estimate = field(default_factory=lambda: Estimate.unknown(NOT_STORED))
+    wasted_generation: Estimate = field(default_factory=lambda: Estimate.unknown(NOT_STORED))
+    wasted_prefill: Estimate = field(default_factory=lambda: Estimate.unknown(NOT_STORED))
+    wasted_prefill_share: Estimate = field(default_factory=lambda: Estimate.unknown(NOT_STORED))
+    aborted_requests: float | None = None  # aborted after a first token (module docstring)
 
 
 def is_vllm(page: Exposition) -> bool:

@@ -17,6 +17,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from bot.canary.schema import CanaryReport
 from bot.change import exclusion, rows
 from bot.errors import UsageError
 from bot.store import buttons
@@ -35,13 +36,13 @@ class CanaryRecord:
 
     label: str
     passed: bool
-    report: Mapping[str, Any]
+    report: CanaryReport
 
     def row(self, *, incident_id: int, remediation_id: int | None, at: dt.datetime) -> CanaryResult:
         """The canary_results row."""
         return CanaryResult(
             incident_id=incident_id, remediation_id=remediation_id, label=self.label,
-            passed=self.passed, report=dict(self.report), at=at,
+            passed=self.passed, report=self.report.json_dict(), at=at,
         )  # fmt: skip
 
 

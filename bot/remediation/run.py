@@ -205,7 +205,7 @@ class ChangeRun:
             note="canary passed; rolling out…",
             result={"numbers": numbers, "failures": [], "gates": judging.limits,
                     "before_numbers": judging.before or {},
-                    "workload_shape": result.report.get("workload_shape")},
+                    "workload_shape": result.report.shape_json()},
             expect=[S.CANARY],
         )  # fmt: skip
         try:
@@ -341,7 +341,7 @@ def _rollback_result(kept: dict[str, Any], reason: str, judged: GateRun | None) 
     for key in ("gates", "before_numbers", "workload_shape"):
         if key in kept:
             result[key] = kept[key]
-    shape = judged.report.get("workload_shape") if judged is not None else None
+    shape = judged.report.shape_json() if judged is not None else None
     if shape is not None:
         result["workload_shape"] = shape
     return result

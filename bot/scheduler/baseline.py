@@ -30,7 +30,7 @@ from bot.remediation.gate import GateRun, GateRunner
 from bot.remediation.lines import verdict_lines
 from bot.scheduler import messages
 from bot.scheduler.in_force import InForce, adrs_in_force
-from bot.scheduler.runner import JobOutcome, json_safe
+from bot.scheduler.runner import JobOutcome
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import CanaryResult
@@ -154,7 +154,7 @@ class BaselineCanary:
                 )  # fmt: skip
                 s.add(CanaryResult(incident_id=incident.id, remediation_id=None,
                                    label="baseline canary", passed=False,
-                                   report=json_safe(result.report), at=now))  # fmt: skip
+                                   report=result.report.json_dict(), at=now))  # fmt: skip
                 store.audit(s, at=now, actor="ruleloop", action="baseline.drift",
                             incident=incident, detail=detail)  # fmt: skip
                 return incident.id, True, False

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 import platform
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
-
-from pydantic import ValidationError
 
 from bot.adr import vllm_args
 from bot.adr.models import Adr, Fix, MatrixRow
 from bot.adr.render import format_ms
+from bot.canary.schema import CanaryReport
 from bot.tune.matrix import Row, source_note
 from bot.tune.plan import TunePlan
 from bot.workload.shape import WorkloadShape
@@ -55,16 +52,10 @@ def build_draft(
     )
 
 
-def shape_of(report: Mapping[str, Any] | None) -> WorkloadShape | None:
+def shape_of(report: CanaryReport | None) -> WorkloadShape | None:
     """The workload shape a canary report says its run sent (``workload_shape``), None in a
     report without one (written before canaries said it)."""
-    data = (report or {}).get("workload_shape")
-    if data is None:
-        return None
-    try:
-        return WorkloadShape.model_validate(data)
-    except ValidationError:
-        return None  # a report of another shape version: the draft says nothing, not a guess
+    return None if report is None else report.workload_shape
 
 
 def measured_under(rows: list[Row]) -> WorkloadShape | None:
@@ -127,15 +118,12 @@ def _also(row: Row, plan_metric: str | None) -> str | None:
     report = row.report
     if not report:
         return None
-    engine = report.get("engine") or {}
-    parts = [
-        f"ITL p99 {format_ms((report.get('itl_ms') or {}).get('p99'))}",
-        f"engine queue p99 {format_ms((engine.get('queue_time_ms') or {}).get('p99'))}",
-    ]
-    for other in report.get("background", []):
-        done = (other.get("requests") or {}).get("ok", 0)
-        ttft = format_ms((other.get("ttft_ms") or {}).get("p99"))
-        parts.append(f"{other['workload']['name']} TTFT p99 {ttft} ({done} requests)")
+    queue = None if report.engine is None else report.engine.queue_time_ms.p99
+    parts = [f"ITL p99 {format_ms(report.itl_ms.p99)}", f"engine queue p99 {format_ms(queue)}"]
+    for other in report.background:
+        name = other.workload.get("name", "background")
+        ttft = format_ms(other.ttft_ms.p99)
+        parts.append(f"{name} TTFT p99 {ttft} ({other.requests.ok} requests)")
     if row.score is not None and plan_metric is not None:
         parts.insert(0, f"{plan_metric} {row.score:,.4g}")
     return f"- {row.config.name}: " + ", ".join(parts)

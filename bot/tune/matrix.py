@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from bot.adr.models import AdrGates
+from bot.canary.schema import CanaryReport
 from bot.canary.verdict import FRAGMENTATION_SOURCES, GOODPUT_SOURCES, Values
 from bot.numbers import catalogue
 from bot.tune.plan import BASELINE, Config
@@ -47,7 +48,7 @@ class Row:
     error: str | None = None
     failed_at: FailedAt | None = None
     failures: list[str] = field(default_factory=list)
-    report: dict[str, Any] | None = field(default=None, repr=False)
+    report: CanaryReport | None = field(default=None, repr=False)
     report_path: str | None = None
     recommended: bool = False
     score: float | None = None  # a search's objective value for this row (None: not a search)

@@ -17,12 +17,12 @@ has no value at all: the search marks it failed.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from bot.canary.schema import CanaryReport, Spread
 from bot.canary.verdict import GATES, MEASURED, Gates, Verdict, judge
 
 Direction = Literal["maximize", "minimize"]
@@ -79,20 +79,19 @@ class Objective(BaseModel):
         """'maximize goodput_rps (requests/s that finished within ...)'."""
         return f"{self.direction} {self.metric} ({METRICS[self.metric][1]})"
 
-    def value(self, report: Mapping[str, Any]) -> float | None:
-        """The metric in a canary JSON report; None when the report has no such number, inf
-        when failed requests made a latency percentile unbounded."""
-        throughput = report.get("throughput") or {}
+    def value(self, report: CanaryReport) -> float | None:
+        """The metric in a canary report; None when the report has no such number, inf when
+        failed requests made a latency percentile unbounded."""
+        throughput = report.throughput
         if self.metric == "goodput_rps":
-            attained, rate = report.get("slo_attainment"), throughput.get("requests_per_s")
-            return None if attained is None or rate is None else float(attained) * float(rate)
-        if self.metric in ("requests_per_s", "output_tokens_per_s"):
-            found = throughput.get(self.metric)
-            return None if found is None else float(found)
-        summary = report.get(self.metric.removesuffix("_p99_ms") + "_ms") or {}
-        if summary.get("p99") is None:
-            return math.inf if summary.get("infinite") else None
-        return float(summary["p99"])
+            attained, rate = report.slo_attainment, throughput.requests_per_s
+            return None if attained is None or rate is None else attained * rate
+        if self.metric == "requests_per_s":
+            return throughput.requests_per_s
+        if self.metric == "output_tokens_per_s":
+            return throughput.output_tokens_per_s
+        spread = getattr(report, self.metric.removesuffix("_p99_ms") + "_ms", None)
+        return spread.p99_judged() if isinstance(spread, Spread) else None
 
     def better(self, a: float, b: float) -> bool:
         """Whether ``a`` beats ``b``."""
@@ -113,7 +112,7 @@ class TrialOutcome:
         return self.failed is None and all(v <= 0 for v in self.constraints.values())
 
 
-def outcome(objective: Objective, report: Mapping[str, Any] | None, gates: Gates) -> TrialOutcome:
+def outcome(objective: Objective, report: CanaryReport | None, gates: Gates) -> TrialOutcome:
     """Score a measured canary report; a trial without one is a failure (say why elsewhere)."""
     if report is None:
         return TrialOutcome(failed="not measured")

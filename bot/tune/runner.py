@@ -147,7 +147,7 @@ def write_row(runs_dir: Path, index: int, config: Config, row: Row) -> Path:
         "failed_at": row.failed_at,
         "error": row.error,
         "score": row.score,
-        "report": row.report,
+        "report": None if row.report is None else row.report.json_dict(),
     }
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False), encoding="utf-8")
     return path

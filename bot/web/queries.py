@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from bot.canary.schema import CanaryReport
 from bot.incidents import memory
 from bot.store import service as store
 from bot.store.db import Database
@@ -64,7 +65,7 @@ class CanaryRow:
     remediation_id: int | None
     label: str
     passed: bool
-    report: Mapping[str, Any]
+    report: CanaryReport
     at: dt.datetime
 
 
@@ -161,7 +162,7 @@ def incident(db: Database, incident_id: int) -> IncidentRecord | None:
             )
         )
         canaries = tuple(
-            CanaryRow(c.remediation_id, c.label, c.passed, dict(c.report or {}), c.at)
+            CanaryRow(c.remediation_id, c.label, c.passed, CanaryReport.of(c.report), c.at)
             for c in store.canary_results(s, incident_id)
         )
         drafts = tuple(

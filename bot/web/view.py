@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.adr.models import Adr
+from bot.canary.schema import CanaryReport
 from bot.canary.verdict import values_of
 from bot.change.argv import diff
 from bot.diagnosis import cause_text
@@ -297,13 +298,13 @@ def index_rows(rows: Sequence[IndexRow]) -> list[dict[str, Any]]:
     return out
 
 
-def _numbers(summary: Mapping[str, Any], kept: Mapping[str, Any] | None) -> list[NumberRow]:
+def _numbers(summary: Mapping[str, Any], kept: CanaryReport | None) -> list[NumberRow]:
     """Each number: normal and the incident (the engine's, like for like, against the strictest
     accepted gate) and the kept change's canary (client side, against the gates it was judged
     by: a different source, so never coloured by the incident's gate)."""
     baseline = summary.get("baseline") or {}
     after = values_of(kept).numbers() if kept is not None else {}
-    judged = {g.get("name"): g.get("passed") for g in (kept or {}).get("gates") or []}
+    judged = {g.name: g.passed for g in kept.gates} if kept is not None else {}
     measured, usual = summary_numbers(summary), summary_numbers(summary, "normal")
     rows = []
     for key, label, _, worse_up in FOUR:
