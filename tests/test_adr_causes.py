@@ -13,11 +13,12 @@ import pytest
 from click.testing import CliRunner
 
 from bot.adr.causes import BUILTIN
-from bot.adr.match import MatchResult, StoredVerdict, by_cause, verdicts_of
+from bot.adr.match import MatchResult, by_cause
 from bot.adr.parse import load, parse
 from bot.adr.render import render
 from bot.adr.validate import validate
 from bot.cli.adr import adr as adr_cli
+from bot.store.summary import CauseEntry, DiagnosisSummary
 from tests.test_postmortem import _applied, _draft, _incident
 
 ROOT = Path(__file__).parent.parent
@@ -33,10 +34,9 @@ def result(*causes: str, adr_id: str = "ADR-20260831-01") -> MatchResult:
 
 def verdict(
     cause: str, state: str, number: str | None = "3 % of the KV cache in use"
-) -> StoredVerdict:
-    return StoredVerdict(
-        cause, state, number, ("vllm_metrics.kv_cache_usage",) if state == "cannot_tell" else ()
-    )
+) -> CauseEntry:
+    missing = ["vllm_metrics.kv_cache_usage"] if state == "cannot_tell" else []
+    return CauseEntry(cause=cause, verdict=state, number=number, missing=missing)
 
 
 def test_the_cause_field_round_trips_as_one_name_or_a_list() -> None:
@@ -132,15 +132,17 @@ def test_an_adr_whose_cause_the_diagnosis_cannot_tell_is_offered_on_its_numbers_
 def test_verdicts_are_read_back_from_a_stored_summary() -> None:
     stored = {"causes": [{"cause": "queueing", "verdict": "supported", "number": "80 %", "missing": []},
                          {"verdict": "supported"}, "junk"]}  # fmt: skip
-    assert verdicts_of(stored) == [StoredVerdict("queueing", "supported", "80 %", ())]
-    assert verdicts_of({}) == []
+    assert DiagnosisSummary.of(stored).causes == [
+        CauseEntry(cause="queueing", verdict="supported", number="80 %")
+    ]
+    assert DiagnosisSummary.of({}).causes == []
 
 
 def test_the_post_incident_draft_names_the_incidents_supported_cause() -> None:
     supported = {"cause": "prefill_decode_mixing", "verdict": "supported", "number": "8192 tokens"}
     incident = _incident()
     with_cause = dataclasses.replace(
-        incident, diagnosis={**(incident.diagnosis or {}), "causes": [supported]}
+        incident, diagnosis={**incident.diagnosis.json_dict(), "causes": [supported]}
     )
     assert _draft(_applied("promoted"), incident=with_cause).cause == ["prefill_decode_mixing"]
     assert _draft(_applied("promoted")).cause == ["kv_cache_pressure"]  # the applied ADR's

@@ -152,7 +152,7 @@ async def diagnose(h: Harness) -> dict[str, Any]:
     with h.bot.db.transaction() as s:
         incident = s.scalars(select(Incident).order_by(Incident.id.desc())).first()
         assert incident is not None
-        return dict(incident.summary)
+        return incident.summary.json_dict()
 
 
 async def test_the_diagnosis_matches_against_normal_and_sets_no_limit_from_a_relative_gate(

@@ -100,7 +100,7 @@ async def test_an_adr_whose_cause_is_ruled_out_is_not_offered_and_the_thread_say
     assert f"{SEED} answers kv_cache_pressure, ruled out: TTFT p99" in text
     with h.bot.db.transaction() as s:
         [kept] = store_reads.incidents(s)
-        assert kept.summary["matches"] == []  # not offered
+        assert kept.summary.matches == []  # not offered
     assert not any(f"Matching accepted ADRs: {SEED}" in t for t in thread(slack))
 
 
@@ -110,7 +110,7 @@ async def test_an_adr_whose_cause_is_supported_is_offered(
     await incident(supported, 1)
     with supported.bot.db.transaction() as s:
         [kept] = store_reads.incidents(s)
-        assert kept.summary["matches"] == [SEED]
+        assert kept.summary.matches == [SEED]
     assert "answers kv_cache_pressure," not in "\n".join(thread(slack))  # no refusal line
     assert any(f"Matching accepted ADRs: {SEED}" in t for t in thread(slack))  # with its Apply
     assert any("_(answers kv_cache_pressure)_" in t for t in thread(slack))

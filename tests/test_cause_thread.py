@@ -63,7 +63,7 @@ def view(summary: dict[str, object]) -> IncidentView:
 
 
 def test_root_message_leads_with_the_likely_cause_and_its_number() -> None:
-    summary = json.loads(json.dumps(diagnosis([MIXING, KV, GPU]).summary()))  # as stored
+    summary = diagnosis([MIXING, KV, GPU]).summary().json_dict()  # as stored
     assert summary["causes"][0] == {
         "cause": "prefill_decode_mixing", "title": MIXING.title, "verdict": "supported",
         "evidence": MIXING.evidence, "number": MIXING.number, "missing": [],
@@ -75,10 +75,10 @@ def test_root_message_leads_with_the_likely_cause_and_its_number() -> None:
     )
     assert blocks[2]["text"]["text"] == f"*{line}*"  # right under the status line
     assert render_root(view(summary)).splitlines()[1] == f"    {line}"
-    none = json.loads(json.dumps(diagnosis([KV, GPU]).summary()))
+    none = diagnosis([KV, GPU]).summary().json_dict()
     assert "*no cause stood out*" in str(root_message(view(none))[1])
     assert "cause" not in str(root_message(view({"headline": {}}))[1])  # not diagnosed yet
-    no_hypotheses = json.loads(json.dumps(diagnosis([]).summary()))
+    no_hypotheses = diagnosis([]).summary().json_dict()
     assert no_hypotheses["causes"] == []
     assert "cause" not in str(root_message(view(no_hypotheses))[1])  # the runbook names none
     assert "cause" not in render_root(view(no_hypotheses))
@@ -188,7 +188,7 @@ def test_runbooks_validate_exit_codes(tmp_path: Path) -> None:
 
 
 def test_the_incident_page_shows_the_same_causes_in_the_same_order() -> None:
-    summary = json.loads(json.dumps(diagnosis([MIXING, KV, GPU]).summary()))
+    summary = diagnosis([MIXING, KV, GPU]).summary().json_dict()
     record = IncidentRecord(
         id=3, title="VLLMTimeToFirstTokenP99High", status="firing", source="alertmanager",
         target="prod-a", labels={}, opened_at=dt.datetime(2026, 12, 2, tzinfo=dt.UTC),

@@ -284,7 +284,7 @@ async def test_the_served_bot_judges_drift_against_the_change_it_kept(
     finally:
         await h.close()
     with h.bot.db.transaction() as s:
-        first, second = (s.get(Incident, i).summary for i in (1, 2))  # type: ignore[union-attr]
+        first, second = (s.get(Incident, i).summary.json_dict() for i in (1, 2))  # type: ignore[union-attr]
     verdicts = {c["cause"]: c for c in second["causes"]}
     assert verdicts["workload_drift"]["verdict"] == "supported"
     assert verdicts["workload_drift"]["number"] == MOVED

@@ -148,7 +148,7 @@ async def diagnose(h: Harness) -> dict[str, Any]:
     with h.bot.db.transaction() as s:
         incident = s.get(Incident, response.json()["incident"])
         assert incident is not None
-        return dict(incident.summary)
+        return incident.summary.json_dict()
 
 
 def prometheus_says(prometheus: str, name: str) -> list[tuple[float, float]]:

@@ -31,6 +31,7 @@ from bot.demo.scenario import (
     settings,
 )
 from bot.numbers.reading import Bound, Measured
+from bot.store.summary import DiagnosisSummary
 
 DEMO_ADR = HERE / ADR_FILE
 NORMAL = {"ttft_p99_ms": 39.1, "tpot_p99_ms": 9.9, "goodput_ratio": 1.0, "kv_fragmentation": 0.4}
@@ -62,7 +63,7 @@ def test_the_shipped_adr_matches_tpot_relative_to_normal_and_gates_relative_too(
 
 
 def test_an_incident_over_the_adrs_multiple_of_normal_goes_on() -> None:
-    result = check_incident(load(DEMO_ADR), summary(185.4))
+    result = check_incident(load(DEMO_ADR), DiagnosisSummary.of(summary(185.4)))
     assert result.matches
     assert [c.explain() for c in result.conditions] == [
         "tpot_p99_ms 185.4 > 3x normal (= 29.7): holds"
@@ -81,14 +82,14 @@ def test_no_incident_stops_the_demo_with_exit_1_and_the_reason(
     tpot_now: float, normal: dict[str, Any] | None, why: str
 ) -> None:
     with pytest.raises(DemoFailed) as caught:
-        check_incident(load(DEMO_ADR), summary(tpot_now, normal=normal))
+        check_incident(load(DEMO_ADR), DiagnosisSummary.of(summary(tpot_now, normal=normal)))
     message = str(caught.value)
     assert message.startswith(f"the incident was not produced on this machine, so there is "
                               f"nothing for {ADR_ID} to fix: {why}.")  # fmt: skip
 
     @click.command(cls=Command)
     def demo() -> None:
-        check_incident(load(DEMO_ADR), summary(tpot_now, normal=normal))
+        check_incident(load(DEMO_ADR), DiagnosisSummary.of(summary(tpot_now, normal=normal)))
 
     result = CliRunner().invoke(demo)
     assert result.exit_code == 1
@@ -98,7 +99,7 @@ def test_no_incident_stops_the_demo_with_exit_1_and_the_reason(
 def test_a_diagnosis_that_did_not_match_is_not_overruled() -> None:
     numbers = summary(185.4) | {"matches": []}  # the bot's own verdict wins
     with pytest.raises(DemoFailed, match="holds"):
-        check_incident(load(DEMO_ADR), numbers)
+        check_incident(load(DEMO_ADR), DiagnosisSummary.of(numbers))
 
 
 def test_the_last_screen_has_the_four_numbers_the_verdict_and_the_paths() -> None:
@@ -161,7 +162,7 @@ def test_the_screens_gate_marks_are_the_canary_judges_word() -> None:
 
 def test_a_diagnosis_that_failed_is_not_mistaken_for_no_incident() -> None:
     with pytest.raises(DemoFailed, match="the bot's diagnosis produced no numbers"):
-        check_incident(load(DEMO_ADR), {})
+        check_incident(load(DEMO_ADR), DiagnosisSummary.of({}))
 
 
 def test_the_demo_stamps_each_step_with_the_time_since_its_start(

@@ -92,7 +92,7 @@ async def diagnose(
         html = (await h.client.get(url)).text
         with h.bot.db.transaction() as s:
             (incident,) = store_reads.incidents(s)
-            summary = incident.summary
+            summary = incident.summary.json_dict()
         return root_update, findings, adrs, html, summary
     finally:
         await h.close()

@@ -22,6 +22,7 @@ from bot.canary.schema import CanaryReport
 from bot.cli import cli
 from bot.config import Settings
 from bot.errors import UsageError
+from bot.store.summary import DiagnosisSummary
 from bot.web.view import BAD, GOOD, NEUTRAL, _numbers, four_number
 from tests.fakes.incident_story import ADR, PUBLIC_URL, SECRET, Story, incident_story
 from tests.fakes.slack_api import FakeSlack
@@ -88,10 +89,12 @@ async def test_the_page_shows_the_whole_incident(story: Story) -> None:
 def test_the_kept_canary_is_coloured_by_the_gates_that_judged_it_not_the_incidents() -> None:
     """The canary measures at its client under its own workload: another ADR's engine-side gate
     does not make it red next to 'kept: the canary met every gate'; its own failed gate does."""
-    summary = {
-        "headline": {"ttft_p99_ms": 2400.0, "tpot_p99_ms": 90.0},
-        "baseline": {"ttft_p99_ms": [350.0, "ADR-OTHER"], "tpot_p99_ms": [50.0, "ADR-OTHER"]},
-    }
+    summary = DiagnosisSummary.of(
+        {
+            "headline": {"ttft_p99_ms": 2400.0, "tpot_p99_ms": 90.0},
+            "baseline": {"ttft_p99_ms": [350.0, "ADR-OTHER"], "tpot_p99_ms": [50.0, "ADR-OTHER"]},
+        }
+    )
     kept = CanaryReport.of(
         {
             "ttft_ms": {"p99": 500.0},

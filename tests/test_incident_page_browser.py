@@ -19,6 +19,7 @@ import uvicorn
 from playwright.async_api import Browser, ConsoleMessage, async_playwright
 
 from bot.diagnosis.models import summary_numbers
+from bot.store.summary import DiagnosisSummary
 from bot.web.view import four_number
 from tests.fakes.incident_story import PUBLIC_URL, Story, incident_story
 from tests.fakes.slack_api import FakeSlack
@@ -70,7 +71,7 @@ async def test_the_page_renders_the_numbers_and_the_chart_without_console_errors
 ) -> None:
     story, base = served
     link = slack_link(story.slack).replace(PUBLIC_URL, base)
-    headline = summary_numbers(story.summary())
+    headline = summary_numbers(DiagnosisSummary.of(story.summary()))
     for viewport in ({"width": 1280, "height": 900}, {"width": 390, "height": 844}):
         page = await browser.new_page(viewport=viewport)  # type: ignore[arg-type]
         problems: list[str] = []

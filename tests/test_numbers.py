@@ -15,6 +15,7 @@ from bot.numbers.reading import Bound, Measured, Reading, compare, spans_of
 from bot.numbers.text import change, compact, show, show_reading
 from bot.probes.exposition import Exposition
 from bot.probes.vllm_metrics import Quantiles
+from bot.store.summary import DiagnosisSummary
 
 # vLLM's TPOT histogram starts at a 10 ms bucket; its last finite edge here is 20 s
 EDGES = (0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 20.0)
@@ -196,7 +197,7 @@ def test_slack_the_console_and_the_page_show_an_estimate_with_its_span_and_judge
     assert "50.0 % (45.0–55.0 %) :x:" in shown and "≤ 10.0 ms" in shown
     console = render_root(view)
     assert "KV fragmentation: 12.0 % (0.0–24.0 %)" in console and "TPOT p99: ≤ 10.0 ms" in console
-    rows = {row.label: row for row in _numbers(summary, None)}
+    rows = {row.label: row for row in _numbers(DiagnosisSummary.of(summary), None)}
     assert rows["KV fragmentation"].incident == "12.0 % (0.0–24.0 %)"
     assert rows["KV fragmentation"].incident_tone == NEUTRAL
     assert rows["Goodput"].incident_tone == BAD

@@ -83,7 +83,7 @@ def _summary(*, ttft: float = 2431.27, goodput: float | None = 0.6187) -> dict[s
         matches=[match(seed, {"metrics": headline})], readings={}, details={},
         sampling_s=5.0, at=T0,
     )  # fmt: skip
-    return json.loads(json.dumps(diagnosis.summary()))
+    return diagnosis.summary().json_dict()
 
 
 def _incident(**changes: Any) -> IncidentFacts:

@@ -320,7 +320,7 @@ async def test_snapshots_are_kept_and_shown_as_normal_next_to_now(
     assert all(set(r.numbers) == set(NORMAL_KEYS) for r in rows), [r.numbers for r in rows]
     await h.slash("prod-a")
     await h.bot.tasks.drain()
-    summary: dict[str, Any] = incidents(h)[0].summary
+    summary: dict[str, Any] = incidents(h)[0].summary.json_dict()
     assert summary["normal"]["ttft_p99_ms"] == pytest.approx(normal)
     shown = json.dumps(slack.of("chat.update")[-1].args["blocks"], ensure_ascii=False)
     assert "*TTFT p99*" in shown and "\\nnormal " in shown

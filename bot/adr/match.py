@@ -173,7 +173,7 @@ def _with_bound(
 
 class CauseState(Protocol):
     """A diagnosis's verdict on one cause, as ``by_cause`` reads it (the diagnosis's
-    ``CauseVerdict``, or a stored summary's entry through ``verdicts_of``)."""
+    ``CauseVerdict``, or a stored summary's ``causes`` entry, ``bot.store.summary.CauseEntry``)."""
 
     @property
     def cause(self) -> str: ...
@@ -183,27 +183,6 @@ class CauseState(Protocol):
     def number(self) -> str | None: ...
     @property
     def missing(self) -> Sequence[str]: ...
-
-
-@dataclass(frozen=True)
-class StoredVerdict:
-    """One entry of a stored diagnosis summary's ``causes``."""
-
-    cause: str
-    verdict: str
-    number: str | None = None
-    missing: Sequence[str] = ()
-
-
-def verdicts_of(summary: Mapping[str, Any]) -> list[StoredVerdict]:
-    """The cause verdicts of a stored diagnosis summary (``Diagnosis.summary()["causes"]``)."""
-    out = []
-    for entry in summary.get("causes") or []:
-        if isinstance(entry, Mapping) and isinstance(entry.get("cause"), str):
-            missing = tuple(entry.get("missing") or ())
-            number = entry.get("number")
-            out.append(StoredVerdict(entry["cause"], str(entry.get("verdict")), number, missing))
-    return out
 
 
 def supported_causes(verdicts: Iterable[CauseState]) -> list[str]:

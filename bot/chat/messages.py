@@ -6,6 +6,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from bot.store.summary import DiagnosisSummary
+
 if TYPE_CHECKING:
     from bot.diagnosis.models import Diagnosis
 
@@ -38,9 +40,13 @@ class IncidentView:
     opened_at: dt.datetime
     closed_at: dt.datetime | None
     state: str  # diagnosing | diagnosed | failed | waiting
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: DiagnosisSummary = field(default_factory=DiagnosisSummary)
     requested_by: str | None = None
     acknowledged_by: str | None = None  # a Slack user ID (the thread's Acknowledge button)
+
+    def __post_init__(self) -> None:
+        # a summary given as its stored JSON is parsed here, once
+        object.__setattr__(self, "summary", DiagnosisSummary.of(self.summary))
 
 
 class Notifier(Protocol):

@@ -67,6 +67,7 @@ from bot.server import Bot, create_bot
 from bot.store import buttons
 from bot.store.db import Database
 from bot.store.models import AdrDraft, AuditEntry, Incident, Remediation
+from bot.store.summary import DiagnosisSummary
 from bot.workload.shape import WorkloadShape
 
 HERE = Path(__file__).parent
@@ -289,24 +290,24 @@ def alert(base_url: str) -> bytes:
     return json.dumps(body).encode()
 
 
-def check_incident(adr: Adr, summary: Mapping[str, Any]) -> MatchResult:
+def check_incident(adr: Adr, summary: DiagnosisSummary) -> MatchResult:
     """The diagnosis must match the demo ADR; else DemoFailed with each condition explained.
 
     ``summary`` is the incident's stored diagnosis (``Diagnosis.summary()``): its readings and
     the normal it was diagnosed against are read the way the bot read them.
     """
-    readings = summary.get("readings") or {}
+    readings = summary.readings
     if not readings:
         raise DemoFailed(
             "the bot's diagnosis produced no numbers (it failed; its error is logged above), "
             "so the demo cannot tell whether the incident happened"
         )
     report = match_report(
-        readings, bounds_of(summary.get("reading_bounds")), spans_of(summary.get("reading_spans"))
+        readings, bounds_of(summary.reading_bounds), spans_of(summary.reading_spans)
     )
-    normal_bounds = bounds_of(summary.get("normal_bounds"))
-    result = match(adr, report, summary.get("normal") or {}, normal_bounds=normal_bounds)
-    if adr.id in (summary.get("matches") or []) and result.matches:
+    normal_bounds = bounds_of(summary.normal_bounds)
+    result = match(adr, report, summary.normal, normal_bounds=normal_bounds)
+    if adr.id in summary.matches and result.matches:
         return result
     why = "; ".join(c.explain() for c in result.conditions) or "the ADR has no conditions"
     raise DemoFailed(
@@ -611,11 +612,11 @@ class Demo:
         await bot.tasks.drain(timeout_s=DIAGNOSIS_WINDOWS * window + SLACK_S)
         return incident_id
 
-    def _summary(self, bot: Bot, incident_id: int) -> dict[str, Any]:
+    def _summary(self, bot: Bot, incident_id: int) -> DiagnosisSummary:
         with bot.db.transaction() as s:
             incident = s.get(Incident, incident_id)
             assert incident is not None
-            return dict(incident.summary or {})
+            return incident.summary
 
     # --- 6/9 and 7/9: request, approval, apply, canary ---------------------------------------
     async def _remediate(self, bot: Bot, incident_id: int) -> Remediation:

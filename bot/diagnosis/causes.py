@@ -22,6 +22,7 @@ from bot.diagnosis.replicas import FleetVerdict, ratio
 from bot.numbers.reading import Bounds, Reading, Spans
 from bot.numbers.text import in_unit, show, unit_of
 from bot.runbooks.models import PLACEHOLDER, Hypothesis, Runbook
+from bot.store.summary import DiagnosisSummary
 
 # What to do when a probe's readings are missing altogether (the data gaps' advice).
 GAP_ADVICE = {
@@ -302,20 +303,17 @@ def likely(verdicts: Iterable[CauseVerdict]) -> CauseVerdict | None:
     return next((v for v in verdicts if v.verdict == "supported"), None)
 
 
-def from_json(raw: object) -> list[CauseVerdict]:
-    """A summary's ``causes`` read back (what is malformed is dropped)."""
-    out = []
-    for item in raw if isinstance(raw, list) else []:
-        if not isinstance(item, dict) or item.get("verdict") not in _ORDER:
-            continue
-        out.append(
-            CauseVerdict(
-                cause=str(item.get("cause", "")),
-                title=str(item.get("title", "")),
-                verdict=item["verdict"],
-                evidence=str(item.get("evidence", "")),
-                number=None if item.get("number") is None else str(item["number"]),
-                missing=tuple(str(m) for m in item.get("missing") or ()),
-            )
-        )
-    return out
+def from_summary(summary: DiagnosisSummary) -> list[CauseVerdict]:
+    """A stored summary's ``causes`` read back (an entry of an unknown verdict is dropped)."""
+    return [
+        CauseVerdict(
+            cause=e.cause,
+            title=e.title,
+            verdict=e.verdict,
+            evidence=e.evidence,
+            number=e.number,
+            missing=tuple(e.missing),
+        )  # fmt: skip
+        for e in summary.causes
+        if e.verdict in _ORDER
+    ]

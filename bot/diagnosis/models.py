@@ -20,6 +20,7 @@ from bot.numbers.reading import Bounds, Measured, Spans, spans_json
 from bot.numbers.text import FOUR
 from bot.probes.sampling import SampledWindow
 from bot.probes.types import Finding
+from bot.store.summary import DiagnosisSummary
 
 GATE_OF = catalogue.GATE_OF  # metric -> the gate that limits it
 
@@ -98,39 +99,40 @@ class Diagnosis:
     withheld: list[MatchResult] = field(default_factory=list)  # matched, not offered (outlier)
     causes: list[CauseVerdict] = field(default_factory=list)  # supported, ruled out, cannot tell
 
-    def summary(self) -> dict[str, Any]:
-        """The headline and every reading, JSON-ready, for the store and the audit log."""
-        return {
-            "target": self.target,
-            "runbook": self.runbook,
-            "headline": {k: _finite(v) for k, v in self.headline.items()},
-            "baseline": {k: [v.value, v.adr_id] for k, v in self.baseline.limits.items()},
-            "worst": str(max((f.severity for f in self.findings), default="ok")),
-            "matches": [m.adr.id for m in self.matches],
-            "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
-            "readings": {k: _finite(v) for k, v in self.readings.items()},
-            "normal": {k: _finite(v) for k, v in self.normal.items()},
-            "bounds": {k: str(b) for k, b in self.bounds.items()},
-            "spans": spans_json(self.spans),
-            "reading_bounds": {k: str(b) for k, b in self.reading_bounds.items()},
-            "reading_spans": spans_json(self.reading_spans),
-            "normal_bounds": {k: str(b) for k, b in self.normal_bounds.items()},
-            "normal_spans": spans_json(self.normal_spans),
-            "findings": [[str(f.severity), f.message, f.source] for f in self.findings[:50]],
-            "chart": None if self.chart is None else self.chart.to_json(),
-            "replicas": None if self.replicas is None else summary_json(self.replicas),
-            "withheld_matches": [m.adr.id for m in self.withheld],
-            "causes": [c.to_json() for c in self.causes],
-        }
+    def summary(self) -> DiagnosisSummary:
+        """The headline and every reading, as the store and the audit log keep them."""
+        return DiagnosisSummary.of(
+            {
+                "target": self.target,
+                "runbook": self.runbook,
+                "headline": {k: _finite(v) for k, v in self.headline.items()},
+                "baseline": {k: (v.value, v.adr_id) for k, v in self.baseline.limits.items()},
+                "worst": str(max((f.severity for f in self.findings), default="ok")),
+                "matches": [m.adr.id for m in self.matches],
+                "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
+                "readings": {k: _finite(v) for k, v in self.readings.items()},
+                "normal": {k: _finite(v) for k, v in self.normal.items()},
+                "bounds": {k: str(b) for k, b in self.bounds.items()},
+                "spans": spans_json(self.spans),
+                "reading_bounds": {k: str(b) for k, b in self.reading_bounds.items()},
+                "reading_spans": spans_json(self.reading_spans),
+                "normal_bounds": {k: str(b) for k, b in self.normal_bounds.items()},
+                "normal_spans": spans_json(self.normal_spans),
+                "findings": [(str(f.severity), f.message, f.source) for f in self.findings[:50]],
+                "chart": None if self.chart is None else self.chart.to_json(),
+                "replicas": None if self.replicas is None else summary_json(self.replicas),
+                "withheld_matches": [m.adr.id for m in self.withheld],
+                "causes": [c.to_json() for c in self.causes],
+            }
+        )
 
 
-def summary_numbers(summary: Mapping[str, Any], which: str = "headline") -> Measured:
+def summary_numbers(summary: DiagnosisSummary, which: str = "headline") -> Measured:
     """The four numbers of a stored summary (``Diagnosis.summary()``) with their bounds and
     spans: ``which`` is "headline" (the incident) or "normal" (the target's normal)."""
-    prefix = "" if which == "headline" else f"{which}_"
-    return Measured.from_json(
-        summary.get(which), summary.get(f"{prefix}bounds"), summary.get(f"{prefix}spans")
-    )
+    if which == "headline":
+        return Measured.from_json(summary.headline, summary.bounds, summary.spans)
+    return Measured.from_json(summary.normal, summary.normal_bounds, summary.normal_spans)
 
 
 def _finite(value: float | None) -> float | None:

@@ -30,7 +30,6 @@ from bot.config import Settings
 from bot.diagnosis.models import Diagnosis
 from bot.diagnosis.service import Diagnoser
 from bot.errors import EndpointError, NotAllowed, RuleloopError, UsageError
-from bot.incidents.memory import supported_of
 from bot.incidents.outbox import Outbox
 from bot.incidents.records import ButtonsOf, IncidentRecords
 from bot.intake.service import IntakeOutcome, IntakeResult
@@ -43,6 +42,7 @@ from bot.runtime.tasks import TaskSupervisor
 from bot.store import outbox as items
 from bot.store.db import Database
 from bot.store.models import Incident
+from bot.store.summary import DiagnosisSummary
 
 log = logging.getLogger("ruleloop.flows")
 
@@ -160,7 +160,7 @@ class IncidentFlows:
         kept = await self._records.diagnosed(
             incident_id,
             action="diagnosis.finished",
-            detail=summary,
+            detail=summary.json_dict(),
             summary=summary,
             messages=messages,
             update={"diagnosis": {"sampling_s": diagnosis.sampling_s}},
@@ -258,7 +258,7 @@ class IncidentFlows:
         ]
         return dataclasses.replace(diagnosis, findings=[*diagnosis.findings, *notes])
 
-    async def _remember(self, incident_id: int, summary: dict[str, object]) -> str | None:
+    async def _remember(self, incident_id: int, summary: DiagnosisSummary) -> str | None:
         """What the store remembers of the supported causes here; a failed read costs the
         line, never the diagnosis (the log has why)."""
         try:
@@ -282,8 +282,9 @@ class IncidentFlows:
             detail = {"error_id": error_id}
         self._metrics.diagnoses.labels("failed").inc()
         kept = await self._records.diagnosed(
-            incident_id, action="diagnosis.failed", detail=detail, summary={"failed": True},
-            messages=[{"text": text}], update={}, buttons_of=self._buttons_of(),
+            incident_id, action="diagnosis.failed", detail=detail,
+            summary=DiagnosisSummary(failed=True), messages=[{"text": text}], update={},
+            buttons_of=self._buttons_of(),
         )  # fmt: skip
         if kept:
             await self.outbox.deliver(incident_id)
@@ -294,7 +295,7 @@ class IncidentFlows:
         Cause confirmed / Wrong cause on any diagnosis that supports a cause."""
 
         def kinds(incident: Incident) -> list[str]:
-            feedback = [CAUSE_CONFIRMED, CAUSE_WRONG] if supported_of(incident.summary) else []
+            feedback = [CAUSE_CONFIRMED, CAUSE_WRONG] if incident.summary.supported() else []
             if incident.source == "slash":
                 return feedback
             target = self.settings.targets.get(incident.target or "")

@@ -11,17 +11,17 @@ log and ``cause_feedback``.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from bot.adr.match import supported_causes, verdicts_of
 from bot.chat.mrkdwn import escape
 from bot.store.models import AuditEntry, CauseFeedback, Incident, Remediation
 from bot.store.states import ChangeState as S
+from bot.store.summary import DiagnosisSummary
 
 RECENT_DAYS = 7  # "3rd time in 7 days"
 LOOKBACK_DAYS = 90  # how far back an earlier fix (and its story) is looked for
@@ -57,18 +57,13 @@ class Memory:
     marked_wrong: dt.datetime | None = None  # the last time on-call said it was not the cause
 
 
-def supported_of(summary: Mapping[str, Any]) -> list[str]:
-    """The causes a stored diagnosis summary supports."""
-    return supported_causes(verdicts_of(summary))
-
-
 def recall(
-    s: Session, incident: Incident, summary: Mapping[str, Any], *, days: int = RECENT_DAYS
+    s: Session, incident: Incident, summary: DiagnosisSummary, *, days: int = RECENT_DAYS
 ) -> list[Memory]:
     """What the store remembers of each cause this diagnosis supports on its target."""
     if not incident.target:
         return []
-    causes = supported_of(summary)
+    causes = summary.supported()
     if not causes:
         return []
     since = incident.opened_at - dt.timedelta(days=LOOKBACK_DAYS)
@@ -79,7 +74,7 @@ def recall(
         .order_by(Incident.opened_at.desc(), Incident.id.desc())
         .limit(MAX_EARLIER)
     ).all()  # fmt: skip
-    supported = {i.id: set(supported_of(i.summary or {})) for i in earlier}  # read once
+    supported = {i.id: set(i.summary.supported()) for i in earlier}  # read once
     out = []
     for cause in causes:
         same = [i for i in earlier if cause in supported[i.id]]

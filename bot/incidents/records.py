@@ -18,6 +18,7 @@ from bot.store import outbox as items
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import Incident
+from bot.store.summary import DiagnosisSummary
 
 # an incident's thread buttons: which kinds it gets, and their message once they have tokens
 ButtonsOf = tuple[Callable[[Incident], Sequence[str]], Callable[[dict[str, str]], dict[str, Any]]]
@@ -211,7 +212,7 @@ class IncidentRecords:
 
         return await asyncio.to_thread(read)
 
-    async def remember(self, incident_id: int, summary: Mapping[str, Any]) -> str | None:
+    async def remember(self, incident_id: int, summary: DiagnosisSummary) -> str | None:
         """The thread's line of what the store remembers of the diagnosis's supported causes on
         this target (``bot.incidents.memory``); None when there is nothing to say."""
 
@@ -229,7 +230,7 @@ class IncidentRecords:
         *,
         action: str,
         detail: Mapping[str, object],
-        summary: Mapping[str, Any],
+        summary: DiagnosisSummary,
         messages: list[dict[str, Any]],
         update: Mapping[str, Any],
         buttons_of: ButtonsOf | None = None,

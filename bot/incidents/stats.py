@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from bot.incidents.memory import supported_of
 from bot.store.models import CauseFeedback, Incident, Remediation
 from bot.store.states import ChangeState as S
 
@@ -59,7 +58,7 @@ def collect(
 
     incidents = {i.id: i for i in s.scalars(select(Incident).order_by(Incident.opened_at))}
     for incident in incidents.values():
-        for adr_id in (incident.summary or {}).get("matches") or []:
+        for adr_id in incident.summary.matches:
             of(str(adr_id)).matched += 1
     for change in s.scalars(select(Remediation).order_by(Remediation.id)):
         row = of(change.adr_id)
@@ -79,7 +78,7 @@ def collect(
 
 
 def _causes(incident: Incident | None, declared: Sequence[str] | None) -> set[str]:
-    supported = supported_of(incident.summary or {}) if incident is not None else []
+    supported = incident.summary.supported() if incident is not None else []
     return set(supported or declared or ())
 
 
@@ -98,8 +97,8 @@ def _recurred(
             continue
         if not after < incident.opened_at <= until:
             continue
-        summary = incident.summary or {}
-        if causes & set(supported_of(summary)) or change.adr_id in (summary.get("matches") or []):
+        summary = incident.summary
+        if causes & set(summary.supported()) or change.adr_id in summary.matches:
             return True
     return False
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.adr.flags import canonical
-from bot.adr.match import supported_causes, verdicts_of
 from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
 from bot.adr.parse import date_of_id
 from bot.canary.limits import judged_limits
@@ -36,6 +35,7 @@ from bot.errors import UsageError
 from bot.numbers.reading import Measured, Reading, compare
 from bot.numbers.text import FOUR, compact
 from bot.store.states import ChangeState
+from bot.store.summary import DiagnosisSummary
 from bot.tune.matrix import PASSED, source_note
 from bot.workload.shape import WorkloadShape
 
@@ -56,7 +56,11 @@ class IncidentFacts:
     closed_at: dt.datetime | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Sequence[str] = ()  # the alerts' summary / description texts
-    diagnosis: Mapping[str, Any] | None = None
+    diagnosis: DiagnosisSummary = field(default_factory=DiagnosisSummary)
+
+    def __post_init__(self) -> None:
+        # a summary given as its stored JSON (or None: not diagnosed) is parsed here, once
+        object.__setattr__(self, "diagnosis", DiagnosisSummary.of(self.diagnosis))
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,7 @@ def build_postmortem(
     if date_of_id(adr_id) != day:
         raise UsageError(f"the ADR id {adr_id} must carry the draft's date {day:%Y%m%d}")
     runs = sorted(canaries, key=lambda run: _utc(run.at))
-    summary = incident.diagnosis or {}
+    summary = incident.diagnosis
     headline = summary_numbers(summary)
     gates = applied.adr.gates if applied is not None else _baseline_gates(summary)
     judged = applied.judged if applied is not None else gates  # numbers, where resolved
@@ -181,21 +185,19 @@ def build_postmortem(
 
 
 # --- front matter -------------------------------------------------------------------------
-def _cause(summary: Mapping[str, Any], applied: AppliedFix | None) -> list[str]:
+def _cause(summary: DiagnosisSummary, applied: AppliedFix | None) -> list[str]:
     """The cause the draft answers: the one the diagnosis supported (its first: the most likely),
     else the one the applied ADR answers; none when neither names one."""
-    supported = supported_causes(verdicts_of(summary))
+    supported = summary.supported()
     if supported:
         return supported[:1]
     return list(applied.adr.cause) if applied is not None else []
 
 
-def _baseline_gates(summary: Mapping[str, Any]) -> AdrGates | None:
+def _baseline_gates(summary: DiagnosisSummary) -> AdrGates | None:
     """Without an applied ADR: the strictest gates of the accepted ADRs (the diagnosis baseline)."""
     limits = {
-        GATE_OF[key]: float(limit[0])
-        for key, limit in (summary.get("baseline") or {}).items()
-        if key in GATE_OF and limit
+        GATE_OF[key]: float(value) for key, (value, _) in summary.baseline.items() if key in GATE_OF
     }
     return AdrGates(**limits) if limits else None
 
@@ -281,11 +283,11 @@ def _background_lines(run: CanaryFacts) -> list[str]:
     ]
 
 
-def _diagnosis_lines(summary: Mapping[str, Any] | None) -> list[str]:
-    if not summary or not summary.get("headline"):
+def _diagnosis_lines(summary: DiagnosisSummary) -> list[str]:
+    if not summary.diagnosed:
         return ["- 诊断 (diagnosis): none recorded for this incident."]
     headline = summary_numbers(summary)
-    baseline = summary.get("baseline") or {}
+    baseline = summary.baseline
     numbers = []
     for key, label, _, worse_up in FOUR:
         reading = headline.reading(key)
@@ -294,11 +296,11 @@ def _diagnosis_lines(summary: Mapping[str, Any] | None) -> list[str]:
             text += f" (gate {'≤' if worse_up else '≥'} {_number(key, limit[0])}, {limit[1]})"
         numbers.append(text)
     lines = [
-        f"- 诊断 (diagnosis, engine side, runbook `{summary.get('runbook', '?')}`): "
+        f"- 诊断 (diagnosis, engine side, runbook `{summary.runbook or '?'}`): "
         + ", ".join(numbers)
-        + f"; worst finding: {summary.get('worst', 'ok')}."
+        + f"; worst finding: {summary.worst}."
     ]
-    matches = summary.get("matches") or []
+    matches = summary.matches
     lines.append(
         f"- 匹配的 ADR (accepted ADRs matching): {', '.join(matches)}"
         if matches
@@ -443,7 +445,7 @@ def _row(config: str, values: Values, verdict: str, known: Measured | None = Non
 
 
 def _notes(incident: IncidentFacts, runs: Sequence[CanaryFacts]) -> str:
-    runbook = (incident.diagnosis or {}).get("runbook")
+    runbook = incident.diagnosis.runbook
     notes = [
         f"{INCIDENT_ROW}: the diagnosis's numbers from vLLM's own /metrics over its sampling "
         f"window{f' (runbook `{runbook}`)' if runbook else ''}, not a canary run."
@@ -493,7 +495,7 @@ def _rules(
 
 
 def _known(incident: IncidentFacts, symptoms: Sequence[Condition], target: str) -> list[str]:
-    summary = incident.diagnosis or {}
+    summary = incident.diagnosis
     if symptoms:
         seen = "; ".join(
             f"{_metric_label(c.metric)} {c.op} "
@@ -503,11 +505,11 @@ def _known(incident: IncidentFacts, symptoms: Sequence[Condition], target: str) 
         rules = [
             f"已知 (known): on {target} the engine showed {seen}; no fix has been applied yet."
         ]
-    elif summary.get("headline"):
+    elif summary.diagnosed:
         rules = [f"已知 (known): on {target} the diagnosis numbers stayed within the gates."]
     else:
         rules = [f"已知 (known): no diagnosis numbers were recorded for {target}."]
-    matches = summary.get("matches") or []
+    matches = summary.matches
     if matches:
         rules.append(
             f"Accepted ADRs match these numbers ({', '.join(matches)}): apply one with "

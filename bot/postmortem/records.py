@@ -96,7 +96,7 @@ class DraftRecords(buttons.ButtonReads):
                     closed_at=incident.closed_at,
                     labels={k: str(v) for k, v in incident.labels.items()},
                     annotations=annotations,
-                    diagnosis=incident.summary or None,
+                    diagnosis=incident.summary,
                 )
                 canaries = [
                     CanaryFacts.from_report(label=r.label, report=r.report, at=r.at)

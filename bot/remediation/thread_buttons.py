@@ -26,7 +26,6 @@ from bot.chat.messages import ACKNOWLEDGE, CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG, 
 from bot.chat.mrkdwn import escape, plain
 from bot.config import Settings, SilenceSpec
 from bot.errors import NotAllowed, UsageError
-from bot.incidents.memory import supported_of
 from bot.remediation import silences
 from bot.runtime.access import Members, who_may
 from bot.runtime.ids import new_error_id
@@ -111,11 +110,11 @@ class ThreadButtons(buttons.ButtonReads):
         with self._db.transaction() as s:
             incident = store.get(s, incident_id)
             assert incident is not None
-            causes = supported_of(incident.summary or {})
+            causes = incident.summary.supported()
             if not causes:  # a later diagnosis of the incident supports none
                 raise UsageError("This diagnosis names no cause any more. Nothing was changed.")
             word = "confirmed" if verdict == CAUSE_CONFIRMED else "wrong"
-            adr_ids = [str(a) for a in (incident.summary or {}).get("matches") or []]
+            adr_ids = list(incident.summary.matches)
             _claim(s, token, user_id, now=now, action=f"cause.{word}",
                    detail={"cause": causes[0], "adrs": adr_ids})  # fmt: skip
             s.add(CauseFeedback(incident_id=incident_id, target=incident.target or "",

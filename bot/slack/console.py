@@ -14,7 +14,7 @@ from typing import Any, TextIO
 from bot.chat.messages import IncidentView, MessageRef
 from bot.chat.mrkdwn import unescape
 from bot.diagnosis import cause_text, replica_text
-from bot.diagnosis.causes import from_json
+from bot.diagnosis.causes import from_summary
 from bot.diagnosis.models import Diagnosis, summary_numbers
 from bot.numbers.text import FOUR, show, show_reading
 from bot.postmortem.ports import DraftView
@@ -146,10 +146,9 @@ def render_root(view: IncidentView, *, page: str = "") -> str:
         f"target {view.target or 'unknown'} | incident #{view.id}{page}"
         + (f" | acknowledged by {view.acknowledged_by}" if view.acknowledged_by else "")
     ]
-    if view.summary.get("causes"):  # the verdict leads
-        lines.append(f"    {cause_text.root_line(from_json(view.summary['causes']))}")
-    headline = view.summary.get("headline") or {}
-    baseline = view.summary.get("baseline") or {}
+    if view.summary.causes:  # the verdict leads
+        lines.append(f"    {cause_text.root_line(from_summary(view.summary))}")
+    headline, baseline = view.summary.headline, view.summary.baseline
     measured, normal = summary_numbers(view.summary), summary_numbers(view.summary, "normal")
     for key, label, _, _ in FOUR if headline else ():
         gate = baseline.get(key)

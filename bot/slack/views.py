@@ -26,11 +26,12 @@ from bot.adr.match import MatchResult
 from bot.chat.messages import ACKNOWLEDGE, CAUSE_CONFIRMED, CAUSE_WRONG, SILENCE, IncidentView
 from bot.chat.mrkdwn import clip, escape, plain
 from bot.diagnosis import cause_text, replica_text
-from bot.diagnosis.causes import CauseVerdict, from_json
+from bot.diagnosis.causes import CauseVerdict, from_summary
 from bot.diagnosis.models import Diagnosis, summary_numbers
 from bot.numbers.reading import Reading, compare
 from bot.numbers.text import FOUR, show, show_reading
 from bot.probes.types import Finding, Severity
+from bot.store.summary import DiagnosisSummary
 
 APPLY_ACTION = "apply_adr"
 # token kind -> (label, action_id) of the incident thread's buttons
@@ -62,9 +63,9 @@ NO_MATCH = (
 )
 
 
-def _number_field(key: str, label: str, summary: dict[str, Any]) -> MarkdownTextObject:
+def _number_field(key: str, label: str, summary: DiagnosisSummary) -> MarkdownTextObject:
     reading = summary_numbers(summary).reading(key)
-    limit = summary.get("baseline", {}).get(key)
+    limit = summary.baseline.get(key)
     text = f"*{label}*\n{show_reading(key, reading)}"
     if limit is not None:
         worse_up = next(w for k, _, _, w in FOUR if k == key)
@@ -114,10 +115,10 @@ def root_message(
         HeaderBlock(text=title),
         SectionBlock(text=MarkdownTextObject(text=line)),
     ]
-    if view.summary.get("causes"):  # the verdict leads: the likely cause and its one number
-        verdict = cause_text.root_line(from_json(view.summary["causes"]))
+    if view.summary.causes:  # the verdict leads: the likely cause and its one number
+        verdict = cause_text.root_line(from_summary(view.summary))
         blocks.append(SectionBlock(text=MarkdownTextObject(text=f"*{plain(verdict, MAX_LINE)}*")))
-    if view.summary.get("headline"):
+    if view.summary.diagnosed:
         fields = [_number_field(key, label, view.summary) for key, label, _, _ in FOUR]
         blocks.append(SectionBlock(fields=fields))
         blocks.append(
@@ -126,17 +127,17 @@ def root_message(
                     MarkdownTextObject(
                         text=(
                             "Engine-side numbers over the sampling window (runbook "
-                            f"`{plain(view.summary.get('runbook'), 200)}`); gates from the "
+                            f"`{plain(view.summary.runbook, 200)}`); gates from the "
                             "accepted ADRs. "
                             "An estimate shows its span in brackets (KV fragmentation from "
                             "the engine's gauges); a canary measures it exactly."
-                            + (NORMAL_NOTE if view.summary.get("normal") else "")
+                            + (NORMAL_NOTE if view.summary.normal else "")
                         )
                     )
                 ]
             )
         )
-    fleet = view.summary.get("replicas") or {}
+    fleet = view.summary.replicas or {}
     if fleet.get("line"):  # one replica or all of them, on a phone's first screen
         text = clip(plain(str(fleet["line"])), MAX_LINE)
         blocks.append(ContextBlock(elements=[MarkdownTextObject(text=text)]))

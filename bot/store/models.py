@@ -28,6 +28,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 from bot.store.states import HOLDS, ChangeKind
+from bot.store.summary import DiagnosisSummary, SummaryColumn
 
 
 class UTCDateTime(TypeDecorator[dt.datetime]):
@@ -74,8 +75,8 @@ class Incident(Base):
     labels: Mapped[dict[str, Any]] = mapped_column(default=dict)
     opened_at: Mapped[dt.datetime]
     closed_at: Mapped[dt.datetime | None]
-    summary: Mapped[dict[str, Any]] = mapped_column(
-        default=dict
+    summary: Mapped[DiagnosisSummary] = mapped_column(
+        SummaryColumn, default=DiagnosisSummary
     )  # the last diagnosis, for re-renders
     acknowledged_by: Mapped[str | None] = mapped_column(String(64))  # the thread's button
     acknowledged_at: Mapped[dt.datetime | None]

@@ -284,10 +284,9 @@ def due_diagnoses(session: Session, *, now: dt.datetime, owed_before: dt.datetim
 
 def display_state(session: Session, incident: Incident) -> str:
     """What the root message says of the diagnosis: diagnosed, failed, diagnosing or waiting."""
-    summary = incident.summary or {}
-    if summary.get("headline"):
+    if incident.summary.diagnosed:
         return "diagnosed"
-    if summary.get("failed"):
+    if incident.summary.failed:
         return "failed"
     owed = find(session, incident.id, DIAGNOSE)
     return "diagnosing" if owed is not None and owed.state == PENDING else "waiting"

@@ -25,6 +25,7 @@ from bot.store.models import (
     SlackMessage,
 )
 from bot.store.states import ChangeState
+from bot.store.summary import DiagnosisSummary
 
 FIRING, RESOLVED = "firing", "resolved"
 
@@ -114,13 +115,13 @@ def head(incident: Incident) -> dict[str, Any]:
     return {
         "id": incident.id, "title": incident.title, "status": incident.status,
         "source": incident.source, "target": incident.target, "opened_at": incident.opened_at,
-        "closed_at": incident.closed_at, "summary": dict(incident.summary or {}),
+        "closed_at": incident.closed_at, "summary": incident.summary,
     }  # fmt: skip
 
 
-def set_summary(session: Session, incident: Incident, *, summary: Mapping[str, Any]) -> None:
+def set_summary(session: Session, incident: Incident, *, summary: DiagnosisSummary) -> None:
     """Keep the last diagnosis's headline numbers, so the root message can be re-rendered."""
-    incident.summary = dict(summary)
+    incident.summary = summary
     session.flush()
 
 

@@ -18,6 +18,7 @@ from bot.incidents import memory
 from bot.store import service as store
 from bot.store.db import Database
 from bot.store.models import AdrDraft, AuditEntry, Incident, Remediation
+from bot.store.summary import DiagnosisSummary
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ class IncidentRecord:
     labels: Mapping[str, Any]
     opened_at: dt.datetime
     closed_at: dt.datetime | None
-    summary: Mapping[str, Any]
+    summary: DiagnosisSummary
     alerts: Sequence[AlertRow] = field(default_factory=tuple)
     audit: Sequence[AuditRow] = field(default_factory=tuple)
     remediations: Sequence[RemediationRow] = field(default_factory=tuple)
@@ -101,6 +102,10 @@ class IncidentRecord:
     drafts: Sequence[DraftRow] = field(default_factory=tuple)
     # what the store remembers of its supported causes on the target (the thread says it too)
     memories: Sequence[memory.Memory] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        # a summary given as its stored JSON is parsed here, once
+        object.__setattr__(self, "summary", DiagnosisSummary.of(self.summary))
 
 
 @dataclass(frozen=True)
@@ -114,7 +119,11 @@ class IndexRow:
     target: str | None
     opened_at: dt.datetime
     closed_at: dt.datetime | None
-    summary: Mapping[str, Any]
+    summary: DiagnosisSummary
+
+    def __post_init__(self) -> None:
+        # a summary given as its stored JSON is parsed here, once
+        object.__setattr__(self, "summary", DiagnosisSummary.of(self.summary))
 
 
 def incident(db: Database, incident_id: int) -> IncidentRecord | None:
@@ -171,18 +180,17 @@ def incident(db: Database, incident_id: int) -> IncidentRecord | None:
                 select(AdrDraft).where(AdrDraft.incident_id == incident_id).order_by(AdrDraft.id)
             )
         )
-        remembered = tuple(memory.recall(s, row, row.summary or {}))
+        remembered = tuple(memory.recall(s, row, row.summary))
         return IncidentRecord(
             **store.head(row), labels=dict(row.labels or {}), alerts=alerts, audit=audit,
             remediations=remediations, canaries=canaries, drafts=drafts, memories=remembered,
         )  # fmt: skip
 
 
-def summary(db: Database, incident_id: int) -> Mapping[str, Any] | None:
+def summary(db: Database, incident_id: int) -> DiagnosisSummary | None:
     """Only the incident's diagnosis summary (what the chart is drawn from)."""
     with db.transaction() as s:
-        value = s.scalar(select(Incident.summary).where(Incident.id == incident_id))
-    return None if value is None else dict(value)
+        return s.scalar(select(Incident.summary).where(Incident.id == incident_id))
 
 
 def recent(db: Database, *, limit: int = 200) -> list[IndexRow]:

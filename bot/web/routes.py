@@ -127,7 +127,7 @@ class IncidentPages:
         if fmt not in CHART_TYPES:
             return _message(404, "No such chart", "Charts are chart.svg or chart.png.")
         summary = await asyncio.to_thread(queries.summary, self._db, incident_id)
-        data = (summary or {}).get("chart")
+        data = None if summary is None else summary.chart
         if not data:
             return _message(404, "No chart", f"Incident {incident_id} has no chart.")
         body = await asyncio.to_thread(_drawn, json.dumps(data, sort_keys=True), fmt)

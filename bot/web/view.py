@@ -18,7 +18,7 @@ from bot.canary.schema import CanaryReport
 from bot.canary.verdict import values_of
 from bot.change.argv import diff
 from bot.diagnosis import cause_text
-from bot.diagnosis.causes import from_json
+from bot.diagnosis.causes import from_summary
 from bot.diagnosis.models import GATE_OF, summary_numbers
 from bot.incidents import memory
 from bot.numbers.reading import Bound, Reading, compare
@@ -26,6 +26,7 @@ from bot.numbers.text import FOUR, show_reading
 from bot.remediation.lines import gate_lines, number_lines
 from bot.remediation.ports import STATES
 from bot.store.states import ChangeState
+from bot.store.summary import DiagnosisSummary
 from bot.web.queries import (
     AlertRow,
     AuditRow,
@@ -102,9 +103,9 @@ class Fleet:
     min_requests: int
 
 
-def _fleet(summary: Mapping[str, Any]) -> Fleet | None:
+def _fleet(summary: DiagnosisSummary) -> Fleet | None:
     """The per-replica table of a fleet's diagnosis (None: one engine)."""
-    fleet = summary.get("replicas")
+    fleet = summary.replicas
     if not fleet:
         return None
     rows = []
@@ -241,19 +242,19 @@ def incident_page(
         opened=when(record.opened_at),
         closed=None if record.closed_at is None else when(record.closed_at),
         alerts=[_alert_line(a) for a in record.alerts],
-        diagnosed=bool(summary.get("headline")),
-        runbook=summary.get("runbook"),
+        diagnosed=summary.diagnosed,
+        runbook=summary.runbook,
         numbers=numbers,
         after_label=None if kept is None else kept.label,
-        findings=[(str(s), str(m), str(src)) for s, m, src in summary.get("findings") or []],
-        chart=bool(summary.get("chart")),
-        chart_history=bool((summary.get("chart") or {}).get("history")),
-        adrs=[_adr_card(adr_id, adr) for adr_id in summary.get("matches") or []],
+        findings=list(summary.findings),
+        chart=bool(summary.chart),
+        chart_history=bool((summary.chart or {}).get("history")),
+        adrs=[_adr_card(adr_id, adr) for adr_id in summary.matches],
         remediations=[_remediation(r) for r in record.remediations],
         canaries=[_canary(c) for c in record.canaries],
         drafts=[_draft(d, adr, markdown) for d in record.drafts],
         timeline=[_event(e) for e in record.audit],
-        notes=["Diagnosis failed: see the timeline."] if summary.get("failed") else [],
+        notes=["Diagnosis failed: see the timeline."] if summary.failed else [],
         fleet=_fleet(summary),
         **_causes(summary),
         memory=[remembered(m) for m in record.memories],
@@ -267,11 +268,11 @@ def remembered(found: memory.Memory) -> str:
     return line.replace(f"*{found.cause}*", found.cause, 1)
 
 
-def _causes(summary: Mapping[str, Any]) -> dict[str, Any]:
+def _causes(summary: DiagnosisSummary) -> dict[str, Any]:
     """The likely cause's line and the causes grouped (none before a diagnosis has them)."""
-    if not summary.get("causes"):  # not diagnosed yet, or a runbook without hypotheses
+    if not summary.causes:  # not diagnosed yet, or a runbook without hypotheses
         return {}
-    verdicts = from_json(summary["causes"])
+    verdicts = from_summary(summary)
     return {"cause_line": cause_text.root_line(verdicts), "causes": cause_text.lines(verdicts)}
 
 
@@ -279,7 +280,7 @@ def index_rows(rows: Sequence[IndexRow]) -> list[dict[str, Any]]:
     """The index table: one line per incident, newest first."""
     out = []
     for r in rows:
-        headline = r.summary.get("headline") or {}
+        headline = r.summary.headline
         out.append(
             {
                 "id": r.id,
@@ -298,19 +299,17 @@ def index_rows(rows: Sequence[IndexRow]) -> list[dict[str, Any]]:
     return out
 
 
-def _numbers(summary: Mapping[str, Any], kept: CanaryReport | None) -> list[NumberRow]:
+def _numbers(summary: DiagnosisSummary, kept: CanaryReport | None) -> list[NumberRow]:
     """Each number: normal and the incident (the engine's, like for like, against the strictest
     accepted gate) and the kept change's canary (client side, against the gates it was judged
     by: a different source, so never coloured by the incident's gate)."""
-    baseline = summary.get("baseline") or {}
+    baseline = summary.baseline
     after = values_of(kept).numbers() if kept is not None else {}
     judged = {g.name: g.passed for g in kept.gates} if kept is not None else {}
     measured, usual = summary_numbers(summary), summary_numbers(summary, "normal")
     rows = []
     for key, label, _, worse_up in FOUR:
-        limit, adr = (
-            (float(baseline[key][0]), baseline[key][1]) if baseline.get(key) else (None, "")
-        )
+        limit, adr = baseline.get(key, (None, ""))
         rows.append(
             NumberRow(
                 label=label,

@@ -69,7 +69,7 @@ class Story:
         with self.h.bot.db.transaction() as s:
             incident = s.get(Incident, self.incident_id)
             assert incident is not None
-            return dict(incident.summary)
+            return incident.summary.json_dict()
 
     def remediation(self) -> Remediation:
         with self.h.bot.db.transaction() as s:
