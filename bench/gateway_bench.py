@@ -181,7 +181,7 @@ async def measure(
     else:
         reached = {}
     return {
-        "ttft_p50": ttft["p50"], "ttft_p99": ttft["p99"], "tpot_p99": tpot["p99"],
+        "ttft_p50": ttft.p50, "ttft_p99": ttft.p99, "tpot_p99": tpot.p99,
         "first_wave_ttft_p50": statistics.median(first) if first else -1.0,
         "tokens_per_s": tokens / wall, "tokens": tokens, "engine_tokens": generated,
         "ok": len(ok), "wall_s": wall, "proxy_cpu_s": cpu,

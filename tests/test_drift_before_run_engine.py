@@ -204,7 +204,7 @@ async def drift_period(h: Harness, gate: Gate, **kind: int) -> dict[str, Any]:
     url = target.vllm_url
     await production(url, 2.0, **kind).run()  # warm-up (and the agents' prefix cached)
     started = time.perf_counter()
-    finished = (await production(url, 3.0, **kind).run()).outcomes()["ok"]
+    finished = (await production(url, 3.0, **kind).run()).outcomes().ok
     rate = LOAD / ((time.perf_counter() - started) / max(1, finished))
     window = max(6.0, WINDOW_REQUESTS / rate)
     load = asyncio.create_task(production(url, window + 60.0, rate, **kind).run())

@@ -20,6 +20,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.adr.shared import SharedAdrStore
+from bot.canary.schema import CanaryReport
 from bot.canary.verdict import values_of
 from bot.change.actuators.local import process_argv
 from bot.change.argv import read_flags
@@ -184,7 +185,7 @@ async def test_an_accepted_adr_is_applied_kept_and_drafted(
         with h.bot.db.transaction() as s:
             (canary,) = s.scalars(select(CanaryResult)).all()
             draft = s.scalars(select(AdrDraft)).one()
-        values = values_of(canary.report)
+        values = values_of(CanaryReport.of(canary.report))
         last = slack.of("chat.update")[-1].args
         assert last["text"] == f"{KEEP} on local: applied: the canary met every gate"
         assert f"TTFT p99 {show('ttft_p99_ms', values.ttft_p99_ms)}" in json.dumps(

@@ -61,7 +61,7 @@ async def chat_pace(url: str) -> float:
     run = traffic(url, 4.0, **CHATS)
     started = time.perf_counter()
     report = await run.run()
-    finished = max(1, report.outcomes()["ok"])
+    finished = max(1, report.outcomes().ok)
     return (time.perf_counter() - started) / finished
 
 
