@@ -15,7 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from bot.canary import live
-from bot.canary.live import LiveVerdict, analyse, u_test
+from bot.canary.live import LiveVerdict, analyse
+from bot.canary.stats import u_test
 from bot.cli import cli
 from bot.config import Target
 from bot.probes.context import ProbeContext

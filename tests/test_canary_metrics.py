@@ -86,8 +86,12 @@ def test_summarize_uses_linear_interpolation_like_numpy() -> None:
     assert out.p50 == pytest.approx(50.5)
     assert out.mean == pytest.approx(50.5)
     assert summarize([]).model_dump() == {
-        "p50": None, "p90": None, "p99": None, "mean": None, "count": 0, "infinite": 0
+        "p50": None, "p90": None, "p99": None, "mean": None, "count": 0, "infinite": 0,
+        "p99_interval": None,
     }  # fmt: skip
+    # 100 values cannot bound a p99 from above: the interval says so, never the maximum
+    assert out.p99_interval is not None
+    assert (out.p99_interval.n, out.p99_interval.high) == (100, None)
 
 
 def record(
@@ -173,7 +177,10 @@ def test_report_json_has_the_contract_keys() -> None:
         "passed",
     ):
         assert key in data
-    assert set(data["ttft_ms"]) == {"p50", "p90", "p99", "mean", "count", "infinite"}
+    assert set(data["ttft_ms"]) == {
+        "p50", "p90", "p99", "mean", "count", "infinite", "p99_interval"
+    }  # fmt: skip
+    assert data["samples"] == {"ttft_ms": [pytest.approx(100.0)], "tpot_ms": [pytest.approx(100.0)]}
     assert data["kv_fragmentation"]["observed"] == pytest.approx(0.2)
     assert data["kv_fragmentation"]["internal"] == pytest.approx(0.1)
     assert data["requests"] == {
@@ -184,6 +191,8 @@ def test_report_json_has_the_contract_keys() -> None:
         "name": "max_ttft_p99_ms", "limit": 500, "value": pytest.approx(100.0), "passed": True,
         "reason": "TTFT p99 100ms <= 500ms",
         "source": "TTFT p99: client side; requests that failed count as infinitely slow",
+        "statistics": "inconclusive: p99 in (-∞, ∞) at 99% (n=1) straddles 500: not decided; "
+        "528 requests bound a p99 on both sides",
     }  # fmt: skip
     assert [g["name"] for g in data["gates"]] == ["max_ttft_p99_ms", "max_error_rate"]
 

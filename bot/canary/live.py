@@ -14,8 +14,9 @@ The rule, for each of TTFT and TPOT:
   observations of one bucket are tied (a pair in the same bucket counts half), the variance
   is tie-corrected and the p-value is the normal approximation with a continuity correction
   (``math.erfc``), as scipy's ``mannwhitneyu(..., alternative="greater", method="asymptotic")``
-  computes it on the bucket values. Only the bucket edges both groups have are used, so a
-  canary on a vLLM with other buckets is still read exactly, only coarser;
+  computes it on the bucket values (``bot.canary.stats``, the one judge's arithmetic). Only the
+  bucket edges both groups have are used, so a canary on a vLLM with other buckets is still
+  read exactly, only coarser;
 * the canary is WORSE when p < ALPHA and its p50 or p99 is at least MIN_WORSE worse than the
   baseline's (significant and large enough to matter; a real but tiny slowdown is kept);
 * either group with fewer than MIN_REQUESTS observations cannot be judged.
@@ -31,11 +32,11 @@ p-value is optimistic; the effect-size floor still holds.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from bot.canary.stats import UTest, u_test
 from bot.config import Target
 from bot.errors import ProbeError
 from bot.numbers.reading import Bound
@@ -53,32 +54,6 @@ INTERVAL_S = 10.0  # between scrapes: only the first and last count, the rest wa
 
 Decision = Literal["keep", "roll back", "cannot judge"]
 EXIT_CODES: dict[Decision, int] = {"keep": 0, "roll back": 1, "cannot judge": 2}
-
-
-@dataclass(frozen=True)
-class UTest:
-    """A one-sided Mann-Whitney U test of "the canary is larger" on bucketed observations."""
-
-    u: float  # pairs (canary, baseline) with the canary larger, ties counted half
-    z: float
-    p_value: float
-
-
-def u_test(canary: Sequence[float], baseline: Sequence[float]) -> UTest:
-    """The test on observation counts per bucket, both in the same ascending buckets."""
-    n1, n2 = sum(canary), sum(baseline)
-    n = n1 + n2
-    u = below = ties = 0.0
-    for a, b in zip(canary, baseline, strict=True):
-        u += a * (below + b / 2)  # baseline observations below it, half those beside it
-        below += b
-        ties += (a + b) ** 3 - (a + b)
-    mean = n1 * n2 / 2
-    variance = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1))) if n > 1 else 0.0
-    if variance <= 0:  # every observation in one bucket: no evidence either way
-        return UTest(u=u, z=0.0, p_value=1.0)
-    z = (u - mean - 0.5) / math.sqrt(variance)
-    return UTest(u=u, z=z, p_value=0.5 * math.erfc(z / math.sqrt(2)))
 
 
 @dataclass(frozen=True)

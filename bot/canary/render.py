@@ -79,6 +79,8 @@ def summary_table(report: CanaryReport) -> str:
         mark = "PASS" if gate.passed else "FAIL"
         lines.append(f"  {mark}  {gate.name}: {gate.reason}")
         lines.append(f"        ({gate.source})")
+        if gate.statistics:
+            lines.append(f"        statistics: {gate.statistics}")
     if len(report.gates) <= 1:
         lines.append("  (only the error gate: pass --max-ttft-p99-ms etc. to gate latency)")
     lines.append("verdict: " + ("all gates passed" if report.passed else "GATE FAILED"))

@@ -20,13 +20,16 @@ from bot.canary.schema import (
     ClientCpu,
     ErrorCount,
     Fragmentation,
+    QuantileInterval,
     RequestCounts,
+    Samples,
     SloLimits,
     Spread,
     Throughput,
     TimelinePoint,
     TokenCounts,
 )
+from bot.canary.stats import DEFAULT_CONFIDENCE, quantile_interval
 from bot.canary.verdict import Gates, Verdict, judge, judged, percentile
 from bot.probes.fragmentation import FragmentationSample
 from bot.probes.vllm_metrics import EngineWindow
@@ -55,7 +58,13 @@ def summarize(values_ms: Sequence[float]) -> Spread:
             value = percentile(ordered, pct)
             out[key] = value if math.isfinite(value) else None
         out["mean"] = None if infinite else float(np.mean(ordered))
-    return Spread(**out, count=len(ordered), infinite=infinite)
+    interval = None
+    if ordered:
+        found = quantile_interval(ordered, 0.99, DEFAULT_CONFIDENCE)
+        interval = QuantileInterval(
+            q=0.99, confidence=found.confidence, n=found.n, low=found.low, high=found.high
+        )
+    return Spread(**out, count=len(ordered), infinite=infinite, p99_interval=interval)
 
 
 def slo_attainment(
@@ -148,25 +157,31 @@ class CanaryMeasurement:
         """Requests latency is judged on: all but those the client itself gave up on."""
         return [r for r in self.records if r.outcome is not Outcome.CANCELLED]
 
-    def ttft_ms(self) -> Spread:
-        """TTFT of every request that did not cancel itself; no first token counts as inf."""
-        return summarize(
-            [
-                math.inf if r.ttft_s is None else r.ttft_s * 1000
-                for r in self.judged_records()
-                if r.ttft_s is not None or r.outcome is not Outcome.OK
-            ]
-        )
+    def ttft_values(self) -> list[float]:
+        """TTFT (ms) of every request that did not cancel itself; no first token counts as inf."""
+        return [
+            math.inf if r.ttft_s is None else r.ttft_s * 1000
+            for r in self.judged_records()
+            if r.ttft_s is not None or r.outcome is not Outcome.OK
+        ]
 
-    def tpot_ms(self) -> Spread:
-        """TPOT of requests with more than one token; every failed request counts as inf."""
+    def tpot_values(self) -> list[float]:
+        """TPOT (ms) of requests with more than one token; every failed request counts as inf."""
         values = []
         for r in self.judged_records():
             if r.outcome is not Outcome.OK:
                 values.append(math.inf)
             elif r.tpot_s is not None:
                 values.append(r.tpot_s * 1000)
-        return summarize(values)
+        return values
+
+    def ttft_ms(self) -> Spread:
+        """TTFT's spread (``ttft_values``)."""
+        return summarize(self.ttft_values())
+
+    def tpot_ms(self) -> Spread:
+        """TPOT's spread (``tpot_values``)."""
+        return summarize(self.tpot_values())
 
     def e2e_ms(self) -> Spread:
         """End-to-end latency; every failed request counts as inf."""
@@ -302,6 +317,10 @@ class CanaryMeasurement:
             workload_shape=self.shape,
             timeline=self.timeline,
             warnings=[*self.warnings, *([partial] if partial else [])],
+            samples=Samples(
+                ttft_ms=[_finite_ms(v) for v in self.ttft_values()],
+                tpot_ms=[_finite_ms(v) for v in self.tpot_values()],
+            ),
         )
 
     def verdict(self) -> Verdict:
@@ -316,6 +335,11 @@ class CanaryMeasurement:
     def report(self) -> CanaryReport:
         """The report, with the verdict."""
         return judged(self.numbers(), self.gates).report
+
+
+def _finite_ms(value: float) -> float | None:
+    """A value for JSON: an infinitely slow (failed) request is null."""
+    return value if math.isfinite(value) else None
 
 
 def _top_errors(records: Sequence[RequestRecord], limit: int = 5) -> list[ErrorCount]:

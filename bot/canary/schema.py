@@ -26,9 +26,22 @@ class _Part(BaseModel):
     model_config = ConfigDict(extra="allow", ser_json_inf_nan="null")
 
 
+class QuantileInterval(_Part):
+    """A quantile's distribution-free confidence interval (order statistics) over ``n``
+    values: an end the sample cannot reach is null, unbounded (a p99 of 4 requests has no
+    upper end), never clamped to the maximum (``bot.canary.stats``)."""
+
+    q: float
+    confidence: float
+    n: int
+    low: float | None = None
+    high: float | None = None
+
+
 class Spread(_Part):
     """A latency's p50/p90/p99 and mean (ms, linear interpolation as numpy) over ``count``
-    requests; ``infinite`` failed requests reached it (a percentile they reach is null)."""
+    requests; ``infinite`` failed requests reached it (a percentile they reach is null);
+    ``p99_interval``: how sure the p99 is (null in a report of an earlier release)."""
 
     p50: float | None = None
     p90: float | None = None
@@ -36,6 +49,7 @@ class Spread(_Part):
     mean: float | None = None
     count: int = 0
     infinite: int = 0
+    p99_interval: QuantileInterval | None = None
 
     def p99_judged(self) -> float | None:
         """The p99 the gates read: inf when failed requests made it unbounded."""
@@ -107,7 +121,9 @@ class ErrorCount(_Part):
 
 class GateLine(_Part):
     """One gate of the verdict: its limit, the measured value (null: unbounded or not
-    measured; the reason says which), whether it passed, why, and what it read."""
+    measured; the reason says which), whether it passed, why, and what it read.
+    ``statistics``: a p99 gate decided on its interval instead of the point p99 (met, missed
+    or inconclusive, with n and the confidence); watched, not yet what passes or fails."""
 
     name: str
     limit: float
@@ -115,6 +131,19 @@ class GateLine(_Part):
     passed: bool
     reason: str
     source: str = ""  # not said by a report stored before gates named their source
+    statistics: str | None = None
+
+
+class Samples(_Part):
+    """Each judged request's TTFT and TPOT (ms), in the order the run recorded them: what the
+    statistics read (null: a failed request, infinitely slow)."""
+
+    ttft_ms: list[float | None] = Field(default_factory=list)
+    tpot_ms: list[float | None] = Field(default_factory=list)
+
+    def values(self, key: str) -> list[float]:
+        """One metric's values, a failed request as inf."""
+        return [math.inf if v is None else v for v in getattr(self, key)]
 
 
 class TimelinePoint(_Part):
@@ -171,6 +200,7 @@ class CanaryReport(_Part):
     warnings: list[str] = Field(default_factory=list)
     background: list[BackgroundClass] = Field(default_factory=list)
     gates: list[GateLine] = Field(default_factory=list)
+    samples: Samples = Field(default_factory=Samples)
 
     def json_dict(self) -> dict[str, Any]:
         """The report as JSON-safe data (an unbounded number is null), for a JSON column."""

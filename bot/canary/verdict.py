@@ -36,7 +36,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from bot.canary.schema import CanaryReport, GateLine
+from bot.canary.schema import CanaryReport, GateLine, Samples
+from bot.canary.stats import DEFAULT_CONFIDENCE, judge_limit
 from bot.errors import UsageError
 from bot.numbers import catalogue
 from bot.numbers.text import compact
@@ -265,10 +266,26 @@ def judged(report: CanaryReport | dict[str, Any], gates: Gates) -> Judged:
     parsed = CanaryReport.of(report)
     values = values_of(parsed)
     verdict = judge_values(values, gates)
-    lines = [GateLine(**r.as_dict()) for r in verdict.results]
+    lines = [
+        GateLine(**r.as_dict(), statistics=_statistics(r, parsed.samples)) for r in verdict.results
+    ]
     return Judged(
         parsed.model_copy(update={"passed": verdict.passed, "gates": lines}), values, verdict
     )
+
+
+SAMPLED = {"max_ttft_p99_ms": "ttft_ms", "max_tpot_p99_ms": "tpot_ms"}  # gate -> its values
+
+
+def _statistics(result: GateResult, samples: Samples) -> str | None:
+    """A p99 gate decided on its interval (``bot.canary.stats.judge_limit``): said beside the
+    point verdict, with n and the confidence; None without per-request values."""
+    key = SAMPLED.get(result.name)
+    values = samples.values(key) if key else []
+    if not values:
+        return None
+    decided = judge_limit(values, 0.99, result.limit, confidence=DEFAULT_CONFIDENCE)
+    return f"{decided.outcome}: {decided.why}"
 
 
 def values_of(report: CanaryReport) -> Values:
