@@ -333,7 +333,7 @@ async def test_alert_to_diagnosis_thread_and_resolution(stack: dict[str, object]
         with db.transaction() as s:
             incidents = store_reads.incidents(s)
             trail = store_reads.audit_trail(s)
-            summary = incidents[0].summary
+            summary = incidents[0].summary.json_dict()
     finally:
         db.dispose()
     assert (

@@ -124,7 +124,7 @@ async def diagnose(info: EngineInfo, runbooks: Path) -> Diagnosis:
 
 def verdicts(diagnosis: Diagnosis) -> dict[str, str]:
     """cause -> verdict, read from the summary's JSON (what the thread, page and store show)."""
-    return {c["cause"]: c["verdict"] for c in diagnosis.summary()["causes"]}
+    return {c.cause: c.verdict for c in diagnosis.summary().causes}
 
 
 READINGS = (

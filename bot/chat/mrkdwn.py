@@ -39,6 +39,12 @@ def escape_keeping(text: object, users: Iterable[str | None]) -> str:
     )
 
 
+def mention(user_id: object) -> str:
+    """``<@U012>``: a Slack user ID as a mention; anything else in it shown literally (an ID is
+    Slack's word, but a payload's ``user.id`` is still text the bot did not write)."""
+    return f"<@{escape(user_id)}>"
+
+
 def clip(text: str, limit: int) -> str:
     """At most ``limit`` characters, ending in an ellipsis when cut; never half an entity."""
     if len(text) <= limit:

@@ -13,7 +13,11 @@ Rules:
 - everything one notification changes commits in one transaction, audit entry included, and so
   do the Slack messages and the diagnosis it makes owed (``bot.store.outbox``, sent by
   ``bot.incidents.outbox``): a 202 never loses them;
-- a repeat of an incident whose messages Slack did not take yet makes them due again at once.
+- a repeat of an incident whose messages Slack did not take yet makes them due again at once;
+- an alert joins only its own target's incident: a group that spans targets (a route grouped by
+  alertname) is filed per target, each alert by its own labels; alerts of no known target are
+  one incident per group key, kept apart from every key the bot makes (``group:``), so a group
+  key spelled ``target:prod-b`` never joins prod-b's incident.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ class IntakeOutcome(StrEnum):
     DUPLICATE = "duplicate"  # nothing new (a retry, a repeat, or a late out-of-order copy)
 
 
+FIRST = list(IntakeOutcome)  # a notification's answer: an opened incident before the rest
+
+
 @dataclass(frozen=True)
 class IntakeResult:
     """The outcome, the incident concerned, and a reason a person can read."""
@@ -76,26 +83,50 @@ class Intake:
         self._clock = clock
 
     def receive(self, webhook: Webhook) -> IntakeResult:
-        """Record one notification; a concurrent twin that wins the race makes this a duplicate,
-        and a concurrent group of the same target that opens its incident first makes this join
-        it."""
+        """Record one notification: its first outcome (``receive_all`` has one per target)."""
+        return self.receive_all(webhook)[0]
+
+    def receive_all(self, webhook: Webhook) -> list[IntakeResult]:
+        """Record one notification, its alerts filed per target (one outcome each, an opened
+        incident first); a concurrent twin that wins the race makes a part a duplicate, and a
+        concurrent group of the same target that opens its incident first makes it join."""
+        results = [self._receive_part(part, target) for target, part in self.by_target(webhook)]
+        return sorted(results, key=lambda r: FIRST.index(r.outcome))
+
+    def _receive_part(self, webhook: Webhook, target: str | None) -> IntakeResult:
         for _ in range(RACE_ATTEMPTS - 1):
             try:
-                return self._receive(webhook)
+                return self._receive(webhook, target)
             except IntegrityError:
                 # Another request stored the same instance or opened the same incident first;
                 # with many groups of one target at once the winner may itself lose a race and
                 # roll back, so each try again reads what committed meanwhile.
                 continue
-        return self._receive(webhook)
+        return self._receive(webhook, target)
 
-    def _receive(self, webhook: Webhook) -> IntakeResult:
+    def by_target(self, webhook: Webhook) -> list[tuple[str | None, Webhook]]:
+        """The notification split by the target each alert is about (its own labels), in the
+        order first seen; a notification of one target is returned whole."""
+        parts: dict[str | None, list[WebhookAlert]] = {}
+        for alert in webhook.alerts:
+            target = self._target_of({**webhook.common_labels, **alert.labels})
+            parts.setdefault(target, []).append(alert)
+        if len(parts) == 1:
+            return [(next(iter(parts)), webhook)]
+        return [
+            (target, webhook.model_copy(update={"alerts": alerts, "status": _status(alerts)}))
+            for target, alerts in parts.items()
+        ]
+
+    def _receive(self, webhook: Webhook, target: str | None) -> IntakeResult:
         now = self._clock()
-        target = self.target_for(webhook)
         # what makes alerts one incident: their target, else their Alertmanager group
-        key = f"target:{target}" if target is not None else webhook.group_key
+        key = f"target:{target}" if target is not None else f"group:{webhook.group_key}"
         with self._db.transaction() as session:
             incident = store.find_open(session, key=key)
+            if incident is None and target is None:  # opened before keys had their "group:"
+                legacy = store.find_open(session, key=webhook.group_key)
+                incident = legacy if legacy is not None and legacy.target is None else None
             # each instance keyed and looked up once; linear, as all of this runs under the
             # write lock (a key without Alertmanager's fingerprint hashes the alert's labels)
             keyed = [(a, _key(a)) for a in webhook.alerts]
@@ -201,13 +232,9 @@ class Intake:
         """A resolved notification, and no alert of the incident (any group's) still firing."""
         return webhook.status == "resolved" and all(a.status != "firing" for a in incident.alerts)
 
-    def target_for(self, webhook: Webhook) -> str | None:
-        """The configured target an alert group is about: its label, else its instance (the
-        target's engine or one of its listed replicas)."""
-        labels = {**webhook.common_labels}
-        for alert in webhook.alerts:
-            for key, value in alert.labels.items():
-                labels.setdefault(key, value)
+    def _target_of(self, labels: Mapping[str, str]) -> str | None:
+        """The configured target an alert is about: its label, else its instance (the target's
+        engine or one of its listed replicas)."""
         named = labels.get(TARGET_LABEL)
         if named in self._targets:
             return named
@@ -216,6 +243,11 @@ class Intake:
             if instance and instance in _instances(target):
                 return name
         return None
+
+
+def _status(alerts: list[WebhookAlert]) -> str:
+    """A part's status as Alertmanager would say it of a group: firing while any alert is."""
+    return "firing" if any(a.status == "firing" for a in alerts) else "resolved"
 
 
 def alerts_news(incident: Incident, *, joined: list[Alert], changed: list[Alert]) -> str:

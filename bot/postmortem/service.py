@@ -20,6 +20,7 @@ from bot.adr.models import Adr
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
 from bot.chat.messages import MessageRef
+from bot.chat.mrkdwn import mention
 from bot.config import Settings
 from bot.errors import NotAllowed, UsageError
 from bot.gitops.adr_publish import publish_accepted
@@ -155,5 +156,6 @@ def _already(draft: AdrDraft, adr_id: str) -> UsageError:
         return UsageError(f"These buttons of {adr_id} were already used. Nothing was changed.")
     when = f" at {draft.reviewed_at:%H:%M} UTC" if draft.reviewed_at else ""
     return AlreadyDecided(
-        f"{adr_id} was already {draft.state} by <@{draft.reviewed_by}>{when}. Nothing was changed."
+        f"{adr_id} was already {draft.state} by {mention(draft.reviewed_by)}{when}. "
+        "Nothing was changed."
     )

@@ -139,6 +139,31 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
 
         return await asyncio.to_thread(run)
 
+    async def offered_target(self, incident_id: int, adr_id: str, target: str | None) -> str | None:
+        """The target of an Apply button's incident, when that incident's diagnosis offered
+        ``adr_id`` there; UsageError otherwise. A button's value is text anyone who can edit a
+        payload may change: what it may do is read here, from the store."""
+
+        def run() -> str | None:
+            with self._db.transaction() as s:
+                incident = store.get(s, incident_id)
+                if incident is None:
+                    raise UsageError(f"there is no incident {incident_id}")
+                if target is not None and target != incident.target:
+                    raise UsageError(
+                        f"This button does not match its incident: incident #{incident_id} is "
+                        f"about {incident.target or 'no target'}, not {target}. "
+                        "Nothing was changed."
+                    )
+                if adr_id not in incident.summary.matches:
+                    raise UsageError(
+                        f"{adr_id} is not an ADR that incident #{incident_id}'s diagnosis "
+                        "matched. Nothing was changed."
+                    )
+                return incident.target
+
+        return await asyncio.to_thread(run)
+
     async def create(self, request: ChangeRequest) -> tuple[Remediation, dict[str, str]]:
         """A pending remediation with its approve/deny buttons, audited as requested, in the
         incident given (None: the target's open incident, or a new one, in the same

@@ -27,6 +27,7 @@ from bot.change.policy import Policy
 from bot.change.resume import Restorer
 from bot.change.resume import resume as resume_changes
 from bot.chat.messages import MessageRef
+from bot.chat.mrkdwn import mention
 from bot.config import Settings, Target
 from bot.errors import UsageError
 from bot.remediation.card import Card
@@ -99,12 +100,18 @@ class RemediationService:
         target: str | None = None,
         incident_id: int | None = None,
         channel_id: str | None = None,
+        offered: bool = False,
     ) -> str:
         """Check a request, post its confirmation card; the returned text acknowledges it.
 
         One change at a time per target: a request while another is pending or running there
-        is refused (UsageError) with that one's id, state, requester and card.
+        is refused (UsageError) with that one's id, state, requester and card. ``offered``: an
+        Apply button's request, which may only apply what its incident's diagnosis offered,
+        on that incident's target.
         """
+        if offered:
+            assert incident_id is not None
+            target = await self.records.offered_target(incident_id, adr_id, target)
         adr = await asyncio.to_thread(self._adrs.get_or_raise, adr_id)
         if target is None and incident_id is not None:
             target = await self.records.incident_target(incident_id)
@@ -203,10 +210,10 @@ class RemediationService:
             # read once for the approval's card and the run: the ADR as it is when approved
             found = await asyncio.to_thread(self._adrs.find, rem.adr_id)
             adr = found[1] if found else None
-            await self.card.show(won, note=f"approved by <@{user_id}>; starting", adr=adr)
+            await self.card.show(won, note=f"approved by {mention(user_id)}; starting", adr=adr)
             self._tasks.spawn(self.execute(rem.id, adr=adr), name=f"remediation-{rem.id}")
         else:
-            await self.card.show(won, note=f"cancelled by <@{user_id}>; nothing was changed")
+            await self.card.show(won, note=f"cancelled by {mention(user_id)}; nothing was changed")
 
     def _check_usable(self, row: ActionToken, rem: Remediation) -> None:
         """UsageError, saying why, for a button already used, expired, or of a decided change."""

@@ -23,7 +23,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from bot.chat.messages import ACKNOWLEDGE, CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG, SILENCE
-from bot.chat.mrkdwn import escape, plain
+from bot.chat.mrkdwn import escape, mention, plain
 from bot.config import Settings, SilenceSpec
 from bot.errors import NotAllowed, UsageError
 from bot.remediation import silences
@@ -121,7 +121,7 @@ class ThreadButtons(buttons.ButtonReads):
                                 cause=causes[0], verdict=word, adr_ids=adr_ids, actor=user_id,
                                 at=now))  # fmt: skip
             said = "confirmed the cause" if word == "confirmed" else "marked the cause wrong"
-            text = f":memo: <@{user_id}> {said}: *{escape(causes[0])}*"
+            text = f":memo: {mention(user_id)} {said}: *{escape(causes[0])}*"
             items.owe(s, incident_id, kind=items.REPLY, at=now, payload={"text": text})
 
     async def _silence(self, incident_id: int, token: str, user_id: str) -> None:
@@ -143,8 +143,8 @@ class ThreadButtons(buttons.ButtonReads):
             return
         text = (
             f":no_bell: Alerts of *{plain(str(incident.target), 200)}* silenced for "
-            f"{duration_text(seconds)} by <@{user_id}> until {made.ends_at:%H:%M} UTC "
-            f"(Alertmanager silence {made.id})"
+            f"{duration_text(seconds)} by {mention(user_id)} until {made.ends_at:%H:%M} UTC "
+            f"(Alertmanager silence {plain(made.id, 100)})"
         )
         detail = {**made.to_json(), "matchers": silences.matchers(str(incident.target), spec)}
         await asyncio.to_thread(self._outcome, incident_id, user_id, "incident.silenced", detail,
@@ -157,6 +157,11 @@ class ThreadButtons(buttons.ButtonReads):
         with self._db.transaction() as s:
             incident = store.get(s, incident_id)
             assert incident is not None
+            if incident.status == store.RESOLVED:  # a button outlives its incident's alerts
+                raise UsageError(
+                    f"Incident #{incident_id} is over: this incident is resolved; nothing "
+                    "silenced. Nothing was changed."
+                )
             target = self._settings.targets.get(incident.target or "")
             if target is None or target.silence is None:
                 raise UsageError(
@@ -177,7 +182,7 @@ class ThreadButtons(buttons.ButtonReads):
             log.error("silence of incident %s failed (id %s)", incident_id, error_id, exc_info=exc)
             why = f"unexpected error (id {error_id}; see the bot's log)"
             detail = {"error_id": error_id}
-        note = f":warning: Alerts NOT silenced (pressed by <@{user_id}>): {why}"
+        note = f":warning: Alerts NOT silenced (pressed by {mention(user_id)}): {why}"
         self._outcome(incident_id, user_id, "incident.silence_failed", detail, None, note=note)
 
     def _outcome(

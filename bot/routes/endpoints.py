@@ -183,7 +183,7 @@ class Routes:
         try:
             body = await read_body(request, limit=self._settings.server.max_body_bytes)
             webhook = await asyncio.to_thread(parse_webhook, body)  # a 1 MiB body: not on the loop
-            result = await asyncio.to_thread(self._intake.receive, webhook)
+            results = await asyncio.to_thread(self._intake.receive_all, webhook)
         except RequestRejected as exc:
             self._metrics.webhooks.labels("rejected").inc()
             return _reason(exc.status, str(exc))
@@ -199,15 +199,19 @@ class Routes:
             error_id = new_error_id()
             log.error("incident store unavailable (id %s)", error_id, exc_info=True)
             return _reason(503, f"the incident store is unavailable (id {error_id}); retry later")
-        self._flows.after_intake(result, received=received)
-        return JSONResponse(
-            {
-                "outcome": result.outcome.value,
-                "incident": result.incident_id,
-                "reason": result.reason,
-            },
-            status_code=STATUS[result.outcome],
-        )
+        for result in results:  # one per target the group's alerts are about
+            self._flows.after_intake(result, received=received)
+        result = results[0]
+        answer: dict[str, object] = {
+            "outcome": result.outcome.value, "incident": result.incident_id,
+            "reason": result.reason,
+        }  # fmt: skip
+        if len(results) > 1:
+            answer["incidents"] = [
+                {"outcome": r.outcome.value, "incident": r.incident_id, "reason": r.reason}
+                for r in results
+            ]
+        return JSONResponse(answer, status_code=STATUS[result.outcome])
 
     async def livez(self, request: Request) -> Response:
         """Liveness: the process serves HTTP. Asks nothing else (no store, no Slack), so that a

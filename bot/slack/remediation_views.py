@@ -21,7 +21,7 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
-from bot.chat.mrkdwn import clip, escape_keeping, plain
+from bot.chat.mrkdwn import clip, escape_keeping, mention, plain
 from bot.postmortem.ports import DraftView
 from bot.remediation.lines import NUMBER_LABELS, gate_lines, number_lines, value_text
 from bot.remediation.ports import STATES, RemediationView
@@ -73,13 +73,13 @@ def card_text(view: RemediationView) -> str:
     mark = STATE_MARK.get(view.state, ":gear:")
     lines = [
         f"{mark} {view.adr_id} on {view.target}: {STATES.get(view.state, view.state)}",
-        f"requested by <@{view.requested_by}> · actuator {view.actuator}"
+        f"requested by {mention(view.requested_by)} · actuator {view.actuator}"
         + (" · two-person rule" if view.two_person else ""),
         "flags: " + "; ".join(diff_lines(view)),
         "gates: " + ("; ".join(gate_lines(view.gates, view.relative_gates)) or "none"),
     ]
     if view.approved_by:
-        lines.append("approved by " + ", ".join(f"<@{u}>" for u in view.approved_by))
+        lines.append("approved by " + ", ".join(f"{mention(u)}" for u in view.approved_by))
     if view.numbers:
         lines.append("canary: " + "; ".join(number_lines(view.numbers, view.before_numbers)))
     if view.failures:
@@ -142,11 +142,11 @@ def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
         details.append(escape_keeping(view.note, people))
     if details:
         blocks.append(SectionBlock(text=MarkdownTextObject(text=clip("\n".join(details), SECTION))))
-    who = f"Requested by <@{view.requested_by}> · actuator `{plain(view.actuator, 100)}`"
+    who = f"Requested by {mention(view.requested_by)} · actuator `{plain(view.actuator, 100)}`"
     if view.two_person:
         who += " · two-person rule: the approver must be someone else"
     if view.approved_by:
-        who += " · approved by " + ", ".join(f"<@{u}>" for u in view.approved_by)
+        who += " · approved by " + ", ".join(f"{mention(u)}" for u in view.approved_by)
     if view.state == S.PENDING and view.expires_at is not None:
         who += f" · buttons expire {view.expires_at:%H:%M} UTC"
     blocks.append(ContextBlock(elements=[MarkdownTextObject(text=clip(who, SECTION))]))
@@ -179,7 +179,7 @@ def draft_text(view: DraftView) -> str:
     lines = [f"ADR draft {view.adr_id} ({view.state}): {view.title}", *matrix_lines(view)]
     lines.append(f"file: {view.path}")
     if view.reviewed_by:
-        lines.append(f"{view.state} by <@{view.reviewed_by}>")
+        lines.append(f"{view.state} by {mention(view.reviewed_by)}")
     if view.note:
         lines.append(view.note)
     return "\n".join(lines)
@@ -190,7 +190,7 @@ def draft_message(view: DraftView) -> tuple[str, list[dict[str, Any]]]:
     text = plain(f"Post-incident ADR draft {view.adr_id}: {view.title}", 1000)
     rows = "\n".join(f"• {plain(line)}" for line in matrix_lines(view)) or "no measurements"
     reviewers = (
-        "anyone" if "*" in view.reviewers else ", ".join(f"<@{u}>" for u in view.reviewers)
+        "anyone" if "*" in view.reviewers else ", ".join(f"{mention(u)}" for u in view.reviewers)
     ) or "nobody yet (set [access] review)"
     blocks: list[Block] = [
         SectionBlock(text=MarkdownTextObject(text=clip(f"*{text}*", SECTION))),
@@ -200,7 +200,7 @@ def draft_message(view: DraftView) -> tuple[str, list[dict[str, Any]]]:
                 MarkdownTextObject(
                     text=clip(
                         f"State: *{view.state}* · file `{plain(view.path)}` · author "
-                        f"<@{view.author}> · reviewers: {reviewers} (not the author)",
+                        f"{mention(view.author)} · reviewers: {reviewers} (not the author)",
                         SECTION,
                     )
                 )
@@ -209,7 +209,7 @@ def draft_message(view: DraftView) -> tuple[str, list[dict[str, Any]]]:
     ]
     if view.reviewed_by:
         note = escape_keeping(view.note, [view.author, view.reviewed_by])
-        decided = f"{view.state.capitalize()} by <@{view.reviewed_by}>. {note}"
+        decided = f"{view.state.capitalize()} by {mention(view.reviewed_by)}. {note}"
         blocks.append(SectionBlock(text=MarkdownTextObject(text=clip(decided, SECTION))))
     if view.state == "proposed" and view.tokens:
         blocks.append(

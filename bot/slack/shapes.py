@@ -81,6 +81,11 @@ def check(body: Any) -> None:
     check whose every field bolt, the workspace guard or a listener reads has its type."""
     if not isinstance(body, dict):
         raise Unreadable("the body is not an object", slash=False)
+    if "event" in body:  # even null: bolt's middleware reads body["event"] as an object
+        raise Unreadable(
+            'an Events API body (it has "event"): this app subscribes to no events',
+            slash=False,
+        )
     slash = "command" in body and "type" not in body
     try:
         _check_common(body)

@@ -24,7 +24,7 @@ from slack_sdk.models.blocks import (
 
 from bot.adr.match import MatchResult
 from bot.chat.messages import ACKNOWLEDGE, CAUSE_CONFIRMED, CAUSE_WRONG, SILENCE, IncidentView
-from bot.chat.mrkdwn import clip, escape, plain
+from bot.chat.mrkdwn import clip, escape, mention, plain
 from bot.diagnosis import cause_text, replica_text
 from bot.diagnosis.causes import CauseVerdict, from_summary
 from bot.diagnosis.models import Diagnosis, summary_numbers
@@ -106,7 +106,7 @@ def root_message(
         f"*Incident* #{view.id} · opened {view.opened_at:%Y-%m-%d %H:%M} UTC" + page_link(page_url)
     )
     if view.requested_by:
-        line += f"   *Requested by* <@{view.requested_by}>"
+        line += f"   *Requested by* {mention(view.requested_by)}"
     if resolved and view.closed_at:
         line += f" · resolved {view.closed_at:%H:%M} UTC"
     if view.acknowledged_by:

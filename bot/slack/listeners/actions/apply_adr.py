@@ -39,6 +39,7 @@ async def handle(
             target=str(target) if target else None,
             incident_id=incident_id,
             channel_id=(body.get("channel") or {}).get("id"),
+            offered=True,
         )
 
     later(context, respond, work, name="apply-button")
