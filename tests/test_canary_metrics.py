@@ -193,6 +193,7 @@ def test_report_json_has_the_contract_keys() -> None:
         "source": "TTFT p99: client side; requests that failed count as infinitely slow",
         "statistics": "inconclusive: p99 in (-∞, ∞) at 99% (n=1) straddles 500: not decided; "
         "528 requests bound a p99 on both sides",
+        "decided": "inconclusive", "sample": 1,
     }  # fmt: skip
     assert [g["name"] for g in data["gates"]] == ["max_ttft_p99_ms", "max_error_rate"]
 

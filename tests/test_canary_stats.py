@@ -5,6 +5,8 @@ decide, instead of passing or failing on four requests' maximum."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -20,7 +22,9 @@ from bot.canary.stats import (
     quantile_interval,
     u_test_values,
 )
-from bot.canary.verdict import Gates
+from bot.canary.verdict import Gates, how_sure
+from bot.remediation.ports import RemediationView
+from bot.slack.remediation_views import remediation_card
 from tests.workload_pages import chat
 
 RNG_SEED = 20261205
@@ -163,3 +167,22 @@ def test_every_p99_gate_says_how_sure_it_is_beside_its_verdict() -> None:
         "528 requests bound a p99 on both sides"
     )
     assert four.ttft_ms.p99_interval is not None and four.ttft_ms.p99_interval.high is None
+
+
+def test_the_card_says_how_sure_the_kept_or_rolled_back_verdict_is() -> None:
+    """/apply-adr's card: the point p99 decided, and beside it how sure that was, short enough
+    for a phone: four requests cannot decide a p99 at 99 %, a thousand can."""
+    rng = np.random.default_rng(RNG_SEED)
+    many = lognormal(rng, 1000)
+    four = how_sure(_run(many[:4], Gates(max_ttft_p99_ms=200.0)))
+    assert four == ["TTFT p99: not decided at 99% (n=4; a p99 needs 528)"]
+    assert how_sure(_run(many, Gates(max_ttft_p99_ms=200.0))) == ["TTFT p99: met at 99% (n=1000)"]
+    assert how_sure(_run(many, Gates(min_goodput_ratio=0.5))) == []  # no p99 gate
+    view = RemediationView(
+        id=7, adr_id="ADR-1", adr_title="t", target="prod-a", actuator="local",
+        requested_by="U1", state="promoted", diff=[], gates={"max_ttft_p99_ms": 200.0},
+        two_person=True, numbers={"ttft_p99_ms": 120.0}, how_sure=four,
+    )  # fmt: skip
+    _, blocks = remediation_card(view)
+    shown = json.dumps(blocks, ensure_ascii=False)
+    assert "*How sure:* TTFT p99: not decided at 99% (n=4; a p99 needs 528)" in shown

@@ -132,6 +132,8 @@ class GateLine(_Part):
     reason: str
     source: str = ""  # not said by a report stored before gates named their source
     statistics: str | None = None
+    decided: str | None = None  # statistics' word: met | missed | inconclusive
+    sample: int | None = None  # the requests it read
 
 
 class Samples(_Part):

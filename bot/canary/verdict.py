@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from bot.canary.schema import CanaryReport, GateLine, Samples
-from bot.canary.stats import DEFAULT_CONFIDENCE, judge_limit
+from bot.canary.stats import DEFAULT_CONFIDENCE, Judgement, judge_limit, min_requests
 from bot.errors import UsageError
 from bot.numbers import catalogue
 from bot.numbers.text import compact
@@ -266,9 +266,7 @@ def judged(report: CanaryReport | dict[str, Any], gates: Gates) -> Judged:
     parsed = CanaryReport.of(report)
     values = values_of(parsed)
     verdict = judge_values(values, gates)
-    lines = [
-        GateLine(**r.as_dict(), statistics=_statistics(r, parsed.samples)) for r in verdict.results
-    ]
+    lines = [_line(r, _statistics(r, parsed.samples)) for r in verdict.results]
     return Judged(
         parsed.model_copy(update={"passed": verdict.passed, "gates": lines}), values, verdict
     )
@@ -277,15 +275,40 @@ def judged(report: CanaryReport | dict[str, Any], gates: Gates) -> Judged:
 SAMPLED = {"max_ttft_p99_ms": "ttft_ms", "max_tpot_p99_ms": "tpot_ms"}  # gate -> its values
 
 
-def _statistics(result: GateResult, samples: Samples) -> str | None:
+def _statistics(result: GateResult, samples: Samples) -> Judgement | None:
     """A p99 gate decided on its interval (``bot.canary.stats.judge_limit``): said beside the
     point verdict, with n and the confidence; None without per-request values."""
     key = SAMPLED.get(result.name)
     values = samples.values(key) if key else []
     if not values:
         return None
-    decided = judge_limit(values, 0.99, result.limit, confidence=DEFAULT_CONFIDENCE)
-    return f"{decided.outcome}: {decided.why}"
+    return judge_limit(values, 0.99, result.limit, confidence=DEFAULT_CONFIDENCE)
+
+
+def _line(result: GateResult, decided: Judgement | None) -> GateLine:
+    """A gate's line in the report, with its statistics when it has them."""
+    if decided is None:
+        return GateLine(**result.as_dict())
+    return GateLine(
+        **result.as_dict(), statistics=f"{decided.outcome}: {decided.why}",
+        decided=decided.outcome, sample=decided.n,
+    )  # fmt: skip
+
+
+def how_sure(report: CanaryReport) -> list[str]:
+    """The p99 gates decided on their intervals, short enough for a card on a phone:
+    'TPOT p99: not decided at 99 % (n=4; a p99 needs 528)'."""
+    need = min_requests(0.99, DEFAULT_CONFIDENCE)
+    out = []
+    for gate in report.gates:
+        if gate.decided is None:
+            continue
+        word = "not decided" if gate.decided == "inconclusive" else gate.decided
+        more = f"; a p99 needs {need}" if gate.decided == "inconclusive" else ""
+        out.append(
+            f"{RULES[gate.name][0]}: {word} at {DEFAULT_CONFIDENCE:.0%} (n={gate.sample}{more})"
+        )
+    return out
 
 
 def values_of(report: CanaryReport) -> Values:

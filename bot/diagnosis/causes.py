@@ -313,7 +313,7 @@ def from_summary(summary: DiagnosisSummary) -> list[CauseVerdict]:
             evidence=e.evidence,
             number=e.number,
             missing=tuple(e.missing),
-        )  # fmt: skip
+        )
         for e in summary.causes
         if e.verdict in _ORDER
     ]

@@ -145,6 +145,7 @@ class Card:
             before_numbers=dict(rem.result.get("before_numbers", {})),
             failures=list(rem.result.get("failures", [])),
             silence=silence_line(rem.silence),
+            how_sure=[str(line) for line in rem.result.get("how_sure", [])],
         )
 
 

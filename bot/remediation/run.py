@@ -15,6 +15,7 @@ from typing import Any
 from bot.adr.models import Adr, AdrGates, GatewayRules
 from bot.adr.relative import BEFORE, NORMAL, unlike_gate
 from bot.canary.limits import judged_limits
+from bot.canary.verdict import how_sure
 from bot.change.actuators.base import Actuator, ActuatorError, Deployed, TakesContext
 from bot.change.argv import flags_text
 from bot.change.serving import verify_serving
@@ -205,7 +206,8 @@ class ChangeRun:
             note="canary passed; rolling out…",
             result={"numbers": numbers, "failures": [], "gates": judging.limits,
                     "before_numbers": judging.before or {},
-                    "workload_shape": result.report.shape_json()},
+                    "workload_shape": result.report.shape_json(),
+                    "how_sure": how_sure(result.report)},
             expect=[S.CANARY],
         )  # fmt: skip
         try:
@@ -338,6 +340,8 @@ def _rollback_result(kept: dict[str, Any], reason: str, judged: GateRun | None) 
     numbers = judged.values.numbers() if judged is not None else {}
     failures = judged.failures if judged is not None else []
     result = {"numbers": numbers, "failures": failures, "reason": reason}
+    if judged is not None:
+        result["how_sure"] = how_sure(judged.report)
     for key in ("gates", "before_numbers", "workload_shape"):
         if key in kept:
             result[key] = kept[key]

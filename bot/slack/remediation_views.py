@@ -134,6 +134,8 @@ def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
     details = []
     if view.numbers:
         details.append("*Canary:* " + " · ".join(number_lines(view.numbers, view.before_numbers)))
+    if view.how_sure:  # the point p99 decided; this is how sure that verdict is
+        details.append("*How sure:* " + " · ".join(view.how_sure))
     if view.failures:
         details.append("*Failed gates:* " + plain("; ".join(view.failures)))
     if view.silence:
