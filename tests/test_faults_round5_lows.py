@@ -14,20 +14,26 @@ Alertmanager's silences API faked at the wire):
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import threading
-from collections.abc import Iterator
+import tracemalloc
+from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
-from bot.store.models import Alert, Incident, Remediation
+from bot.config import Target
+from bot.intake.models import parse_webhook
+from bot.intake.service import Intake
+from bot.store.db import Database
+from bot.store.models import Alert, Incident, OutboxItem, Remediation
 from tests import store_reads
-from tests.fakes.alerts import alert, payload
+from tests.fakes.alerts import alert, body, payload
 from tests.fakes.bot import RUNBOOK, Harness, adr_dir, harness
 from tests.fakes.slack_api import FakeSlack, signed_headers
 from tests.test_remediation_slack import buttons
@@ -338,3 +344,100 @@ async def test_a_slack_body_with_a_null_event_is_refused_before_bolt(
     assert any("refused a Slack request" in r.getMessage() and "Events API" in r.getMessage()
                for r in caplog.records)  # fmt: skip
     assert slack.of("response_url") == [] and audited(h, "") == []
+
+
+# --- 6: a notification's cost does not grow with its incident --------------------------------
+
+
+def test_a_notification_never_loads_its_incidents_alerts(tmp_path: Path) -> None:
+    """Reproduction: each notification loaded every alert of its open incident (250 ms at 900
+    alerts, 625 ms for one resolved alert among 12,000; measured here: 268 ms for a new alert
+    and 501 ms for a resolved one at 10,000). Now each alert of the notification is looked up
+    by its key and the thread line is counted in SQL: no statement reads the incident's alert
+    rows, whatever it holds."""
+    db = Database(f"sqlite:///{tmp_path / 'incidents.db'}")
+    db.create_schema()
+    intake = Intake(db=db, targets={"fleet": Target(vllm_url="http://10.9.0.1:8000")},
+                    clock=lambda: dt.datetime(2026, 9, 1, tzinfo=dt.UTC))  # fmt: skip
+    fleet = [alert(ruleloop_target="fleet", fingerprint=f"{i:016x}", instance=f"10.1.0.{i}:8000")
+             for i in range(200)]  # fmt: skip
+    intake.receive(parse_webhook(body(*fleet)))
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(" ".join(statement.split()))
+
+    event.listen(db.engine, "before_cursor_execute", seen)
+    joined = alert(ruleloop_target="fleet", fingerprint="f" * 16, instance="10.1.0.250:8000")
+    gone = {**fleet[0], "status": "resolved", "endsAt": "2026-09-01T02:40:07.861Z"}
+    answers = [intake.receive(parse_webhook(body(joined))),
+               intake.receive(parse_webhook(body(gone)))]  # fmt: skip
+    event.remove(db.engine, "before_cursor_execute", seen)
+    assert [a.outcome.value for a in answers] == ["updated", "updated"]
+    rows = [s for s in statements if s.startswith("SELECT alerts.id, alerts.incident_id")]
+    assert rows and all("alerts.fingerprint = " in s for s in rows), rows
+    with db.transaction() as s:
+        (news, resolved) = [i.payload["text"] for i in s.scalars(select(OutboxItem)).all()
+                            if i.kind == "reply"]  # fmt: skip
+    assert news == "`VLLMTimeToFirstTokenP99High on 10.1.0.250:8000` joined (firing)"
+    assert resolved.endswith("resolved; 200 of 201 still firing")
+
+
+# --- 7: a flat body is refused before it is built ---------------------------------------------
+
+
+@pytest.fixture
+async def h(tmp_path: Path, slack: FakeSlack) -> AsyncIterator[Harness]:
+    bot = harness(tmp_path, slack=slack)
+    yield bot
+    await bot.close()
+
+
+@pytest.mark.parametrize(
+    ("unit", "status", "said"),
+    [
+        (b"1,", 413, "body holds too many JSON values"),  # 524,288 values: refused on the bytes
+        (b"{},", 413, "body holds too many JSON values"),
+        (b'"k":1,', 413, "body holds too many JSON values"),
+    ],
+)
+async def test_a_flat_one_mib_body_is_refused_before_it_is_materialised(
+    h: Harness, unit: bytes, status: int, said: str
+) -> None:
+    """Reproduction: a 1 MiB notification whose ``alerts`` was a flat list of 1s cost 660 MB
+    here (a validation error per entry) before its 422; 16 at once took serve from 155 MB to
+    833 MB. Now a body holding more values than 1 MiB of real alerts can is refused on its
+    bytes, and alerts or labels of another kind before validation."""
+    head = b'{"version":"4","groupKey":"g","status":"firing","alerts":['
+    tail = b"1]}"
+    body = head + unit * ((1024 * 1024 - len(head) - len(tail)) // len(unit)) + tail
+    tracemalloc.start()
+    try:
+        response = await h.webhook(body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert response.status_code == status, response.text
+    assert said in response.json()["error"]
+    assert peak < 8 << 20, f"peak {peak >> 20} MiB for a 1 MiB body"
+
+
+async def test_alerts_and_labels_unlike_alertmanagers_are_refused_before_validation(
+    h: Harness,
+) -> None:
+    """Under the value bound, the first alert that is not an object, or label value that is not
+    text, is the answer: no error is built for each of the others."""
+    sent = payload(alert())
+    for alerts, said in (
+        ([sent["alerts"][0], *([1] * 5_000)], "alerts.1: an alert is an object"),
+        ([{**sent["alerts"][0], "labels": {f"k{i}": i for i in range(900)}}],
+         "alerts.0.labels.k0: a label value is text"),
+    ):  # fmt: skip
+        tracemalloc.start()
+        try:
+            response = await h.webhook(json.dumps({**sent, "alerts": alerts}).encode())
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert response.status_code == 422 and said in response.json()["error"], response.text
+        assert peak < 8 << 20, f"peak {peak >> 20} MiB"

@@ -36,6 +36,13 @@ GROUP_KEY_MAX = _width(Incident.__table__.c.key)
 # Alertmanager's payload nests 4 deep (alerts, an alert, its labels); the rest is room for
 # senders' extra fields. Deeper is refused before parsing (bot.intake.nesting).
 MAX_DEPTH = 32
+# A body is refused before parsing when it holds more values than a notification under the
+# size cap can (1 MiB of the smallest real alerts: about 130,000 separators; 1 MiB of `1,` is
+# 524,288), and before validation when its alerts or labels are not what Alertmanager sends:
+# validation builds an error per wrong entry (a 1 MiB list of 1s as `alerts` took 660 MB).
+MAX_VALUES = 200_000
+MAX_ALERTS = 10_000
+MAX_LABELS = 1_000  # labels (or annotations) of one alert or of the group
 
 
 @dataclass(frozen=True)
@@ -137,9 +144,56 @@ def label_fingerprint(labels: dict[str, str]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+def _refuse_unlike_alertmanager(data: dict[str, Any]) -> None:
+    """At most MAX_ALERTS alerts, each an object, and label maps of at most MAX_LABELS texts:
+    checked before validation, which would build an error for every entry that is not one
+    (half a million of them in a 1 MiB body)."""
+    for name in ("groupLabels", "commonLabels", "commonAnnotations"):
+        _refuse_label_map(name, data.get(name))
+    alerts = data.get("alerts")
+    if not isinstance(alerts, list):
+        return  # validation says what is wrong with it
+    if len(alerts) > MAX_ALERTS:
+        raise RequestRejected(
+            f"{len(alerts):,} alerts in one notification, at most {MAX_ALERTS:,}: set "
+            "max_alerts on the receiver (Alertmanager counts the rest in truncatedAlerts)",
+            status=413,
+        )
+    for n, alert in enumerate(alerts):
+        if not isinstance(alert, dict):
+            raise RequestRejected(
+                f"not an Alertmanager webhook v4 payload: alerts.{n}: an alert is an object",
+                status=422,
+            )
+        for name in ("labels", "annotations"):
+            _refuse_label_map(f"alerts.{n}.{name}", alert.get(name))
+
+
+def _refuse_label_map(where: str, labels: object) -> None:
+    if not isinstance(labels, dict):
+        return  # validation says what is wrong with it
+    if len(labels) > MAX_LABELS:
+        raise RequestRejected(
+            f"not an Alertmanager webhook v4 payload: {where}: {len(labels):,} entries, at "
+            f"most {MAX_LABELS:,}", status=413,
+        )  # fmt: skip
+    for key, value in labels.items():
+        if not isinstance(value, str):
+            raise RequestRejected(
+                f"not an Alertmanager webhook v4 payload: {where}.{key}: a label value is "
+                "text", status=422,
+            )  # fmt: skip
+
+
 def parse_webhook(body: bytes) -> Webhook:
     """Parse a request body; RequestRejected (400 or 422) that says what is wrong."""
-    if nesting.depth(body) > MAX_DEPTH:  # checked on the bytes: nothing built yet
+    values = nesting.values(body)  # checked on the bytes: nothing built yet
+    if values > MAX_VALUES:
+        raise RequestRejected(
+            f"body holds too many JSON values (up to {values:,}; at most {MAX_VALUES:,}, more "
+            "than 1 MiB of real alerts holds): not an Alertmanager notification", status=413,
+        )  # fmt: skip
+    if nesting.depth(body) > MAX_DEPTH:
         raise RequestRejected(
             f"body is not usable JSON: nested too deeply (over {MAX_DEPTH} levels; "
             "an Alertmanager webhook has 4)", status=400,
@@ -152,6 +206,7 @@ def parse_webhook(body: bytes) -> Webhook:
         raise RequestRejected("body is not usable JSON: nested too deeply", status=400) from None
     if not isinstance(data, dict):
         raise RequestRejected("body must be a JSON object (Alertmanager webhook v4)", status=400)
+    _refuse_unlike_alertmanager(data)
     refuse_unstorable(data)
     try:
         return Webhook.model_validate(data)
