@@ -51,11 +51,13 @@ def cores_from_environment(environ: Mapping[str, str] = os.environ) -> float | N
 
 @dataclass(frozen=True)
 class CpuLimit:
-    """``cores`` of CPU time for the processes put in the group ``name``."""
+    """``cores`` of CPU time for the processes put in the group ``name``, granted per
+    ``period_us`` (a shorter period: shorter stalls once the quota is spent, the same speed)."""
 
     cores: float
     name: str
     root: Path = CGROUP_ROOT
+    period_us: int = PERIOD_US
 
     def __post_init__(self) -> None:
         if not MIN_CORES <= self.cores <= MAX_CORES:
@@ -72,14 +74,15 @@ class CpuLimit:
     def apply(self, *pids: int) -> None:
         """Create the group with its quota and move each of ``pids`` (all its threads) in."""
         group = self.group
-        quota = round(self.cores * PERIOD_US)
+        quota = round(self.cores * self.period_us)
         try:
             group.mkdir(exist_ok=True)
             if (group / "cpu.cfs_quota_us").exists():
-                (group / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+                (group / "cpu.cfs_quota_us").write_text("-1")  # a period never under the quota
+                (group / "cpu.cfs_period_us").write_text(str(self.period_us))
                 (group / "cpu.cfs_quota_us").write_text(str(quota))
             else:
-                (group / "cpu.max").write_text(f"{quota} {PERIOD_US}")
+                (group / "cpu.max").write_text(f"{quota} {self.period_us}")
             for pid in pids:  # one pid per write: cgroup.procs takes one at a time
                 (group / "cgroup.procs").write_text(str(pid))
         except OSError as exc:
