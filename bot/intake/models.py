@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Annotated, Any, Literal
@@ -144,7 +145,7 @@ def label_fingerprint(labels: dict[str, str]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def _refuse_unlike_alertmanager(data: dict[str, Any]) -> None:
+def _refuse_unlike_alertmanager(data: Mapping[str, object]) -> None:
     """At most MAX_ALERTS alerts, each an object, and label maps of at most MAX_LABELS texts:
     checked before validation, which would build an error for every entry that is not one
     (half a million of them in a 1 MiB body)."""
