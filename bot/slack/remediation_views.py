@@ -82,6 +82,8 @@ def card_text(view: RemediationView) -> str:
         lines.append("approved by " + ", ".join(f"{mention(u)}" for u in view.approved_by))
     if view.numbers:
         lines.append("canary: " + "; ".join(number_lines(view.numbers, view.before_numbers)))
+    if view.how_sure:
+        lines.append("how sure: " + "; ".join(view.how_sure))
     if view.failures:
         lines.append("failed gates: " + "; ".join(view.failures))
     if view.silence:
@@ -105,6 +107,8 @@ def card_update_text(view: RemediationView) -> str:
         if view.relative_gates:  # resolved by the before-run: the limits the canary was held to
             lines.append("gates: " + "; ".join(gate_lines(view.gates, view.relative_gates)))
         lines.append("canary: " + "; ".join(number_lines(view.numbers, view.before_numbers)))
+        if view.how_sure:
+            lines.append("how sure: " + "; ".join(view.how_sure))
     return "\n".join(lines)
 
 
