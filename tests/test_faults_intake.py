@@ -6,7 +6,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import time
-import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from tests.fakes.alerts import alert, body, payload
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_bot_store import new_database, postgres  # noqa: F401  (the real PostgreSQL server fixture)
+from tests.traced import peak_of
 
 pytestmark = pytest.mark.faults
 
@@ -185,12 +185,7 @@ async def test_deep_nesting_is_refused_before_anything_is_built(h: Harness) -> N
     the nesting per value, built on the event loop) before its 422; this 42 KB one took 130 MB."""
     deep = b"[" * 800 + b"1," * 20_000 + b"1" + b"]" * 800
     sent = json.dumps(payload(alert())).encode()[:-1] + b', "x": ' + deep + b"}"
-    tracemalloc.start()
-    try:
-        response = await h.webhook(sent)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    response, peak = await peak_of(h.webhook(sent))
     assert response.status_code == 400, response.text
     assert "nested too deeply (over 32 levels" in response.json()["error"]
     assert peak < 20 << 20, f"peak {peak >> 20} MiB for a {len(sent) >> 10} KiB body"

@@ -18,7 +18,6 @@ import datetime as dt
 import json
 import logging
 import threading
-import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,6 +36,7 @@ from tests.fakes.alerts import alert, body, payload
 from tests.fakes.bot import RUNBOOK, Harness, adr_dir, harness
 from tests.fakes.slack_api import FakeSlack, signed_headers
 from tests.test_remediation_slack import buttons
+from tests.traced import peak_of
 
 pytestmark = pytest.mark.faults
 
@@ -411,12 +411,7 @@ async def test_a_flat_one_mib_body_is_refused_before_it_is_materialised(
     head = b'{"version":"4","groupKey":"g","status":"firing","alerts":['
     tail = b"1]}"
     body = head + unit * ((1024 * 1024 - len(head) - len(tail)) // len(unit)) + tail
-    tracemalloc.start()
-    try:
-        response = await h.webhook(body)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    response, peak = await peak_of(h.webhook(body))
     assert response.status_code == status, response.text
     assert said in response.json()["error"]
     assert peak < 8 << 20, f"peak {peak >> 20} MiB for a 1 MiB body"
@@ -433,11 +428,6 @@ async def test_alerts_and_labels_unlike_alertmanagers_are_refused_before_validat
         ([{**sent["alerts"][0], "labels": {f"k{i}": i for i in range(900)}}],
          "alerts.0.labels.k0: a label value is text"),
     ):  # fmt: skip
-        tracemalloc.start()
-        try:
-            response = await h.webhook(json.dumps({**sent, "alerts": alerts}).encode())
-            _, peak = tracemalloc.get_traced_memory()
-        finally:
-            tracemalloc.stop()
+        response, peak = await peak_of(h.webhook(json.dumps({**sent, "alerts": alerts}).encode()))
         assert response.status_code == 422 and said in response.json()["error"], response.text
         assert peak < 8 << 20, f"peak {peak >> 20} MiB"
