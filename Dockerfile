@@ -45,7 +45,7 @@ ENV PATH=/opt/ruleloop/bin:$PATH \
     XDG_STATE_HOME=/var/lib \
     MPLCONFIGDIR=/tmp/matplotlib
 
-# git for the GitOps actuator (bot/gitops/git.py runs the `git` CLI) and ssh for its deploy key
+# git for the GitOps actuator (bot/change/gitops/git.py runs the `git` CLI) and ssh for its deploy key
 # (GIT_SSH_COMMAND); recommends left out, apt lists removed. tests/test_deploy_image_binaries.py
 # checks that every program the bot runs is installed here.
 RUN apt-get update \

@@ -14,8 +14,8 @@ import json
 import sys
 from typing import Any
 
+from bot.app.cli.canary import canary
 from bot.canary import workload
-from bot.cli.canary import canary
 
 
 def main() -> None:

@@ -65,7 +65,7 @@ def start_gateway(
 
     ``prelude`` is Python run first in that process (e.g. ``import _aiohttp_upstream``).
     """
-    code = prelude + "from bot.cli import main; main()"
+    code = prelude + "from bot.app.cli import main; main()"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "bench"), str(ROOT)]))
     argv = [sys.executable, "-c", code, "gateway",
             "--upstream", upstream, "--listen", f"127.0.0.1:{port}",

@@ -19,9 +19,9 @@ from types import SimpleNamespace
 import aiohttp
 
 from bot.canary.client import Outcome, RequestRecord, _handle_event
-from bot.numbers.histogram import histogram_quantile
-from bot.probes.exposition import Exposition
-from bot.runtime.sse import SSEParser
+from bot.diagnosis.probes.exposition import Exposition
+from bot.kernel.numbers.histogram import histogram_quantile
+from bot.kernel.runtime.sse import SSEParser
 
 TTFT = "vllm:time_to_first_token_seconds"
 QUEUE = "vllm:request_queue_time_seconds"

@@ -42,12 +42,12 @@ import uvicorn  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from bot.adr.causes import BUILTIN  # noqa: E402
-from bot.config import Settings  # noqa: E402
+from bot.app.server import Bot, create_bot  # noqa: E402
 from bot.engine.process import free_port  # noqa: E402
 from bot.incidents import memory  # noqa: E402
-from bot.server import Bot, create_bot  # noqa: E402
-from bot.store import service as store  # noqa: E402
-from bot.store.models import Incident, Remediation  # noqa: E402
+from bot.kernel.config import Settings  # noqa: E402
+from bot.kernel.store import service as store  # noqa: E402
+from bot.kernel.store.models import Incident, Remediation  # noqa: E402
 from tests import store_reads  # noqa: E402
 from tests.fakes.alerts import alert, body  # noqa: E402
 from tests.fakes.bot import PAGES  # noqa: E402

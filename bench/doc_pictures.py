@@ -43,11 +43,11 @@ import uvicorn  # noqa: E402
 from playwright.async_api import async_playwright  # noqa: E402
 from pydantic import SecretStr  # noqa: E402
 
-from bot.config import Settings, WebSettings  # noqa: E402
-from bot.demo import scenario  # noqa: E402
+from bot.app.demo import scenario  # noqa: E402
+from bot.app.server import create_bot  # noqa: E402
 from bot.engine.process import EngineManager, default_state_dir, free_port  # noqa: E402
-from bot.server import create_bot  # noqa: E402
-from bot.web.links import page_links  # noqa: E402
+from bot.kernel.config import Settings, WebSettings  # noqa: E402
+from bot.surfaces.web.links import page_links  # noqa: E402
 from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
@@ -249,9 +249,10 @@ def slack_html(ws: Path, images: Path) -> Path:
 # --- 3. screenshots ------------------------------------------------------------------------
 # What the pictures show is rendered by these: when one changes, the pictures are remade.
 RENDERERS = (
-    "bot/chat", "bot/slack/notifier.py", "bot/slack/views.py", "bot/slack/remediation_views.py",
-    "bot/web", "bot/templates", "bot/numbers/text.py", "bot/diagnosis/chart.py",
-    "bot/diagnosis/replica_text.py", "bot/demo/ADR-20261129-02-cpu-demo-scheduler-step.md",
+    "bot/kernel/chat", "bot/surfaces/slack/notifier.py", "bot/surfaces/slack/views.py",
+    "bot/surfaces/slack/remediation_views.py",
+    "bot/surfaces/web", "bot/templates", "bot/kernel/numbers/text.py", "bot/diagnosis/chart.py",
+    "bot/diagnosis/replica_text.py", "bot/app/demo/ADR-20261129-02-cpu-demo-scheduler-step.md",
     "bench/doc_pictures.py",
 )  # fmt: skip
 

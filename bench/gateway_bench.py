@@ -67,9 +67,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bot.canary.client import Outcome
 from bot.canary.report import summarize
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.vllm_metrics import GENERATION_TOKENS, RUNNING, WAITING, gauge
 from bot.engine.process import EngineManager, free_port
-from bot.probes.exposition import Exposition
-from bot.probes.vllm_metrics import GENERATION_TOKENS, RUNNING, WAITING, gauge
 
 RESULTS = procs.ROOT / "bench" / "results"
 Paths = dict[str, tuple[str, int | None]]  # name -> (base URL, proxy pid or None)

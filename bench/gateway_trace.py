@@ -54,7 +54,7 @@ import aiohttp
 
 from bot.canary.client import Outcome, RequestRecord, stream_request
 from bot.engine.process import EngineManager, free_port
-from bot.runtime import loop
+from bot.kernel.runtime import loop
 
 FIRST_TOKEN = re.compile(r'"completion_tokens":\s*1[,}]')
 PACKET = re.compile(r"^(\d+\.\d+) IP 127\.0\.0\.1\.(\d+) > 127\.0\.0\.1\.(\d+):")
@@ -635,7 +635,7 @@ def main() -> None:
     path = os.pathsep.join([str(procs.ROOT / "bench"), str(procs.ROOT)])
     env = dict(os.environ, RULELOOP_GATEWAY_TRACE=str(hooks), PYTHONPATH=path)
     engine_log = tmp / "engine.log"
-    prelude += "import _gateway_trace_hooks; from bot.cli import main; main()"
+    prelude += "import _gateway_trace_hooks; from bot.app.cli import main; main()"
     gateway = subprocess.Popen(  # noqa: S603
         [sys.executable, "-c", prelude,
          "gateway", "--upstream", engine_url, "--listen", f"127.0.0.1:{gw_port}",

@@ -6,7 +6,7 @@ Each server gets ``--connections`` connections that send a request line and then
 line every ``--line-every-s`` seconds, never the end of the head; a connection the server
 closes is opened again at once, for ``--attack-s`` seconds (a sustained attack, not one wave).
 Then the attack stops and the servers idle for ``--after-s``. Every second the servers'
-resident memory (VmRSS) is sampled. Both run their default head limits (bot/runtime/heads.py:
+resident memory (VmRSS) is sampled. Both run their default head limits (bot/kernel/runtime/heads.py:
 64 KiB, 100 lines, 10 s).
 
 Prints, per server: connections of the first wave still open just after the head timeout, the
@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 from bot.engine.process import free_port
-from bot.runtime.heads import HeadLimits
+from bot.kernel.runtime.heads import HeadLimits
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAD_TIMEOUT_S = HeadLimits().timeout_s
@@ -60,7 +60,7 @@ class Target:
 
 def start(name: str, argv: list[str], env: dict[str, str], log: Path) -> Target:
     port = free_port()
-    argv = [sys.executable, "-c", "from bot.cli import main; main()", *argv]
+    argv = [sys.executable, "-c", "from bot.app.cli import main; main()", *argv]
     argv = [a.replace("{port}", str(port)) for a in argv]
     with log.open("w") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)

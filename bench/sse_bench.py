@@ -1,4 +1,4 @@
-"""SSE parsing cost per event: bot.runtime.sse beside what it replaced and beside httpx-sse.
+"""SSE parsing cost per event: bot.kernel.runtime.sse beside what it replaced and beside httpx-sse.
 
     python bench/sse_bench.py [--events 100000] [--rounds 5] [--httpx-sse DIR]
 
@@ -23,7 +23,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 
-from bot.runtime.sse import DONE, SSEParser
+from bot.kernel.runtime.sse import DONE, SSEParser
 
 CHUNK = {
     "id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",

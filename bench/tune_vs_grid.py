@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bot.engine.process import EngineManager  # noqa: E402
-from bot.runtime.loop import run as run_loop  # noqa: E402
+from bot.kernel.runtime.loop import run as run_loop  # noqa: E402
 from bot.tune.matrix import Row  # noqa: E402
 from bot.tune.objective import TrialOutcome  # noqa: E402
 from bot.tune.plan import Config, TunePlan  # noqa: E402

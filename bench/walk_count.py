@@ -23,7 +23,7 @@ frames whose file is under bot/:
              directory for changed files and reads the database), by the bot function that asked;
   checks     how often the two Slack requests' signatures and body shapes were checked, and the
              ADR's gates checked like for like;
-  transactions  store transactions opened (bot.store.db.Database.transaction);
+  transactions  store transactions opened (bot.kernel.store.db.Database.transaction);
   change_reads  SQL reads of the change's row (SELECTs from the changes table);
   row_reads     every SELECT, by the table it reads first;
   card_renders  the card's view built (bot.remediation.card.Card.view).
@@ -55,9 +55,9 @@ from sqlalchemy import event, select  # noqa: E402
 
 from bot.adr.models import AdrGates  # noqa: E402
 from bot.canary.verdict import gates_from, judged  # noqa: E402
-from bot.config import CanarySpec  # noqa: E402
+from bot.kernel.config import CanarySpec  # noqa: E402
+from bot.kernel.store.models import AdrDraft, Remediation  # noqa: E402
 from bot.remediation.gate import GateRun  # noqa: E402
-from bot.store.models import AdrDraft, Remediation  # noqa: E402
 from tests.fakes.alerts import alert  # noqa: E402
 from tests.fakes.alerts import body as alert_body  # noqa: E402
 from tests.fakes.bot import Harness, harness  # noqa: E402
@@ -76,13 +76,13 @@ READS = ("bot/adr/shared.py", "find")  # one read of the store for one record
 TO_THREAD = "asyncio/threads.py"
 NAMES = {"to_thread"}  # functions outside bot/ the hook looks at
 CHECKS = {  # what the walk checks more than once unless the code says why
-    "signature": ("bot/routes/endpoints.py", "_BytesVerifier.generate_signature"),
-    "body_shape": ("bot/slack/shapes.py", "check"),
+    "signature": ("bot/app/routes/endpoints.py", "_BytesVerifier.generate_signature"),
+    "body_shape": ("bot/surfaces/slack/shapes.py", "check"),
     "like_for_like": ("bot/remediation/run.py", "like_for_like"),
 }
 
 
-TRANSACTION = ("bot/store/db.py", "Database.transaction")
+TRANSACTION = ("bot/kernel/store/db.py", "Database.transaction")
 CARD = ("bot/remediation/card.py", "Card.view")
 FROM = re.compile(r"\bFROM\s+\"?(\w+)")
 

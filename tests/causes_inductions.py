@@ -22,9 +22,9 @@ import httpx
 
 from bot.canary.client import RequestRecord, stream_request
 from bot.canary.workload import PROMPT_ID_RANGE
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.vllm_metrics import RUNNING, WAITING, gauge, parse_page
 from bot.engine.process import EngineInfo
-from bot.probes.exposition import Exposition
-from bot.probes.vllm_metrics import RUNNING, WAITING, gauge, parse_page
 
 T = TypeVar("T")
 CHAT_PROMPT, CHAT_OUTPUT = 64, 64  # a chat: a short question, a short answer

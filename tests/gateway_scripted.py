@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 
 import httpx
 
+from bot.diagnosis.probes.exposition import Exposition
 from bot.gateway.app import Gateway
 from bot.gateway.limits import Limits
 from bot.gateway.server import GatewayServer
-from bot.probes.exposition import Exposition
 
 ADMIN_TOKEN = "s3cret"
 ENGINE_METRICS = (

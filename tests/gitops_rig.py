@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.change.actuators.git import GitActuator
-from bot.config import (
+from bot.kernel.config import (
     ArgoCdSyncSpec,
     FluxSyncSpec,
     ForgeSpec,

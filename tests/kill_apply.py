@@ -22,9 +22,9 @@ from typing import Any
 from sqlalchemy import select
 
 from bot.engine.process import free_port
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import AuditEntry, Remediation
 from bot.remediation.ports import STATES
-from bot.store.db import Database
-from bot.store.models import AuditEntry, Remediation
 from tests import store_reads
 from tests.fakes.bot import RUNBOOK, adr_dir
 from tests.fakes.kube_api import FakeKube
@@ -71,7 +71,7 @@ class Cluster:
     def replica(self, name: str) -> Replica:
         """A `ruleloop serve` process, started and ready."""
         port = free_port()
-        argv = [sys.executable, "-c", "from bot.cli import main; main()", "serve", "--port",
+        argv = [sys.executable, "-c", "from bot.app.cli import main; main()", "serve", "--port",
                 str(port), "--state-dir", str(self.tmp_path / f"state-{name}")]  # fmt: skip
         proc = Process(argv, log=self.tmp_path / f"serve-{name}.log", env=self.env)
         url = f"http://127.0.0.1:{port}"

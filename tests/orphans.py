@@ -13,7 +13,7 @@ import os
 import signal
 from pathlib import Path
 
-from bot.runtime.ids import process_alive
+from bot.kernel.runtime.ids import process_alive
 
 OWNER_ENV = "RULELOOP_TEST_OWNER_PID"
 CGROUPS = (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup"))

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from bot.store.models import AuditEntry, Incident, OutboxItem
+from bot.kernel.store.models import AuditEntry, Incident, OutboxItem
 
 
 def audit_trail(session: Session, *, incident_id: int | None = None) -> Sequence[AuditEntry]:

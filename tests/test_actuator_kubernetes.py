@@ -19,7 +19,7 @@ from bot.change.actuators.kubernetes import (
     rollout_waiting,
 )
 from bot.change.argv import merge, read_flags, record
-from bot.config import KubernetesActuatorSpec
+from bot.kernel.config import KubernetesActuatorSpec
 from tests.fakes.clock import FakeTime
 from tests.fakes.kube_api import TOKEN, FakeKube
 

@@ -10,8 +10,8 @@ import pytest
 from bot.change import actuators
 from bot.change.actuators.dry_run import DryRunActuator
 from bot.change.actuators.local import LocalActuator
-from bot.config import ActuatorSpec, Target
-from bot.errors import UsageError
+from bot.kernel.config import ActuatorSpec, Target
+from bot.kernel.errors import UsageError
 
 
 def config_kinds() -> list[str]:

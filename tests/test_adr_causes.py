@@ -17,13 +17,13 @@ from bot.adr.match import MatchResult, by_cause
 from bot.adr.parse import load, parse
 from bot.adr.render import render
 from bot.adr.validate import validate
-from bot.cli.adr import adr as adr_cli
-from bot.store.summary import CauseEntry, DiagnosisSummary
+from bot.app.cli.adr import adr as adr_cli
+from bot.kernel.store.summary import CauseEntry, DiagnosisSummary
 from tests.test_postmortem import _applied, _draft, _incident
 
 ROOT = Path(__file__).parent.parent
 SEED = ROOT / "adr" / "ADR-20260831-01-kv-cache-paging-throughput.md"
-DEMO = ROOT / "bot" / "demo" / "ADR-20261129-02-cpu-demo-scheduler-step.md"
+DEMO = ROOT / "bot" / "app" / "demo" / "ADR-20261129-02-cpu-demo-scheduler-step.md"
 
 
 def result(*causes: str, adr_id: str = "ADR-20260831-01") -> MatchResult:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bot.adr.flags import TUNABLE, check_engine_args, parse_flags, to_argv
-from bot.errors import AdrError, UsageError
+from bot.kernel.errors import AdrError, UsageError
 
 
 @pytest.mark.parametrize(

@@ -14,11 +14,11 @@ from bot.adr.metrics import METRICS
 from bot.adr.models import Condition
 from bot.adr.parse import load
 from bot.adr.store import AdrStore, slugify
-from bot.cli import cli
+from bot.app.cli import cli
 
 ADR_DIR = Path(__file__).parent.parent / "adr"
 DEMO_ADR = (
-    Path(__file__).parent.parent / "bot" / "demo" / "ADR-20261129-02-cpu-demo-scheduler-step.md"
+    Path(__file__).parent.parent / "bot" / "app" / "demo" / "ADR-20261129-02-cpu-demo-scheduler-step.md"
 )
 
 

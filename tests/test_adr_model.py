@@ -10,8 +10,8 @@ import pytest
 from bot.adr.models import Adr, AdrGates, Condition, Fix, GatewayRules, MatrixRow
 from bot.adr.parse import load, parse
 from bot.adr.render import format_ms, format_pct, render
-from bot.errors import AdrError
-from bot.numbers.reading import Bound
+from bot.kernel.errors import AdrError
+from bot.kernel.numbers.reading import Bound
 
 SEED = Path(__file__).parent.parent / "adr" / "ADR-20260831-01-kv-cache-paging-throughput.md"
 

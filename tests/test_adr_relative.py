@@ -14,9 +14,9 @@ from bot.adr.parse import load, parse
 from bot.adr.relative import NORMAL_METRICS, NoNormal, Relative
 from bot.adr.render import render
 from bot.adr.validate import validate
+from bot.app.scheduler.snapshots import KEYS
 from bot.diagnosis.models import GATE_OF
-from bot.errors import AdrError
-from bot.scheduler.snapshots import KEYS
+from bot.kernel.errors import AdrError
 
 SEED = Path(__file__).parent.parent / "adr" / "ADR-20260831-01-kv-cache-paging-throughput.md"
 SEED_TEXT = SEED.read_text(encoding="utf-8")

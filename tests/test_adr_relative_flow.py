@@ -26,11 +26,11 @@ from bot.adr.validate import validate
 from bot.canary.verdict import gates_from, judged
 from bot.change.actuators.base import Deployed
 from bot.change.argv import FlagValues
-from bot.config import CanarySpec, Target
-from bot.errors import UsageError
+from bot.kernel.config import CanarySpec, Target
+from bot.kernel.errors import UsageError
+from bot.kernel.store import service as store
+from bot.kernel.store.models import AdrDraft, Incident, Remediation
 from bot.remediation.gate import GateRun
-from bot.store import service as store
-from bot.store.models import AdrDraft, Incident, Remediation
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack

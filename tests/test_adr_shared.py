@@ -20,12 +20,12 @@ from bot.adr.parse import parse
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
 from bot.adr.sync import Action, decide
-from bot.cli import cli
+from bot.app.cli import cli
+from bot.kernel.store import adrs as rows
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import ActionToken, AdrRecord, AdrRevision, AuditEntry
 from bot.postmortem.service import AlreadyDecided
-from bot.store import adrs as rows
-from bot.store import service as store
-from bot.store.db import Database
-from bot.store.models import ActionToken, AdrRecord, AdrRevision, AuditEntry
 from tests.fakes.bot import Harness, harness
 from tests.test_bot_store import new_database, postgres  # noqa: F401  (the real PostgreSQL server fixture)
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SEED = "ADR-20260831-01"
 SEED_FILE = "ADR-20260831-01-kv-cache-paging-throughput.md"
 TUNE_DRAFT = "ADR-20261129-01"
-DEMO = ROOT / "bot" / "demo" / "ADR-20261129-02-cpu-demo-scheduler-step.md"
+DEMO = ROOT / "bot" / "app" / "demo" / "ADR-20261129-02-cpu-demo-scheduler-step.md"
 T0 = dt.datetime(2026, 12, 1, 9, 0, tzinfo=dt.UTC)
 
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from bot.adr import vllm_args
 from bot.adr.validate import default_checker, validate
-from bot.cli import cli
+from bot.app.cli import cli
 
 ADR_DIR = Path(__file__).parent.parent / "adr"
 SEED_NAME = "ADR-20260831-01-kv-cache-paging-throughput.md"

@@ -15,11 +15,11 @@ from bot.adr.models import Adr
 from bot.adr.parse import parse, parse_with_problems
 from bot.adr.render import render
 from bot.adr.validate import validate
-from bot.cli import cli
-from bot.errors import AdrError
-from bot.workload.describe import context_line
-from bot.workload.shape import Prefix, PrefixGroup, WorkloadShape
-from bot.workload.shape import parse as parse_shape
+from bot.adr.workload.describe import context_line
+from bot.adr.workload.shape import Prefix, PrefixGroup, WorkloadShape
+from bot.adr.workload.shape import parse as parse_shape
+from bot.app.cli import cli
+from bot.kernel.errors import AdrError
 from tests.workload_pages import chat, long_system_prompt, shape
 
 ROOT = Path(__file__).parent.parent

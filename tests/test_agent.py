@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from bot.agent.app import create_app
 from bot.agent.session import NvmlSession
-from bot.cli import cli
+from bot.app.cli import cli
 from tests.conftest import FIXTURES
 from tests.fakes.nvml import FakeNvml
 from tests.fakes.nvml_agent import TOKEN, running_agent

@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.config import Target
-from bot.probes.context import ProbeContext, TargetRef
-from bot.probes.prometheus import PrometheusParams, PrometheusProbe
-from bot.runbooks.builtin import default_registry
-from bot.runbooks.loader import LoadedRunbook, load_dir
-from bot.runbooks.runner import evaluate
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.prometheus import PrometheusParams, PrometheusProbe
+from bot.diagnosis.runbooks.builtin import default_registry
+from bot.diagnosis.runbooks.loader import LoadedRunbook, load_dir
+from bot.diagnosis.runbooks.runner import evaluate
+from bot.kernel.config import Target
 from tests.fakes.prometheus_history import openmetrics, prometheus_with
 
 ROOT = Path(__file__).parent.parent

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bot.cli.agent import agent as agent_command
+from bot.app.cli.agent import agent as agent_command
 
 ROOT = Path(__file__).parent.parent
 TOKEN_DIR = "/var/run/secrets/ruleloop-nvml-agent"

@@ -17,11 +17,11 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.config import Target
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.nvml import NvmlParams, NvmlProbe
+from bot.diagnosis.probes.types import ProbeResult, Severity
 from bot.engine.process import free_port
-from bot.probes.context import ProbeContext, TargetRef
-from bot.probes.nvml import NvmlParams, NvmlProbe
-from bot.probes.types import ProbeResult, Severity
+from bot.kernel.config import Target
 from tests.conftest import FIXTURES
 from tests.fakes.alerts import body
 from tests.fakes.bot import engine_transport, harness
@@ -251,8 +251,8 @@ async def test_an_xid_from_the_agent_supports_the_gpu_cause(agent: AgentProcess)
     """Cause (f) on the wire: the shipped runbook's GPU hypothesis judged on what the real agent
     reports (XID 79 on GPU 0, GPU 1 power-capped), the same readings a diagnosis gets."""
     from bot.diagnosis.causes import Readings, judge
-    from bot.runbooks.builtin import default_registry
-    from bot.runbooks.loader import load_file
+    from bot.diagnosis.runbooks.builtin import default_registry
+    from bot.diagnosis.runbooks.loader import load_file
 
     result = await probe(target(agent.url, agent.token_file))
     loaded = load_file(

@@ -1,7 +1,7 @@
 """docs/architecture.md is the map a new engineer reads first: it must match the code.
 
-Every path it names exists, every `module` `Name.attr` pair it names resolves, every package of
-bot/ is on it, and its layer table is the order import-linter enforces (pyproject.toml).
+Every path it names exists, every `module` `Name.attr` pair it names resolves, every room of
+bot/ is on it, and its tables are the order import-linter enforces (pyproject.toml).
 """
 
 from __future__ import annotations
@@ -43,37 +43,57 @@ def test_every_function_the_map_names_is_in_its_module() -> None:
     assert not wrong, f"docs/architecture.md names what its module does not define: {wrong}"
 
 
-def layer_rows() -> list[set[str]]:
-    """The packages of each row of the map's layer table, top to bottom."""
-    table = DOC.split("## The layers, top to bottom", 1)[1].split("\n## ", 1)[0]
+def table_rows(heading: str) -> list[set[str]]:
+    """The modules each row of one of the map's tables names, top to bottom."""
+    table = DOC.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
     rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `bot/")]
     return [{module_of(p) for p in PATH.findall(row)} for row in rows]
 
 
-def contract_layers() -> list[set[str]]:
+def contracts() -> list[dict[str, object]]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    (layers,) = [
-        c["layers"] for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"
-    ]
-    return [{part.strip() for part in re.split(r"[|:]", layer)} for layer in layers]
+    return [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
 
 
-def test_the_map_shows_the_layers_import_linter_enforces() -> None:
-    assert layer_rows() == contract_layers()
+def split(layer: str) -> set[str]:
+    return {part.strip() for part in re.split(r"[|:]", layer)}
+
+
+def test_the_map_shows_the_rooms_import_linter_enforces() -> None:
+    (rooms,) = [c["layers"] for c in contracts() if "containers" not in c]
+    assert table_rows("The rooms, top to bottom") == [split(layer) for layer in rooms]
+
+
+def test_the_map_shows_each_rooms_floors_in_the_order_its_contract_enforces() -> None:
+    """Inside a room, the map's rows run top to bottom as the room's contract does; the room's
+    own row stands for its own modules (the floor above its sub-folders)."""
+    inner = [m for row in table_rows("Inside the rooms, top to bottom") for m in sorted(row)]
+    rooms = [c for c in contracts() if "containers" in c]
+    assert len(rooms) >= 6
+    for contract in rooms:
+        (room,) = contract["containers"]
+        floors = [{f"{room}.{name}" for name in split(layer)} for layer in contract["layers"]]
+        if room in inner:  # the room's own modules: its top floor
+            floors[0] = {room}
+        floor_of = {module: i for i, floor in enumerate(floors) for module in floor}
+        named = [floor_of[m] for m in inner if m in floor_of]
+        assert set(named) == set(range(len(floors))), f"{room}: a floor is missing from the map"
+        assert named == sorted(named), f"{room}: the map's rows are not in the contract's order"
 
 
 def test_every_package_is_on_the_map() -> None:
     packages = {
         module_of(str(p.parent.relative_to(ROOT))) for p in (ROOT / "bot").glob("*/__init__.py")
-    } | {module_of(str(p.relative_to(ROOT))) for p in (ROOT / "bot").glob("*.py")}
-    on_map = set().union(*layer_rows()) | STANDALONE
+    }
+    rooms = set().union(*table_rows("The rooms, top to bottom"))
     for name in STANDALONE:
         assert f"`{name.replace('.', '/')}`" in DOC
-    # Small helpers beside the layers (entry points, defaults) need no row of their own.
-    helpers = {"bot", "bot.__init__",
-               "bot.shipped", "bot.templates"}  # fmt: skip
-    missing = sorted(packages - on_map - helpers)
-    assert not missing, f"packages missing from docs/architecture.md: {missing}"
+    # Data folders beside the rooms (templates, the packaged defaults) need no row of their own.
+    data = {"bot.shipped", "bot.templates"}
+    missing = sorted(packages - rooms - STANDALONE - data)
+    assert not missing, f"rooms missing from docs/architecture.md: {missing}"
+    loose = sorted(p.name for p in (ROOT / "bot").glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules outside any room: {loose}"
 
 
 def awaits_inside_a_transaction(source: str) -> list[int]:
@@ -110,11 +130,11 @@ def test_nothing_awaits_while_a_store_transaction_is_open() -> None:
 
 
 def test_every_error_class_is_in_the_error_tree() -> None:
-    """bot/errors.py's docstring is the map of what ruleloop raises on purpose: a RuleloopError
+    """bot/kernel/errors.py's docstring is the map of what ruleloop raises on purpose: a RuleloopError
     defined anywhere in bot/ that it does not name is an error nobody will look for."""
-    import bot.errors
+    import bot.kernel.errors
 
-    named = set(re.findall(r"[├└]── (\w+)", bot.errors.__doc__ or ""))
+    named = set(re.findall(r"[├└]── (\w+)", bot.kernel.errors.__doc__ or ""))
     bases: dict[str, set[str]] = {}
     for path in (ROOT / "bot").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -125,7 +145,7 @@ def test_every_error_class_is_in_the_error_tree() -> None:
         found = {name for name, of in bases.items() if of & ours}
         grew, ours = not found <= ours, ours | found
     missing = sorted(ours - named - {"RuleloopError"})
-    assert not missing, f"error classes missing from bot/errors.py's tree: {missing}"
+    assert not missing, f"error classes missing from bot/kernel/errors.py's tree: {missing}"
 
 
 LONG_FUNCTION_LINES = 60
@@ -138,7 +158,7 @@ def test_no_function_in_bot_is_over_60_lines() -> None:
     too_long = []
     for path in sorted((ROOT / "bot").rglob("*.py")):
         relative = path.relative_to(ROOT).as_posix()
-        if relative.startswith("bot/store/migrations/"):
+        if relative.startswith("bot/kernel/store/migrations/"):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -219,18 +239,27 @@ def test_no_import_cycles_in_bot_or_bench() -> None:
 
 
 def readme_layout() -> list[str]:
-    """The entries of README's layout block under bot/ ('cli/', 'server.py', ...)."""
+    """The entries of README's layout block under bot/, with their room: 'app/', 'app/cli/',
+    'app/server.py', 'remediation/', ..."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     block = readme.split("## Layout", 1)[1].split("```", 2)[1]
-    return re.findall(r"^  (\w+/|\w+\.py)\s", block, re.MULTILINE)
+    listed, room = [], ""
+    for indent, name in re.findall(r"^( {2}| {4})(\w+/|\w+\.py)\s", block, re.MULTILINE):
+        if len(indent) == 2:
+            room = name
+            listed.append(name)
+        else:
+            listed.append(room + name)
+    return listed
 
 
 def test_readme_layout_lists_every_package_of_bot() -> None:
-    """README's layout block is the first map a reader sees: every package of bot/ is on it,
-    and nothing on it is gone."""
+    """README's layout block is the first map a reader sees: every room of bot/ and every folder
+    inside one is on it, each under its room, and nothing on it is gone."""
     listed = readme_layout()
-    assert "cli/" in listed and "server.py" in listed  # the block was found and read
-    packages = {f"{p.parent.name}/" for p in (ROOT / "bot").glob("*/__init__.py")}
+    assert "app/cli/" in listed and "app/server.py" in listed  # the block was found and read
+    packages = {f"{p.parent.relative_to(ROOT / 'bot').as_posix()}/" for p in
+                [*(ROOT / "bot").glob("*/__init__.py"), *(ROOT / "bot").glob("*/*/__init__.py")]}
     missing = sorted(packages - set(listed))
     gone = sorted(name for name in listed if not (ROOT / "bot" / name).exists())
     assert not missing, f"README's layout block leaves out packages of bot/: {missing}"

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from bot.cli import cli
+from bot.app.cli import cli
 from bot.engine.process import free_port
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import PAGES, RUNBOOK
@@ -87,7 +87,7 @@ def test_serve_process_console_transport(tmp_path: Path) -> None:
         for var in ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN"):
             env.pop(var, None)
         proc = subprocess.Popen(
-            [sys.executable, "-c", "from bot.cli import main; main()", "serve", "--port", str(port), "--state-dir", str(tmp_path / "state")],
+            [sys.executable, "-c", "from bot.app.cli import main; main()", "serve", "--port", str(port), "--state-dir", str(tmp_path / "state")],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
         )  # fmt: skip
         try:

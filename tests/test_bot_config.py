@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Settings
-from bot.errors import UsageError
+from bot.kernel.config import Settings
+from bot.kernel.errors import UsageError
 
 TOML = """
 default_target = "prod-a"

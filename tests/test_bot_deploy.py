@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bot.runbooks.builtin import default_registry
-from bot.runbooks.loader import load_dir
-from bot.slack.listeners import commands
+from bot.diagnosis.runbooks.builtin import default_registry
+from bot.diagnosis.runbooks.loader import load_dir
+from bot.surfaces.slack.listeners import commands
 
 ROOT = Path(__file__).parent.parent
 DEPLOY = ROOT / "deploy"

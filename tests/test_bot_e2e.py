@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from bot.diagnosis.probes.exposition import Exposition
 from bot.engine.process import EngineInfo, free_port
-from bot.probes.exposition import Exposition
-from bot.store.db import Database
+from bot.kernel.store.db import Database
 from tests import store_reads
 from tests.conftest import EngineFactory
 from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack
@@ -199,7 +199,7 @@ def stack(tmp_path: Path, engine_factory: EngineFactory) -> Iterator[dict[str, o
                 [
                     sys.executable,
                     "-c",
-                    "from bot.cli import main; main()",
+                    "from bot.app.cli import main; main()",
                     "serve",
                     "--port",
                     str(bot_port),

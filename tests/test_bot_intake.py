@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Target
-from bot.errors import RequestRejected
-from bot.intake.models import parse_time, parse_webhook
-from bot.intake.service import Intake, IntakeOutcome
-from bot.store import service as store
-from bot.store.db import Database
+from bot.incidents.intake.models import parse_time, parse_webhook
+from bot.incidents.intake.service import Intake, IntakeOutcome
+from bot.kernel.config import Target
+from bot.kernel.errors import RequestRejected
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
 from tests import store_reads
 from tests.fakes.alerts import alert, body, payload
 

@@ -7,16 +7,16 @@ import json
 import httpx
 import pytest
 
-from bot.config import Target
-from bot.errors import EndpointError, ProbeError
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.nvml import NvmlParams, NvmlProbe
+from bot.diagnosis.probes.prometheus import PrometheusParams, PrometheusProbe
+from bot.diagnosis.probes.queue_cancel import QueueCancelProbe
+from bot.diagnosis.probes.types import Severity
+from bot.diagnosis.probes.vllm_window import VllmMetricsProbe, WindowParams
 from bot.gateway.budget import TokenBudget
 from bot.gateway.metrics import GatewayMetrics, RelayOutcome
-from bot.probes.context import ProbeContext, TargetRef
-from bot.probes.nvml import NvmlParams, NvmlProbe
-from bot.probes.prometheus import PrometheusParams, PrometheusProbe
-from bot.probes.queue_cancel import QueueCancelProbe
-from bot.probes.types import Severity
-from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
+from bot.kernel.config import Target
+from bot.kernel.errors import EndpointError, ProbeError
 from tests.conftest import FIXTURES
 from tests.fakes.clock import FakeTime
 from tests.fakes.nvml import FakeNvml

@@ -8,14 +8,14 @@ from typing import ClassVar
 import httpx
 import pytest
 
-from bot.config import Target
-from bot.errors import ProbeError, UsageError
-from bot.probes.context import ProbeContext, TargetRef
-from bot.probes.types import Finding, Params, ProbeResult, Severity
-from bot.runbooks.builtin import default_registry
-from bot.runbooks.loader import load_dir, load_file
-from bot.runbooks.registry import ProbeRegistry
-from bot.runbooks.runner import RunbookRunner
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.types import Finding, Params, ProbeResult, Severity
+from bot.diagnosis.runbooks.builtin import default_registry
+from bot.diagnosis.runbooks.loader import load_dir, load_file
+from bot.diagnosis.runbooks.registry import ProbeRegistry
+from bot.diagnosis.runbooks.runner import RunbookRunner
+from bot.kernel.config import Target
+from bot.kernel.errors import ProbeError, UsageError
 
 SHIPPED = Path(__file__).parent.parent / "runbooks"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.errors import UsageError
-from bot.server import create_bot
+from bot.app.server import create_bot
+from bot.kernel.errors import UsageError
 from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import Harness, harness, settings

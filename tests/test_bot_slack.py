@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from bot.errors import UsageError
-from bot.slack import shapes
-from bot.slack.errors import error_text
+from bot.kernel.errors import UsageError
+from bot.surfaces.slack import shapes
+from bot.surfaces.slack.errors import error_text
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import SIGNING_SECRET, FakeSlack, signed_headers

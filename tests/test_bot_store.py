@@ -16,13 +16,13 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.exc import DatabaseError, IntegrityError
 
-from bot.config import Target
 from bot.engine.process import free_port
-from bot.errors import UsageError
-from bot.intake.models import parse_webhook
-from bot.intake.service import Intake, IntakeOutcome
-from bot.store import service as store
-from bot.store.db import AppendOnlyError, Database
+from bot.incidents.intake.models import parse_webhook
+from bot.incidents.intake.service import Intake, IntakeOutcome
+from bot.kernel.config import Target
+from bot.kernel.errors import UsageError
+from bot.kernel.store import service as store
+from bot.kernel.store.db import AppendOnlyError, Database
 from tests import store_reads
 
 T0 = dt.datetime(2026, 9, 1, 2, 13, tzinfo=dt.UTC)

@@ -133,7 +133,7 @@ async def serve(tmp_path: Path, slack: SocketModeSlack, env: dict[str, str]) -> 
     full.update(env, SLACK_API_URL=slack.api_url, RULELOOP_CONFIG=str(config))
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-c", "from bot.cli import main; main()", "serve", "--port", str(port),
+        [sys.executable, "-c", "from bot.app.cli import main; main()", "serve", "--port", str(port),
          "--state-dir", str(tmp_path / "state")],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=full, cwd=ROOT,
     )  # fmt: skip

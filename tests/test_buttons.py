@@ -1,4 +1,4 @@
-"""Single-use buttons (bot.store.buttons) on a real SQLite store: the subject format, finding a
+"""Single-use buttons (bot.kernel.store.buttons) on a real SQLite store: the subject format, finding a
 button, its expiry, a subject's live buttons, and the remediation records that call them."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from bot.kernel.store import buttons
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
+from bot.kernel.store.states import ACTIVE, IN_FLIGHT, ChangeState
 from bot.remediation.records import ChangeRequest, RemediationRecords
-from bot.store import buttons
-from bot.store import service as store
-from bot.store.db import Database
-from bot.store.states import ACTIVE, IN_FLIGHT, ChangeState
 from tests.fakes.clock import WallClock
 
 T0 = dt.datetime(2026, 11, 29, 2, 0, tzinfo=dt.UTC)

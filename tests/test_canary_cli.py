@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from bot.cli import cli
-from bot.cli.canary import canary, default_num_requests
+from bot.app.cli import cli
+from bot.app.cli.canary import canary, default_num_requests
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from bot.cli.canary import canary
+from bot.app.cli.canary import canary
 from bot.engine.process import EngineInfo, free_port
 
 pytestmark = pytest.mark.engine

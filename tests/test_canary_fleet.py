@@ -15,10 +15,10 @@ from dataclasses import dataclass
 import pytest
 from click.testing import CliRunner
 
+from bot.app.cli.canary import canary
 from bot.canary.runner import CanaryRun
 from bot.canary.verdict import Gates
 from bot.canary.workload import Workload
-from bot.cli.canary import canary
 from tests.fakes.replica_metrics import ReplicaMetrics
 from tests.fakes.sse_engine import SseEngine
 

@@ -14,13 +14,13 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from bot.app.cli import cli
 from bot.canary import live
 from bot.canary.live import LiveVerdict, analyse
 from bot.canary.stats import u_test
-from bot.cli import cli
-from bot.config import Target
-from bot.probes.context import ProbeContext
-from bot.probes.replicas import Replica
+from bot.diagnosis.probes.context import ProbeContext
+from bot.diagnosis.probes.replicas import Replica
+from bot.kernel.config import Target
 
 EDGES = (0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0, 2.5)
 FAST_TTFT = {0.02: 4, 0.04: 5, 0.06: 1}  # observations per bucket, per scrape interval

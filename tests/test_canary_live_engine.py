@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from bot.canary.live import MIN_REQUESTS, LiveVerdict, analyse
-from bot.config import Target
+from bot.diagnosis.probes.context import ProbeContext
 from bot.engine.process import EngineInfo
-from bot.probes.context import ProbeContext
+from bot.kernel.config import Target
 from tests.fleet_engines import (  # noqa: F401 (engines, nginx: the fixtures)
     alone,
     engines,

@@ -7,7 +7,7 @@ import pytest
 from bot.canary.client import Outcome
 from bot.canary.runner import CanaryRun, pattern
 from bot.canary.workload import Workload
-from bot.errors import EndpointError
+from bot.kernel.errors import EndpointError
 from tests.fakes.sse_engine import SseEngine
 
 PULSE = Workload(

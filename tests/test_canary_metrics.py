@@ -13,14 +13,14 @@ from bot.canary.report import CanaryMeasurement, slo_attainment, summarize
 from bot.canary.shape_replay import fixed_shape
 from bot.canary.verdict import Gates, values_of
 from bot.canary.workload import Workload
-from bot.probes.fragmentation import (
+from bot.diagnosis.probes.fragmentation import (
     FragmentationSample,
     internal_fragmentation,
     observed_fragmentation,
     resident_lengths,
     used_blocks,
 )
-from bot.probes.vllm_metrics import EngineWindow, parse_page, read_window
+from bot.diagnosis.probes.vllm_metrics import EngineWindow, parse_page, read_window
 
 VLLM = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
 # The report always says the shape it sent; these reports are of the fixed default workload.

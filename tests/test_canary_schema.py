@@ -12,13 +12,13 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
+from bot.app.cli import cli
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.report import CanaryMeasurement
 from bot.canary.schema import CanaryReport
 from bot.canary.verdict import Gates, judged, values_of
-from bot.cli import cli
-from bot.probes.fragmentation import FragmentationSample
-from bot.probes.vllm_metrics import parse_page, read_window
+from bot.diagnosis.probes.fragmentation import FragmentationSample
+from bot.diagnosis.probes.vllm_metrics import parse_page, read_window
 from tests.workload_pages import chat
 
 REPO = Path(__file__).parent.parent

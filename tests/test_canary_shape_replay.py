@@ -18,6 +18,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bot.adr.workload.shape import Prefix, WorkloadShape, dumps, parse
+from bot.app.cli.canary import canary
 from bot.canary.runner import CanaryRun, pattern
 from bot.canary.shape_replay import (
     FIXED_SOURCE,
@@ -29,8 +31,6 @@ from bot.canary.shape_replay import (
     stratified,
 )
 from bot.canary.workload import Workload
-from bot.cli.canary import canary
-from bot.workload.shape import Prefix, WorkloadShape, dumps, parse
 from tests.fakes.sse_engine import SseEngine
 from tests.test_workload_fidelity_engine import ORIGINAL, fidelity_problems
 

@@ -24,7 +24,7 @@ from bot.canary.stats import (
 )
 from bot.canary.verdict import Gates, how_sure
 from bot.remediation.ports import RemediationView
-from bot.slack.remediation_views import remediation_card
+from bot.surfaces.slack.remediation_views import remediation_card
 from tests.workload_pages import chat
 
 RNG_SEED = 20261205

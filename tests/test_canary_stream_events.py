@@ -23,7 +23,7 @@ GUARD_S = 60.0  # a hang guard for a broken client, never reached by a working o
 
 
 def event(payload: str) -> str:
-    return payload  # an event's data, as bot.runtime.sse dispatches it
+    return payload  # an event's data, as bot.kernel.runtime.sse dispatches it
 
 
 def test_usage_on_every_chunk_counts_tokens_exactly_even_when_one_chunk_carries_several() -> None:

@@ -27,7 +27,7 @@ from bot.canary.verdict import (
     values_of,
 )
 from bot.canary.workload import Workload
-from bot.errors import UsageError
+from bot.kernel.errors import UsageError
 from bot.postmortem.draft import CanaryFacts, _canary_row
 from bot.remediation.lines import verdict_lines
 from bot.tune.matrix import Row

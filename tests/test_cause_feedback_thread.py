@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from bot.chat.mrkdwn import unescape
 from bot.incidents import memory
-from bot.store import service as store
-from bot.store.models import CauseFeedback, Remediation
+from bot.kernel.chat.mrkdwn import unescape
+from bot.kernel.store import service as store
+from bot.kernel.store.models import CauseFeedback, Remediation
 from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import RUNBOOK, Harness, adr_dir, harness

@@ -14,11 +14,11 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from bot.cli.adr import adr as adr_cli
+from bot.app.cli.adr import adr as adr_cli
 from bot.incidents import memory, stats
-from bot.store import service as store
-from bot.store.db import Database
-from bot.store.models import CauseFeedback, Incident, Remediation
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import CauseFeedback, Incident, Remediation
 from tests import test_bot_store
 
 # the store on each backend (a real PostgreSQL server too), as tests/test_bot_store.py makes it
@@ -154,9 +154,9 @@ def test_stats_cli_prints_a_table_and_json_of_the_store(tmp_path: Path, db: Data
 
 
 def test_the_incident_page_shows_the_threads_memory_line(db: Database) -> None:
-    from bot.web import queries
-    from bot.web.routes import templates
-    from bot.web.view import incident_page
+    from bot.surfaces.web import queries
+    from bot.surfaces.web.routes import templates
+    from bot.surfaces.web.view import incident_page
 
     first = incident(db, T0, summary("prefill_decode_mixing", matches=(ADR,)))
     change(db, first, "promoted", T0 + dt.timedelta(minutes=20))

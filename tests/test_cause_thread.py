@@ -13,19 +13,19 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bot.chat.messages import IncidentView
-from bot.cli import cli
+from bot.app.cli import cli
 from bot.diagnosis.causes import CauseVerdict
 from bot.diagnosis.models import Baseline, Diagnosis
-from bot.errors import UsageError
-from bot.probes.types import Finding, Severity
-from bot.runbooks.builtin import default_registry
-from bot.runbooks.loader import inspect_file, load_dir
-from bot.slack.console import ConsoleNotifier, render_root
-from bot.slack.views import findings_message, root_message
-from bot.web.queries import IncidentRecord
-from bot.web.routes import templates
-from bot.web.view import incident_page
+from bot.diagnosis.probes.types import Finding, Severity
+from bot.diagnosis.runbooks.builtin import default_registry
+from bot.diagnosis.runbooks.loader import inspect_file, load_dir
+from bot.kernel.chat.messages import IncidentView
+from bot.kernel.errors import UsageError
+from bot.surfaces.slack.console import ConsoleNotifier, render_root
+from bot.surfaces.slack.views import findings_message, root_message
+from bot.surfaces.web.queries import IncidentRecord
+from bot.surfaces.web.routes import templates
+from bot.surfaces.web.view import incident_page
 
 REPO = Path(__file__).parent.parent
 MIXING = CauseVerdict(
@@ -174,7 +174,7 @@ def test_declared_causes_extend_the_vocabulary_but_may_not_shadow_it(tmp_path: P
 
 def test_runbooks_validate_exit_codes(tmp_path: Path) -> None:
     runner = CliRunner()
-    shipped = [str(REPO / "runbooks"), str(REPO / "bot" / "demo" / "runbook.yaml")]
+    shipped = [str(REPO / "runbooks"), str(REPO / "bot" / "app" / "demo" / "runbook.yaml")]
     ok = runner.invoke(cli, ["runbooks", "validate", *shipped])
     assert ok.exit_code == 0, ok.output
     assert "ok: 4 runbook file(s) are valid" in ok.output

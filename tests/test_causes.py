@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import Target
 from bot.diagnosis import cause_text
 from bot.diagnosis.causes import (
     NOT_JUDGED,
@@ -20,20 +19,21 @@ from bot.diagnosis.causes import (
     judge_one,
     one_replica,
 )
+from bot.diagnosis.probes.context import TargetRef
+from bot.diagnosis.probes.engine_steps import STEP_METRICS, decode_bound, read_steps
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.fleet_merge import Member, merge_rounds
+from bot.diagnosis.probes.sampling import SAMPLED_METRICS, SampledWindow
+from bot.diagnosis.probes.vllm_metrics import parse_page
+from bot.diagnosis.probes.vllm_window import aborted_share
 from bot.diagnosis.replicas import judge as judge_fleet
-from bot.numbers.reading import Bound
-from bot.probes.context import TargetRef
-from bot.probes.engine_steps import STEP_METRICS, decode_bound, read_steps
-from bot.probes.exposition import Exposition
-from bot.probes.fleet_merge import Member, merge_rounds
-from bot.probes.sampling import SAMPLED_METRICS, SampledWindow
-from bot.probes.vllm_metrics import parse_page
-from bot.probes.vllm_window import aborted_share
-from bot.runbooks.builtin import default_registry
-from bot.runbooks.conditions import parse
-from bot.runbooks.loader import load_file
-from bot.runbooks.models import Hypothesis, Runbook
-from bot.runbooks.runner import RunbookRunner
+from bot.diagnosis.runbooks.builtin import default_registry
+from bot.diagnosis.runbooks.conditions import parse
+from bot.diagnosis.runbooks.loader import load_file
+from bot.diagnosis.runbooks.models import Hypothesis, Runbook
+from bot.diagnosis.runbooks.runner import RunbookRunner
+from bot.kernel.config import Target
+from bot.kernel.numbers.reading import Bound
 from tests.fakes.nvml import FakeNvml
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
@@ -291,7 +291,7 @@ def test_fleet_merge_keeps_the_step_readings_exact() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [*sorted((REPO / "runbooks").glob("*.yaml")), REPO / "bot" / "demo" / "runbook.yaml"],
+    [*sorted((REPO / "runbooks").glob("*.yaml")), REPO / "bot" / "app" / "demo" / "runbook.yaml"],
     ids=lambda p: p.name,
 )
 def test_shipped_runbooks_judge_the_four_engine_causes(path: Path) -> None:

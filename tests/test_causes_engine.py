@@ -22,14 +22,14 @@ import httpx
 import pytest
 
 from bot.adr.store import AdrStore
-from bot.config import Target
 from bot.diagnosis.models import Diagnosis
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.runbooks.builtin import default_registry
+from bot.diagnosis.runbooks.loader import load_dir
+from bot.diagnosis.runbooks.runner import RunbookRunner
 from bot.diagnosis.service import Diagnoser
 from bot.engine.process import EngineInfo, EngineManager, free_port
-from bot.probes.context import ProbeContext, TargetRef
-from bot.runbooks.builtin import default_registry
-from bot.runbooks.loader import load_dir
-from bot.runbooks.runner import RunbookRunner
+from bot.kernel.config import Target
 from tests import causes_inductions as ind
 from tests.conftest import TEST_FLAGS
 

@@ -1,6 +1,6 @@
 """The causes judged against the rules in force on the target (issue 33 (g), (h), (i)): the
 live readings from the recorded engine pages, the rules from a REAL store (SQLite and
-PostgreSQL) and ADR files on disk, read by bot/scheduler/rules_now.py as the bot wires it."""
+PostgreSQL) and ADR files on disk, read by bot/app/scheduler/rules_now.py as the bot wires it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from bot.adr.models import Adr
 from bot.adr.parse import parse
 from bot.adr.render import render
 from bot.adr.store import AdrStore, file_name
-from bot.config import Target
+from bot.app.scheduler.rules_now import RulesNow
 from bot.diagnosis.causes import (
     CACHED_SHARE,
     ENGINE_TTFT,
@@ -26,16 +26,16 @@ from bot.diagnosis.causes import (
     prefix_cache_lost,
     workload_drift,
 )
+from bot.diagnosis.probes.context import TargetRef
+from bot.diagnosis.runbooks.builtin import default_registry
+from bot.diagnosis.runbooks.loader import load_file
+from bot.diagnosis.runbooks.runner import RunbookRunner
 from bot.gateway.budget import TokenBudget
 from bot.gateway.metrics import GatewayMetrics, RelayOutcome
-from bot.probes.context import TargetRef
-from bot.runbooks.builtin import default_registry
-from bot.runbooks.loader import load_file
-from bot.runbooks.runner import RunbookRunner
-from bot.scheduler.rules_now import RulesNow
-from bot.store import service as store
-from bot.store.db import Database
-from bot.store.models import Incident, JobRun, Remediation
+from bot.kernel.config import Target
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import Incident, JobRun, Remediation
 from tests import test_bot_store
 from tests.fakes.nvml import FakeNvml
 from tests.fakes.slack_api import FakeSlack

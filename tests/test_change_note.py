@@ -4,8 +4,8 @@ surface does: the catalogue's labels and numbers/text's form ('1,710 ms', not '1
 from __future__ import annotations
 
 from bot.change.actuators.base import ChangeContext, Deployed
+from bot.kernel.store.models import Remediation
 from bot.remediation.change_note import give_context
-from bot.store.models import Remediation
 
 
 class Recording:

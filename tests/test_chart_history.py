@@ -24,7 +24,7 @@ from PIL import Image
 
 from bot.diagnosis.chart_data import ChartData
 from bot.diagnosis.history import describe
-from bot.store.models import Incident
+from bot.kernel.store.models import Incident
 from tests.fakes import alerts
 from tests.fakes.bot import ROOT, Harness, adr_dir, engine_transport, harness
 from tests.fakes.prometheus_history import openmetrics, prometheus_with

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import select
 
-from bot.cli import cli
-from bot.store.models import OutboxItem
+from bot.app.cli import cli
+from bot.kernel.store.models import OutboxItem
 from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import Harness, harness

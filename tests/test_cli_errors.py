@@ -8,8 +8,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from bot.cli import Command
-from bot.errors import EndpointError, GateFailed
+from bot.app.cli import Command
+from bot.kernel.errors import EndpointError, GateFailed
 
 
 def command_raising(exc: Exception) -> click.Command:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from bot.cli import COMMANDS, SUMMARIES, cli
+from bot.app.cli import COMMANDS, SUMMARIES, cli
 from tests.fakes.bot import ROOT, harness
 
 HEAVY = ("matplotlib", "slack_bolt", "slack_sdk")
@@ -29,7 +29,7 @@ def test_help_loads_neither_matplotlib_nor_slack(args: list[str]) -> None:
     script = (
         "import json, sys\n"
         "from click.testing import CliRunner\n"
-        "from bot.cli import cli\n"
+        "from bot.app.cli import cli\n"
         f"result = CliRunner().invoke(cli, {args!r})\n"
         "assert result.exit_code == 0, result.output\n"
         f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"

@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from bot.cli import cli
-from bot.cli.config_reference import render
-from bot.config import ENV_KEYS, Settings
+from bot.app.cli import cli
+from bot.app.cli.config_reference import render
+from bot.kernel.config import ENV_KEYS, Settings
 
 DOC = Path(__file__).parent.parent / "docs" / "configuration.md"
 REGENERATE = "docs/configuration.md is out of date: run `ruleloop config reference > docs/configuration.md`"  # fmt: skip

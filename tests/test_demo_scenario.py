@@ -15,9 +15,9 @@ from bot.adr.models import AdrGates
 from bot.adr.parse import load
 from bot.adr.relative import Relative
 from bot.adr.render import render
-from bot.cli import Command
-from bot.demo import screen
-from bot.demo.scenario import (
+from bot.app.cli import Command
+from bot.app.demo import screen
+from bot.app.demo.scenario import (
     ADR_FILE,
     ADR_ID,
     HERE,
@@ -30,8 +30,8 @@ from bot.demo.scenario import (
     phase_times,
     settings,
 )
-from bot.numbers.reading import Bound, Measured
-from bot.store.summary import DiagnosisSummary
+from bot.kernel.numbers.reading import Bound, Measured
+from bot.kernel.store.summary import DiagnosisSummary
 
 DEMO_ADR = HERE / ADR_FILE
 NORMAL = {"ttft_p99_ms": 39.1, "tpot_p99_ms": 9.9, "goodput_ratio": 1.0, "kv_fragmentation": 0.4}
@@ -170,7 +170,7 @@ def test_the_demo_stamps_each_step_with_the_time_since_its_start(
 ) -> None:
     import time
 
-    from bot.cli.demo import _elapsed, _stepper
+    from bot.app.cli.demo import _elapsed, _stepper
 
     say = _stepper(time.monotonic() - 125)  # started 2 min 5 s ago
     say("5/9 Alertmanager fires")

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import yaml
 
-from bot.config import ServerSettings
 from bot.engine.process import free_port
+from bot.kernel.config import ServerSettings
 from tests import store_reads
 from tests.alertmanager_process import alertmanager as running_alertmanager
 from tests.alertmanager_process import kube_alert, wait

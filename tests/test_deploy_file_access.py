@@ -297,5 +297,5 @@ def test_the_agent_refuses_to_start_on_a_root_only_token(open_dir: Path) -> None
     proc, _ = start_agent(token, as_user)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2, out
-    # click's readable check, or the agent's own (bot/cli/agent.py) where click's passes
+    # click's readable check, or the agent's own (bot/app/cli/agent.py) where click's passes
     assert f"'{token}' is not readable" in out or "Permission denied" in out, out

@@ -84,10 +84,10 @@ def test_a_final_stage_without_git_fails() -> None:
     text = DOCKERFILE.read_text()
     without = re.sub(r"RUN apt-get update \\\n(.*\\\n)*.*apt/lists/\*\n", "", text)
     assert without != text
-    problems = missing_programs(without, {"git": "bot/gitops/git.py", "ssh": "bot/gitops/git.py"})
+    problems = missing_programs(without, {"git": "bot/change/gitops/git.py", "ssh": "bot/change/gitops/git.py"})
     assert problems == [
-        "bot/gitops/git.py runs 'git': the final stage does not install git",
-        "bot/gitops/git.py runs 'ssh': the final stage does not install openssh-client",
+        "bot/change/gitops/git.py runs 'git': the final stage does not install git",
+        "bot/change/gitops/git.py runs 'ssh': the final stage does not install openssh-client",
     ]
     unknown = missing_programs(text, {"kubectl": "bot/x.py"})
     assert unknown == ["bot/x.py runs 'kubectl': add its Debian package to PACKAGES here"]

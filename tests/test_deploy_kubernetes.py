@@ -139,8 +139,8 @@ def test_deployment_runs_serve_as_non_root_with_probes_and_secrets(rendered: lis
 def test_config_map_is_mounted_where_ruleloop_config_points_and_loads(
     rendered: list[dict], tmp_path: Path
 ) -> None:
-    from bot.config import CONFIG_ENV, ENV_KEYS, Settings
-    from bot.errors import UsageError
+    from bot.kernel.config import CONFIG_ENV, ENV_KEYS, Settings
+    from bot.kernel.errors import UsageError
 
     (deployment,) = by_kind(rendered, "Deployment")
     pod = deployment["spec"]["template"]["spec"]
@@ -257,7 +257,7 @@ def socket_mode_problems(deployment: dict) -> list[str]:
 def test_socket_mode_overlay_passes_the_app_token_instead_of_the_signing_secret(
     rendered: list[dict],
 ) -> None:
-    from bot.config import ENV_KEYS, Settings
+    from bot.kernel.config import ENV_KEYS, Settings
 
     (example,) = by_kind(rendered, "Deployment")
     (deployment,) = by_kind(kustomize(SOCKET_MODE), "Deployment")

@@ -277,7 +277,7 @@ def test_dockerignore_keeps_everything_a_copy_needs() -> None:
     [
         ("runbooks", "runbooks/default.yaml"),
         ("**/*.yaml", "runbooks/default.yaml"),
-        ("bot/slack", "bot/slack/app.py"),
+        ("bot/surfaces/slack", "bot/surfaces/slack/app.py"),
         ("*.md", "README.md"),
     ],
 )

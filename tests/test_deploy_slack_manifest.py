@@ -50,7 +50,7 @@ class Recorder:
 
 def registered_listeners() -> Recorder:
     """Everything the bot's ``listeners.register(app)`` registers."""
-    from bot.slack import listeners
+    from bot.surfaces.slack import listeners
 
     recorder = Recorder()
     listeners.register(recorder)  # type: ignore[arg-type]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.numbers.reading import Measured
-from bot.numbers.text import FOUR, show_reading
+from bot.kernel.numbers.reading import Measured
+from bot.kernel.numbers.text import FOUR, show_reading
 
 ROOT = Path(__file__).resolve().parent.parent
 IMG = ROOT / "docs" / "img"
@@ -89,6 +89,6 @@ def test_a_stale_picture_fails(tmp_path: Path) -> None:
         else:
             dst.write_bytes(src.read_bytes())
     before = module.renderer_digests(tmp_path)
-    (tmp_path / "bot/numbers/text.py").write_text("NOT_MEASURED = '0.0 %'\n")
+    (tmp_path / "bot/kernel/numbers/text.py").write_text("NOT_MEASURED = '0.0 %'\n")
     after = module.renderer_digests(tmp_path)
-    assert [p for p in before if before[p] != after[p]] == ["bot/numbers/text.py"]
+    assert [p for p in before if before[p] != after[p]] == ["bot/kernel/numbers/text.py"]

@@ -11,9 +11,9 @@ import pytest
 from bot.adr.flags import TUNABLE
 from bot.adr.parse import parse
 from bot.adr.validate import collect, validate_paths
-from bot.errors import UsageError
-from bot.runbooks.builtin import default_registry
-from bot.runbooks.loader import load_dir, load_file
+from bot.diagnosis.runbooks.builtin import default_registry
+from bot.diagnosis.runbooks.loader import load_dir, load_file
+from bot.kernel.errors import UsageError
 
 ROOT = Path(__file__).parent.parent
 RUNBOOK_GUIDE = ROOT / "docs" / "writing-runbooks.md"

@@ -11,10 +11,10 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from bot.cli import cli
-from bot.config import SchedulerSettings
+from bot.app.cli import cli
 from bot.gateway.app import PASSTHROUGH
-from bot.runtime.access import is_group
+from bot.kernel.config import SchedulerSettings
+from bot.kernel.runtime.access import is_group
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
@@ -33,16 +33,16 @@ def probe_paths() -> set[str]:
 
 
 def test_bot_md_lists_every_route_and_the_probes_the_deployment_uses() -> None:
-    code = set(re.findall(r'Route\("(/[^"]*)"', (ROOT / "bot" / "routes" / "endpoints.py").read_text()))  # fmt: skip
+    code = set(re.findall(r'Route\("(/[^"]*)"', (ROOT / "bot" / "app" / "routes" / "endpoints.py").read_text()))  # fmt: skip
     documented = doc_routes((DOCS / "bot.md").read_text())
-    assert code - documented == set(), "routes of bot/routes/endpoints.py missing in docs/bot.md"
+    assert code - documented == set(), "routes of bot/app/routes/endpoints.py missing in docs/bot.md"
     assert {"/livez", "/readyz"} <= probe_paths() <= code & documented
 
 
 def test_operations_md_lists_every_scheduled_job_and_its_interval() -> None:
     text = (DOCS / "operations.md").read_text()
     table = text.split("## Scheduled jobs", 1)[1].split("```", 1)[0]
-    names = set(re.findall(r'Job\(f?"([a-z_]+)', (ROOT / "bot" / "scheduler" / "jobs.py").read_text()))  # fmt: skip
+    names = set(re.findall(r'Job\(f?"([a-z_]+)', (ROOT / "bot" / "app" / "scheduler" / "jobs.py").read_text()))  # fmt: skip
     assert {"snapshot", "baseline", "workload", "outbox"} <= names
     missing = [n for n in sorted(names) if not re.search(rf"`{n}(:<target>)?`", table)]
     assert missing == [], f"scheduled jobs missing from docs/operations.md: {missing}"

@@ -18,15 +18,15 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from bot.adr.models import AdrGates
+from bot.adr.workload.shape import WorkloadShape
 from bot.canary.verdict import gates_from, judged
 from bot.change.actuators.base import Actuator, Deployed
 from bot.change.argv import read_flags
-from bot.config import CanarySpec, Settings
+from bot.kernel.config import CanarySpec, Settings
+from bot.kernel.store import service as store
+from bot.kernel.store.models import Remediation, TuneSession
+from bot.kernel.store.readings import ROLLBACK_FAILED as FAILED
 from bot.remediation.gate import GateRun
-from bot.store import service as store
-from bot.store.models import Remediation, TuneSession
-from bot.store.readings import ROLLBACK_FAILED as FAILED
-from bot.workload.shape import WorkloadShape
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import FakeTime

@@ -40,21 +40,21 @@ import yaml
 from sqlalchemy import select
 
 from bot.adr.shared import SharedAdrStore
+from bot.adr.workload.shape import WorkloadShape
+from bot.app.scheduler.before_run import BeforeRuns
+from bot.app.scheduler.workload_drift import LiveShape, WorkloadDrift
 from bot.canary.runner import CanaryRun
 from bot.canary.shape_replay import fixed_shape
 from bot.canary.workload import Workload
 from bot.change.actuators import build
 from bot.change.actuators.base import Deployed
 from bot.change.argv import read_flags, record
-from bot.config import Target
 from bot.engine.process import EngineManager
+from bot.kernel.config import Target
+from bot.kernel.store import service as store
+from bot.kernel.store.models import Remediation, TuneSession
 from bot.remediation.gate import GateRun, run_gate
-from bot.scheduler.before_run import BeforeRuns
-from bot.scheduler.workload_drift import LiveShape, WorkloadDrift
-from bot.store import service as store
-from bot.store.models import Remediation, TuneSession
 from bot.tune.records import TuneRecords
-from bot.workload.shape import WorkloadShape
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_remediation_engine import adr_text, engine_flags, own_engine

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from bot.cli import cli
+from bot.app.cli import cli
 from bot.engine.cpu_limit import cores_from_environment
 from bot.engine.process import free_port
 

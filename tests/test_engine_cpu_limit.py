@@ -12,10 +12,10 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from bot.cli import cli
+from bot.app.cli import cli
 from bot.engine.cpu_limit import CGROUP_ROOT, ENV_VAR, CpuLimit, cores_from_environment
 from bot.engine.process import EngineManager, free_port, session_pids
-from bot.errors import EngineError
+from bot.kernel.errors import EngineError
 
 WRITABLE = os.access(CGROUP_ROOT / "cpu", os.W_OK) or os.access(CGROUP_ROOT, os.W_OK)
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from bot.engine.process import EngineInfo, EngineManager, failure_reason, free_port
-from bot.errors import EngineError
+from bot.kernel.errors import EngineError
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from bot.adr.store import AdrStore
-from bot.cli import cli
+from bot.app.cli import cli
 from tests.fakes.bot import ROOT, Harness, harness
 from tests.fakes.slack_api import FakeSlack
 
@@ -185,8 +185,8 @@ def test_serve_outside_the_checkout_uses_the_shipped_runbooks_and_seed_adr(
             out, _ = process.communicate(timeout=60)
     assert process.returncode == 0, out
     assert not (state / "adr").exists()  # read in place, not copied
-    from bot.store.adrs import listed
-    from bot.store.db import Database
+    from bot.kernel.store.adrs import listed
+    from bot.kernel.store.db import Database
 
     db = Database(f"sqlite:///{state / 'ruleloop.db'}")
     with db.transaction() as session:
@@ -199,8 +199,8 @@ def test_serve_outside_the_checkout_uses_the_shipped_runbooks_and_seed_adr(
 def test_a_state_dir_adr_written_by_an_earlier_version_is_still_imported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from bot.config import Settings
-    from bot.runtime.defaults import SEED_ADRS, with_defaults
+    from bot.kernel.config import Settings
+    from bot.kernel.runtime.defaults import SEED_ADRS, with_defaults
 
     elsewhere = Settings.model_validate({})
     monkeypatch.chdir(tmp_path)  # no adr/ here

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
-from bot.cli import cli
-from bot.scheduler.runner import Job
-from bot.store import outbox as items
-from bot.store.models import OutboxItem, SlackMessage
+from bot.app.cli import cli
+from bot.app.scheduler.runner import Job
+from bot.kernel.store import outbox as items
+from bot.kernel.store.models import OutboxItem, SlackMessage
 from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import Harness, harness
@@ -46,7 +46,7 @@ async def tick(h: Harness, *, after_s: float) -> dict[str, Any]:
     return dict(result.detail)
 
 
-# One target per incident: the alert groups of one target are one incident (bot/intake)
+# One target per incident: the alert groups of one target are one incident (bot/incidents/intake)
 TARGETS = {
     f"prod-{n}": {"vllm_url": f"http://10.0.0.5:80{n:02d}", "actuator": {"kind": "dry-run"}}
     for n in range(INCIDENTS)

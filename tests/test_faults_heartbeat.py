@@ -25,10 +25,10 @@ from sqlalchemy import select
 from bot.adr.models import AdrGates
 from bot.canary.verdict import gates_from, judged
 from bot.change.argv import read_flags
-from bot.config import CanarySpec
+from bot.kernel.config import CanarySpec
+from bot.kernel.store.dbtime import db_now
+from bot.kernel.store.models import AdrDraft, Remediation
 from bot.remediation.gate import GateRun
-from bot.store.dbtime import db_now
-from bot.store.models import AdrDraft, Remediation
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import FakeTime

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from bot.intake.models import parse_webhook
-from bot.intake.service import Intake, IntakeOutcome
-from bot.store.db import Database
+from bot.incidents.intake.models import parse_webhook
+from bot.incidents.intake.service import Intake, IntakeOutcome
+from bot.kernel.store.db import Database
 from tests import store_reads
 from tests.fakes.alerts import alert, body, payload
 from tests.fakes.bot import Harness, harness

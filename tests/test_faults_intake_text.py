@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bot.intake import models
+from bot.incidents.intake import models
 from tests import store_reads
 from tests.fakes.alerts import alert, payload
 from tests.fakes.bot import harness

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from bot.change.argv import read_flags
-from bot.store.db import Database
+from bot.kernel.store.db import Database
 from tests.fakes.bot import PAGES
 from tests.fakes.kube_api import TOKEN, FakeKube
 from tests.fakes.kube_server import KubeServer

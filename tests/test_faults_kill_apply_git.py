@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from bot.change.argv import read_flags
-from bot.store.db import Database
+from bot.kernel.store.db import Database
 from tests.fakes.forge_api import FORGE_TOKEN, FakeForge
 from tests.fakes.gitops_controller import GitOpsController
 from tests.fakes.kube_api import TOKEN, FakeKube

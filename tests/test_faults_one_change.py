@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from bot.errors import UsageError
-from bot.store.models import Remediation
+from bot.kernel.errors import UsageError
+from bot.kernel.store.models import Remediation
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack

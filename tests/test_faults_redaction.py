@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bot.runtime.redact import redact
+from bot.kernel.runtime.redact import redact
 from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import harness

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from bot.errors import UsageError
+from bot.kernel.errors import UsageError
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import ActionToken, Remediation
 from bot.remediation.records import ChangeRequest, RemediationRecords
-from bot.store import service as store
-from bot.store.db import Database
-from bot.store.models import ActionToken, Remediation
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import WallClock

@@ -1,7 +1,7 @@
 """Request heads have a ceiling and a deadline in `ruleloop serve`, the gateway and the GPU agent
 (real servers).
 
-All run uvicorn with bot/runtime/heads.py's protocol: ``serve`` as ``bot/cli/serve.py`` builds
+All run uvicorn with bot/kernel/runtime/heads.py's protocol: ``serve`` as ``bot/app/cli/serve.py`` builds
 it (its protocol class, a small app), the gateway as ``GatewayServer`` (scripted engine), the
 agent through its own ``serve`` (its app over a fake NVML).
 """
@@ -23,8 +23,8 @@ from bot.agent.session import NvmlSession
 from bot.gateway.app import Gateway
 from bot.gateway.limits import Limits
 from bot.gateway.server import GatewayServer
-from bot.listening import QuietServer, bind
-from bot.runtime.heads import GuardedHttpToolsProtocol, HeadLimits
+from bot.kernel.listening import QuietServer, bind
+from bot.kernel.runtime.heads import GuardedHttpToolsProtocol, HeadLimits
 from tests.fakes.nvml import FakeNvml
 from tests.gateway_scripted import STREAM, ScriptedEngine
 
@@ -71,7 +71,7 @@ async def gateway_server() -> AsyncIterator[str]:
 
 @contextlib.asynccontextmanager
 async def agent_server() -> AsyncIterator[str]:
-    """`ruleloop agent` as bot/cli/agent.py runs it, over a fake NVML, with a short timeout."""
+    """`ruleloop agent` as bot/app/cli/agent.py runs it, over a fake NVML, with a short timeout."""
     sock = bind("127.0.0.1", 0)
     app = create_app(NvmlSession(FakeNvml.no_driver(), watch_xid=False), token="t" * 32)
     started: asyncio.Future[str] = asyncio.get_running_loop().create_future()

@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from bot.adr.store import AdrStore
-from bot.cli import cli
+from bot.app.cli import cli
 from tests.fakes.bot import ROOT, Harness, engine_transport, harness
 from tests.fakes.kube_api import TOKEN, FakeKube
 from tests.fakes.kube_server import KubeServer
@@ -290,7 +290,7 @@ def test_a_condition_padded_with_spaces_is_read_in_one_pass(spaces: int) -> None
     cost on the slowest machine (milliseconds here) stops the old behaviour, not a slow box."""
     import signal
 
-    from bot.runbooks.conditions import parse
+    from bot.diagnosis.runbooks.conditions import parse
 
     def stuck(*_: object) -> None:
         raise TimeoutError(f"parsing {spaces} spaces took over 60 s")

@@ -26,11 +26,11 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select
 
-from bot.config import Target
-from bot.intake.models import parse_webhook
-from bot.intake.service import Intake
-from bot.store.db import Database
-from bot.store.models import Alert, Incident, OutboxItem, Remediation
+from bot.incidents.intake.models import parse_webhook
+from bot.incidents.intake.service import Intake
+from bot.kernel.config import Target
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import Alert, Incident, OutboxItem, Remediation
 from tests import store_reads
 from tests.fakes.alerts import alert, body, payload
 from tests.fakes.bot import RUNBOOK, Harness, adr_dir, harness

@@ -18,7 +18,7 @@ import pytest
 from sqlalchemy import text
 
 from bot.change.argv import read_flags
-from bot.errors import EndpointError
+from bot.kernel.errors import EndpointError
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import FakeTime
 from tests.fakes.kube_api import FakeKube, KubeActuators

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.chat import mrkdwn
-from bot.chat.messages import IncidentView
-from bot.slack.views import root_message
+from bot.kernel.chat import mrkdwn
+from bot.kernel.chat.messages import IncidentView
+from bot.surfaces.slack.views import root_message
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import RUNBOOK, Harness, harness
 from tests.fakes.slack_api import FakeSlack
@@ -162,8 +162,8 @@ def test_no_finding_text_makes_the_findings_live_or_too_long(
     import datetime as dt
 
     from bot.diagnosis.models import Baseline, Diagnosis
-    from bot.probes.types import Finding, Severity
-    from bot.slack.views import findings_message
+    from bot.diagnosis.probes.types import Finding, Severity
+    from bot.surfaces.slack.views import findings_message
 
     findings = [Finding(Severity.WARNING, text + "<" * pad, "probe") for text, pad in texts]
     diagnosis = Diagnosis(
@@ -239,7 +239,7 @@ async def test_external_users_may_not_apply_approve_or_review_even_with_star(
         answers = [a for a in await slack.until("response_url", 5) if a.args["name"] == "btn"]
         assert len(answers) == 3 and all("Slack Connect" in a.args["text"] for a in answers)
         with h.bot.db.transaction() as s:
-            from bot.store.models import Remediation
+            from bot.kernel.store.models import Remediation
 
             (rem,) = s.query(Remediation).all()
             assert rem.state == "pending"
@@ -323,7 +323,7 @@ async def test_apply_adr_is_acked_before_any_slack_call_and_a_retry_makes_no_sec
     import httpx
     from sqlalchemy import select
 
-    from bot.store.models import Remediation
+    from bot.kernel.store.models import Remediation
     from tests.fakes.slack_api import signed_headers
 
     slack.rate_limit("chat.postMessage", times=1, retry_after=4)

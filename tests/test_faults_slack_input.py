@@ -17,7 +17,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from bot.store.models import Remediation
+from bot.kernel.store.models import Remediation
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack, signed_headers
 
@@ -101,7 +101,7 @@ async def test_legacy_payloads_cannot_apply_or_review_either(
 
 def test_the_guard_counts_a_legacy_callback_id_as_a_change() -> None:
     """What the listener will do decides, whatever the payload type."""
-    from bot.slack.workspace import changes_something
+    from bot.surfaces.slack.workspace import changes_something
 
     for kind in ("interactive_message", "dialog_submission", "dialog_cancellation"):
         assert changes_something({"type": kind, "callback_id": "remediation_approve"})

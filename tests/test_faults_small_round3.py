@@ -21,13 +21,13 @@ from sqlalchemy.exc import DatabaseError
 from bot.adr.shared import SharedAdrStore
 from bot.agent.app import create_app
 from bot.agent.session import NvmlSession
-from bot.cli import agent as agent_cli
-from bot.cli import cli
-from bot.config import Settings
-from bot.errors import UsageError
-from bot.store import service as store
-from bot.store.db import Database
-from bot.store.models import AdrRecord
+from bot.app.cli import agent as agent_cli
+from bot.app.cli import cli
+from bot.kernel.config import Settings
+from bot.kernel.errors import UsageError
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import AdrRecord
 from tests import store_reads
 from tests.conftest import FIXTURES
 from tests.fakes.nvml import FakeNvml

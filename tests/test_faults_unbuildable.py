@@ -15,10 +15,10 @@ from slack_sdk.models.blocks.basic_components import MarkdownTextObject
 from slack_sdk.web import internal_utils
 from sqlalchemy import select
 
-from bot.chat.failures import DeliveryFailed, classify
-from bot.slack.failures import slack_boundary
-from bot.store import outbox as items
-from bot.store.models import OutboxItem
+from bot.kernel.chat.failures import DeliveryFailed, classify
+from bot.kernel.store import outbox as items
+from bot.kernel.store.models import OutboxItem
+from bot.surfaces.slack.failures import slack_boundary
 from tests.fakes.alerts import body
 from tests.fakes.bot import harness
 from tests.fakes.slack_api import FakeSlack

@@ -12,13 +12,13 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from bot.config import KubernetesApiSpec, Target
 from bot.diagnosis import replicas as replica_rule
-from bot.errors import ProbeError
-from bot.probes.context import ProbeContext, TargetRef, resolve_replicas
-from bot.probes.replicas import Replica, source_of
-from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
-from bot.runbooks.runner import RunbookResult
+from bot.diagnosis.probes.context import ProbeContext, TargetRef, resolve_replicas
+from bot.diagnosis.probes.replicas import Replica, source_of
+from bot.diagnosis.probes.vllm_window import VllmMetricsProbe, WindowParams
+from bot.diagnosis.runbooks.runner import RunbookResult
+from bot.kernel.config import KubernetesApiSpec, Target
+from bot.kernel.errors import ProbeError
 from tests.fakes.clock import FakeTime
 from tests.fakes.kube_api import TOKEN, FakeKube
 from tests.fakes.kube_server import KubeServer

@@ -25,17 +25,17 @@ import httpx
 import pytest
 
 from bot.canary.client import RequestRecord
-from bot.config import Target
 from bot.diagnosis import replica_text, replicas
 from bot.diagnosis.causes import one_replica
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.replicas import Replica
+from bot.diagnosis.probes.types import ProbeResult
+from bot.diagnosis.probes.vllm_window import VllmMetricsProbe, WindowParams
+from bot.diagnosis.runbooks.runner import RunbookResult
 from bot.engine.cpu_limit import MAX_CORES, cores_from_environment
 from bot.engine.process import EngineInfo
-from bot.errors import ProbeError
-from bot.probes.context import ProbeContext, TargetRef
-from bot.probes.replicas import Replica
-from bot.probes.types import ProbeResult
-from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
-from bot.runbooks.runner import RunbookResult
+from bot.kernel.config import Target
+from bot.kernel.errors import ProbeError
 from tests.fleet_engines import (  # noqa: F401 (engines, nginx: the fixtures)
     LOAD,
     alone,

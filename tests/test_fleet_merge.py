@@ -10,16 +10,16 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.config import Target
-from bot.errors import EndpointError, ProbeError
-from bot.probes.context import ProbeContext, TargetRef
-from bot.probes.exposition import Exposition
-from bot.probes.fleet_window import Answer, FleetWindow, fleet_of
-from bot.probes.queue_cancel import QueueCancelProbe
-from bot.probes.replicas import Replica, replicas_of
-from bot.probes.sampling import SAMPLED_METRICS
-from bot.probes.vllm_metrics import Quantiles
-from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.fleet_window import Answer, FleetWindow, fleet_of
+from bot.diagnosis.probes.queue_cancel import QueueCancelProbe
+from bot.diagnosis.probes.replicas import Replica, replicas_of
+from bot.diagnosis.probes.sampling import SAMPLED_METRICS
+from bot.diagnosis.probes.vllm_metrics import Quantiles
+from bot.diagnosis.probes.vllm_window import VllmMetricsProbe, WindowParams
+from bot.kernel.config import Target
+from bot.kernel.errors import EndpointError, ProbeError
 from tests.fakes.clock import FakeTime
 
 EDGES = (0.01, 0.05, 0.1, 0.5, 1.0, 5.0)

@@ -11,6 +11,7 @@ import math
 from collections.abc import Mapping
 
 from bot.diagnosis import replica_text
+from bot.diagnosis.probes.types import Severity
 from bot.diagnosis.replicas import (
     ALIKE,
     MIN_REQUESTS,
@@ -20,7 +21,6 @@ from bot.diagnosis.replicas import (
     FleetVerdict,
     judge,
 )
-from bot.probes.types import Severity
 
 EDGES = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)
 

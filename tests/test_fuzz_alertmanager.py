@@ -8,8 +8,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bot.errors import RequestRejected
-from bot.intake.models import MAX_DEPTH, Webhook, parse_webhook
+from bot.incidents.intake.models import MAX_DEPTH, Webhook, parse_webhook
+from bot.kernel.errors import RequestRejected
 from tests.fakes.alerts import alert, payload
 
 pytestmark = pytest.mark.faults

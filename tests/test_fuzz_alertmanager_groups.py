@@ -6,7 +6,7 @@ notification carried, none is lost, no notification fails, and /readyz, polled t
 never fails.
 
 The bot keys an incident by its target, else by Alertmanager's group key
-(bot/intake/service.py); each generated group has its own `instance` (the shipped config groups
+(bot/incidents/intake/service.py); each generated group has its own `instance` (the shipped config groups
 by instance), either one of the configured targets' engines (keyed by target) or an unknown
 one (keyed by group). The targets' engines are loopback addresses nobody listens on, so each
 incident's diagnosis reports its probes failing; the incident exists all the same.
@@ -37,7 +37,7 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from bot.engine.process import free_port
-from bot.store.db import Database
+from bot.kernel.store.db import Database
 from tests import store_reads
 from tests.alertmanager_process import alertmanager as running_alertmanager
 from tests.alertmanager_process import kube_alert
@@ -113,7 +113,7 @@ def bot(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Databas
     for name in ("SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET", "SLACK_APP_TOKEN"):
         env.pop(name, None)
     port = free_port()
-    argv = [sys.executable, "-c", "from bot.cli import main; main()", "serve", "--port",
+    argv = [sys.executable, "-c", "from bot.app.cli import main; main()", "serve", "--port",
             str(port), "--state-dir", str(tmp_path / "state")]  # fmt: skip
     proc = Process(argv, log=tmp_path / "serve.log", env=env)
     url = f"http://127.0.0.1:{port}"

@@ -14,9 +14,9 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from bot.cli import cli
+from bot.app.cli import cli
+from bot.diagnosis.probes.exposition import Exposition
 from bot.engine.process import free_port
-from bot.probes.exposition import Exposition
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_gateway_process_reloads_limits_on_sighup_and_stops_on_sigterm(tmp_path:
     limits.write_text("max_inflight_tokens: 1000\n")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-c", "from bot.cli import main; main()", "gateway", "--upstream", f"http://127.0.0.1:{free_port()}",
+    argv = [sys.executable, "-c", "from bot.app.cli import main; main()", "gateway", "--upstream", f"http://127.0.0.1:{free_port()}",
             "--listen", f"127.0.0.1:{port}", "--limits-file", str(limits)]  # fmt: skip
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)  # noqa: S603
     try:

@@ -19,13 +19,8 @@ import pytest
 from bot.canary.client import Outcome as CanaryOutcome
 from bot.canary.runner import CanaryRun
 from bot.canary.workload import CancelMode, Workload
-from bot.engine.process import EngineInfo
-from bot.errors import ProbeError
-from bot.gateway.app import Gateway
-from bot.gateway.limits import Limits
-from bot.gateway.server import GatewayServer, upstream_client
-from bot.probes.exposition import Exposition
-from bot.probes.vllm_metrics import (
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.vllm_metrics import (
     GENERATION_TOKENS,
     REQUEST_SUCCESS,
     RUNNING,
@@ -34,6 +29,11 @@ from bot.probes.vllm_metrics import (
     gauge,
     parse_page,
 )
+from bot.engine.process import EngineInfo
+from bot.gateway.app import Gateway
+from bot.gateway.limits import Limits
+from bot.gateway.server import GatewayServer, upstream_client
+from bot.kernel.errors import ProbeError
 from tests.conftest import EngineFactory
 
 pytestmark = pytest.mark.engine

@@ -1,7 +1,7 @@
 """The gateway relays SSE framed with CRLF or CR as it relays LF: whole events, byte for byte.
 
 The engine here streams given reads (behind httpx.MockTransport, as tests/gateway_scripted.py);
-the gateway runs on real uvicorn. Where events end comes from bot.runtime.sse, the parser the
+the gateway runs on real uvicorn. Where events end comes from bot.kernel.runtime.sse, the parser the
 canary reads with, so the end marker and event boundaries are found in every framing.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from bot.runtime.sse import SSEParser
+from bot.kernel.runtime.sse import SSEParser
 from tests.gateway_scripted import STREAM, Gateways, event, outcome, scrape
 
 GUARD_S = 10.0  # a hang guard: the old relay waited here for a body end that never came

@@ -19,12 +19,9 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from bot.errors import ProbeError, UsageError
-from bot.gateway.app import Gateway
-from bot.gateway.limits import Limits
-from bot.gateway.records import CHAR_LEVELS, EXPORT_VERSION, TOKEN_LEVELS, Recorder
-from bot.gateway.server import GatewayServer
-from bot.probes.gateway_capture import (
+from bot.adr.workload import shape as shapes
+from bot.adr.workload.shape import PrefixGroup
+from bot.diagnosis.probes.gateway_capture import (
     Request,
     burstiness,
     capture_from_gateway,
@@ -33,8 +30,11 @@ from bot.probes.gateway_capture import (
     shape_from_export,
     vllm_edges,
 )
-from bot.workload import shape as shapes
-from bot.workload.shape import PrefixGroup
+from bot.gateway.app import Gateway
+from bot.gateway.limits import Limits
+from bot.gateway.records import CHAR_LEVELS, EXPORT_VERSION, TOKEN_LEVELS, Recorder
+from bot.gateway.server import GatewayServer
+from bot.kernel.errors import ProbeError, UsageError
 from tests.gateway_scripted import ADMIN_TOKEN, ScriptedEngine
 from tests.workload_pages import VLLM_EDGES
 
@@ -338,7 +338,7 @@ def test_a_shape_from_records() -> None:
 
 
 def test_a_shape_diffs_edge_by_edge_with_one_from_metrics() -> None:
-    from bot.workload.diff import diff
+    from bot.adr.workload.diff import diff
     from tests.workload_pages import shape as metrics_shape
 
     prompts = [90 if i % 2 else 900 for i in range(40)]
@@ -390,7 +390,7 @@ async def test_capture_through_a_gateway(start: Start, tmp_path: Path) -> None:
     out = tmp_path / "gw.yaml"
 
     def run(*args: str) -> tuple[int, str]:
-        from bot.cli import cli
+        from bot.app.cli import cli
 
         result = CliRunner().invoke(cli, ["workload", "capture", *args])
         assert "Traceback" not in result.output
@@ -423,7 +423,7 @@ async def test_capture_through_a_gateway(start: Start, tmp_path: Path) -> None:
 
 async def test_capture_from_a_gateway_that_is_down() -> None:
     from bot.engine.process import free_port
-    from bot.errors import EndpointError
+    from bot.kernel.errors import EndpointError
 
     url = f"http://127.0.0.1:{free_port()}"
     async with httpx.AsyncClient() as client:

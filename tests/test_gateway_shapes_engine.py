@@ -15,15 +15,15 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
+from bot.adr.workload.diff import diff
+from bot.adr.workload.shape import PrefixGroup
 from bot.canary.workload import PROMPT_ID_RANGE
+from bot.diagnosis.probes.gateway_capture import capture_from_gateway
+from bot.diagnosis.probes.vllm_metrics import MetricsScraper
+from bot.diagnosis.probes.workload_capture import CAPTURE_METRICS, shape_from_pages
 from bot.engine.process import EngineInfo
 from bot.gateway.app import Gateway
 from bot.gateway.server import GatewayServer, upstream_client
-from bot.probes.gateway_capture import capture_from_gateway
-from bot.probes.vllm_metrics import MetricsScraper
-from bot.probes.workload_capture import CAPTURE_METRICS, shape_from_pages
-from bot.workload.diff import diff
-from bot.workload.shape import PrefixGroup
 from tests.workload_pages import CAPTURED_AT
 
 pytestmark = pytest.mark.engine

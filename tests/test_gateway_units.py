@@ -10,13 +10,13 @@ import math
 import httpx
 import pytest
 
+from bot.diagnosis.probes.exposition import Exposition
 from bot.gateway.app import Gateway
 from bot.gateway.budget import TokenBudget
 from bot.gateway.costing import Costing, parse_body
 from bot.gateway.deadlines import BadTimeout, parse_timeout, request_timeout
 from bot.gateway.limits import Limits, LimitsError, read_limits_file, updated
 from bot.gateway.responses import HTTPProblem
-from bot.probes.exposition import Exposition
 from tests.gateway_scripted import STREAM, ScriptedEngine, outcome
 
 

@@ -14,7 +14,7 @@ import yaml
 
 from bot.change.actuators.yaml_flags import Locator
 from bot.change.argv import read_flags
-from bot.config import ArgoCdSyncSpec, FluxSyncSpec, GitActuatorSpec, Settings
+from bot.kernel.config import ArgoCdSyncSpec, FluxSyncSpec, GitActuatorSpec, Settings
 from tests.kustomize_render import kustomize, schema_problems
 
 ROOT = Path(__file__).parent.parent

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from bot.change.actuators.yaml_flags import Locator, LocatorError
-from bot.config import AdrPublishSettings, ForgeSpec, GitLocatorSpec, GitRepoSpec
-from bot.gitops.adr_publish import AdrPublisher, publish_accepted
-from bot.gitops.errors import Conflict, GitOpsError
-from bot.gitops.forge import GitHub
-from bot.gitops.git import GitRepo
-from bot.gitops.landing import Landing, Proposal
-from bot.gitops.secrets import scrub
+from bot.change.gitops.adr_publish import AdrPublisher, publish_accepted
+from bot.change.gitops.errors import Conflict, GitOpsError
+from bot.change.gitops.forge import GitHub
+from bot.change.gitops.git import GitRepo
+from bot.change.gitops.landing import Landing, Proposal
+from bot.change.gitops.secrets import scrub
+from bot.kernel.config import AdrPublishSettings, ForgeSpec, GitLocatorSpec, GitRepoSpec
 from tests.fakes.forge_api import FORGE_TOKEN, FakeForge
 from tests.gitops_fleet import ARGS_PATH, EXAMPLE, MAIN_FILE, Fleet, git
 

@@ -13,7 +13,7 @@ import pytest
 from bot.change.actuators.base import ChangeContext
 from bot.change.actuators.kubernetes import KubernetesActuator
 from bot.change.argv import merge, read_flags
-from bot.config import KubernetesActuatorSpec
+from bot.kernel.config import KubernetesActuatorSpec
 from tests.fakes.clock import FakeTime
 from tests.gitops_rig import CANARY_URL, VLLM_URL, Rig, make_rig
 

@@ -25,14 +25,21 @@ import pytest
 
 from bot.canary.client import Outcome, RequestRecord, stream_request
 from bot.canary.workload import PROMPT_ID_RANGE
-from bot.config import Target
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.queue_cancel import QueueCancelProbe
+from bot.diagnosis.probes.types import ProbeResult
+from bot.diagnosis.probes.vllm_metrics import (
+    RUNNING,
+    TTFT,
+    WAITING,
+    EngineWindow,
+    gauge,
+    parse_page,
+)
+from bot.diagnosis.probes.vllm_window import VllmMetricsProbe, WindowParams
 from bot.engine.process import EngineInfo
-from bot.probes.context import ProbeContext, TargetRef
-from bot.probes.exposition import Exposition
-from bot.probes.queue_cancel import QueueCancelProbe
-from bot.probes.types import ProbeResult
-from bot.probes.vllm_metrics import RUNNING, TTFT, WAITING, EngineWindow, gauge, parse_page
-from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
+from bot.kernel.config import Target
 
 pytestmark = pytest.mark.engine
 

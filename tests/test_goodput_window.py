@@ -1,6 +1,6 @@
 """Goodput, wasted prefill and KV fragmentation over a window count only what has ended.
 
-Pages here are written from a small model of vLLM's accounting (bot/probes/vllm_metrics.py):
+Pages here are written from a small model of vLLM's accounting (bot/diagnosis/probes/vllm_metrics.py):
 a request's prompt is counted in prompt_tokens_total at its first token, its output in
 generation_tokens_total as it is generated, and both in the request_* histograms only when it
 finishes (an aborted request never); running requests hold ceil((prompt + output - 1) / B)
@@ -17,14 +17,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.config import Target
-from bot.probes.context import ProbeContext, TargetRef
-from bot.probes.exposition import Exposition
-from bot.probes.fragmentation import estimate_fragmentation, internal_fragmentation
-from bot.probes.queue_cancel import QueueCancelProbe
-from bot.probes.types import ProbeResult
-from bot.probes.vllm_metrics import EngineWindow, read_window
-from bot.probes.vllm_window import VllmMetricsProbe, WindowParams
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.fragmentation import estimate_fragmentation, internal_fragmentation
+from bot.diagnosis.probes.queue_cancel import QueueCancelProbe
+from bot.diagnosis.probes.types import ProbeResult
+from bot.diagnosis.probes.vllm_metrics import EngineWindow, read_window
+from bot.diagnosis.probes.vllm_window import VllmMetricsProbe, WindowParams
+from bot.kernel.config import Target
 from tests.conftest import FIXTURES
 from tests.fakes.clock import FakeTime
 

@@ -141,8 +141,8 @@ async def test_a_failed_rollback_is_counted_from_the_audit_log(
 ) -> None:
     import datetime as dt
 
-    from bot.store.models import AuditEntry
-    from bot.store.readings import ROLLBACK_FAILED
+    from bot.kernel.store.models import AuditEntry
+    from bot.kernel.store.readings import ROLLBACK_FAILED
 
     h = harness(tmp_path, slack=slack)
     try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bot.chat.mrkdwn import unescape
+from bot.kernel.chat.mrkdwn import unescape
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import harness
 from tests.fakes.slack_api import FakeSlack

@@ -18,12 +18,12 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from click.testing import CliRunner
 
+from bot.app.cli import cli
 from bot.canary.schema import CanaryReport
-from bot.cli import cli
-from bot.config import Settings
-from bot.errors import UsageError
-from bot.store.summary import DiagnosisSummary
-from bot.web.view import BAD, GOOD, NEUTRAL, _numbers, four_number
+from bot.kernel.config import Settings
+from bot.kernel.errors import UsageError
+from bot.kernel.store.summary import DiagnosisSummary
+from bot.surfaces.web.view import BAD, GOOD, NEUTRAL, _numbers, four_number
 from tests.fakes.incident_story import ADR, PUBLIC_URL, SECRET, Story, incident_story
 from tests.fakes.slack_api import FakeSlack
 
@@ -214,8 +214,8 @@ def test_an_incident_number_no_store_holds_is_a_404_not_a_500(number: str) -> No
     from starlette.applications import Starlette
     from starlette.testclient import TestClient
 
-    from bot.web.links import PageLinks
-    from bot.web.routes import IncidentPages
+    from bot.surfaces.web.links import PageLinks
+    from bot.surfaces.web.routes import IncidentPages
 
     links = PageLinks(secret=SECRET.encode(), ttl_s=60, clock=lambda: 0.0)
     pages = IncidentPages(db=None, links=links, adrs=None)  # type: ignore[arg-type]

@@ -19,8 +19,8 @@ import uvicorn
 from playwright.async_api import Browser, ConsoleMessage, async_playwright
 
 from bot.diagnosis.models import summary_numbers
-from bot.store.summary import DiagnosisSummary
-from bot.web.view import four_number
+from bot.kernel.store.summary import DiagnosisSummary
+from bot.surfaces.web.view import four_number
 from tests.fakes.incident_story import PUBLIC_URL, Story, incident_story
 from tests.fakes.slack_api import FakeSlack
 from tests.test_incident_page import slack_link

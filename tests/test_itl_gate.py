@@ -20,9 +20,9 @@ from bot.canary.verdict import Gates, gates_from, judge, values_of
 from bot.canary.workload import Workload
 from bot.diagnosis.normal import NormalReader
 from bot.diagnosis.service import MATCH_READINGS
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
 from bot.remediation.lines import gate_lines
-from bot.store import service as store
-from bot.store.db import Database
 from tests.test_bot_store import db, postgres  # noqa: F401  (store fixtures: SQLite and PostgreSQL)
 
 SHAPE = fixed_shape(Workload(endpoint="http://x/v1/completions"), request_rate=1.0)

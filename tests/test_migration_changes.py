@@ -16,8 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from bot.change import exclusion
-from bot.store.db import Database
-from bot.store.models import (
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import (
     AuditEntry,
     CanaryResult,
     Change,

@@ -14,10 +14,10 @@ import sqlalchemy as sa
 from alembic import command
 
 from bot.diagnosis.normal import NormalReader
-from bot.numbers.catalogue import NORMAL_KEYS
-from bot.store import service as store
-from bot.store.db import Database
-from bot.store.models import UTCDateTime
+from bot.kernel.numbers.catalogue import NORMAL_KEYS
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import UTCDateTime
 from tests.test_bot_store import db, postgres  # noqa: F401  (store fixtures: SQLite and PostgreSQL)
 from tests.test_migrations import empty  # noqa: F401  (an empty database on each backend)
 

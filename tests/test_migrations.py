@@ -19,9 +19,9 @@ from alembic.script import ScriptDirectory
 from click.testing import CliRunner
 from sqlalchemy import inspect
 
-from bot.cli import cli
-from bot.store.db import MIGRATIONS, Database
-from bot.store.models import Base
+from bot.app.cli import cli
+from bot.kernel.store.db import MIGRATIONS, Database
+from bot.kernel.store.models import Base
 from tests.test_bot_store import new_database, postgres  # noqa: F401  (the real PostgreSQL server fixture)
 
 ROOT = Path(__file__).parent.parent
@@ -55,7 +55,7 @@ def test_migrations_match_the_models(empty: Database) -> None:
     with empty.engine.connect() as connection:
         diff = compare_metadata(MigrationContext.configure(connection), Base.metadata)
     assert diff == [], (
-        "the models and the migrations disagree: add a revision under bot/store/migrations/"
+        "the models and the migrations disagree: add a revision under bot/kernel/store/migrations/"
         f"versions (`ruleloop db revision -m '...'` writes one from the models): {diff}"
     )
     assert empty.revision() == head()
@@ -142,7 +142,7 @@ def test_db_cli_revision_writes_a_migration_from_the_models(
 ) -> None:
     copy = tmp_path / "migrations"
     shutil.copytree(MIGRATIONS, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr("bot.store.db.MIGRATIONS", copy)
+    monkeypatch.setattr("bot.kernel.store.db.MIGRATIONS", copy)
     result = CliRunner().invoke(cli, ["db", "revision", "-m", "nothing changed"])
     assert result.exit_code == 0, result.output
     (written,) = [

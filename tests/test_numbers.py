@@ -10,12 +10,12 @@ import pytest
 from bot.adr.match import check
 from bot.adr.models import Condition
 from bot.diagnosis.normal import median
-from bot.numbers.histogram import quantile_bound
-from bot.numbers.reading import Bound, Measured, Reading, compare, spans_of
-from bot.numbers.text import change, compact, show, show_reading
-from bot.probes.exposition import Exposition
-from bot.probes.vllm_metrics import Quantiles
-from bot.store.summary import DiagnosisSummary
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.vllm_metrics import Quantiles
+from bot.kernel.numbers.histogram import quantile_bound
+from bot.kernel.numbers.reading import Bound, Measured, Reading, compare, spans_of
+from bot.kernel.numbers.text import change, compact, show, show_reading
+from bot.kernel.store.summary import DiagnosisSummary
 
 # vLLM's TPOT histogram starts at a 10 ms bucket; its last finite edge here is 20 s
 EDGES = (0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 20.0)
@@ -173,10 +173,10 @@ def test_slack_the_console_and_the_page_show_an_estimate_with_its_span_and_judge
 ):
     import datetime as dt
 
-    from bot.chat.messages import IncidentView
-    from bot.slack.console import render_root
-    from bot.slack.views import root_message
-    from bot.web.view import BAD, NEUTRAL, _numbers
+    from bot.kernel.chat.messages import IncidentView
+    from bot.surfaces.slack.console import render_root
+    from bot.surfaces.slack.views import root_message
+    from bot.surfaces.web.view import BAD, NEUTRAL, _numbers
 
     summary = {
         "runbook": "vllm-latency",

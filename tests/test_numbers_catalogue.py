@@ -1,5 +1,5 @@
 """The typed classes keep explicit fields for mypy; these tests hold each to the catalogue, so a
-number added to ``bot.numbers.catalogue`` without its field (or a field without its record)
+number added to ``bot.kernel.numbers.catalogue`` without its field (or a field without its record)
 fails here, by name."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import typing
 from bot.adr.models import AdrGates, MatrixMetric, MatrixRow
 from bot.adr.parse import MATRIX_COLUMNS
 from bot.canary.verdict import Gates, Values
-from bot.numbers import catalogue
-from bot.numbers.catalogue import GATE_OF, KEYS, METRIC_OF, METRICS
-from bot.numbers.text import FOUR as FOUR_ROWS
-from bot.numbers.text import show, unit_of
+from bot.kernel.numbers import catalogue
+from bot.kernel.numbers.catalogue import GATE_OF, KEYS, METRIC_OF, METRICS
+from bot.kernel.numbers.text import FOUR as FOUR_ROWS
+from bot.kernel.numbers.text import show, unit_of
 
 
 def test_adr_gates_are_the_catalogues_gates():

@@ -21,12 +21,12 @@ from bot.adr.models import AdrGates
 from bot.adr.parse import parse
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
+from bot.adr.workload.describe import context_line
+from bot.adr.workload.shape import WorkloadShape
 from bot.canary.verdict import gates_from, judged
-from bot.config import CanarySpec
+from bot.kernel.config import CanarySpec
+from bot.kernel.store.models import AdrDraft, Remediation
 from bot.remediation.gate import GateRun
-from bot.store.models import AdrDraft, Remediation
-from bot.workload.describe import context_line
-from bot.workload.shape import WorkloadShape
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_adr_relative_flow import ADR, RELATIVE_ADR, MemoryActuator

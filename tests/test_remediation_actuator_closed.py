@@ -22,9 +22,9 @@ from bot.adr.models import AdrGates
 from bot.canary.verdict import gates_from, judged
 from bot.change.actuators import kube_read
 from bot.change.actuators.kubernetes import KubernetesActuator
-from bot.config import CanarySpec, KubernetesActuatorSpec, Target
+from bot.kernel.config import CanarySpec, KubernetesActuatorSpec, Target
+from bot.kernel.store.models import Remediation
 from bot.remediation.gate import GateRun
-from bot.store.models import Remediation
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import FakeTime
 from tests.fakes.kube_api import TOKEN, FakeKube

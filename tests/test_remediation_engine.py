@@ -24,14 +24,14 @@ from bot.canary.schema import CanaryReport
 from bot.canary.verdict import values_of
 from bot.change.actuators.local import process_argv
 from bot.change.argv import read_flags
+from bot.diagnosis.probes.exposition import Exposition
 from bot.engine.model import SERVED_MODEL_NAME
 from bot.engine.process import EngineManager, free_port
 from bot.gateway.app import Gateway
 from bot.gateway.limits import Limits
 from bot.gateway.server import GatewayServer, upstream_client
-from bot.numbers.text import show
-from bot.probes.exposition import Exposition
-from bot.store.models import AdrDraft, CanaryResult, Remediation
+from bot.kernel.numbers.text import show
+from bot.kernel.store.models import AdrDraft, CanaryResult, Remediation
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 

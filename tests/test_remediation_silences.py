@@ -27,10 +27,10 @@ from sqlalchemy import select
 
 from bot.adr.models import AdrGates
 from bot.canary.verdict import gates_from, judged
-from bot.config import CanarySpec
 from bot.engine.process import free_port
+from bot.kernel.config import CanarySpec
+from bot.kernel.store.models import Remediation
 from bot.remediation.gate import GateRun
-from bot.store.models import Remediation
 from tests import store_reads
 from tests.alertmanager_process import alertmanager as running_alertmanager
 from tests.alertmanager_process import wait

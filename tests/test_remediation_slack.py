@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import select
 
 from bot.adr.shared import SharedAdrStore
-from bot.store.models import ActionToken, Remediation
+from bot.kernel.store.models import ActionToken, Remediation
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import Call, FakeSlack

@@ -23,9 +23,9 @@ import pytest
 from sqlalchemy import select
 
 from bot.engine.process import free_port
-from bot.slack.views import NO_MATCH
-from bot.store.db import Database
-from bot.store.models import AdrRevision, JobRun, MetricSnapshot
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import AdrRevision, JobRun, MetricSnapshot
+from bot.surfaces.slack.views import NO_MATCH
 from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import AM_TOKEN, PAGES, RUNBOOK
@@ -66,7 +66,7 @@ class Replicas:
                 [
                     sys.executable,
                     "-c",
-                    "from bot.cli import main; main()",
+                    "from bot.app.cli import main; main()",
                     "serve",
                     "--port",
                     str(port),
@@ -341,7 +341,7 @@ def listed(pg_url: str, *args: str) -> str:
     """`ruleloop adr list` against the store the replicas share."""
     from click.testing import CliRunner
 
-    from bot.cli import cli
+    from bot.app.cli import cli
 
     env = {"RULELOOP_CONFIG": None, "RULELOOP_DATABASE_URL": pg_url}
     result = CliRunner().invoke(cli, ["adr", "list", *args], env=env)

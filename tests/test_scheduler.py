@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from bot.errors import UsageError
-from bot.scheduler.runner import Job, JobOutcome, JobRunner
-from bot.scheduler.scheduler import Scheduler
-from bot.store import service as store
-from bot.store.db import Database
-from bot.store.leases import LeaseLost, Leases, period_start
-from bot.store.models import JobRun, MetricSnapshot
+from bot.app.scheduler.runner import Job, JobOutcome, JobRunner
+from bot.app.scheduler.scheduler import Scheduler
+from bot.kernel.errors import UsageError
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
+from bot.kernel.store.leases import LeaseLost, Leases, period_start
+from bot.kernel.store.models import JobRun, MetricSnapshot
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_bot_store import db, postgres  # noqa: F401  (store fixtures: SQLite and PostgreSQL)

@@ -17,13 +17,13 @@ import pytest
 from sqlalchemy import select
 
 from bot.adr.models import AdrGates
+from bot.app.scheduler.runner import Job, RunResult
 from bot.canary.verdict import gates_from, judged
-from bot.config import CanarySpec
-from bot.numbers.catalogue import NORMAL_KEYS
+from bot.kernel.config import CanarySpec
+from bot.kernel.numbers.catalogue import NORMAL_KEYS
+from bot.kernel.store import service as store
+from bot.kernel.store.models import AdrDraft, Incident, MetricSnapshot, Remediation
 from bot.remediation.gate import GateRun
-from bot.scheduler.runner import Job, RunResult
-from bot.store import service as store
-from bot.store.models import AdrDraft, Incident, MetricSnapshot, Remediation
 from tests import store_reads
 from tests.fakes.bot import PAGES, Harness, harness
 from tests.fakes.slack_api import FakeSlack
@@ -366,7 +366,7 @@ async def test_a_cold_engines_window_is_no_snapshot_and_says_why(
 async def test_baseline_posts_a_drift_incident_a_dead_replica_opened_but_never_posted(
     h: Harness, slack: FakeSlack, canary: FakeCanary
 ) -> None:
-    from bot.scheduler.baseline import drift_key
+    from bot.app.scheduler.baseline import drift_key
 
     with h.bot.db.transaction() as s:  # opened, then the replica was killed before posting
         store.create(s, key=drift_key("prod-a"), source="scheduler", target="prod-a", labels={},

@@ -15,13 +15,13 @@ import pytest
 import yaml
 
 from bot.adr.models import AdrGates
+from bot.adr.workload.shape import WorkloadShape
+from bot.app.scheduler.runner import RunResult
 from bot.canary.verdict import gates_from, judged
-from bot.config import CanarySpec
+from bot.kernel.config import CanarySpec
+from bot.kernel.store import service as store
+from bot.kernel.store.models import Incident, Remediation
 from bot.remediation.gate import GateRun
-from bot.scheduler.runner import RunResult
-from bot.store import service as store
-from bot.store.models import Incident, Remediation
-from bot.workload.shape import WorkloadShape
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack

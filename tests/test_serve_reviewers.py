@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bot.cli import cli
-from bot.cli.serve import PLACEHOLDER_REVIEWER, reviewer_warning
-from bot.config import Settings
+from bot.app.cli import cli
+from bot.app.cli.serve import PLACEHOLDER_REVIEWER, reviewer_warning
+from bot.kernel.config import Settings
 
 ROOT = Path(__file__).parent.parent
 SHIPPED = sorted((ROOT / "deploy").rglob("ruleloop.toml")) + sorted(
@@ -61,10 +61,10 @@ def start_serve(tmp_path: Path, access: str) -> str:
 def test_serve_warns_at_start_when_nobody_may_review(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="bot.cli.serve"):
+    with caplog.at_level(logging.WARNING, logger="bot.app.cli.serve"):
         start_serve(tmp_path, '[access]\napply = ["U1"]\n')
     assert "nobody can accept a draft ADR: set [access] review = [...]" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="bot.cli.serve"):
+    with caplog.at_level(logging.WARNING, logger="bot.app.cli.serve"):
         start_serve(tmp_path, '[access]\nreview = ["U1"]\n')
     assert "draft ADR" not in caplog.text and "review" not in caplog.text

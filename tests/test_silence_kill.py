@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.store.db import Database
-from bot.store.models import Remediation
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import Remediation
 from tests.alertmanager_process import alertmanager as running_alertmanager
 from tests.fakes.bot import PAGES
 from tests.fakes.kube_api import FakeKube

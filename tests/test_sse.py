@@ -1,4 +1,4 @@
-"""The one SSE parser (bot/runtime/sse.py) against the WHATWG event-stream rules, fed as reads."""
+"""The one SSE parser (bot/kernel/runtime/sse.py) against the WHATWG event-stream rules, fed as reads."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.runtime.sse import BOM, Event, SSEParser
+from bot.kernel.runtime.sse import BOM, Event, SSEParser
 
 LINE_ENDS = [b"\n", b"\r\n", b"\r"]
 ENDS = pytest.mark.parametrize("end", LINE_ENDS, ids=["LF", "CRLF", "CR"])
@@ -121,7 +121,7 @@ def test_unknown_fields_are_ignored() -> None:
     ids=["no line end", "no blank line", "CR, no blank line"],
 )
 def test_a_last_event_without_its_blank_line_is_dispatched_at_the_end(reads: list[bytes]) -> None:
-    # The spec discards it; a canary counting tokens must not (bot/runtime/sse.py says why).
+    # The spec discards it; a canary counting tokens must not (bot/kernel/runtime/sse.py says why).
     parser = SSEParser()
     assert parser.feed(reads[0]) == [Event("a")]
     assert parser.end() == [Event("b")]

@@ -18,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from bot.chat.mrkdwn import unescape
 from bot.engine.process import free_port
-from bot.store.models import Incident
+from bot.kernel.chat.mrkdwn import unescape
+from bot.kernel.store.models import Incident
 from tests import store_reads
 from tests.fakes.alerts import alert, body
 from tests.fakes.bot import Harness, harness

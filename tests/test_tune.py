@@ -14,20 +14,20 @@ from bot.adr.models import Adr, AdrGates
 from bot.adr.parse import load, parse
 from bot.adr.render import render
 from bot.adr.validate import validate
+from bot.adr.workload import shape as shapes
+from bot.adr.workload.describe import context_line
+from bot.adr.workload.shape import WorkloadShape
+from bot.app.cli import cli
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.report import CanaryMeasurement, Gates
 from bot.canary.schema import CanaryReport
 from bot.canary.shape_replay import fixed_shape
 from bot.canary.verdict import Values, gates_from, judge_values
-from bot.cli import cli
 from bot.engine.process import EngineManager
-from bot.errors import UsageError
+from bot.kernel.errors import UsageError
 from bot.tune.draft import NO_PICK, build_draft
 from bot.tune.matrix import RECOMMENDED, Row, recommend
 from bot.tune.plan import Experiment, TunePlan, WorkloadSpec, load_plan
-from bot.workload import shape as shapes
-from bot.workload.describe import context_line
-from bot.workload.shape import WorkloadShape
 from tests.workload_pages import long_system_prompt
 
 

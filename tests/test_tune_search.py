@@ -16,23 +16,23 @@ from click.testing import CliRunner
 from optuna.trial import TrialState
 
 from bot.adr.models import EngineValue
+from bot.adr.workload import shape as shapes
+from bot.app.cli import cli
 from bot.canary.schema import CanaryReport
 from bot.canary.verdict import Gates, Values, judge_values
 from bot.change.actuators.base import Deployed
 from bot.change.exclusion import TargetBusy, refusal
 from bot.change.policy import Policy
-from bot.cli import cli
-from bot.config import Settings
-from bot.errors import NotAllowed, UsageError
+from bot.kernel.config import Settings
+from bot.kernel.errors import NotAllowed, UsageError
+from bot.kernel.store.db import Database
 from bot.remediation.records import ChangeRequest, RemediationRecords
-from bot.store.db import Database
 from bot.tune.objective import Objective, TrialOutcome, outcome, violations
 from bot.tune.on_target import utc_now
 from bot.tune.plan import TunePlan, load_plan
 from bot.tune.records import TuneRecords
 from bot.tune.search import GridSearch, TpeSearch
 from bot.tune.space import Dimension, Space, build_space, parse_dimension
-from bot.workload import shape as shapes
 from tests.fakes.bot import PAGES, harness
 from tests.fakes.metrics_server import RecordedMetrics
 from tests.fakes.sse_engine import SseEngine
@@ -483,7 +483,7 @@ def test_without_a_workload_a_target_session_replays_the_targets_own_traffic(
     tmp_path: Path,
 ) -> None:
     """The shape is captured from the target's /metrics first and every trial replays it."""
-    from bot.cli.tune_target import _captured
+    from bot.app.cli.tune_target import _captured
 
     vllm = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
     pages = [(vllm / "before.prom").read_text()] + [(vllm / "after.prom").read_text()] * 50

@@ -27,13 +27,13 @@ from sqlalchemy import select
 
 from bot.adr.parse import load
 from bot.adr.validate import validate
+from bot.app.cli import cli
 from bot.change.actuators.local import process_argv
 from bot.change.argv import read_flags
-from bot.cli import cli
 from bot.engine.model import SERVED_MODEL_NAME
 from bot.engine.process import EngineInfo, EngineManager, free_port
-from bot.store.db import Database
-from bot.store.models import AuditEntry, TuneSession
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import AuditEntry, TuneSession
 from bot.tune.matrix import RECOMMENDED
 from tests.fakes.bot import ROOT
 
@@ -222,7 +222,7 @@ def test_kill_9_mid_trial_then_a_new_process_restores_the_target(
     manager, port, config = target
     before = serving(manager, port)
     started = len(sessions(config)[0])
-    argv = [sys.executable, "-c", "from bot.cli import main; main()", *target_args(
+    argv = [sys.executable, "-c", "from bot.app.cli import main; main()", *target_args(
         config, tmp_path / "adr", "--title", "Killed", "--space", "max-num-seqs=8,16",
         "--trials", "2", "--prompt-length", "32", "--output-length", "32",
         "--num-requests", "5000",  # a long canary: the kill lands while it runs
@@ -250,7 +250,7 @@ def test_kill_9_mid_trial_then_a_new_process_restores_the_target(
     assert rows[0].state == "running"
 
     restore = subprocess.run(
-        [sys.executable, "-c", "from bot.cli import main; main()", "tune", "--target", "tiny",
+        [sys.executable, "-c", "from bot.app.cli import main; main()", "tune", "--target", "tiny",
          "--restore", "--config", str(config)],
         capture_output=True, text=True, cwd=ROOT, timeout=900,
     )  # fmt: skip
@@ -264,7 +264,7 @@ def test_kill_9_mid_trial_then_a_new_process_restores_the_target(
     assert story == ["tune.started", "tune.trial_started", "tune.trial_measuring",
                      "tune.resumed", "tune.restoring", "tune.restored"]  # fmt: skip
     again = subprocess.run(
-        [sys.executable, "-c", "from bot.cli import main; main()", "tune", "--target", "tiny",
+        [sys.executable, "-c", "from bot.app.cli import main; main()", "tune", "--target", "tiny",
          "--restore", "--config", str(config)],
         capture_output=True, text=True, cwd=ROOT, timeout=120,
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """Reports cross the bot's packages as models, not dicts: the canary report is
 ``bot.canary.schema.CanaryReport`` and an incident's diagnosis summary is
-``bot.store.summary.DiagnosisSummary``. These ratchets fail when code goes back to reading either
+``bot.kernel.store.summary.DiagnosisSummary``. These ratchets fail when code goes back to reading either
 by key, or when the untyped ``dict[str, Any]`` count grows past today's figure (197 before the
 two models; lower it when you type another one)."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from bot.store.summary import CauseEntry, DiagnosisSummary
+from bot.kernel.store.summary import CauseEntry, DiagnosisSummary
 
 BOT = Path(__file__).resolve().parent.parent / "bot"
 UNTYPED_CEILING = 181  # `dict[str, Any]` written in bot/ (197 before the two models)
@@ -43,7 +43,7 @@ def test_untyped_dicts_do_not_grow() -> None:
 
 
 def test_no_module_reads_a_diagnosis_summary_by_key() -> None:
-    sources = {p: t for p, t in _sources().items() if p != "bot/store/summary.py"}
+    sources = {p: t for p, t in _sources().items() if p != "bot/kernel/store/summary.py"}
     assert _hits(SUMMARY_BY_KEY, sources) == []
 
 

@@ -7,10 +7,8 @@ import asyncio
 import httpx
 import pytest
 
-from bot.errors import EndpointError, ProbeError
-from bot.numbers.histogram import histogram_quantile
-from bot.probes.exposition import Exposition
-from bot.probes.vllm_metrics import (
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.vllm_metrics import (
     KV_USAGE,
     RUNNING,
     CacheConfig,
@@ -20,6 +18,8 @@ from bot.probes.vllm_metrics import (
     parse_page,
     read_window,
 )
+from bot.kernel.errors import EndpointError, ProbeError
+from bot.kernel.numbers.histogram import histogram_quantile
 from tests.conftest import FIXTURES
 
 
@@ -150,7 +150,7 @@ async def test_scraper_unreachable_is_an_endpoint_error() -> None:
 
 
 def test_parsing_only_window_metrics_reads_the_same_window() -> None:
-    from bot.probes.vllm_metrics import WINDOW_METRICS
+    from bot.diagnosis.probes.vllm_metrics import WINDOW_METRICS
 
     def page(name: str, at: float, only=None) -> Exposition:
         text = (FIXTURES / "vllm-0.32.0" / f"{name}.prom").read_text()

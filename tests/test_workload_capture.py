@@ -10,11 +10,16 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bot.errors import ProbeError, UsageError
-from bot.probes.exposition import Exposition
-from bot.probes.vllm_metrics import parse_page
-from bot.probes.workload_capture import CAPTURE_METRICS, CaptureProgress, capture, shape_from_pages
-from bot.workload import shape as shapes
+from bot.adr.workload import shape as shapes
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.vllm_metrics import parse_page
+from bot.diagnosis.probes.workload_capture import (
+    CAPTURE_METRICS,
+    CaptureProgress,
+    capture,
+    shape_from_pages,
+)
+from bot.kernel.errors import ProbeError, UsageError
 from tests.fakes.metrics_server import RecordedMetrics
 from tests.workload_pages import CAPTURED_AT, vllm_page
 
@@ -173,7 +178,7 @@ async def test_capture_refuses_a_zero_window() -> None:
 
 
 def cli_capture(base_url: str, *args: str) -> tuple[int, str]:
-    from bot.cli import cli
+    from bot.app.cli import cli
 
     result = CliRunner().invoke(
         cli,

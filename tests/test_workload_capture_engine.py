@@ -22,10 +22,10 @@ import httpx
 import pytest
 
 from bot.canary.workload import PROMPT_ID_RANGE
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.vllm_metrics import MetricsScraper
+from bot.diagnosis.probes.workload_capture import CAPTURE_METRICS, PROMPT_LENGTHS, capture
 from bot.engine.process import EngineInfo
-from bot.probes.exposition import Exposition
-from bot.probes.vllm_metrics import MetricsScraper
-from bot.probes.workload_capture import CAPTURE_METRICS, PROMPT_LENGTHS, capture
 from tests.workload_pages import VLLM_EDGES
 
 pytestmark = pytest.mark.engine

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from bot.adr.workload.describe import context_line
+from bot.adr.workload.shape import Arrivals, Lengths, Prefix, PrefixGroup, WorkloadShape
 from bot.canary.shape_replay import fixed_shape
 from bot.canary.workload import Workload
-from bot.workload.describe import context_line
-from bot.workload.shape import Arrivals, Lengths, Prefix, PrefixGroup, WorkloadShape
 from tests.workload_pages import chat, lengths, long_system_prompt, shape
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bot.cli import cli
-from bot.numbers.reading import Bound
-from bot.probes.vllm_metrics import parse_page
-from bot.probes.workload_capture import CAPTURE_METRICS, shape_from_pages
-from bot.workload import diff as diffs
-from bot.workload import shape as shapes
-from bot.workload.shape import Lengths, WorkloadShape
+from bot.adr.workload import diff as diffs
+from bot.adr.workload import shape as shapes
+from bot.adr.workload.shape import Lengths, WorkloadShape
+from bot.app.cli import cli
+from bot.diagnosis.probes.vllm_metrics import parse_page
+from bot.diagnosis.probes.workload_capture import CAPTURE_METRICS, shape_from_pages
+from bot.kernel.numbers.reading import Bound
 from tests.workload_pages import CAPTURED_AT, chat, lengths, long_system_prompt, shape, vllm_page
 
 

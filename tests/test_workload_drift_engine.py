@@ -20,15 +20,15 @@ import httpx
 import pytest
 
 from bot.adr.shared import SharedAdrStore
+from bot.adr.workload.shape import WorkloadShape
+from bot.app.scheduler.in_force import adrs_in_force
+from bot.app.scheduler.workload_drift import LiveShape, WorkloadDrift
 from bot.canary.runner import CanaryRun
 from bot.canary.workload import Workload
+from bot.diagnosis.probes.vllm_metrics import MetricsScraper
+from bot.diagnosis.probes.workload_capture import CAPTURE_METRICS, capture
 from bot.engine.process import EngineInfo
-from bot.probes.vllm_metrics import MetricsScraper
-from bot.probes.workload_capture import CAPTURE_METRICS, capture
 from bot.remediation.gate import GateRun, run_gate
-from bot.scheduler.in_force import adrs_in_force
-from bot.scheduler.workload_drift import LiveShape, WorkloadDrift
-from bot.workload.shape import WorkloadShape
 from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack

@@ -2,7 +2,7 @@
 
 Mixed traffic (three prompt buckets, two output buckets, 60 % of the requests behind one shared
 384-token prefix) is sent with ``canary --workload``, and its shape captured from the engine's
-/metrics (``bot/probes/workload_capture.py``: a scrape before the load and one after it). That
+/metrics (``bot/diagnosis/probes/workload_capture.py``: a scrape before the load and one after it). That
 captured shape (lengths, a hit rate, a rate: no groups) is replayed with ``canary --workload``
 and captured again. The two captures must agree: prompt and output p50/p90/p99 within one
 histogram bucket, prefix-cache hit rate within 10 points, request rate within 10 %.
@@ -20,12 +20,12 @@ import httpx
 import pytest
 from click.testing import CliRunner, Result
 
-from bot.cli.canary import canary
+from bot.adr.workload.shape import Lengths, WorkloadShape, parse, save
+from bot.app.cli.canary import canary
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.vllm_metrics import CACHE_CONFIG, MetricsScraper
+from bot.diagnosis.probes.workload_capture import CAPTURE_METRICS, capture
 from bot.engine.process import EngineInfo
-from bot.probes.exposition import Exposition
-from bot.probes.vllm_metrics import CACHE_CONFIG, MetricsScraper
-from bot.probes.workload_capture import CAPTURE_METRICS, capture
-from bot.workload.shape import Lengths, WorkloadShape, parse, save
 
 QUANTILE_BUCKETS = 1  # a replayed quantile may land at most this many buckets away
 HIT_RATE_POINTS = 0.10

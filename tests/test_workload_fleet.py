@@ -13,13 +13,13 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from bot.probes.exposition import Exposition
-from bot.probes.replicas import Replica
-from bot.probes.vllm_metrics import MetricsScraper
-from bot.probes.workload_capture import CAPTURE_METRICS, capture_fleet
-from bot.workload import shape as shapes
-from bot.workload.diff import diff
-from bot.workload.shape import WorkloadShape
+from bot.adr.workload import shape as shapes
+from bot.adr.workload.diff import diff
+from bot.adr.workload.shape import WorkloadShape
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.replicas import Replica
+from bot.diagnosis.probes.vllm_metrics import MetricsScraper
+from bot.diagnosis.probes.workload_capture import CAPTURE_METRICS, capture_fleet
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_scheduler_workload_drift import ADR, ShapeCanary, record_workload
@@ -207,7 +207,7 @@ def test_a_shape_stored_without_the_fields_is_one_replica_per_replica(tmp_path: 
 
 
 async def test_workload_diff_says_the_rates_are_compared_per_replica(tmp_path: Path) -> None:
-    from bot.cli import cli
+    from bot.app.cli import cli
 
     shapes.save(await capture(Fleet.of(2, first_seed=0)), tmp_path / "two.yaml")
     shapes.save(await capture(Fleet.of(4, first_seed=10)), tmp_path / "four.yaml")
@@ -275,7 +275,7 @@ async def test_the_drift_job_reads_every_replica_and_compares_per_replica(
 
 
 def test_cli_capture_reads_each_metrics_url_as_one_replica_of_a_fleet(tmp_path: Path) -> None:
-    from bot.cli import cli
+    from bot.app.cli import cli
     from tests.fakes.metrics_server import RecordedMetrics
 
     def pages(started: float) -> list[str]:
@@ -297,7 +297,7 @@ def test_cli_capture_reads_each_metrics_url_as_one_replica_of_a_fleet(tmp_path: 
 
 
 def test_prometheus_counts_the_replicas_its_series_are_of() -> None:
-    from bot.probes.prometheus_capture import replicas_in
+    from bot.diagnosis.probes.prometheus_capture import replicas_in
 
     count = "vllm:request_prompt_tokens_count"
     rows = [

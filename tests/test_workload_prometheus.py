@@ -25,12 +25,12 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from bot.adr.workload import shape as shapes
+from bot.diagnosis.probes.prometheus_capture import capture_from_prometheus, matchers, parse_since
+from bot.diagnosis.probes.vllm_metrics import parse_page
+from bot.diagnosis.probes.workload_capture import CAPTURE_METRICS, shape_from_pages
 from bot.engine.process import free_port
-from bot.errors import EndpointError, ProbeError, UsageError
-from bot.probes.prometheus_capture import capture_from_prometheus, matchers, parse_since
-from bot.probes.vllm_metrics import parse_page
-from bot.probes.workload_capture import CAPTURE_METRICS, shape_from_pages
-from bot.workload import shape as shapes
+from bot.kernel.errors import EndpointError, ProbeError, UsageError
 from tests.fakes.prometheus_history import openmetrics, prometheus_with
 from tests.workload_pages import CAPTURED_AT, VLLM_EDGES, vllm_page
 
@@ -207,7 +207,7 @@ def test_selectors_and_windows_are_checked() -> None:
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    from bot.cli import cli as main
+    from bot.app.cli import cli as main
 
     result = CliRunner().invoke(main, ["workload", "capture", *args], env=env)
     assert "Traceback" not in result.output
@@ -269,7 +269,7 @@ def test_cli_usage_errors(args: list[str], message: str, tmp_path: Path) -> None
 
 
 def test_cli_help_teaches_the_three_sources() -> None:
-    from bot.cli import cli as main
+    from bot.app.cli import cli as main
 
     text = CliRunner().invoke(main, ["workload", "capture", "--help"]).output
     for flag in ("--metrics-url", "--prometheus", "--gateway", "--since", "--selector",

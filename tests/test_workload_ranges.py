@@ -14,10 +14,10 @@ import pytest
 
 from bot.adr.parse import parse as parse_adr
 from bot.adr.render import render
-from bot.scheduler import messages
-from bot.workload import diff as diffs
-from bot.workload.describe import context_line, earlier_context_line
-from bot.workload.shape import Lengths, TokenRange, parse
+from bot.adr.workload import diff as diffs
+from bot.adr.workload.describe import context_line, earlier_context_line
+from bot.adr.workload.shape import Lengths, TokenRange, parse
+from bot.app.scheduler import messages
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_scheduler_workload_drift import (

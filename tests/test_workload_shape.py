@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from bot.errors import UsageError
-from bot.numbers.histogram import histogram_quantile
-from bot.numbers.reading import Bound
-from bot.workload import shape as shapes
-from bot.workload.shape import Lengths, ShapeError, WorkloadShape
+from bot.adr.workload import shape as shapes
+from bot.adr.workload.shape import Lengths, ShapeError, WorkloadShape
+from bot.kernel.errors import UsageError
+from bot.kernel.numbers.histogram import histogram_quantile
+from bot.kernel.numbers.reading import Bound
 from tests.workload_pages import chat, lengths, long_system_prompt
 
 ROOT = Path(__file__).parent.parent

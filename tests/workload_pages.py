@@ -11,7 +11,7 @@ import random
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from bot.workload.shape import Arrivals, Lengths, Prefix, WorkloadShape, new_shape
+from bot.adr.workload.shape import Arrivals, Lengths, Prefix, WorkloadShape, new_shape
 
 VLLM_EDGES = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000)
 LABELS = 'engine="0",model_name="tiny-llama"'

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.adr.metrics import METRICS
 from bot.adr.relative import Normal, Relative, no_normal
-from bot.numbers.reading import Bound, Bounds, Reading, bounds_of, compare, spans_of
-from bot.numbers.text import sign_of
+from bot.kernel.numbers.reading import Bound, Bounds, Reading, bounds_of, compare, spans_of
+from bot.kernel.numbers.text import sign_of
 
 if TYPE_CHECKING:
     from bot.adr.models import Adr, Condition
@@ -173,7 +173,8 @@ def _with_bound(
 
 class CauseState(Protocol):
     """A diagnosis's verdict on one cause, as ``by_cause`` reads it (the diagnosis's
-    ``CauseVerdict``, or a stored summary's ``causes`` entry, ``bot.store.summary.CauseEntry``)."""
+    ``CauseVerdict``, or a stored summary's ``causes`` entry,
+    ``bot.kernel.store.summary.CauseEntry``)."""
 
     @property
     def cause(self) -> str: ...

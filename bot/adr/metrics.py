@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from bot.numbers import catalogue
+from bot.kernel.numbers import catalogue
 
 
 def _cancelled_share(report: Mapping[str, Any]) -> object:

@@ -34,10 +34,10 @@ from bot.adr.relative import (
     no_normal,
     parse_value,
 )
-from bot.numbers import catalogue
-from bot.numbers.reading import OPS, Bound
-from bot.numbers.text import compact
-from bot.workload.shape import WorkloadShape
+from bot.adr.workload.shape import WorkloadShape
+from bot.kernel.numbers import catalogue
+from bot.kernel.numbers.reading import OPS, Bound
+from bot.kernel.numbers.text import compact
 
 ID_PATTERN = r"^ADR-\d{8}-\d{2}$"
 Status = Literal["proposed", "accepted", "superseded", "rejected"]
@@ -257,7 +257,7 @@ class FrontMatter(_Strict):
     cause: list[str] = Field(default_factory=list)
     fix: Fix = Field(default_factory=Fix)
     gates: AdrGates | None = None
-    # The workload shape the matrix was measured under (bot/workload/shape.py), inline.
+    # The workload shape the matrix was measured under (bot/adr/workload/shape.py), inline.
     workload: WorkloadShape | None = None
 
     @field_validator("title")

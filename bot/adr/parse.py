@@ -17,12 +17,12 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from bot.adr.models import Adr, FrontMatter
-from bot.errors import AdrError
-from bot.numbers import catalogue
-from bot.numbers.reading import Bound, Reading
-from bot.workload.describe import context_line, earlier_context_line
-from bot.workload.shape import VERSION as SHAPE_VERSION
-from bot.workload.shape import WorkloadShape
+from bot.adr.workload.describe import context_line, earlier_context_line
+from bot.adr.workload.shape import VERSION as SHAPE_VERSION
+from bot.adr.workload.shape import WorkloadShape
+from bot.kernel.errors import AdrError
+from bot.kernel.numbers import catalogue
+from bot.kernel.numbers.reading import Bound, Reading
 
 SECTIONS = (
     "## 1. 变更上下文 (Context)",

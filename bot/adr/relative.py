@@ -20,8 +20,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bot.errors import UsageError
-from bot.numbers import catalogue
+from bot.kernel.errors import UsageError
+from bot.kernel.numbers import catalogue
 
 # What "normal" can be taken of: the numbers a snapshot keeps (the catalogue says which).
 NORMAL_METRICS = catalogue.NORMAL_KEYS

@@ -8,9 +8,9 @@ import jinja2
 import yaml
 
 from bot.adr.models import Adr
-from bot.numbers import catalogue
-from bot.numbers.text import compact
-from bot.workload.describe import context_line
+from bot.adr.workload.describe import context_line
+from bot.kernel.numbers import catalogue
+from bot.kernel.numbers.text import compact
 
 TEMPLATE = "adr.md.j2"
 

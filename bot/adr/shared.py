@@ -26,10 +26,10 @@ from bot.adr.parse import parse
 from bot.adr.render import render
 from bot.adr.store import DRAFTS, GLOB, AdrStore, file_name
 from bot.adr.sync import Imported, import_files, read_dir
-from bot.errors import AdrError, UnknownAdr
-from bot.store import adrs as rows
-from bot.store.db import Database
-from bot.store.models import AdrRecord
+from bot.kernel.errors import AdrError, UnknownAdr
+from bot.kernel.store import adrs as rows
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import AdrRecord
 
 log = logging.getLogger("ruleloop.adr")
 Fingerprint = tuple[tuple[str, int, int], ...]

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 from bot.agent.reading import SCHEMA
-from bot.runtime.redact import redact
+from bot.kernel.runtime.redact import redact
 
 
 class AgentError(Exception):

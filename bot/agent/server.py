@@ -1,8 +1,8 @@
 """Runs the agent's app on uvicorn until SIGTERM or SIGINT, then exits 0.
 
-The socket comes bound from ``bot.listening.bind``, so a busy port is a one-line usage error.
+The socket comes bound from ``bot.kernel.listening.bind``, so a busy port is a one-line usage error.
 Request heads have the same ceiling and deadline as ``ruleloop serve``'s and the gateway's
-(bot/runtime/heads.py): the agent listens on a GPU node's network.
+(bot/kernel/runtime/heads.py): the agent listens on a GPU node's network.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from collections.abc import Callable
 import uvicorn
 from starlette.applications import Starlette
 
-from bot.listening import QuietServer
-from bot.runtime.heads import GuardedHttpToolsProtocol, HeadLimits
+from bot.kernel.listening import QuietServer
+from bot.kernel.runtime.heads import GuardedHttpToolsProtocol, HeadLimits
 
 
 async def serve(

@@ -2,7 +2,7 @@
 
 A Service's /metrics answers from one pod, which sees about 1/N of the canary's tokens; with
 the replicas listed (``--replica``) each is scraped in the same rounds and the window is read
-with the fleet code the bot diagnoses with (bot/probes/fleet_window.py), so restarts and
+with the fleet code the bot diagnoses with (bot/diagnosis/probes/fleet_window.py), so restarts and
 unanswered scrapes are said, never read as zero work.
 """
 
@@ -13,13 +13,13 @@ from collections.abc import Sequence
 
 import httpx
 
-from bot.errors import EndpointError, RuleloopError
-from bot.probes.engine_identity import IDENTITY_METRICS
-from bot.probes.exposition import Exposition
-from bot.probes.fleet_merge import Member, merge_rounds
-from bot.probes.fleet_window import Answer, FleetWindow, fleet_of
-from bot.probes.replicas import Replica
-from bot.probes.vllm_metrics import WINDOW_METRICS, MetricsScraper
+from bot.diagnosis.probes.engine_identity import IDENTITY_METRICS
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.fleet_merge import Member, merge_rounds
+from bot.diagnosis.probes.fleet_window import Answer, FleetWindow, fleet_of
+from bot.diagnosis.probes.replicas import Replica
+from bot.diagnosis.probes.vllm_metrics import WINDOW_METRICS, MetricsScraper
+from bot.kernel.errors import EndpointError, RuleloopError
 
 Round = tuple[list[Answer], float]  # every replica's answer, and when
 

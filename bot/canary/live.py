@@ -37,15 +37,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bot.canary.stats import UTest, u_test
-from bot.config import Target
-from bot.errors import ProbeError
-from bot.numbers.reading import Bound
-from bot.probes.context import ProbeContext, resolve_replicas
-from bot.probes.fleet_merge import Member, merge_rounds
-from bot.probes.fleet_window import FleetWindow, ReplicaWindow
-from bot.probes.replicas import Replica
-from bot.probes.sampling import TPOT, SampledWindow
-from bot.probes.vllm_metrics import ITL, TTFT, Quantiles
+from bot.diagnosis.probes.context import ProbeContext, resolve_replicas
+from bot.diagnosis.probes.fleet_merge import Member, merge_rounds
+from bot.diagnosis.probes.fleet_window import FleetWindow, ReplicaWindow
+from bot.diagnosis.probes.replicas import Replica
+from bot.diagnosis.probes.sampling import TPOT, SampledWindow
+from bot.diagnosis.probes.vllm_metrics import ITL, TTFT, Quantiles
+from bot.kernel.config import Target
+from bot.kernel.errors import ProbeError
+from bot.kernel.numbers.reading import Bound
 
 ALPHA = 0.01  # one-sided significance per metric: a false roll back 1 time in 100 at most
 MIN_WORSE = 0.20  # the canary's p50 or p99 must be at least 20 % above the baseline's

@@ -19,6 +19,7 @@ import aiohttp
 import httpx
 import msgspec
 
+from bot.adr.workload.shape import WorkloadShape
 from bot.canary.client import Outcome, RequestRecord, stream_request
 from bot.canary.fleet import FleetScraper, Round
 from bot.canary.plan import Plan
@@ -27,15 +28,14 @@ from bot.canary.schema import TimelinePoint
 from bot.canary.shape_replay import DEFAULT_BLOCK_SIZE, ShapeReplay, fixed_shape
 from bot.canary.verdict import Gates
 from bot.canary.workload import Api, CancelMode, PromptFactory, Workload
-from bot.errors import EndpointError
-from bot.probes.exposition import Exposition
-from bot.probes.fragmentation import (
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.fragmentation import (
     FragmentationSample,
     internal_fragmentation,
     observed_fragmentation,
     resident_lengths,
 )
-from bot.probes.vllm_metrics import (
+from bot.diagnosis.probes.vllm_metrics import (
     CACHE_CONFIG,
     GENERATION_TOKENS,
     KV_USAGE,
@@ -51,8 +51,8 @@ from bot.probes.vllm_metrics import (
     kv_usage,
     read_window,
 )
-from bot.runtime.redact import redact
-from bot.workload.shape import WorkloadShape
+from bot.kernel.errors import EndpointError
+from bot.kernel.runtime.redact import redact
 
 SETTLE_TIMEOUT_S = 5.0
 # Request bodies encoded before the measured window opens (as vLLM's own benchmark builds its

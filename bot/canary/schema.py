@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bot.probes.vllm_metrics import EngineWindow
-from bot.workload.shape import WorkloadShape
+from bot.adr.workload.shape import WorkloadShape
+from bot.diagnosis.probes.vllm_metrics import EngineWindow
 
 
 class _Part(BaseModel):

@@ -41,10 +41,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bot.canary.plan import Plan
-from bot.canary.workload import PROMPT_ID_RANGE, Workload
-from bot.errors import UsageError
-from bot.workload.shape import (
+from bot.adr.workload.shape import (
     Arrivals,
     Lengths,
     Prefix,
@@ -54,6 +51,9 @@ from bot.workload.shape import (
     new_shape,
     parse_edge,
 )
+from bot.canary.plan import Plan
+from bot.canary.workload import PROMPT_ID_RANGE, Workload
+from bot.kernel.errors import UsageError
 
 # vLLM's KV block on GPUs; vLLM CPU uses 128. The runner reads the engine's own from /metrics
 # (vllm:cache_config_info) and falls back to this, saying so.

@@ -38,9 +38,9 @@ from typing import Any
 
 from bot.canary.schema import CanaryReport, GateLine, Samples
 from bot.canary.stats import DEFAULT_CONFIDENCE, Judgement, judge_limit, min_requests
-from bot.errors import UsageError
-from bot.numbers import catalogue
-from bot.numbers.text import compact
+from bot.kernel.errors import UsageError
+from bot.kernel.numbers import catalogue
+from bot.kernel.numbers.text import compact
 
 # At most 1 % of requests may fail unless the gate says otherwise (0 allows none).
 DEFAULT_MAX_ERROR_RATE = 0.01

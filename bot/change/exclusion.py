@@ -2,7 +2,7 @@
 before-run) holds a target, and the refusal naming it.
 
 The guarantee is the store's: every change is a row of one table, ``changes``, with one unique
-index on the target of the changes that hold it (``bot.store.states.HOLDS``). Of requests
+index on the target of the changes that hold it (``bot.kernel.store.states.HOLDS``). Of requests
 racing on one target, whatever their kinds, one insert wins and the others fail with an
 IntegrityError, which the flows turn into ``TargetBusy`` naming the winner. This module says
 who holds a target and turns a lost race into an answer the person can act on.
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from bot.errors import UsageError
-from bot.store.models import Change, Remediation
-from bot.store.states import HOLDS, ChangeKind, ChangeState
+from bot.kernel.errors import UsageError
+from bot.kernel.store.models import Change, Remediation
+from bot.kernel.store.states import HOLDS, ChangeKind, ChangeState
 
 
 @dataclass(frozen=True)

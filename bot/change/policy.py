@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from bot.adr.flags import canonical, check_engine_args
 from bot.adr.models import Adr
 from bot.change.argv import FlagValues
-from bot.config import AccessSettings, Settings
-from bot.errors import NotAllowed, UsageError
-from bot.runtime.access import who_may
+from bot.kernel.config import AccessSettings, Settings
+from bot.kernel.errors import NotAllowed, UsageError
+from bot.kernel.runtime.access import who_may
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from bot.change import rows
-from bot.store.db import Database
-from bot.store.models import Change
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import Change
 
 log = logging.getLogger("ruleloop.change")
 

@@ -17,10 +17,10 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from bot.change import exclusion
-from bot.store.db import Database
-from bot.store.dbtime import db_ago, db_now
-from bot.store.models import Change
-from bot.store.states import ACTIVE, TUNING
+from bot.kernel.store.db import Database
+from bot.kernel.store.dbtime import db_ago, db_now
+from bot.kernel.store.models import Change
+from bot.kernel.store.states import ACTIVE, TUNING
 
 # a change in these states has a run working on it (a remediation pending approval has none)
 RUNS = frozenset(ACTIVE) | frozenset(TUNING)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from bot.errors import EndpointError
-from bot.runtime.redact import redact
+from bot.kernel.errors import EndpointError
+from bot.kernel.runtime.redact import redact
 
 
 async def verify_serving(base_url: str, *, timeout_s: float = 60.0) -> None:

@@ -2,7 +2,8 @@
 
 Each hypothesis ends supported, ruled out, or cannot tell (naming the readings that were not
 measured). A reading that is only a bound or an estimate's span decides a condition only where
-the whole bound does (``bot.numbers.reading.compare``). One cause is judged in code, not YAML:
+the whole bound does (``bot.kernel.numbers.reading.compare``). One cause is judged in code, not
+YAML:
 ``one_replica`` comes from the fleet verdict (bot/diagnosis/replicas.py), and only for a fleet;
 ``prefix_cache_lost`` compares the live prefix-cache share with the one the rules in force were
 proven at (their ADRs' workload shapes), which a YAML condition cannot read.
@@ -19,10 +20,10 @@ from bot.adr import causes as vocabulary
 from bot.adr.causes import Verdict
 from bot.adr.models import Adr
 from bot.diagnosis.replicas import FleetVerdict, ratio
-from bot.numbers.reading import Bounds, Reading, Spans
-from bot.numbers.text import in_unit, show, unit_of
-from bot.runbooks.models import PLACEHOLDER, Hypothesis, Runbook
-from bot.store.summary import DiagnosisSummary
+from bot.diagnosis.runbooks.models import PLACEHOLDER, Hypothesis, Runbook
+from bot.kernel.numbers.reading import Bounds, Reading, Spans
+from bot.kernel.numbers.text import in_unit, show, unit_of
+from bot.kernel.store.summary import DiagnosisSummary
 
 # What to do when a probe's readings are missing altogether (the data gaps' advice).
 GAP_ADVICE = {
@@ -65,7 +66,7 @@ class DriftCheck:
 @dataclass(frozen=True)
 class RulesInForce:
     """What the diagnosis knows of the rules in force on its target: their accepted ADRs
-    (bot/scheduler/in_force.py decides which) and the drift job's latest check, if any."""
+    (bot/app/scheduler/in_force.py decides which) and the drift job's latest check, if any."""
 
     adrs: tuple[Adr, ...] = ()
     drift: DriftCheck | None = None
@@ -262,7 +263,7 @@ def gateway_latency(readings: Readings) -> CauseVerdict:
 
 def workload_drift(rules: RulesInForce) -> CauseVerdict:
     """The drift job's latest check: did the live workload move away from the shape a rule in
-    force was proven under (bot/scheduler/workload_drift.py compares them)?"""
+    force was proven under (bot/app/scheduler/workload_drift.py compares them)?"""
     title = vocabulary.BUILTIN["workload_drift"].title
     check, ids = rules.drift, [adr.id for adr in rules.adrs]
     if not ids:

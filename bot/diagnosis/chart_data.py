@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from bot.adr.match import MatchResult
-from bot.probes.exposition import Exposition
-from bot.probes.sampling import TPOT, SampledWindow
-from bot.probes.types import Finding
-from bot.probes.vllm_metrics import (
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.sampling import TPOT, SampledWindow
+from bot.diagnosis.probes.types import Finding
+from bot.diagnosis.probes.vllm_metrics import (
     E2E,
     ITL,
     QUEUE_TIME,

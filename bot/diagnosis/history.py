@@ -13,7 +13,7 @@ import datetime as dt
 import statistics
 
 from bot.diagnosis.chart_data import ChartData
-from bot.probes.types import Finding, Severity
+from bot.diagnosis.probes.types import Finding, Severity
 
 SOURCE = "prometheus history"
 MIN_POINTS = 3

@@ -13,14 +13,14 @@ from bot.adr.models import Adr
 from bot.adr.relative import Normal
 from bot.diagnosis.causes import CauseVerdict
 from bot.diagnosis.chart_data import ChartData
+from bot.diagnosis.probes.sampling import SampledWindow
+from bot.diagnosis.probes.types import Finding
 from bot.diagnosis.replica_text import summary_json
 from bot.diagnosis.replicas import FleetVerdict
-from bot.numbers import catalogue
-from bot.numbers.reading import Bounds, Measured, Spans, spans_json
-from bot.numbers.text import FOUR
-from bot.probes.sampling import SampledWindow
-from bot.probes.types import Finding
-from bot.store.summary import DiagnosisSummary
+from bot.kernel.numbers import catalogue
+from bot.kernel.numbers.reading import Bounds, Measured, Spans, spans_json
+from bot.kernel.numbers.text import FOUR
+from bot.kernel.store.summary import DiagnosisSummary
 
 GATE_OF = catalogue.GATE_OF  # metric -> the gate that limits it
 

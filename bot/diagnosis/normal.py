@@ -1,6 +1,6 @@
 """A target's "normal": the median of each number over its newest snapshots.
 
-The scheduler's snapshot job (``bot.scheduler.snapshots``) takes the snapshots; the diagnosis
+The scheduler's snapshot job (``bot.app.scheduler.snapshots``) takes the snapshots; the diagnosis
 shows normal beside "now" and ADR conditions written ``3x normal`` multiply it. Both read it
 here, below them, through one reader.
 """
@@ -11,10 +11,10 @@ import asyncio
 import statistics
 from collections.abc import Awaitable, Callable
 
-from bot.numbers import catalogue
-from bot.numbers.reading import Bound, Measured, bounds_of, spans_of
-from bot.store import service as store
-from bot.store.db import Database
+from bot.kernel.numbers import catalogue
+from bot.kernel.numbers.reading import Bound, Measured, bounds_of, spans_of
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
 
 KEYS = catalogue.NORMAL_KEYS  # the numbers a snapshot keeps
 # What reads a target's normal: the target's name in, its numbers with bounds and spans out.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bot.diagnosis.probes.types import Finding, Severity
 from bot.diagnosis.replicas import (
     ALIKE,
     FACTOR,
@@ -18,8 +19,7 @@ from bot.diagnosis.replicas import (
     ReplicaVerdict,
     Row,
 )
-from bot.numbers.text import show
-from bot.probes.types import Finding, Severity
+from bot.kernel.numbers.text import show
 
 SOURCE = "replicas: one or all (docs/fleet.md)"
 MAX_NAMED = 3  # replicas named in the one line; the rest are counted

@@ -26,13 +26,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from bot.numbers.histogram import histogram_quantile, quantile_bound
-from bot.numbers.reading import Bound
-from bot.numbers.text import show
-from bot.probes.exposition import Exposition
-from bot.probes.sampling import TPOT, SampledWindow
-from bot.probes.vllm_metrics import ITL, QUEUE_TIME, TTFT
-from bot.runbooks.runner import RunbookResult
+from bot.diagnosis.probes.exposition import Exposition
+from bot.diagnosis.probes.sampling import TPOT, SampledWindow
+from bot.diagnosis.probes.vllm_metrics import ITL, QUEUE_TIME, TTFT
+from bot.diagnosis.runbooks.runner import RunbookResult
+from bot.kernel.numbers.histogram import histogram_quantile, quantile_bound
+from bot.kernel.numbers.reading import Bound
+from bot.kernel.numbers.text import show
 
 MIN_REQUESTS = 20  # under it, a quarter of a replica's requests is 4 or fewer: strays
 SHARE_BEYOND = 0.25

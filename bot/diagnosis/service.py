@@ -20,16 +20,16 @@ from bot.diagnosis import causes, chart_data, history, replica_text, replicas
 from bot.diagnosis.chart import render_chart
 from bot.diagnosis.models import GATE_OF, Baseline, Diagnosis
 from bot.diagnosis.normal import ReadNormal
-from bot.errors import UsageError
-from bot.numbers import catalogue
-from bot.numbers.reading import Bounds, Measured, Spans, spans_json
-from bot.probes.context import ProbeContext, TargetRef
-from bot.probes.types import Finding, Severity
-from bot.runbooks.loader import LoadedRunbook, RunbookSet
-from bot.runbooks.runner import RunbookResult, RunbookRunner
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.types import Finding, Severity
+from bot.diagnosis.runbooks.loader import LoadedRunbook, RunbookSet
+from bot.diagnosis.runbooks.runner import RunbookResult, RunbookRunner
+from bot.kernel.errors import UsageError
+from bot.kernel.numbers import catalogue
+from bot.kernel.numbers.reading import Bounds, Measured, Spans, spans_json
 
 log = logging.getLogger("ruleloop.diagnosis")
-# The rules in force on a target (bot/scheduler/rules_now.py reads them from the store).
+# The rules in force on a target (bot/app/scheduler/rules_now.py reads them from the store).
 ReadRules = Callable[[str], Awaitable[causes.RulesInForce]]
 # A target's "normal" four numbers (the scheduler's snapshots), shown next to "now".
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from bot.runtime.heads import GuardedHttpToolsProtocol
+from bot.kernel.runtime.heads import GuardedHttpToolsProtocol
 
 INFORMATIONAL = b"HTTP/1.1 1"  # "100 Continue" goes out at once: the client waits for it
 
@@ -75,7 +75,7 @@ class HeadWithFirstBody:
 class GatewayHttpProtocol(GuardedHttpToolsProtocol):
     """``uvicorn.Config(http=GatewayHttpProtocol)``: httptools, head limits, head with first body.
 
-    The limits on request heads are bot/runtime/heads.py's, the same as ``ruleloop serve``'s.
+    The limits on request heads are bot/kernel/runtime/heads.py's, the same as ``ruleloop serve``'s.
     """
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

@@ -6,7 +6,7 @@ cancelled at whatever it awaits, leaving the upstream response closes its connec
 aborts the request. The hot loop does no JSON parsing: tokens are read from the last
 ``"completion_tokens":`` of each chunk when the client asked for usage, else counted as choice
 events (``"index":``, minus chat's role-only first event). Where events end, and the end
-marker, come from ``bot.runtime.sse``, the canary's parser: any framing the SSE spec allows.
+marker, come from ``bot.kernel.runtime.sse``, the canary's parser: any framing the SSE spec allows.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import httpx
 from bot.gateway import responses
 from bot.gateway.metrics import RelayOutcome
 from bot.gateway.types import Headers, Message, Receive, Send
-from bot.runtime.sse import DONE, SSEParser
+from bot.kernel.runtime.sse import DONE, SSEParser
 
 USAGE_KEY = b'"completion_tokens":'
 PROMPT_KEY = b'"prompt_tokens":'  # read once, from the first chunk that carries usage

@@ -17,7 +17,14 @@ import time
 from collections.abc import Callable
 
 from bot.adr.store import AdrStore
-from bot.chat.messages import (
+from bot.diagnosis.models import Diagnosis
+from bot.diagnosis.probes.context import TargetRef
+from bot.diagnosis.probes.types import Finding, Severity
+from bot.diagnosis.service import Diagnoser
+from bot.incidents.intake.service import IntakeOutcome, IntakeResult
+from bot.incidents.outbox import Outbox
+from bot.incidents.records import ButtonsOf, IncidentRecords
+from bot.kernel.chat.messages import (
     ACKNOWLEDGE,
     CAUSE_CONFIRMED,
     CAUSE_WRONG,
@@ -25,24 +32,17 @@ from bot.chat.messages import (
     MessageRef,
     Notifier,
 )
-from bot.chat.mrkdwn import escape
-from bot.config import Settings
-from bot.diagnosis.models import Diagnosis
-from bot.diagnosis.service import Diagnoser
-from bot.errors import EndpointError, NotAllowed, RuleloopError, UsageError
-from bot.incidents.outbox import Outbox
-from bot.incidents.records import ButtonsOf, IncidentRecords
-from bot.intake.service import IntakeOutcome, IntakeResult
-from bot.probes.context import TargetRef
-from bot.probes.types import Finding, Severity
-from bot.runtime.access import who_may
-from bot.runtime.ids import new_error_id, replica_id
-from bot.runtime.metrics import BotMetrics
-from bot.runtime.tasks import TaskSupervisor
-from bot.store import outbox as items
-from bot.store.db import Database
-from bot.store.models import Incident
-from bot.store.summary import DiagnosisSummary
+from bot.kernel.chat.mrkdwn import escape
+from bot.kernel.config import Settings
+from bot.kernel.errors import EndpointError, NotAllowed, RuleloopError, UsageError
+from bot.kernel.runtime.access import who_may
+from bot.kernel.runtime.ids import new_error_id, replica_id
+from bot.kernel.runtime.metrics import BotMetrics
+from bot.kernel.runtime.tasks import TaskSupervisor
+from bot.kernel.store import outbox as items
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import Incident
+from bot.kernel.store.summary import DiagnosisSummary
 
 log = logging.getLogger("ruleloop.flows")
 
@@ -54,7 +54,7 @@ REDIAGNOSE_AFTER = dt.timedelta(minutes=1)  # the task that owed a diagnosis run
 class IncidentFlows:
     """Drives incidents from intake (or a /diagnose) to a posted diagnosis, and gives the other
     services an incident's thread (``ensure_thread``); every message goes through the outbox.
-    The bot's tasks and metrics are injected (``bot.server``), not owned here."""
+    The bot's tasks and metrics are injected (``bot.app.server``), not owned here."""
 
     def __init__(
         self,
@@ -95,7 +95,7 @@ class IncidentFlows:
                 self.drive(incident_id, received=received), name=f"diagnose-{incident_id}"
             )
         elif result.outcome in (IntakeOutcome.RESOLVED, IntakeOutcome.UPDATED) or result.owed:
-            # an alert that joined or resolved has its thread line (bot.intake.service); a
+            # an alert that joined or resolved has its thread line (bot.incidents.intake.service); a
             # repeat of an incident Slack never got is the moment to try it again
             self._tasks.spawn(self.drive(incident_id), name=f"deliver-{incident_id}")
 

@@ -18,10 +18,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from bot.chat.mrkdwn import escape
-from bot.store.models import AuditEntry, CauseFeedback, Incident, Remediation
-from bot.store.states import ChangeState as S
-from bot.store.summary import DiagnosisSummary
+from bot.kernel.chat.mrkdwn import escape
+from bot.kernel.store.models import AuditEntry, CauseFeedback, Incident, Remediation
+from bot.kernel.store.states import ChangeState as S
+from bot.kernel.store.summary import DiagnosisSummary
 
 RECENT_DAYS = 7  # "3rd time in 7 days"
 LOOKBACK_DAYS = 90  # how far back an earlier fix (and its story) is looked for

@@ -19,16 +19,16 @@ from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bot.chat.failures import Failure, classify
-from bot.chat.messages import MessageRef, Notifier
-from bot.chat.mrkdwn import escape
-from bot.config import Settings
-from bot.errors import EndpointError
 from bot.incidents.records import IncidentRecords
-from bot.runtime.metrics import BotMetrics
-from bot.store import outbox as items
-from bot.store import service as store
-from bot.store.db import Database
+from bot.kernel.chat.failures import Failure, classify
+from bot.kernel.chat.messages import MessageRef, Notifier
+from bot.kernel.chat.mrkdwn import escape
+from bot.kernel.config import Settings
+from bot.kernel.errors import EndpointError
+from bot.kernel.runtime.metrics import BotMetrics
+from bot.kernel.store import outbox as items
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
 
 log = logging.getLogger("ruleloop.outbox")
 CLAIM = dt.timedelta(minutes=5)  # a replica that stops mid-send: another sends it after this

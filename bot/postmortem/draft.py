@@ -17,6 +17,7 @@ from typing import Any
 from bot.adr.flags import canonical
 from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
 from bot.adr.parse import date_of_id
+from bot.adr.workload.shape import WorkloadShape
 from bot.canary.limits import judged_limits
 from bot.canary.schema import CanaryReport
 from bot.canary.verdict import (
@@ -31,13 +32,12 @@ from bot.canary.verdict import (
     values_of,
 )
 from bot.diagnosis.models import GATE_OF, summary_numbers
-from bot.errors import UsageError
-from bot.numbers.reading import Measured, Reading, compare
-from bot.numbers.text import FOUR, compact
-from bot.store.states import ChangeState
-from bot.store.summary import DiagnosisSummary
+from bot.kernel.errors import UsageError
+from bot.kernel.numbers.reading import Measured, Reading, compare
+from bot.kernel.numbers.text import FOUR, compact
+from bot.kernel.store.states import ChangeState
+from bot.kernel.store.summary import DiagnosisSummary
 from bot.tune.matrix import PASSED, source_note
-from bot.workload.shape import WorkloadShape
 
 INCIDENT_ROW = "Incident (diagnosis, engine view)"
 TITLE_LIMIT = 200

@@ -24,18 +24,18 @@ from bot.adr.models import Adr, AdrGates, Status
 from bot.adr.relative import BEFORE, NORMAL
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
+from bot.adr.workload.shape import WorkloadShape
 from bot.canary.limits import judged_limits
-from bot.chat.messages import MessageRef
-from bot.errors import UsageError
+from bot.kernel.chat.messages import MessageRef
+from bot.kernel.errors import UsageError
+from bot.kernel.store import adrs as records
+from bot.kernel.store import buttons
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import AdrDraft, Incident, Remediation
+from bot.kernel.store.states import ChangeState
 from bot.postmortem.draft import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
 from bot.postmortem.review import decided, rejection_note
-from bot.store import adrs as records
-from bot.store import buttons
-from bot.store import service as store
-from bot.store.db import Database
-from bot.store.models import AdrDraft, Incident, Remediation
-from bot.store.states import ChangeState
-from bot.workload.shape import WorkloadShape
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from bot.adr.models import Adr, Status
 from bot.adr.validate import check_record
-from bot.errors import AdrError, NotAllowed, UsageError
-from bot.runtime.access import who_may
+from bot.kernel.errors import AdrError, NotAllowed, UsageError
+from bot.kernel.runtime.access import who_may
 
 REVIEW_HEADING = "## 评审记录 (Review)"
 NOBODY = (

@@ -19,18 +19,18 @@ from collections.abc import Awaitable, Callable
 from bot.adr.models import Adr
 from bot.adr.render import render
 from bot.adr.shared import SharedAdrStore
-from bot.chat.messages import MessageRef
-from bot.chat.mrkdwn import mention
-from bot.config import Settings
-from bot.errors import NotAllowed, UsageError
-from bot.gitops.adr_publish import publish_accepted
+from bot.change.gitops.adr_publish import publish_accepted
+from bot.kernel.chat.messages import MessageRef
+from bot.kernel.chat.mrkdwn import mention
+from bot.kernel.config import Settings
+from bot.kernel.errors import NotAllowed, UsageError
+from bot.kernel.runtime.access import Members, who_may
+from bot.kernel.store.buttons import subject_key
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import AdrDraft
 from bot.postmortem.ports import DraftNotifier, DraftView
 from bot.postmortem.records import SUBJECT, AlreadyDecided, DraftRecords
 from bot.postmortem.review import check_reviewer
-from bot.runtime.access import Members, who_may
-from bot.store.buttons import subject_key
-from bot.store.db import Database
-from bot.store.models import AdrDraft
 
 __all__ = ["AlreadyDecided", "DraftService"]
 
@@ -53,7 +53,7 @@ class DraftService:
         self._members = members or Members(settings.access)
         self._notifier = notifier
         self._threads = threads
-        self._adrs = adrs  # the bot's one ADR store (bot.server)
+        self._adrs = adrs  # the bot's one ADR store (bot.app.server)
         self._records = DraftRecords(db=db, adrs=self._adrs, clock=clock)
         self._lock = asyncio.Lock()  # one id at a time in this process (the DB refuses twins)
 

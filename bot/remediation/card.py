@@ -16,15 +16,15 @@ from bot.adr.shared import SharedAdrStore
 from bot.canary.limits import judged_limits
 from bot.change.argv import diff
 from bot.change.liveness import LostRun
-from bot.chat.messages import MessageRef
-from bot.config import Settings
-from bot.errors import RuleloopError
+from bot.kernel.chat.messages import MessageRef
+from bot.kernel.config import Settings
+from bot.kernel.errors import RuleloopError
+from bot.kernel.runtime.redact import redact
+from bot.kernel.store import buttons
+from bot.kernel.store.models import Remediation
+from bot.kernel.store.states import ChangeState
 from bot.remediation.ports import RemediationNotifier, RemediationView
 from bot.remediation.records import SUBJECT, RemediationRecords
-from bot.runtime.redact import redact
-from bot.store import buttons
-from bot.store.models import Remediation
-from bot.store.states import ChangeState
 
 log = logging.getLogger("ruleloop.remediation")
 

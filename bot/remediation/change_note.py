@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from bot.change.actuators.base import Actuator, ChangeContext, Deployed, TakesContext
-from bot.numbers import catalogue
-from bot.numbers.text import show
-from bot.store.models import Remediation
+from bot.kernel.numbers import catalogue
+from bot.kernel.numbers.text import show
+from bot.kernel.store.models import Remediation
 
 
 def give_context(

@@ -14,11 +14,11 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from bot.config import Settings
+from bot.kernel.config import Settings
+from bot.kernel.store.models import Remediation
+from bot.kernel.store.states import ACTIVE
 from bot.remediation import silences
 from bot.remediation.records import RemediationRecords
-from bot.store.models import Remediation
-from bot.store.states import ACTIVE
 
 log = logging.getLogger("ruleloop.remediation")
 

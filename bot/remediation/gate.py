@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from bot.adr.models import AdrGates
+from bot.adr.workload.shape import WorkloadShape
 from bot.canary.measure import measure_async
 from bot.canary.runner import Progress
 from bot.canary.verdict import Judged, gates_from
 from bot.canary.workload import Workload
-from bot.config import CanarySpec
-from bot.workload.shape import WorkloadShape
+from bot.kernel.config import CanarySpec
 
 GateRun = Judged  # a finished gate canary: its report, the numbers read, the verdict
 GateRunner = Callable[..., Awaitable[GateRun]]  # (base_url, spec, gates, *, shape=None)

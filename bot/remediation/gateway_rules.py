@@ -14,8 +14,8 @@ import httpx
 
 from bot.adr.models import GatewayRules
 from bot.change.actuators.base import ActuatorError
-from bot.errors import UsageError
-from bot.runtime.redact import redact
+from bot.kernel.errors import UsageError
+from bot.kernel.runtime.redact import redact
 
 PATH = "/admin/limits"
 

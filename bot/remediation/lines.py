@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from bot.canary.verdict import Verdict
-from bot.numbers import catalogue
-from bot.numbers.text import change, in_unit
+from bot.kernel.numbers import catalogue
+from bot.kernel.numbers.text import change, in_unit
 
 # the catalogue's numbers as lines name them: gate -> (label, sign, unit), key -> (label, unit)
 GATE_LABELS = {m.gate: (m.phrase, "≤" if m.worse_up else "≥", m.unit) for m in catalogue.METRICS}

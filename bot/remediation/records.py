@@ -19,12 +19,12 @@ from sqlalchemy.orm import Session
 
 from bot.canary.schema import CanaryReport
 from bot.change import exclusion, rows
-from bot.errors import UsageError
-from bot.store import buttons
-from bot.store import service as store
-from bot.store.dbtime import db_now
-from bot.store.models import ActionToken, CanaryResult, Incident, Remediation
-from bot.store.states import ACTIVE, ChangeState
+from bot.kernel.errors import UsageError
+from bot.kernel.store import buttons
+from bot.kernel.store import service as store
+from bot.kernel.store.dbtime import db_now
+from bot.kernel.store.models import ActionToken, CanaryResult, Incident, Remediation
+from bot.kernel.store.states import ACTIVE, ChangeState
 
 SUBJECT = "remediation"  # its buttons' subject: buttons.subject(SUBJECT, remediation_id)
 

@@ -19,19 +19,19 @@ from bot.canary.verdict import how_sure
 from bot.change.actuators.base import Actuator, ActuatorError, Deployed, TakesContext
 from bot.change.argv import flags_text
 from bot.change.serving import verify_serving
-from bot.config import Settings, Target
-from bot.errors import RuleloopError, UsageError
+from bot.kernel.config import Settings, Target
+from bot.kernel.errors import RuleloopError, UsageError
+from bot.kernel.runtime.ids import new_error_id
+from bot.kernel.runtime.redact import redact
+from bot.kernel.store.models import Remediation
+from bot.kernel.store.readings import ROLLBACK_FAILED
+from bot.kernel.store.states import ACTIVE, ChangeState
 from bot.remediation.card import Card
 from bot.remediation.change_note import give_context
 from bot.remediation.change_silence import ChangeSilencer
 from bot.remediation.gate import GateRun, GateRunner
 from bot.remediation.gateway_rules import GatewayAdmin
 from bot.remediation.records import CanaryRecord, RemediationRecords
-from bot.runtime.ids import new_error_id
-from bot.runtime.redact import redact
-from bot.store.models import Remediation
-from bot.store.readings import ROLLBACK_FAILED
-from bot.store.states import ACTIVE, ChangeState
 
 log = logging.getLogger("ruleloop.remediation")
 

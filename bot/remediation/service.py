@@ -26,23 +26,23 @@ from bot.change.liveness import LostRun, Sleep, owned
 from bot.change.policy import Policy
 from bot.change.resume import Restorer
 from bot.change.resume import resume as resume_changes
-from bot.chat.messages import MessageRef
-from bot.chat.mrkdwn import mention
-from bot.config import Settings, Target
-from bot.errors import UsageError
+from bot.kernel.chat.messages import MessageRef
+from bot.kernel.chat.mrkdwn import mention
+from bot.kernel.config import Settings, Target
+from bot.kernel.errors import UsageError
+from bot.kernel.runtime.access import Members
+from bot.kernel.runtime.ids import replica_id
+from bot.kernel.runtime.tasks import TaskSupervisor
+from bot.kernel.store import buttons
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import ActionToken, Change, Remediation
+from bot.kernel.store.states import ChangeKind, ChangeState
 from bot.remediation.card import Card
 from bot.remediation.change_silence import ChangeSilencer
 from bot.remediation.gate import GateRunner, run_gate
 from bot.remediation.ports import RemediationNotifier
 from bot.remediation.records import ChangeRequest, RemediationRecords
 from bot.remediation.run import ChangeRun, crashed, gateway_admin, like_for_like
-from bot.runtime.access import Members
-from bot.runtime.ids import replica_id
-from bot.runtime.tasks import TaskSupervisor
-from bot.store import buttons
-from bot.store.db import Database
-from bot.store.models import ActionToken, Change, Remediation
-from bot.store.states import ChangeKind, ChangeState
 from bot.tune.on_target import SessionRestorer
 from bot.tune.records import TuneRecords
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import httpx
 
-from bot.config import SilenceSpec
-from bot.errors import EndpointError
-from bot.runtime.redact import redact
+from bot.kernel.config import SilenceSpec
+from bot.kernel.errors import EndpointError
+from bot.kernel.runtime.redact import redact
 
 CREATED_BY = "ruleloop"
 TIMEOUT_S = 10.0

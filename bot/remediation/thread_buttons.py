@@ -22,18 +22,18 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from bot.chat.messages import ACKNOWLEDGE, CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG, SILENCE
-from bot.chat.mrkdwn import escape, mention, plain
-from bot.config import Settings, SilenceSpec
-from bot.errors import NotAllowed, UsageError
+from bot.kernel.chat.messages import ACKNOWLEDGE, CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG, SILENCE
+from bot.kernel.chat.mrkdwn import escape, mention, plain
+from bot.kernel.config import Settings, SilenceSpec
+from bot.kernel.errors import NotAllowed, UsageError
+from bot.kernel.runtime.access import Members, who_may
+from bot.kernel.runtime.ids import new_error_id
+from bot.kernel.store import buttons
+from bot.kernel.store import outbox as items
+from bot.kernel.store import service as store
+from bot.kernel.store.db import Database
+from bot.kernel.store.models import ActionToken, CauseFeedback, Incident
 from bot.remediation import silences
-from bot.runtime.access import Members, who_may
-from bot.runtime.ids import new_error_id
-from bot.store import buttons
-from bot.store import outbox as items
-from bot.store import service as store
-from bot.store.db import Database
-from bot.store.models import ActionToken, CauseFeedback, Incident
 
 log = logging.getLogger("ruleloop.thread")
 RenderButtons = Callable[..., dict[str, Any]]  # Notifier.render_thread_buttons

@@ -9,10 +9,10 @@ from pathlib import Path
 from bot.adr import vllm_args
 from bot.adr.models import Adr, Fix, MatrixRow
 from bot.adr.render import format_ms
+from bot.adr.workload.shape import WorkloadShape
 from bot.canary.schema import CanaryReport
 from bot.tune.matrix import Row, source_note
 from bot.tune.plan import TunePlan
-from bot.workload.shape import WorkloadShape
 
 NO_PICK = (
     "无配置达标 (no configuration met the gates): 保持现有配置，查明原因后再调优 "

@@ -14,7 +14,7 @@ from typing import Literal
 from bot.adr.models import AdrGates
 from bot.canary.schema import CanaryReport
 from bot.canary.verdict import FRAGMENTATION_SOURCES, GOODPUT_SOURCES, Values
-from bot.numbers import catalogue
+from bot.kernel.numbers import catalogue
 from bot.tune.plan import BASELINE, Config
 
 RECOMMENDED = "生产推荐配置 (recommended)"

@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from bot.adr.workload.shape import WorkloadShape
 from bot.change.actuators import ActuatorFactory, opened
 from bot.change.actuators.base import Actuator, ActuatorError, Deployed
 from bot.change.argv import flags_text
@@ -39,11 +40,11 @@ from bot.change.exclusion import TargetBusy, tuning_refusal
 from bot.change.liveness import Beat, LostRun, beating
 from bot.change.policy import Policy
 from bot.change.serving import verify_serving
-from bot.config import Settings, Target
-from bot.errors import EngineError, RuleloopError, UsageError
-from bot.runtime.ids import process_alive, replica_id
-from bot.store.models import Change, TuneSession
-from bot.store.readings import ROLLBACK_FAILED
+from bot.kernel.config import Settings, Target
+from bot.kernel.errors import EngineError, RuleloopError, UsageError
+from bot.kernel.runtime.ids import process_alive, replica_id
+from bot.kernel.store.models import Change, TuneSession
+from bot.kernel.store.readings import ROLLBACK_FAILED
 from bot.tune.matrix import Row
 from bot.tune.objective import TrialOutcome
 from bot.tune.plan import Config, TunePlan
@@ -51,7 +52,6 @@ from bot.tune.records import TuneRecords
 from bot.tune.runner import measure_canary
 from bot.tune.search import Proposal, Search
 from bot.tune.session import Echo, SearchResult, make_search, run_search
-from bot.workload.shape import WorkloadShape
 
 log = logging.getLogger("ruleloop.tune")
 
@@ -507,12 +507,16 @@ async def restore_target_session(
 async def capture_shape(spec: Target, *, seconds: float, echo: Echo) -> WorkloadShape:
     """The target's own traffic over the next ``seconds``, from every replica's /metrics, as
     one replica's share (the tuning replays it on one engine)."""
-    from bot.probes.context import resolve_replicas
-    from bot.probes.exposition import Exposition
-    from bot.probes.replicas import Replica
-    from bot.probes.vllm_metrics import MetricsScraper
-    from bot.probes.workload_capture import CAPTURE_METRICS, CaptureProgress, capture_fleet
-    from bot.workload.shape import per_replica
+    from bot.adr.workload.shape import per_replica
+    from bot.diagnosis.probes.context import resolve_replicas
+    from bot.diagnosis.probes.exposition import Exposition
+    from bot.diagnosis.probes.replicas import Replica
+    from bot.diagnosis.probes.vllm_metrics import MetricsScraper
+    from bot.diagnosis.probes.workload_capture import (
+        CAPTURE_METRICS,
+        CaptureProgress,
+        capture_fleet,
+    )
 
     def progress(p: CaptureProgress) -> None:
         echo(f"capturing the target's workload: {p.elapsed_s:.0f}/{p.seconds:.0f} s, "

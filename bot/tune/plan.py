@@ -19,12 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from bot.adr.flags import canonical, check_engine_args, to_argv
 from bot.adr.models import AdrGates, Condition, EngineValue, GatewayRules
+from bot.adr.workload import shape as shapes
 from bot.canary.workload import Workload, check
-from bot.errors import UsageError
+from bot.kernel.errors import UsageError
 from bot.tune.objective import Objective
 from bot.tune.search import Sampler
 from bot.tune.space import Dimension, Flags, Space, build_space
-from bot.workload import shape as shapes
 
 BASELINE = "baseline"
 # What a replayed shape decides, so a plan may not also write it.
@@ -51,7 +51,7 @@ class WorkloadSpec(BaseModel):
     cancel_share: float = Field(default=0.0, ge=0, le=1)
     cancel_after_ms: float = Field(default=500.0, gt=0)
     seed: int = 0
-    # a workload shape file (bot/workload/shape.py) to replay instead of the fixed lengths:
+    # a workload shape file (bot/adr/workload/shape.py) to replay instead of the fixed lengths:
     # every configuration is measured under production's traffic (docs/workload.md)
     shape: Path | None = None
 

@@ -17,7 +17,7 @@ from bot.canary.measure import measure_async
 from bot.canary.render import progress_line
 from bot.canary.verdict import Gates, gates_from
 from bot.engine.process import START_TIMEOUT_S, EngineManager, free_port
-from bot.errors import EngineError, RuleloopError
+from bot.kernel.errors import EngineError, RuleloopError
 from bot.tune.matrix import Row
 from bot.tune.plan import Config, TunePlan
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from bot.adr.models import Adr
 from bot.adr.store import AdrStore, slugify
 from bot.engine.process import START_TIMEOUT_S, EngineManager
-from bot.runtime.loop import run as run_loop
+from bot.kernel.runtime.loop import run as run_loop
 from bot.tune.draft import build_draft, where_measured
 from bot.tune.matrix import Row, recommend
 from bot.tune.plan import TunePlan

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from bot.adr.flags import TUNABLE, canonical, check_engine_args
 from bot.adr.models import EngineValue
-from bot.errors import UsageError
+from bot.kernel.errors import UsageError
 
 Flags = dict[str, EngineValue]
 Key = tuple[tuple[str, EngineValue], ...]

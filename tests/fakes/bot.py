@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 from sqlalchemy import select
 
-from bot.config import Settings
-from bot.server import Bot, create_bot
-from bot.store.models import Remediation
+from bot.app.server import Bot, create_bot
+from bot.kernel.config import Settings
+from bot.kernel.store.models import Remediation
 from tests.conftest import FIXTURES
 from tests.fakes.clock import FakeTime, WallClock
 from tests.fakes.nvml import FakeNvml

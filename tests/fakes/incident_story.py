@@ -19,9 +19,9 @@ from typing import Any
 
 from bot.adr.models import AdrGates
 from bot.canary.verdict import gates_from, judged
-from bot.config import CanarySpec
+from bot.kernel.config import CanarySpec
+from bot.kernel.store.models import Incident, Remediation
 from bot.remediation.gate import GateRun
-from bot.store.models import Incident, Remediation
 from tests.fakes import alerts
 from tests.fakes.bot import Harness, harness
 from tests.fakes.clock import FakeTime

@@ -568,7 +568,7 @@ class KubeActuators:
 
     def __call__(self, name: str, target: Any) -> Any:
         from bot.change.actuators.kubernetes import KubernetesActuator
-        from bot.config import KubernetesActuatorSpec
+        from bot.kernel.config import KubernetesActuatorSpec
 
         assert isinstance(target.actuator, KubernetesActuatorSpec)
         return KubernetesActuator(

@@ -192,7 +192,7 @@ def main(argv: list[str]) -> None:
         gpu, xid = pair.split(":")
         fake.raise_xid(int(gpu), int(xid))
     sys.modules["pynvml"] = fake  # type: ignore[assignment]
-    from bot.cli import cli
+    from bot.app.cli import cli
 
     cli.main(argv[split + 1 :], prog_name="ruleloop")
 

@@ -8,8 +8,8 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from bot.change.actuators.base import Actuator
-from bot.config import GitActuatorSpec, KubernetesActuatorSpec, LocalActuatorSpec, Target
-from bot.errors import UsageError
+from bot.kernel.config import GitActuatorSpec, KubernetesActuatorSpec, LocalActuatorSpec, Target
+from bot.kernel.errors import UsageError
 
 log = logging.getLogger("ruleloop.remediation")
 ActuatorFactory = Callable[[str, Target], Actuator]
@@ -42,7 +42,8 @@ def _dry_run(name: str, target: Target) -> Actuator:
     return DryRunActuator(vllm_url=target.vllm_url)
 
 
-# The actuators by their config's ``kind``, as the probes are by name (bot/runbooks/registry.py).
+# The actuators by their config's ``kind``, as the probes are by name
+# (bot/diagnosis/runbooks/registry.py).
 # Each one's module is imported only when a target uses it (Kubernetes' and git's are heavy).
 ACTUATORS: dict[str, ActuatorFactory] = {
     "local": _local,

@@ -18,7 +18,7 @@ change that is to last must be a commit the GitOps tool deploys.
 
 rollback is idempotent from any point, so a replica that takes over after a `kill -9` simply
 calls it: the history since the recorded head says what landed (commit trailers, see
-``bot.gitops.trailers``; the forge's rebase gives landed commits new shas), what is already
+``bot.change.gitops.trailers``; the forge's rebase gives landed commits new shas), what is already
 reverted (``Ruleloop-Revert-Of``), and open branches under ``ruleloop/<target>/`` say what is
 half done. One change at a time per target (the remediation service's rule) makes "every
 commit of this target since the head recorded at request time" exactly this change's commits.
@@ -46,13 +46,13 @@ from bot.change.actuators import kube_read, sync_status
 from bot.change.actuators.base import ActuatorError, ChangeContext, Deployed
 from bot.change.actuators.yaml_flags import Locator
 from bot.change.argv import FlagValues, flags_text, read_flags, record
-from bot.config import GitActuatorSpec, GitLocatorSpec
-from bot.gitops import trailers
-from bot.gitops.errors import Conflict, GitOpsError
-from bot.gitops.forge import Forge, build_forge
-from bot.gitops.git import Commit, GitRepo
-from bot.gitops.landing import Landing, Proposal
-from bot.gitops.secrets import scrub
+from bot.change.gitops import trailers
+from bot.change.gitops.errors import Conflict, GitOpsError
+from bot.change.gitops.forge import Forge, build_forge
+from bot.change.gitops.git import Commit, GitRepo
+from bot.change.gitops.landing import Landing, Proposal
+from bot.change.gitops.secrets import scrub
+from bot.kernel.config import GitActuatorSpec, GitLocatorSpec
 
 Sleep = Callable[[float], Awaitable[None]]
 # what the cluster must run for a change to be served: flag -> value (None: not set)

@@ -4,7 +4,7 @@ The Kubernetes actuator patches a Deployment and the git actuator only watches o
 Flux apply the change), but both must read the same things the same way: a bearer token that
 the kubelet rotates in place, the cluster's CA, ``kind: Status`` error bodies, which container
 carries the vLLM flags, and when a rollout is complete (``rollout_waiting``, as ``kubectl
-rollout status`` reads it). The client itself (token, CA) is bot.runtime.kube_client's.
+rollout status`` reads it). The client itself (token, CA) is bot.kernel.runtime.kube_client's.
 Custom objects (Argo CD Applications, Flux Kustomizations) come through the same
 ``request_json``.
 """
@@ -21,8 +21,8 @@ import httpx
 
 from bot.change.actuators.base import ActuatorError
 from bot.change.argv import read_flags
-from bot.runtime import kube_client
-from bot.runtime.kube_client import status_message
+from bot.kernel.runtime import kube_client
+from bot.kernel.runtime.kube_client import status_message
 
 ANNOTATION = "ruleloop.dev/applied-flags"
 PATCH_TYPE = "application/strategic-merge-patch+json"
@@ -41,7 +41,8 @@ def client(
     ca_file: Path | None,
     transport: httpx.AsyncBaseTransport | None = None,
 ) -> httpx.AsyncClient:
-    """An API client (bot.runtime.kube_client) whose token and CA failures are ActuatorErrors."""
+    """An API client (bot.kernel.runtime.kube_client) whose token and CA failures are
+    ActuatorErrors."""
     return kube_client.client(
         api_url, token_file=token_file, ca_file=ca_file, error=ActuatorError, transport=transport
     )

@@ -51,8 +51,8 @@ from bot.change.argv import (
     restore,
     with_flags,
 )
-from bot.config import KubernetesActuatorSpec
-from bot.errors import AdrError
+from bot.kernel.config import KubernetesActuatorSpec
+from bot.kernel.errors import AdrError
 
 __all__ = ["ANNOTATION", "PATCH_TYPE", "KubernetesActuator", "build_client", "rollout_waiting"]
 

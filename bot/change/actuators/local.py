@@ -21,9 +21,9 @@ from urllib.parse import urlsplit
 
 from bot.change.actuators.base import ActuatorError, Deployed
 from bot.change.argv import FlagValues, fingerprint, read_flags, record, restore, with_flags
-from bot.config import LocalActuatorSpec
 from bot.engine.process import EngineInfo, EngineManager
-from bot.errors import EngineError
+from bot.kernel.config import LocalActuatorSpec
+from bot.kernel.errors import EngineError
 
 
 def process_argv(pid: int) -> list[str] | None:

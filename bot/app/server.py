@@ -1,0 +1,314 @@
+"""`ruleloop serve`'s bot, composed: ``create_bot`` wires the parts from one ``Settings``.
+
+Every outside seam (Slack's Web API client, the HTTP client for probes, clocks, the NVML
+module, the console stream) can be passed in. The HTTP endpoints are ``bot.app.routes``; the
+incident pages ``bot.surfaces.web``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, TextIO
+
+import httpx
+from slack_bolt.async_app import AsyncApp
+from slack_sdk.web.async_client import AsyncWebClient
+from starlette.applications import Starlette
+
+from bot.adr.shared import SharedAdrStore
+from bot.app.routes.endpoints import Lifespan, Routes, http_app
+from bot.app.scheduler.jobs import build_jobs, create_scheduler
+from bot.app.scheduler.rules_now import RulesNow
+from bot.app.scheduler.scheduler import Scheduler
+from bot.change import actuators
+from bot.change.actuators import ActuatorFactory
+from bot.change.liveness import Sleep
+from bot.diagnosis.normal import NormalReader
+from bot.diagnosis.probes.context import ProbeContext
+from bot.diagnosis.runbooks.builtin import default_registry
+from bot.diagnosis.runbooks.loader import load_dir
+from bot.diagnosis.runbooks.runner import RunbookRunner
+from bot.diagnosis.service import Diagnoser
+from bot.incidents.flows import IncidentFlows
+from bot.incidents.intake.service import Intake
+from bot.kernel.chat.messages import Notifier
+from bot.kernel.config import Settings
+from bot.kernel.runtime.access import Members
+from bot.kernel.runtime.defaults import with_defaults
+from bot.kernel.runtime.ids import replica_id
+from bot.kernel.runtime.metrics import BotMetrics
+from bot.kernel.runtime.tasks import TaskSupervisor
+from bot.kernel.store.db import Database
+from bot.postmortem.service import DraftService
+from bot.remediation.gate import GateRunner, run_gate
+from bot.remediation.ports import RemediationNotifier
+from bot.remediation.service import RemediationService
+from bot.remediation.thread_buttons import ThreadButtons
+from bot.surfaces.slack.app import build_app, web_client
+from bot.surfaces.slack.console import ConsoleNotifier
+from bot.surfaces.slack.notifier import SlackNotifier
+from bot.surfaces.slack.services import Services
+from bot.surfaces.slack.usergroups import SlackUserGroups
+from bot.surfaces.web.links import PageLinks, page_links
+from bot.surfaces.web.routes import IncidentPages
+
+log = logging.getLogger("ruleloop.server")
+
+
+def utcnow() -> dt.datetime:
+    """The wall clock, as an aware UTC datetime."""
+    return dt.datetime.now(dt.UTC)
+
+
+@dataclass
+class Bot:
+    """The wired bot: the ASGI app and the parts tests and the CLI reach for."""
+
+    app: Starlette
+    flows: IncidentFlows
+    db: Database
+    slack: AsyncApp | None
+    http: httpx.AsyncClient
+    remediation: RemediationService
+    drafts: DraftService
+    tasks: TaskSupervisor  # every background task of the bot, drained when it stops
+    metrics: BotMetrics
+    scheduler: Scheduler | None = None
+
+
+@dataclass(frozen=True)
+class Seams:
+    """The outside world the bot reads and waits on: injected whole, so a test controls it."""
+
+    http: httpx.AsyncClient
+    clock: Callable[[], dt.datetime]  # the wall clock, as an aware UTC datetime
+    monotonic: Callable[[], float]
+    wall_clock: Callable[[], float]  # seconds since the epoch
+    probe_clock: Callable[[], float]  # the probes' monotonic clock
+    sleep: Callable[[float], Awaitable[None]]
+    nvml: Any | None
+
+    def probe_context(self) -> ProbeContext:
+        """A fresh context for one diagnosis's probes."""
+        return ProbeContext(
+            http=self.http, monotonic=self.probe_clock, wall_clock=self.wall_clock,
+            sleep=self.sleep, nvml=self.nvml,
+        )  # fmt: skip
+
+
+def create_bot(
+    settings: Settings,
+    *,
+    state_dir: Path,
+    slack_client: AsyncWebClient | None = None,
+    http: httpx.AsyncClient | None = None,
+    clock: Callable[[], dt.datetime] = utcnow,
+    monotonic: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+    probe_clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    nvml: Any | None = None,
+    console: TextIO | None = None,
+    actuator_for: ActuatorFactory = actuators.build,
+    gate: GateRunner = run_gate,
+    heartbeat_sleep: Sleep = asyncio.sleep,  # a change's heartbeats wait with it (a test seam)
+) -> Bot:
+    """Load runbooks (refusing bad ones now), open the store, and wire Slack or the console."""
+    settings = with_defaults(settings, state_dir=state_dir)  # started outside the checkout
+    db = _database(settings, state_dir)
+    seams = Seams(
+        http=http or httpx.AsyncClient(timeout=httpx.Timeout(10.0)), clock=clock,
+        monotonic=monotonic, wall_clock=wall_clock, probe_clock=probe_clock or monotonic,
+        sleep=sleep, nvml=nvml,
+    )  # fmt: skip
+    adrs = _adrs(settings, db=db, clock=clock)
+    links = page_links(settings.web, clock=wall_clock)  # None: the incident page is off
+    charts = (settings.paths.state or state_dir) / "charts"  # next to the store, as documented
+    client, notifier = _notifier(settings, slack_client, console, charts, links)
+    tasks, metrics, owner = TaskSupervisor(), BotMetrics(), replica_id()
+    flows = IncidentFlows(
+        settings=settings, db=db, notifier=notifier, clock=clock, monotonic=monotonic,
+        diagnoser=_diagnoser(settings, db=db, adrs=adrs, seams=seams),
+        metrics=metrics, tasks=tasks, owner=owner,
+        adrs=adrs,  # a diagnosis names the ADR files it had to skip
+    )  # fmt: skip
+    members = Members(settings.access, SlackUserGroups(client) if client is not None else None)
+    services = _services(
+        settings, db=db, adrs=adrs, flows=flows, notifier=notifier, members=members,
+        clock=clock, tasks=tasks, actuator_for=actuator_for, gate=gate, sleep=heartbeat_sleep,
+    )  # fmt: skip
+    slack_app = (
+        build_app(settings=settings.slack, services=services, client=client) if client else None
+    )
+    scheduler = _scheduler(
+        settings, db, flows, services, seams, adrs=adrs, notifier=notifier, gate=gate,
+        actuator_for=actuator_for,
+    )  # fmt: skip
+    routes = Routes(
+        settings=settings, intake=Intake(db=db, targets=settings.targets, clock=clock),
+        flows=flows, metrics=metrics, tasks=tasks, db=db, slack=slack_app,
+        monotonic=monotonic, wall_clock=wall_clock,
+    )  # fmt: skip
+    pages = IncidentPages(db=db, links=links, adrs=adrs)
+    app = http_app(routes, pages, lifespan=_lifespan(services, scheduler, http=seams.http, db=db))
+    return Bot(
+        app=app, flows=flows, db=db, slack=slack_app,
+        http=seams.http, remediation=services.remediation, drafts=services.drafts, tasks=tasks,
+        metrics=metrics, scheduler=scheduler,
+    )  # fmt: skip
+
+
+def _scheduler(
+    settings: Settings,
+    db: Database,
+    flows: IncidentFlows,
+    services: Services,
+    seams: Seams,
+    *,
+    adrs: SharedAdrStore,
+    notifier: BotNotifier,
+    gate: GateRunner,
+    actuator_for: ActuatorFactory,
+) -> Scheduler | None:
+    """The scheduled jobs (snapshots, baseline canary, workload drift, outbox...), leased per
+    period under this replica's id (the flows')."""
+    jobs = build_jobs(
+        settings, db=db, adrs=adrs, flows=flows, notifier=notifier, http=seams.http, gate=gate,
+        remediation=services.remediation, actuator_for=actuator_for, clock=seams.clock,
+        probe_clock=seams.probe_clock, sleep=seams.sleep, monotonic=seams.monotonic,
+    )  # fmt: skip
+    return create_scheduler(settings, db=db, jobs=jobs, clock=seams.clock, owner=flows.owner)
+
+
+def _database(settings: Settings, state_dir: Path) -> Database:
+    """The store, its schema brought up to date (migrations, bot.kernel.store.db)."""
+    db = Database(settings.database_url(fallback_dir=state_dir))
+    db.create_schema()
+    return db
+
+
+def _adrs(settings: Settings, *, db: Database, clock: Callable[[], dt.datetime]) -> SharedAdrStore:
+    """The ADRs in the store, with adr/ imported (shared by every replica: bot.adr.sync)."""
+    adrs = SharedAdrStore(root=settings.paths.adr, db=db, clock=clock)
+    imported = adrs.sync()
+    if imported is not None:
+        log.info("ADRs imported from %s: %s", settings.paths.adr, imported.summary())
+    return adrs
+
+
+def _diagnoser(
+    settings: Settings, *, db: Database, adrs: SharedAdrStore, seams: Seams
+) -> Diagnoser:
+    """Runbooks loaded (a bad one refuses the start), the probes, the ADRs to match, and the
+    target's normal to show beside the numbers."""
+    registry = default_registry()
+    return Diagnoser(
+        runbooks=load_dir(settings.paths.runbooks, registry),
+        runner=RunbookRunner(registry=registry),
+        adrs=adrs,
+        context=seams.probe_context,
+        clock=seams.clock,
+        normal=NormalReader(db=db, last=settings.scheduler.normal_of_last).read,
+        rules=RulesNow(db=db, adrs=adrs, listed=_listed_adrs(settings)).read,
+    )
+
+
+def _listed_adrs(settings: Settings) -> dict[str, list[str]]:
+    """Each target's `[scheduler.targets.X] adrs`: in force while none was promoted there."""
+    return {name: own.adrs for name, own in settings.scheduler.targets.items()}
+
+
+def _notifier(
+    settings: Settings,
+    slack_client: AsyncWebClient | None,
+    console: TextIO | None,
+    chart_dir: Path,
+    links: PageLinks | None,
+) -> tuple[AsyncWebClient | None, BotNotifier]:
+    """Slack's Web API client and notifier, or (no Slack configured) the console's."""
+    if not settings.slack.enabled:  # the page's link, relative without [web] public_url
+        page = links.incident_url if links else None
+        return None, ConsoleNotifier(stream=console, chart_dir=chart_dir, page_url=page)
+    client = slack_client or web_client(settings.slack)
+    linked = links.incident_url if links and settings.web.public_url else None
+    return client, SlackNotifier(client, page_url=linked)
+
+
+def _services(
+    settings: Settings,
+    *,
+    db: Database,
+    adrs: SharedAdrStore,
+    flows: IncidentFlows,
+    notifier: BotNotifier,
+    members: Members,
+    clock: Callable[[], dt.datetime],
+    tasks: TaskSupervisor,
+    actuator_for: ActuatorFactory,
+    gate: GateRunner,
+    sleep: Sleep,
+) -> Services:
+    """The incident flows, the remediation flow and the post-incident drafts."""
+    drafts = DraftService(
+        settings=settings,
+        db=db,
+        adrs=adrs,
+        notifier=notifier,
+        threads=flows.ensure_thread,
+        clock=clock,
+        members=members,
+    )
+    remediation = RemediationService(
+        settings=settings,
+        db=db,
+        adrs=adrs,
+        notifier=notifier,
+        threads=flows.ensure_thread,
+        clock=clock,
+        tasks=tasks,
+        actuator_for=actuator_for,
+        gate=gate,
+        after_change=drafts.after_change,  # a change that ended leaves its ADR draft
+        members=members,
+        sleep=sleep,
+    )
+    thread = ThreadButtons(
+        settings=settings, db=db, clock=clock, members=members, deliver=flows.outbox.deliver,
+        render=notifier.render_thread_buttons,
+    )  # fmt: skip
+    return Services(flows=flows, remediation=remediation, drafts=drafts, thread=thread, tasks=tasks)
+
+
+def _lifespan(
+    services: Services, scheduler: Scheduler | None, *, http: httpx.AsyncClient, db: Database
+) -> Lifespan:
+    """Start: resume half-done changes, start the scheduler. Stop: hand back, drain, close."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        tasks = services.tasks
+        # a change a previous run of the bot left half done is rolled back now
+        tasks.spawn(services.remediation.resume(), name="remediation-resume")
+        if scheduler is not None:
+            scheduler.start()
+        try:
+            yield
+        finally:
+            if scheduler is not None:  # a period running here is handed back to the others
+                await scheduler.stop()
+            await tasks.drain()
+            await http.aclose()
+            db.dispose()
+
+    return lifespan
+
+
+class BotNotifier(Notifier, RemediationNotifier, Protocol):
+    """Everything the bot posts: incidents, diagnoses, remediation cards, drafts."""

@@ -1,0 +1,47 @@
+"""The engines that serve a target: its replicas, each scraped on its own (docs/fleet.md).
+
+Exactly one source names them, in this order (``source_of``): the URLs a target lists
+(``replicas``), else the ready endpoints of its ``kubernetes_service`` (discovered when a window
+starts: bot/diagnosis/probes/kube_endpoints.py), else the one engine at ``vllm_url``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlsplit
+
+from bot.kernel.config import Target
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One engine of a target, by its base URL (and its pod and node, when discovered)."""
+
+    url: str
+    pod: str | None = None  # the Kubernetes pod that serves it (an EndpointSlice's targetRef)
+    node: str | None = None  # the node that pod runs on (the endpoint's nodeName)
+
+    @property
+    def metrics_url(self) -> str:
+        """Its /metrics page."""
+        return f"{self.url}/metrics"
+
+    @property
+    def address(self) -> str:
+        """host:port and path, never user info: how details and merged pages name it."""
+        parts = urlsplit(self.url)
+        return parts.netloc.rpartition("@")[2] + parts.path
+
+
+def source_of(target: Target) -> Literal["replicas", "kubernetes_service", "vllm_url"]:
+    """Which of the target's settings names its replicas: the first one set wins."""
+    if target.replicas:
+        return "replicas"
+    return "kubernetes_service" if target.kubernetes_service else "vllm_url"
+
+
+def replicas_of(target: Target) -> list[Replica]:
+    """The target's configured replicas: those it lists, else the one engine at its vllm_url
+    (a kubernetes_service's are discovered instead: ``context.resolve_replicas``)."""
+    return [Replica(url) for url in target.replicas] or [Replica(target.vllm_url)]

@@ -1,0 +1,158 @@
+"""The vLLM metrics probe: the engine's own /metrics over a sampling window, read into the four
+numbers (TTFT, TPOT, goodput ratio, KV-cache fragmentation) and their context."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from pydantic import Field
+
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.engine_steps import STEP_READINGS, decode_bound, read_steps
+from bot.diagnosis.probes.types import Params, ProbeResult
+from bot.kernel.numbers.reading import Estimate
+
+
+class WindowParams(Params):
+    """A sampling window: how long, and how often to scrape inside it."""
+
+    window_s: float = Field(default=10.0, gt=0, le=600)
+    interval_s: float = Field(default=1.0, gt=0, le=60)
+
+
+VLLM_READINGS = {
+    "ttft_p99_ms": "time to first token, p99, engine histogram over the window",
+    "ttft_p50_ms": "time to first token, median",
+    "tpot_p99_ms": "time per output token, p99 (vLLM's per-request TPOT histogram)",
+    "itl_p99_ms": "gap between tokens, p99",
+    "e2e_p99_ms": "request latency end to end, p99",
+    "goodput_ratio": "of the output tokens of requests that ended in the window, the share of "
+    "the finished ones (not aborted); requests still running count as neither (estimate)",
+    "kv_fragmentation": "allocated KV slots holding no token (estimate from running requests "
+    "and used blocks; bounds in details)",
+    "kv_cache_usage": "peak share of KV-cache blocks in use",
+    "requests_running": "peak requests being decoded",
+    "requests_waiting": "peak requests queued",
+    "preemptions_per_s": "KV-cache preemptions per second",
+    "prefix_cache_hit_rate": "prefix-cache hits / queries",
+    "generation_tokens_per_s": "output tokens per second",
+    "requests_finished": "requests that finished in the window",
+    "aborted_share": "of the requests that had their first token in the window, the share "
+    "surely aborted after it (from counts: running at both ends, first tokens, finished, less "
+    "those queued at the end, which may be preempted)",
+    **STEP_READINGS,
+}
+
+
+def _spans(**estimates: Estimate | str) -> dict[str, tuple[float, float]]:
+    """The spans of the estimates that have one (their readings are the midpoints)."""
+    return {
+        key: (e.low, e.high)
+        for key, e in estimates.items()
+        if isinstance(e, Estimate)
+        and e.value is not None
+        and e.low is not None
+        and e.high is not None
+        and e.high > e.low
+    }
+
+
+def _bounds(estimate: Estimate) -> list[float] | None:
+    """[low, high] of an estimate, None when it is unknown."""
+    if estimate.low is None or estimate.high is None:
+        return None
+    return [estimate.low, estimate.high]
+
+
+def aborted_share(
+    aborted: float | None, first_tokens: int, waiting_at_end: float | None = None
+) -> float | None:
+    """Aborted requests over first tokens, at least: a request queued at the window's end may
+    be a preempted one (vLLM counts the preemption only when it resumes), not an aborted one,
+    so those are not counted. Unknown without the counts; a count at most 0 is none."""
+    if aborted is None or first_tokens <= 0:
+        return None
+    return max(aborted - (waiting_at_end or 0.0), 0.0) / first_tokens
+
+
+def fragmentation_details(fragmentation: Estimate | str) -> dict[str, object]:
+    """The bounds and basis of the KV fragmentation reading (its value is the midpoint)."""
+    if isinstance(fragmentation, str):
+        return {"kv_fragmentation_bounds": None, "kv_fragmentation_basis": fragmentation}
+    return {
+        "kv_fragmentation_bounds": [fragmentation.low, fragmentation.high],
+        "kv_fragmentation_basis": f"estimate: {fragmentation.basis}",
+    }
+
+
+class VllmMetricsProbe:
+    """The engine's own /metrics over a sampling window: the four numbers and their context."""
+
+    name: ClassVar[str] = "vllm_metrics"
+    params_model: ClassVar[type[Params]] = WindowParams
+
+    def readings(self, params: Params) -> Mapping[str, str]:
+        """Always the same readings."""
+        return VLLM_READINGS
+
+    async def run(self, *, target: TargetRef, params: Params, ctx: ProbeContext) -> ProbeResult:
+        """Sample the window and read it."""
+        assert isinstance(params, WindowParams)
+        fleet = await ctx.window(
+            target.target, seconds=params.window_s, interval_s=params.interval_s
+        )
+        window = fleet.window
+        engine = window.engine
+        fragmentation = window.kv_fragmentation()
+        readings = {
+            "ttft_p99_ms": engine.ttft_ms.p99,
+            "ttft_p50_ms": engine.ttft_ms.p50,
+            "tpot_p99_ms": window.tpot_ms.p99,
+            "itl_p99_ms": engine.itl_ms.p99,
+            "e2e_p99_ms": engine.e2e_ms.p99,
+            "goodput_ratio": engine.goodput_ratio,
+            "kv_fragmentation": None if isinstance(fragmentation, str) else fragmentation.value,
+            "kv_cache_usage": window.peak("kv_cache_usage"),
+            "requests_running": window.peak("requests_running"),
+            "requests_waiting": window.peak("requests_waiting"),
+            "preemptions_per_s": engine.preemptions_per_s,
+            "prefix_cache_hit_rate": engine.prefix_cache_hit_rate,
+            "generation_tokens_per_s": engine.generation_tokens_per_s,
+            "requests_finished": engine.requests_finished,
+            "aborted_share": aborted_share(
+                engine.aborted_requests, engine.ttft_ms.count, engine.requests_waiting
+            ),
+        }
+        decoders = decode_bound(window.pages[0], window.pages[-1])
+        steps = read_steps(window.pages, decode_bound=decoders)
+        readings.update(steps.readings)
+        details: dict[str, object] = {
+            "window_s": engine.duration_s,
+            "ttft_count": engine.ttft_ms.count,
+            "goodput_bounds": _bounds(engine.goodput),
+            "goodput_basis": engine.goodput.basis,
+            "aborted_requests": engine.aborted_requests,
+            **fragmentation_details(fragmentation),
+            **fleet.details(),  # each replica's own numbers, beside the merged ones
+        }
+        quantiles = {
+            "ttft_p99_ms": (engine.ttft_ms, "p99"),
+            "ttft_p50_ms": (engine.ttft_ms, "p50"),
+            "tpot_p99_ms": (window.tpot_ms, "p99"),
+            "itl_p99_ms": (engine.itl_ms, "p99"),
+            "e2e_p99_ms": (engine.e2e_ms, "p99"),
+        }
+        bounds = {
+            key: bound
+            for key, (histogram, q) in quantiles.items()
+            if (bound := histogram.bounds.get(q)) is not None
+        }
+        bounds.update(steps.bounds)
+        spans = {
+            **_spans(goodput_ratio=engine.goodput, kv_fragmentation=fragmentation),
+            **steps.spans,
+        }
+        return ProbeResult(
+            readings=readings, details=details, bounds=bounds, spans=spans, window=window
+        )

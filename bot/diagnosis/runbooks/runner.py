@@ -1,0 +1,120 @@
+"""Runs a runbook: its probes concurrently, then its finding rules over the readings.
+
+A probe that fails does not stop the others: a known error becomes a warning finding that
+reads as advice; an unknown one becomes a finding with a correlation id that is also logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.sampling import SampledWindow
+from bot.diagnosis.probes.types import Finding, ProbeResult, Severity
+from bot.diagnosis.runbooks.loader import LoadedRunbook
+from bot.diagnosis.runbooks.registry import ProbeRegistry
+from bot.kernel.errors import RuleloopError
+from bot.kernel.numbers.reading import Bound, Bounds, Reading, Spans, compare
+from bot.kernel.runtime.ids import new_error_id
+from bot.kernel.runtime.redact import redact
+
+log = logging.getLogger("ruleloop.runbooks")
+
+
+@dataclass
+class RunbookResult:
+    """Every reading as `probe.reading`, every finding (worst first), and probe details."""
+
+    runbook: str
+    readings: dict[str, float | None] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    details: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bounds: dict[str, Bound] = field(default_factory=dict)  # readings that are only bounds
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)  # estimates' spans
+    windows: dict[str, SampledWindow] = field(default_factory=dict)  # by probe, those read
+
+    def reading(self, name: str) -> float | None:
+        """One reading by its dotted name, None when absent or unmeasured."""
+        return self.readings.get(name)
+
+
+class RunbookRunner:
+    """Runs loaded runbooks with the probes of one registry."""
+
+    def __init__(self, *, registry: ProbeRegistry) -> None:
+        self._registry = registry
+
+    async def run(
+        self, loaded: LoadedRunbook, *, target: TargetRef, ctx: ProbeContext
+    ) -> RunbookResult:
+        """Run every probe, then apply the finding rules."""
+        steps = list(zip(loaded.runbook.probes, loaded.params, strict=True))
+        outcomes = await asyncio.gather(
+            *(
+                self._registry.get(step.probe).run(target=target, params=params, ctx=ctx)
+                for step, params in steps
+            ),
+            return_exceptions=True,
+        )
+        result = RunbookResult(runbook=loaded.name)
+        for (step, _), outcome in zip(steps, outcomes, strict=True):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, Exception):
+                raise outcome  # cancellation and the like are not probe failures
+            probe_result = (
+                outcome if isinstance(outcome, ProbeResult) else _failed(step.probe, outcome)
+            )
+            for name, value in probe_result.readings.items():
+                result.readings[f"{step.probe}.{name}"] = value
+            for name, bound in probe_result.bounds.items():
+                result.bounds[f"{step.probe}.{name}"] = bound
+            for name, span in probe_result.spans.items():
+                result.spans[f"{step.probe}.{name}"] = span
+            if probe_result.window is not None:
+                result.windows[step.probe] = probe_result.window
+            result.findings.extend(probe_result.findings)
+            if probe_result.details:
+                result.details[step.probe] = probe_result.details
+        result.findings.extend(evaluate(loaded, result.readings, result.bounds, result.spans))
+        result.findings.sort(key=lambda f: -f.severity)
+        return result
+
+
+def evaluate(
+    loaded: LoadedRunbook,
+    readings: dict[str, float | None],
+    bounds: Bounds | None = None,
+    spans: Spans | None = None,
+) -> list[Finding]:
+    """The findings whose rule holds for the readings (an unmeasured reading never holds, nor
+    does a bound or an estimate's span that does not decide the rule: '≤ 10 ms' is not over
+    5 ms, nor under it)."""
+    found = []
+    for rule in loaded.runbook.findings:
+        probe, reading, op, limit = rule.parts
+        value = readings.get(f"{probe}.{reading}")
+        bound = (bounds or {}).get(f"{probe}.{reading}")
+        span = (spans or {}).get(f"{probe}.{reading}")
+        if value is not None and compare(Reading(value, bound, span), op, Reading(limit)):
+            found.append(
+                Finding(
+                    severity=Severity.parse(rule.severity),
+                    message=rule.message.format(value=value, limit=limit),
+                    source=f"{loaded.name}: {rule.when.strip()}",
+                    value=value,
+                )
+            )
+    return found
+
+
+def _failed(probe: str, exc: BaseException) -> ProbeResult:
+    if isinstance(exc, RuleloopError):
+        return ProbeResult(
+            findings=[Finding(Severity.WARNING, redact(f"{probe} could not run: {exc}"), probe)]
+        )
+    error_id = new_error_id()
+    log.error("probe %s failed unexpectedly (id %s)", probe, error_id, exc_info=exc)
+    message = f"{probe} failed unexpectedly (id {error_id}; details in the bot's log)"
+    return ProbeResult(findings=[Finding(Severity.WARNING, message, probe)])

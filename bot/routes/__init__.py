@@ -1,2 +1,0 @@
-"""HTTP routing: the bot's endpoints (endpoints.py) and request bodies read with a ceiling
-(request_body.py); ``bot.server`` composes the bot around them."""
