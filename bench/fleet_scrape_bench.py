@@ -9,11 +9,10 @@ traffic finished) with each target a fleet: ``--replicas`` engines listed in its
 its own process (``process_start_time_seconds``). Every ``--every`` seconds of a controlled
 clock each target's job reads every replica's /metrics in rounds 5 s apart over ``--window``
 seconds (bot/diagnosis/probes/fleet_window.py: 8 scrapes at a time), merges them per engine
-process and
-compares the fleet's shape, per replica, with its ADR's (measured on one pod). Each replica
-serves the ADR's 4 req/s, so a fleet is alike; one target in ten switches every replica to a
-long-system-prompt workload for the middle third of the periods and drifts (the canary is
-scripted, as in the other bench).
+process and compares the fleet's shape, per replica, with its ADR's (measured on one pod). Each
+replica serves the ADR's 4 req/s, so a fleet is alike; one target in ten switches every replica to a
+long-system-prompt workload for the middle third of the periods and drifts (the canary is scripted,
+as in the other bench).
 
 Reported: the bot's CPU seconds over the periods (without the scripted engines'), so the cores
 it needs in real time; its memory after each period (flat is the goal); missed periods (a

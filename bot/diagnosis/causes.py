@@ -3,10 +3,9 @@
 Each hypothesis ends supported, ruled out, or cannot tell (naming the readings that were not
 measured). A reading that is only a bound or an estimate's span decides a condition only where
 the whole bound does (``bot.kernel.numbers.reading.compare``). One cause is judged in code, not
-YAML:
-``one_replica`` comes from the fleet verdict (bot/diagnosis/replicas.py), and only for a fleet;
-``prefix_cache_lost`` compares the live prefix-cache share with the one the rules in force were
-proven at (their ADRs' workload shapes), which a YAML condition cannot read.
+YAML: ``one_replica`` comes from the fleet verdict (bot/diagnosis/replicas.py), and only for a
+fleet; ``prefix_cache_lost`` compares the live prefix-cache share with the one the rules in force
+were proven at (their ADRs' workload shapes), which a YAML condition cannot read.
 """
 
 from __future__ import annotations

@@ -6,12 +6,11 @@ example file):
 
 - ``version``: the format's version, 1; a file of another version is refused, not guessed at.
 - ``source``: how it was captured: ``metrics <URL> over <N> s (<k> scrapes)`` for a capture
-  from an engine's /metrics (``bot/diagnosis/probes/workload_capture.py``), ``prometheus <URL>
-  <selector>
-  over <N> s to <time>`` for one from Prometheus's history
-  (``bot/diagnosis/probes/prometheus_capture.py``),
-  ``gateway <URL> over <N> s (<k> requests)`` for one from the gateway's request records
-  (``bot/diagnosis/probes/gateway_capture.py``), ``file`` for one a person wrote.
+  from an engine's /metrics (``bot/diagnosis/probes/workload_capture.py``),
+  ``prometheus <URL> <selector> over <N> s to <time>`` for one from Prometheus's history
+  (``bot/diagnosis/probes/prometheus_capture.py``), ``gateway <URL> over <N> s (<k> requests)``
+  for one from the gateway's request records (``bot/diagnosis/probes/gateway_capture.py``),
+  ``file`` for one a person wrote.
 - ``captured_at``: when (an ISO 8601 time with its time zone).
 - ``api``: ``completions``, ``chat`` or ``unknown``: which OpenAI-compatible API the requests
   used.
@@ -318,10 +317,9 @@ class Prefix(BaseModel):
     counters or nothing was queried (and from the gateway, which does not see the cache).
     ``groups``: shared-prefix groups, captured from the gateway's request records (requests
     whose prompts hash alike up to a level: the group's length is that level, a lower bound
-    within 2x; ``bot/diagnosis/probes/gateway_capture.py``) or declared by a person in a file. A
-    capture
-    from /metrics or Prometheus can only give the hit rate: the engine does not say which
-    requests shared which prefix, so such a shape has no groups."""
+    within 2x; ``bot/diagnosis/probes/gateway_capture.py``) or declared by a person in a file.
+    A capture from /metrics or Prometheus can only give the hit rate: the engine does not say
+    which requests shared which prefix, so such a shape has no groups."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -4,8 +4,7 @@ The rule first records the traffic it was kept under: the incident's load on the
 engine, its shape captured from the engine's own /metrics while the "after" numbers are read.
 Then a new agent workflow starts beside the chats, every request opening with the same long
 system prompt. The scheduler's workload-drift job (``bot.app.scheduler.workload_drift``) captures
-the
-live shape, finds it drifted from the rule's, re-runs the rule's gates with the canary replaying
+the live shape, finds it drifted from the rule's, re-runs the rule's gates with the canary replaying
 the live shape, and posts the thread; the last screen shows both shapes and the verdict.
 
 The drift is there by construction, on a machine of any speed: the incident's long prompts are

@@ -21,10 +21,9 @@ restart (its counters fall) that the pages cannot tell apart. Scraping is ``bot/
 
 A target of several replicas is read as the diagnosis window reads it (``capture_fleet``,
 ``bot/diagnosis/probes/fleet_window.py``): every replica scraped in the same rounds, deltas taken
-within
-each engine process and summed; a replica that restarted or stopped answering is named in the
-shape's source, never read as zero. Such a shape's rate is the fleet's (``arrivals.per``
-``fleet``, over ``arrivals.replicas``); one engine's is per replica.
+within each engine process and summed; a replica that restarted or stopped answering is named in the
+shape's source, never read as zero. Such a shape's rate is the fleet's (``arrivals.per`` ``fleet``,
+over ``arrivals.replicas``); one engine's is per replica.
 
 One builder for every source: pages become a ``Window`` (the counts' growth over the window),
 and ``shape_from_window`` makes the shape of it. Prometheus's history

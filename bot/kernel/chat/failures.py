@@ -1,10 +1,9 @@
 """A failed delivery, as the outbox's retry rule reads it.
 
 The notifier decides at its boundary (``bot/surfaces/slack/failures.py``) whether trying again can
-help
-and raises ``DeliveryFailed`` with that verdict; the outbox only reads it. Any other error is
-permanent: our own advice (a RuleloopError) as it says, anything else as an unexpected error
-with an id to find it in the log.
+help and raises ``DeliveryFailed`` with that verdict; the outbox only reads it. Any other error is
+permanent: our own advice (a RuleloopError) as it says, anything else as an unexpected error with an
+id to find it in the log.
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ ADR's matrix keep it, and whether a normal can be taken of it.
 
 Every table of "the four numbers" elsewhere (gates, labels, match readings, matrix columns) is
 derived from ``METRICS``; adding a number means adding a record here. A record's unit is its
-formatter: ``bot.kernel.numbers.text`` writes every number by it (``show``, ``compact``), and so
-this
-module imports nothing.
+formatter: ``bot.kernel.numbers.text`` writes every number by it (``show``, ``compact``), and
+so this module imports nothing.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The database: engine, transactions, schema migrations, and the audit log's append-only guard.
 
 The schema is Alembic's (``bot/kernel/store/migrations``): ``create_schema`` upgrades any database
-to
-the newest revision, an empty one included. On PostgreSQL the upgrade holds an advisory lock, so
+to the newest revision, an empty one included. On PostgreSQL the upgrade holds an advisory lock, so
 replicas starting at once migrate one after the other (the later ones find nothing to do).
 
 The audit log is append-only twice over: the ORM refuses to flush an update or delete of an

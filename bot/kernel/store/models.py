@@ -138,16 +138,14 @@ class AuditEntry(Base):
 
 
 # A change in one of the HOLDS states (bot.kernel.store.states) holds its target: no second change
-# of
-# any kind may be pending or running there (the partial unique index below is what two racing
+# of any kind may be pending or running there (the partial unique index below is what two racing
 # requests run into, whatever their kinds).
 _HOLDS_SQL = "state IN (" + ", ".join(f"'{state}'" for state in HOLDS) + ")"
 
 
 class Change(Base):
     """One change to a target, of any kind (``kind``: bot.kernel.store.states.ChangeKind), and
-    where it
-    stands; the audit log holds each step's history.
+    where it stands; the audit log holds each step's history.
 
     ``before`` is what served before the change (the actuator's record, enough to restore it
     exactly). ``runner`` is the run that works on it and ``heartbeat_at`` when that run last
