@@ -148,7 +148,8 @@ def _run(ttfts_ms: list[float], gates: Gates) -> CanaryReport:
 
 def test_every_p99_gate_says_how_sure_it_is_beside_its_verdict() -> None:
     """The report's gate lines and the CLI's table: met with 1,000 requests far under the
-    limit, missed far over it, inconclusive with four (whatever their point p99 says)."""
+    limit, missed far over it, inconclusive with four (whatever their point p99 says), and the
+    gate passes only when met."""
     rng = np.random.default_rng(RNG_SEED)
     many = lognormal(rng, 1000)  # p99 about 85 ms
     for limit, said in ((200.0, "met"), (50.0, "missed")):
@@ -160,7 +161,11 @@ def test_every_p99_gate_says_how_sure_it_is_beside_its_verdict() -> None:
         assert "at 99% (n=1000)" in ttft.statistics
         assert f"statistics: {ttft.statistics}" in summary_table(report)
     four = _run(many[:4], Gates(max_ttft_p99_ms=200.0))
-    assert four.passed  # the point verdict still decides (the interval is watched beside it)
+    # the point p99 is under the limit, but four requests cannot show it: the gate fails
+    assert not four.passed and four.gates[0].decided == "inconclusive"
+    assert four.gates[0].reason.startswith("TTFT p99 ") and ", but (not decided at 99%" in (
+        four.gates[0].reason
+    )
     low = sorted(many[:4])[2]  # the third of four: the p99 is above it, how far is unknown
     assert four.gates[0].statistics == (
         f"inconclusive: p99 in [{low:.1f}, ∞) at 99% (n=4) straddles 200: not decided; "

@@ -231,7 +231,7 @@ def test_a_relative_gate_must_be_resolved_before_a_canary_checks_it() -> None:
 
 # --- every consumer reads the same verdict -------------------------------------------------
 STORED = {
-    "passing": [ok(0.05)] * 40,
+    "passing": [ok(0.05)] * 600,  # a p99 is decided on 528 requests or more
     "slow": [ok(0.05)] * 30 + [ok(0.9)] * 10,
     "mostly 429": [ok(0.05)] + [failed() for _ in range(39)],
     "a few timeouts": [ok(0.05)] * 38 + [failed("timeout")] * 2,

@@ -12,7 +12,7 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
 
 import aiohttp
@@ -117,12 +117,12 @@ class CanaryRun:
         progress_interval_s: float = 1.0,
         replicas: Sequence[str] = (),
     ) -> None:
-        self.workload = workload
-        self.replicas = list(replicas)  # engines behind the endpoint, read merged (--replica)
         self.gates = gates or Gates()
+        self.warnings: list[str] = []
+        self.workload = self._sized(workload)
+        self.replicas = list(replicas)  # engines behind the endpoint, read merged (--replica)
         self.metrics_url = metrics_url
         self.discover_metrics = discover_metrics and metrics_url is None
-        self.warnings: list[str] = []
         self.sample_interval_s = sample_interval_s
         self._on_progress = on_progress
         self._progress_interval_s = progress_interval_s
@@ -141,6 +141,19 @@ class CanaryRun:
         self.replay: ShapeReplay | None = None  # the measured requests of a --workload replay
         self._warmup_replay: ShapeReplay | None = None  # its warmup: same prefixes, own draws
         self._first_token = asyncio.Event()  # a measured stream got its first token
+
+    def _sized(self, workload: Workload) -> Workload:
+        """The workload with at least as many requests as its gates can be decided on
+        (``Gates.requests_needed``: a p99 against a limit needs 528 at 99 %); a run bounded by
+        time only is left as it is, and its verdict says when it was too short to decide."""
+        needed = self.gates.requests_needed()
+        if workload.num_requests is None or workload.num_requests >= needed:
+            return workload
+        self.warnings.append(
+            f"sized {workload.num_requests} -> {needed} requests: the gates cannot be decided at"
+            f" {self.gates.confidence:.0%} on fewer"
+        )
+        return replace(workload, num_requests=needed)
 
     async def run(self) -> CanaryMeasurement:
         """Preflight, load, scrape; raise EndpointError when the endpoint cannot be used."""

@@ -122,8 +122,8 @@ class ErrorCount(_Part):
 class GateLine(_Part):
     """One gate of the verdict: its limit, the measured value (null: unbounded or not
     measured; the reason says which), whether it passed, why, and what it read.
-    ``statistics``: a p99 gate decided on its interval instead of the point p99 (met, missed
-    or inconclusive, with n and the confidence); watched, not yet what passes or fails."""
+    ``statistics``: a per-request gate (TTFT, TPOT p99) decided on its statistics: met,
+    missed or inconclusive, with n and the confidence; ``passed`` follows it."""
 
     name: str
     limit: float
@@ -134,6 +134,9 @@ class GateLine(_Part):
     statistics: str | None = None
     decided: str | None = None  # statistics' word: met | missed | inconclusive
     sample: int | None = None  # the requests it read
+    sample_before: int | None = None  # 'Nx before': the before-run's requests it read
+    p_value: float | None = None  # 'Nx before': of the one-sided U test behind the word
+    interval: list[float | None] | None = None  # a limit: the p99's interval (null: unbounded)
 
 
 class Samples(_Part):

@@ -143,6 +143,15 @@ def min_requests(q: float, confidence: float = 0.95) -> int:
     return max(math.ceil(math.log(tail) / math.log(q)), math.ceil(math.log(tail) / math.log(1 - q)))
 
 
+def min_pairs(confidence: float = DEFAULT_CONFIDENCE) -> int:
+    """The fewest requests per side whose one-sided U test can be significant at
+    ``confidence`` at all (every after-run value below every before-run value): 5 at 99 %."""
+    n = 1
+    while u_test_values(range(n + 1, 2 * n + 1), range(1, n + 1)).p_value >= 1 - confidence:
+        n += 1
+    return n
+
+
 @dataclass(frozen=True)
 class Judgement:
     """One gate decided: met, missed or inconclusive, the evidence and the words for it."""

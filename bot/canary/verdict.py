@@ -32,12 +32,20 @@ Which numbers a gate reads (``values_of``), said again in every gate result's ``
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from bot.canary.schema import CanaryReport, GateLine, Samples
-from bot.canary.stats import DEFAULT_CONFIDENCE, Judgement, judge_limit, min_requests
+from bot.canary.stats import (
+    DEFAULT_CONFIDENCE,
+    Judgement,
+    Outcome,
+    judge_limit,
+    judge_ratio,
+    min_pairs,
+    min_requests,
+)
 from bot.kernel.errors import UsageError
 from bot.kernel.numbers import catalogue
 from bot.kernel.numbers.text import compact
@@ -71,10 +79,26 @@ class Gates:
     max_kv_fragmentation: float | None = None
     max_itl_p99_ms: float | None = None
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+    # 'Nx before' gates: gate name -> N, judged two-sample against ``before``'s per-request
+    # values (the before-run of the same canary); the limit above is N x its point p99, shown
+    ratios: tuple[tuple[str, float], ...] = ()
+    before: Samples | None = field(default=None, compare=False)
+    confidence: float = DEFAULT_CONFIDENCE
 
     def slo(self) -> tuple[float | None, float | None]:
         """The per-request TTFT and TPOT limits (ms) that SLO attainment counts against."""
         return self.max_ttft_p99_ms, self.max_tpot_p99_ms
+
+    def requests_needed(self) -> int:
+        """The fewest requests on which every per-request gate can be decided at
+        ``confidence``: a p99 against a limit needs its interval bounded on both sides (528 at
+        99 %); 'Nx before' needs the fewest per side whose U test can be significant."""
+        ratio = {n for n, _ in self.ratios if n in SAMPLED}
+        limits = [n for n in SAMPLED if getattr(self, n) is not None and n not in ratio]
+        need = [min_requests(0.99, self.confidence)] if limits else []
+        if ratio:
+            need.append(min_pairs(self.confidence))
+        return max(need, default=0)
 
 
 @dataclass(frozen=True)
@@ -114,6 +138,8 @@ class GateResult:
     passed: bool
     reason: str
     source: str
+    decided: Outcome | None = None  # per-request statistics: met | missed | inconclusive
+    judgement: Judgement | None = field(default=None, compare=False)
 
     def shown(self) -> str:
         """The measured side in words: 'TTFT p99 412ms', 'TTFT p99 ∞', '... not measured'."""
@@ -160,6 +186,12 @@ class Verdict:
     def failures(self) -> list[str]:
         """Each failed gate in words ('TPOT p99 41.2ms > 35ms'); empty when all passed."""
         return [r.reason for r in self.failed]
+
+    @property
+    def inconclusive(self) -> list[GateResult]:
+        """The gates the run could not decide either way (they fail: a change is kept only on
+        evidence)."""
+        return [r for r in self.results if r.decided == "inconclusive"]
 
 
 def _writer(unit: str) -> Callable[[float], str]:
@@ -237,7 +269,7 @@ def not_measured(values: Values) -> GateResult | None:
 
 def judge(report: CanaryReport, gates: Gates) -> Verdict:
     """The verdict on a canary report (as `latency_checker --output-json` writes it)."""
-    return judge_values(values_of(report), gates)
+    return judged(report, gates).verdict
 
 
 @dataclass(frozen=True)
@@ -262,11 +294,13 @@ class Judged:
 
 def judged(report: CanaryReport | dict[str, Any], gates: Gates) -> Judged:
     """Read ``report``'s numbers (stored JSON is parsed here, once) and judge them by
-    ``gates``, once."""
+    ``gates``, once: each gate on its number, then each per-request gate on its statistics."""
     parsed = CanaryReport.of(report)
     values = values_of(parsed)
-    verdict = judge_values(values, gates)
-    lines = [_line(r, _statistics(r, parsed.samples)) for r in verdict.results]
+    verdict = Verdict(
+        tuple(decided(r, parsed.samples, gates) for r in judge_values(values, gates).results)
+    )
+    lines = [_line(r) for r in verdict.results]
     return Judged(
         parsed.model_copy(update={"passed": verdict.passed, "gates": lines}), values, verdict
     )
@@ -275,39 +309,63 @@ def judged(report: CanaryReport | dict[str, Any], gates: Gates) -> Judged:
 SAMPLED = {"max_ttft_p99_ms": "ttft_ms", "max_tpot_p99_ms": "tpot_ms"}  # gate -> its values
 
 
-def _statistics(result: GateResult, samples: Samples) -> Judgement | None:
-    """A p99 gate decided on its interval (``bot.canary.stats.judge_limit``): said beside the
-    point verdict, with n and the confidence; None without per-request values."""
+def decided(result: GateResult, samples: Samples, gates: Gates) -> GateResult:
+    """A per-request gate (TTFT, TPOT p99) decided by its statistics (``bot.canary.stats``),
+    the point verdict kept in its words: against a limit, met only when the p99's interval lies
+    under it; 'Nx before', met only when the run is significantly below N times the before-run
+    (one-sided U test on per-request values). Inconclusive fails: a change is kept on evidence.
+    A gate without per-request values (a report kept before they were) keeps its point."""
     key = SAMPLED.get(result.name)
-    values = samples.values(key) if key else []
-    if not values:
-        return None
-    return judge_limit(values, 0.99, result.limit, confidence=DEFAULT_CONFIDENCE)
+    after = samples.values(key) if key else []
+    if key is None or not after:
+        return result
+    ratio = dict(gates.ratios).get(result.name)
+    before = gates.before.values(key) if gates.before is not None else []
+    if ratio is not None and before:
+        judgement = judge_ratio(before, after, ratio, confidence=gates.confidence)
+    else:
+        judgement = judge_limit(after, 0.99, result.limit, confidence=gates.confidence)
+    word = {"met": "met", "missed": "missed", "inconclusive": "not decided"}[judgement.outcome]
+    point = result.reason
+    if judgement.outcome == "inconclusive" and result.passed:
+        point = point + ", but"
+    reason = f"{point} ({word} at {gates.confidence:.0%}: {judgement.why})"
+    return replace(
+        result, passed=judgement.outcome == "met", reason=reason,
+        decided=judgement.outcome, judgement=judgement,
+    )  # fmt: skip
 
 
-def _line(result: GateResult, decided: Judgement | None) -> GateLine:
+def _line(result: GateResult) -> GateLine:
     """A gate's line in the report, with its statistics when it has them."""
-    if decided is None:
+    j = result.judgement
+    if j is None:
         return GateLine(**result.as_dict())
+    interval = j.interval
     return GateLine(
-        **result.as_dict(), statistics=f"{decided.outcome}: {decided.why}",
-        decided=decided.outcome, sample=decided.n,
+        **result.as_dict(), statistics=f"{j.outcome}: {j.why}", decided=j.outcome,
+        sample=j.n, sample_before=j.n_before, p_value=j.p_value,
+        interval=None if interval is None else [interval.low, interval.high],
     )  # fmt: skip
 
 
 def how_sure(report: CanaryReport) -> list[str]:
-    """The p99 gates decided on their intervals, short enough for a card on a phone:
-    'TPOT p99: not decided at 99 % (n=4; a p99 needs 528)'."""
+    """Each per-request gate as decided, short enough for a card on a phone:
+    'TPOT p99: met at 99 % (p=0.0002; n=8, 8 before)', 'TTFT p99: not decided at 99 % (n=12;
+    a p99 needs 528)'."""
     need = min_requests(0.99, DEFAULT_CONFIDENCE)
     out = []
     for gate in report.gates:
         if gate.decided is None:
             continue
         word = "not decided" if gate.decided == "inconclusive" else gate.decided
-        more = f"; a p99 needs {need}" if gate.decided == "inconclusive" else ""
-        out.append(
-            f"{RULES[gate.name][0]}: {word} at {DEFAULT_CONFIDENCE:.0%} (n={gate.sample}{more})"
-        )
+        said = [f"p={gate.p_value:.2g}"] if gate.p_value is not None else []
+        before = gate.sample_before
+        said.append(f"n={gate.sample}" + ("" if before is None else f", {before} before"))
+        if gate.decided == "inconclusive" and before is None and (gate.sample or 0) < need:
+            said.append(f"a p99 needs {need}")
+        sure = f"{word} at {DEFAULT_CONFIDENCE:.0%}"
+        out.append(f"{RULES[gate.name][0]}: {sure} ({'; '.join(said)})")
     return out
 
 
@@ -342,13 +400,24 @@ def values_of(report: CanaryReport) -> Values:
     )
 
 
-def gates_from(limits: object, *, numbers_only: bool = False) -> Gates:
+def gates_from(
+    limits: object,
+    *,
+    numbers_only: bool = False,
+    ratios: Mapping[str, float] | None = None,
+    before: Samples | None = None,
+) -> Gates:
     """Canary Gates from any object with the gate attributes (an ADR's resolved gates).
 
     A limit that is not a number (a gate relative to normal, not resolved) is an error, or is
     left out with ``numbers_only`` (where no normal is at hand, e.g. re-reading old runs).
+    ``ratios`` ('Nx before' gates: name -> N) are judged two-sample against ``before``, the
+    before-run's per-request values; without ``before`` they only size the run.
     """
-    kwargs = {f.name: getattr(limits, f.name) for f in fields(Gates) if hasattr(limits, f.name)}
+    kwargs: dict[str, Any] = {
+        f.name: getattr(limits, f.name) for f in fields(Gates)
+        if f.name in GATES and hasattr(limits, f.name)
+    }  # fmt: skip
     if kwargs.get("max_error_rate") is None:
         kwargs.pop("max_error_rate", None)
     for name, value in list(kwargs.items()):
@@ -360,7 +429,7 @@ def gates_from(limits: object, *, numbers_only: bool = False) -> Gates:
                 f"gate {name} is {value!r}, not a number; a gate relative to the target's normal"
                 " must be resolved against measured numbers before a canary can check it"
             )
-    return Gates(**kwargs)
+    return Gates(**kwargs, ratios=tuple(sorted((ratios or {}).items())), before=before)
 
 
 def percentile(sorted_values: Sequence[float], pct: float) -> float:

@@ -146,6 +146,7 @@ class Card:
             failures=list(rem.result.get("failures", [])),
             silence=silence_line(rem.silence),
             how_sure=[str(line) for line in rem.result.get("how_sure", [])],
+            watched=[str(line) for line in rem.result.get("watched", [])],
         )
 
 

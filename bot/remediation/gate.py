@@ -8,18 +8,20 @@ thread says and what the drafted ADR says agree.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from bot.adr.models import AdrGates
 from bot.adr.workload.shape import WorkloadShape
 from bot.canary.measure import measure_async
 from bot.canary.runner import Progress
+from bot.canary.schema import Samples
 from bot.canary.verdict import Judged, gates_from
 from bot.canary.workload import Workload
 from bot.kernel.config import CanarySpec
 
 GateRun = Judged  # a finished gate canary: its report, the numbers read, the verdict
-GateRunner = Callable[..., Awaitable[GateRun]]  # (base_url, spec, gates, *, shape=None)
+# (base_url, spec, gates, *, shape=None, ratios=None, before=None)
+GateRunner = Callable[..., Awaitable[GateRun]]
 
 
 def workloads(
@@ -76,13 +78,16 @@ async def run_gate(
     *,
     shape: WorkloadShape | None = None,
     on_progress: Callable[[Progress], None] | None = None,
+    ratios: Mapping[str, float] | None = None,
+    before: Samples | None = None,
 ) -> GateRun:
     """Run the canary against ``base_url`` (replaying ``shape`` when given) and judge it by
-    ``gates``."""
+    ``gates``; 'Nx before' ones (``ratios``: gate -> N) two-sample against ``before``, the
+    before-run's per-request values (without them, ``ratios`` only size the run)."""
     canary, background = workloads(base_url, spec, shape)
     return await measure_async(
         canary,
-        gates=gates_from(gates),
+        gates=gates_from(gates, ratios=ratios, before=before),
         metrics_url=f"{base_url}/metrics",
         background=background,
         sample_interval_s=0.5,

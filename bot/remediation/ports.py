@@ -53,7 +53,8 @@ class RemediationView:
     failures: list[str] = field(default_factory=list)
     relative_gates: dict[str, str] = field(default_factory=dict)  # gate -> '0.5x before'
     silence: str = ""  # the change's Alertmanager silence, in words ("": none configured)
-    how_sure: list[str] = field(default_factory=list)  # the p99 gates on their intervals
+    how_sure: list[str] = field(default_factory=list)  # the p99 gates on their statistics
+    watched: list[str] = field(default_factory=list)  # ungated numbers the change made worse
 
 
 class RemediationNotifier(DraftNotifier, Protocol):

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from bot.adr.models import Adr, AdrGates, GatewayRules
 from bot.adr.relative import BEFORE, NORMAL, unlike_gate
+from bot.canary.guardrails import Watch, watch
 from bot.canary.limits import judged_limits
+from bot.canary.schema import CanaryReport, Samples
 from bot.canary.verdict import how_sure
 from bot.change.actuators.base import Actuator, ActuatorError, Deployed, TakesContext
 from bot.change.argv import flags_text
 from bot.change.serving import verify_serving
 from bot.kernel.config import Settings, Target
 from bot.kernel.errors import RuleloopError, UsageError
+from bot.kernel.numbers import catalogue
 from bot.kernel.runtime.ids import new_error_id
 from bot.kernel.runtime.redact import redact
 from bot.kernel.store.models import Remediation
@@ -48,6 +52,17 @@ class Judging:
 
     gates: AdrGates
     before: Numbers | None
+    ratios: dict[str, float] = field(default_factory=dict)  # 'Nx before' gates: name -> N
+    before_report: CanaryReport | None = None  # the before-run, per-request values and all
+
+    @property
+    def before_samples(self) -> Samples | None:
+        """The before-run's per-request values ('Nx before' gates are judged on them)."""
+        return None if self.before_report is None else self.before_report.samples
+
+    def gated(self) -> set[str]:
+        """The catalogue numbers a gate judges (the guardrails watch the others)."""
+        return {m.key for m in catalogue.METRICS if getattr(self.gates, m.gate) is not None}
 
     @property
     def limits(self) -> dict[str, float]:
@@ -112,21 +127,24 @@ class ChangeRun:
         try:
             like_for_like(adr.id, adr.gates)
             absolute = adr.gates.resolve({}, strict=False)
-            was = None
-            if self.spec.canary.baseline or adr.gates.relative(BEFORE):
-                measured = await self._baseline(adr, absolute)
-                was = None if measured is None else measured.values.numbers()
-            needs_before = bool(adr.gates.relative(BEFORE))
-            gates = adr.gates.resolve({}, before=was) if needs_before else absolute
+            ratios = {key: r.factor for key, r in adr.gates.relative(BEFORE).items()}
+            was, report = None, None
+            if self.spec.canary.baseline or ratios:
+                measured = await self._baseline(adr, absolute, ratios)
+                if measured is not None:
+                    was, report = measured.values.numbers(), measured.report
+            gates = adr.gates.resolve({}, before=was) if ratios else absolute
         except UsageError as exc:
             await self._step(
                 S.CANCELLED, "remediation.cancelled", {"reason": str(exc)},
                 note=f"nothing was changed: {exc}", expect=[S.APPROVED],
             )  # fmt: skip
             return None
-        return Judging(gates=gates, before=was)
+        return Judging(gates=gates, before=was, ratios=ratios, before_report=report)
 
-    async def _baseline(self, adr: Adr, absolute: AdrGates) -> GateRun | None:
+    async def _baseline(
+        self, adr: Adr, absolute: AdrGates, ratios: dict[str, float]
+    ) -> GateRun | None:
         """The same canary on the flags serving now: the matrix's "before" row, and what
         'Nx before' gates multiply, judged by the absolute gates only. None when it could not
         run (gates that need it then say so when they are resolved)."""
@@ -136,8 +154,9 @@ class ChangeRun:
         )  # fmt: skip
         try:
             result = await self._gate(
-                self.before.base_url, self.spec.canary, absolute, shape=adr.workload
-            )
+                self.before.base_url, self.spec.canary, absolute, shape=adr.workload,
+                ratios=ratios,
+            )  # fmt: skip
         except RuleloopError as exc:
             log.warning("baseline canary of remediation %s failed: %s", self.rem.id, exc)
             return None
@@ -183,7 +202,10 @@ class ChangeRun:
         try:
             # An ADR that records the workload it was measured under is judged under it again,
             # before and after the change alike; otherwise the target's canary load.
-            result = await self._gate(deployed.base_url, canary, judging.gates, shape=adr.workload)
+            result = await self._gate(
+                deployed.base_url, canary, judging.gates, shape=adr.workload,
+                ratios=judging.ratios, before=judging.before_samples,
+            )  # fmt: skip
         except RuleloopError as exc:
             reason = f"the canary could not run: {exc}"
             await self.roll_back(reason=reason, expect=[S.CANARY])
@@ -196,18 +218,38 @@ class ChangeRun:
                 expect=[S.CANARY], judged=result,
             )  # fmt: skip
             return None
+        watched = self._watched(result, judging)
+        regressed = [w.text() for w in watched if w.regressed]
+        if regressed and canary.guardrails == "block":
+            await self.roll_back(
+                reason="a guardrail blocked it: " + "; ".join(regressed),
+                expect=[S.CANARY], judged=result, watched=watched,
+            )  # fmt: skip
+            return None
         return result
+
+    def _watched(self, result: GateRun, judging: Judging) -> list[Watch]:
+        """What the change did to the numbers no gate names (none without a before-run)."""
+        if judging.before_report is None:
+            return []
+        return watch(
+            judging.before_report, result.report, gated=judging.gated(),
+            band=self.spec.canary.guardrail_band,
+        )  # fmt: skip
 
     async def _keep(self, result: GateRun, judging: Judging) -> None:
         """The canary met the gates: roll the change out beyond the canary stage."""
         numbers = result.values.numbers()
+        watched = self._watched(result, judging)
         await self._step(
             S.PROMOTING, "remediation.canary_passed", {"numbers": numbers},
             note="canary passed; rolling out…",
             result={"numbers": numbers, "failures": [], "gates": judging.limits,
                     "before_numbers": judging.before or {},
                     "workload_shape": result.report.shape_json(),
-                    "how_sure": how_sure(result.report)},
+                    "how_sure": how_sure(result.report),
+                    "watched": [w.text() for w in watched if w.worse],
+                    "held": [w.text() for w in watched if not w.worse]},
             expect=[S.CANARY],
         )  # fmt: skip
         try:
@@ -215,18 +257,25 @@ class ChangeRun:
         except ActuatorError as exc:
             await self.roll_back(reason=f"the rollout failed: {exc}", expect=[S.PROMOTING])
             return
+        worse = [w.text() for w in watched if w.regressed]
+        but = ("; but worse beyond noise, ungated: " + "; ".join(worse)) if worse else ""
         await self._step(
             S.PROMOTED, "remediation.promoted", {"numbers": numbers, "flags": self.flags},
-            note="kept: the canary met every gate", expect=[S.PROMOTING],
+            note=f"kept: the canary met every gate{but}", expect=[S.PROMOTING],
         )  # fmt: skip
 
     async def roll_back(
-        self, *, reason: str, expect: list[ChangeState], judged: GateRun | None = None
+        self,
+        *,
+        reason: str,
+        expect: list[ChangeState],
+        judged: GateRun | None = None,
+        watched: Sequence[Watch] = (),
     ) -> None:
         """Back to the recorded flags, from state ``expect``; ``judged`` is the canary that
         failed the gates, if one did (its numbers and workload stay on the record)."""
         current = self._latest or await self._records.get(self.rem.id)
-        result = _rollback_result(current.result, reason, judged)
+        result = _rollback_result(current.result, reason, judged, watched)
         await self._step(
             S.ROLLING_BACK, "remediation.rolling_back", {"reason": reason},
             note=f"{reason}; rolling back…", result=result, expect=expect,
@@ -334,7 +383,9 @@ def like_for_like(adr_id: str, gates: AdrGates) -> None:
         raise UsageError(f"{adr_id}'s gates cannot be checked like for like: " + "; ".join(unlike))
 
 
-def _rollback_result(kept: dict[str, Any], reason: str, judged: GateRun | None) -> dict[str, Any]:
+def _rollback_result(
+    kept: dict[str, Any], reason: str, judged: GateRun | None, watched: Sequence[Watch] = ()
+) -> dict[str, Any]:
     """The record's result for a rollback: why, the failed canary's numbers, and what the
     change was judged by (the resolved limits and the judging canary's workload stay)."""
     numbers = judged.values.numbers() if judged is not None else {}
@@ -342,6 +393,8 @@ def _rollback_result(kept: dict[str, Any], reason: str, judged: GateRun | None) 
     result = {"numbers": numbers, "failures": failures, "reason": reason}
     if judged is not None:
         result["how_sure"] = how_sure(judged.report)
+    if watched:
+        result["watched"] = [w.text() for w in watched if w.worse]
     for key in ("gates", "before_numbers", "workload_shape"):
         if key in kept:
             result[key] = kept[key]

@@ -29,6 +29,8 @@ class Result:
     draft: Path
     drift: DriftShown | None = None  # the second act (None: the fix was not kept)
     notes: Sequence[str] = field(default_factory=tuple)
+    how_sure: Sequence[str] = field(default_factory=tuple)  # each per-request gate's statistics
+    watched: Sequence[str] = field(default_factory=tuple)  # ungated numbers, before vs after
 
 
 def render(result: Result) -> str:
@@ -61,6 +63,13 @@ def render(result: Result) -> str:
         f"matched {result.adr_id}: " + "; ".join(result.matched),
         f"canary verdict: {verdict}",
         *(f"  {gate}" for gate in result.gates),
+        *(f"  how sure: {line}" for line in result.how_sure),
+        *(
+            ["watched, not gated (the same canary before and after the fix):"]
+            if result.watched
+            else []
+        ),
+        *(f"  {line}" for line in result.watched),
         "",
         f"chart: {result.chart if result.chart is not None else 'none drawn'}",
         f"draft: {result.draft}",

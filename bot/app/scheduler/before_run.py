@@ -19,11 +19,13 @@ bot's resume restores (``bot.tune.on_target.SessionRestorer``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bot.adr.models import AdrGates
 from bot.adr.relative import Normal
 from bot.adr.workload.shape import WorkloadShape
+from bot.canary.schema import Samples
 from bot.change.actuators import ActuatorFactory, opened
 from bot.change.actuators.base import Actuator, Deployed
 from bot.change.argv import flags_text
@@ -51,6 +53,7 @@ class BeforeRun:
     why: str = ""  # when ``numbers`` is None
     base_url: str = ""  # where it measured: the after-run measures the same engine
     stage: str = "the target"  # 'the canary stage' where the actuator has one
+    samples: Samples | None = None  # its per-request values: what 'Nx before' is judged on
 
     @property
     def ran(self) -> bool:
@@ -75,9 +78,16 @@ class BeforeRuns:
         self._actuator_for, self._records, self._gate = actuator_for, records, gate
         self._heartbeat_s = heartbeat_s
 
-    async def measure(self, adr_id: str, replaced: Deployed, live: WorkloadShape) -> BeforeRun:
+    async def measure(
+        self,
+        adr_id: str,
+        replaced: Deployed,
+        live: WorkloadShape,
+        ratios: Mapping[str, float] | None = None,
+    ) -> BeforeRun:
         """``replaced`` (what served before ``adr_id``'s change) on the canary stage, measured
         by the canary replaying ``live``; the target serves what it served before this returns.
+        ``ratios`` (the ADR's 'Nx before' gates) size the run for their two-sample test.
         A refused or failed run is a ``BeforeRun`` saying why; a failed restore raises
         (``RestoreFailed``: the rollback-failed alert counts it)."""
         flags = flags_text(replaced.flags)
@@ -89,7 +99,7 @@ class BeforeRuns:
                 if not actuator.changes_flags:  # the 'before' would be the fix
                     return BeforeRun(None, flags, "the dry-run actuator changes no flags")
                 serving = await actuator.current()
-                return await self._held(actuator, adr_id, serving, replaced, live)
+                return await self._held(actuator, adr_id, serving, replaced, live, ratios or {})
         except RestoreFailed:
             raise  # the target may serve the replaced flags: the period fails, the alert counts it
         except RuleloopError as exc:  # no actuator, or it cannot say what serves
@@ -102,6 +112,7 @@ class BeforeRuns:
         serving: Deployed,
         replaced: Deployed,
         live: WorkloadShape,
+        ratios: Mapping[str, float],
     ) -> BeforeRun:
         """The before-run, held like a tuning session; ``serving`` is restored at its end."""
         # what the change replaced, in words: the flags that differ from what serves now
@@ -126,7 +137,7 @@ class BeforeRuns:
                 self._beat(session.id, runner), every_s=self._heartbeat_s,
                 name=f"drift before-run {session.id}",
             ):  # fmt: skip
-                numbers, stage = await self._run(actuator, replaced, live)
+                numbers, samples, stage = await self._run(actuator, replaced, live, ratios)
         except RuleloopError as exc:
             reason = f"the before-run failed: {exc}"
             log.warning("%s: before-run of %s failed: %s", self._name, adr_id, exc)
@@ -135,16 +146,25 @@ class BeforeRuns:
             await finish(self._records, session.id, actuator, serving, runner=runner,
                          reason=reason, echo=log.info, rolled_back=False)  # fmt: skip
         where = "the canary stage" if stage != self._target.vllm_url else "the target"
-        return BeforeRun(numbers, flags, base_url=stage, stage=where)
+        return BeforeRun(numbers, flags, base_url=stage, stage=where, samples=samples)
 
     async def _run(
-        self, actuator: Actuator, replaced: Deployed, live: WorkloadShape
-    ) -> tuple[Normal, str]:
-        """The before's numbers, and the URL they were measured at (the canary stage's)."""
+        self,
+        actuator: Actuator,
+        replaced: Deployed,
+        live: WorkloadShape,
+        ratios: Mapping[str, float],
+    ) -> tuple[Normal, Samples, str]:
+        """The before's numbers and per-request values, and the URL they were measured at (the
+        canary stage's)."""
         deployed = await actuator.apply(replaced.flags)
-        # judged by nothing: a before-run only measures what the relative gates multiply
-        result = await self._gate(deployed.base_url, self._target.canary, AdrGates(), shape=live)
-        return result.values.numbers(), deployed.base_url
+        # judged by nothing: a before-run only measures what the relative gates compare with,
+        # on as many requests as their two-sample test needs (``ratios`` size the run)
+        result = await self._gate(
+            deployed.base_url, self._target.canary, AdrGates(), shape=live,
+            ratios=ratios,
+        )  # fmt: skip
+        return result.values.numbers(), result.report.samples, deployed.base_url
 
     def _beat(self, session_id: int, runner: str) -> Beat:
         async def beat() -> bool:

@@ -183,7 +183,11 @@ class WorkloadDrift:
             return Revalidation(adr.id, None, {}, not_judged, before)
         # after a before-run, on the engine it measured (the canary stage, serving the fix again)
         url = before.base_url if before is not None and before.ran else self._target.vllm_url
-        result = await self._gate(url, self._target.canary, gates, shape=replay)
+        ratios = _ratios(adr) if before is not None and before.ran else {}
+        result = await self._gate(
+            url, self._target.canary, gates, shape=replay, ratios=ratios,
+            before=before.samples if before is not None else None,
+        )  # fmt: skip
         return Revalidation(adr.id, result, setters, not_judged, before)
 
     async def _before(
@@ -196,7 +200,7 @@ class WorkloadDrift:
         if replaced is None:
             why = f"no change on {self.name} records which flags {adr.id} replaced"
             return BeforeRun(None, "", why)
-        return await self._before_runs.measure(adr.id, replaced, replay)
+        return await self._before_runs.measure(adr.id, replaced, replay, _ratios(adr))
 
     def _still_open(self, now: dt.datetime, detail: dict[str, Any]) -> int | None:
         """The open drift thread's incident, noted in the audit log (None: none open)."""
@@ -260,6 +264,13 @@ class WorkloadDrift:
 def _shape(adr: Adr) -> WorkloadShape:
     assert adr.workload is not None
     return adr.workload
+
+
+def _ratios(adr: Adr) -> dict[str, float]:
+    """The ADR's 'Nx before' gates: name -> N (judged two-sample against the before-run)."""
+    return {} if adr.gates is None else {
+        key: r.factor for key, r in adr.gates.relative(BEFORE).items()
+    }  # fmt: skip
 
 
 def _not_judged(adr: Adr, judged: AdrGates, before: BeforeRun | None) -> tuple[str, ...]:

@@ -84,6 +84,8 @@ def card_text(view: RemediationView) -> str:
         lines.append("canary: " + "; ".join(number_lines(view.numbers, view.before_numbers)))
     if view.how_sure:
         lines.append("how sure: " + "; ".join(view.how_sure))
+    if view.watched:
+        lines.append("watched, not gated: " + "; ".join(view.watched))
     if view.failures:
         lines.append("failed gates: " + "; ".join(view.failures))
     if view.silence:
@@ -109,6 +111,8 @@ def card_update_text(view: RemediationView) -> str:
         lines.append("canary: " + "; ".join(number_lines(view.numbers, view.before_numbers)))
         if view.how_sure:
             lines.append("how sure: " + "; ".join(view.how_sure))
+        if view.watched:
+            lines.append("watched, not gated: " + "; ".join(view.watched))
     return "\n".join(lines)
 
 
@@ -138,8 +142,10 @@ def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
     details = []
     if view.numbers:
         details.append("*Canary:* " + " · ".join(number_lines(view.numbers, view.before_numbers)))
-    if view.how_sure:  # the point p99 decided; this is how sure that verdict is
+    if view.how_sure:  # each per-request gate as its statistics decided it
         details.append("*How sure:* " + " · ".join(view.how_sure))
+    if view.watched:  # ungated numbers the change made worse (guardrails)
+        details.append("*Watched, not gated:* " + plain(" · ".join(view.watched)))
     if view.failures:
         details.append("*Failed gates:* " + plain("; ".join(view.failures)))
     if view.silence:

@@ -1,0 +1,146 @@
+"""Guardrails: what a change did to the numbers no gate names.
+
+A change is kept when it meets its ADR's gates; a fix that halves TPOT may double TTFT, and a
+gate on TPOT alone keeps it silently. Every headline number and the error rate are compared
+between the before-run and the canary of the same change (the same canary, same target, same
+workload), gated or not:
+
+* TTFT and TPOT p99: a one-sided U test on per-request values (``bot.canary.stats.judge_ratio``)
+  of "the canary is above (1 + band) x the before-run": worse beyond noise only when significant
+  at the gates' confidence. Worse on the point p99 but not significant is said as not decided.
+* Error rate: the same test on each request's failed-or-not, worse only when significant and
+  more than ``band`` of the before-run's rate and one point of a percent higher.
+* Goodput and KV fragmentation are ratios of the whole run (no per-request values): a point
+  change beyond ``band`` is said with "no test" beside it, never as significant.
+
+A gated number is judged by its gate, not here. ``Watch.regressed`` is what the target's
+``guardrails = "block"`` rolls back on; ``"warn"`` (the default) says it on the card and in the
+thread.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from bot.canary.schema import CanaryReport
+from bot.canary.stats import DEFAULT_CONFIDENCE, judge_ratio, u_test_values
+from bot.kernel.numbers import catalogue
+from bot.kernel.numbers.text import compact
+
+BAND = 0.2  # worse by more than this share of the before-run's value, and significant
+SAMPLED = {"ttft_p99_ms": "ttft_ms", "tpot_p99_ms": "tpot_ms"}  # number -> per-request values
+POINT = ("goodput_ratio", "kv_fragmentation")  # whole-run ratios: no per-request test
+MIN_ERROR_RISE = 0.01  # an error rate rises by at least a point of a percent to count
+
+
+@dataclass(frozen=True)
+class Watch:
+    """One ungated number, before and after: worse beyond the band on its point values
+    (``worse``), and worse beyond noise (``regressed``: significant, where it can be tested)."""
+
+    key: str  # a catalogue key, or "error_rate"
+    before: float | None
+    after: float | None
+    worse: bool
+    regressed: bool
+    tested: bool
+    evidence: str  # 'p=0.0003; n=8, 8 before' or 'no test: a whole-run ratio'
+    band: float = BAND
+
+    def text(self) -> str:
+        """'TTFT p99 248ms → 495ms (2.0x): worse beyond 20% and noise (p=0.0003; n=8, 8
+        before)', '... held within 20% ...', '... worse by more than 20%, not beyond noise ...'."""
+        label, unit = _label_unit(self.key)
+        was, now = compact(self.before, unit), compact(self.after, unit)
+        times = ""
+        if self.before and self.after is not None and self.before > 0:
+            times = f" ({self.after / self.before:.1f}x)"
+        band = f"{self.band:.0%}"
+        if self.regressed:
+            word = f"worse beyond {band} and noise"
+        elif self.worse:
+            word = f"worse by more than {band}" + (", not beyond noise" if self.tested else "")
+        else:
+            word = f"held within {band}"
+        return f"{label} {was} → {now}{times}: {word} ({self.evidence})"
+
+
+def _label_unit(key: str) -> tuple[str, str]:
+    if key == "error_rate":
+        return "error rate", "ratio"
+    metric = catalogue.BY_KEY[key]
+    return metric.phrase, metric.unit
+
+
+def watch(
+    before: CanaryReport,
+    after: CanaryReport,
+    *,
+    gated: Collection[str] = (),
+    band: float = BAND,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> list[Watch]:
+    """Every headline number and the error rate of ``after`` against ``before``, except those
+    ``gated`` (catalogue keys a gate judged): which got worse beyond ``band``, and which of
+    those beyond noise (``regressed``)."""
+    out = []
+    for key, field in SAMPLED.items():
+        if key in gated:
+            continue
+        was, now = before.samples.values(field), after.samples.values(field)
+        if not was or not now:
+            continue
+        judgement = judge_ratio(was, now, 1 + band, confidence=confidence)
+        point_b, point_a = _p99(before, key), _p99(after, key)
+        regressed = judgement.outcome == "missed"
+        worse = regressed or (
+            point_b is not None and point_a is not None and point_a > (1 + band) * point_b
+        )
+        evidence = f"p={judgement.p_value:.2g}; n={judgement.n}, {judgement.n_before} before"
+        out.append(Watch(key, point_b, point_a, worse, regressed, True, evidence, band))
+    errors = _error_watch(before, after, band, confidence)
+    if errors is not None:
+        out.append(errors)
+    for key in POINT:
+        if key in gated:
+            continue
+        was_v, now_v = _point(before, key), _point(after, key)
+        if was_v is None or now_v is None:
+            continue
+        change = (now_v - was_v) if catalogue.BY_KEY[key].worse_up else (was_v - now_v)
+        worse = was_v > 0 and change > band * was_v
+        untested = "no test: a whole-run ratio"
+        out.append(Watch(key, was_v, now_v, worse, False, False, untested, band))
+    return out
+
+
+def _error_watch(
+    before: CanaryReport, after: CanaryReport, band: float, confidence: float
+) -> Watch | None:
+    """The error rate, tested on each request's failed-or-not (a U test on 0s and 1s)."""
+    b, a = before.requests, after.requests
+    if not b.total or not a.total:
+        return None
+    was, now = b.failed / b.total, a.failed / a.total
+    worse = now > was + MIN_ERROR_RISE and now > (1 + band) * was
+    test = u_test_values(
+        [1.0] * a.failed + [0.0] * (a.total - a.failed),
+        [1.0] * b.failed + [0.0] * (b.total - b.failed),
+    )
+    evidence = f"p={test.p_value:.2g}; n={a.total}, {b.total} before"
+    regressed = worse and test.p_value < 1 - confidence
+    return Watch("error_rate", was, now, worse, regressed, True, evidence, band)
+
+
+def _p99(report: CanaryReport, key: str) -> float | None:
+    spread = report.ttft_ms if key == "ttft_p99_ms" else report.tpot_ms
+    value = spread.p99_judged()
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _point(report: CanaryReport, key: str) -> float | None:
+    if key == "goodput_ratio":
+        return report.goodput_ratio
+    return report.kv_fragmentation.observed
