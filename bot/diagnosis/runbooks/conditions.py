@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 from bot.kernel.numbers.reading import Reading, compare
 
-CLAUSE = re.compile(r"^(?P<probe>[A-Za-z_]\w*)\.(?P<reading>\w+) ?(?P<op>[<>]=?|==|!=) ?"
+PROBE = r"[A-Za-z_]\w*"  # a probe's name; ``probe.reading`` names one of its readings
+READING_NAME = re.compile(rf"^{PROBE}\.\w+$")
+CLAUSE = re.compile(rf"^(?P<probe>{PROBE})\.(?P<reading>\w+) ?(?P<op>[<>]=?|==|!=) ?"
                     r"(?P<value>-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)$")  # fmt: skip
 JOINERS = ("and", "or")
 SHAPE = "`probe.reading OP number`, joined by `and` / `or` (OP one of < <= > >= == !=)"

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from bot.diagnosis.runbooks.conditions import RunbookCondition, clause, parse
+from bot.diagnosis.runbooks.conditions import READING_NAME, RunbookCondition, clause, parse
 from bot.kernel.numbers.reading import OPS
 
 SEVERITIES = ("info", "warning", "critical")
@@ -89,7 +89,6 @@ class FindingRule(_Strict):
 
 # `{probe.reading}` in a hypothesis's number or evidence: the reading, written as everywhere
 PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
-_READING_NAME = re.compile(r"^[A-Za-z_]\w*\.\w+$")
 
 
 class DeclaredCause(_Strict):
@@ -120,7 +119,7 @@ class Hypothesis(_Strict):
     @classmethod
     def _template(cls, text: str) -> str:
         for name in PLACEHOLDER.findall(text):
-            if not _READING_NAME.match(name):
+            if not READING_NAME.match(name):
                 raise ValueError(
                     f"{{{name}}} is not a reading: write {{probe.reading}}, e.g. "
                     "{vllm_metrics.tpot_p99_ms}"
