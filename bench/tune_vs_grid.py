@@ -40,11 +40,11 @@ sys.path.insert(0, str(ROOT))
 
 from bot.engine.process import EngineManager  # noqa: E402
 from bot.kernel.runtime.loop import run as run_loop  # noqa: E402
-from bot.tune.matrix import Row  # noqa: E402
+from bot.tune.matrix import TrialRow  # noqa: E402
 from bot.tune.objective import TrialOutcome  # noqa: E402
 from bot.tune.plan import Config, TunePlan  # noqa: E402
 from bot.tune.runner import LocalMeasurer, TuneRunner  # noqa: E402
-from bot.tune.search import GridSearch, Proposal, Search, TpeSearch  # noqa: E402
+from bot.tune.search import GridSearch, Search, TpeSearch, TrialProposal  # noqa: E402
 from bot.tune.session import SearchResult, run_search  # noqa: E402
 from bot.tune.space import Space, flags_text  # noqa: E402
 
@@ -76,7 +76,7 @@ class Timed:
         self.inner = inner
         self.seconds: dict[str, float] = {}  # flag set (key) -> its trial's wall time
 
-    async def measure(self, config: Config, tag: str) -> Row:
+    async def measure(self, config: Config, tag: str) -> TrialRow:
         started = time.perf_counter()
         try:
             return await self.inner.measure(config, tag)
@@ -92,13 +92,13 @@ class Fixed:
         self.budget = len(points)
         self._points = list(points)
 
-    def propose(self) -> Proposal | None:
+    def propose(self) -> TrialProposal | None:
         if not self._points:
             return None
         number = self.budget - len(self._points) + 1
-        return Proposal(number=number, flags=self._points.pop(0), how="side by side")
+        return TrialProposal(number=number, flags=self._points.pop(0), how="side by side")
 
-    def report(self, proposal: Proposal, outcome: TrialOutcome) -> None:
+    def report(self, proposal: TrialProposal, outcome: TrialOutcome) -> None:
         """Nothing to learn."""
 
 

@@ -30,7 +30,7 @@ from bot.canary.workload import Workload
 from bot.kernel.errors import UsageError
 from bot.postmortem.draft import CanaryFacts, _canary_row
 from bot.remediation.lines import verdict_lines
-from bot.tune.matrix import Row
+from bot.tune.matrix import TrialRow
 from bot.tune.plan import Config
 
 # The report always says the shape it sent; these reports are of the fixed default workload.
@@ -253,7 +253,7 @@ def test_cli_tune_remediation_scheduler_and_draft_agree_on_a_stored_report(
         ).report.json_dict()
     cli = stored["passed"]  # what latency_checker exits on (0 / 1)
     remediation = judged(stored, gates)  # as the remediation gate judges a canary
-    row = Row(
+    row = TrialRow(
         Config("x", {}, {}, []), values=values_of(Report.of(stored)),
         failures=judge(Report.of(stored), gates).failures,
     )  # fmt: skip

@@ -15,7 +15,7 @@ import pytest
 
 from bot.change.actuators.yaml_flags import Locator, LocatorError
 from bot.change.gitops.adr_publish import AdrPublisher, publish_accepted
-from bot.change.gitops.errors import Conflict, GitOpsError
+from bot.change.gitops.errors import GitConflict, GitOpsError
 from bot.change.gitops.forge import GitHub
 from bot.change.gitops.git import GitRepo
 from bot.change.gitops.landing import Landing, Proposal
@@ -171,11 +171,11 @@ async def test_a_push_that_is_not_a_fast_forward_is_a_conflict_and_nothing_is_fo
     await repo.write("NOTES.md", "mine\n")
     await repo.commit("notes: mine")
     theirs = fleet.commit("NOTES.md", "theirs\n", "notes: theirs")
-    with pytest.raises(Conflict, match="refused as not a fast-forward"):
+    with pytest.raises(GitConflict, match="refused as not a fast-forward"):
         await repo.push("HEAD", "main")
     assert fleet.head() == theirs  # theirs is kept: nothing was forced
     landing = Landing(repo, None, repo.spec)
-    with pytest.raises(Conflict):
+    with pytest.raises(GitConflict):
         await landing.land(Proposal(branch="x", title="t", body="", message="m"))
     assert fleet.branches() == ["main"]
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.kernel.runtime.sse import BOM, Event, SSEParser
+from bot.kernel.runtime.sse import BOM, SseEvent, SSEParser
 
 LINE_ENDS = [b"\n", b"\r\n", b"\r"]
 ENDS = pytest.mark.parametrize("end", LINE_ENDS, ids=["LF", "CRLF", "CR"])
@@ -27,13 +27,13 @@ STREAM = (
     "\n"
 )
 EXPECTED = [
-    Event("one\ntwo\n three", "delta", "7"),  # one space dropped after the colon, one only
-    Event("\n", "message", "7"),  # a field with no colon: its value is empty
-    Event('{"text": "é"}', "message", "7"),  # the id stays the stream's last one
+    SseEvent("one\ntwo\n three", "delta", "7"),  # one space dropped after the colon, one only
+    SseEvent("\n", "message", "7"),  # a field with no colon: its value is empty
+    SseEvent('{"text": "é"}', "message", "7"),  # the id stays the stream's last one
 ]
 
 
-def parse(reads: list[bytes]) -> list[Event]:
+def parse(reads: list[bytes]) -> list[SseEvent]:
     parser = SSEParser()
     events = [e for read in reads for e in parser.feed(read)]
     return events + parser.end()
@@ -58,9 +58,9 @@ def test_byte_by_byte_reads_parse_the_same_events(end: bytes) -> None:
 
 def test_one_event_per_read_the_gateways_hot_path_parses_the_same_events() -> None:
     reads = [b"id: 5\ndata: a\n\n", b"data: b\n\n", b"data: c\n\n", b"event: x\ndata: d\n\n"]
-    expected = [Event("a", id="5"), Event("b", id="5"), Event("c", id="5"), Event("d", "x", "5")]
+    expected = [SseEvent("a", id="5"), SseEvent("b", id="5"), SseEvent("c", id="5"), SseEvent("d", "x", "5")]
     assert parse(reads) == parse([b"".join(reads)]) == expected
-    assert parse([b"data: a\n", b"\n", b"data: b\n\n"]) == [Event("a"), Event("b")]
+    assert parse([b"data: a\n", b"\n", b"data: b\n\n"]) == [SseEvent("a"), SseEvent("b")]
 
 
 def test_a_crlf_split_between_two_reads_is_one_line_end() -> None:
@@ -68,30 +68,30 @@ def test_a_crlf_split_between_two_reads_is_one_line_end() -> None:
     parser = SSEParser()
     assert parser.feed(b"data: a\r") == []
     assert parser.feed(b"\ndata: b\r") == []
-    assert parser.feed(b"\n\r") == [Event("a\nb")]
+    assert parser.feed(b"\n\r") == [SseEvent("a\nb")]
     assert parser.feed(b"\n") == []  # the LF of the blank line's CRLF: no second blank line
-    assert parser.feed(b"data: c\r\n\r\n") == [Event("c")]
+    assert parser.feed(b"data: c\r\n\r\n") == [SseEvent("c")]
 
 
 def test_an_empty_read_between_a_cr_and_its_lf_keeps_them_one_line_end() -> None:
     parser = SSEParser()
     assert parser.feed(b"data: a\r") + parser.feed(b"") + parser.feed(b"\ndata: b\r\n\r\n") == [
-        Event("a\nb")
+        SseEvent("a\nb")
     ]
 
 
 def test_an_event_framed_with_cr_is_dispatched_at_its_cr_not_at_the_next_read() -> None:
     parser = SSEParser()
-    assert parser.feed(b"data: a\r\r") == [Event("a")]
+    assert parser.feed(b"data: a\r\r") == [SseEvent("a")]
 
 
 def test_comments_and_keepalives_dispatch_nothing() -> None:
-    assert parse([b": ping\n\n", b":\n\n", b"data: a\n: inside\ndata: b\n\n"]) == [Event("a\nb")]
+    assert parse([b": ping\n\n", b":\n\n", b"data: a\n: inside\ndata: b\n\n"]) == [SseEvent("a\nb")]
 
 
 def test_an_event_without_data_is_not_dispatched_and_its_type_does_not_leak() -> None:
-    assert parse([b"event: x\n\ndata: y\n\n"]) == [Event("y", "message")]
-    assert parse([b"data:\n\n"]) == [Event("")]  # an empty data line is data
+    assert parse([b"event: x\n\ndata: y\n\n"]) == [SseEvent("y", "message")]
+    assert parse([b"data:\n\n"]) == [SseEvent("")]  # an empty data line is data
 
 
 def test_id_fields_set_the_last_event_id_unless_they_hold_a_nul() -> None:
@@ -112,7 +112,7 @@ def test_retry_counts_only_when_it_is_all_ascii_digits(line: bytes, retry: int |
 
 
 def test_unknown_fields_are_ignored() -> None:
-    assert parse([b"foo: bar\nDATA: x\ndata : y\ndata: z\n\n"]) == [Event("z")]
+    assert parse([b"foo: bar\nDATA: x\ndata : y\ndata: z\n\n"]) == [SseEvent("z")]
 
 
 @pytest.mark.parametrize(
@@ -123,8 +123,8 @@ def test_unknown_fields_are_ignored() -> None:
 def test_a_last_event_without_its_blank_line_is_dispatched_at_the_end(reads: list[bytes]) -> None:
     # The spec discards it; a canary counting tokens must not (bot/kernel/runtime/sse.py says why).
     parser = SSEParser()
-    assert parser.feed(reads[0]) == [Event("a")]
-    assert parser.end() == [Event("b")]
+    assert parser.feed(reads[0]) == [SseEvent("a")]
+    assert parser.end() == [SseEvent("b")]
     assert parser.end() == []
 
 
@@ -137,20 +137,20 @@ def test_the_end_of_a_stream_that_left_nothing_open_dispatches_nothing() -> None
 @pytest.mark.parametrize("split", [1, 2, 3])
 def test_a_bom_at_the_start_is_skipped_even_split_over_reads(split: int) -> None:
     raw = BOM + b"data: a\n\n"
-    assert parse([raw[:split], raw[split:]]) == [Event("a")]
-    assert parse([raw[i : i + 1] for i in range(len(raw))]) == [Event("a")]
+    assert parse([raw[:split], raw[split:]]) == [SseEvent("a")]
+    assert parse([raw[i : i + 1] for i in range(len(raw))]) == [SseEvent("a")]
 
 
 def test_only_the_first_bom_is_skipped() -> None:
     # A second BOM is part of the field name, which then is no "data" field.
-    assert parse([BOM + BOM + b"data: a\n\ndata: b\n\n"]) == [Event("b")]
-    assert parse([b"data: a\n\n" + BOM + b"data: b\n\n"]) == [Event("a")]
+    assert parse([BOM + BOM + b"data: a\n\ndata: b\n\n"]) == [SseEvent("b")]
+    assert parse([b"data: a\n\n" + BOM + b"data: b\n\n"]) == [SseEvent("a")]
 
 
 def test_utf8_split_between_reads_decodes_whole_and_bad_bytes_are_replaced() -> None:
     raw = "data: é€\n\n".encode()
-    assert parse([raw[:7], raw[7:9], raw[9:]]) == [Event("é€")]
-    assert parse([b"data: \xff\n\n"]) == [Event("\ufffd")]
+    assert parse([raw[:7], raw[7:9], raw[9:]]) == [SseEvent("é€")]
+    assert parse([b"data: \xff\n\n"]) == [SseEvent("\ufffd")]
 
 
 def test_pending_counts_the_bytes_of_the_event_not_yet_complete() -> None:
@@ -196,11 +196,11 @@ def serialize(events: list[Spec]) -> str:
     return "".join(line + "\n" for line in out)
 
 
-def expected(events: list[Spec]) -> list[Event]:
+def expected(events: list[Spec]) -> list[SseEvent]:
     last_id, out = "", []
     for lines, kind, id_, _, _ in events:
         last_id = last_id if id_ is None else id_
-        out.append(Event("\n".join(lines), kind or "message", last_id))
+        out.append(SseEvent("\n".join(lines), kind or "message", last_id))
     return out
 
 

@@ -26,7 +26,7 @@ from bot.canary.verdict import Values, gates_from, judge_values
 from bot.engine.process import EngineManager
 from bot.kernel.errors import UsageError
 from bot.tune.draft import NO_PICK, build_draft
-from bot.tune.matrix import RECOMMENDED, Row, recommend
+from bot.tune.matrix import RECOMMENDED, TrialRow, recommend
 from bot.tune.plan import Experiment, TunePlan, WorkloadSpec, load_plan
 from tests.workload_pages import long_system_prompt
 
@@ -126,12 +126,12 @@ def test_cli_tune_refuses_a_bad_shape_file_before_starting_engines(tmp_path: Pat
 GATES = AdrGates(max_ttft_p99_ms=350, max_tpot_p99_ms=35, min_goodput_ratio=0.95)
 
 
-def _rows(plan: TunePlan, *values: Values | None) -> list[Row]:
+def _rows(plan: TunePlan, *values: Values | None) -> list[TrialRow]:
     rows = []
     for config, v in zip(plan.configs(), values, strict=True):
         if v is None:
             rows.append(
-                Row(
+                TrialRow(
                     config,
                     error="vLLM exited: ValueError: No common block size for 48 (full log: /x.log)",
                     failed_at="refused",
@@ -139,7 +139,7 @@ def _rows(plan: TunePlan, *values: Values | None) -> list[Row]:
             )
         else:
             failures = judge_values(v, gates_from(plan.gates), error_gate=False).failures
-            rows.append(Row(config, values=v, failures=failures))
+            rows.append(TrialRow(config, values=v, failures=failures))
     return rows
 
 
@@ -236,7 +236,7 @@ def test_the_draft_records_the_workload_its_rows_were_measured_under(tmp_path: P
     ],
 )
 def test_rows_without_numbers_say_why(failed_at: str, label: str) -> None:
-    row = Row(_plan().configs()[0], error="it broke (full log: /tmp/x.log)", failed_at=failed_at)  # type: ignore[arg-type]
+    row = TrialRow(_plan().configs()[0], error="it broke (full log: /tmp/x.log)", failed_at=failed_at)  # type: ignore[arg-type]
     assert row.verdict() == label + "it broke"
     assert not row.passed
 

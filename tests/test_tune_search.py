@@ -32,7 +32,7 @@ from bot.tune.on_target import utc_now
 from bot.tune.plan import TunePlan, load_plan
 from bot.tune.records import TuneRecords
 from bot.tune.search import GridSearch, TpeSearch
-from bot.tune.space import Dimension, Space, build_space, parse_dimension
+from bot.tune.space import SearchDimension, Space, build_space, parse_dimension
 from tests.fakes.bot import PAGES, harness
 from tests.fakes.metrics_server import RecordedMetrics
 from tests.fakes.sse_engine import SseEngine
@@ -42,14 +42,14 @@ from tests.workload_pages import long_system_prompt
 Flags = dict[str, EngineValue]
 
 
-def space(**dims: Dimension) -> Space:
+def space(**dims: SearchDimension) -> Space:
     return build_space({k.replace("_", "-"): v for k, v in dims.items()})
 
 
 SPACE = space(
-    max_num_seqs=Dimension(values=[1, 2, 4, 8]),
-    max_num_batched_tokens=Dimension(low=256, high=1024, step=384),
-    enable_prefix_caching=Dimension(values=[True, False]),
+    max_num_seqs=SearchDimension(values=[1, 2, 4, 8]),
+    max_num_batched_tokens=SearchDimension(low=256, high=1024, step=384),
+    enable_prefix_caching=SearchDimension(values=[True, False]),
 )
 
 
@@ -73,29 +73,29 @@ def test_space_enumerates_values_and_ranges_in_plan_order() -> None:
 @pytest.mark.parametrize(
     ("dims", "why"),
     [
-        ({"tensor-parallel-size": Dimension(values=[1, 2])},
+        ({"tensor-parallel-size": SearchDimension(values=[1, 2])},
          "space.tensor-parallel-size: 'tensor-parallel-size' is not a tunable flag, so it cannot be searched"),
-        ({"block-size": Dimension(values=[16, 7])}, "space.block-size: 7 is out of range"),
-        ({"kv-cache-dtype": Dimension(low=1, high=3)},
+        ({"block-size": SearchDimension(values=[16, 7])}, "space.block-size: 7 is out of range"),
+        ({"kv-cache-dtype": SearchDimension(low=1, high=3)},
          "kv-cache-dtype is one of auto, .*: a low/high range is for integer flags"),
-        ({"--max-num-seqs": Dimension(values=[4])}, "without dashes in front: 'max-num-seqs'"),
-        ({"max-num-seqs": Dimension(low=1, high=10**9)}, "1,000,000,000 values is more than 10,000"),
-        ({"max-num-seqs": Dimension(low=1, high=1000), "max-num-batched-tokens": Dimension(low=16, high=10015)},
+        ({"--max-num-seqs": SearchDimension(values=[4])}, "without dashes in front: 'max-num-seqs'"),
+        ({"max-num-seqs": SearchDimension(low=1, high=10**9)}, "1,000,000,000 values is more than 10,000"),
+        ({"max-num-seqs": SearchDimension(low=1, high=1000), "max-num-batched-tokens": SearchDimension(low=16, high=10015)},
          "10,000,000 flag sets is more than 1,000,000"),
         ({}, "give at least one flag to search"),
     ],
 )  # fmt: skip
 def test_space_refuses_what_is_not_on_the_allowlist_with_the_flag_and_why(
-    dims: dict[str, Dimension], why: str
+    dims: dict[str, SearchDimension], why: str
 ) -> None:
     with pytest.raises(UsageError, match=why):
         build_space(dims)
 
 
 def test_dimensions_from_the_command_line() -> None:
-    assert parse_dimension("max-num-seqs=4,8,16") == ("max-num-seqs", Dimension(values=[4, 8, 16]))
+    assert parse_dimension("max-num-seqs=4,8,16") == ("max-num-seqs", SearchDimension(values=[4, 8, 16]))
     assert parse_dimension("max_num_batched_tokens=256..2048/256") == (
-        "max-num-batched-tokens", Dimension(low=256, high=2048, step=256)
+        "max-num-batched-tokens", SearchDimension(low=256, high=2048, step=256)
     )  # fmt: skip
     assert parse_dimension("enable-prefix-caching=true,false")[1].points() == [True, False]
     for bad, why in [("max-num-seqs", "write FLAG=V1,V2"), ("max-num-seqs=8..4", "above high"),
@@ -172,8 +172,8 @@ def test_tpe_finds_the_value_better_by_construction_in_half_the_trials() -> None
 
 
 def test_no_flag_set_is_measured_twice_even_when_the_sampler_repeats_itself() -> None:
-    small = space(max_num_seqs=Dimension(values=[1, 2, 4, 8]),
-                  enable_prefix_caching=Dimension(values=[True, False]))  # fmt: skip
+    small = space(max_num_seqs=SearchDimension(values=[1, 2, 4, 8]),
+                  enable_prefix_caching=SearchDimension(values=[True, False]))  # fmt: skip
     search = TpeSearch(small, "maximize", budget=small.size, seed=3)
     seen = run(search, lambda f: TrialOutcome(value=float(f["max-num-seqs"]), constraints={}))
     keys = [small.key(f) for f, _ in seen]
@@ -193,7 +193,7 @@ def test_a_repeat_is_replaced_by_the_nearest_untried_flag_set() -> None:
     """TPE exploiting its best point proposes it again; the search then measures a step from
     it, not a random point across the space."""
     values = [1, 2, 4, 8, 16, 32, 64, 128]
-    line = space(max_num_seqs=Dimension(values=values))
+    line = space(max_num_seqs=SearchDimension(values=values))
     search = TpeSearch(line, "maximize", budget=8, seed=0, startup=2)
     tried: list[int] = []
     replaced = 0

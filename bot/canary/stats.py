@@ -31,7 +31,7 @@ from typing import Literal
 
 import numpy as np
 
-Outcome = Literal["met", "missed", "inconclusive"]
+Decided = Literal["met", "missed", "inconclusive"]
 DEFAULT_CONFIDENCE = 0.99  # an ADR's gates, unless it says otherwise
 
 
@@ -156,7 +156,7 @@ def min_pairs(confidence: float = DEFAULT_CONFIDENCE) -> int:
 class Judgement:
     """One gate decided: met, missed or inconclusive, the evidence and the words for it."""
 
-    outcome: Outcome
+    outcome: Decided
     why: str
     n: int  # after-run observations (and ``n_before`` for a comparison)
     n_before: int | None = None

@@ -34,13 +34,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Literal
 
 from bot.canary.schema import CanaryReport, GateLine, Samples
 from bot.canary.stats import (
     DEFAULT_CONFIDENCE,
+    Decided,
     Judgement,
-    Outcome,
     judge_limit,
     judge_ratio,
     min_pairs,
@@ -84,6 +84,9 @@ class Gates:
     ratios: tuple[tuple[str, float], ...] = ()
     before: Samples | None = field(default=None, compare=False)
     confidence: float = DEFAULT_CONFIDENCE
+    # what decides a per-request gate: its statistics, or (a tuning search ranking many short
+    # trials) its point p99, the statistics then said beside it and the run not sized up
+    decide: Literal["statistics", "point"] = "statistics"
 
     def slo(self) -> tuple[float | None, float | None]:
         """The per-request TTFT and TPOT limits (ms) that SLO attainment counts against."""
@@ -92,7 +95,10 @@ class Gates:
     def requests_needed(self) -> int:
         """The fewest requests on which every per-request gate can be decided at
         ``confidence``: a p99 against a limit needs its interval bounded on both sides (528 at
-        99 %); 'Nx before' needs the fewest per side whose U test can be significant."""
+        99 %); 'Nx before' needs the fewest per side whose U test can be significant. None
+        where the point decides."""
+        if self.decide == "point":
+            return 0
         ratio = {n for n, _ in self.ratios if n in SAMPLED}
         limits = [n for n in SAMPLED if getattr(self, n) is not None and n not in ratio]
         need = [min_requests(0.99, self.confidence)] if limits else []
@@ -138,7 +144,7 @@ class GateResult:
     passed: bool
     reason: str
     source: str
-    decided: Outcome | None = None  # per-request statistics: met | missed | inconclusive
+    decided: Decided | None = None  # per-request statistics: met | missed | inconclusive
     judgement: Judgement | None = field(default=None, compare=False)
 
     def shown(self) -> str:
@@ -325,6 +331,8 @@ def decided(result: GateResult, samples: Samples, gates: Gates) -> GateResult:
         judgement = judge_ratio(before, after, ratio, confidence=gates.confidence)
     else:
         judgement = judge_limit(after, 0.99, result.limit, confidence=gates.confidence)
+    if gates.decide == "point":  # said beside the point verdict, which stands
+        return replace(result, decided=judgement.outcome, judgement=judgement)
     word = {"met": "met", "missed": "missed", "inconclusive": "not decided"}[judgement.outcome]
     point = result.reason
     if judgement.outcome == "inconclusive" and result.passed:
@@ -406,13 +414,15 @@ def gates_from(
     numbers_only: bool = False,
     ratios: Mapping[str, float] | None = None,
     before: Samples | None = None,
+    decide: Literal["statistics", "point"] = "statistics",
 ) -> Gates:
     """Canary Gates from any object with the gate attributes (an ADR's resolved gates).
 
     A limit that is not a number (a gate relative to normal, not resolved) is an error, or is
     left out with ``numbers_only`` (where no normal is at hand, e.g. re-reading old runs).
     ``ratios`` ('Nx before' gates: name -> N) are judged two-sample against ``before``, the
-    before-run's per-request values; without ``before`` they only size the run.
+    before-run's per-request values; without ``before`` they only size the run. ``decide``
+    "point": a tuning search's trials, ranked on their point values (see ``Gates.decide``).
     """
     kwargs: dict[str, Any] = {
         f.name: getattr(limits, f.name) for f in fields(Gates)
@@ -429,7 +439,9 @@ def gates_from(
                 f"gate {name} is {value!r}, not a number; a gate relative to the target's normal"
                 " must be resolved against measured numbers before a canary can check it"
             )
-    return Gates(**kwargs, ratios=tuple(sorted((ratios or {}).items())), before=before)
+    return Gates(
+        **kwargs, ratios=tuple(sorted((ratios or {}).items())), before=before, decide=decide
+    )
 
 
 def percentile(sorted_values: Sequence[float], pct: float) -> float:

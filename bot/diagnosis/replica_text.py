@@ -16,8 +16,8 @@ from bot.diagnosis.replicas import (
     SHARE_BEYOND,
     UNKNOWN,
     FleetVerdict,
+    ReplicaRow,
     ReplicaVerdict,
-    Row,
 )
 from bot.kernel.numbers.text import show
 
@@ -35,7 +35,7 @@ def _others(n: int) -> str:
     return "1 other" if n == 1 else f"{n} others"
 
 
-def _named(rows: Sequence[Row], limit: int) -> str:
+def _named(rows: Sequence[ReplicaRow], limit: int) -> str:
     """'a, b and 3 more'."""
     names = [r.address for r in rows[:limit]]
     more = len(rows) - len(names)
@@ -67,7 +67,7 @@ def line(verdict: FleetVerdict) -> str:
     return "replicas: " + " · ".join(parts)
 
 
-def _worst(row: Row, key: str) -> str:
+def _worst(row: ReplicaRow, key: str) -> str:
     if row.slow:
         return f"{row.address} {_p99(row.slow[0])} (slow)"
     judged = row.judged.get(key)
@@ -124,7 +124,7 @@ def _fleet_wide_message(verdict: FleetVerdict) -> str:
     )
 
 
-def _unknown_message(verdict: FleetVerdict, unknown: Sequence[Row]) -> str:
+def _unknown_message(verdict: FleetVerdict, unknown: Sequence[ReplicaRow]) -> str:
     if len(unknown) == 1:
         row = unknown[0]
         why = "; ".join(f"{LABEL[j.metric]}: {j.why}" for j in row.judged.values()
@@ -172,7 +172,7 @@ def summary_json(verdict: FleetVerdict) -> dict[str, Any]:
     }
 
 
-def _row_json(row: Row, node: str | None) -> dict[str, Any]:
+def _row_json(row: ReplicaRow, node: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {"replica": row.address, "state": row.state, "node": node}
     first = row.judged.get(METRICS[0].key)
     out["requests"] = None if first is None else first.p99.count

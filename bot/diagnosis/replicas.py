@@ -100,7 +100,7 @@ class ReplicaVerdict:
 
 
 @dataclass(frozen=True)
-class Row:
+class ReplicaRow:
     """One replica and its judgements, by metric."""
 
     address: str
@@ -128,13 +128,13 @@ class Row:
 class FleetVerdict:
     """Every replica judged, worst first."""
 
-    rows: tuple[Row, ...]
+    rows: tuple[ReplicaRow, ...]
     # where discovery found them (a Service's EndpointSlices): each replica's pod and node
     nodes: Mapping[str, str] = field(default_factory=dict)
     pods: Mapping[str, str] = field(default_factory=dict)
 
     @property
-    def slow(self) -> list[Row]:
+    def slow(self) -> list[ReplicaRow]:
         """The outliers."""
         return [r for r in self.rows if r.state == SLOW]
 
@@ -164,11 +164,11 @@ def judge(
             for m in METRICS
             if own[m.key].count or any(p[m.key].count for p in p99s.values())
         }
-        rows.append(Row(address, judged, (notes or {}).get(address)))
+        rows.append(ReplicaRow(address, judged, (notes or {}).get(address)))
     return FleetVerdict(tuple(sorted(rows, key=_worst_first)))
 
 
-def _worst_first(row: Row) -> tuple[int, float, str]:
+def _worst_first(row: ReplicaRow) -> tuple[int, float, str]:
     order = {SLOW: 0, ALIKE: 1, UNKNOWN: 2}[row.state]
     slow = row.slow
     size = ratio(slow[0]) if slow else (row.value(METRICS[0].key) or 0.0)

@@ -23,7 +23,7 @@
     │                                 (change/actuators/yaml_flags.py)
     ├── GitOpsError                   git, the forge or a repository file did not do what was
     │   │                             needed (gitops/errors.py)
-    │   └── Conflict                  someone else changed it first; nothing was left behind
+    │   └── GitConflict               someone else changed it first; nothing was left behind
     ├── RestoreFailed                 a tuning session could not put the target's flags back:
     │                                 manual action (tune/on_target.py)
     ├── ColdEngine                    the engine still warms up: no normal (scheduler/snapshots.py)

@@ -11,7 +11,7 @@ from bot.adr.models import Adr, Fix, MatrixRow
 from bot.adr.render import format_ms
 from bot.adr.workload.shape import WorkloadShape
 from bot.canary.schema import CanaryReport
-from bot.tune.matrix import Row, source_note
+from bot.tune.matrix import TrialRow, source_note
 from bot.tune.plan import TunePlan
 
 NO_PICK = (
@@ -22,7 +22,7 @@ NO_PICK = (
 
 def build_draft(
     plan: TunePlan,
-    rows: list[Row],
+    rows: list[TrialRow],
     *,
     adr_id: str,
     day: dt.date,
@@ -58,14 +58,14 @@ def shape_of(report: CanaryReport | None) -> WorkloadShape | None:
     return None if report is None else report.workload_shape
 
 
-def measured_under(rows: list[Row]) -> WorkloadShape | None:
+def measured_under(rows: list[TrialRow]) -> WorkloadShape | None:
     """The shape the matrix was measured under: the recommended row's run, else the first
     measured row's (every row runs the same canary workload; the baseline comes first)."""
     ordered = sorted(rows, key=lambda row: not row.recommended)  # stable: plan order kept
     return next((shape for row in ordered if (shape := shape_of(row.report))), None)
 
 
-def _matrix_row(row: Row) -> MatrixRow:
+def _matrix_row(row: TrialRow) -> MatrixRow:
     v = row.values
     return MatrixRow(
         config=row.config.label(),
@@ -77,7 +77,7 @@ def _matrix_row(row: Row) -> MatrixRow:
     )
 
 
-def _context(plan: TunePlan, rows: list[Row], how: list[str] | None) -> str:
+def _context(plan: TunePlan, rows: list[TrialRow], how: list[str] | None) -> str:
     lines = [plan.context.strip(), ""] if plan.context.strip() else []
     if how is None:
         lines.append(
@@ -98,7 +98,7 @@ def where_measured() -> str:
     return f"vLLM {vllm_args.version()}, {platform.machine()} {platform.system()}"
 
 
-def _notes(plan: TunePlan, rows: list[Row], *, runs_dir: Path, base: Path) -> str:
+def _notes(plan: TunePlan, rows: list[TrialRow], *, runs_dir: Path, base: Path) -> str:
     notes = [source_note(mixed=bool(plan.background))]
     metric = plan.objective.metric if plan.objective is not None else None
     also = [line for row in rows if (line := _also(row, metric))]
@@ -113,7 +113,7 @@ def _notes(plan: TunePlan, rows: list[Row], *, runs_dir: Path, base: Path) -> st
     return "\n\n".join(notes)
 
 
-def _also(row: Row, plan_metric: str | None) -> str | None:
+def _also(row: TrialRow, plan_metric: str | None) -> str | None:
     """Token gaps, queueing and the other classes' TTFT: what step budgets move besides TPOT."""
     report = row.report
     if not report:
@@ -136,7 +136,7 @@ def _relative(path: Path, base: Path) -> str:
         return str(path)
 
 
-def _rules(plan: TunePlan, pick: Row | None) -> list[str]:
+def _rules(plan: TunePlan, pick: TrialRow | None) -> list[str]:
     if pick is None:
         return [NO_PICK]
     argv = " ".join(pick.config.argv) or "(vLLM defaults)"

@@ -40,7 +40,7 @@ def source_note(*, mixed: bool) -> str:
 
 
 @dataclass
-class Row:
+class TrialRow:
     """One configuration's outcome: measured values, or why it could not be measured."""
 
     config: Config
@@ -74,7 +74,7 @@ def _short(text: str) -> str:
     return text if len(text) <= REASON_LIMIT else text[: REASON_LIMIT - 1] + "…"
 
 
-def recommend(rows: list[Row], gates: AdrGates | None) -> Row | None:
+def recommend(rows: list[TrialRow], gates: AdrGates | None) -> TrialRow | None:
     """The passing row with the most headroom on its tightest gate, or None if none passed.
 
     Without gates a row is scored against the baseline's TTFT and TPOT p99 instead.
@@ -93,7 +93,7 @@ def recommend(rows: list[Row], gates: AdrGates | None) -> Row | None:
     return pick
 
 
-def _limits(rows: list[Row], gates: AdrGates | None) -> dict[str, tuple[float, str]]:
+def _limits(rows: list[TrialRow], gates: AdrGates | None) -> dict[str, tuple[float, str]]:
     if gates is not None and not gates.is_empty():
         raw = {m.key: (getattr(gates, m.gate), m.gate_kind) for m in catalogue.METRICS}
         # a gate relative to normal has no number here (tune measures no normal)

@@ -45,12 +45,12 @@ from bot.kernel.errors import EngineError, RuleloopError, UsageError
 from bot.kernel.runtime.ids import process_alive, replica_id
 from bot.kernel.store.models import Change, TuneSession
 from bot.kernel.store.readings import ROLLBACK_FAILED
-from bot.tune.matrix import Row
+from bot.tune.matrix import TrialRow
 from bot.tune.objective import TrialOutcome
 from bot.tune.plan import Config, TunePlan
 from bot.tune.records import TuneRecords
 from bot.tune.runner import measure_canary
-from bot.tune.search import Proposal, Search
+from bot.tune.search import Search, TrialProposal
 from bot.tune.session import Echo, SearchResult, make_search, run_search
 
 log = logging.getLogger("ruleloop.tune")
@@ -134,13 +134,13 @@ class TargetTrials:
         # worked (a stage's flags are not what ``current()`` reads: a Deployment's canary)
         self.rolled_back = True
 
-    async def trial_started(self, proposal: Proposal, config: Config) -> None:
+    async def trial_started(self, proposal: TrialProposal, config: Config) -> None:
         """Written before the trial changes the target."""
         self._trial = {"number": proposal.number, "config": config.name,
                        "flags": dict(config.engine_args), "phase": "applying"}  # fmt: skip
         await self._write("tune.trial_started", {"trial": dict(self._trial)}, trial=self._trial)
 
-    async def measure(self, config: Config, tag: str) -> Row:
+    async def measure(self, config: Config, tag: str) -> TrialRow:
         """Apply, measure, roll back; RestoreFailed when the rollback did not work."""
         try:
             self.echo(f"{tag}: applying with the {self.actuator.kind} actuator…")
@@ -151,7 +151,7 @@ class TargetTrials:
                 cause = exc.__cause__
                 refused = isinstance(cause, EngineError) and cause.refused
                 self.echo(f"{tag}: {'refused' if refused else 'did not apply'}: {exc}")
-                return Row(config, error=str(exc), failed_at="refused" if refused else "start")
+                return TrialRow(config, error=str(exc), failed_at="refused" if refused else "start")
             await self._phase("measuring", base_url=deployed.base_url)
             return await measure_canary(
                 self.plan, config, deployed.base_url, tag=tag, echo=self.echo
@@ -169,7 +169,9 @@ class TargetTrials:
             await restore_target(self.actuator, self.before)
             self.rolled_back = True
 
-    async def trial_ended(self, proposal: Proposal, row: Row, result: TrialOutcome) -> None:
+    async def trial_ended(
+        self, proposal: TrialProposal, row: TrialRow, result: TrialOutcome
+    ) -> None:
         """Written once the trial's numbers are in and the target serves ``before`` again."""
         summary = {
             "number": proposal.number,

@@ -24,7 +24,7 @@ from bot.canary.workload import Workload, check
 from bot.kernel.errors import UsageError
 from bot.tune.objective import Objective
 from bot.tune.search import Sampler
-from bot.tune.space import Dimension, Flags, Space, build_space
+from bot.tune.space import Flags, SearchDimension, Space, build_space
 
 BASELINE = "baseline"
 # What a replayed shape decides, so a plan may not also write it.
@@ -171,7 +171,7 @@ class TunePlan(BaseModel):
     deciders: list[str] = Field(default_factory=list)
     baseline: dict[str, EngineValue] = Field(default_factory=dict)
     experiments: list[Experiment] = Field(default_factory=list)
-    space: dict[str, Dimension] = Field(default_factory=dict)
+    space: dict[str, SearchDimension] = Field(default_factory=dict)
     objective: Objective | None = None
     search: SearchSettings = Field(default_factory=SearchSettings)
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)

@@ -18,7 +18,7 @@ from bot.canary.render import progress_line
 from bot.canary.verdict import Gates, gates_from
 from bot.engine.process import START_TIMEOUT_S, EngineManager, free_port
 from bot.kernel.errors import EngineError, RuleloopError
-from bot.tune.matrix import Row
+from bot.tune.matrix import TrialRow
 from bot.tune.plan import Config, TunePlan
 
 Echo = Callable[[str], None]
@@ -45,7 +45,7 @@ class TuneRunner:
         self.sample_interval_s = sample_interval_s
         self.configs = plan.configs()
 
-    def run(self) -> list[Row]:
+    def run(self) -> list[TrialRow]:
         """Measure each configuration in turn; one row per configuration, in plan order."""
         rows = []
         for index, config in enumerate(self.configs, start=1):
@@ -55,7 +55,7 @@ class TuneRunner:
             rows.append(row)
         return rows
 
-    def measure(self, config: Config, tag: str) -> Row:
+    def measure(self, config: Config, tag: str) -> TrialRow:
         """One configuration on a freshly started engine, stopped again afterwards."""
         port = free_port()
         flags = " ".join(config.argv) or "(vLLM defaults)"
@@ -71,13 +71,13 @@ class TuneRunner:
             # vLLM exiting before it serves is its verdict on the flags; a timeout is not.
             refused = exc.refused
             self.echo(f"{tag}: {'refused' if refused else 'did not start'}: {exc}")
-            return Row(config, error=str(exc), failed_at="refused" if refused else "start")
+            return TrialRow(config, error=str(exc), failed_at="refused" if refused else "start")
         try:
             return self.measure_at(config, tag, info.base_url)
         finally:
             self.manager.stop(port)
 
-    def measure_at(self, config: Config, tag: str, base_url: str) -> Row:
+    def measure_at(self, config: Config, tag: str, base_url: str) -> TrialRow:
         """The plan's canary against an engine already serving ``config``."""
         return asyncio.run(
             measure_canary(
@@ -97,7 +97,7 @@ class LocalMeasurer:
     def __init__(self, runner: TuneRunner) -> None:
         self.runner = runner
 
-    async def measure(self, config: Config, tag: str) -> Row:
+    async def measure(self, config: Config, tag: str) -> TrialRow:
         """Start an engine with the trial's flags, run the canary, stop the engine."""
         return await asyncio.to_thread(self.runner.measure, config, tag)
 
@@ -110,11 +110,13 @@ async def measure_canary(
     tag: str,
     echo: Echo,
     sample_interval_s: float = 0.5,
-) -> Row:
+) -> TrialRow:
     """The plan's canary (and background load) against an engine already serving ``config``,
     judged by the plan's gates; a canary that cannot run becomes a row that says why."""
     spec = plan.workload
-    gates = gates_from(plan.gates) if plan.gates else Gates()
+    # trials are ranked on their point values (many short runs); the change a search drafts is
+    # judged on its statistics when it is applied (/apply-adr)
+    gates = gates_from(plan.gates, decide="point") if plan.gates else Gates(decide="point")
     echo(f"{tag}: canary {spec.describe()}")
     try:
         background = [(b.name, b.workload(base_url, background=True)) for b in plan.background]
@@ -129,13 +131,13 @@ async def measure_canary(
         )
     except RuleloopError as exc:
         echo(f"{tag}: canary failed: {exc}")
-        return Row(config, error=str(exc), failed_at="canary")
-    row = Row(config, values=run.values, failures=run.failures, report=run.report)
+        return TrialRow(config, error=str(exc), failed_at="canary")
+    row = TrialRow(config, values=run.values, failures=run.failures, report=run.report)
     echo(f"{tag}: {summary(row)}")
     return row
 
 
-def write_row(runs_dir: Path, index: int, config: Config, row: Row) -> Path:
+def write_row(runs_dir: Path, index: int, config: Config, row: TrialRow) -> Path:
     """A row's canary JSON (with its flags and why it failed, if it did), as the draft cites it."""
     runs_dir.mkdir(parents=True, exist_ok=True)
     path = runs_dir / f"{index:02d}-{config.name}.json"
@@ -153,7 +155,7 @@ def write_row(runs_dir: Path, index: int, config: Config, row: Row) -> Path:
     return path
 
 
-def summary(row: Row) -> str:
+def summary(row: TrialRow) -> str:
     v = row.values
     assert v is not None
     verdict = "PASS" if not row.failures else "FAIL: " + "; ".join(row.failures)

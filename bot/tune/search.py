@@ -46,7 +46,7 @@ Sampler = Literal["tpe", "grid"]
 
 
 @dataclass(frozen=True)
-class Proposal:
+class TrialProposal:
     """A flag set to measure: the trial's number (1-based) and how it was chosen."""
 
     number: int
@@ -60,11 +60,11 @@ class Search(Protocol):
     budget: int
     space: Space
 
-    def propose(self) -> Proposal | None:
+    def propose(self) -> TrialProposal | None:
         """The next flag set to measure, or None when done."""
         ...
 
-    def report(self, proposal: Proposal, outcome: TrialOutcome) -> None:
+    def report(self, proposal: TrialProposal, outcome: TrialOutcome) -> None:
         """How the proposed trial went."""
         ...
 
@@ -110,7 +110,7 @@ class TpeSearch:
         """Trials proposed so far (each measured exactly once)."""
         return len(self._tried)
 
-    def propose(self) -> Proposal | None:
+    def propose(self) -> TrialProposal | None:
         """An untried flag set, or None when the budget is spent or every point was tried."""
         if self.measured >= self.budget:
             return None
@@ -127,7 +127,7 @@ class TpeSearch:
         self.study.enqueue_trial(self._params(near))
         return self._hold(self._ask(), near, "the untried flag set nearest to a repeat of TPE's")
 
-    def report(self, proposal: Proposal, outcome: TrialOutcome) -> None:
+    def report(self, proposal: TrialProposal, outcome: TrialOutcome) -> None:
         """Tell the study: FAIL without a value, else the value and each gate's violation."""
         trial = self._pending.pop(proposal.number)
         self._tried[self.space.key(proposal.flags)] = outcome
@@ -155,9 +155,9 @@ class TpeSearch:
         done = (TrialState.COMPLETE, TrialState.PRUNED)
         return len(self.study.get_trials(deepcopy=False, states=done))
 
-    def _hold(self, trial: optuna.trial.Trial, flags: Flags, how: str) -> Proposal:
+    def _hold(self, trial: optuna.trial.Trial, flags: Flags, how: str) -> TrialProposal:
         assert self._flags(trial.params) == flags, (trial.params, flags)  # the enqueued point
-        proposal = Proposal(number=self.measured + 1, flags=flags, how=how)
+        proposal = TrialProposal(number=self.measured + 1, flags=flags, how=how)
         self._tried[self.space.key(flags)] = None
         self._numbers[self.space.key(flags)] = trial.number
         self._pending[proposal.number] = trial
@@ -216,14 +216,14 @@ class GridSearch:
         self._points: Iterator[Flags] = space.grid()
         self._count = 0
 
-    def propose(self) -> Proposal | None:
+    def propose(self) -> TrialProposal | None:
         """The next grid point, or None after the last (or the budget)."""
         if self._count >= self.budget:
             return None
         self._count += 1
-        return Proposal(number=self._count, flags=next(self._points), how="grid")
+        return TrialProposal(number=self._count, flags=next(self._points), how="grid")
 
-    def report(self, proposal: Proposal, outcome: TrialOutcome) -> None:
+    def report(self, proposal: TrialProposal, outcome: TrialOutcome) -> None:
         """A grid measures every point whatever the last one gave."""
 
 

@@ -12,7 +12,7 @@ from bot.adr.store import AdrStore, slugify
 from bot.engine.process import START_TIMEOUT_S, EngineManager
 from bot.kernel.runtime.loop import run as run_loop
 from bot.tune.draft import build_draft, where_measured
-from bot.tune.matrix import Row, recommend
+from bot.tune.matrix import TrialRow, recommend
 from bot.tune.plan import TunePlan
 from bot.tune.runner import Echo, LocalMeasurer, TuneRunner
 from bot.tune.search import GridSearch, TpeSearch
@@ -23,8 +23,8 @@ from bot.tune.session import SearchResult, make_search, run_search, score_text
 class TuneResult:
     """A finished run: its rows, the recommended one, and the draft written to the store."""
 
-    rows: list[Row]
-    pick: Row | None
+    rows: list[TrialRow]
+    pick: TrialRow | None
     draft: Adr
     draft_path: Path
     runs_dir: Path

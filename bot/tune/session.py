@@ -18,11 +18,11 @@ from typing import Protocol
 
 from bot.adr.render import format_ms
 from bot.canary.verdict import Gates, gates_from
-from bot.tune.matrix import Row
+from bot.tune.matrix import TrialRow
 from bot.tune.objective import Objective, TrialOutcome, outcome
 from bot.tune.plan import Config, TunePlan
 from bot.tune.runner import write_row
-from bot.tune.search import GridSearch, Proposal, Search, TpeSearch
+from bot.tune.search import GridSearch, Search, TpeSearch, TrialProposal
 from bot.tune.space import Space, flags_text
 
 Echo = Callable[[str], None]
@@ -31,7 +31,7 @@ Echo = Callable[[str], None]
 class Measurer(Protocol):
     """Measures one configuration and says how it went (a row that may say why it failed)."""
 
-    async def measure(self, config: Config, tag: str) -> Row:
+    async def measure(self, config: Config, tag: str) -> TrialRow:
         """Serve ``config``, run the canary, put back what served before."""
         ...
 
@@ -39,11 +39,13 @@ class Measurer(Protocol):
 class Journal(Protocol):
     """Hears of each trial before it starts and after it ends (the store, for a target)."""
 
-    async def trial_started(self, proposal: Proposal, config: Config) -> None:
+    async def trial_started(self, proposal: TrialProposal, config: Config) -> None:
         """Trial ``proposal.number`` is about to change the engine's flags."""
         ...
 
-    async def trial_ended(self, proposal: Proposal, row: Row, result: TrialOutcome) -> None:
+    async def trial_ended(
+        self, proposal: TrialProposal, row: TrialRow, result: TrialOutcome
+    ) -> None:
         """The trial is measured (or failed) and what served before serves again."""
         ...
 
@@ -52,8 +54,8 @@ class Journal(Protocol):
 class SearchResult:
     """A finished search: one row per measured trial, the pick, the search, its wall time."""
 
-    rows: list[Row]
-    pick: Row | None
+    rows: list[TrialRow]
+    pick: TrialRow | None
     search: Search
     wall_s: float
 
@@ -86,8 +88,10 @@ async def run_search(
     """Measure what the search proposes until it stops; pick the best feasible trial."""
     assert plan.objective is not None
     objective = plan.objective
-    gates = gates_from(plan.gates) if plan.gates else Gates()
-    rows: list[Row] = []
+    # trials are ranked on their point values (many short runs); the change a search drafts is
+    # judged on its statistics when it is applied (/apply-adr)
+    gates = gates_from(plan.gates, decide="point") if plan.gates else Gates(decide="point")
+    rows: list[TrialRow] = []
     started = time.perf_counter()
     echo(f"search: {search.space.describe()}; {objective.describe()}; budget {search.budget}")
     while (proposal := search.propose()) is not None:
@@ -109,13 +113,13 @@ async def run_search(
     return SearchResult(rows=rows, pick=pick, search=search, wall_s=time.perf_counter() - started)
 
 
-def _score(objective: Objective, row: Row, gates: Gates) -> TrialOutcome:
+def _score(objective: Objective, row: TrialRow, gates: Gates) -> TrialOutcome:
     if row.values is None or row.report is None:
         return TrialOutcome(failed=f"{row.failed_at or 'canary'}: {row.error or 'not measured'}")
     return outcome(objective, row.report, gates)
 
 
-def pick_best(rows: list[Row], objective: Objective) -> Row | None:
+def pick_best(rows: list[TrialRow], objective: Objective) -> TrialRow | None:
     """The feasible (every gate met) row with the best objective value, marked recommended;
     the earliest on a tie. None when no trial met the gates."""
     best = _best(rows, objective)
@@ -124,8 +128,8 @@ def pick_best(rows: list[Row], objective: Objective) -> Row | None:
     return best
 
 
-def _best(rows: list[Row], objective: Objective) -> Row | None:
-    best: Row | None = None
+def _best(rows: list[TrialRow], objective: Objective) -> TrialRow | None:
+    best: TrialRow | None = None
     for row in rows:
         if not row.passed or row.score is None:
             continue
@@ -151,7 +155,7 @@ def _said(objective: Objective, result: TrialOutcome) -> str:
     return f"{objective.metric} {score_text(objective, result.value)}, {verdict}"
 
 
-def _best_so_far(objective: Objective, rows: list[Row]) -> str:
+def _best_so_far(objective: Objective, rows: list[TrialRow]) -> str:
     best = _best(rows, objective)
     if best is None:
         return "no trial met the gates yet"

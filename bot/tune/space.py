@@ -31,7 +31,7 @@ MAX_POINTS = 1_000_000  # a larger space is a typo (a step of 1 over a token bud
 MAX_VALUES = 10_000  # values of one flag, likewise
 
 
-class Dimension(BaseModel):
+class SearchDimension(BaseModel):
     """One flag's values: ``values: [...]``, or ``low``/``high`` (integers) with ``step``."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -42,7 +42,7 @@ class Dimension(BaseModel):
     step: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
-    def _values_or_range(self) -> Dimension:
+    def _values_or_range(self) -> SearchDimension:
         ranged = self.low is not None or self.high is not None
         if self.values is not None and ranged:
             raise ValueError("give values: or low:/high:, not both")
@@ -81,7 +81,7 @@ class Dimension(BaseModel):
 class Space:
     """The checked space: flag -> its values, in the plan's order."""
 
-    dimensions: dict[str, Dimension]
+    dimensions: dict[str, SearchDimension]
 
     @property
     def flags(self) -> list[str]:
@@ -113,12 +113,12 @@ class Space:
         return "; ".join(parts) + f" ({self.size} flag sets)"
 
 
-def build_space(raw: Mapping[str, Dimension], *, source: str = "plan") -> Space:
+def build_space(raw: Mapping[str, SearchDimension], *, source: str = "plan") -> Space:
     """The checked space; UsageError naming the flag and why (a flag off the allowlist, a
     value out of the flag's range, a range on a flag that is not an integer)."""
     if not raw:
         raise UsageError(f"{source}: space: give at least one flag to search")
-    dims: dict[str, Dimension] = {}
+    dims: dict[str, SearchDimension] = {}
     for name, dim in raw.items():
         flag = canonical(name.lstrip("-"))
         where = f"{source}: space.{name}"
@@ -156,7 +156,7 @@ def build_space(raw: Mapping[str, Dimension], *, source: str = "plan") -> Space:
     return space
 
 
-def parse_dimension(text: str) -> tuple[str, Dimension]:
+def parse_dimension(text: str) -> tuple[str, SearchDimension]:
     """A dimension from the command line: ``FLAG=4,8,16`` or ``FLAG=256..2048/256``."""
     name, sep, spec = text.partition("=")
     if not sep or not name or not spec:
@@ -169,8 +169,8 @@ def parse_dimension(text: str) -> tuple[str, Dimension]:
     try:
         if dots:
             high, _, step = rest.partition("/")
-            return flag, Dimension(low=int(low), high=int(high), step=int(step or 1))
-        return flag, Dimension(values=[_value(flag, part) for part in spec.split(",")])
+            return flag, SearchDimension(low=int(low), high=int(high), step=int(step or 1))
+        return flag, SearchDimension(values=[_value(flag, part) for part in spec.split(",")])
     except ValidationError as exc:
         raise UsageError(f"--space {text!r}: {exc.errors()[0]['msg']}") from None
     except ValueError as exc:

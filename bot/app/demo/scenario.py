@@ -47,7 +47,7 @@ from bot.app.demo.drift_act import (
     record_workload,
     run_second_act,
 )
-from bot.app.demo.screen import Numbers, Result
+from bot.app.demo.screen import DemoResult, Numbers
 from bot.app.scheduler.snapshots import WARM_REQUESTS, MetricsSampler, SnapshotJob
 from bot.app.scheduler.workload_drift import LiveShape
 from bot.app.server import Bot, create_bot
@@ -450,7 +450,7 @@ class Demo:
     def _load(self, workloads: list[Workload]) -> _Load:
         return _Load.start(workloads, wait_s=self._pace.request_s(CHAT_OUTPUT))
 
-    async def run(self) -> Result:
+    async def run(self) -> DemoResult:
         """The whole story; DemoFailed when a step did not happen on this machine."""
         async with httpx.AsyncClient(timeout=httpx.Timeout(10.0)) as http:
             normal = await self._normal(http)
@@ -480,7 +480,7 @@ class Demo:
                 bot.db.dispose()
         draft = self._story_ended(rem, draft)
         assert self._adr.gates is not None  # an accepted ADR has gates (the validator insists)
-        return Result(
+        return DemoResult(
             adr_id=self._adr.id,
             normal=normal,
             incident=summary_numbers(summary),

@@ -15,7 +15,7 @@ Numbers = Mapping[str, float | None]
 
 
 @dataclass(frozen=True)
-class Result:
+class DemoResult:
     """What one demo run showed, for the last screen."""
 
     adr_id: str
@@ -33,7 +33,7 @@ class Result:
     watched: Sequence[str] = field(default_factory=tuple)  # ungated numbers, before vs after
 
 
-def render(result: Result) -> str:
+def render(result: DemoResult) -> str:
     """The screen, as plain text."""
     verdict = {
         "promoted": "promoted: the canary met every gate",

@@ -47,7 +47,7 @@ from bot.change.actuators.base import ActuatorError, ChangeContext, Deployed
 from bot.change.actuators.yaml_flags import Locator
 from bot.change.argv import FlagValues, flags_text, read_flags, record
 from bot.change.gitops import trailers
-from bot.change.gitops.errors import Conflict, GitOpsError
+from bot.change.gitops.errors import GitConflict, GitOpsError
 from bot.change.gitops.forge import Forge, build_forge
 from bot.change.gitops.git import Commit, GitRepo
 from bot.change.gitops.landing import Landing, Proposal
@@ -184,7 +184,7 @@ class GitActuator:
             return await self._deployed(tip, files, serving=stage)
 
     async def _refuse_if_changed(self, stage: Stage, before: Deployed, base: str) -> None:
-        """Conflict unless the file is as current() read it, but for this change's commits."""
+        """GitConflict unless the file is as current() read it, but for this change's commits."""
         head = str(before.detail.get("head", ""))
         known = bool(head) and await self.repo.rev(head) is not None
         if not known or not await self.repo.is_ancestor(head, base):
@@ -228,7 +228,7 @@ class GitActuator:
             landed = await self.landing.land(
                 Proposal(branch=branch, title=subject, body=body, message=message)
             )
-        except Conflict as exc:
+        except GitConflict as exc:
             raise ActuatorError(
                 f"{self._title()} was not applied: {exc}. Nothing was left behind (no branch, "
                 "no open pull request); request the change again"
@@ -266,7 +266,7 @@ class GitActuator:
                 return tip, touched
             try:
                 return await self._land_revert(tip, todo), touched
-            except Conflict as exc:
+            except GitConflict as exc:
                 if "reverts cleanly" in str(exc) or attempt == 3:
                     raise ActuatorError(
                         f"cannot roll back {self.target}: {exc}. Nothing was pushed; revert "

@@ -3,7 +3,7 @@
 One interface for both (``Forge``): open a pull request from a branch, find the open one of a
 branch (a bot restarted mid-change finds what it left), say what a merge still waits for
 (reviews, checks), merge it at exactly the commit ruleloop pushed, close it. The answers that
-mean "someone else changed it first" become ``Conflict``: GitHub 405 (not mergeable) and 409
+mean "someone else changed it first" become ``GitConflict``: GitHub 405 (not mergeable) and 409
 (the head moved), GitLab 405/406 (cannot be merged) and 409 (the sha does not match).
 
 The token is read from its file for every request and sent in a header (GitHub: ``Authorization:
@@ -21,7 +21,7 @@ from urllib.parse import quote
 
 import httpx
 
-from bot.change.gitops.errors import Conflict, GitOpsError
+from bot.change.gitops.errors import GitConflict, GitOpsError
 from bot.change.gitops.secrets import read_secret, refuse_plain_http, scrub
 from bot.kernel.config import ForgeSpec
 
@@ -58,11 +58,11 @@ class Forge(Protocol):
 
     async def waiting(self, pr: PullRequest) -> str | None:
         """What a merge still waits for (reviews, checks), None when it may merge now;
-        Conflict when it cannot merge at all."""
+        GitConflict when it cannot merge at all."""
         ...
 
     async def merge(self, pr: PullRequest, *, sha: str, squash: bool, message: str) -> None:
-        """Merge exactly ``sha`` (else Conflict) as a rebase, or one squashed commit whose
+        """Merge exactly ``sha`` (else GitConflict) as a rebase, or one squashed commit whose
         message is ``message``."""
         ...
 
@@ -209,7 +209,7 @@ class GitHub(_Rest):
         if data.get("merged") or state in ("clean", "unstable", "has_hooks"):
             return None
         if state == "dirty" or data.get("mergeable") is False and state != "blocked":
-            raise Conflict(f"pull request {pr.url} has conflicts with its base branch")
+            raise GitConflict(f"pull request {pr.url} has conflicts with its base branch")
         if state == "blocked":
             return f"the reviews or checks the branch's rules require on {pr.url}"
         return f"GitHub to compute whether {pr.url} can merge ({state or 'unknown'})"
@@ -222,9 +222,11 @@ class GitHub(_Rest):
                   "commit_title": title, "commit_message": rest.strip("\n")},
         )  # fmt: skip
         if code == 405:
-            raise Conflict(f"GitHub will not merge {pr.url} (405 {said})")
+            raise GitConflict(f"GitHub will not merge {pr.url} (405 {said})")
         if code == 409:
-            raise Conflict(f"the branch of {pr.url} changed since ruleloop pushed it (409 {said})")
+            raise GitConflict(
+                f"the branch of {pr.url} changed since ruleloop pushed it (409 {said})"
+            )
 
     async def close(self, pr: PullRequest) -> None:
         await self._call("PATCH", f"{self._base}/pulls/{pr.number}", body={"state": "closed"})
@@ -267,7 +269,7 @@ class GitLab(_Rest):
         if data.get("state") == "merged" or status in ("mergeable", "can_be_merged"):
             return None
         if status in ("conflict", "need_rebase", "cannot_be_merged"):
-            raise Conflict(f"merge request {pr.url} cannot be merged ({status})")
+            raise GitConflict(f"merge request {pr.url} cannot be merged ({status})")
         if status in ("not_approved", "blocked_status", "discussions_not_resolved"):
             return f"the approvals the project requires on {pr.url} ({status})"
         return f"GitLab to check {pr.url} ({status or 'unknown'})"
@@ -281,9 +283,11 @@ class GitLab(_Rest):
             body=body,
         )  # fmt: skip
         if code in (405, 406):
-            raise Conflict(f"GitLab will not merge {pr.url} ({code} {said})")
+            raise GitConflict(f"GitLab will not merge {pr.url} ({code} {said})")
         if code == 409:
-            raise Conflict(f"the branch of {pr.url} changed since ruleloop pushed it (409 {said})")
+            raise GitConflict(
+                f"the branch of {pr.url} changed since ruleloop pushed it (409 {said})"
+            )
 
     async def close(self, pr: PullRequest) -> None:
         await self._call(

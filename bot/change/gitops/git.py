@@ -33,7 +33,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bot.change.gitops import trailers
-from bot.change.gitops.errors import Conflict, GitOpsError
+from bot.change.gitops.errors import GitConflict, GitOpsError
 from bot.change.gitops.secrets import read_secret, refuse_plain_http, scrub
 from bot.kernel.config import GitRepoSpec
 from bot.kernel.runtime.ids import process_alive
@@ -76,7 +76,7 @@ class Commit:
 
 
 @dataclass(frozen=True)
-class Result:
+class GitResult:
     """A finished git command."""
 
     code: int
@@ -144,14 +144,14 @@ class GitRepo:
         return branches
 
     async def push(self, local: str, branch: str) -> None:
-        """Push ``local`` to the remote's ``branch``, never forced; Conflict when refused as
+        """Push ``local`` to the remote's ``branch``, never forced; GitConflict when refused as
         not a fast-forward (someone pushed there first)."""
         result = await self.try_run("push", "--porcelain", "origin", f"{local}:refs/heads/{branch}")
         if result.code == 0:
             return
         text = f"{result.out}\n{result.err}"
         if any(s in text for s in ("[rejected]", "non-fast-forward", "fetch first", "stale info")):
-            raise Conflict(
+            raise GitConflict(
                 f"the push to {branch} was refused as not a fast-forward: someone pushed to it "
                 "since ruleloop read it"
             )
@@ -264,14 +264,14 @@ class GitRepo:
         return head
 
     async def revert(self, shas: Sequence[str]) -> None:
-        """Stage the revert of ``shas`` (newest first) without committing; Conflict when they
+        """Stage the revert of ``shas`` (newest first) without committing; GitConflict when they
         no longer revert cleanly (someone changed the same lines since)."""
         result = await self.try_run("revert", "--no-commit", "--no-edit", *shas)
         if result.code != 0:
             await self.try_run("revert", "--abort")
             await self.try_run("reset", "--hard", "--quiet")
             if "conflict" in (result.out + result.err).lower():
-                raise Conflict(
+                raise GitConflict(
                     "the change no longer reverts cleanly: someone changed the same lines "
                     "since ruleloop's commit"
                 )
@@ -288,7 +288,7 @@ class GitRepo:
 
     async def try_run(
         self, *args: str, cwd: Path | None = None, input: str | None = None
-    ) -> Result:
+    ) -> GitResult:
         """One git command, whatever its exit status."""
         env = self._env()
         proc = await asyncio.create_subprocess_exec(
@@ -312,7 +312,9 @@ class GitRepo:
                 f"{scrub(self.url, self._secrets())} reachable?)"
             ) from None
         assert proc.returncode is not None
-        return Result(proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+        return GitResult(
+            proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+        )
 
     def _env(self) -> dict[str, str]:
         """Only what git needs of the bot's environment (never SLACK_BOT_TOKEN and the like),
@@ -362,7 +364,7 @@ class GitRepo:
         lines = [ln for ln in text.strip().splitlines() if ln.strip()]
         return scrub(" / ".join(lines[-3:]) or "no message", self._secrets())
 
-    def _failed(self, args: Sequence[str], result: Result) -> GitOpsError:
+    def _failed(self, args: Sequence[str], result: GitResult) -> GitOpsError:
         return GitOpsError(
             f"git {' '.join(args[:2])} failed (exit {result.code}): {self._tail(result.err)}"
         )

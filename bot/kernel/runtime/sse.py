@@ -26,7 +26,7 @@ DONE = "[DONE]"  # not SSE but OpenAI's convention: the data of a stream's last 
 _LINE_ENDS = (10, 13)  # LF, CR
 
 
-class Event(NamedTuple):
+class SseEvent(NamedTuple):
     """One dispatched event; ``id`` is the stream's last event ID when it was dispatched."""
 
     data: str
@@ -57,11 +57,11 @@ class SSEParser:
         """Bytes fed since the last event ended (its blank line): a relay holds these back."""
         return self._lines + len(self._tail)
 
-    def feed(self, chunk: bytes) -> list[Event]:
+    def feed(self, chunk: bytes) -> list[SseEvent]:
         """Read the next piece of the body; the events it completed, in order."""
         if self._lone_event(chunk):
             # The hot path: the general path below gives the same event at 1.5x the cost.
-            return [_new(Event, (chunk[6:-2].decode("utf-8", "replace"), "message", self._id))]
+            return [_new(SseEvent, (chunk[6:-2].decode("utf-8", "replace"), "message", self._id))]
         if not chunk:
             return []  # changes nothing: a CR before it still pairs with an LF after it
         if self._cr:
@@ -81,7 +81,7 @@ class SSEParser:
         else:
             self._tail = b""
             self._cr = data[-1:] == b"\r"
-        events: list[Event] = []
+        events: list[SseEvent] = []
         for line in lines:
             content = line.rstrip(b"\r\n")  # a line holds no CR or LF but its end
             if not content:
@@ -149,7 +149,7 @@ class SSEParser:
             self._lines += len(BOM)  # relayed with the first event, as it came
         return data
 
-    def end(self) -> list[Event]:
+    def end(self) -> list[SseEvent]:
         """The body ended: dispatch an event it left without a blank line (see module doc)."""
         events = self.feed(b"\n") if self._tail else []
         if self._data:
@@ -157,10 +157,10 @@ class SSEParser:
         self._type, self._lines = b"", 0
         return events
 
-    def _dispatch(self) -> Event:
+    def _dispatch(self) -> SseEvent:
         data, self._data = self._data, []
         raw = data[0] if len(data) == 1 else b"\n".join(data)
         kind = self._type.decode("utf-8", "replace") if self._type else "message"
         self._type = b""
-        # tuple.__new__: half the cost of Event(...), whose __new__ is Python (one per token)
-        return _new(Event, (raw.decode("utf-8", "replace"), kind, self._id))
+        # tuple.__new__: half the cost of SseEvent(...), whose __new__ is Python (one per token)
+        return _new(SseEvent, (raw.decode("utf-8", "replace"), kind, self._id))

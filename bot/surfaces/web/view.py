@@ -128,7 +128,7 @@ def _fleet(summary: DiagnosisSummary) -> Fleet | None:
 
 
 @dataclass(frozen=True)
-class Event:
+class PageEvent:
     """One line of the timeline."""
 
     at: str
@@ -210,7 +210,7 @@ class IncidentPage:
     remediations: list[RemediationCard]
     canaries: list[CanaryRunView]
     drafts: list[DraftCard]
-    timeline: list[Event]
+    timeline: list[PageEvent]
     notes: list[str] = field(default_factory=list)
     fleet: Fleet | None = None  # a fleet's replicas, judged one against the others
     cause_line: str | None = None  # the likely cause and its number (None: not diagnosed)
@@ -403,25 +403,25 @@ def _canary(c: CanaryRow) -> CanaryRunView:
     )
 
 
-def _event(e: AuditRow) -> Event:
+def _event(e: AuditRow) -> PageEvent:
     """One audit entry in words."""
     d = e.detail
     action = e.action
     if action == "incident.opened":
-        return Event(when(e.at), e.actor, "alert received: incident opened", BAD)
+        return PageEvent(when(e.at), e.actor, "alert received: incident opened", BAD)
     if action == "incident.resolved":
-        return Event(when(e.at), e.actor, "the alert resolved", GOOD)
+        return PageEvent(when(e.at), e.actor, "the alert resolved", GOOD)
     if action == "diagnose.requested":
-        return Event(when(e.at), e.actor, f"/diagnose {d.get('target', '')} requested")
+        return PageEvent(when(e.at), e.actor, f"/diagnose {d.get('target', '')} requested")
     if action == "diagnosis.finished":
         headline = d.get("headline") or {}
         shown = ", ".join(
             f"{label} {four_number(key, headline.get(key))}" for key, label, _, _ in FOUR
         )
-        return Event(when(e.at), e.actor, f"diagnosed ({d.get('runbook', '?')}): {shown}")
+        return PageEvent(when(e.at), e.actor, f"diagnosed ({d.get('runbook', '?')}): {shown}")
     if action == "diagnosis.failed":
         why = d.get("error") or f"unexpected error (id {d.get('error_id', '?')})"
-        return Event(when(e.at), e.actor, f"diagnosis failed: {why}", BAD)
+        return PageEvent(when(e.at), e.actor, f"diagnosis failed: {why}", BAD)
     if action.startswith("remediation."):
         state = action.split(".", 1)[1]
         text = STATES.get(state, state.replace("_", " "))
@@ -429,7 +429,9 @@ def _event(e: AuditRow) -> Event:
         good = state in (ChangeState.PROMOTED, "canary_passed")
         tone = GOOD if good else (BAD if state in ENDED_BAD else NEUTRAL)
         text = (f"/apply-adr {adr}: " if adr else "") + text + (f" ({reason})" if reason else "")
-        return Event(when(e.at), e.actor, text, tone)
+        return PageEvent(when(e.at), e.actor, text, tone)
     if action.startswith("adr_draft."):
-        return Event(when(e.at), e.actor, f"ADR draft {d.get('adr', '')} {action.split('.')[1]}")
-    return Event(when(e.at), e.actor, action.replace("_", " ").replace(".", ": "))
+        return PageEvent(
+            when(e.at), e.actor, f"ADR draft {d.get('adr', '')} {action.split('.')[1]}"
+        )
+    return PageEvent(when(e.at), e.actor, action.replace("_", " ").replace(".", ": "))
