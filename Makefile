@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.ruleloop-installed
 
-.PHONY: demo test test-slow-machine durations lint venv clean system-deps pictures
+.PHONY: demo test test-slow-machine durations lint venv clean system-deps pictures fuzz
 
 venv: $(STAMP)
 
@@ -54,6 +54,13 @@ SLOW_MACHINE_TESTS ?= tests/test_bot_e2e.py tests/test_remediation_engine.py \
 test-slow-machine: $(STAMP) system-deps
 	RULELOOP_ENGINE_CPU_LIMIT=$(SLOW_MACHINE_CORES) $(BIN)/pytest -n $(TEST_WORKERS) \
 	  --dist loadscope --no-loadscope-reorder $(SLOW_MACHINE_TESTS)
+
+# The fuzz tests (Slack requests and button payloads, Alertmanager bodies, the condition grammar,
+# the incident page) with 10,000 examples each instead of `make test`'s fast counts; by hand.
+FUZZ_EXAMPLES ?= 10000
+fuzz: $(STAMP)
+	RULELOOP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest tests/test_fuzz_slack.py \
+	  tests/test_fuzz_alertmanager.py tests/test_fuzz_conditions.py tests/test_fuzz_incident_page.py
 
 # The order above comes from tests/module_seconds.json: this rewrites it from a whole passing run.
 durations:

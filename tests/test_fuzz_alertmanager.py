@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from bot.incidents.intake.models import MAX_DEPTH, Webhook, parse_webhook
 from bot.kernel.errors import RequestRejected
 from tests.fakes.alerts import alert, payload
+from tests.fuzzing import examples
 
 pytestmark = pytest.mark.faults
 
@@ -50,7 +51,7 @@ BODIES = (
 )
 
 
-@settings(max_examples=10_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(2_000), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(body=BODIES)
 def test_every_body_is_a_webhook_or_a_clear_4xx(body: bytes) -> None:
     try:

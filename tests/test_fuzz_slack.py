@@ -28,10 +28,11 @@ from hypothesis import strategies as st
 
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import SIGNING_SECRET, FakeSlack
+from tests.fuzzing import examples
 
 pytestmark = pytest.mark.faults
 
-EXAMPLES = 3_400  # per test: 10,200 in all
+EXAMPLES = examples(1_000)  # per test in `make test`; `make fuzz`: 10,000 each
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
