@@ -181,7 +181,8 @@ def _asker(frame: FrameType) -> str | None:
 
 
 async def passing(
-    base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+    base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None,
+    **judging: object,
 ) -> GateRun:
     """The gate: a recorded report that meets the seed's gates, judged by the real judge."""
     return judged(PASSING, gates_from(gates))

@@ -83,7 +83,8 @@ class RecordingCanary:
         self.tpot_p99_ms = [60.0, 21.5]
 
     async def __call__(
-        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None,
+        **judging: object,
     ) -> GateRun:
         tpot = self.tpot_p99_ms[len(self.gates)]
         self.gates.append(gates)

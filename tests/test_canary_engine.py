@@ -51,25 +51,30 @@ def endpoint(engine: EngineInfo) -> str:
 
 
 def test_loose_gates_pass_with_exit_0(engine: EngineInfo) -> None:
-    code, out, report, _ = run(
-        ["--endpoint", endpoint(engine), *SMALL, "--max-ttft-p99-ms", "60000",
+    """No --num-requests: the run sizes itself to the 528 requests a p99 gate is decided on
+    (a count given is a bound: 16 would leave the gates inconclusive, and exit 1)."""
+    sized = SMALL[2:]  # without --num-requests 16
+    code, out, report, err = run(
+        ["--endpoint", endpoint(engine), *sized, "--max-ttft-p99-ms", "60000",
          "--max-tpot-p99-ms", "60000", "--min-goodput-ratio", "0.5", "--max-kv-fragmentation", "1",
          "--sample-interval", "0.1"]
     )  # fmt: skip
     assert code == 0, out
     assert report is not None and report["passed"] is True
     assert report["requests"] == {
-        "ok": 16, "cancelled": 0, "failed": 0, "total": 16, "failed_by_cause": {}
+        "ok": 528, "cancelled": 0, "failed": 0, "total": 528, "failed_by_cause": {}
     }  # fmt: skip
     assert [g["name"] for g in report["gates"]] == [
         "max_ttft_p99_ms", "max_tpot_p99_ms", "min_goodput_ratio", "max_kv_fragmentation",
         "max_error_rate",
     ]  # fmt: skip
     assert all(g["passed"] for g in report["gates"])
-    assert report["tokens"]["delivered"] == 16 * 16
-    assert report["engine"]["generation_tokens"] == 16 * 16  # nothing else ran in the window
+    assert report["tokens"]["delivered"] == 528 * 16
+    assert report["engine"]["generation_tokens"] == 528 * 16  # nothing else ran in the window
     assert report["goodput_ratio"] == pytest.approx(1.0)
     assert "all gates passed" in out
+    assert "warning: sized 20 -> 528 requests" in err  # the default of 5 per stream, sized up
+    assert all(g["decided"] == "met" for g in report["gates"][:2])
 
 
 def test_impossible_gate_fails_with_exit_1_and_names_it(engine: EngineInfo) -> None:

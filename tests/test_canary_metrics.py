@@ -135,7 +135,8 @@ def test_goodput_without_engine_is_a_labelled_client_upper_bound() -> None:
 @pytest.mark.parametrize(
     ("gates", "passed", "failed_names"),
     [
-        (Gates(max_ttft_p99_ms=1000), True, []),
+        # two requests under the limit cannot show that a p99 is: not decided, and it fails
+        (Gates(max_ttft_p99_ms=1000), False, ["max_ttft_p99_ms"]),
         (Gates(max_ttft_p99_ms=50), False, ["max_ttft_p99_ms"]),
         (Gates(max_tpot_p99_ms=50, min_goodput_ratio=0.5), False, ["max_tpot_p99_ms"]),
         (Gates(max_kv_fragmentation=0.3), False, ["max_kv_fragmentation"]),  # not measured
@@ -188,12 +189,14 @@ def test_report_json_has_the_contract_keys() -> None:
     }  # fmt: skip
     assert data["error_rate"] == 0.0
     assert data["gates"][0] == {
-        "name": "max_ttft_p99_ms", "limit": 500, "value": pytest.approx(100.0), "passed": True,
-        "reason": "TTFT p99 100ms <= 500ms",
+        "name": "max_ttft_p99_ms", "limit": 500, "value": pytest.approx(100.0), "passed": False,
+        "reason": "TTFT p99 100ms <= 500ms, but (not decided at 99%: p99 in (-∞, ∞) at 99% (n=1) "
+        "straddles 500: not decided; 528 requests bound a p99 on both sides)",
         "source": "TTFT p99: client side; requests that failed count as infinitely slow",
         "statistics": "inconclusive: p99 in (-∞, ∞) at 99% (n=1) straddles 500: not decided; "
         "528 requests bound a p99 on both sides",
-        "decided": "inconclusive", "sample": 1,
+        "decided": "inconclusive", "sample": 1, "sample_before": None, "p_value": None,
+        "interval": [None, None],
     }  # fmt: skip
     assert [g["name"] for g in data["gates"]] == ["max_ttft_p99_ms", "max_error_rate"]
 

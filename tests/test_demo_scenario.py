@@ -116,7 +116,7 @@ def test_the_last_screen_has_the_four_numbers_the_verdict_and_the_paths() -> Non
         "Goodput 70.0 % ≥ 80.0 %: MISSED (before → after: 90.0 → 70.0 % (-22 %))",
     ]
     text = screen.render(
-        screen.Result(
+        screen.DemoResult(
             adr_id=ADR_ID,
             normal=Measured(NORMAL, {"tpot_p99_ms": Bound.AT_MOST}),
             incident=Measured({"ttft_p99_ms": 706.0, "tpot_p99_ms": 185.4, "goodput_ratio": 1.0}),

@@ -63,7 +63,8 @@ class StageCanary:
         self._kube = kube
 
     async def __call__(
-        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: Any = None
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: Any = None,
+        **judging: Any,
     ) -> GateRun:
         deployment = "vllm" if base_url == VLLM_URL else "vllm-canary"
         serving = "replaced" if self._kube.args(deployment) == REPLACED else "fix"

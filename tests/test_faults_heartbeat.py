@@ -96,7 +96,8 @@ class HeldCanary:
         self.release = asyncio.Event()
 
     async def __call__(
-        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None,
+        **judging: object,
     ) -> GateRun:
         self.started.set()
         await self.release.wait()

@@ -112,7 +112,7 @@ def test_migrations_ship_with_the_package() -> None:
     assert (MIGRATIONS / "__init__.py").exists() and (versions / "__init__.py").exists()
     assert (MIGRATIONS / "env.py").exists() and any(versions.glob("0001_*.py"))
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert "store/migrations/script.py.mako" in config["tool"]["setuptools"]["package-data"]["bot"]
+    assert "kernel/store/migrations/script.py.mako" in config["tool"]["setuptools"]["package-data"]["bot"]
 
 
 def test_db_cli_upgrades_and_reports_the_revision(tmp_path: Path) -> None:

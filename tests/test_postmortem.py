@@ -193,7 +193,9 @@ def test_build_reads_the_verdict_stored_with_a_run_judged_by_the_same_gates() ->
     entry["reason"] = "TTFT p99 as stored"
     run = CanaryFacts.from_report(label="after ADR-20260831-01", report=report, at=T0)
     adr = _draft(_applied("rolled_back", failed_gates=[]), canaries=[run])
-    assert adr.matrix[1].verdict == "不达标 (fail: TTFT p99 as stored)"
+    # ... and its TPOT, under the limit on four requests' points, not decided (it fails too)
+    assert adr.matrix[1].verdict.startswith("不达标 (fail: TTFT p99 as stored; TPOT p99 ")
+    assert "not decided at 99%" in adr.matrix[1].verdict
     assert "failed gates: TTFT p99 as stored" in adr.context
     # A run stored with a verdict by other gates (TTFT and errors only) is judged by the
     # ADR's from its numbers: its stored words are not the ADR's verdict.

@@ -51,7 +51,8 @@ class ShapedCanary:
         self.replayed: list[object] = []  # the shape each run was asked to replay
 
     async def __call__(
-        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None,
+        **judging: object,
     ) -> GateRun:
         self.replayed.append(shape)
         tpot, shape = self.runs[self.calls]

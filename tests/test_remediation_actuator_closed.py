@@ -66,7 +66,8 @@ class Canary:
     report: dict[str, Any]
 
     async def __call__(
-        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None,
+        **judging: object,
     ) -> GateRun:
         return judged(self.report, gates_from(gates))
 

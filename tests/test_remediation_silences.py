@@ -93,7 +93,8 @@ class Canary:
         self.started, self.release, self.passes = asyncio.Event(), asyncio.Event(), passes
 
     async def __call__(
-        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None,
+        **judging: object,
     ) -> GateRun:
         self.started.set()
         await self.release.wait()

@@ -42,7 +42,8 @@ class FakeCanary:
         self.shapes: list[object] = []
 
     async def __call__(
-        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None,
+        **judging: object,
     ) -> GateRun:
         self.calls.append((base_url, gates))
         self.shapes.append(shape)

@@ -70,7 +70,8 @@ class ShapeCanary:
         self.gates: list[AdrGates] = []
 
     async def __call__(
-        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: Any = None
+        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: Any = None,
+        **judging: Any,
     ) -> GateRun:
         self.shapes.append(shape)
         self.gates.append(gates)

@@ -116,10 +116,11 @@ class CanaryRun:
         on_progress: Callable[[Progress], None] | None = None,
         progress_interval_s: float = 1.0,
         replicas: Sequence[str] = (),
+        size: bool = True,
     ) -> None:
         self.gates = gates or Gates()
         self.warnings: list[str] = []
-        self.workload = self._sized(workload)
+        self.workload = self._sized(workload, size)
         self.replicas = list(replicas)  # engines behind the endpoint, read merged (--replica)
         self.metrics_url = metrics_url
         self.discover_metrics = discover_metrics and metrics_url is None
@@ -142,12 +143,20 @@ class CanaryRun:
         self._warmup_replay: ShapeReplay | None = None  # its warmup: same prefixes, own draws
         self._first_token = asyncio.Event()  # a measured stream got its first token
 
-    def _sized(self, workload: Workload) -> Workload:
+    def _sized(self, workload: Workload, size: bool) -> Workload:
         """The workload with at least as many requests as its gates can be decided on
         (``Gates.requests_needed``: a p99 against a limit needs 528 at 99 %); a run bounded by
-        time only is left as it is, and its verdict says when it was too short to decide."""
+        time only, or a count given as a bound (``size`` False), is left as it is, said, and
+        its verdict says when it was too short to decide."""
         needed = self.gates.requests_needed()
         if workload.num_requests is None or workload.num_requests >= needed:
+            return workload
+        if not size:
+            self.warnings.append(
+                f"{workload.num_requests} requests cannot decide the gates at"
+                f" {self.gates.confidence:.0%} ({needed} can): a gate not missed will be"
+                " inconclusive, and fail"
+            )
             return workload
         self.warnings.append(
             f"sized {workload.num_requests} -> {needed} requests: the gates cannot be decided at"

@@ -424,7 +424,7 @@ def gates_from(
     before-run's per-request values; without ``before`` they only size the run. ``decide``
     "point": a tuning search's trials, ranked on their point values (see ``Gates.decide``).
     """
-    kwargs: dict[str, Any] = {
+    kwargs = {
         f.name: getattr(limits, f.name) for f in fields(Gates)
         if f.name in GATES and hasattr(limits, f.name)
     }  # fmt: skip

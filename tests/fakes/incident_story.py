@@ -50,7 +50,8 @@ class Wall:
 
 
 async def recorded_canary(
-    base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None
+    base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: object = None,
+    **judging: object,
 ) -> GateRun:
     """The gate's canary: a recorded passing report, judged against the ADR's gates."""
     return judged(PASSING, gates_from(gates))

@@ -80,8 +80,10 @@ def run_canary(
     replicas: tuple[str, ...] = (),
     sample_interval_s: float = DEFAULT_SAMPLE_INTERVAL_S,
     progress: bool = False,
+    size: bool = True,
 ) -> CanaryReport:
-    """Run one canary and return its report (raises on usage or endpoint errors)."""
+    """Run one canary and return its report (raises on usage or endpoint errors); ``size``:
+    take at least as many requests as the gates can be decided on (``CanaryRun``)."""
     problems = check(workload)
     if problems:
         raise UsageError("; ".join(problems))
@@ -103,11 +105,15 @@ def run_canary(
         sample_interval_s=sample_interval_s,
         on_progress=show if progress else None,
         progress_interval_s=1.0 if interactive else 5.0,
+        size=size,
     )
+    said = len(run.warnings)  # the run's size, said before it starts
+    for warning in run.warnings:
+        click.echo(f"warning: {warning}", err=True)
     report = loop.run(run.run())
     if progress and interactive:
         click.echo("", err=True)
-    for warning in run.warnings:
+    for warning in run.warnings[said:]:
         click.echo(f"warning: {warning}", err=True)
     return report.report()
 
@@ -377,6 +383,7 @@ def canary(
         workload, gates=gates, sample_interval_s=sample_interval_s, progress=not quiet,
         metrics_url=_metrics_url(metrics_url, replicas), replicas=replicas,
         discover_metrics=metrics_url is None and not replicas,
+        size=_given("num_requests") is None,  # a count you give is a bound, kept as given
     )  # fmt: skip
     _report(report, output_json)
 
