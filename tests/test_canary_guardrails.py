@@ -114,7 +114,8 @@ def test_an_ungated_ttft_that_doubled_is_flagged_and_one_that_held_is_not() -> N
     doubled = _report(_values(rng, 40, 240.0), _values(rng, 40, 14.0))
     (ttft, *rest) = watch(before, doubled, gated={"tpot_p99_ms"})
     assert ttft.key == "ttft_p99_ms" and ttft.regressed and ttft.worse
-    assert "worse beyond 20% and noise (p=" in ttft.text() and "n=40, 40 before" in ttft.text()
+    assert "worse beyond 20% and noise (above 1.2x before at 99%: p=" in ttft.text()
+    assert "n=40, 40 before" in ttft.text()
     assert all(w.key != "tpot_p99_ms" for w in rest)  # gated: its gate judged it
     same = _report(_values(rng, 40, 120.0), _values(rng, 40, 14.0))
     (held, *_) = watch(before, same, gated={"tpot_p99_ms"})
@@ -132,6 +133,7 @@ def test_an_error_rate_that_rose_beyond_noise_is_flagged() -> None:
     failing = _report(_values(rng, 80, 40.0), _values(rng, 80, 20.0), failed=20)
     (errors,) = [w for w in watch(before, failing) if w.key == "error_rate"]
     assert errors.regressed and errors.text().startswith("error rate 0% → 20%: worse beyond 20%")
+    assert "(more at 99%: p=" in errors.text()
     one = _report(_values(rng, 99, 40.0), _values(rng, 99, 20.0), failed=1)
     (barely,) = [w for w in watch(before, one) if w.key == "error_rate"]
     assert not barely.worse  # one failure in a hundred: within the band

@@ -92,7 +92,8 @@ async def test_a_ttft_the_change_made_worse_blocks_it_with_block(
         assert rem.result["failures"] == []  # its gate was met: the guardrail blocked it
         assert rem.result["reason"].startswith("a guardrail blocked it: TTFT p99 "), rem.result
         (worse,) = [w for w in rem.result["watched"] if w.startswith("TTFT p99 ")]
-        assert "worse beyond 20% and noise (p=" in worse and "n=12, 12 before" in worse
+        assert "worse beyond 20% and noise (above 1.2x before at 99%: p=" in worse
+        assert "n=12, 12 before" in worse
         assert "Watched, not gated:* TTFT p99 " in card_shown(slack)
     finally:
         await h.close()

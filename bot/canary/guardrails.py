@@ -50,8 +50,9 @@ class Watch:
     band: float = BAND
 
     def text(self) -> str:
-        """'TTFT p99 248ms → 495ms (2.0x): worse beyond 20% and noise (p=0.0003; n=8, 8
-        before)', '... held within 20% ...', '... worse by more than 20%, not beyond noise ...'."""
+        """'TTFT p99 248ms → 495ms (2.0x): worse beyond 20% and noise (above 1.2x before at 99%:
+        p=0.0003; n=8, 8 before)', '... held within 20% ...', '... worse by more than 20%, not
+        beyond noise ...'."""
         label, unit = _label_unit(self.key)
         was, now = compact(self.before, unit), compact(self.after, unit)
         times = ""
@@ -98,7 +99,12 @@ def watch(
         worse = regressed or (
             point_b is not None and point_a is not None and point_a > (1 + band) * point_b
         )
-        evidence = f"p={judgement.p_value:.2g}; n={judgement.n}, {judgement.n_before} before"
+        said = {"missed": "above", "met": "under"}.get(judgement.outcome)
+        test = f"{said} {1 + band:g}x before" if said else "not decided"
+        evidence = (
+            f"{test} at {confidence:.0%}: p={judgement.p_value:.2g};"
+            f" n={judgement.n}, {judgement.n_before} before"
+        )
         out.append(Watch(key, point_b, point_a, worse, regressed, True, evidence, band))
     errors = _error_watch(before, after, band, confidence)
     if errors is not None:
@@ -129,8 +135,12 @@ def _error_watch(
         [1.0] * a.failed + [0.0] * (a.total - a.failed),
         [1.0] * b.failed + [0.0] * (b.total - b.failed),
     )
-    evidence = f"p={test.p_value:.2g}; n={a.total}, {b.total} before"
     regressed = worse and test.p_value < 1 - confidence
+    if not a.failed and not b.failed:
+        evidence = f"no failed request either side; n={a.total}, {b.total} before"
+    else:
+        said = "more at" if regressed else "not more at"
+        evidence = f"{said} {confidence:.0%}: p={test.p_value:.2g}; n={a.total}, {b.total} before"
     return Watch("error_rate", was, now, worse, regressed, True, evidence, band)
 
 
