@@ -1,0 +1,113 @@
+"""Memory of a real `ruleloop serve` under 16 hostile 1 MiB webhook bodies at once.
+
+Each kind of body is sent 16 times concurrently to /alertmanager (with the token), and the
+server's resident memory (VmRSS, sampled every 5 ms from /proc) is read before and at its peak.
+The kinds are the shapes a flood or an attacker sends: a flat array of a million numbers where
+alerts should be, nesting far past the limit, 10,000 alerts of a thousand labels' worth, one
+label value of a megabyte, and a body that is not JSON. The goal (issue 45): at most +50 MB.
+
+    python bench/hostile_bodies.py            # prints one row per kind, and the worst
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+TOKEN = "bench-token-0123456789abcdef0123"
+MIB = 1 << 20
+AT_ONCE = 16
+
+
+def bodies() -> dict[str, bytes]:
+    """About a MiB of each hostile kind."""
+    flat = b'{"version":"4","status":"firing","alerts":[' + b"1," * (MIB // 2 - 40) + b"1]}"
+    deep = b'{"alerts":' + b"[" * (MIB // 2) + b"]" * (MIB // 2) + b"}"
+    labels = {f"l{i}": "v" * 40 for i in range(20)}
+    alert = {"status": "firing", "labels": labels, "annotations": {}, "fingerprint": "f"}
+    many = json.dumps({"version": "4", "status": "firing", "groupKey": "g",
+                       "alerts": [alert] * (MIB // len(json.dumps(alert)))}).encode()  # fmt: skip
+    long_label = json.dumps({"version": "4", "status": "firing", "groupKey": "g",
+                             "alerts": [{"labels": {"x": "y" * MIB}}]}).encode()  # fmt: skip
+    junk = os.urandom(MIB)
+    return {"flat array": flat, "deep nesting": deep, "many labels": many,
+            "one long label": long_label, "not JSON": junk}  # fmt: skip
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+async def flood(url: str, body: bytes, pid: int) -> tuple[list[int], int]:
+    """Statuses of AT_ONCE concurrent posts of ``body``, and the peak RSS (KiB) meanwhile."""
+    peak, done = 0, False
+
+    async def sample() -> None:
+        nonlocal peak
+        while not done:
+            peak = max(peak, rss_kib(pid))
+            await asyncio.sleep(0.005)
+
+    sampler = asyncio.create_task(sample())
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    async with httpx.AsyncClient(timeout=120) as client:
+        answers = await asyncio.gather(
+            *(client.post(f"{url}/alertmanager", content=body, headers=headers)
+              for _ in range(AT_ONCE)),
+            return_exceptions=True,
+        )  # fmt: skip
+    done = True
+    await sampler
+    statuses = [a.status_code if isinstance(a, httpx.Response) else -1 for a in answers]
+    return statuses, peak
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        port = 18000 + os.getpid() % 1000
+        env = {**os.environ, "RULELOOP_ALERTMANAGER_TOKEN": TOKEN,
+               "RULELOOP_DATABASE_URL": f"sqlite:///{tmp}/ruleloop.db"}  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from bot.app.cli import main; main()", "serve", "--port",
+             str(port), "--state-dir", tmp],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    if httpx.get(f"{url}/livez", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+            time.sleep(1.0)
+            rows = []
+            for name, body in bodies().items():
+                before = statistics.median(rss_kib(proc.pid) for _ in range(5))
+                statuses, peak = asyncio.run(flood(url, body, proc.pid))
+                rows.append((name, len(body), statuses, before, peak))
+                print(f"{name:<16} {len(body) / MIB:5.2f} MiB x{AT_ONCE}: statuses "
+                      f"{sorted(set(statuses))}, RSS {before / 1024:.0f} -> peak "
+                      f"{peak / 1024:.0f} MiB (+{(peak - before) / 1024:.1f} MiB)")  # fmt: skip
+            worst = max(rows, key=lambda r: r[4] - r[3])
+            print(f"worst: {worst[0]}, +{(worst[4] - worst[3]) / 1024:.1f} MiB (goal: <= +50 MB)")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
