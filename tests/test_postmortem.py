@@ -444,3 +444,15 @@ def test_check_reviewer(
     else:
         with pytest.raises(NotAllowed, match=refusal):
             check_reviewer(reviewer=reviewer, author=author, reviewers=reviewers)
+
+
+def test_the_draft_says_how_sure_the_verdict_was_and_what_no_gate_watched() -> None:
+    """The kept change's statistics and its guardrails reach the draft the team reviews; a
+    change without them (no before-run) says neither."""
+    sure = "TPOT p99: met at 99% (p=0.00047; n=8, 8 before)"
+    worse = "TTFT p99 187ms → 420ms (2.2x): worse beyond 20% and noise (above 1.2x before ...)"
+    adr = _draft(_applied("promoted", how_sure=[sure], watched=[worse]))
+    assert f"- 把握 (how sure): {sure}." in adr.context
+    assert f"- 未设门禁的指标 (watched, not gated; against the before-run): {worse}." in adr.context
+    plain = _draft(_applied("promoted"))
+    assert "把握" not in plain.context and "watched, not gated" not in plain.context

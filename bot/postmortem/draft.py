@@ -131,6 +131,8 @@ class AppliedFix:
     failed_gates: Sequence[str] = ()
     limits: Mapping[str, float] = field(default_factory=dict)  # the numbers its canary used
     shape: WorkloadShape | None = None  # the workload the canary that judged it sent
+    how_sure: Sequence[str] = ()  # each per-request gate as its statistics decided it
+    watched: Sequence[str] = ()  # ungated numbers the change made worse (guardrails)
 
     @property
     def judged(self) -> AdrGates | None:
@@ -334,6 +336,13 @@ def _applied_lines(
         lines.append(
             f"- 结果 (outcome): {state} — {failed or 'no canary verdict recorded'}. "
             f"Serving flags before the change: `{before}`."
+        )
+    if applied.how_sure:
+        lines.append(f"- 把握 (how sure): {'; '.join(applied.how_sure)}.")
+    if applied.watched:
+        lines.append(
+            f"- 未设门禁的指标 (watched, not gated; against the before-run): "
+            f"{'; '.join(applied.watched)}."
         )
     return lines
 

@@ -121,6 +121,8 @@ class DraftRecords(buttons.ButtonReads):
                         failed_gates=list(rem.result.get("failures", [])),
                         limits=dict(rem.result.get("gates") or {}),
                         shape=_shape(rem.result.get("workload_shape"), remediation_id=rem.id),
+                        how_sure=[str(s) for s in rem.result.get("how_sure", [])],
+                        watched=[str(w) for w in rem.result.get("watched", [])],
                     )
             return facts, canaries, fix
 
