@@ -114,6 +114,31 @@ def test_the_kept_canary_is_coloured_by_the_gates_that_judged_it_not_the_inciden
     assert {row.after for row in _numbers(summary, None)} == {""}
 
 
+def test_a_change_says_how_sure_its_verdict_was_and_what_no_gate_watched() -> None:
+    """The page's change card carries the statistics and the guardrails the change recorded
+    (incident.html.j2 shows each as a line); a change without them has neither."""
+    import datetime as dt
+
+    from bot.surfaces.web.queries import RemediationRow
+    from bot.surfaces.web.view import _remediation
+
+    sure = "TPOT p99: met at 99% (p=0.00047; n=8, 8 before)"
+    worse = "TTFT p99 187ms → 420ms (2.2x): worse beyond 20% <and> noise"
+    at = dt.datetime(2026, 12, 5, tzinfo=dt.UTC)
+
+    def row(result: dict[str, object]) -> RemediationRow:
+        return RemediationRow(
+            id=1, adr_id=ADR, target="prod-a", state="promoted", requested_by="U1",
+            approved_by=["U2"], change={}, before={}, after={}, result=result, created_at=at,
+            updated_at=at,
+        )  # fmt: skip
+
+    card = _remediation(row({"how_sure": [sure], "watched": [worse]}))
+    assert (card.how_sure, card.watched) == ([sure], [worse])
+    plain = _remediation(row({}))
+    assert (plain.how_sure, plain.watched) == ([], [])
+
+
 async def test_the_chart_is_served_as_svg_and_png_from_the_diagnosis(story: Story) -> None:
     query = urlsplit(slack_link(story.slack)).query
     svg = await story.h.client.get(f"/incidents/1/chart.svg?{query}")

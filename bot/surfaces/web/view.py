@@ -163,6 +163,8 @@ class RemediationCard:
     numbers: list[str]
     failures: list[str]
     reason: str
+    how_sure: list[str] = field(default_factory=list)  # each per-request gate's statistics
+    watched: list[str] = field(default_factory=list)  # ungated numbers made worse (guardrails)
 
 
 @dataclass(frozen=True)
@@ -382,6 +384,8 @@ def _remediation(r: RemediationRow) -> RemediationCard:
         ),
         failures=[str(f) for f in r.result.get("failures") or []],
         reason=str(r.result.get("reason") or ""),
+        how_sure=[str(s) for s in r.result.get("how_sure") or []],
+        watched=[str(w) for w in r.result.get("watched") or []],
     )
 
 
