@@ -28,17 +28,20 @@ MIB = 1 << 20
 AT_ONCE = 16
 
 
+SIZE = MIB - 4096  # just under `[server] max_body_bytes` (1 MiB): read whole, then refused
+
+
 def bodies() -> dict[str, bytes]:
-    """About a MiB of each hostile kind."""
-    flat = b'{"version":"4","status":"firing","alerts":[' + b"1," * (MIB // 2 - 40) + b"1]}"
-    deep = b'{"alerts":' + b"[" * (MIB // 2) + b"]" * (MIB // 2) + b"}"
+    """Just under a MiB of each hostile kind."""
+    flat = b'{"version":"4","status":"firing","alerts":[' + b"1," * (SIZE // 2 - 40) + b"1]}"
+    deep = b'{"alerts":' + b"[" * (SIZE // 2 - 8) + b"]" * (SIZE // 2 - 8) + b"}"
     labels = {f"l{i}": "v" * 40 for i in range(20)}
     alert = {"status": "firing", "labels": labels, "annotations": {}, "fingerprint": "f"}
     many = json.dumps({"version": "4", "status": "firing", "groupKey": "g",
-                       "alerts": [alert] * (MIB // len(json.dumps(alert)))}).encode()  # fmt: skip
+                       "alerts": [alert] * (SIZE // (len(json.dumps(alert)) + 2))}).encode()  # fmt: skip
     long_label = json.dumps({"version": "4", "status": "firing", "groupKey": "g",
-                             "alerts": [{"labels": {"x": "y" * MIB}}]}).encode()  # fmt: skip
-    junk = os.urandom(MIB)
+                             "alerts": [{"labels": {"x": "y" * (SIZE - 200)}}]}).encode()  # fmt: skip
+    junk = os.urandom(SIZE)
     return {"flat array": flat, "deep nesting": deep, "many labels": many,
             "one long label": long_label, "not JSON": junk}  # fmt: skip
 

@@ -42,6 +42,10 @@ from bot.surfaces.slack.replay import ReplayGuard, Seen
 from bot.surfaces.web.routes import IncidentPages
 
 log = logging.getLogger("ruleloop.server")
+# Webhook bodies parsed at once: a parsed 1 MiB notification holds several times its size in
+# objects, so a flood of them (16 at once: +80 MiB measured, bench/hostile_bodies.py) waits
+# its turn instead of multiplying the bot's memory; Alertmanager's own deadline is minutes.
+PARSE_AT_ONCE = 2
 STATUS = {
     IntakeOutcome.OPENED: 202,
     IntakeOutcome.RESOLVED: 202,
@@ -112,6 +116,7 @@ class Routes:
         self._tasks = tasks
         self._db = db
         self._monotonic = monotonic
+        self._parsing = asyncio.Semaphore(PARSE_AT_ONCE)
         self._slack = AsyncSlackRequestHandler(slack) if slack is not None else None
         secret = settings.slack.signing_secret
         self._verifier = (
@@ -182,7 +187,8 @@ class Routes:
             )
         try:
             body = await read_body(request, limit=self._settings.server.max_body_bytes)
-            webhook = await asyncio.to_thread(parse_webhook, body)  # a 1 MiB body: not on the loop
+            async with self._parsing:  # a 1 MiB body: off the loop, and few at a time
+                webhook = await asyncio.to_thread(parse_webhook, body)
             results = await asyncio.to_thread(self._intake.receive_all, webhook)
         except RequestRejected as exc:
             self._metrics.webhooks.labels("rejected").inc()
