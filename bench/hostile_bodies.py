@@ -37,10 +37,10 @@ def bodies() -> dict[str, bytes]:
     deep = b'{"alerts":' + b"[" * (SIZE // 2 - 8) + b"]" * (SIZE // 2 - 8) + b"}"
     labels = {f"l{i}": "v" * 40 for i in range(20)}
     alert = {"status": "firing", "labels": labels, "annotations": {}, "fingerprint": "f"}
-    many = json.dumps({"version": "4", "status": "firing", "groupKey": "g",
-                       "alerts": [alert] * (SIZE // (len(json.dumps(alert)) + 2))}).encode()  # fmt: skip
-    long_label = json.dumps({"version": "4", "status": "firing", "groupKey": "g",
-                             "alerts": [{"labels": {"x": "y" * (SIZE - 200)}}]}).encode()  # fmt: skip
+    head = {"version": "4", "status": "firing", "groupKey": "g"}
+    count = SIZE // (len(json.dumps(alert)) + 2)
+    many = json.dumps(head | {"alerts": [alert] * count}).encode()
+    long_label = json.dumps(head | {"alerts": [{"labels": {"x": "y" * (SIZE - 200)}}]}).encode()
     junk = os.urandom(SIZE)
     return {"flat array": flat, "deep nesting": deep, "many labels": many,
             "one long label": long_label, "not JSON": junk}  # fmt: skip
