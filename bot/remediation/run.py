@@ -18,7 +18,7 @@ from bot.adr.relative import BEFORE, NORMAL, unlike_gate
 from bot.canary.guardrails import Watch, watch
 from bot.canary.limits import judged_limits
 from bot.canary.schema import CanaryReport, Samples
-from bot.canary.verdict import how_sure
+from bot.canary.verdict import how_sure, values_of
 from bot.change.actuators.base import Actuator, ActuatorError, Deployed, TakesContext
 from bot.change.argv import flags_text
 from bot.change.serving import verify_serving
@@ -48,12 +48,16 @@ ENDS_SILENCE = (S.PROMOTED, S.ROLLED_BACK, S.FAILED)  # a change's silence is ex
 @dataclass(frozen=True)
 class Judging:
     """The gates a change is judged by, resolved once: the limits the canary checks and the
-    numbers of the before-run they were resolved against (None: none ran)."""
+    before-run they were resolved against (None: none ran)."""
 
     gates: AdrGates
-    before: Numbers | None
     ratios: dict[str, float] = field(default_factory=dict)  # 'Nx before' gates: name -> N
     before_report: CanaryReport | None = None  # the before-run, per-request values and all
+
+    @property
+    def before(self) -> Numbers | None:
+        """The before-run's numbers (what 'Nx before' multiplied, the card's "before")."""
+        return None if self.before_report is None else values_of(self.before_report).numbers()
 
     @property
     def before_samples(self) -> Samples | None:
@@ -140,7 +144,7 @@ class ChangeRun:
                 note=f"nothing was changed: {exc}", expect=[S.APPROVED],
             )  # fmt: skip
             return None
-        return Judging(gates=gates, before=was, ratios=ratios, before_report=report)
+        return Judging(gates=gates, ratios=ratios, before_report=report)
 
     async def _baseline(
         self, adr: Adr, absolute: AdrGates, ratios: dict[str, float]
