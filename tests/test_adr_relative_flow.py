@@ -117,6 +117,9 @@ class MemoryActuator:
         self.flags = dict(before.flags)
         return await self.current()
 
+    async def aclose(self) -> None:
+        """Nothing held."""
+
 
 @pytest.fixture
 def canary() -> RecordingCanary:

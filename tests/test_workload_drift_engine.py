@@ -21,10 +21,10 @@ import pytest
 
 from bot.adr.shared import SharedAdrStore
 from bot.adr.workload.shape import WorkloadShape
-from bot.app.scheduler.in_force import adrs_in_force
 from bot.app.scheduler.workload_drift import LiveShape, WorkloadDrift
 from bot.canary.runner import CanaryRun
 from bot.canary.workload import Workload
+from bot.change.in_force import adrs_in_force
 from bot.diagnosis.probes.vllm_metrics import MetricsScraper
 from bot.diagnosis.probes.workload_capture import CAPTURE_METRICS, capture
 from bot.engine.process import EngineInfo

@@ -16,16 +16,24 @@ workload), gated or not:
 A gated number is judged by its gate, not here. ``Watch.regressed`` is what the target's
 ``guardrails = "block"`` rolls back on; ``"warn"`` (the default) says it on the card and in the
 thread.
+
+The target's standing gates (the accepted ADRs in force on it, such as a team's latency SLO)
+are guardrails too (``standing``): the change's canary is judged by them with the same judge as
+a gate (``bot.canary.verdict.judged``), and a standing gate it misses (decided: a p99 whose
+interval lies over the limit; a whole-run ratio on its value) counts as ``regressed``. One the
+canary is too short to decide is said as not decided, never as met.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 from bot.canary.schema import CanaryReport
 from bot.canary.stats import DEFAULT_CONFIDENCE, judge_ratio, u_test_values
+from bot.canary.verdict import GateResult, gates_from, judged
 from bot.kernel.numbers import catalogue
 from bot.kernel.numbers.text import compact
 
@@ -66,6 +74,64 @@ class Watch:
         else:
             word = f"held within {band}"
         return f"{label} {was} → {now}{times}: {word} ({self.evidence})"
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A standing gate of the target (set by the ADR ``adr_id``, in force there) on the
+    change's canary: missed (``regressed``), over its limit on the point value but not decided
+    (``worse``), or held."""
+
+    result: GateResult  # as the verdict judged it, statistics and all
+    adr_id: str
+
+    @property
+    def regressed(self) -> bool:
+        """Missed: decided by its statistics, or (a whole-run ratio) on its value."""
+        r = self.result
+        return r.decided == "missed" or (r.decided is None and not r.passed)
+
+    @property
+    def worse(self) -> bool:
+        """Missed, or over the limit on the point value (not decided)."""
+        r = self.result
+        if self.regressed:
+            return True
+        if r.decided != "inconclusive" or r.value is None:
+            return False
+        return r.value > r.limit if r.name.startswith("max_") else r.value < r.limit
+
+    def text(self) -> str:
+        """'TTFT p99 452ms over the standing gate ≤ 350ms (ADR-20260831-01): missed (p99 in
+        [410, 460] at 99% (n=528): not ≤ 350)'."""
+        r = self.result
+        if self.regressed:
+            word = "missed"
+        elif self.worse:
+            word = "over it, not decided"
+        else:
+            word = "held" if r.decided in (None, "met") else "not decided"
+        why = r.judgement.why if r.judgement is not None else r.reason
+        return f"{r.shown()} against the standing gate {r.bound()} ({self.adr_id}): {word} ({why})"
+
+
+def standing(
+    report: CanaryReport,
+    limits: Mapping[str, tuple[float, str]],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> list[Standing]:
+    """The canary ``report`` judged by the target's standing gates: ``limits`` maps a gate
+    name ('max_ttft_p99_ms') to its limit and the ADR that set it."""
+    if not limits:
+        return []
+    named = SimpleNamespace(**{name: limit for name, (limit, _) in limits.items()})
+    gates = replace(gates_from(named), confidence=confidence)
+    results = judged(report, gates).verdict.results
+    return [Standing(r, limits[r.name][1]) for r in results if r.name in limits]
+
+
+Guardrail = Watch | Standing  # what the card, the record and "block" read alike
 
 
 def _label_unit(key: str) -> tuple[str, str]:

@@ -9,6 +9,8 @@ gitops/            changes that land as commits in a team's repository: git, pul
 argv.py            reading and rewriting vLLM flags inside a command line
 policy.py          who may request and approve; which ADRs and flags are allowed
 exclusion.py       one change at a time per target, and the refusal naming who holds it
+in_force.py        which ADRs are in force on a target: what the scheduled checks check, and
+                   the standing gates a change there is watched against
 rows.py            what the records of every kind share: one heartbeat, staleness, who holds
 resume.py          one resume path: every silent change, of any kind, to its kind's restorer
 liveness.py        which run owns a change, and how it shows it is alive

@@ -65,7 +65,7 @@ class DriftCheck:
 @dataclass(frozen=True)
 class RulesInForce:
     """What the diagnosis knows of the rules in force on its target: their accepted ADRs
-    (bot/app/scheduler/in_force.py decides which) and the drift job's latest check, if any."""
+    (bot/change/in_force.py decides which) and the drift job's latest check, if any."""
 
     adrs: tuple[Adr, ...] = ()
     drift: DriftCheck | None = None

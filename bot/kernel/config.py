@@ -363,9 +363,10 @@ class CanarySpec(_Section):
     # canary stage (the whole engine with a local actuator) for one canary run on the live
     # shape, so its 'Nx before' gates are judged like for like (docs/workload.md)
     drift_before_run: bool = False
-    # what a change may do to a number no gate names (docs/canary.md, "Guardrails"), read
-    # against the before-run: "warn" says a regression beyond noise on the card and in the
-    # thread, "block" rolls the change back for it
+    # what a change may do to a number no gate names, read against the before-run, and to the
+    # target's standing gates (the ADRs in force there; docs/canary.md, "Guardrails"): "warn"
+    # says a regression beyond noise or a missed standing gate on the card and in the thread,
+    # "block" rolls the change back for it
     guardrails: Literal["warn", "block"] = "warn"
     # a regression: worse than the before-run by more than this share (0.2: 20 %), and
     # significant at the gates' confidence (99 %)

@@ -15,13 +15,15 @@ from typing import Any
 
 from bot.adr.models import Adr, AdrGates, GatewayRules
 from bot.adr.relative import BEFORE, NORMAL, unlike_gate
-from bot.canary.guardrails import Watch, watch
+from bot.canary.guardrails import Guardrail, standing, watch
 from bot.canary.limits import judged_limits
 from bot.canary.schema import CanaryReport, Samples
 from bot.canary.verdict import how_sure, values_of
 from bot.change.actuators.base import Actuator, ActuatorError, Deployed, TakesContext
 from bot.change.argv import flags_text
+from bot.change.in_force import InForce
 from bot.change.serving import verify_serving
+from bot.diagnosis.models import GATE_OF, Baseline
 from bot.kernel.config import Settings, Target
 from bot.kernel.errors import RuleloopError, UsageError
 from bot.kernel.numbers import catalogue
@@ -53,6 +55,8 @@ class Judging:
     gates: AdrGates
     ratios: dict[str, float] = field(default_factory=dict)  # 'Nx before' gates: name -> N
     before_report: CanaryReport | None = None  # the before-run, per-request values and all
+    # the target's standing gates (the ADRs in force there): gate name -> (limit, ADR id)
+    standing: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     @property
     def before(self) -> Numbers | None:
@@ -72,6 +76,18 @@ class Judging:
     def limits(self) -> dict[str, float]:
         """The limits, as numbers (what the card and the record show)."""
         return judged_limits(self.gates)
+
+
+def standing_gates(adr: Adr, in_force: InForce | None) -> dict[str, tuple[float, str]]:
+    """The target's standing gates while ``adr`` changes it: the strictest limit per number
+    over the ADRs in force there ('Nx before' against the before-run of the change that put
+    them in force), except ``adr`` itself and those it supersedes. Gate name -> (limit, ADR)."""
+    if in_force is None:
+        return {}
+    replaced = {adr.id, *adr.supersedes}
+    others = [a for a in in_force.adrs if a.id not in replaced]
+    limits = Baseline.from_adrs(others, in_force.before).limits
+    return {GATE_OF[key]: (limit.value, limit.adr_id) for key, limit in limits.items()}
 
 
 class ChangeRun:
@@ -103,8 +119,9 @@ class ChangeRun:
         self._unsaved: CanaryRecord | None = None  # a canary run the next step keeps
         self._adr: Adr | None = None  # read once by the run; the card shows it at each step
 
-    async def run(self, adr: Adr) -> None:
-        """The whole change: each part returns None when it ended the change itself."""
+    async def run(self, adr: Adr, in_force: InForce | None = None) -> None:
+        """The whole change: each part returns None when it ended the change itself.
+        ``in_force``: the ADRs in force on the target (their gates are its guardrails)."""
         self._adr = adr
         if not self.actuator.changes_flags:
             await self._step(
@@ -113,7 +130,7 @@ class ChangeRun:
                 expect=[S.APPROVED],
             )  # fmt: skip
             return
-        judging = await self._judging(adr)
+        judging = await self._judging(adr, in_force)
         if judging is None:
             return
         deployed = await self._apply(adr, judging)
@@ -124,7 +141,7 @@ class ChangeRun:
             return
         await self._keep(result, judging)
 
-    async def _judging(self, adr: Adr) -> Judging | None:
+    async def _judging(self, adr: Adr, in_force: InForce | None) -> Judging | None:
         """The gates, resolved once ('Nx before' ones against the same canary on the flags
         serving now); None when the change was refused (nothing was changed)."""
         assert adr.gates is not None  # the policy refused ADRs without gates
@@ -144,7 +161,8 @@ class ChangeRun:
                 note=f"nothing was changed: {exc}", expect=[S.APPROVED],
             )  # fmt: skip
             return None
-        return Judging(gates=gates, ratios=ratios, before_report=report)
+        standing = standing_gates(adr, in_force)
+        return Judging(gates=gates, ratios=ratios, before_report=report, standing=standing)
 
     async def _baseline(
         self, adr: Adr, absolute: AdrGates, ratios: dict[str, float]
@@ -222,7 +240,7 @@ class ChangeRun:
                 expect=[S.CANARY], judged=result,
             )  # fmt: skip
             return None
-        watched = self._watched(result, judging)
+        watched = self._guardrails(result, judging)
         regressed = [w.text() for w in watched if w.regressed]
         if regressed and canary.guardrails == "block":
             await self.roll_back(
@@ -232,19 +250,21 @@ class ChangeRun:
             return None
         return result
 
-    def _watched(self, result: GateRun, judging: Judging) -> list[Watch]:
-        """What the change did to the numbers no gate names (none without a before-run)."""
-        if judging.before_report is None:
-            return []
-        return watch(
-            judging.before_report, result.report, gated=judging.gated(),
-            band=self.spec.canary.guardrail_band,
-        )  # fmt: skip
+    def _guardrails(self, result: GateRun, judging: Judging) -> list[Guardrail]:
+        """What the change did to the numbers no gate names (none without a before-run), and
+        the canary against the target's standing gates."""
+        watched: list[Guardrail] = []
+        if judging.before_report is not None:
+            watched += watch(
+                judging.before_report, result.report, gated=judging.gated(),
+                band=self.spec.canary.guardrail_band,
+            )  # fmt: skip
+        return watched + standing(result.report, judging.standing)
 
     async def _keep(self, result: GateRun, judging: Judging) -> None:
         """The canary met the gates: roll the change out beyond the canary stage."""
         numbers = result.values.numbers()
-        watched = self._watched(result, judging)
+        watched = self._guardrails(result, judging)
         await self._step(
             S.PROMOTING, "remediation.canary_passed", {"numbers": numbers},
             note="canary passed; rolling out…",
@@ -274,7 +294,7 @@ class ChangeRun:
         reason: str,
         expect: list[ChangeState],
         judged: GateRun | None = None,
-        watched: Sequence[Watch] = (),
+        watched: Sequence[Guardrail] = (),
     ) -> None:
         """Back to the recorded flags, from state ``expect``; ``judged`` is the canary that
         failed the gates, if one did (its numbers and workload stay on the record)."""
@@ -388,7 +408,7 @@ def like_for_like(adr_id: str, gates: AdrGates) -> None:
 
 
 def _rollback_result(
-    kept: dict[str, Any], reason: str, judged: GateRun | None, watched: Sequence[Watch] = ()
+    kept: dict[str, Any], reason: str, judged: GateRun | None, watched: Sequence[Guardrail] = ()
 ) -> dict[str, Any]:
     """The record's result for a rollback: why, the failed canary's numbers, and what the
     change was judged by (the resolved limits and the judging canary's workload stay)."""

@@ -22,6 +22,7 @@ from bot.change import actuators
 from bot.change.actuators import ActuatorFactory, opened
 from bot.change.argv import diff, merge
 from bot.change.exclusion import TargetBusy, refusal
+from bot.change.in_force import InForce, adrs_in_force
 from bot.change.liveness import LostRun, Sleep, owned
 from bot.change.policy import Policy
 from bot.change.resume import Restorer
@@ -246,7 +247,7 @@ class RemediationService:
             nonlocal adr, ended
             if adr is None:
                 adr = await asyncio.to_thread(self._adrs.get_or_raise, adr_id)
-            await change.run(adr)
+            await change.run(adr, await asyncio.to_thread(self._in_force, taken.target))
             ended = change.latest
 
         if not await self._owned(taken, runner, run):
@@ -257,6 +258,12 @@ class RemediationService:
                 await self._after_change(rem.incident_id, rem.requested_by, adr)
             except Exception:
                 log.exception("post-incident draft for remediation %s failed", remediation_id)
+
+    def _in_force(self, target: str) -> InForce:
+        """The ADRs in force on ``target`` (their gates are the change's guardrails)."""
+        own = self.settings.scheduler.targets.get(target)
+        listed = own.adrs if own is not None else []
+        return adrs_in_force(self._db, self._adrs, target=target, listed=listed)
 
     async def _owned(
         self, rem: Remediation, runner: str, work: Callable[[ChangeRun], Coroutine[Any, Any, None]]

@@ -7,7 +7,6 @@ work is decided in the store, by a lease row per (job, period).
     (bot/kernel/store/leases.py: claim, renew, finish and take over a period, ``job_runs``)
     runner.py     ``Job`` and ``JobRunner.tick``: one period under its lease, with a heartbeat
     scheduler.py  APScheduler wiring: one interval trigger per job, aligned to its periods
-    in_force.py   which ADRs are in force on a target (the baseline and drift jobs check them)
     rules_now.py  the rules in force, read for the diagnosis (it judges causes against them)
     baseline.py   canary against the gates of the ADRs in force; a drift opens an incident
     workload_drift.py  the live workload shape vs each ADR's; on drift, its gates re-run under it

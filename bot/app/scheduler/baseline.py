@@ -1,6 +1,6 @@
 """The baseline canary: a target's canary workload against the gates of the ADRs in force there.
 
-Which ADRs are in force on a target is ``bot.app.scheduler.in_force``'s to say; the strictest gate
+Which ADRs are in force on a target is ``bot.change.in_force``'s to say; the strictest gate
 of each number wins (as the diagnosis baseline).
 
 A canary that misses a gate opens an incident (source ``scheduler``, title naming the gates
@@ -23,8 +23,8 @@ from bot.adr.models import GATE_METRICS, Adr, AdrGates
 from bot.adr.relative import NORMAL, Normal
 from bot.adr.store import AdrStore
 from bot.app.scheduler import messages
-from bot.app.scheduler.in_force import InForce, adrs_in_force
 from bot.app.scheduler.runner import JobOutcome
+from bot.change.in_force import InForce, adrs_in_force
 from bot.diagnosis.models import GATE_OF, Baseline
 from bot.incidents.flows import IncidentFlows
 from bot.kernel.chat.messages import Notifier

@@ -13,14 +13,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from bot.adr.store import AdrStore
-from bot.app.scheduler.in_force import adrs_in_force
+from bot.change.in_force import adrs_in_force
 from bot.diagnosis.causes import DriftCheck, RulesInForce
 from bot.kernel.store.db import Database
 from bot.kernel.store.models import JobRun
 
 
 class RulesNow:
-    """Reads the accepted ADRs in force on a target (``bot.app.scheduler.in_force``) and the
+    """Reads the accepted ADRs in force on a target (``bot.change.in_force``) and the
     workload drift job's latest check there."""
 
     def __init__(

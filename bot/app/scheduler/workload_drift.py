@@ -44,10 +44,10 @@ from bot.adr.workload.shape import WorkloadShape, per_replica
 from bot.app.scheduler import messages
 from bot.app.scheduler.baseline import SOURCE, strictest
 from bot.app.scheduler.before_run import BeforeRun, BeforeRuns
-from bot.app.scheduler.in_force import adrs_in_force
 from bot.app.scheduler.revalidation import Revalidation
 from bot.app.scheduler.runner import JobOutcome, json_safe
 from bot.change.actuators.base import Deployed
+from bot.change.in_force import adrs_in_force
 from bot.diagnosis.probes.context import resolve_replicas
 from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.replicas import Replica

@@ -1,4 +1,5 @@
-"""The ADRs in force on a target, which the baseline canary and the workload-drift job check.
+"""The ADRs in force on a target: what the baseline canary and the workload-drift job check, and
+the standing gates a change on the target is watched against (its guardrails).
 
 The ADRs *in force* on a target are the ADR of the newest remediation promoted on it (what it
 runs now); while none was promoted there, the ADRs its ``[scheduler.targets.X] adrs`` lists.
