@@ -242,6 +242,7 @@ async def test_a_change_that_does_not_halve_tpot_is_rolled_back_with_both_number
     assert audited(h, "remediation.rolling_back")["reason"] == (
         "canary failed the gates: TPOT p99 40ms > 30ms"
     )
+    assert done.result["missed"] == ["max_tpot_p99_ms"]  # by name, for what reads it back
     assert done.result["before_numbers"]["tpot_p99_ms"] == 60.0
     assert done.result["numbers"]["tpot_p99_ms"] == 40.0
 

@@ -166,3 +166,14 @@ def test_a_standing_goodput_gate_is_judged_on_the_runs_value() -> None:
     (held,) = standing(report, {"min_goodput_ratio": (0.5, "ADR-X")})
     assert not held.regressed and not held.worse and ": held (" in held.text(), held.text()
     assert standing(report, {}) == []
+
+
+def test_how_sure_says_the_confidence_the_gates_decided_at() -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    before = report_of(_values(rng, 8, 40.0), _values(rng, 8, 100.0))
+    fixed = report_of(_values(rng, 8, 40.0), _values(rng, 8, 14.0))
+    for confidence, said in ((0.95, "met at 95%"), (0.99, "met at 99%")):
+        gates = Gates(max_tpot_p99_ms=50.0, ratios=(("max_tpot_p99_ms", 0.5),),
+                      before=before.samples, confidence=confidence)  # fmt: skip
+        (line,) = how_sure(judged(fixed, gates).report)
+        assert line.startswith(f"TPOT p99: {said} (p="), line

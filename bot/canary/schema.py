@@ -137,6 +137,7 @@ class GateLine(_Part):
     sample_before: int | None = None  # 'Nx before': the before-run's requests it read
     p_value: float | None = None  # 'Nx before': of the one-sided U test behind the word
     interval: list[float | None] | None = None  # a limit: the p99's interval (null: unbounded)
+    confidence: float | None = None  # what the statistics decided at (0.99)
 
 
 class Samples(_Part):

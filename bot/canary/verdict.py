@@ -306,7 +306,7 @@ def judged(report: CanaryReport | dict[str, Any], gates: Gates) -> Judged:
     verdict = Verdict(
         tuple(decided(r, parsed.samples, gates) for r in judge_values(values, gates).results)
     )
-    lines = [_line(r) for r in verdict.results]
+    lines = [_line(r, gates.confidence) for r in verdict.results]
     return Judged(
         parsed.model_copy(update={"passed": verdict.passed, "gates": lines}), values, verdict
     )
@@ -344,7 +344,7 @@ def decided(result: GateResult, samples: Samples, gates: Gates) -> GateResult:
     )  # fmt: skip
 
 
-def _line(result: GateResult) -> GateLine:
+def _line(result: GateResult, confidence: float) -> GateLine:
     """A gate's line in the report, with its statistics when it has them."""
     j = result.judgement
     if j is None:
@@ -354,6 +354,7 @@ def _line(result: GateResult) -> GateLine:
         **result.as_dict(), statistics=f"{j.outcome}: {j.why}", decided=j.outcome,
         sample=j.n, sample_before=j.n_before, p_value=j.p_value,
         interval=None if interval is None else [interval.low, interval.high],
+        confidence=confidence,
     )  # fmt: skip
 
 
@@ -361,18 +362,19 @@ def how_sure(report: CanaryReport) -> list[str]:
     """Each per-request gate as decided, short enough for a card on a phone:
     'TPOT p99: met at 99 % (p=0.0002; n=8, 8 before)', 'TTFT p99: not decided at 99 % (n=12;
     a p99 needs 528)'."""
-    need = min_requests(0.99, DEFAULT_CONFIDENCE)
     out = []
     for gate in report.gates:
         if gate.decided is None:
             continue
+        confidence = gate.confidence or DEFAULT_CONFIDENCE  # a report kept before it was said
+        need = min_requests(0.99, confidence)
         word = "not decided" if gate.decided == "inconclusive" else gate.decided
         said = [f"p={gate.p_value:.2g}"] if gate.p_value is not None else []
         before = gate.sample_before
         said.append(f"n={gate.sample}" + ("" if before is None else f", {before} before"))
         if gate.decided == "inconclusive" and before is None and (gate.sample or 0) < need:
             said.append(f"a p99 needs {need}")
-        sure = f"{word} at {DEFAULT_CONFIDENCE:.0%}"
+        sure = f"{word} at {confidence:.0%}"
         out.append(f"{RULES[gate.name][0]}: {sure} ({'; '.join(said)})")
     return out
 

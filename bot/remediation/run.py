@@ -268,7 +268,7 @@ class ChangeRun:
         await self._step(
             S.PROMOTING, "remediation.canary_passed", {"numbers": numbers},
             note="canary passed; rolling out…",
-            result={"numbers": numbers, "failures": [], "gates": judging.limits,
+            result={"numbers": numbers, "failures": [], "missed": [], "gates": judging.limits,
                     "before_numbers": judging.before or {},
                     "workload_shape": result.report.shape_json(),
                     "how_sure": how_sure(result.report),
@@ -410,11 +410,12 @@ def like_for_like(adr_id: str, gates: AdrGates) -> None:
 def _rollback_result(
     kept: dict[str, Any], reason: str, judged: GateRun | None, watched: Sequence[Guardrail] = ()
 ) -> dict[str, Any]:
-    """The record's result for a rollback: why, the failed canary's numbers, and what the
-    change was judged by (the resolved limits and the judging canary's workload stay)."""
+    """The record's result for a rollback: why, the failed canary's numbers, the gates it
+    missed (by name: ``missed``; in words: ``failures``), and what the change was judged by (the resolved limits and the judging canary's workload stay)."""
     numbers = judged.values.numbers() if judged is not None else {}
     failures = judged.failures if judged is not None else []
-    result = {"numbers": numbers, "failures": failures, "reason": reason}
+    missed = [r.name for r in judged.verdict.failed] if judged is not None else []
+    result = {"numbers": numbers, "failures": failures, "missed": missed, "reason": reason}
     if judged is not None:
         result["how_sure"] = how_sure(judged.report)
     if watched:

@@ -24,7 +24,7 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -321,12 +321,12 @@ def gate_lines(
     limits: Mapping[str, float],
     numbers: Numbers,
     before: Numbers | None = None,
-    failures: Sequence[str] = (),
+    missed: Collection[str] = (),
 ) -> list[str]:
     """Each gate as written, the limit it came to, the canary's number and the canary's own
-    judge's word on it (``failures``: the remediation's failed gates, each starting with its
-    number's name; the judge decided on per-request statistics, not on these points); with the
-    before-run of the same canary, the change ('before 1,710 ms, -87 %')."""
+    judge's word on it (``missed``: the names of the gates the remediation's canary missed; the
+    judge decided on per-request statistics, not on these points); with the before-run of the
+    same canary, the change ('before 1,710 ms, -87 %')."""
     labels = {key: label for key, label, *_ in FOUR}
     lines = []
     for gate, metric in GATE_METRICS.items():
@@ -341,10 +341,9 @@ def gate_lines(
         change = ""
         if was is not None and value is not None and was != 0:
             change = f" (before → after: {text_change(metric, was, value)})"
-        missed = any(f.startswith(catalogue.BY_KEY[metric].phrase) for f in failures)
         lines.append(
             f"{labels[metric]} {show(metric, value)} {'≥' if at_least else '≤'} {shown}: "
-            + ("MISSED" if missed else "met")
+            + ("MISSED" if gate in missed else "met")
             + change
         )
     return lines
@@ -492,7 +491,7 @@ class Demo:
                 rem.result.get("gates") or {},
                 rem.result.get("numbers") or {},
                 rem.result.get("before_numbers") or {},
-                rem.result.get("failures") or [],
+                rem.result.get("missed") or [],
             ),
             how_sure=rem.result.get("how_sure") or [],
             watched=[*(rem.result.get("watched") or []), *(rem.result.get("held") or [])],
