@@ -298,3 +298,55 @@ def test_a_package_that_lists_its_modules_lists_all_of_them(tmp_path: Path) -> N
             wrong[init.parent.relative_to(ROOT).as_posix()] = {"missing": missing, "gone": gone}
     assert tables >= 5, "the package tables were found"
     assert not wrong, f"package docstrings whose module table is not the package's: {wrong}"
+
+
+def faces() -> list[Path]:
+    """Every package with a face: those whose ``__init__`` lists names under TYPE_CHECKING."""
+    return sorted(
+        init for init in (ROOT / "bot").rglob("__init__.py") if "face_of(__name__" in init.read_text()
+    )
+
+
+def test_every_face_resolves_each_name_it_lists_to_the_object_in_its_module() -> None:
+    """A face lists its names once (TYPE_CHECKING imports, read by mypy and by the lazy loader)
+    and in ``__all__``: the two agree, and each name loads as the very object of its module."""
+    from bot.kernel.lazy import names_of
+
+    found = faces()
+    assert len(found) >= 20, "the rooms and their packages have faces"
+    wrong = []
+    for init in found:
+        package = module_of(init.parent.relative_to(ROOT).as_posix())
+        loaded = importlib.import_module(package)
+        table = names_of(init)
+        listed = set(loaded.__all__)
+        public_modules = {n for n in listed - set(table) if (init.parent / f"{n}.py").exists()}
+        own = {n for n in listed - set(table) - public_modules if n in vars(loaded)}
+        if listed != set(table) | public_modules | own:
+            wrong.append(f"{package}: __all__ and the TYPE_CHECKING names differ")
+        for name, (module, attribute) in table.items():
+            if getattr(loaded, name) is not getattr(importlib.import_module(module), attribute):
+                wrong.append(f"{package}.{name} is not {module}.{attribute}")
+    assert not wrong, wrong
+
+
+def test_a_deep_import_across_rooms_breaks_the_face_contracts() -> None:
+    """Every room has a face contract (pyproject.toml); each one protects the room's modules,
+    letting through only its faces and the modules its faces list as public."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    faced = {
+        c["protected_modules"][0].removesuffix(".*"): c
+        for c in config["contracts"]
+        if c["type"] == "protected"
+    }
+    rooms = {f"bot.{p.parent.name}" for p in (ROOT / "bot").glob("*/__init__.py")}
+    assert set(faced) == rooms, "one face contract per room"
+    for room, contract in faced.items():
+        assert contract["allowed_importers"] == [room]
+        for rule in contract.get("ignore_imports", []):
+            target = rule.split(" -> ")[1]
+            face, _, name = target.rpartition(".")
+            if (ROOT / Path(*target.split(".")) / "__init__.py").exists():
+                continue  # a face
+            listed = importlib.import_module(face).__all__
+            assert name in listed, f"{room}: {target} is let through but its face does not list it"

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from bot.adr.store import DRAFTS, GLOB, file_id
-from bot.kernel.errors import UsageError
+from bot.kernel import UsageError
 
 
 class StoredText(Protocol):

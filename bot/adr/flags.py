@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from bot.kernel.errors import AdrError, UsageError
+from bot.kernel import AdrError, UsageError
 
 EngineArgs = Mapping[str, "bool | int | float | str"]
 

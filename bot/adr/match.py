@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.adr.metrics import METRICS
 from bot.adr.relative import Normal, Relative, no_normal
-from bot.kernel.numbers.reading import Bound, Bounds, Reading, bounds_of, compare, spans_of
-from bot.kernel.numbers.text import sign_of
+from bot.kernel.numbers import Bound, Bounds, Reading, bounds_of, compare, sign_of, spans_of
 
 if TYPE_CHECKING:
     from bot.adr.models import Adr, Condition

@@ -35,9 +35,7 @@ from bot.adr.relative import (
     parse_value,
 )
 from bot.adr.workload.shape import WorkloadShape
-from bot.kernel.numbers import catalogue
-from bot.kernel.numbers.reading import OPS, Bound
-from bot.kernel.numbers.text import compact
+from bot.kernel.numbers import OPS, Bound, catalogue, compact
 
 ID_PATTERN = r"^ADR-\d{8}-\d{2}$"
 Status = Literal["proposed", "accepted", "superseded", "rejected"]

@@ -20,9 +20,8 @@ from bot.adr.models import Adr, FrontMatter
 from bot.adr.workload.describe import context_line, earlier_context_line
 from bot.adr.workload.shape import VERSION as SHAPE_VERSION
 from bot.adr.workload.shape import WorkloadShape
-from bot.kernel.errors import AdrError
-from bot.kernel.numbers import catalogue
-from bot.kernel.numbers.reading import Bound, Reading
+from bot.kernel import AdrError
+from bot.kernel.numbers import Bound, Reading, catalogue
 
 SECTIONS = (
     "## 1. 变更上下文 (Context)",

@@ -20,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bot.kernel.errors import UsageError
+from bot.kernel import UsageError
 from bot.kernel.numbers import catalogue
 
 # What "normal" can be taken of: the numbers a snapshot keeps (the catalogue says which).

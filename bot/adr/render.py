@@ -9,8 +9,7 @@ import yaml
 
 from bot.adr.models import Adr
 from bot.adr.workload.describe import context_line
-from bot.kernel.numbers import catalogue
-from bot.kernel.numbers.text import compact
+from bot.kernel.numbers import catalogue, compact
 
 TEMPLATE = "adr.md.j2"
 

@@ -26,10 +26,9 @@ from bot.adr.parse import parse
 from bot.adr.render import render
 from bot.adr.store import DRAFTS, GLOB, AdrStore, file_name
 from bot.adr.sync import Imported, import_files, read_dir
-from bot.kernel.errors import AdrError, UnknownAdr
+from bot.kernel import AdrError, UnknownAdr
+from bot.kernel.store import AdrRecord, Database
 from bot.kernel.store import adrs as rows
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import AdrRecord
 
 log = logging.getLogger("ruleloop.adr")
 Fingerprint = tuple[tuple[str, int, int], ...]

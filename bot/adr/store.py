@@ -19,7 +19,7 @@ from pathlib import Path
 from bot.adr.models import Adr
 from bot.adr.parse import load
 from bot.adr.render import render
-from bot.kernel.errors import AdrError, UnknownAdr, UsageError
+from bot.kernel import AdrError, UnknownAdr, UsageError
 
 log = logging.getLogger("ruleloop.adr")
 GLOB = "ADR-*.md"

@@ -30,9 +30,9 @@ from sqlalchemy.orm import Session
 from bot.adr.models import Adr
 from bot.adr.parse import parse
 from bot.adr.store import DRAFTS, GLOB, file_id
-from bot.kernel.errors import AdrError
+from bot.kernel import AdrError
+from bot.kernel.store import AdrRecord
 from bot.kernel.store import adrs as rows
-from bot.kernel.store.models import AdrRecord
 
 log = logging.getLogger("ruleloop.adr")
 SOURCE = "file"

@@ -25,7 +25,7 @@ from starlette.routing import Route
 
 from bot.agent.reading import NvmlUnavailable
 from bot.agent.session import NvmlSession
-from bot.kernel.runtime.ids import new_error_id
+from bot.kernel.runtime import new_error_id
 
 log = logging.getLogger("ruleloop.agent")
 MAX_PROCESSES = 100

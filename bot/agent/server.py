@@ -15,8 +15,8 @@ from collections.abc import Callable
 import uvicorn
 from starlette.applications import Starlette
 
-from bot.kernel.listening import QuietServer
-from bot.kernel.runtime.heads import GuardedHttpToolsProtocol, HeadLimits
+from bot.kernel import QuietServer
+from bot.kernel.runtime import GuardedHttpToolsProtocol, HeadLimits
 
 
 async def serve(

@@ -22,42 +22,39 @@ from slack_bolt.async_app import AsyncApp
 from slack_sdk.web.async_client import AsyncWebClient
 from starlette.applications import Starlette
 
-from bot.adr.shared import SharedAdrStore
+from bot.adr import SharedAdrStore
 from bot.app.routes.endpoints import Lifespan, Routes, http_app
 from bot.app.scheduler.jobs import build_jobs, create_scheduler
 from bot.app.scheduler.rules_now import RulesNow
 from bot.app.scheduler.scheduler import Scheduler
-from bot.change import actuators
+from bot.change import Sleep, actuators
 from bot.change.actuators import ActuatorFactory
-from bot.change.liveness import Sleep
-from bot.diagnosis.normal import NormalReader
-from bot.diagnosis.probes.context import ProbeContext
-from bot.diagnosis.runbooks.builtin import default_registry
-from bot.diagnosis.runbooks.loader import load_dir
-from bot.diagnosis.runbooks.runner import RunbookRunner
-from bot.diagnosis.service import Diagnoser
-from bot.incidents.flows import IncidentFlows
-from bot.incidents.intake.service import Intake
-from bot.kernel.chat.messages import Notifier
-from bot.kernel.config import Settings
-from bot.kernel.runtime.access import Members
-from bot.kernel.runtime.defaults import with_defaults
-from bot.kernel.runtime.ids import replica_id
-from bot.kernel.runtime.metrics import BotMetrics
-from bot.kernel.runtime.tasks import TaskSupervisor
-from bot.kernel.store.db import Database
-from bot.postmortem.service import DraftService
-from bot.remediation.gate import GateRunner, run_gate
-from bot.remediation.ports import RemediationNotifier
-from bot.remediation.service import RemediationService
-from bot.remediation.thread_buttons import ThreadButtons
-from bot.surfaces.slack.app import build_app, web_client
-from bot.surfaces.slack.console import ConsoleNotifier
-from bot.surfaces.slack.notifier import SlackNotifier
-from bot.surfaces.slack.services import Services
-from bot.surfaces.slack.usergroups import SlackUserGroups
-from bot.surfaces.web.links import PageLinks, page_links
-from bot.surfaces.web.routes import IncidentPages
+from bot.diagnosis import Diagnoser, NormalReader
+from bot.diagnosis.probes import ProbeContext
+from bot.diagnosis.runbooks import RunbookRunner, default_registry, load_dir
+from bot.incidents import IncidentFlows
+from bot.incidents.intake import Intake
+from bot.kernel import Settings
+from bot.kernel.chat import Notifier
+from bot.kernel.runtime import BotMetrics, Members, TaskSupervisor, replica_id, with_defaults
+from bot.kernel.store import Database
+from bot.postmortem import DraftService
+from bot.remediation import (
+    GateRunner,
+    RemediationNotifier,
+    RemediationService,
+    ThreadButtons,
+    run_gate,
+)
+from bot.surfaces.slack import (
+    ConsoleNotifier,
+    Services,
+    SlackNotifier,
+    SlackUserGroups,
+    build_app,
+    web_client,
+)
+from bot.surfaces.web import IncidentPages, PageLinks, page_links
 
 log = logging.getLogger("ruleloop.server")
 

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from bot.kernel.runtime.sse import DONE, SSEParser
+from bot.kernel.runtime import DONE, SSEParser
 
 
 class Outcome(StrEnum):

@@ -13,13 +13,19 @@ from collections.abc import Sequence
 
 import httpx
 
-from bot.diagnosis.probes.engine_identity import IDENTITY_METRICS
-from bot.diagnosis.probes.exposition import Exposition
-from bot.diagnosis.probes.fleet_merge import Member, merge_rounds
-from bot.diagnosis.probes.fleet_window import Answer, FleetWindow, fleet_of
-from bot.diagnosis.probes.replicas import Replica
-from bot.diagnosis.probes.vllm_metrics import WINDOW_METRICS, MetricsScraper
-from bot.kernel.errors import EndpointError, RuleloopError
+from bot.diagnosis.probes import (
+    IDENTITY_METRICS,
+    WINDOW_METRICS,
+    Answer,
+    Exposition,
+    FleetWindow,
+    Member,
+    MetricsScraper,
+    Replica,
+    fleet_of,
+    merge_rounds,
+)
+from bot.kernel import EndpointError, RuleloopError
 
 Round = tuple[list[Answer], float]  # every replica's answer, and when
 

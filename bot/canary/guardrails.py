@@ -34,8 +34,7 @@ from types import SimpleNamespace
 from bot.canary.schema import CanaryReport
 from bot.canary.stats import DEFAULT_CONFIDENCE, judge_ratio, u_test_values
 from bot.canary.verdict import GateResult, gates_from, judged
-from bot.kernel.numbers import catalogue
-from bot.kernel.numbers.text import compact
+from bot.kernel.numbers import catalogue, compact
 
 BAND = 0.2  # worse by more than this share of the before-run's value, and significant
 SAMPLED = {"ttft_p99_ms": "ttft_ms", "tpot_p99_ms": "tpot_ms"}  # number -> per-request values

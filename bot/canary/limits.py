@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bot.adr.models import AdrGates
+from bot.adr import AdrGates
 
 
 def judged_limits(

@@ -37,15 +37,22 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bot.canary.stats import UTest, u_test
-from bot.diagnosis.probes.context import ProbeContext, resolve_replicas
-from bot.diagnosis.probes.fleet_merge import Member, merge_rounds
-from bot.diagnosis.probes.fleet_window import FleetWindow, ReplicaWindow
-from bot.diagnosis.probes.replicas import Replica
-from bot.diagnosis.probes.sampling import TPOT, SampledWindow
-from bot.diagnosis.probes.vllm_metrics import ITL, TTFT, Quantiles
-from bot.kernel.config import Target
-from bot.kernel.errors import ProbeError
-from bot.kernel.numbers.reading import Bound
+from bot.diagnosis.probes import (
+    ITL,
+    TPOT,
+    TTFT,
+    FleetWindow,
+    Member,
+    ProbeContext,
+    Quantiles,
+    Replica,
+    ReplicaWindow,
+    SampledWindow,
+    merge_rounds,
+    resolve_replicas,
+)
+from bot.kernel import ProbeError, Target
+from bot.kernel.numbers import Bound
 
 ALPHA = 0.01  # one-sided significance per metric: a false roll back 1 time in 100 at most
 MIN_WORSE = 0.20  # the canary's p50 or p99 must be at least 20 % above the baseline's

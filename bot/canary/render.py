@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from bot.canary.runner import Progress
 from bot.canary.schema import CanaryReport, Spread
-from bot.diagnosis.probes.vllm_metrics import Quantiles
-from bot.kernel.numbers.text import NOT_MEASURED, in_unit
+from bot.diagnosis.probes import Quantiles
+from bot.kernel.numbers import NOT_MEASURED, in_unit
 
 
 def progress_line(p: Progress) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from bot.adr.workload.shape import WorkloadShape
+from bot.adr.workload import WorkloadShape
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.schema import (
     CanaryReport,
@@ -32,8 +32,7 @@ from bot.canary.schema import (
 )
 from bot.canary.stats import DEFAULT_CONFIDENCE, quantile_interval
 from bot.canary.verdict import Gates, Verdict, judge, judged, percentile
-from bot.diagnosis.probes.fragmentation import FragmentationSample
-from bot.diagnosis.probes.vllm_metrics import EngineWindow
+from bot.diagnosis.probes import EngineWindow, FragmentationSample
 
 PERCENTILES = {"p50": 50, "p90": 90, "p99": 99}
 FRAGMENTATION_DEFINITIONS = {

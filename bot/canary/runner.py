@@ -19,7 +19,7 @@ import aiohttp
 import httpx
 import msgspec
 
-from bot.adr.workload.shape import WorkloadShape
+from bot.adr.workload import WorkloadShape
 from bot.canary.client import Outcome, RequestRecord, stream_request
 from bot.canary.fleet import FleetScraper, Round
 from bot.canary.plan import Plan
@@ -28,14 +28,7 @@ from bot.canary.schema import TimelinePoint
 from bot.canary.shape_replay import DEFAULT_BLOCK_SIZE, ShapeReplay, fixed_shape
 from bot.canary.verdict import Gates
 from bot.canary.workload import Api, CancelMode, PromptFactory, Workload
-from bot.diagnosis.probes.exposition import Exposition
-from bot.diagnosis.probes.fragmentation import (
-    FragmentationSample,
-    internal_fragmentation,
-    observed_fragmentation,
-    resident_lengths,
-)
-from bot.diagnosis.probes.vllm_metrics import (
+from bot.diagnosis.probes import (
     CACHE_CONFIG,
     GENERATION_TOKENS,
     KV_USAGE,
@@ -44,14 +37,19 @@ from bot.diagnosis.probes.vllm_metrics import (
     WAITING,
     CacheConfig,
     EngineWindow,
+    Exposition,
+    FragmentationSample,
     MetricsScraper,
     cache_config,
     gauge,
+    internal_fragmentation,
     kv_blocks_used,
     kv_usage,
+    observed_fragmentation,
     read_window,
+    resident_lengths,
 )
-from bot.kernel.errors import EndpointError
+from bot.kernel import EndpointError
 from bot.kernel.runtime.redact import redact
 
 SETTLE_TIMEOUT_S = 5.0

@@ -16,8 +16,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bot.adr.workload.shape import WorkloadShape
-from bot.diagnosis.probes.vllm_metrics import EngineWindow
+from bot.adr.workload import WorkloadShape
+from bot.diagnosis.probes import EngineWindow
 
 
 class _Part(BaseModel):

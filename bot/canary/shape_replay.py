@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from bot.adr.workload.shape import (
+from bot.adr.workload import (
     Arrivals,
     Lengths,
     Prefix,
@@ -53,7 +53,7 @@ from bot.adr.workload.shape import (
 )
 from bot.canary.plan import Plan
 from bot.canary.workload import PROMPT_ID_RANGE, Workload
-from bot.kernel.errors import UsageError
+from bot.kernel import UsageError
 
 # vLLM's KV block on GPUs; vLLM CPU uses 128. The runner reads the engine's own from /metrics
 # (vllm:cache_config_info) and falls back to this, saying so.

@@ -46,9 +46,8 @@ from bot.canary.stats import (
     min_pairs,
     min_requests,
 )
-from bot.kernel.errors import UsageError
-from bot.kernel.numbers import catalogue
-from bot.kernel.numbers.text import compact
+from bot.kernel import UsageError
+from bot.kernel.numbers import catalogue, compact
 
 # At most 1 % of requests may fail unless the gate says otherwise (0 allows none).
 DEFAULT_MAX_ERROR_RATE = 0.01

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit, urlunsplit
 
-from bot.adr.workload.shape import WorkloadShape
+from bot.adr.workload import WorkloadShape
 
 if TYPE_CHECKING:
     from bot.canary.plan import Plan

@@ -16,3 +16,54 @@ resume.py          one resume path: every silent change, of any kind, to its kin
 liveness.py        which run owns a change, and how it shows it is alive
 serving.py         after a change or a restore: the engine serves a completion, not just /health
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bot.kernel import face_of
+
+if TYPE_CHECKING:
+    from bot.change.argv import diff as diff
+    from bot.change.argv import flags_text as flags_text
+    from bot.change.argv import merge as merge
+    from bot.change.exclusion import Holder as Holder
+    from bot.change.exclusion import TargetBusy as TargetBusy
+    from bot.change.exclusion import refusal as refusal
+    from bot.change.exclusion import tuning_refusal as tuning_refusal
+    from bot.change.in_force import InForce as InForce
+    from bot.change.in_force import adrs_in_force as adrs_in_force
+    from bot.change.liveness import Beat as Beat
+    from bot.change.liveness import LostRun as LostRun
+    from bot.change.liveness import Sleep as Sleep
+    from bot.change.liveness import beating as beating
+    from bot.change.liveness import owned as owned
+    from bot.change.policy import Policy as Policy
+    from bot.change.resume import Restorer as Restorer
+    from bot.change.serving import verify_serving as verify_serving
+
+__all__ = [
+    "Beat",
+    "Holder",
+    "InForce",
+    "LostRun",
+    "Policy",
+    "Restorer",
+    "Sleep",
+    "TargetBusy",
+    "adrs_in_force",
+    "beating",
+    "diff",
+    "exclusion",
+    "flags_text",
+    "merge",
+    "owned",
+    "refusal",
+    "resume",
+    "rows",
+    "tuning_refusal",
+    "verify_serving",
+]
+
+if not TYPE_CHECKING:
+    __getattr__ = face_of(__name__, __file__)

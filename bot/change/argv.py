@@ -16,7 +16,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bot.adr.flags import TUNABLE, EngineArgs, canonical, to_argv
+from bot.adr import TUNABLE, EngineArgs, canonical, to_argv
 
 FlagValues = dict[str, bool | int | float | str]
 

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from bot.kernel.errors import UsageError
-from bot.kernel.store.models import Change, Remediation
-from bot.kernel.store.states import HOLDS, ChangeKind, ChangeState
+from bot.kernel import UsageError
+from bot.kernel.store import HOLDS, Change, ChangeKind, ChangeState, Remediation
 
 
 @dataclass(frozen=True)

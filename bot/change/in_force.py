@@ -12,12 +12,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bot.adr.models import Adr
-from bot.adr.relative import Normal
-from bot.adr.store import AdrStore
+from bot.adr import Adr, AdrStore, Normal
 from bot.change.actuators.base import Deployed
+from bot.kernel.store import Database
 from bot.kernel.store import service as store
-from bot.kernel.store.db import Database
 
 log = logging.getLogger("ruleloop.scheduler")
 

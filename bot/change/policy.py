@@ -12,12 +12,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from bot.adr.flags import canonical, check_engine_args
-from bot.adr.models import Adr
+from bot.adr import Adr, canonical, check_engine_args
 from bot.change.argv import FlagValues
-from bot.kernel.config import AccessSettings, Settings
-from bot.kernel.errors import NotAllowed, UsageError
-from bot.kernel.runtime.access import who_may
+from bot.kernel import AccessSettings, NotAllowed, Settings, UsageError
+from bot.kernel.runtime import who_may
 
 
 @dataclass(frozen=True)

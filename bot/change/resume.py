@@ -16,8 +16,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from bot.change import rows
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import Change
+from bot.kernel.store import Change, Database
 
 log = logging.getLogger("ruleloop.change")
 

@@ -17,10 +17,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session
 
 from bot.change import exclusion
-from bot.kernel.store.db import Database
-from bot.kernel.store.dbtime import db_ago, db_now
-from bot.kernel.store.models import Change
-from bot.kernel.store.states import ACTIVE, TUNING
+from bot.kernel.store import ACTIVE, TUNING, Change, Database, db_ago, db_now
 
 # a change in these states has a run working on it (a remediation pending approval has none)
 RUNS = frozenset(ACTIVE) | frozenset(TUNING)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from bot.kernel.errors import EndpointError
+from bot.kernel import EndpointError
 from bot.kernel.runtime.redact import redact
 
 

@@ -15,14 +15,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.adr import Adr, Verdict
 from bot.adr import causes as vocabulary
-from bot.adr.causes import Verdict
-from bot.adr.models import Adr
 from bot.diagnosis.replicas import FleetVerdict, ratio
 from bot.diagnosis.runbooks.models import PLACEHOLDER, Hypothesis, Runbook
-from bot.kernel.numbers.reading import Bounds, Reading, Spans
-from bot.kernel.numbers.text import in_unit, show, unit_of
-from bot.kernel.store.summary import DiagnosisSummary
+from bot.kernel.numbers import Bounds, Reading, Spans, in_unit, show, unit_of
+from bot.kernel.store import DiagnosisSummary
 
 # What to do when a probe's readings are missing altogether (the data gaps' advice).
 GAP_ADVICE = {

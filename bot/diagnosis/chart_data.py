@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from bot.adr.match import MatchResult
+from bot.adr import MatchResult
 from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.sampling import TPOT, SampledWindow
 from bot.diagnosis.probes.types import Finding

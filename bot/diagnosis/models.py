@@ -8,19 +8,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.adr.match import MatchResult
-from bot.adr.models import Adr
-from bot.adr.relative import Normal
+from bot.adr import Adr, MatchResult, Normal
 from bot.diagnosis.causes import CauseVerdict
 from bot.diagnosis.chart_data import ChartData
 from bot.diagnosis.probes.sampling import SampledWindow
 from bot.diagnosis.probes.types import Finding
 from bot.diagnosis.replica_text import summary_json
 from bot.diagnosis.replicas import FleetVerdict
-from bot.kernel.numbers import catalogue
-from bot.kernel.numbers.reading import Bounds, Measured, Spans, spans_json
-from bot.kernel.numbers.text import FOUR
-from bot.kernel.store.summary import DiagnosisSummary
+from bot.kernel.numbers import FOUR, Bounds, Measured, Spans, catalogue, spans_json
+from bot.kernel.store import DiagnosisSummary
 
 GATE_OF = catalogue.GATE_OF  # metric -> the gate that limits it
 

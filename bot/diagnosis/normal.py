@@ -11,10 +11,9 @@ import asyncio
 import statistics
 from collections.abc import Awaitable, Callable
 
-from bot.kernel.numbers import catalogue
-from bot.kernel.numbers.reading import Bound, Measured, bounds_of, spans_of
+from bot.kernel.numbers import Bound, Measured, bounds_of, catalogue, spans_of
+from bot.kernel.store import Database
 from bot.kernel.store import service as store
-from bot.kernel.store.db import Database
 
 KEYS = catalogue.NORMAL_KEYS  # the numbers a snapshot keeps
 # What reads a target's normal: the target's name in, its numbers with bounds and spans out.

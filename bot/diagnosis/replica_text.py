@@ -19,7 +19,7 @@ from bot.diagnosis.replicas import (
     ReplicaRow,
     ReplicaVerdict,
 )
-from bot.kernel.numbers.text import show
+from bot.kernel.numbers import show
 
 SOURCE = "replicas: one or all (docs/fleet.md)"
 MAX_NAMED = 3  # replicas named in the one line; the rest are counted

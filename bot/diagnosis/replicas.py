@@ -30,9 +30,7 @@ from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.sampling import TPOT, SampledWindow
 from bot.diagnosis.probes.vllm_metrics import ITL, QUEUE_TIME, TTFT
 from bot.diagnosis.runbooks.runner import RunbookResult
-from bot.kernel.numbers.histogram import histogram_quantile, quantile_bound
-from bot.kernel.numbers.reading import Bound
-from bot.kernel.numbers.text import show
+from bot.kernel.numbers import Bound, histogram_quantile, quantile_bound, show
 
 MIN_REQUESTS = 20  # under it, a quarter of a replica's requests is 4 or fewer: strays
 SHARE_BEYOND = 0.25

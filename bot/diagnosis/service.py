@@ -14,8 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from bot.adr.match import MatchResult, by_cause, matching
-from bot.adr.store import AdrStore
+from bot.adr import AdrStore, MatchResult, by_cause, matching
 from bot.diagnosis import causes, chart_data, history, replica_text, replicas
 from bot.diagnosis.chart import render_chart
 from bot.diagnosis.models import GATE_OF, Baseline, Diagnosis
@@ -24,9 +23,8 @@ from bot.diagnosis.probes.context import ProbeContext, TargetRef
 from bot.diagnosis.probes.types import Finding, Severity
 from bot.diagnosis.runbooks.loader import LoadedRunbook, RunbookSet
 from bot.diagnosis.runbooks.runner import RunbookResult, RunbookRunner
-from bot.kernel.errors import UsageError
-from bot.kernel.numbers import catalogue
-from bot.kernel.numbers.reading import Bounds, Measured, Spans, spans_json
+from bot.kernel import UsageError
+from bot.kernel.numbers import Bounds, Measured, Spans, catalogue, spans_json
 
 log = logging.getLogger("ruleloop.diagnosis")
 # The rules in force on a target (bot/app/scheduler/rules_now.py reads them from the store).

@@ -24,7 +24,7 @@ import httpx
 
 from bot.engine.cpu_limit import CpuLimit, cores_from_environment
 from bot.engine.model import SERVED_MODEL_NAME, write_model_dir
-from bot.kernel.errors import EngineError
+from bot.kernel import EngineError
 
 DEFAULT_PORT = 8000
 START_TIMEOUT_S = 300.0

@@ -21,7 +21,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-from bot.kernel.runtime.heads import GuardedHttpToolsProtocol
+from bot.kernel.runtime import GuardedHttpToolsProtocol
 
 INFORMATIONAL = b"HTTP/1.1 1"  # "100 Continue" goes out at once: the client waits for it
 

@@ -25,7 +25,7 @@ import httpx
 from bot.gateway import responses
 from bot.gateway.metrics import RelayOutcome
 from bot.gateway.types import Headers, Message, Receive, Send
-from bot.kernel.runtime.sse import DONE, SSEParser
+from bot.kernel.runtime import DONE, SSEParser
 
 USAGE_KEY = b'"completion_tokens":'
 PROMPT_KEY = b'"prompt_tokens":'  # read once, from the first chunk that carries usage

@@ -31,7 +31,7 @@ from bot.gateway.app import Gateway
 from bot.gateway.limits import LimitsError, read_limits_file, updated
 from bot.gateway.protocol import GatewayHttpProtocol
 from bot.gateway.transport import UpstreamClient, UpstreamTransport
-from bot.kernel.runtime.heads import HeadLimits
+from bot.kernel.runtime import HeadLimits
 
 log = logging.getLogger("ruleloop.gateway")
 

@@ -14,3 +14,21 @@ while Slack does not take it, by the scheduler's ``outbox`` job with backoff. A 
 (``channel_not_found``) ends the item ``failed`` with Slack's reason: logged, counted, audited
 and shown on /healthz.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bot.kernel import face_of
+
+if TYPE_CHECKING:
+    from bot.incidents.flows import IncidentFlows as IncidentFlows
+
+__all__ = [
+    "IncidentFlows",
+    "memory",
+    "stats",
+]
+
+if not TYPE_CHECKING:
+    __getattr__ = face_of(__name__, __file__)

@@ -16,33 +16,25 @@ import logging
 import time
 from collections.abc import Callable
 
-from bot.adr.store import AdrStore
-from bot.diagnosis.models import Diagnosis
-from bot.diagnosis.probes.context import TargetRef
-from bot.diagnosis.probes.types import Finding, Severity
-from bot.diagnosis.service import Diagnoser
+from bot.adr import AdrStore
+from bot.diagnosis import Diagnoser, Diagnosis
+from bot.diagnosis.probes import Finding, Severity, TargetRef
 from bot.incidents.intake.service import IntakeOutcome, IntakeResult
 from bot.incidents.outbox import Outbox
 from bot.incidents.records import ButtonsOf, IncidentRecords
-from bot.kernel.chat.messages import (
+from bot.kernel import EndpointError, NotAllowed, RuleloopError, Settings, UsageError
+from bot.kernel.chat import (
     ACKNOWLEDGE,
     CAUSE_CONFIRMED,
     CAUSE_WRONG,
     SILENCE,
     MessageRef,
     Notifier,
+    escape,
 )
-from bot.kernel.chat.mrkdwn import escape
-from bot.kernel.config import Settings
-from bot.kernel.errors import EndpointError, NotAllowed, RuleloopError, UsageError
-from bot.kernel.runtime.access import who_may
-from bot.kernel.runtime.ids import new_error_id, replica_id
-from bot.kernel.runtime.metrics import BotMetrics
-from bot.kernel.runtime.tasks import TaskSupervisor
+from bot.kernel.runtime import BotMetrics, TaskSupervisor, new_error_id, replica_id, who_may
+from bot.kernel.store import Database, DiagnosisSummary, Incident
 from bot.kernel.store import outbox as items
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import Incident
-from bot.kernel.store.summary import DiagnosisSummary
 
 log = logging.getLogger("ruleloop.flows")
 

@@ -18,10 +18,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from bot.kernel.chat.mrkdwn import escape
-from bot.kernel.store.models import AuditEntry, CauseFeedback, Incident, Remediation
-from bot.kernel.store.states import ChangeState as S
-from bot.kernel.store.summary import DiagnosisSummary
+from bot.kernel.chat import escape
+from bot.kernel.store import AuditEntry, CauseFeedback, DiagnosisSummary, Incident, Remediation
+from bot.kernel.store import ChangeState as S
 
 RECENT_DAYS = 7  # "3rd time in 7 days"
 LOOKBACK_DAYS = 90  # how far back an earlier fix (and its story) is looked for

@@ -20,15 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bot.incidents.records import IncidentRecords
-from bot.kernel.chat.failures import Failure, classify
-from bot.kernel.chat.messages import MessageRef, Notifier
-from bot.kernel.chat.mrkdwn import escape
-from bot.kernel.config import Settings
-from bot.kernel.errors import EndpointError
-from bot.kernel.runtime.metrics import BotMetrics
+from bot.kernel import EndpointError, Settings
+from bot.kernel.chat import Failure, MessageRef, Notifier, classify, escape
+from bot.kernel.runtime import BotMetrics
+from bot.kernel.store import Database
 from bot.kernel.store import outbox as items
 from bot.kernel.store import service as store
-from bot.kernel.store.db import Database
 
 log = logging.getLogger("ruleloop.outbox")
 CLAIM = dt.timedelta(minutes=5)  # a replica that stops mid-send: another sends it after this

@@ -11,14 +11,11 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from bot.incidents import memory
-from bot.kernel.chat.messages import CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG, IncidentView, MessageRef
-from bot.kernel.errors import UsageError
-from bot.kernel.store import buttons
+from bot.kernel import UsageError
+from bot.kernel.chat import CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG, IncidentView, MessageRef
+from bot.kernel.store import Database, DiagnosisSummary, Incident, buttons
 from bot.kernel.store import outbox as items
 from bot.kernel.store import service as store
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import Incident
-from bot.kernel.store.summary import DiagnosisSummary
 
 # an incident's thread buttons: which kinds it gets, and their message once they have tokens
 ButtonsOf = tuple[Callable[[Incident], Sequence[str]], Callable[[dict[str, str]], dict[str, Any]]]

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from bot.kernel.store.models import CauseFeedback, Incident, Remediation
-from bot.kernel.store.states import ChangeState as S
+from bot.kernel.store import CauseFeedback, Incident, Remediation
+from bot.kernel.store import ChangeState as S
 
 NOT_APPLIED = (S.PENDING, S.APPROVED, S.CANCELLED, S.EXPIRED, S.DRY_RUN)
 COLUMNS = (

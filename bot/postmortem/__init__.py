@@ -10,13 +10,32 @@ service.py the flow: /adr-draft and the draft a remediation ends with, posted in
            the review buttons (DraftService)
 """
 
-from bot.postmortem.draft import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
-from bot.postmortem.review import check_reviewer
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bot.kernel import face_of
+
+if TYPE_CHECKING:
+    from bot.postmortem.draft import AppliedFix as AppliedFix
+    from bot.postmortem.draft import CanaryFacts as CanaryFacts
+    from bot.postmortem.draft import IncidentFacts as IncidentFacts
+    from bot.postmortem.draft import build_postmortem as build_postmortem
+    from bot.postmortem.ports import DraftNotifier as DraftNotifier
+    from bot.postmortem.ports import DraftView as DraftView
+    from bot.postmortem.review import check_reviewer as check_reviewer
+    from bot.postmortem.service import DraftService as DraftService
 
 __all__ = [
     "AppliedFix",
     "CanaryFacts",
+    "DraftNotifier",
+    "DraftService",
+    "DraftView",
     "IncidentFacts",
     "build_postmortem",
     "check_reviewer",
 ]
+
+if not TYPE_CHECKING:
+    __getattr__ = face_of(__name__, __file__)

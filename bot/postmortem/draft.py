@@ -14,30 +14,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.adr.flags import canonical
-from bot.adr.models import Adr, AdrGates, Condition, Fix, MatrixRow
-from bot.adr.parse import date_of_id
-from bot.adr.workload.shape import WorkloadShape
-from bot.canary.limits import judged_limits
-from bot.canary.schema import CanaryReport
-from bot.canary.verdict import (
+from bot.adr import Adr, AdrGates, Condition, Fix, MatrixRow, canonical, date_of_id
+from bot.adr.workload import WorkloadShape
+from bot.canary import (
     GATES,
     MEASURED,
+    CanaryReport,
     GateResult,
     Gates,
     Values,
     Verdict,
     gates_from,
     judge_values,
+    judged_limits,
     values_of,
 )
-from bot.diagnosis.models import GATE_OF, summary_numbers
-from bot.kernel.errors import UsageError
-from bot.kernel.numbers.reading import Measured, Reading, compare
-from bot.kernel.numbers.text import FOUR, compact
-from bot.kernel.store.states import ChangeState
-from bot.kernel.store.summary import DiagnosisSummary
-from bot.tune.matrix import PASSED, source_note
+from bot.diagnosis import GATE_OF, summary_numbers
+from bot.kernel import UsageError
+from bot.kernel.numbers import FOUR, Measured, Reading, compact, compare
+from bot.kernel.store import ChangeState, DiagnosisSummary
+from bot.tune import PASSED, source_note
 
 INCIDENT_ROW = "Incident (diagnosis, engine view)"
 TITLE_LIMIT = 200

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bot.kernel.chat.messages import MessageRef
+from bot.kernel.chat import MessageRef
 
 
 @dataclass(frozen=True)

@@ -20,20 +20,15 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from bot.adr.models import Adr, AdrGates, Status
-from bot.adr.relative import BEFORE, NORMAL
+from bot.adr import BEFORE, NORMAL, Adr, AdrGates, SharedAdrStore, Status
 from bot.adr.render import render
-from bot.adr.shared import SharedAdrStore
-from bot.adr.workload.shape import WorkloadShape
-from bot.canary.limits import judged_limits
-from bot.kernel.chat.messages import MessageRef
-from bot.kernel.errors import UsageError
+from bot.adr.workload import WorkloadShape
+from bot.canary import judged_limits
+from bot.kernel import UsageError
+from bot.kernel.chat import MessageRef
+from bot.kernel.store import AdrDraft, ChangeState, Database, Incident, Remediation, buttons
 from bot.kernel.store import adrs as records
-from bot.kernel.store import buttons
 from bot.kernel.store import service as store
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import AdrDraft, Incident, Remediation
-from bot.kernel.store.states import ChangeState
 from bot.postmortem.draft import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
 from bot.postmortem.review import decided, rejection_note
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
-from bot.adr.models import Adr, Status
-from bot.adr.validate import check_record
-from bot.kernel.errors import AdrError, NotAllowed, UsageError
-from bot.kernel.runtime.access import who_may
+from bot.adr import Adr, Status, check_record
+from bot.kernel import AdrError, NotAllowed, UsageError
+from bot.kernel.runtime import who_may
 
 REVIEW_HEADING = "## 评审记录 (Review)"
 NOBODY = (

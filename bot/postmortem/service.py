@@ -16,18 +16,13 @@ import asyncio
 import datetime as dt
 from collections.abc import Awaitable, Callable
 
-from bot.adr.models import Adr
+from bot.adr import Adr, SharedAdrStore
 from bot.adr.render import render
-from bot.adr.shared import SharedAdrStore
-from bot.change.gitops.adr_publish import publish_accepted
-from bot.kernel.chat.messages import MessageRef
-from bot.kernel.chat.mrkdwn import mention
-from bot.kernel.config import Settings
-from bot.kernel.errors import NotAllowed, UsageError
-from bot.kernel.runtime.access import Members, who_may
-from bot.kernel.store.buttons import subject_key
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import AdrDraft
+from bot.change.gitops import publish_accepted
+from bot.kernel import NotAllowed, Settings, UsageError
+from bot.kernel.chat import MessageRef, mention
+from bot.kernel.runtime import Members, who_may
+from bot.kernel.store import AdrDraft, Database, subject_key
 from bot.postmortem.ports import DraftNotifier, DraftView
 from bot.postmortem.records import SUBJECT, AlreadyDecided, DraftRecords
 from bot.postmortem.review import check_reviewer

@@ -16,3 +16,45 @@ silences.py        Alertmanager silences (API v2): during a change, or from a th
 change_silence.py  the silence of one change: made when it applies, expired when it ends
 thread_buttons.py  the thread's Silence, Acknowledge and cause buttons, single-use
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bot.kernel import face_of
+
+if TYPE_CHECKING:
+    from bot.remediation.gate import GateRun as GateRun
+    from bot.remediation.gate import GateRunner as GateRunner
+    from bot.remediation.gate import run_gate as run_gate
+    from bot.remediation.lines import NUMBER_LABELS as NUMBER_LABELS
+    from bot.remediation.lines import gate_lines as gate_lines
+    from bot.remediation.lines import number_lines as number_lines
+    from bot.remediation.lines import value_text as value_text
+    from bot.remediation.lines import verdict_lines as verdict_lines
+    from bot.remediation.ports import STATES as STATES
+    from bot.remediation.ports import RemediationNotifier as RemediationNotifier
+    from bot.remediation.ports import RemediationView as RemediationView
+    from bot.remediation.records import SUBJECT as SUBJECT
+    from bot.remediation.service import RemediationService as RemediationService
+    from bot.remediation.thread_buttons import ThreadButtons as ThreadButtons
+
+__all__ = [
+    "GateRun",
+    "GateRunner",
+    "NUMBER_LABELS",
+    "RemediationNotifier",
+    "RemediationService",
+    "RemediationView",
+    "STATES",
+    "SUBJECT",
+    "ThreadButtons",
+    "gate_lines",
+    "number_lines",
+    "run_gate",
+    "value_text",
+    "verdict_lines",
+]
+
+if not TYPE_CHECKING:
+    __getattr__ = face_of(__name__, __file__)

@@ -11,18 +11,13 @@ import datetime as dt
 import logging
 from typing import Any
 
-from bot.adr.models import Adr, AdrGates
-from bot.adr.shared import SharedAdrStore
-from bot.canary.limits import judged_limits
-from bot.change.argv import diff
-from bot.change.liveness import LostRun
-from bot.kernel.chat.messages import MessageRef
-from bot.kernel.config import Settings
-from bot.kernel.errors import RuleloopError
+from bot.adr import Adr, AdrGates, SharedAdrStore
+from bot.canary import judged_limits
+from bot.change import LostRun, diff
+from bot.kernel import RuleloopError, Settings
+from bot.kernel.chat import MessageRef
 from bot.kernel.runtime.redact import redact
-from bot.kernel.store import buttons
-from bot.kernel.store.models import Remediation
-from bot.kernel.store.states import ChangeState
+from bot.kernel.store import ChangeState, Remediation, buttons
 from bot.remediation.ports import RemediationNotifier, RemediationView
 from bot.remediation.records import SUBJECT, RemediationRecords
 

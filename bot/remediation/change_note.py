@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bot.change.actuators.base import Actuator, ChangeContext, Deployed, TakesContext
-from bot.kernel.numbers import catalogue
-from bot.kernel.numbers.text import show
-from bot.kernel.store.models import Remediation
+from bot.change.actuators import Actuator, ChangeContext, Deployed, TakesContext
+from bot.kernel.numbers import catalogue, show
+from bot.kernel.store import Remediation
 
 
 def give_context(

@@ -14,9 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from bot.kernel.config import Settings
-from bot.kernel.store.models import Remediation
-from bot.kernel.store.states import ACTIVE
+from bot.kernel import Settings
+from bot.kernel.store import ACTIVE, Remediation
 from bot.remediation import silences
 from bot.remediation.records import RemediationRecords
 

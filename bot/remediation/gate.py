@@ -10,14 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 
-from bot.adr.models import AdrGates
-from bot.adr.workload.shape import WorkloadShape
-from bot.canary.measure import measure_async
-from bot.canary.runner import Progress
-from bot.canary.schema import Samples
-from bot.canary.verdict import Judged, gates_from
-from bot.canary.workload import Workload
-from bot.kernel.config import CanarySpec
+from bot.adr import AdrGates
+from bot.adr.workload import WorkloadShape
+from bot.canary import Judged, Progress, Samples, Workload, gates_from, measure_async
+from bot.kernel import CanarySpec
 
 GateRun = Judged  # a finished gate canary: its report, the numbers read, the verdict
 # (base_url, spec, gates, *, shape=None, ratios=None, before=None)

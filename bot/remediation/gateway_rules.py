@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 
-from bot.adr.models import GatewayRules
-from bot.change.actuators.base import ActuatorError
-from bot.kernel.errors import UsageError
+from bot.adr import GatewayRules
+from bot.change.actuators import ActuatorError
+from bot.kernel import UsageError
 from bot.kernel.runtime.redact import redact
 
 PATH = "/admin/limits"

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from bot.canary.verdict import Verdict
-from bot.kernel.numbers import catalogue
-from bot.kernel.numbers.text import change, in_unit
+from bot.canary import Verdict
+from bot.kernel.numbers import catalogue, change, in_unit
 
 # the catalogue's numbers as lines name them: gate -> (label, sign, unit), key -> (label, unit)
 GATE_LABELS = {m.gate: (m.phrase, "≤" if m.worse_up else "≥", m.unit) for m in catalogue.METRICS}

@@ -6,9 +6,9 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bot.kernel.chat.messages import MessageRef
-from bot.kernel.store.states import ChangeState
-from bot.postmortem.ports import DraftNotifier
+from bot.kernel.chat import MessageRef
+from bot.kernel.store import ChangeState
+from bot.postmortem import DraftNotifier
 
 # state -> what the card says it is doing (one message, updated in place); keyed by the members,
 # which are the stored strings, so a state read back from the store finds its text

@@ -17,14 +17,20 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from bot.canary.schema import CanaryReport
+from bot.canary import CanaryReport
 from bot.change import exclusion, rows
-from bot.kernel.errors import UsageError
-from bot.kernel.store import buttons
+from bot.kernel import UsageError
+from bot.kernel.store import (
+    ACTIVE,
+    ActionToken,
+    CanaryResult,
+    ChangeState,
+    Incident,
+    Remediation,
+    buttons,
+    db_now,
+)
 from bot.kernel.store import service as store
-from bot.kernel.store.dbtime import db_now
-from bot.kernel.store.models import ActionToken, CanaryResult, Incident, Remediation
-from bot.kernel.store.states import ACTIVE, ChangeState
 
 SUBJECT = "remediation"  # its buttons' subject: buttons.subject(SUBJECT, remediation_id)
 

@@ -13,25 +13,25 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.adr.models import Adr, AdrGates, GatewayRules
-from bot.adr.relative import BEFORE, NORMAL, unlike_gate
-from bot.canary.guardrails import Guardrail, standing, watch
-from bot.canary.limits import judged_limits
-from bot.canary.schema import CanaryReport, Samples
-from bot.canary.verdict import how_sure, values_of
-from bot.change.actuators.base import Actuator, ActuatorError, Deployed, TakesContext
-from bot.change.argv import flags_text
-from bot.change.in_force import InForce
-from bot.change.serving import verify_serving
-from bot.diagnosis.models import GATE_OF, Baseline
-from bot.kernel.config import Settings, Target
-from bot.kernel.errors import RuleloopError, UsageError
+from bot.adr import BEFORE, NORMAL, Adr, AdrGates, GatewayRules, unlike_gate
+from bot.canary import (
+    CanaryReport,
+    Guardrail,
+    Samples,
+    how_sure,
+    judged_limits,
+    standing,
+    values_of,
+    watch,
+)
+from bot.change import InForce, flags_text, verify_serving
+from bot.change.actuators import Actuator, ActuatorError, Deployed, TakesContext
+from bot.diagnosis import GATE_OF, Baseline
+from bot.kernel import RuleloopError, Settings, Target, UsageError
 from bot.kernel.numbers import catalogue
-from bot.kernel.runtime.ids import new_error_id
+from bot.kernel.runtime import new_error_id
 from bot.kernel.runtime.redact import redact
-from bot.kernel.store.models import Remediation
-from bot.kernel.store.readings import ROLLBACK_FAILED
-from bot.kernel.store.states import ACTIVE, ChangeState
+from bot.kernel.store import ACTIVE, ROLLBACK_FAILED, ChangeState, Remediation
 from bot.remediation.card import Card
 from bot.remediation.change_note import give_context
 from bot.remediation.change_silence import ChangeSilencer
@@ -411,7 +411,8 @@ def _rollback_result(
     kept: dict[str, Any], reason: str, judged: GateRun | None, watched: Sequence[Guardrail] = ()
 ) -> dict[str, Any]:
     """The record's result for a rollback: why, the failed canary's numbers, the gates it
-    missed (by name: ``missed``; in words: ``failures``), and what the change was judged by (the resolved limits and the judging canary's workload stay)."""
+    missed (by name: ``missed``; in words: ``failures``), and what the change was judged by
+    (the resolved limits and the judging canary's workload stay)."""
     numbers = judged.values.numbers() if judged is not None else {}
     failures = judged.failures if judged is not None else []
     missed = [r.name for r in judged.verdict.failed] if judged is not None else []

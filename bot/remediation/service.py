@@ -16,36 +16,42 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from bot.adr.models import Adr
-from bot.adr.shared import SharedAdrStore
-from bot.change import actuators
+from bot.adr import Adr, SharedAdrStore
+from bot.change import (
+    InForce,
+    LostRun,
+    Policy,
+    Restorer,
+    Sleep,
+    TargetBusy,
+    actuators,
+    adrs_in_force,
+    diff,
+    merge,
+    owned,
+    refusal,
+)
 from bot.change.actuators import ActuatorFactory, opened
-from bot.change.argv import diff, merge
-from bot.change.exclusion import TargetBusy, refusal
-from bot.change.in_force import InForce, adrs_in_force
-from bot.change.liveness import LostRun, Sleep, owned
-from bot.change.policy import Policy
-from bot.change.resume import Restorer
 from bot.change.resume import resume as resume_changes
-from bot.kernel.chat.messages import MessageRef
-from bot.kernel.chat.mrkdwn import mention
-from bot.kernel.config import Settings, Target
-from bot.kernel.errors import UsageError
-from bot.kernel.runtime.access import Members
-from bot.kernel.runtime.ids import replica_id
-from bot.kernel.runtime.tasks import TaskSupervisor
-from bot.kernel.store import buttons
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import ActionToken, Change, Remediation
-from bot.kernel.store.states import ChangeKind, ChangeState
+from bot.kernel import Settings, Target, UsageError
+from bot.kernel.chat import MessageRef, mention
+from bot.kernel.runtime import Members, TaskSupervisor, replica_id
+from bot.kernel.store import (
+    ActionToken,
+    Change,
+    ChangeKind,
+    ChangeState,
+    Database,
+    Remediation,
+    buttons,
+)
 from bot.remediation.card import Card
 from bot.remediation.change_silence import ChangeSilencer
 from bot.remediation.gate import GateRunner, run_gate
 from bot.remediation.ports import RemediationNotifier
 from bot.remediation.records import ChangeRequest, RemediationRecords
 from bot.remediation.run import ChangeRun, crashed, gateway_admin, like_for_like
-from bot.tune.on_target import SessionRestorer
-from bot.tune.records import TuneRecords
+from bot.tune import SessionRestorer, TuneRecords
 
 log = logging.getLogger("ruleloop.remediation")
 

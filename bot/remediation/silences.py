@@ -13,8 +13,7 @@ from typing import Any
 
 import httpx
 
-from bot.kernel.config import SilenceSpec
-from bot.kernel.errors import EndpointError
+from bot.kernel import EndpointError, SilenceSpec
 from bot.kernel.runtime.redact import redact
 
 CREATED_BY = "ruleloop"

@@ -22,17 +22,21 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from bot.kernel.chat.messages import ACKNOWLEDGE, CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG, SILENCE
-from bot.kernel.chat.mrkdwn import escape, mention, plain
-from bot.kernel.config import Settings, SilenceSpec
-from bot.kernel.errors import NotAllowed, UsageError
-from bot.kernel.runtime.access import Members, who_may
-from bot.kernel.runtime.ids import new_error_id
-from bot.kernel.store import buttons
+from bot.kernel import NotAllowed, Settings, SilenceSpec, UsageError
+from bot.kernel.chat import (
+    ACKNOWLEDGE,
+    CAUSE,
+    CAUSE_CONFIRMED,
+    CAUSE_WRONG,
+    SILENCE,
+    escape,
+    mention,
+    plain,
+)
+from bot.kernel.runtime import Members, new_error_id, who_may
+from bot.kernel.store import ActionToken, CauseFeedback, Database, Incident, buttons
 from bot.kernel.store import outbox as items
 from bot.kernel.store import service as store
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import ActionToken, CauseFeedback, Incident
 from bot.remediation import silences
 
 log = logging.getLogger("ruleloop.thread")

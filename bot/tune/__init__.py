@@ -12,3 +12,63 @@ matrix.py      measured canary reports as Metrics Matrix rows, and the recommend
 draft.py       the proposed ADR a run ends with: context, measured matrix, rules
 service.py     `tune` as one call: measure, pick the best passing row, write the draft
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bot.kernel import face_of
+
+if TYPE_CHECKING:
+    from bot.tune.matrix import PASSED as PASSED
+    from bot.tune.matrix import source_note as source_note
+    from bot.tune.objective import METRICS as METRICS
+    from bot.tune.on_target import RestoreFailed as RestoreFailed
+    from bot.tune.on_target import SessionRestorer as SessionRestorer
+    from bot.tune.on_target import approve as approve
+    from bot.tune.on_target import capture_shape as capture_shape
+    from bot.tune.on_target import check_target as check_target
+    from bot.tune.on_target import finish as finish
+    from bot.tune.on_target import restore_target_session as restore_target_session
+    from bot.tune.on_target import tune_target as tune_target
+    from bot.tune.on_target import utc_now as utc_now
+    from bot.tune.plan import Experiment as Experiment
+    from bot.tune.plan import TunePlan as TunePlan
+    from bot.tune.plan import WorkloadSpec as WorkloadSpec
+    from bot.tune.plan import load_plan as load_plan
+    from bot.tune.records import TuneRecords as TuneRecords
+    from bot.tune.runner import Echo as Echo
+    from bot.tune.service import DraftPlace as DraftPlace
+    from bot.tune.service import TuneResult as TuneResult
+    from bot.tune.service import run_tune as run_tune
+    from bot.tune.service import write_search_draft as write_search_draft
+    from bot.tune.space import parse_dimension as parse_dimension
+
+__all__ = [
+    "DraftPlace",
+    "Echo",
+    "Experiment",
+    "METRICS",
+    "PASSED",
+    "RestoreFailed",
+    "SessionRestorer",
+    "TunePlan",
+    "TuneRecords",
+    "TuneResult",
+    "WorkloadSpec",
+    "approve",
+    "capture_shape",
+    "check_target",
+    "finish",
+    "load_plan",
+    "parse_dimension",
+    "restore_target_session",
+    "run_tune",
+    "source_note",
+    "tune_target",
+    "utc_now",
+    "write_search_draft",
+]
+
+if not TYPE_CHECKING:
+    __getattr__ = face_of(__name__, __file__)

@@ -6,11 +6,9 @@ import datetime as dt
 import platform
 from pathlib import Path
 
-from bot.adr import vllm_args
-from bot.adr.models import Adr, Fix, MatrixRow
-from bot.adr.render import format_ms
-from bot.adr.workload.shape import WorkloadShape
-from bot.canary.schema import CanaryReport
+from bot.adr import Adr, Fix, MatrixRow, format_ms, vllm_args
+from bot.adr.workload import WorkloadShape
+from bot.canary import CanaryReport
 from bot.tune.matrix import TrialRow, source_note
 from bot.tune.plan import TunePlan
 

@@ -11,9 +11,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from bot.adr.models import AdrGates
-from bot.canary.schema import CanaryReport
-from bot.canary.verdict import FRAGMENTATION_SOURCES, GOODPUT_SOURCES, Values
+from bot.adr import AdrGates
+from bot.canary import FRAGMENTATION_SOURCES, GOODPUT_SOURCES, CanaryReport, Values
 from bot.kernel.numbers import catalogue
 from bot.tune.plan import BASELINE, Config
 

@@ -22,8 +22,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from bot.canary.schema import CanaryReport, Spread
-from bot.canary.verdict import GATES, MEASURED, Gates, Verdict, judge
+from bot.canary import GATES, MEASURED, CanaryReport, Gates, Spread, Verdict, judge
 
 Direction = Literal["maximize", "minimize"]
 Metric = Literal[

@@ -32,19 +32,21 @@ from typing import Any
 
 import httpx
 
-from bot.adr.workload.shape import WorkloadShape
-from bot.change.actuators import ActuatorFactory, opened
-from bot.change.actuators.base import Actuator, ActuatorError, Deployed
-from bot.change.argv import flags_text
-from bot.change.exclusion import TargetBusy, tuning_refusal
-from bot.change.liveness import Beat, LostRun, beating
-from bot.change.policy import Policy
-from bot.change.serving import verify_serving
-from bot.kernel.config import Settings, Target
-from bot.kernel.errors import EngineError, RuleloopError, UsageError
-from bot.kernel.runtime.ids import process_alive, replica_id
-from bot.kernel.store.models import Change, TuneSession
-from bot.kernel.store.readings import ROLLBACK_FAILED
+from bot.adr.workload import WorkloadShape
+from bot.change import (
+    Beat,
+    LostRun,
+    Policy,
+    TargetBusy,
+    beating,
+    flags_text,
+    tuning_refusal,
+    verify_serving,
+)
+from bot.change.actuators import Actuator, ActuatorError, ActuatorFactory, Deployed, opened
+from bot.kernel import EngineError, RuleloopError, Settings, Target, UsageError
+from bot.kernel.runtime import process_alive, replica_id
+from bot.kernel.store import ROLLBACK_FAILED, Change, TuneSession
 from bot.tune.matrix import TrialRow
 from bot.tune.objective import TrialOutcome
 from bot.tune.plan import Config, TunePlan
@@ -509,15 +511,15 @@ async def restore_target_session(
 async def capture_shape(spec: Target, *, seconds: float, echo: Echo) -> WorkloadShape:
     """The target's own traffic over the next ``seconds``, from every replica's /metrics, as
     one replica's share (the tuning replays it on one engine)."""
-    from bot.adr.workload.shape import per_replica
-    from bot.diagnosis.probes.context import resolve_replicas
-    from bot.diagnosis.probes.exposition import Exposition
-    from bot.diagnosis.probes.replicas import Replica
-    from bot.diagnosis.probes.vllm_metrics import MetricsScraper
-    from bot.diagnosis.probes.workload_capture import (
+    from bot.adr.workload import per_replica
+    from bot.diagnosis.probes import (
         CAPTURE_METRICS,
         CaptureProgress,
+        Exposition,
+        MetricsScraper,
+        Replica,
         capture_fleet,
+        resolve_replicas,
     )
 
     def progress(p: CaptureProgress) -> None:

@@ -17,11 +17,18 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from bot.adr.flags import canonical, check_engine_args, to_argv
-from bot.adr.models import AdrGates, Condition, EngineValue, GatewayRules
+from bot.adr import (
+    AdrGates,
+    Condition,
+    EngineValue,
+    GatewayRules,
+    canonical,
+    check_engine_args,
+    to_argv,
+)
 from bot.adr.workload import shape as shapes
-from bot.canary.workload import Workload, check
-from bot.kernel.errors import UsageError
+from bot.canary import Workload, check
+from bot.kernel import UsageError
 from bot.tune.objective import Objective
 from bot.tune.search import Sampler
 from bot.tune.space import Flags, SearchDimension, Space, build_space

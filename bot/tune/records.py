@@ -17,10 +17,8 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 
 from bot.change import exclusion, rows
+from bot.kernel.store import TUNING, ChangeKind, ChangeState, DriftBeforeRun, TuneSession, db_now
 from bot.kernel.store import service as store
-from bot.kernel.store.dbtime import db_now
-from bot.kernel.store.models import DriftBeforeRun, TuneSession
-from bot.kernel.store.states import TUNING, ChangeKind, ChangeState
 
 
 class TuneRecords(rows.ChangeRecords):

@@ -12,12 +12,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from bot.adr.render import format_ms, format_pct
-from bot.canary.measure import measure_async
-from bot.canary.render import progress_line
-from bot.canary.verdict import Gates, gates_from
-from bot.engine.process import START_TIMEOUT_S, EngineManager, free_port
-from bot.kernel.errors import EngineError, RuleloopError
+from bot.adr import format_ms, format_pct
+from bot.canary import Gates, gates_from, measure_async, progress_line
+from bot.engine import START_TIMEOUT_S, EngineManager, free_port
+from bot.kernel import EngineError, RuleloopError
 from bot.tune.matrix import TrialRow
 from bot.tune.plan import Config, TunePlan
 

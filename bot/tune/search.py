@@ -37,7 +37,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.trial import TrialState
 
-from bot.adr.models import EngineValue
+from bot.adr import EngineValue
 from bot.tune.objective import Direction, TrialOutcome
 from bot.tune.space import Flags, Key, Space
 

@@ -7,10 +7,9 @@ import datetime as dt
 from dataclasses import dataclass
 from pathlib import Path
 
-from bot.adr.models import Adr
-from bot.adr.store import AdrStore, slugify
-from bot.engine.process import START_TIMEOUT_S, EngineManager
-from bot.kernel.runtime.loop import run as run_loop
+from bot.adr import Adr, AdrStore, slugify
+from bot.engine import START_TIMEOUT_S, EngineManager
+from bot.kernel.runtime import run as run_loop
 from bot.tune.draft import build_draft, where_measured
 from bot.tune.matrix import TrialRow, recommend
 from bot.tune.plan import TunePlan

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from bot.adr.render import format_ms
-from bot.canary.verdict import Gates, gates_from
+from bot.adr import format_ms
+from bot.canary import Gates, gates_from
 from bot.tune.matrix import TrialRow
 from bot.tune.objective import Objective, TrialOutcome, outcome
 from bot.tune.plan import Config, TunePlan

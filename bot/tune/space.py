@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from bot.adr.flags import TUNABLE, canonical, check_engine_args
-from bot.adr.models import EngineValue
-from bot.kernel.errors import UsageError
+from bot.adr import TUNABLE, EngineValue, canonical, check_engine_args
+from bot.kernel import UsageError
 
 Flags = dict[str, EngineValue]
 Key = tuple[tuple[str, EngineValue], ...]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bot.adr.workload.shape import Lengths, WorkloadShape
-from bot.kernel.numbers.text import show
+from bot.kernel.numbers import show
 
 PREFIX = "Measured at "
 Point = Callable[[Lengths, str], str]  # how one quantile is written

@@ -28,8 +28,7 @@ import math
 from dataclasses import asdict, dataclass
 
 from bot.adr.workload.shape import Arrivals, Lengths, TokenRange, WorkloadShape, edge_text
-from bot.kernel.numbers.reading import Bound
-from bot.kernel.numbers.text import in_unit, show
+from bot.kernel.numbers import Bound, in_unit, show
 
 # The thresholds: over them, a dimension drifted (docs/workload.md says why each).
 KS_LIMIT = 0.2  # largest gap in the share of requests at or below some length

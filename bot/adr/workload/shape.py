@@ -49,10 +49,16 @@ from pydantic import (
     model_validator,
 )
 
-from bot.kernel.errors import UsageError
-from bot.kernel.numbers.histogram import histogram_quantile, quantile_bound, quantile_bucket
-from bot.kernel.numbers.reading import Bound, Reading
-from bot.kernel.numbers.text import in_unit, show
+from bot.kernel import UsageError
+from bot.kernel.numbers import (
+    Bound,
+    Reading,
+    histogram_quantile,
+    in_unit,
+    quantile_bound,
+    quantile_bucket,
+    show,
+)
 
 VERSION = 1
 SUFFIXES = {".json": "json", ".yaml": "yaml", ".yml": "yaml"}

@@ -12,8 +12,8 @@ import logging
 
 import click
 
-from bot.kernel.errors import RuleloopError
-from bot.kernel.runtime.ids import new_error_id
+from bot.kernel import RuleloopError
+from bot.kernel.runtime import new_error_id
 
 log = logging.getLogger("ruleloop")
 
@@ -47,7 +47,7 @@ def _record_unexpected(error_id: str) -> str:
     """Append the current traceback to the error log under its id; return the log's path."""
     import traceback
 
-    from bot.engine.process import default_state_dir
+    from bot.engine import default_state_dir
 
     path = default_state_dir() / "errors.log"
     try:

@@ -21,22 +21,28 @@ import sqlalchemy as sa
 import yaml
 from sqlalchemy.exc import SQLAlchemyError
 
-from bot.adr import vllm_args
-from bot.adr.causes import Cause, known
-from bot.adr.flags import to_argv
-from bot.adr.match import match, matching, read_metric
-from bot.adr.metrics import METRICS
-from bot.adr.models import Adr
-from bot.adr.relative import NORMAL_METRICS
-from bot.adr.shared import SharedAdrStore
-from bot.adr.store import AdrStore
-from bot.adr.validate import default_checker, validate
+from bot.adr import (
+    METRICS,
+    NORMAL_METRICS,
+    Adr,
+    AdrStore,
+    Cause,
+    SharedAdrStore,
+    default_checker,
+    known,
+    matching,
+    read_metric,
+    to_argv,
+    vllm_args,
+)
+from bot.adr.match import match
+from bot.adr.validate import validate
 from bot.app.cli.options import config_option
-from bot.kernel.errors import AdrError, UsageError
+from bot.kernel import AdrError, UsageError
 
 if TYPE_CHECKING:
-    from bot.kernel.config import Settings
-    from bot.kernel.store.db import Database
+    from bot.kernel import Settings
+    from bot.kernel.store import Database
 
 adr_dir_option = click.option(
     "--adr-dir",
@@ -359,7 +365,7 @@ def _declared_causes(directory: Path) -> dict[str, Cause]:
 
 def _store_url(config_path: Path | None, state_dir: Path | None) -> str:
     """[store] url, else the SQLite store `ruleloop serve` keeps under its state directory."""
-    from bot.engine.process import default_state_dir
+    from bot.engine import default_state_dir
 
     settings = _settings(config_path)
     if settings.store.url:
@@ -374,7 +380,7 @@ def _store_url(config_path: Path | None, state_dir: Path | None) -> str:
 
 
 def _settings(config_path: Path | None) -> Settings:
-    from bot.kernel.config import Settings
+    from bot.kernel import Settings
 
     return Settings.load(os.environ, path=config_path)
 
@@ -393,7 +399,7 @@ def _store(adr_dir: Path, config_path: Path | None) -> Iterator[AdrStore]:
 @contextlib.contextmanager
 def _opened(url: str) -> Iterator[Database]:
     """The database at ``url``, refused with what to do when it holds no ADR tables."""
-    from bot.kernel.store.db import Database
+    from bot.kernel.store import Database
 
     db = Database(url)
     where = db.url.render_as_string(hide_password=True)

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import click
 
-from bot.agent.reading import NvmlUnavailable
-from bot.agent.session import NvmlSession
+from bot.agent import NvmlSession, NvmlUnavailable
 from bot.app.cli import Command
-from bot.kernel.errors import UsageError
+from bot.kernel import UsageError
 from bot.kernel.runtime import loop
 
 TOKEN_ENV = "RULELOOP_AGENT_TOKEN"
@@ -144,7 +143,7 @@ def agent(
 
 
 def _print_once(session: NvmlSession) -> None:
-    from bot.agent.app import DEFAULT_PROCESSES
+    from bot.agent import DEFAULT_PROCESSES
 
     try:
         snapshot = session.snapshot(max_processes=DEFAULT_PROCESSES)
@@ -156,9 +155,8 @@ def _print_once(session: NvmlSession) -> None:
 
 
 async def _serve(session: NvmlSession, host: str, port: int, token: str | None) -> None:
-    from bot.agent.app import create_app
-    from bot.agent.server import serve
-    from bot.kernel.listening import bind
+    from bot.agent import create_app, serve
+    from bot.kernel import bind
 
     sock = bind(host, port)
     auth = "bearer token" if token else "NO AUTH (--insecure-no-auth)"

@@ -14,17 +14,25 @@ import click
 from click.core import ParameterSource
 
 from bot.app.cli import Command
-from bot.canary.render import progress_line, summary_table
-from bot.canary.runner import METRICS_PATHS, CanaryRun, Progress
-from bot.canary.schema import CanaryReport
-from bot.canary.shape_replay import default_cap
-from bot.canary.verdict import DEFAULT_MAX_ERROR_RATE, Gates
-from bot.canary.workload import CancelMode, Workload, check
-from bot.kernel.errors import GateFailed, UsageError
+from bot.canary import (
+    DEFAULT_MAX_ERROR_RATE,
+    METRICS_PATHS,
+    CanaryReport,
+    CanaryRun,
+    CancelMode,
+    Gates,
+    Progress,
+    Workload,
+    check,
+    default_cap,
+    progress_line,
+    summary_table,
+)
+from bot.kernel import GateFailed, UsageError
 from bot.kernel.runtime import loop
 
 if TYPE_CHECKING:
-    from bot.adr.workload.shape import WorkloadShape
+    from bot.adr.workload import WorkloadShape
 
 EPILOG = """\b
 Examples:
@@ -434,7 +442,7 @@ def _given(name: str) -> str | None:
 
 def _load_shape(path: Path, *, ignore_eos: bool) -> WorkloadShape:
     """The --workload shape; UsageError for a flag it contradicts or a bad file."""
-    from bot.adr.workload.shape import load
+    from bot.adr.workload import load
 
     given = [flag for name, flag in SHAPE_DECIDES.items() if _given(name)]
     if given:

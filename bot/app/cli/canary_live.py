@@ -14,7 +14,7 @@ import click
 
 from bot.app.cli import Command
 from bot.app.cli.options import config_option
-from bot.canary.live import ALPHA, INTERVAL_S, MIN_REQUESTS, MIN_WORSE
+from bot.canary import ALPHA, INTERVAL_S, MIN_REQUESTS, MIN_WORSE
 
 EPILOG = f"""\b
 The target lists its canary Deployment's pods beside its baseline replicas:
@@ -74,9 +74,9 @@ def canary_live(
     """Judge the canary replicas against the baseline on live traffic: keep or roll back."""
     import httpx
 
-    from bot.canary.live import LiveVerdict, analyse
-    from bot.diagnosis.probes.context import ProbeContext
-    from bot.kernel.config import Settings
+    from bot.canary import LiveVerdict, analyse
+    from bot.diagnosis.probes import ProbeContext
+    from bot.kernel import Settings
     from bot.kernel.runtime import loop
 
     name, target = Settings.load(os.environ, path=config_path).target(target_name)

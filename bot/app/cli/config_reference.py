@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, SecretBytes, SecretStr
 from pydantic.fields import FieldInfo
 
-from bot.kernel.config import CONFIG_ENV, ENV_KEYS, Settings
+from bot.kernel import CONFIG_ENV, ENV_KEYS, Settings
 
 NAME = "<name>"
 _SCALARS = {

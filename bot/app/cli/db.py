@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bot.app.cli.options import config_option
-from bot.kernel.errors import UsageError
+from bot.kernel import UsageError
 
 if TYPE_CHECKING:
-    from bot.kernel.store.db import Database
+    from bot.kernel.store import Database
 
 CONFIG = config_option(
     "TOML settings file (default: $RULELOOP_CONFIG); the store is [store] url or "
@@ -33,9 +33,9 @@ STATE = click.option(
 
 
 def _database(config_path: Path | None, state_dir: Path | None) -> Database:
-    from bot.engine.process import default_state_dir
-    from bot.kernel.config import Settings
-    from bot.kernel.store.db import Database
+    from bot.engine import default_state_dir
+    from bot.kernel import Settings
+    from bot.kernel.store import Database
 
     settings = Settings.load(os.environ, path=config_path)
     return Database(settings.database_url(fallback_dir=state_dir or default_state_dir()))
@@ -153,9 +153,9 @@ def _resend(
     """Make the chosen failed messages due again, audited; UsageError for an id that is none."""
     import datetime as dt
 
+    from bot.kernel.store import OutboxItem
     from bot.kernel.store import outbox as items
     from bot.kernel.store import service as store
-    from bot.kernel.store.models import OutboxItem
 
     if ids and every:
         raise UsageError("give --resend ID or --failed, not both")
@@ -187,8 +187,8 @@ def _resend(
 
 def _failed_item(item: object, item_id: int) -> Any:
     """``item`` when it is a failed message; UsageError (exit 2) saying what it is otherwise."""
+    from bot.kernel.store import OutboxItem
     from bot.kernel.store import outbox as items
-    from bot.kernel.store.models import OutboxItem
 
     if not isinstance(item, OutboxItem) or item.kind not in items.MESSAGES:
         raise UsageError(
@@ -219,7 +219,7 @@ def revision(message: str) -> None:
     """(Developers) Write a migration for what the models changed since the newest one."""
     from alembic import command
 
-    from bot.kernel.store.db import Database
+    from bot.kernel.store import Database
 
     with tempfile.TemporaryDirectory() as scratch:
         database = Database(f"sqlite:///{Path(scratch) / 'head.db'}")
@@ -247,7 +247,7 @@ def _revision(database: Database) -> str | None:
 def _head() -> str | None:
     from alembic.script import ScriptDirectory
 
-    from bot.kernel.store.db import MIGRATIONS
+    from bot.kernel.store import MIGRATIONS
 
     return ScriptDirectory(str(MIGRATIONS)).get_current_head()
 

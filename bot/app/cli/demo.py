@@ -57,7 +57,7 @@ def demo(keep: bool, adr_dir: Path, cpu_limit: float | None, state_dir: Path | N
     """
     from bot.app.demo import screen  # here: `ruleloop --help` does not load the bot and matplotlib
     from bot.app.demo.scenario import BAD_FLAGS, Demo, workspace
-    from bot.engine.process import EngineManager, default_state_dir, free_port
+    from bot.engine import EngineManager, default_state_dir, free_port
 
     started = time.monotonic()
     say = _stepper(started)

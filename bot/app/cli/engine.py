@@ -8,8 +8,7 @@ from typing import TypeVar
 
 import click
 
-from bot.engine.cpu_limit import ENV_VAR, MAX_CORES, MIN_CORES
-from bot.engine.process import DEFAULT_PORT, START_TIMEOUT_S, EngineManager
+from bot.engine import DEFAULT_PORT, ENV_VAR, MAX_CORES, MIN_CORES, START_TIMEOUT_S, EngineManager
 
 F = TypeVar("F", bound=Callable[..., object])
 state_dir_option = click.option(

@@ -11,12 +11,20 @@ from pathlib import Path
 import click
 
 from bot.app.cli import Command
-from bot.gateway.app import Gateway
-from bot.gateway.costing import Costing, tokenizer_counter
-from bot.gateway.deadlines import BadTimeout, parse_timeout
-from bot.gateway.limits import Limits, LimitsError, read_limits_file, updated
-from bot.gateway.server import GatewayServer, upstream_client
-from bot.kernel.errors import UsageError
+from bot.gateway import (
+    BadTimeout,
+    Costing,
+    Gateway,
+    GatewayServer,
+    Limits,
+    LimitsError,
+    parse_timeout,
+    read_limits_file,
+    tokenizer_counter,
+    updated,
+    upstream_client,
+)
+from bot.kernel import UsageError
 from bot.kernel.runtime import loop
 
 ADMIN_TOKEN_ENV = "RULELOOP_GATEWAY_ADMIN_TOKEN"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from bot.kernel.errors import UsageError
+from bot.kernel import UsageError
 
 
 @click.group()
@@ -25,8 +25,7 @@ def runbooks() -> None:
 def validate_cmd(paths: tuple[Path, ...]) -> None:
     """Check runbook files (a directory: its *.yaml; default: runbooks/): schema, probes and
     their params, readings, conditions, and the causes the hypotheses name."""
-    from bot.diagnosis.runbooks.builtin import default_registry
-    from bot.diagnosis.runbooks.loader import inspect_file
+    from bot.diagnosis.runbooks import default_registry, inspect_file
 
     files = _collect(paths or (Path("runbooks"),))
     registry = default_registry()

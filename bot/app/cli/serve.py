@@ -18,10 +18,10 @@ import click
 
 from bot.app.cli import Command
 from bot.app.cli.options import config_option
-from bot.kernel.errors import UsageError
+from bot.kernel import UsageError
 
 if TYPE_CHECKING:
-    from bot.kernel.config import Settings
+    from bot.kernel import Settings
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +66,8 @@ async def run(settings: Settings, *, state_dir: Path, sock: socket.socket) -> No
     import uvicorn
 
     from bot.app.server import create_bot
-    from bot.kernel.listening import QuietServer
-    from bot.kernel.runtime.heads import GuardedHttpToolsProtocol
+    from bot.kernel import QuietServer
+    from bot.kernel.runtime import GuardedHttpToolsProtocol
 
     bot = create_bot(settings, state_dir=state_dir)
     # Heads over 64 KiB or 100 lines are a 431, unfinished after 10 s a 408
@@ -120,9 +120,8 @@ def serve(
     config_path: Path | None, host: str | None, port: int | None, state_dir: Path | None
 ) -> None:
     """Run the bot: Slack app, Alertmanager intake, runbooks, diagnosis, incident pages."""
-    from bot.engine.process import default_state_dir
-    from bot.kernel.config import Settings
-    from bot.kernel.listening import bind
+    from bot.engine import default_state_dir
+    from bot.kernel import Settings, bind
 
     settings = Settings.load(os.environ, path=config_path)
     # an empty list fails closed: drafts pile up unreviewed unless someone is told at start
@@ -148,8 +147,8 @@ def page_link(incident_id: int | None, config_path: Path | None) -> None:
     """
     import time
 
-    from bot.kernel.config import Settings
-    from bot.surfaces.web.links import page_links
+    from bot.kernel import Settings
+    from bot.surfaces.web import page_links
 
     settings = Settings.load(os.environ, path=config_path)
     links = page_links(settings.web, clock=time.time)

@@ -15,18 +15,23 @@ from typing import Any
 import click
 from pydantic import ValidationError
 
-from bot.adr.flags import parse_flags
-from bot.adr.store import AdrStore
+from bot.adr import AdrStore, parse_flags
 from bot.app.cli.adr import adr_dir_option, date_option, today
 from bot.app.cli.engine import state_dir_option
 from bot.app.cli.options import config_option
 from bot.app.cli.tune_target import TargetRun, restore_target, tune_target
-from bot.engine.process import START_TIMEOUT_S, EngineManager
-from bot.kernel.errors import GateFailed, UsageError
-from bot.tune.objective import METRICS
-from bot.tune.plan import Experiment, TunePlan, WorkloadSpec, load_plan
-from bot.tune.service import TuneResult, run_tune
-from bot.tune.space import parse_dimension
+from bot.engine import START_TIMEOUT_S, EngineManager
+from bot.kernel import GateFailed, UsageError
+from bot.tune import (
+    METRICS,
+    Experiment,
+    TunePlan,
+    TuneResult,
+    WorkloadSpec,
+    load_plan,
+    parse_dimension,
+    run_tune,
+)
 
 EPILOG = """\b
 Examples:

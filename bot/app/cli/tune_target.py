@@ -23,28 +23,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from bot.adr.store import AdrStore
+from bot.adr import AdrStore
 from bot.adr.workload import shape as shapes
-from bot.change import actuators
-from bot.change.actuators.base import Deployed
-from bot.change.exclusion import tuning_refusal
-from bot.engine.process import default_state_dir
-from bot.kernel.config import Settings, Target
-from bot.kernel.errors import UsageError
-from bot.kernel.runtime.loop import run as run_loop
-from bot.kernel.store.db import Database
-from bot.tune.on_target import (
+from bot.change import actuators, tuning_refusal
+from bot.change.actuators import Deployed
+from bot.engine import default_state_dir
+from bot.kernel import Settings, Target, UsageError
+from bot.kernel.runtime import run as run_loop
+from bot.kernel.store import Database
+from bot.tune import (
+    DraftPlace,
+    Echo,
+    TunePlan,
+    TuneRecords,
+    TuneResult,
+    WorkloadSpec,
     approve,
     capture_shape,
     check_target,
     restore_target_session,
     utc_now,
+    write_search_draft,
 )
-from bot.tune.on_target import tune_target as run_session
-from bot.tune.plan import TunePlan, WorkloadSpec
-from bot.tune.records import TuneRecords
-from bot.tune.runner import Echo
-from bot.tune.service import DraftPlace, TuneResult, write_search_draft
+from bot.tune import tune_target as run_session
 
 T = TypeVar("T")
 

@@ -20,7 +20,7 @@ import click
 from bot.app.cli.options import config_option
 
 if TYPE_CHECKING:
-    from bot.adr.workload.shape import WorkloadShape
+    from bot.adr.workload import WorkloadShape
 
 GROUP_HELP = """Workload shapes: what the traffic on an engine looks like, in a few numbers.
 
@@ -157,7 +157,7 @@ def capture_command(
 ) -> None:  # fmt: skip
     """Capture the shape of an engine's traffic: from /metrics, Prometheus or the gateway."""
     from bot.adr.workload import shape as shapes
-    from bot.kernel.errors import UsageError
+    from bot.kernel import UsageError
     from bot.kernel.runtime import loop
 
     given = {"--metrics-url": metrics_urls, "--prometheus": prometheus_url,
@@ -212,7 +212,7 @@ async def _from_prometheus(
     import httpx
 
     from bot.diagnosis.probes import prometheus_capture as pc
-    from bot.kernel.errors import UsageError
+    from bot.kernel import UsageError
 
     if since is None:
         raise UsageError("--prometheus needs --since: how far back the window reaches (e.g. 1h)")
@@ -224,7 +224,7 @@ async def _from_prometheus(
     if target_name is not None:
         import os
 
-        from bot.kernel.config import Settings
+        from bot.kernel import Settings
 
         _, target = Settings.load(os.environ, path=config_path).target(target_name)
         selector = pc.instance_selector(target.hostport)
@@ -244,8 +244,8 @@ async def _from_gateway(url: str, *, since: str | None, token_file: Path | None)
     import httpx
 
     from bot.diagnosis.probes import gateway_capture as gc
-    from bot.diagnosis.probes.prometheus_capture import parse_since
-    from bot.kernel.errors import UsageError
+    from bot.diagnosis.probes import parse_since
+    from bot.kernel import UsageError
 
     if token_file is not None:
         try:
@@ -268,12 +268,12 @@ async def _capture(
 ) -> WorkloadShape:
     import httpx
 
-    from bot.diagnosis.probes.exposition import Exposition
-    from bot.diagnosis.probes.replicas import Replica
-    from bot.diagnosis.probes.vllm_metrics import MetricsScraper
-    from bot.diagnosis.probes.workload_capture import (
+    from bot.diagnosis.probes import (
         CAPTURE_METRICS,
         CaptureProgress,
+        Exposition,
+        MetricsScraper,
+        Replica,
         capture_fleet,
     )
 

@@ -25,16 +25,14 @@ from typing import Any
 
 import httpx
 
-from bot.adr.parse import load
+from bot.adr import SharedAdrStore, load
 from bot.adr.render import render
-from bot.adr.shared import SharedAdrStore
-from bot.adr.workload.describe import context_line
-from bot.adr.workload.shape import WorkloadShape
+from bot.adr.workload import WorkloadShape, context_line
 from bot.app.scheduler.workload_drift import LiveShape, WorkloadDrift
 from bot.app.server import Bot
-from bot.canary.workload import Workload
-from bot.kernel.config import Target
-from bot.remediation.gate import GateRun, run_gate
+from bot.canary import Workload
+from bot.kernel import Target
+from bot.remediation import GateRun, run_gate
 
 AGENT_STREAMS = 4
 SYSTEM_PROMPT = 1536  # tokens every agent request opens with (its instructions and tools)

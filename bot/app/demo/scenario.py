@@ -24,7 +24,7 @@ import json
 import math
 import shutil
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -32,13 +32,18 @@ from typing import Any, TextIO
 import httpx
 import yaml
 
-from bot.adr.match import MatchResult, match
-from bot.adr.models import GATE_METRICS, Adr, AdrGates
-from bot.adr.parse import load
-from bot.adr.relative import Relative
-from bot.adr.shared import SharedAdrStore
-from bot.adr.store import file_id
-from bot.adr.workload.shape import WorkloadShape
+from bot.adr import (
+    GATE_METRICS,
+    Adr,
+    AdrGates,
+    MatchResult,
+    Relative,
+    SharedAdrStore,
+    file_id,
+    load,
+)
+from bot.adr.match import match
+from bot.adr.workload import WorkloadShape
 from bot.app.demo.drift_act import (
     AGENT_STREAMS,
     SYSTEM_PROMPT,
@@ -51,24 +56,22 @@ from bot.app.demo.screen import DemoResult, Numbers
 from bot.app.scheduler.snapshots import WARM_REQUESTS, MetricsSampler, SnapshotJob
 from bot.app.scheduler.workload_drift import LiveShape
 from bot.app.server import Bot, create_bot
-from bot.canary.client import Outcome
-from bot.canary.runner import CanaryRun
-from bot.canary.workload import CancelMode, Workload
-from bot.diagnosis.models import summary_numbers
-from bot.diagnosis.normal import NormalReader
-from bot.diagnosis.service import match_report
-from bot.engine.process import EngineManager
-from bot.kernel.config import Settings, Target
-from bot.kernel.errors import RuleloopError
-from bot.kernel.numbers import catalogue
-from bot.kernel.numbers.reading import Measured, bounds_of, spans_of
-from bot.kernel.numbers.text import FOUR, show, show_reading
-from bot.kernel.numbers.text import change as text_change
-from bot.kernel.store import buttons
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import AdrDraft, AuditEntry, Incident, Remediation
-from bot.kernel.store.summary import DiagnosisSummary
-from bot.remediation.records import SUBJECT
+from bot.canary import CanaryRun, CancelMode, Outcome, Workload
+from bot.diagnosis import NormalReader, match_report, summary_numbers
+from bot.engine import EngineManager
+from bot.kernel import RuleloopError, Settings, Target
+from bot.kernel.numbers import FOUR, Measured, bounds_of, show, show_reading, spans_of
+from bot.kernel.numbers import change as text_change
+from bot.kernel.store import (
+    AdrDraft,
+    AuditEntry,
+    Database,
+    DiagnosisSummary,
+    Incident,
+    Remediation,
+    buttons,
+)
+from bot.remediation import SUBJECT
 
 HERE = Path(__file__).parent
 ADR_ID = "ADR-20261129-02"

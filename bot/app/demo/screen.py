@@ -8,8 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bot.app.demo.drift_act import DriftShown
-from bot.kernel.numbers.reading import Measured
-from bot.kernel.numbers.text import FOUR, show_reading
+from bot.kernel.numbers import FOUR, Measured, show_reading
 
 Numbers = Mapping[str, float | None]
 

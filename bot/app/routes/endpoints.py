@@ -27,19 +27,13 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from bot.app.routes.request_body import read_body, replay
-from bot.incidents.flows import IncidentFlows
-from bot.incidents.intake.models import parse_webhook
-from bot.incidents.intake.service import Intake, IntakeOutcome
-from bot.kernel.config import Settings
-from bot.kernel.errors import RequestRejected
-from bot.kernel.runtime.ids import new_error_id
-from bot.kernel.runtime.metrics import BotMetrics
-from bot.kernel.runtime.tasks import TaskSupervisor
-from bot.kernel.store.db import Database
-from bot.kernel.store.readings import StoreReading, read_store
-from bot.surfaces.slack import shapes
-from bot.surfaces.slack.replay import ReplayGuard, Seen
-from bot.surfaces.web.routes import IncidentPages
+from bot.incidents import IncidentFlows
+from bot.incidents.intake import Intake, IntakeOutcome, parse_webhook
+from bot.kernel import RequestRejected, Settings
+from bot.kernel.runtime import BotMetrics, TaskSupervisor, new_error_id
+from bot.kernel.store import Database, StoreReading, read_store
+from bot.surfaces.slack import ReplayGuard, Seen, shapes
+from bot.surfaces.web import IncidentPages
 
 log = logging.getLogger("ruleloop.server")
 # Webhook bodies parsed at once: a parsed 1 MiB notification holds several times its size in

@@ -10,7 +10,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.types import Message
 
-from bot.kernel.errors import RequestRejected
+from bot.kernel import RequestRejected
 
 
 def too_large(limit: int) -> RequestRejected:

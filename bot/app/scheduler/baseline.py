@@ -19,21 +19,17 @@ from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
-from bot.adr.models import GATE_METRICS, Adr, AdrGates
-from bot.adr.relative import NORMAL, Normal
-from bot.adr.store import AdrStore
+from bot.adr import GATE_METRICS, NORMAL, Adr, AdrGates, AdrStore, Normal
 from bot.app.scheduler import messages
 from bot.app.scheduler.runner import JobOutcome
-from bot.change.in_force import InForce, adrs_in_force
-from bot.diagnosis.models import GATE_OF, Baseline
-from bot.incidents.flows import IncidentFlows
-from bot.kernel.chat.messages import Notifier
-from bot.kernel.config import Target
+from bot.change import InForce, adrs_in_force
+from bot.diagnosis import GATE_OF, Baseline
+from bot.incidents import IncidentFlows
+from bot.kernel import Target
+from bot.kernel.chat import Notifier
+from bot.kernel.store import CanaryResult, Database
 from bot.kernel.store import service as store
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import CanaryResult
-from bot.remediation.gate import GateRun, GateRunner
-from bot.remediation.lines import verdict_lines
+from bot.remediation import GateRun, GateRunner, verdict_lines
 
 SOURCE = "scheduler"
 ALERTNAME = "RuleloopBaselineDrift"

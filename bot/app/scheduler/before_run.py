@@ -22,22 +22,16 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from bot.adr.models import AdrGates
-from bot.adr.relative import Normal
-from bot.adr.workload.shape import WorkloadShape
-from bot.canary.schema import Samples
-from bot.change.actuators import ActuatorFactory, opened
-from bot.change.actuators.base import Actuator, Deployed
-from bot.change.argv import flags_text
-from bot.change.exclusion import Holder, TargetBusy
-from bot.change.liveness import Beat, beating
-from bot.kernel.config import Target
-from bot.kernel.errors import RuleloopError
-from bot.kernel.runtime.ids import replica_id
-from bot.kernel.store.states import ChangeKind
-from bot.remediation.gate import GateRunner
-from bot.tune.on_target import RestoreFailed, finish
-from bot.tune.records import TuneRecords
+from bot.adr import AdrGates, Normal
+from bot.adr.workload import WorkloadShape
+from bot.canary import Samples
+from bot.change import Beat, Holder, TargetBusy, beating, flags_text
+from bot.change.actuators import Actuator, ActuatorFactory, Deployed, opened
+from bot.kernel import RuleloopError, Target
+from bot.kernel.runtime import replica_id
+from bot.kernel.store import ChangeKind
+from bot.remediation import GateRunner
+from bot.tune import RestoreFailed, TuneRecords, finish
 
 log = logging.getLogger("ruleloop.scheduler")
 ACTOR = "ruleloop (workload drift)"

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import httpx
 
-from bot.adr.shared import SharedAdrStore
+from bot.adr import SharedAdrStore
 from bot.app.scheduler.baseline import BaselineCanary
 from bot.app.scheduler.before_run import BeforeRuns
 from bot.app.scheduler.reminders import DraftReminders
@@ -24,15 +24,13 @@ from bot.app.scheduler.scheduler import Scheduler
 from bot.app.scheduler.snapshots import MetricsSampler, Sampler, SnapshotJob
 from bot.app.scheduler.workload_drift import LiveShape, ShapeReader, WorkloadDrift
 from bot.change.actuators import ActuatorFactory
-from bot.incidents.flows import IncidentFlows
-from bot.kernel.chat.messages import Notifier
-from bot.kernel.config import ScheduledTarget, Settings
-from bot.kernel.errors import UsageError
-from bot.kernel.runtime.ids import replica_id
-from bot.kernel.store.db import Database
-from bot.kernel.store.leases import Leases
-from bot.remediation.gate import GateRunner
-from bot.tune.records import TuneRecords
+from bot.incidents import IncidentFlows
+from bot.kernel import ScheduledTarget, Settings, UsageError
+from bot.kernel.chat import Notifier
+from bot.kernel.runtime import replica_id
+from bot.kernel.store import Database, Leases
+from bot.remediation import GateRunner
+from bot.tune import TuneRecords
 
 
 class ExpiresApprovals(Protocol):

@@ -6,15 +6,13 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from bot.adr.workload.describe import PREFIX, context_line
-from bot.kernel.numbers.catalogue import HEADLINE
-from bot.kernel.numbers.text import show
-from bot.remediation.lines import verdict_lines
+from bot.adr.workload import PREFIX, context_line
+from bot.kernel.numbers import HEADLINE, show
+from bot.remediation import verdict_lines
 
 if TYPE_CHECKING:
-    from bot.adr.models import Adr
-    from bot.adr.workload.diff import ShapeDiff
-    from bot.adr.workload.shape import WorkloadShape
+    from bot.adr import Adr
+    from bot.adr.workload import ShapeDiff, WorkloadShape
     from bot.app.scheduler.revalidation import Revalidation
 
 DRIFT_TITLE = "Baseline drift on {target}: {failures}"

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 
 from bot.app.scheduler import messages
 from bot.app.scheduler.runner import JobOutcome
-from bot.kernel.chat.messages import MessageRef, Notifier
-from bot.kernel.runtime.access import who_may
+from bot.kernel.chat import MessageRef, Notifier
+from bot.kernel.runtime import who_may
+from bot.kernel.store import Database
 from bot.kernel.store import service as store
-from bot.kernel.store.db import Database
 
 log = logging.getLogger("ruleloop.scheduler")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bot.app.scheduler.before_run import BeforeRun
-from bot.remediation.gate import GateRun
+from bot.remediation import GateRun
 
 
 @dataclass(frozen=True)

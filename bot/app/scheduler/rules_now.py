@@ -12,11 +12,10 @@ from collections.abc import Mapping, Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from bot.adr.store import AdrStore
-from bot.change.in_force import adrs_in_force
-from bot.diagnosis.causes import DriftCheck, RulesInForce
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import JobRun
+from bot.adr import AdrStore
+from bot.change import adrs_in_force
+from bot.diagnosis import DriftCheck, RulesInForce
+from bot.kernel.store import Database, JobRun
 
 
 class RulesNow:

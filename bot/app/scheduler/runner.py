@@ -18,9 +18,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from bot.kernel.errors import RuleloopError
-from bot.kernel.runtime.ids import new_error_id
-from bot.kernel.store.leases import DONE, FAILED, Claim, LeaseLost, Leases, period_start
+from bot.kernel import RuleloopError
+from bot.kernel.runtime import new_error_id
+from bot.kernel.store import DONE, FAILED, Claim, LeaseLost, Leases, period_start
 
 log = logging.getLogger("ruleloop.scheduler")
 

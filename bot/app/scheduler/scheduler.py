@@ -17,7 +17,7 @@ from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 
 from bot.app.scheduler.runner import Job, JobRunner
-from bot.kernel.store.leases import period_start
+from bot.kernel.store import period_start
 
 log = logging.getLogger("ruleloop.scheduler")
 

@@ -21,13 +21,16 @@ import httpx
 from sqlalchemy.orm import Session
 
 from bot.app.scheduler.runner import JobOutcome
-from bot.diagnosis.normal import KEYS
-from bot.diagnosis.probes.context import ProbeContext, TargetRef
-from bot.diagnosis.probes.vllm_metrics import REQUEST_SUCCESS
-from bot.diagnosis.probes.vllm_window import VllmMetricsProbe, WindowParams
-from bot.kernel.config import Target
-from bot.kernel.errors import RuleloopError
-from bot.kernel.numbers.reading import Measured, spans_json
+from bot.diagnosis import KEYS
+from bot.diagnosis.probes import (
+    REQUEST_SUCCESS,
+    ProbeContext,
+    TargetRef,
+    VllmMetricsProbe,
+    WindowParams,
+)
+from bot.kernel import RuleloopError, Target
+from bot.kernel.numbers import Measured, spans_json
 from bot.kernel.store import service as store
 
 KEEP = dt.timedelta(days=14)  # older snapshots are forgotten

@@ -35,31 +35,30 @@ from typing import Any
 import httpx
 from sqlalchemy.exc import IntegrityError
 
-from bot.adr.models import Adr, AdrGates
-from bot.adr.relative import BEFORE
-from bot.adr.store import AdrStore
-from bot.adr.workload.describe import context_line
-from bot.adr.workload.diff import ShapeDiff, diff
-from bot.adr.workload.shape import WorkloadShape, per_replica
+from bot.adr import BEFORE, Adr, AdrGates, AdrStore
+from bot.adr.workload import ShapeDiff, WorkloadShape, context_line, per_replica
+from bot.adr.workload.diff import diff
 from bot.app.scheduler import messages
 from bot.app.scheduler.baseline import SOURCE, strictest
 from bot.app.scheduler.before_run import BeforeRun, BeforeRuns
 from bot.app.scheduler.revalidation import Revalidation
 from bot.app.scheduler.runner import JobOutcome, json_safe
-from bot.change.actuators.base import Deployed
-from bot.change.in_force import adrs_in_force
-from bot.diagnosis.probes.context import resolve_replicas
-from bot.diagnosis.probes.exposition import Exposition
-from bot.diagnosis.probes.replicas import Replica
-from bot.diagnosis.probes.vllm_metrics import MetricsScraper
-from bot.diagnosis.probes.workload_capture import CAPTURE_METRICS, capture_fleet
-from bot.incidents.flows import IncidentFlows
-from bot.kernel.config import Target
-from bot.kernel.errors import RuleloopError
-from bot.kernel.numbers.catalogue import BY_GATE
+from bot.change import adrs_in_force
+from bot.change.actuators import Deployed
+from bot.diagnosis.probes import (
+    CAPTURE_METRICS,
+    Exposition,
+    MetricsScraper,
+    Replica,
+    capture_fleet,
+    resolve_replicas,
+)
+from bot.incidents import IncidentFlows
+from bot.kernel import RuleloopError, Target
+from bot.kernel.numbers import BY_GATE
+from bot.kernel.store import Database
 from bot.kernel.store import service as store
-from bot.kernel.store.db import Database
-from bot.remediation.gate import GateRunner
+from bot.remediation import GateRunner
 
 ALERTNAME = "RuleloopWorkloadDrift"
 ShapeReader = Callable[[str, Target], Awaitable[WorkloadShape]]

@@ -6,10 +6,38 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from bot.change.actuators.base import Actuator
-from bot.kernel.config import GitActuatorSpec, KubernetesActuatorSpec, LocalActuatorSpec, Target
-from bot.kernel.errors import UsageError
+from bot.kernel import (
+    GitActuatorSpec,
+    KubernetesActuatorSpec,
+    LocalActuatorSpec,
+    Target,
+    UsageError,
+    face_of,
+)
+
+if TYPE_CHECKING:
+    from bot.change.actuators.base import ActuatorError as ActuatorError
+    from bot.change.actuators.base import ChangeContext as ChangeContext
+    from bot.change.actuators.base import Deployed as Deployed
+    from bot.change.actuators.base import TakesContext as TakesContext
+
+__all__ = [
+    "ACTUATORS",
+    "Actuator",
+    "ActuatorError",
+    "ActuatorFactory",
+    "ChangeContext",
+    "Deployed",
+    "TakesContext",
+    "build",
+    "opened",
+]
+
+if not TYPE_CHECKING:
+    __getattr__ = face_of(__name__, __file__)
 
 log = logging.getLogger("ruleloop.remediation")
 ActuatorFactory = Callable[[str, Target], Actuator]

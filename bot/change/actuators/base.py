@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from bot.change.argv import FlagValues
-from bot.kernel.errors import RuleloopError
+from bot.kernel import RuleloopError
 
 
 class ActuatorError(RuleloopError):

@@ -41,7 +41,7 @@ from typing import Any
 
 import httpx
 
-from bot.adr.flags import canonical
+from bot.adr import canonical
 from bot.change.actuators import kube_read, sync_status
 from bot.change.actuators.base import ActuatorError, ChangeContext, Deployed
 from bot.change.actuators.yaml_flags import Locator
@@ -52,7 +52,7 @@ from bot.change.gitops.forge import Forge, build_forge
 from bot.change.gitops.git import Commit, GitRepo
 from bot.change.gitops.landing import Landing, Proposal
 from bot.change.gitops.secrets import scrub
-from bot.kernel.config import GitActuatorSpec, GitLocatorSpec
+from bot.kernel import GitActuatorSpec, GitLocatorSpec
 
 Sleep = Callable[[float], Awaitable[None]]
 # what the cluster must run for a change to be served: flag -> value (None: not set)

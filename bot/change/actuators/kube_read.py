@@ -21,8 +21,7 @@ import httpx
 
 from bot.change.actuators.base import ActuatorError
 from bot.change.argv import read_flags
-from bot.kernel.runtime import kube_client
-from bot.kernel.runtime.kube_client import status_message
+from bot.kernel.runtime import kube_client, status_message
 
 ANNOTATION = "ruleloop.dev/applied-flags"
 PATCH_TYPE = "application/strategic-merge-patch+json"

@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from bot.adr.flags import canonical
+from bot.adr import canonical
 from bot.change.actuators import kube_read
 from bot.change.actuators.base import ActuatorError, Deployed
 from bot.change.actuators.kube_read import (
@@ -51,8 +51,7 @@ from bot.change.argv import (
     restore,
     with_flags,
 )
-from bot.kernel.config import KubernetesActuatorSpec
-from bot.kernel.errors import AdrError
+from bot.kernel import AdrError, KubernetesActuatorSpec
 
 __all__ = ["ANNOTATION", "PATCH_TYPE", "KubernetesActuator", "build_client", "rollout_waiting"]
 

@@ -21,9 +21,8 @@ from urllib.parse import urlsplit
 
 from bot.change.actuators.base import ActuatorError, Deployed
 from bot.change.argv import FlagValues, fingerprint, read_flags, record, restore, with_flags
-from bot.engine.process import EngineInfo, EngineManager
-from bot.kernel.config import LocalActuatorSpec
-from bot.kernel.errors import EngineError
+from bot.engine import EngineInfo, EngineManager
+from bot.kernel import EngineError, LocalActuatorSpec
 
 
 def process_argv(pid: int) -> list[str] | None:

@@ -21,7 +21,7 @@ import httpx
 
 from bot.change.actuators import kube_read
 from bot.change.actuators.base import ActuatorError
-from bot.kernel.config import ArgoCdSyncSpec, FluxSyncSpec
+from bot.kernel import ArgoCdSyncSpec, FluxSyncSpec
 
 ARGO = ("argoproj.io/v1alpha1", "applications", "Argo CD Application")
 FLUX = ("kustomize.toolkit.fluxcd.io/v1", "kustomizations", "Flux Kustomization")

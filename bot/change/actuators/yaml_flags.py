@@ -26,11 +26,10 @@ from ruamel.yaml.error import YAMLError
 from ruamel.yaml.events import AliasEvent, CollectionEndEvent, CollectionStartEvent, NodeEvent
 from ruamel.yaml.scalarstring import DoubleQuotedScalarString, ScalarString
 
-from bot.adr.flags import TUNABLE, canonical, to_argv
+from bot.adr import TUNABLE, canonical, to_argv
 from bot.change.actuators.base import ActuatorError
 from bot.change.argv import FlagValues, read_flags
-from bot.kernel.config import GitLocatorSpec
-from bot.kernel.errors import AdrError
+from bot.kernel import AdrError, GitLocatorSpec
 
 # (mapping, sequence, offset) styles people write; the one that reproduces the file is used
 _INDENTS = ((2, 4, 2), (2, 2, 0), (4, 4, 2), (4, 6, 4), (4, 4, 0), (2, 2, 2))

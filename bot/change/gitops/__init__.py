@@ -14,3 +14,19 @@
 The remediation's git actuator (bot/change/actuators/git.py, with the flags' locator in
 bot/change/actuators/yaml_flags.py) and the ADR publisher are built from these parts.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bot.kernel import face_of
+
+if TYPE_CHECKING:
+    from bot.change.gitops.adr_publish import publish_accepted as publish_accepted
+
+__all__ = [
+    "publish_accepted",
+]
+
+if not TYPE_CHECKING:
+    __getattr__ = face_of(__name__, __file__)

@@ -26,13 +26,13 @@ from typing import Protocol
 
 import httpx
 
-from bot.adr.store import file_id
+from bot.adr import file_id
 from bot.change.gitops import trailers
 from bot.change.gitops.errors import GitOpsError
 from bot.change.gitops.forge import build_forge
 from bot.change.gitops.git import GitRepo
 from bot.change.gitops.landing import Landing, Proposal
-from bot.kernel.config import AdrPublishSettings
+from bot.kernel import AdrPublishSettings
 
 Sleep = Callable[[float], Awaitable[None]]
 log = logging.getLogger("ruleloop.gitops")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bot.kernel.errors import RuleloopError
+from bot.kernel import RuleloopError
 
 
 class GitOpsError(RuleloopError):

@@ -23,7 +23,7 @@ import httpx
 
 from bot.change.gitops.errors import GitConflict, GitOpsError
 from bot.change.gitops.secrets import read_secret, refuse_plain_http, scrub
-from bot.kernel.config import ForgeSpec
+from bot.kernel import ForgeSpec
 
 DEFAULT_API = {"github": "https://api.github.com", "gitlab": "https://gitlab.com/api/v4"}
 SCOPES = {

@@ -35,8 +35,8 @@ from urllib.parse import urlsplit
 from bot.change.gitops import trailers
 from bot.change.gitops.errors import GitConflict, GitOpsError
 from bot.change.gitops.secrets import read_secret, refuse_plain_http, scrub
-from bot.kernel.config import GitRepoSpec
-from bot.kernel.runtime.ids import process_alive
+from bot.kernel import GitRepoSpec
+from bot.kernel.runtime import process_alive
 
 TIMEOUT_S = 120.0
 _RECORD, _FIELD = "\x1e", "\x1f"

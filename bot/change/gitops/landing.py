@@ -25,7 +25,7 @@ from bot.change.gitops.errors import GitOpsError
 from bot.change.gitops.forge import Forge, PullRequest
 from bot.change.gitops.git import GitRepo
 from bot.change.gitops.secrets import scrub
-from bot.kernel.config import GitRepoSpec
+from bot.kernel import GitRepoSpec
 
 log = logging.getLogger("ruleloop.gitops")
 Sleep = Callable[[float], Awaitable[None]]

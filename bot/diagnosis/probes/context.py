@@ -23,7 +23,7 @@ from bot.diagnosis.probes.kube_endpoints import discover
 from bot.diagnosis.probes.replicas import Replica, replicas_of, source_of
 from bot.diagnosis.probes.sampling import SAMPLED_METRICS
 from bot.diagnosis.probes.vllm_metrics import MetricsScraper
-from bot.kernel.config import Target
+from bot.kernel import Target
 
 
 @dataclass(frozen=True)

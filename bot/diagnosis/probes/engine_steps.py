@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.vllm_metrics import counter_delta
-from bot.kernel.numbers.reading import Bound
+from bot.kernel.numbers import Bound
 
 STEP_TOKENS = ("vllm:iteration_tokens_total",)
 RUNNING, WAITING = ("vllm:num_requests_running",), ("vllm:num_requests_waiting",)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bot.kernel.errors import ProbeError
+from bot.kernel import ProbeError
 
 Labels = Mapping[str, str]
 

@@ -25,7 +25,7 @@ from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.fleet_merge import Member, merge_rounds
 from bot.diagnosis.probes.replicas import Replica
 from bot.diagnosis.probes.sampling import SampledWindow
-from bot.kernel.errors import ProbeError, RuleloopError
+from bot.kernel import ProbeError, RuleloopError
 from bot.kernel.runtime.redact import redact
 
 MAX_CONCURRENT_SCRAPES = 8  # a fleet of hundreds is scraped in waves, not all at once

@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from bot.kernel.numbers.reading import Estimate
+from bot.kernel.numbers import Estimate
 
 
 def internal_fragmentation(lengths: Iterable[int], block_size: int) -> float | None:

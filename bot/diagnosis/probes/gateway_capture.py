@@ -41,9 +41,9 @@ from typing import Any
 
 import httpx
 
-from bot.adr.workload.shape import PrefixGroup, WorkloadShape
+from bot.adr.workload import PrefixGroup, WorkloadShape
 from bot.diagnosis.probes.workload_capture import Histogram, Window, shape_from_window
-from bot.kernel.errors import EndpointError, ProbeError, UsageError
+from bot.kernel import EndpointError, ProbeError, UsageError
 from bot.kernel.runtime.redact import redact
 
 TOKEN_ENV = "RULELOOP_GATEWAY_ADMIN_TOKEN"  # the gateway's own admin token variable

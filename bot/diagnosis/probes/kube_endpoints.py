@@ -24,8 +24,7 @@ from typing import Any
 import httpx
 
 from bot.diagnosis.probes.replicas import Replica
-from bot.kernel.config import POD_NETWORKS, KubernetesApiSpec
-from bot.kernel.errors import ProbeError
+from bot.kernel import POD_NETWORKS, KubernetesApiSpec, ProbeError
 from bot.kernel.runtime import kube_client
 
 SERVICE_LABEL = "kubernetes.io/service-name"

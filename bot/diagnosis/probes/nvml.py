@@ -19,8 +19,14 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from bot.agent.client import AgentError, fetch_snapshot, read_token_file
-from bot.agent.reading import NvmlUnavailable, import_pynvml, read_once
+from bot.agent import (
+    AgentError,
+    NvmlUnavailable,
+    fetch_snapshot,
+    import_pynvml,
+    read_once,
+    read_token_file,
+)
 from bot.diagnosis.probes.context import ProbeContext, TargetRef
 from bot.diagnosis.probes.types import Finding, Params, ProbeResult, Severity
 from bot.kernel.runtime.redact import redact

@@ -15,7 +15,7 @@ from pydantic import Field, field_validator
 
 from bot.diagnosis.probes.context import ProbeContext, TargetRef
 from bot.diagnosis.probes.types import Finding, Params, ProbeResult, Severity
-from bot.kernel.errors import EndpointError, ProbeError
+from bot.kernel import EndpointError, ProbeError
 from bot.kernel.runtime.redact import redact
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import httpx
 
-from bot.adr.workload.shape import WorkloadShape
+from bot.adr.workload import WorkloadShape
 from bot.diagnosis.probes.vllm_metrics import PREFIX_HIT_RATE, PREFIX_HITS, PREFIX_QUERIES, RUNNING
 from bot.diagnosis.probes.workload_capture import (
     API_HANDLERS,
@@ -51,7 +51,7 @@ from bot.diagnosis.probes.workload_capture import (
     Window,
     shape_from_window,
 )
-from bot.kernel.errors import EndpointError, ProbeError, UsageError
+from bot.kernel import EndpointError, ProbeError, UsageError
 from bot.kernel.runtime.redact import redact
 
 DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import urlsplit
 
-from bot.kernel.config import Target
+from bot.kernel import Target
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from bot.diagnosis.probes.vllm_metrics import (
     kv_usage,
     read_window,
 )
-from bot.kernel.numbers.reading import Estimate
+from bot.kernel.numbers import Estimate
 
 TPOT = ("vllm:request_time_per_output_token_seconds",)
 # the identity metrics name the process that answered (deltas only within one)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from bot.kernel.numbers.reading import Bound
+from bot.kernel.numbers import Bound
 
 if TYPE_CHECKING:
     from bot.diagnosis.probes.context import ProbeContext, TargetRef

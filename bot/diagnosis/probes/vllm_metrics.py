@@ -45,9 +45,8 @@ import httpx
 
 from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.fragmentation import used_blocks
-from bot.kernel.errors import EndpointError, ProbeError
-from bot.kernel.numbers.histogram import histogram_quantile, quantile_bound
-from bot.kernel.numbers.reading import Bound, Estimate
+from bot.kernel import EndpointError, ProbeError
+from bot.kernel.numbers import Bound, Estimate, histogram_quantile, quantile_bound
 from bot.kernel.runtime.redact import redact
 
 # Each reading: its names, newest first.

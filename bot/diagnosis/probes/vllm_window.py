@@ -11,7 +11,7 @@ from pydantic import Field
 from bot.diagnosis.probes.context import ProbeContext, TargetRef
 from bot.diagnosis.probes.engine_steps import STEP_READINGS, decode_bound, read_steps
 from bot.diagnosis.probes.types import Params, ProbeResult
-from bot.kernel.numbers.reading import Estimate
+from bot.kernel.numbers import Estimate
 
 
 class WindowParams(Params):

@@ -41,7 +41,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from bot.adr.workload.shape import (
+from bot.adr.workload import (
     Arrivals,
     Lengths,
     Prefix,
@@ -64,7 +64,7 @@ from bot.diagnosis.probes.vllm_metrics import (
     counter_delta,
     gauge,
 )
-from bot.kernel.errors import ProbeError, UsageError
+from bot.kernel import ProbeError, UsageError
 from bot.kernel.runtime.redact import redact
 
 PROMPT_LENGTHS = vllm_metrics.PROMPT_LENGTHS[0]  # the engine's per-request length histograms

@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from bot.kernel.numbers.reading import Reading, compare
+from bot.kernel.numbers import Reading, compare
 
 PROBE = r"[A-Za-z_]\w*"  # a probe's name; ``probe.reading`` names one of its readings
 READING_NAME = re.compile(rf"^{PROBE}\.\w+$")

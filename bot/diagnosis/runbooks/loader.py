@@ -21,7 +21,7 @@ from bot.adr import causes as vocabulary
 from bot.diagnosis.probes.types import Params
 from bot.diagnosis.runbooks.models import PLACEHOLDER, Hypothesis, Runbook
 from bot.diagnosis.runbooks.registry import ProbeRegistry
-from bot.kernel.errors import UsageError
+from bot.kernel import UsageError
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bot.diagnosis.runbooks.conditions import READING_NAME, RunbookCondition, clause, parse
-from bot.kernel.numbers.reading import OPS
+from bot.kernel.numbers import OPS
 
 SEVERITIES = ("info", "warning", "critical")
 

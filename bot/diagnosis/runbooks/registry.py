@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Iterable
 
 from bot.diagnosis.probes.types import Params, Probe
-from bot.kernel.errors import UsageError
+from bot.kernel import UsageError
 
 
 class ProbeRegistry:

@@ -16,9 +16,9 @@ from bot.diagnosis.probes.sampling import SampledWindow
 from bot.diagnosis.probes.types import Finding, ProbeResult, Severity
 from bot.diagnosis.runbooks.loader import LoadedRunbook
 from bot.diagnosis.runbooks.registry import ProbeRegistry
-from bot.kernel.errors import RuleloopError
-from bot.kernel.numbers.reading import Bound, Bounds, Reading, Spans, compare
-from bot.kernel.runtime.ids import new_error_id
+from bot.kernel import RuleloopError
+from bot.kernel.numbers import Bound, Bounds, Reading, Spans, compare
+from bot.kernel.runtime import new_error_id
 from bot.kernel.runtime.redact import redact
 
 log = logging.getLogger("ruleloop.runbooks")

@@ -17,8 +17,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from sqlalchemy import ColumnElement, String
 
 from bot.incidents.intake import nesting
-from bot.kernel.errors import RequestRejected
-from bot.kernel.store.models import Alert, Incident
+from bot.kernel import RequestRejected
+from bot.kernel.store import Alert, Incident
 
 Status = Literal["firing", "resolved"]
 

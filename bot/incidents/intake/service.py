@@ -33,12 +33,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from bot.incidents.intake.models import Webhook, WebhookAlert
-from bot.kernel.chat.mrkdwn import escape
-from bot.kernel.config import Target
+from bot.kernel import Target
+from bot.kernel.chat import escape
+from bot.kernel.store import Alert, Database, Incident
 from bot.kernel.store import outbox as items
 from bot.kernel.store import service as store
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import Alert, Incident
 
 TARGET_LABEL = "ruleloop_target"
 NEWS_LINES = 10  # alerts named in one thread line about the alerts that changed

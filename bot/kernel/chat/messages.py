@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from bot.kernel.store.summary import DiagnosisSummary
 
 if TYPE_CHECKING:
-    from bot.diagnosis.models import Diagnosis
+    from bot.diagnosis import Diagnosis
 
 
 # The incident thread's own buttons: each kind is a button (and a subject, so pressing one

@@ -11,3 +11,50 @@ redact.py    the user info removed from a URL before it is printed
 kube_client.py  a client of the Kubernetes API, for every part that reads it
 defaults.py  the runbooks and seed ADR shipped inside the package
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bot.kernel import face_of
+
+if TYPE_CHECKING:
+    from bot.kernel.runtime.access import Members as Members
+    from bot.kernel.runtime.access import is_group as is_group
+    from bot.kernel.runtime.access import who_may as who_may
+    from bot.kernel.runtime.defaults import with_defaults as with_defaults
+    from bot.kernel.runtime.heads import GuardedHttpToolsProtocol as GuardedHttpToolsProtocol
+    from bot.kernel.runtime.heads import HeadLimits as HeadLimits
+    from bot.kernel.runtime.ids import new_error_id as new_error_id
+    from bot.kernel.runtime.ids import process_alive as process_alive
+    from bot.kernel.runtime.ids import replica_id as replica_id
+    from bot.kernel.runtime.kube_client import status_message as status_message
+    from bot.kernel.runtime.loop import run as run
+    from bot.kernel.runtime.metrics import BotMetrics as BotMetrics
+    from bot.kernel.runtime.sse import DONE as DONE
+    from bot.kernel.runtime.sse import SSEParser as SSEParser
+    from bot.kernel.runtime.tasks import TaskSupervisor as TaskSupervisor
+
+__all__ = [
+    "BotMetrics",
+    "DONE",
+    "GuardedHttpToolsProtocol",
+    "HeadLimits",
+    "Members",
+    "SSEParser",
+    "TaskSupervisor",
+    "is_group",
+    "kube_client",
+    "loop",
+    "new_error_id",
+    "process_alive",
+    "redact",
+    "replica_id",
+    "run",
+    "status_message",
+    "who_may",
+    "with_defaults",
+]
+
+if not TYPE_CHECKING:
+    __getattr__ = face_of(__name__, __file__)

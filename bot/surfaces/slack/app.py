@@ -25,7 +25,7 @@ from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.http_retry.builtin_async_handlers import AsyncRateLimitErrorRetryHandler
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.kernel.config import SlackSettings
+from bot.kernel import SlackSettings
 from bot.surfaces.slack import listeners, shapes
 from bot.surfaces.slack.errors import handle_error
 from bot.surfaces.slack.services import KEY as SERVICES

@@ -11,14 +11,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
-from bot.diagnosis import cause_text, replica_text
-from bot.diagnosis.causes import from_summary
-from bot.diagnosis.models import Diagnosis, summary_numbers
-from bot.kernel.chat.messages import IncidentView, MessageRef
-from bot.kernel.chat.mrkdwn import unescape
-from bot.kernel.numbers.text import FOUR, show, show_reading
-from bot.postmortem.ports import DraftView
-from bot.remediation.ports import RemediationView
+from bot.diagnosis import Diagnosis, cause_text, from_summary, replica_text, summary_numbers
+from bot.kernel.chat import IncidentView, MessageRef, unescape
+from bot.kernel.numbers import FOUR, show, show_reading
+from bot.postmortem import DraftView
+from bot.remediation import RemediationView
 from bot.surfaces.slack.remediation_views import card_text, card_update_text, draft_text
 from bot.surfaces.slack.views import (
     NO_MATCH,

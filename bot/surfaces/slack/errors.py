@@ -12,8 +12,8 @@ from typing import Any
 from slack_bolt.context.respond.async_respond import AsyncRespond
 from slack_bolt.response import BoltResponse
 
-from bot.kernel.errors import RuleloopError, UnknownAdr
-from bot.kernel.runtime.ids import new_error_id
+from bot.kernel import RuleloopError, UnknownAdr
+from bot.kernel.runtime import new_error_id
 
 log = logging.getLogger("ruleloop.slack")
 

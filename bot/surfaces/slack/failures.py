@@ -24,8 +24,8 @@ from slack_sdk.errors import (
     SlackRequestError,
 )
 
-from bot.kernel.chat.failures import DeliveryFailed, Failure
-from bot.kernel.errors import RuleloopError
+from bot.kernel import RuleloopError
+from bot.kernel.chat import DeliveryFailed, Failure
 
 # ok=false errors Slack documents as passing (its side is failing, or the call was throttled)
 TRANSIENT = frozenset(

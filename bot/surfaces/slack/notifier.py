@@ -18,11 +18,11 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.diagnosis.models import Diagnosis
-from bot.kernel.chat.messages import IncidentView, MessageRef
-from bot.kernel.errors import EndpointError
-from bot.postmortem.ports import DraftView
-from bot.remediation.ports import RemediationView
+from bot.diagnosis import Diagnosis
+from bot.kernel import EndpointError
+from bot.kernel.chat import IncidentView, MessageRef
+from bot.postmortem import DraftView
+from bot.remediation import RemediationView
 from bot.surfaces.slack.failures import SLACK_ERRORS, slack_boundary, slack_failure
 from bot.surfaces.slack.remediation_views import draft_message, remediation_card
 from bot.surfaces.slack.views import (

@@ -21,11 +21,17 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
-from bot.kernel.chat.mrkdwn import clip, escape_keeping, mention, plain
-from bot.kernel.store.states import ChangeState as S
-from bot.postmortem.ports import DraftView
-from bot.remediation.lines import NUMBER_LABELS, gate_lines, number_lines, value_text
-from bot.remediation.ports import STATES, RemediationView
+from bot.kernel.chat import clip, escape_keeping, mention, plain
+from bot.kernel.store import ChangeState as S
+from bot.postmortem import DraftView
+from bot.remediation import (
+    NUMBER_LABELS,
+    STATES,
+    RemediationView,
+    gate_lines,
+    number_lines,
+    value_text,
+)
 
 SECTION = 3000  # the most a section's text may hold
 

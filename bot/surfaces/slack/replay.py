@@ -21,8 +21,7 @@ from enum import StrEnum
 from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import SlackReplay
+from bot.kernel.store import Database, SlackReplay
 
 WINDOW_S = 60 * 5  # Slack's own tolerance for request timestamps
 DELIVERY_WINDOW_S = 60 * 30  # Slack retries a delivery 3 times, the last about 5 minutes on

@@ -7,11 +7,10 @@ from dataclasses import dataclass
 
 from slack_bolt.context.async_context import AsyncBoltContext
 
-from bot.incidents.flows import IncidentFlows
-from bot.kernel.runtime.tasks import TaskSupervisor
-from bot.postmortem.service import DraftService
-from bot.remediation.service import RemediationService
-from bot.remediation.thread_buttons import ThreadButtons
+from bot.incidents import IncidentFlows
+from bot.kernel.runtime import TaskSupervisor
+from bot.postmortem import DraftService
+from bot.remediation import RemediationService, ThreadButtons
 
 KEY = "ruleloop_services"  # the request context key the app's middleware sets
 

@@ -23,7 +23,7 @@ from typing import Any
 from slack_bolt.request.internals import build_normalized_headers, extract_content_type, parse_body
 from slack_bolt.response import BoltResponse
 
-from bot.kernel.errors import RequestRejected
+from bot.kernel import RequestRejected
 from bot.surfaces.slack.listeners.actions import ACTIONS
 from bot.surfaces.slack.listeners.commands import COMMANDS
 

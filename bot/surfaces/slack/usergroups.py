@@ -13,8 +13,8 @@ from collections.abc import Callable
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.kernel.config import AccessSettings
-from bot.kernel.runtime.access import is_group
+from bot.kernel import AccessSettings
+from bot.kernel.runtime import is_group
 
 log = logging.getLogger("ruleloop.slack")
 CACHE_S = 300.0

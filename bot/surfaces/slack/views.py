@@ -22,22 +22,29 @@ from slack_sdk.models.blocks import (
     SectionBlock,
 )
 
-from bot.adr.match import MatchResult
-from bot.diagnosis import cause_text, replica_text
-from bot.diagnosis.causes import CauseVerdict, from_summary
-from bot.diagnosis.models import Diagnosis, summary_numbers
-from bot.diagnosis.probes.types import Finding, Severity
-from bot.kernel.chat.messages import (
+from bot.adr import MatchResult
+from bot.diagnosis import (
+    CauseVerdict,
+    Diagnosis,
+    cause_text,
+    from_summary,
+    replica_text,
+    summary_numbers,
+)
+from bot.diagnosis.probes import Finding, Severity
+from bot.kernel.chat import (
     ACKNOWLEDGE,
     CAUSE_CONFIRMED,
     CAUSE_WRONG,
     SILENCE,
     IncidentView,
+    clip,
+    escape,
+    mention,
+    plain,
 )
-from bot.kernel.chat.mrkdwn import clip, escape, mention, plain
-from bot.kernel.numbers.reading import Reading, compare
-from bot.kernel.numbers.text import FOUR, show, show_reading
-from bot.kernel.store.summary import DiagnosisSummary
+from bot.kernel.numbers import FOUR, Reading, compare, show, show_reading
+from bot.kernel.store import DiagnosisSummary
 
 APPLY_ACTION = "apply_adr"
 # token kind -> (label, action_id) of the incident thread's buttons

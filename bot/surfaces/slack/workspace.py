@@ -28,8 +28,7 @@ from slack_bolt.context.async_context import AsyncBoltContext
 from slack_sdk.errors import SlackApiError, SlackClientError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.kernel.config import SlackSettings
-from bot.kernel.errors import EndpointError, NotAllowed
+from bot.kernel import EndpointError, NotAllowed, SlackSettings
 from bot.surfaces.slack.deferred import MEMBER_CHECK
 from bot.surfaces.slack.remediation_views import DECIDE_ACTIONS, REVIEW_ACTIONS
 from bot.surfaces.slack.shapes import BUTTONS

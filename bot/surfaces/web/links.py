@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlencode
 
-from bot.kernel.config import WebSettings
+from bot.kernel import WebSettings
 
 INDEX = "index"
 

@@ -13,12 +13,10 @@ from typing import Any
 
 from sqlalchemy import select
 
-from bot.canary.schema import CanaryReport
+from bot.canary import CanaryReport
 from bot.incidents import memory
+from bot.kernel.store import AdrDraft, AuditEntry, Database, DiagnosisSummary, Incident, Remediation
 from bot.kernel.store import service as store
-from bot.kernel.store.db import Database
-from bot.kernel.store.models import AdrDraft, AuditEntry, Incident, Remediation
-from bot.kernel.store.summary import DiagnosisSummary
 
 
 @dataclass(frozen=True)

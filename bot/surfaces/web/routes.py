@@ -21,11 +21,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Route
 
-from bot.adr.models import Adr
+from bot.adr import Adr
 from bot.adr.render import render
-from bot.diagnosis.chart import render_chart
-from bot.diagnosis.chart_data import ChartData
-from bot.kernel.store.db import Database
+from bot.diagnosis import ChartData, render_chart
+from bot.kernel.store import Database
 from bot.surfaces.web import queries
 from bot.surfaces.web.links import INDEX, LinkRefused, PageLinks, incident_subject
 from bot.surfaces.web.view import incident_page, index_rows

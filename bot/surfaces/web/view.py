@@ -13,20 +13,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.adr.models import Adr
-from bot.canary.schema import CanaryReport
-from bot.canary.verdict import values_of
-from bot.change.argv import diff
-from bot.diagnosis import cause_text
-from bot.diagnosis.causes import from_summary
-from bot.diagnosis.models import GATE_OF, summary_numbers
+from bot.adr import Adr
+from bot.canary import CanaryReport, values_of
+from bot.change import diff
+from bot.diagnosis import GATE_OF, cause_text, from_summary, summary_numbers
 from bot.incidents import memory
-from bot.kernel.numbers.reading import Bound, Reading, compare
-from bot.kernel.numbers.text import FOUR, show_reading
-from bot.kernel.store.states import ChangeState
-from bot.kernel.store.summary import DiagnosisSummary
-from bot.remediation.lines import gate_lines, number_lines
-from bot.remediation.ports import STATES
+from bot.kernel.numbers import FOUR, Bound, Reading, compare, show_reading
+from bot.kernel.store import ChangeState, DiagnosisSummary
+from bot.remediation import STATES, gate_lines, number_lines
 from bot.surfaces.web.queries import (
     AlertRow,
     AuditRow,

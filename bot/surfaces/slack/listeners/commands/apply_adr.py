@@ -8,7 +8,7 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 from slack_bolt.context.respond.async_respond import AsyncRespond
 
-from bot.kernel.errors import UsageError
+from bot.kernel import UsageError
 from bot.surfaces.slack.deferred import later
 from bot.surfaces.slack.services import services_of
 

@@ -7,7 +7,7 @@ from typing import Any
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.async_context import AsyncBoltContext
 
-from bot.kernel.errors import UsageError
+from bot.kernel import UsageError
 from bot.surfaces.slack.services import services_of
 
 
