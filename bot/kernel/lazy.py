@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import importlib
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,9 @@ def names_of(init_file: str | Path) -> dict[str, tuple[str, str]]:
 
 
 def face_of(package: str, init_file: str) -> Callable[[str], Any]:
-    """The package's module ``__getattr__``: a name of its face, loaded from its module (and
-    kept on the package); AttributeError for any other name, as a module without one."""
+    """The package's module ``__getattr__``: a name of its face, read from its module each
+    time it is imported (not kept on the package: a name its module rebinds, as a test's
+    monkeypatch does, is the new one); AttributeError for any other name."""
     table: dict[str, tuple[str, str]] = {}
 
     def __getattr__(name: str) -> Any:
@@ -45,8 +45,6 @@ def face_of(package: str, init_file: str) -> Callable[[str], Any]:
         if found is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module, attribute = found
-        value = getattr(importlib.import_module(module), attribute)
-        setattr(sys.modules[package], name, value)
-        return value
+        return getattr(importlib.import_module(module), attribute)
 
     return __getattr__
