@@ -196,7 +196,7 @@ def test_report_json_has_the_contract_keys() -> None:
         "statistics": "inconclusive: p99 in (-∞, ∞) at 99% (n=1) straddles 500: not decided; "
         "528 requests bound a p99 on both sides",
         "decided": "inconclusive", "sample": 1, "sample_before": None, "p_value": None,
-        "interval": [None, None],
+        "interval": [None, None], "confidence": 0.99,
     }  # fmt: skip
     assert [g["name"] for g in data["gates"]] == ["max_ttft_p99_ms", "max_error_rate"]
 

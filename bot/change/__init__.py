@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from bot.change.exclusion import tuning_refusal as tuning_refusal
     from bot.change.in_force import InForce as InForce
     from bot.change.in_force import adrs_in_force as adrs_in_force
+    from bot.change.in_force import in_force_of as in_force_of
     from bot.change.liveness import Beat as Beat
     from bot.change.liveness import LostRun as LostRun
     from bot.change.liveness import Sleep as Sleep
@@ -56,6 +57,7 @@ __all__ = [
     "diff",
     "exclusion",
     "flags_text",
+    "in_force_of",
     "merge",
     "owned",
     "refusal",

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from bot.adr import Adr, AdrStore, Normal
 from bot.change.actuators.base import Deployed
-from bot.kernel.store import Database
+from bot.kernel.store import Database, Remediation
 from bot.kernel.store import service as store
 
 log = logging.getLogger("ruleloop.scheduler")
@@ -41,6 +41,14 @@ def adrs_in_force(db: Database, adrs: AdrStore, *, target: str, listed: Sequence
     """What is in force on ``target`` now (reads the store: call it off the event loop)."""
     with db.transaction() as s:
         promoted = store.promoted_change(s, target=target)
+    return in_force_of(promoted, adrs, target=target, listed=listed)
+
+
+def in_force_of(
+    promoted: Remediation | None, adrs: AdrStore, *, target: str, listed: Sequence[str]
+) -> InForce:
+    """What is in force on ``target`` given its newest promoted change (``promoted``, read by
+    the caller in a transaction of its own: None when none was promoted there)."""
     before = None if promoted is None else promoted.result.get("before_numbers") or None
     replaced = Deployed.from_json(promoted.before) if promoted and promoted.before else None
     ids = [promoted.adr_id] if promoted else list(listed)

@@ -99,6 +99,15 @@ def _refuse_if_expired(session: Session, token: str, now: dt.datetime) -> None:
     )
 
 
+@dataclass(frozen=True)
+class Taken:
+    """A change this run took, and the newest change promoted on its target before it (None:
+    none), read in the same transaction."""
+
+    rem: Remediation
+    promoted: Remediation | None
+
+
 class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
     """Remediations, their single-use buttons and canary results, on one database."""
 
@@ -377,11 +386,12 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
 
         return await asyncio.to_thread(run)
 
-    async def take(self, remediation_id: int, *, runner: str) -> Remediation | None:
-        """Become the run of an approved remediation nobody runs yet: the remediation, or None
-        if another run has it."""
+    async def take(self, remediation_id: int, *, runner: str) -> Taken | None:
+        """Become the run of an approved remediation nobody runs yet: the remediation and the
+        newest change promoted on its target (what stands there), or None if another run has
+        it."""
 
-        def run() -> Remediation | None:
+        def run() -> Taken | None:
             with self._db.transaction() as s:
                 query = (
                     update(Remediation)
@@ -392,7 +402,10 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
                     )
                     .values(runner=runner, heartbeat_at=db_now())
                 )
-                return _written(s, query)
+                taken = _written(s, query)
+                if taken is None:
+                    return None
+                return Taken(taken, store.promoted_change(s, target=taken.target))
 
         return await asyncio.to_thread(run)
 

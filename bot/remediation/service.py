@@ -25,8 +25,8 @@ from bot.change import (
     Sleep,
     TargetBusy,
     actuators,
-    adrs_in_force,
     diff,
+    in_force_of,
     merge,
     owned,
     refusal,
@@ -243,17 +243,18 @@ class RemediationService:
         ``adr``: the change's ADR as the approval read it (None: read it here; one gone since
         the request stops the run, saying so); the run and the draft use that one."""
         runner = replica_id()
-        taken = await self.records.take(remediation_id, runner=runner)
-        if taken is None:
+        took = await self.records.take(remediation_id, runner=runner)
+        if took is None:
             log.warning("remediation %s is run elsewhere already: not here", remediation_id)
             return
-        adr_id, ended = taken.adr_id, None
+        taken, adr_id, ended = took.rem, took.rem.adr_id, None
 
         async def run(change: ChangeRun) -> None:
             nonlocal adr, ended
             if adr is None:
                 adr = await asyncio.to_thread(self._adrs.get_or_raise, adr_id)
-            await change.run(adr, await asyncio.to_thread(self._in_force, taken.target))
+            in_force = await asyncio.to_thread(self._in_force, taken.target, took.promoted)
+            await change.run(adr, in_force)
             ended = change.latest
 
         if not await self._owned(taken, runner, run):
@@ -265,11 +266,12 @@ class RemediationService:
             except Exception:
                 log.exception("post-incident draft for remediation %s failed", remediation_id)
 
-    def _in_force(self, target: str) -> InForce:
-        """The ADRs in force on ``target`` (their gates are the change's guardrails)."""
+    def _in_force(self, target: str, promoted: Remediation | None) -> InForce:
+        """The ADRs in force on ``target``, whose newest promoted change is ``promoted`` (their
+        gates are the change's guardrails)."""
         own = self.settings.scheduler.targets.get(target)
         listed = own.adrs if own is not None else []
-        return adrs_in_force(self._db, self._adrs, target=target, listed=listed)
+        return in_force_of(promoted, self._adrs, target=target, listed=listed)
 
     async def _owned(
         self, rem: Remediation, runner: str, work: Callable[[ChangeRun], Coroutine[Any, Any, None]]

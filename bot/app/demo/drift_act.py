@@ -4,8 +4,20 @@ The rule first records the traffic it was kept under: the incident's load on the
 engine, its shape captured from the engine's own /metrics while the "after" numbers are read.
 Then a new agent workflow starts beside the chats, every request opening with the same long
 system prompt. The scheduler's workload-drift job (``bot.app.scheduler.workload_drift``) captures
-the live shape, finds it drifted from the rule's, re-runs the rule's gates with the canary replaying
-the live shape, and posts the thread; the last screen shows both shapes and the verdict.
+the live shape, finds it drifted from the rule's, and re-validates the rule like for like, as a
+team that allows it would (``drift_before_run``): the flags the rule replaced
+(``--max-num-batched-tokens 8192``) serve again for one canary run replaying the live shape, the
+fix's flags are put back, and the rule's '0.5x before' gate judges the fix against that before,
+on the same replay, with the statistical judge of /apply-adr. It posts the thread; the last
+screen shows both shapes, the before and the verdict.
+
+The fix no longer helps, by construction, on a machine of any speed (the article's story: the
+same rule, a new workload): capping the scheduler step helped chats because whole 2,048-token
+random prompts shared a step with their tokens. The agents' prompts are served from the prefix
+cache but for their own turn (256 tokens), so no step is stalled by a whole prompt with or
+without the cap: the fix's TPOT is about its before's, never half of it, and the U test of
+"under 0.5x before" cannot pass; with 8 requests a side it says "missed" (above it at 99 %).
+Both runs replay the same shape after a warm-up that fills the prefix cache.
 
 The drift is there by construction, on a machine of any speed: the incident's long prompts are
 random tokens (the prefix cache finds nothing in them), while every agent request shares a
@@ -21,18 +33,19 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
 
 from bot.adr import SharedAdrStore, load
 from bot.adr.render import render
 from bot.adr.workload import WorkloadShape, context_line
+from bot.app.scheduler.jobs import before_runs_for
 from bot.app.scheduler.workload_drift import LiveShape, WorkloadDrift
 from bot.app.server import Bot
 from bot.canary import Workload
-from bot.kernel import Target
-from bot.remediation import GateRun, run_gate
+from bot.change.actuators import build
+from bot.kernel import Settings, Target
+from bot.remediation import run_gate
 
 AGENT_STREAMS = 4
 SYSTEM_PROMPT = 1536  # tokens every agent request opens with (its instructions and tools)
@@ -67,13 +80,14 @@ class DriftShown:
     moved: list[str]  # the dimensions that drifted
     verdict: list[str]  # the rule's gates under the live traffic
     posted: bool  # the drift thread was posted
+    before: str = ""  # the before-run on the live traffic: the rule's replaced flags, numbers
 
 
 async def run_second_act(
     bot: Bot,
     *,
+    settings: Settings,
     name: str,
-    target: Target,
     adr_dir: Path,
     adr_id: str,
     pace_s: float,
@@ -82,20 +96,30 @@ async def run_second_act(
     """One period of the drift job while the agents run; what it found.
 
     ``pace_s``: the slowest agent request measured here (sizes the capture window).
-    ``stop_load``: stops the demo's traffic before the canary replays it, so the canary
-    measures the rule's gates on the target alone, as the gate after a change does.
+    ``stop_load``: stops the demo's traffic once the live shape is captured, so that the
+    before-run and the canary replay it on the target alone, as the gate after a change does.
     """
     window = max(8.0, float(math.ceil(WINDOW_PACES * pace_s)))
     adrs = SharedAdrStore(root=adr_dir, db=bot.db)
-
-    async def gate(*args: Any, **kwargs: Any) -> GateRun:
-        await stop_load()
-        return await run_gate(*args, **kwargs)
+    target = settings.targets[name]
+    # the target allows a before-run (drift_before_run): the flags the rule replaced serve
+    # for one canary run on the live shape, then the fix again, judged against it
+    before_runs = before_runs_for(
+        settings, name, db=bot.db, gate=run_gate, actuator_for=build, clock=None
+    )
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as http:
+        live = LiveShape(http=http, window_s=window)
+
+        async def captured(target_name: str, spec: Target) -> WorkloadShape:
+            try:
+                return await live(target_name, spec)
+            finally:
+                await stop_load()
+
         job = WorkloadDrift(
-            name=name, target=target, listed=[], db=bot.db, adrs=adrs, gate=gate,
-            flows=bot.flows, read_shape=LiveShape(http=http, window_s=window),
+            name=name, target=target, listed=[], db=bot.db, adrs=adrs, gate=run_gate,
+            flows=bot.flows, read_shape=captured, before_runs=before_runs,
         )  # fmt: skip
         outcome = await job(dt.datetime.now(dt.UTC))
     await bot.tasks.drain(timeout_s=600)
@@ -111,5 +135,6 @@ async def run_second_act(
         live=str(detail.get("live", "not captured")),
         moved=list((detail.get("dimensions") or {}).get(adr_id, [])),
         verdict=verdict,
+        before=str((detail.get("before_runs") or {}).get(adr_id, "")),
         posted=bool(detail.get("opened")),
     )

@@ -216,7 +216,9 @@ def settings(
                                "background_concurrency": CANARY_STREAMS,
                                "background_prompt_length": CANARY_LONG,
                                "background_output_length": 1, "timeout_s": pace.canary_s,
-                               "baseline": True},
+                               # the drift job's before-run: the rule's replaced flags on the
+                               # live traffic, so '0.5x before' is judged like for like
+                               "baseline": True, "drift_before_run": True},
                     "two_person": True,
                 }
             },
@@ -671,11 +673,13 @@ class Demo:
             first = await load.started(1)
             pace = await load.finished(1, since=first, count=AGENT_STREAMS)
             shown = await run_second_act(
-                bot, name=TARGET, target=self._target, adr_dir=self.ws / "adr", adr_id=ADR_ID,
-                pace_s=pace, stop_load=load.stop,
+                bot, settings=self._settings, name=TARGET, adr_dir=self.ws / "adr",
+                adr_id=ADR_ID, pace_s=pace, stop_load=load.stop,
             )  # fmt: skip
         finally:
             await load.stop()
+        if shown.before:
+            self._say(f"    before on the live traffic: {shown.before}")
         self._say(f"    {'; '.join(shown.verdict)}")
         return shown
 

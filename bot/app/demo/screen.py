@@ -87,6 +87,7 @@ def _drift_lines(adr_id: str, drift: DriftShown | None) -> list[str]:
         f"  {adr_id} was kept under: {drift.rule}",
         f"  production now sends:   {drift.live}",
         *(f"  moved: {line}" for line in drift.moved),
+        *([f"  before on the live traffic: {drift.before}"] if drift.before else []),
         *(f"  re-validated: {line}" for line in drift.verdict),
         "  drift thread posted" if drift.posted else "  no thread posted",
     ]

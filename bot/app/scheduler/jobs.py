@@ -110,7 +110,7 @@ def build_jobs(
             jobs.append(Job(f"baseline:{name}", every, baseline))
         every = _either(own.workload_every_s, config.workload_every_s)
         if every:
-            before = _before_runs(settings, name, db=db, gate=gate, actuator_for=actuator_for,
+            before = before_runs_for(settings, name, db=db, gate=gate, actuator_for=actuator_for,
                                   clock=clock)  # fmt: skip
             drift = WorkloadDrift(name=name, target=target, listed=own.adrs, db=db, adrs=adrs,
                                   gate=gate, flows=flows, read_shape=live_shape,
@@ -150,7 +150,7 @@ def _known_targets(settings: Settings) -> None:
         raise UsageError(f"[scheduler.targets] names unknown targets {unknown}; targets: {known}")
 
 
-def _before_runs(
+def before_runs_for(
     settings: Settings,
     name: str,
     *,

@@ -158,6 +158,10 @@ class WorkloadDrift:
             return JobOutcome(detail | {"incident": held, "opened": False})
         checks = [await self._revalidate(adr, live, found.replaced) for adr in drifted]
         detail["revalidated"] = [check.summary for check in checks]
+        detail["before_runs"] = {
+            check.adr_id: messages.before_run_text(check.before)
+            for check in checks if check.before is not None
+        }  # fmt: skip
         incident_id, opened = await asyncio.to_thread(self._open, now, drifted, checks, detail)
         if opened:
             parts = [messages.workload_drift(self.name, adr, live, diffs[adr.id], check)
