@@ -142,24 +142,14 @@ async def test_a_change_over_the_targets_standing_ttft_gate(
         await h.close()
 
 
-async def test_with_no_adr_in_force_nothing_stands_over_the_change(
-    tmp_path: Path, slack: FakeSlack, engine: SseEngine
+@pytest.mark.parametrize("why", ["no ADR in force", "the change supersedes it"])
+async def test_nothing_stands_over_a_change_without_an_adr_in_force_or_one_it_supersedes(
+    tmp_path: Path, slack: FakeSlack, engine: SseEngine, why: str
 ) -> None:
-    h = make(tmp_path, slack, engine, guardrails="block", in_force=[])
-    try:
-        done = await applied(h)
-        assert done.state == "promoted", done.result
-        assert not any("standing gate" in w for w in done.result["watched"] + done.result["held"])
-    finally:
-        await h.close()
-
-
-async def test_an_adr_that_supersedes_the_one_in_force_is_not_judged_by_it(
-    tmp_path: Path, slack: FakeSlack, engine: SseEngine
-) -> None:
-    h = make(tmp_path, slack, engine, guardrails="block", in_force=[SEED])
-    superseding = SLOW_TTFT_ADR.replace("supersedes: []", f"supersedes:\n- {SEED}")
-    (tmp_path / "adr" / f"{ADR}-fewer-sequences.md").write_text(superseding)
+    h = make(tmp_path, slack, engine, guardrails="block", in_force=[] if why == "no ADR in force" else [SEED])
+    if why == "the change supersedes it":
+        superseding = SLOW_TTFT_ADR.replace("supersedes: []", f"supersedes:\n- {SEED}")
+        (tmp_path / "adr" / f"{ADR}-fewer-sequences.md").write_text(superseding)
     try:
         done = await applied(h)
         assert done.state == "promoted", done.result
