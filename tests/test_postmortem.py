@@ -19,7 +19,7 @@ from bot.adr.workload.describe import context_line
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.report import CanaryMeasurement, Gates
 from bot.canary.schema import CanaryReport as Report
-from bot.canary.verdict import gates_from, judged, values_of
+from bot.canary.verdict import PASSED, gates_from, judged, values_of
 from bot.diagnosis.models import Baseline, Diagnosis
 from bot.diagnosis.probes.fragmentation import FragmentationSample
 from bot.diagnosis.probes.types import Finding, Severity
@@ -27,7 +27,6 @@ from bot.kernel.errors import AdrError, NotAllowed, UsageError
 from bot.postmortem import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
 from bot.postmortem.draft import INCIDENT_ROW
 from bot.postmortem.review import check_reviewer, decided, rejection_note
-from bot.tune.matrix import PASSED
 from tests.workload_pages import chat, long_system_prompt
 
 REPO = Path(__file__).resolve().parents[1]

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from bot.canary.verdict import GATES as GATES
     from bot.canary.verdict import GOODPUT_SOURCES as GOODPUT_SOURCES
     from bot.canary.verdict import MEASURED as MEASURED
+    from bot.canary.verdict import PASSED as PASSED
     from bot.canary.verdict import GateResult as GateResult
     from bot.canary.verdict import Gates as Gates
     from bot.canary.verdict import Judged as Judged
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from bot.canary.verdict import how_sure as how_sure
     from bot.canary.verdict import judge as judge
     from bot.canary.verdict import judge_values as judge_values
+    from bot.canary.verdict import source_note as source_note
     from bot.canary.verdict import values_of as values_of
     from bot.canary.workload import CancelMode as CancelMode
     from bot.canary.workload import Workload as Workload
@@ -67,6 +69,7 @@ __all__ = [
     "MIN_REQUESTS",
     "MIN_WORSE",
     "Outcome",
+    "PASSED",
     "Progress",
     "Samples",
     "Spread",
@@ -83,6 +86,7 @@ __all__ = [
     "judged_limits",
     "measure_async",
     "progress_line",
+    "source_note",
     "standing",
     "summary_table",
     "values_of",

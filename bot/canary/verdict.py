@@ -66,6 +66,18 @@ FRAGMENTATION_SOURCES = {
     "observed": "observed: 1 - resident tokens / allocated KV slots",
     "internal": "internal (PagedAttention definition) over the canary's sequences",
 }
+PASSED = "达标 (pass)"  # a Metrics Matrix row whose canary met every gate
+
+
+def source_note(*, mixed: bool) -> str:
+    """Where each column of a Metrics Matrix comes from, for the text under it (``mixed``:
+    the canary ran beside background load)."""
+    goodput = GOODPUT_SOURCES["own" if mixed else "canary"]
+    frag = FRAGMENTATION_SOURCES["internal" if mixed else "observed"]
+    return (
+        "TTFT / TPOT: client-side p99 of the measured canary (a failed request counts as "
+        f"infinitely slow). Goodput: {goodput}. 显存碎片率: {frag}."
+    )
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from bot.adr.workload import WorkloadShape
 from bot.canary import (
     GATES,
     MEASURED,
+    PASSED,
     CanaryReport,
     GateResult,
     Gates,
@@ -27,13 +28,13 @@ from bot.canary import (
     gates_from,
     judge_values,
     judged_limits,
+    source_note,
     values_of,
 )
 from bot.diagnosis import GATE_OF, summary_numbers
 from bot.kernel import UsageError
 from bot.kernel.numbers import FOUR, Measured, Reading, compact, compare
 from bot.kernel.store import ChangeState, DiagnosisSummary
-from bot.tune import PASSED, source_note
 
 INCIDENT_ROW = "Incident (diagnosis, engine view)"
 TITLE_LIMIT = 200

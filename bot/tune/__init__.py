@@ -20,8 +20,6 @@ from typing import TYPE_CHECKING
 from bot.kernel import face_of
 
 if TYPE_CHECKING:
-    from bot.tune.matrix import PASSED as PASSED
-    from bot.tune.matrix import source_note as source_note
     from bot.tune.objective import METRICS as METRICS
     from bot.tune.on_target import RestoreFailed as RestoreFailed
     from bot.tune.on_target import SessionRestorer as SessionRestorer
@@ -49,7 +47,6 @@ __all__ = [
     "Echo",
     "Experiment",
     "METRICS",
-    "PASSED",
     "RestoreFailed",
     "SessionRestorer",
     "TunePlan",
@@ -64,7 +61,6 @@ __all__ = [
     "parse_dimension",
     "restore_target_session",
     "run_tune",
-    "source_note",
     "tune_target",
     "utc_now",
     "write_search_draft",

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from bot.adr import Adr, Fix, MatrixRow, format_ms, vllm_args
 from bot.adr.workload import WorkloadShape
-from bot.canary import CanaryReport
-from bot.tune.matrix import TrialRow, source_note
+from bot.canary import CanaryReport, source_note
+from bot.tune.matrix import TrialRow
 from bot.tune.plan import TunePlan
 
 NO_PICK = (

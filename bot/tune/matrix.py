@@ -1,8 +1,8 @@
 """Turns measured canary reports into Metrics Matrix rows, and picks the recommended one.
 
 The values and the verdict of a row come from the canary's one judge (``bot.canary.verdict``),
-which also says where each column's number comes from; ``source_note`` repeats it in words
-under the matrix of every draft.
+which also says where each column's number comes from; its ``source_note`` repeats it in
+words under the matrix of every draft.
 """
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bot.adr import AdrGates
-from bot.canary import FRAGMENTATION_SOURCES, GOODPUT_SOURCES, CanaryReport, Values
+from bot.canary import PASSED, CanaryReport, Values
 from bot.kernel.numbers import catalogue
 from bot.tune.plan import BASELINE, Config
 
 RECOMMENDED = "生产推荐配置 (recommended)"
-PASSED = "达标 (pass)"
 # Why a row has no numbers: vLLM refused the flags, the engine did not start, the canary failed.
 FailedAt = Literal["refused", "start", "canary"]
 FAILURE_LABELS: dict[str, str] = {
@@ -26,16 +25,6 @@ FAILURE_LABELS: dict[str, str] = {
     "canary": "测量失败 (canary failed)",
 }
 REASON_LIMIT = 200
-
-
-def source_note(*, mixed: bool) -> str:
-    """Where each column's number comes from, for the text under the matrix."""
-    goodput = GOODPUT_SOURCES["own" if mixed else "canary"]
-    frag = FRAGMENTATION_SOURCES["internal" if mixed else "observed"]
-    return (
-        "TTFT / TPOT: client-side p99 of the measured canary (a failed request counts as "
-        f"infinitely slow). Goodput: {goodput}. 显存碎片率: {frag}."
-    )
 
 
 @dataclass
