@@ -65,8 +65,9 @@ def _record(**changes: object) -> Adr:
         _record(gates=None, match=[], supersedes=[], notes="", matrix_notes="", context=""),
         _record(fix=Fix(), rules=[], matrix=[]),
         _record(status="accepted", title="vLLM 推理引擎 KV Cache 换页与吞吐调优决策"),
+        _record(guardrails="block"),
     ],
-    ids=["full", "minimal-front-matter", "empty-body-parts", "chinese-title"],
+    ids=["full", "minimal-front-matter", "empty-body-parts", "chinese-title", "guardrails"],
 )
 def test_render_parse_round_trip_gives_same_record(record: Adr) -> None:
     text = render(record)
@@ -196,6 +197,11 @@ SEED_TEXT = SEED.read_text(encoding="utf-8")
         (_break(SEED_TEXT, "| 45ms | 62% |", "| 45ms |"), "matrix row 1", "has 5 cells, needs 6"),
         (_break(SEED_TEXT, "| 结论 |", "| Verdict |"), "matrix", "the table header must be"),
         (_break(SEED_TEXT, "- 强制启用", "强制启用"), "rules", "each rule is a '- ' list item"),
+        (
+            _break(SEED_TEXT, "gates:\n", "guardrails: stop\ngates:\n"),
+            "guardrails",
+            "'warn' or 'block'",
+        ),
     ],
     ids=lambda v: v if isinstance(v, str) and len(v) < 40 else None,
 )

@@ -156,3 +156,18 @@ async def test_nothing_stands_over_a_change_without_an_adr_in_force_or_one_it_su
         assert not any("standing gate" in w for w in done.result["watched"] + done.result["held"])
     finally:
         await h.close()
+
+
+async def test_an_adrs_own_guardrails_overrule_the_targets(
+    tmp_path: Path, slack: FakeSlack, engine: SseEngine
+) -> None:
+    """The target warns; the ADR says `guardrails: block` in its front matter: rolled back."""
+    h = make(tmp_path, slack, engine, guardrails="warn", in_force=[SEED])
+    strict = SLOW_TTFT_ADR.replace("gates:\n", "guardrails: block\ngates:\n", 1)
+    (tmp_path / "adr" / f"{ADR}-fewer-sequences.md").write_text(strict)
+    try:
+        done = await applied(h)
+        assert done.state == "rolled_back", done.result
+        assert done.result["reason"].startswith("a guardrail blocked it: TTFT p99 ")
+    finally:
+        await h.close()

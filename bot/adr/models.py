@@ -255,6 +255,10 @@ class FrontMatter(_Strict):
     cause: list[str] = Field(default_factory=list)
     fix: Fix = Field(default_factory=Fix)
     gates: AdrGates | None = None
+    # What the change may do to the numbers its gates do not name and to the target's standing
+    # gates (bot/canary/guardrails.py): "block" rolls it back for a regression beyond noise,
+    # "warn" keeps it and says so; unset, the target's `[targets.X.canary] guardrails`.
+    guardrails: Literal["warn", "block"] | None = None
     # The workload shape the matrix was measured under (bot/adr/workload/shape.py), inline.
     workload: WorkloadShape | None = None
 

@@ -242,7 +242,7 @@ class ChangeRun:
             return None
         watched = self._guardrails(result, judging)
         regressed = [w.text() for w in watched if w.regressed]
-        if regressed and canary.guardrails == "block":
+        if regressed and (adr.guardrails or canary.guardrails) == "block":
             await self.roll_back(
                 reason="a guardrail blocked it: " + "; ".join(regressed),
                 expect=[S.CANARY], judged=result, watched=watched,
