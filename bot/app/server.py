@@ -44,6 +44,7 @@ from bot.remediation import (
     RemediationNotifier,
     RemediationService,
     ThreadButtons,
+    live_judge,
     run_gate,
 )
 from bot.surfaces.slack import (
@@ -138,7 +139,7 @@ def create_bot(
     )  # fmt: skip
     members = Members(settings.access, SlackUserGroups(client) if client is not None else None)
     services = _services(
-        settings, db=db, adrs=adrs, flows=flows, notifier=notifier, members=members,
+        settings, db=db, adrs=adrs, flows=flows, notifier=notifier, members=members, seams=seams,
         clock=clock, tasks=tasks, actuator_for=actuator_for, gate=gate, sleep=heartbeat_sleep,
     )  # fmt: skip
     slack_app = (
@@ -251,6 +252,7 @@ def _services(
     actuator_for: ActuatorFactory,
     gate: GateRunner,
     sleep: Sleep,
+    seams: Seams,
 ) -> Services:
     """The incident flows, the remediation flow and the post-incident drafts."""
     drafts = DraftService(
@@ -272,6 +274,7 @@ def _services(
         tasks=tasks,
         actuator_for=actuator_for,
         gate=gate,
+        live=live_judge(seams.probe_context),  # the live stage reads replicas as probes do
         after_change=drafts.after_change,  # a change that ended leaves its ADR draft
         members=members,
         sleep=sleep,

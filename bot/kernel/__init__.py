@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from bot.kernel.config import GitRepoSpec as GitRepoSpec
     from bot.kernel.config import KubernetesActuatorSpec as KubernetesActuatorSpec
     from bot.kernel.config import KubernetesApiSpec as KubernetesApiSpec
+    from bot.kernel.config import LiveStage as LiveStage
     from bot.kernel.config import LocalActuatorSpec as LocalActuatorSpec
     from bot.kernel.config import ScheduledTarget as ScheduledTarget
     from bot.kernel.config import Settings as Settings
@@ -52,7 +53,6 @@ if TYPE_CHECKING:
     from bot.kernel.listening import bind as bind
 
 __all__ = [
-    "face_of",
     "AccessSettings",
     "AdrError",
     "AdrPublishSettings",
@@ -70,6 +70,7 @@ __all__ = [
     "GitRepoSpec",
     "KubernetesActuatorSpec",
     "KubernetesApiSpec",
+    "LiveStage",
     "LocalActuatorSpec",
     "NotAllowed",
     "POD_NETWORKS",
@@ -86,6 +87,7 @@ __all__ = [
     "UsageError",
     "WebSettings",
     "bind",
+    "face_of",
 ]
 
 if not TYPE_CHECKING:

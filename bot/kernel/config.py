@@ -373,6 +373,21 @@ class CanarySpec(_Section):
     guardrail_band: float = Field(default=0.2, gt=0)
 
 
+class LiveStage(_Section):
+    """/apply-adr's live stage: after the canary met the gates, the change serves production
+    traffic on the canary stage only, and the canary replicas are judged against the baseline
+    replicas (``bot.canary.live``) in ``steps`` windows of ``step_s`` before it is promoted."""
+
+    steps: int = Field(default=3, ge=1, le=100)
+    step_s: float = Field(default=120.0, gt=0, le=3600)  # each step's window
+    interval_s: float = Field(default=10.0, gt=0, le=600)  # between scrapes in a window
+    # steps that may say "roll back" before the change is rolled back (0: the first one does)
+    failure_limit: int = Field(default=0, ge=0)
+    # steps that may say "cannot judge" (too few requests, a replica restarted) before the
+    # change is rolled back, failing safe: it is promoted only on evidence
+    inconclusive_limit: int = Field(default=1, ge=0)
+
+
 # a Kubernetes object name as Services and namespaces take it (an RFC 1123 label)
 _KUBE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 # a Service port's name (an IANA service name: at most 15 characters, at least one letter)
@@ -494,6 +509,8 @@ class Target(_Section):
     )
     actuator: ActuatorSpec | None = None
     canary: CanarySpec = Field(default_factory=CanarySpec)
+    # after the canary, production traffic on the canary stage judged against the baseline
+    live_stage: LiveStage | None = None
     silence: SilenceSpec | None = None
     # a second approver, not the requester, even with [remediation] allow_self_approval
     two_person: bool = False
@@ -585,6 +602,29 @@ class Target(_Section):
                 "[targets.NAME.actuator] a canary (canary_deployment and canary_url for "
                 "kubernetes; canary_locator, canary_url and cluster.canary_deployment for "
                 "git), or set drift_before_run = false"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _live_stage_has_two_groups(self) -> Target:
+        if self.live_stage is None:
+            return self
+        if not self.canary_replicas:
+            raise ValueError(
+                "live_stage judges the canary replicas against the baseline ones on production "
+                "traffic: list the canary stage's pods in canary_replicas"
+            )
+        if self.actuator is None or isinstance(self.actuator, LocalActuatorSpec):
+            raise ValueError(
+                "live_stage needs a canary stage that serves beside the baseline: a Kubernetes "
+                "canary Deployment (actuator canary_deployment) or a git canary (canary_locator);"
+                " a local engine has none, so remove [targets.NAME.live_stage]"
+            )
+        if not _has_canary_stage(self.actuator):
+            raise ValueError(
+                "live_stage puts the change on the canary stage alone first: give "
+                "[targets.NAME.actuator] a canary (canary_deployment and canary_url for "
+                "kubernetes; canary_locator, canary_url and cluster.canary_deployment for git)"
             )
         return self
 

@@ -8,6 +8,8 @@ run.py             one approved change, run by one runner: apply, canary, keep o
 records.py         the flow's store work, each one transaction with its audit entry
 gateway_rules.py   an ADR's ``fix.gateway`` rules, applied through the gateway's admin endpoint
 gate.py            the canary with the ADR's gates against the changed engine
+live_stage.py      then, where the target asks, production traffic on the canary stage judged
+                   against the baseline replicas, step by step, before it is promoted
 lines.py           a change's gates and canary numbers as plain lines (card, console, page)
 card.py            the one card a change shows in the thread, updated at every step
 ports.py           what the flow shows, and the role that shows it (Slack or the console)
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from bot.remediation.lines import number_lines as number_lines
     from bot.remediation.lines import value_text as value_text
     from bot.remediation.lines import verdict_lines as verdict_lines
+    from bot.remediation.live_stage import LiveJudge as LiveJudge
+    from bot.remediation.live_stage import live_judge as live_judge
     from bot.remediation.ports import STATES as STATES
     from bot.remediation.ports import RemediationNotifier as RemediationNotifier
     from bot.remediation.ports import RemediationView as RemediationView
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "GateRun",
     "GateRunner",
+    "LiveJudge",
     "NUMBER_LABELS",
     "RemediationNotifier",
     "RemediationService",
@@ -50,6 +55,7 @@ __all__ = [
     "SUBJECT",
     "ThreadButtons",
     "gate_lines",
+    "live_judge",
     "number_lines",
     "run_gate",
     "value_text",

@@ -142,6 +142,7 @@ class Card:
             silence=silence_line(rem.silence),
             how_sure=[str(line) for line in rem.result.get("how_sure", [])],
             watched=[str(line) for line in rem.result.get("watched", [])],
+            live=[str(line) for line in rem.result.get("live", [])],
         )
 
 

@@ -55,6 +55,7 @@ class RemediationView:
     silence: str = ""  # the change's Alertmanager silence, in words ("": none configured)
     how_sure: list[str] = field(default_factory=list)  # the p99 gates on their statistics
     watched: list[str] = field(default_factory=list)  # ungated numbers the change made worse
+    live: list[str] = field(default_factory=list)  # the live stage's steps, each its verdict
 
 
 class RemediationNotifier(DraftNotifier, Protocol):

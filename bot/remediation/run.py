@@ -37,6 +37,7 @@ from bot.remediation.change_note import give_context
 from bot.remediation.change_silence import ChangeSilencer
 from bot.remediation.gate import GateRun, GateRunner
 from bot.remediation.gateway_rules import GatewayAdmin
+from bot.remediation.live_stage import LiveJudge, StageCount, judge_live
 from bot.remediation.records import CanaryRecord, RemediationRecords
 
 log = logging.getLogger("ruleloop.remediation")
@@ -104,6 +105,7 @@ class ChangeRun:
         card: Card,
         gate: GateRunner,
         silencer: ChangeSilencer,
+        live: LiveJudge = judge_live,
     ) -> None:
         self.rem = rem
         self.runner = runner
@@ -118,6 +120,8 @@ class ChangeRun:
         self._latest: Remediation | None = None  # the row as the last step wrote it
         self._unsaved: CanaryRecord | None = None  # a canary run the next step keeps
         self._adr: Adr | None = None  # read once by the run; the card shows it at each step
+        self._live = live  # the live stage's judge of one window
+        self._live_lines: list[str] = []  # what the live stage's steps said
 
     async def run(self, adr: Adr, in_force: InForce | None = None) -> None:
         """The whole change: each part returns None when it ended the change itself.
@@ -137,7 +141,7 @@ class ChangeRun:
         if deployed is None:
             return
         result = await self._canary(adr, judging, deployed)
-        if result is None:
+        if result is None or not await self._live_stage():
             return
         await self._keep(result, judging)
 
@@ -261,6 +265,30 @@ class ChangeRun:
             )  # fmt: skip
         return watched + standing(result.report, judging.standing)
 
+    async def _live_stage(self) -> bool:
+        """The target's live stage, if it has one (``bot.remediation.live_stage``): each step a
+        window of production traffic on the canary stage against the baseline; False when it
+        rolled the change back."""
+        stage = self.spec.live_stage
+        if stage is None:
+            return True
+        count = StageCount(stage)
+        for step in range(1, stage.steps + 1):
+            result = dict(self._latest.result) if self._latest else {}
+            await self._step(
+                S.CANARY, "remediation.live_step", {"step": step, "of": stage.steps},
+                note=f"live stage {step}/{stage.steps}: the canary replicas against the baseline "
+                f"on production traffic for {stage.step_s:g} s…",
+                result=result | {"live": count.lines}, expect=[S.CANARY],
+            )  # fmt: skip
+            count.add(await self._live(self.name, self.spec, stage))
+            why = count.failed()
+            if why is not None:
+                await self.roll_back(reason=why, expect=[S.CANARY], live=count.lines)
+                return False
+        self._live_lines = count.lines
+        return True
+
     async def _keep(self, result: GateRun, judging: Judging) -> None:
         """The canary met the gates: roll the change out beyond the canary stage."""
         numbers = result.values.numbers()
@@ -271,7 +299,7 @@ class ChangeRun:
             result={"numbers": numbers, "failures": [], "missed": [], "gates": judging.limits,
                     "before_numbers": judging.before or {},
                     "workload_shape": result.report.shape_json(),
-                    "how_sure": how_sure(result.report),
+                    "how_sure": how_sure(result.report), "live": self._live_lines,
                     "watched": [w.text() for w in watched if w.worse],
                     "held": [w.text() for w in watched if not w.worse]},
             expect=[S.CANARY],
@@ -295,11 +323,14 @@ class ChangeRun:
         expect: list[ChangeState],
         judged: GateRun | None = None,
         watched: Sequence[Guardrail] = (),
+        live: Sequence[str] = (),
     ) -> None:
         """Back to the recorded flags, from state ``expect``; ``judged`` is the canary that
         failed the gates, if one did (its numbers and workload stay on the record)."""
         current = self._latest or await self._records.get(self.rem.id)
         result = _rollback_result(current.result, reason, judged, watched)
+        if live:
+            result["live"] = list(live)
         await self._step(
             S.ROLLING_BACK, "remediation.rolling_back", {"reason": reason},
             note=f"{reason}; rolling back…", result=result, expect=expect,

@@ -48,6 +48,7 @@ from bot.kernel.store import (
 from bot.remediation.card import Card
 from bot.remediation.change_silence import ChangeSilencer
 from bot.remediation.gate import GateRunner, run_gate
+from bot.remediation.live_stage import LiveJudge, judge_live
 from bot.remediation.ports import RemediationNotifier
 from bot.remediation.records import ChangeRequest, RemediationRecords
 from bot.remediation.run import ChangeRun, crashed, gateway_admin, like_for_like
@@ -76,6 +77,7 @@ class RemediationService:
         tasks: TaskSupervisor,
         actuator_for: ActuatorFactory = actuators.build,
         gate: GateRunner = run_gate,
+        live: LiveJudge = judge_live,
         after_change: AfterChange | None = None,
         members: Members | None = None,
         sleep: Sleep = asyncio.sleep,
@@ -94,6 +96,7 @@ class RemediationService:
         self._tasks = tasks
         self._actuator_for = actuator_for
         self._gate = gate
+        self._live = live
         self._after_change = after_change
         self._sleep = sleep  # between heartbeats
         self.members = members or Members(settings.access)
@@ -291,7 +294,7 @@ class RemediationService:
                         ChangeRun(
                             rem=rem, runner=runner, actuator=actuator, settings=self.settings,
                             records=self.records, card=self.card, gate=self._gate,
-                            silencer=self.silencer,
+                            silencer=self.silencer, live=self._live,
                         )
                     )  # fmt: skip
             except LostRun:

@@ -92,6 +92,8 @@ def card_text(view: RemediationView) -> str:
         lines.append("how sure: " + "; ".join(view.how_sure))
     if view.watched:
         lines.append("watched, not gated: " + "; ".join(view.watched))
+    if view.live:
+        lines.append("live stage: " + "; ".join(view.live))
     if view.failures:
         lines.append("failed gates: " + "; ".join(view.failures))
     if view.silence:
@@ -119,6 +121,8 @@ def card_update_text(view: RemediationView) -> str:
             lines.append("how sure: " + "; ".join(view.how_sure))
         if view.watched:
             lines.append("watched, not gated: " + "; ".join(view.watched))
+    if view.live:
+        lines.append("live stage: " + "; ".join(view.live))
     return "\n".join(lines)
 
 
@@ -152,6 +156,8 @@ def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
         details.append("*How sure:* " + " · ".join(view.how_sure))
     if view.watched:  # ungated numbers the change made worse (guardrails)
         details.append("*Watched, not gated:* " + plain(" · ".join(view.watched)))
+    if view.live:  # production traffic on the canary stage, step by step
+        details.append("*Live stage:* " + plain(" · ".join(view.live)))
     if view.failures:
         details.append("*Failed gates:* " + plain("; ".join(view.failures)))
     if view.silence:
