@@ -75,55 +75,47 @@ def make(tmp_path: Path, slack: FakeSlack, engine: SseEngine, canary: Traffic) -
     return h
 
 
-async def applied(h: Harness) -> Remediation:
-    await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
-    return await h.approve_change()
-
-
-def card(slack: FakeSlack) -> str:
-    return str(slack.of("chat.update")[-1].args["blocks"])
+async def changed(
+    tmp_path: Path, slack: FakeSlack, engine: SseEngine, canary: Traffic
+) -> Remediation:
+    """Request and approve the ADR on prod-a with this canary traffic; the change as it ended."""
+    h = make(tmp_path, slack, engine, canary)
+    try:
+        await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
+        return await h.approve_change()
+    finally:
+        await h.close()
 
 
 async def test_a_canary_as_fast_as_the_baseline_is_promoted_after_every_step(
     tmp_path: Path, slack: FakeSlack, engine: SseEngine
 ) -> None:
-    h = make(tmp_path, slack, engine, (FAST_TTFT, FAST_TPOT))
-    try:
-        done = await applied(h)
-        assert done.state == "promoted", done.result
-        assert [line.split(":")[0:2] for line in done.result["live"]] == [
-            ["step 1/2", " keep"], ["step 2/2", " keep"],
-        ]  # fmt: skip
-        assert "*Live stage:* step 1/2: keep: " in card(slack)
-    finally:
-        await h.close()
+    done = await changed(tmp_path, slack, engine, (FAST_TTFT, FAST_TPOT))
+    assert done.state == "promoted", done.result
+    assert [line.split(":")[0:2] for line in done.result["live"]] == [
+        ["step 1/2", " keep"], ["step 2/2", " keep"],
+    ]  # fmt: skip
+    assert "*Live stage:* step 1/2: keep: " in str(slack.of("chat.update")[-1].args["blocks"])
 
 
 async def test_a_slower_canary_is_rolled_back_at_its_first_step(
     tmp_path: Path, slack: FakeSlack, engine: SseEngine
 ) -> None:
-    h = make(tmp_path, slack, engine, (SLOW_TTFT, SLOW_TPOT))
-    try:
-        done = await applied(h)
-        assert done.state == "rolled_back", done.result
-        reason = done.result["reason"]
-        assert reason.startswith("the live stage found the canary slower than the baseline in 1 "
-                                 "of 1 steps (allowed: 0): step 1/2: roll back: "), reason  # fmt: skip
-        assert len(done.result["live"]) == 1
-    finally:
-        await h.close()
+    done = await changed(tmp_path, slack, engine, (SLOW_TTFT, SLOW_TPOT))
+    assert done.state == "rolled_back", done.result
+    reason = done.result["reason"]
+    assert reason.startswith("the live stage found the canary slower than the baseline in 1 "
+                             "of 1 steps (allowed: 0): step 1/2: roll back: "), reason  # fmt: skip
+    assert "(TTFT: canary p50 " in reason and len(done.result["live"]) == 1
 
 
 async def test_a_canary_too_thin_to_judge_is_rolled_back_past_the_limit(
     tmp_path: Path, slack: FakeSlack, engine: SseEngine
 ) -> None:
-    h = make(tmp_path, slack, engine, THIN)
-    try:
-        done = await applied(h)
-        assert done.state == "rolled_back", done.result
-        assert done.result["reason"].startswith(
-            "the live stage could not judge 2 of 2 steps (allowed: 1): step 2/2: cannot judge: "
-        ), done.result["reason"]
-        assert "under 50 observations" in done.result["reason"]
-    finally:
-        await h.close()
+    done = await changed(tmp_path, slack, engine, THIN)
+    assert done.state == "rolled_back", done.result
+    reason = done.result["reason"]
+    assert reason.startswith(
+        "the live stage could not judge 2 of 2 steps (allowed: 1): step 2/2: cannot judge: "
+    ), reason
+    assert "under 50 observations" in reason
