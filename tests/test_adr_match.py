@@ -87,11 +87,11 @@ def test_every_metric_name_has_a_description() -> None:
     ],
 )
 def test_condition_operators(op: str, value: float, holds: bool) -> None:
-    from bot.adr.match import check
+    from bot.adr.match import check, read_report
 
     result = check(
         Condition(metric="ttft_p99_ms", op=op, value=value),
-        canary_report(ttft_p99=1200, goodput=0.6),
+        read_report(canary_report(ttft_p99=1200, goodput=0.6)),
     )
     assert result.holds is holds
 

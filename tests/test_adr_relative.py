@@ -17,6 +17,7 @@ from bot.adr.validate import validate
 from bot.app.scheduler.snapshots import KEYS
 from bot.diagnosis.models import GATE_OF
 from bot.kernel.errors import AdrError
+from bot.kernel.numbers import Measured
 
 SEED = Path(__file__).parent.parent / "adr" / "ADR-20260831-01-kv-cache-paging-throughput.md"
 SEED_TEXT = SEED.read_text(encoding="utf-8")
@@ -49,9 +50,9 @@ def _relative_seed(match_text: str = RELATIVE_FRONT, gates_text: str = RELATIVE_
     return text
 
 
-def report(**metrics: float) -> dict[str, object]:
-    """A diagnosis report: the flat metrics mapping matching reads."""
-    return {"metrics": metrics}
+def report(**metrics: float) -> Measured:
+    """A diagnosis report: the readings matching reads, by metric name."""
+    return Measured.of(metrics)
 
 
 # --- parsing, rendering, refusals -----------------------------------------------------------
@@ -158,7 +159,7 @@ def test_only_the_numbers_a_snapshot_keeps_can_be_relative(monkeypatch: pytest.M
 # --- matching against normal ----------------------------------------------------------------
 def test_a_relative_condition_holds_over_its_multiple_of_normal() -> None:
     condition = Condition(metric="tpot_p99_ms", op=">", value="3x normal")
-    normal = {"tpot_p99_ms": 20.0, "ttft_p99_ms": 40.0}
+    normal = Measured.of({"tpot_p99_ms": 20.0, "ttft_p99_ms": 40.0})
     above = check(condition, report(tpot_p99_ms=71.0), normal)
     assert above.holds and above.limit == 60.0
     assert above.explain() == "tpot_p99_ms 71 > 3x normal (= 60): holds"
@@ -174,14 +175,14 @@ def test_a_relative_condition_without_a_normal_does_not_hold_and_says_so(
     normal: dict[str, float | None] | None,
 ) -> None:
     condition = Condition(metric="tpot_p99_ms", op=">", value="3x normal")
-    result = check(condition, report(tpot_p99_ms=500.0), normal)
+    result = check(condition, report(tpot_p99_ms=500.0), None if normal is None else Measured.of(normal))
     assert not result.holds and result.limit is None
     assert result.explain() == "tpot_p99_ms > 3x normal: no normal measured for tpot_p99_ms"
 
 
 def test_an_adr_with_relative_and_absolute_conditions_needs_both() -> None:
     adr = parse(_relative_seed())
-    normal = {"tpot_p99_ms": 20.0}
+    normal = Measured.of({"tpot_p99_ms": 20.0})
     assert match(adr, report(tpot_p99_ms=71.0, goodput_ratio=0.5), normal).matches
     assert not match(adr, report(tpot_p99_ms=71.0, goodput_ratio=0.9), normal).matches
     assert not match(adr, report(tpot_p99_ms=71.0, goodput_ratio=0.5)).matches  # no normal
@@ -245,7 +246,7 @@ def test_the_guides_relative_example_is_valid_and_explained_as_the_code_explains
     (condition,) = [Condition.model_validate(c) for c in data["match"]]
     gates = AdrGates.model_validate(data["gates"])
     assert gates.relative() == {"max_tpot_p99_ms": Relative(0.5, "before")}
-    normal = {"tpot_p99_ms": 9.9}
+    normal = Measured.of({"tpot_p99_ms": 9.9})
     shown = check(condition, report(tpot_p99_ms=185.4), normal).explain()
     assert f"`{shown}`" in guide
     assert f"`{check(condition, report(tpot_p99_ms=185.4)).explain()}`" in guide

@@ -18,6 +18,7 @@ from bot.diagnosis.runbooks.builtin import default_registry
 from bot.diagnosis.runbooks.loader import LoadedRunbook, load_dir
 from bot.diagnosis.runbooks.runner import evaluate
 from bot.kernel.config import Target
+from bot.kernel.numbers import Measured
 from tests.fakes.prometheus_history import openmetrics, prometheus_with
 
 ROOT = Path(__file__).parent.parent
@@ -91,7 +92,7 @@ async def read(prometheus_url: str) -> dict[str, float | None]:
     async with httpx.AsyncClient(timeout=30) as http:
         ctx = ProbeContext(http=http, wall_clock=lambda: END)
         result = await PrometheusProbe().run(target=target, params=params, ctx=ctx)
-    return result.readings
+    return result.readings.numbers
 
 
 def _needs_prometheus() -> None:
@@ -112,7 +113,7 @@ async def test_dcgm_queries_read_the_engines_gpus_only(tmp_path: Path) -> None:
     assert r["gpu_last_xid_last"] == 79 and r["gpu_row_remap_failure_max"] == 0
     # the runbook's own finding rules on those readings
     found = {
-        f.message for f in evaluate(dcgm_runbook(), {f"prometheus.{k}": v for k, v in r.items()})
+        f.message for f in evaluate(dcgm_runbook(), Measured.of({f"prometheus.{k}": v for k, v in r.items()}))
     }
     assert found == {
         "a GPU of this engine reports XID 79 as its last XID error (DCGM): check the node's kernel log"

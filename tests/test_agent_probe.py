@@ -73,7 +73,7 @@ def findings(result: ProbeResult) -> list[tuple[Severity, str]]:
 
 async def test_the_probe_reads_the_agent_and_says_so(agent: AgentProcess) -> None:
     result = await probe(target(agent.url, agent.token_file))
-    r = result.readings
+    r = result.readings.numbers
     assert r["gpu_count"] == 2 and r["utilization_pct"] == 100 and r["temperature_c"] == 83
     assert r["throttled_gpus"] == 1 and r["xid_errors"] == 1
     assert r["power_limit_ratio"] == pytest.approx(699812 / 700000)
@@ -103,7 +103,7 @@ async def test_a_wrong_token_is_a_finding(agent: AgentProcess, tmp_path: Path) -
     wrong = tmp_path / "token"
     wrong.write_text("not-the-agents-token-0123456789")
     result = await probe(target(agent.url, wrong))
-    assert result.readings == {}
+    assert result.readings.numbers == {}
     assert findings(result) == [(
         Severity.WARNING,
         f"GPU reading failed: the GPU agent at {agent.url} refused the bot's token (HTTP 401); "
@@ -154,7 +154,7 @@ async def test_an_agent_that_never_answers_is_a_timeout_finding() -> None:
 async def test_an_agent_without_nvml_says_no_gpu_visible_there(tmp_path: Path) -> None:
     with running_agent(tmp_path, "--no-driver") as agent:
         result = await probe(target(agent.url, agent.token_file))
-    assert result.readings == {"gpu_count": 0.0}
+    assert result.readings.numbers == {"gpu_count": 0.0}
     assert findings(result) == [(
         Severity.WARNING,
         f"no GPU visible to NVML from the agent at {agent.url} (the GPU agent at {agent.url} "
@@ -250,22 +250,23 @@ def test_gpu_agent_url_must_be_an_http_url() -> None:
 async def test_an_xid_from_the_agent_supports_the_gpu_cause(agent: AgentProcess) -> None:
     """Cause (f) on the wire: the shipped runbook's GPU hypothesis judged on what the real agent
     reports (XID 79 on GPU 0, GPU 1 power-capped), the same readings a diagnosis gets."""
-    from bot.diagnosis.causes import Readings, judge
+    from bot.diagnosis.causes import judge
     from bot.diagnosis.runbooks.builtin import default_registry
     from bot.diagnosis.runbooks.loader import load_file
+    from bot.kernel.numbers import Measured
 
     result = await probe(target(agent.url, agent.token_file))
     loaded = load_file(
         FIXTURES.parent.parent / "runbooks" / "vllm-latency.yaml", default_registry()
     )
-    readings = {f"nvml.{name}": value for name, value in result.readings.items()}
-    verdicts = {v.cause: v for v in judge(loaded.runbook, Readings(readings, {}, {}))}
+    readings = {f"nvml.{name}": value for name, value in result.readings.numbers.items()}
+    verdicts = {v.cause: v for v in judge(loaded.runbook, Measured.of(readings, {}, {}))}
     gpu = verdicts["gpu_fault"]
     assert gpu.verdict == "supported" and gpu.number == "throttled GPUs: 1, XID errors: 1", gpu
 
     def gpu_verdict(**changed: float | None) -> str:
         seen = readings | {f"nvml.{k}": v for k, v in changed.items()}
-        return {v.cause: v for v in judge(loaded.runbook, Readings(seen, {}, {}))}[
+        return {v.cause: v for v in judge(loaded.runbook, Measured.of(seen, {}, {}))}[
             "gpu_fault"
         ].verdict
 

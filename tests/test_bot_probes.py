@@ -52,7 +52,7 @@ async def test_vllm_metrics_window_reads_the_four_numbers() -> None:
     result = await VllmMetricsProbe().run(
         target=TARGET, params=WindowParams(window_s=2, interval_s=1), ctx=ctx
     )
-    r = result.readings
+    r = result.readings.numbers
     assert time.slept == [1, 1]
     assert r["goodput_ratio"] == pytest.approx(768 / 772)
     assert r["ttft_p99_ms"] is not None and r["ttft_p99_ms"] > 0
@@ -83,7 +83,7 @@ async def test_probes_share_one_window() -> None:
         QueueCancelProbe().run(target=target, params=params, ctx=ctx),
     )
     assert len(scrapes) == 3
-    assert a.readings["requests_waiting"] == b.readings["requests_waiting"]
+    assert a.readings.value("requests_waiting") == b.readings.value("requests_waiting")
 
 
 def _gateway_page(ok: int, cancelled: int, deadline: int, rejected: int) -> str:
@@ -107,7 +107,7 @@ async def test_queue_cancel_engine_and_gateway() -> None:
     result = await QueueCancelProbe().run(
         target=TARGET, params=WindowParams(window_s=2, interval_s=1), ctx=ctx
     )
-    r = result.readings
+    r = result.readings.numbers
     assert r["wasted_prefill_tokens"] == 200 and r["wasted_prefill_share"] == pytest.approx(
         200 / 3592
     )
@@ -121,8 +121,8 @@ async def test_queue_cancel_without_gateway_reads_none_there() -> None:
     ctx, _ = context(serve({"engine/metrics": PAGES}))
     target = TargetRef("a", Target(vllm_url="http://engine:8000"))
     result = await QueueCancelProbe().run(target=target, params=WindowParams(window_s=1), ctx=ctx)
-    assert result.readings["cancelled_share"] is None
-    assert result.readings["wasted_prefill_tokens"] is not None
+    assert result.readings.value("cancelled_share") is None
+    assert result.readings.value("wasted_prefill_tokens") is not None
 
 
 async def test_vllm_window_refuses_a_non_vllm_page() -> None:
@@ -135,7 +135,7 @@ async def test_nvml_reads_every_gpu() -> None:
     fake = FakeNvml.from_file(FIXTURES / "nvml" / "h200-x2.json")
     ctx, _ = context(serve({}), nvml=fake, hostname="gpu-host")
     result = await NvmlProbe().run(target=TARGET, params=NvmlParams(), ctx=ctx)
-    r = result.readings
+    r = result.readings.numbers
     assert r["gpu_count"] == 2 and r["utilization_pct"] == 100 and r["temperature_c"] == 83
     assert r["memory_used_ratio"] == pytest.approx(146028888064 / 150754820096)
     assert r["sm_clock_ratio"] == pytest.approx(1455 / 1980)
@@ -169,7 +169,7 @@ async def test_nvml_ecc_errors_are_critical() -> None:
 async def test_nvml_without_gpu_is_a_finding(nvml: FakeNvml) -> None:
     ctx, _ = context(serve({}), nvml=nvml, hostname="bot-host")
     result = await NvmlProbe().run(target=TARGET, params=NvmlParams(), ctx=ctx)
-    assert result.readings == {"gpu_count": 0.0}
+    assert result.readings.numbers == {"gpu_count": 0.0}
     (finding,) = result.findings
     assert finding.severity is Severity.INFO
     assert finding.message.startswith("no GPU visible to NVML in-process on bot-host (")
@@ -187,7 +187,7 @@ async def test_nvml_lost_gpu_is_a_warning_not_a_crash() -> None:
     fake.lost.add(1)
     ctx, _ = context(serve({}), nvml=fake, hostname="gpu-host")
     result = await NvmlProbe().run(target=TARGET, params=NvmlParams(), ctx=ctx)
-    assert result.readings == {}
+    assert result.readings.numbers == {}
     assert [(f.severity, f.message) for f in result.findings] == [
         (
             Severity.WARNING,
@@ -201,7 +201,7 @@ async def test_nvml_other_node_is_not_read_here() -> None:
     target = TargetRef("far", Target(vllm_url="http://e:1", node="gpu-node-9"))
     ctx, _ = context(serve({}), nvml=FakeNvml.no_driver(), hostname="bot-host")
     result = await NvmlProbe().run(target=target, params=NvmlParams(), ctx=ctx)
-    assert result.readings == {} and "runs on gpu-node-9" in result.findings[0].message
+    assert result.readings.numbers == {} and "runs on gpu-node-9" in result.findings[0].message
     assert "set gpu_agent_url" in result.findings[0].message
     assert result.details["source"] == {"kind": "none", "where": None}
 
@@ -231,7 +231,7 @@ async def test_prometheus_probe_range_query() -> None:
     assert url.params["query"] == 'sum(vllm:num_requests_waiting{instance="10.0.0.5:8000"})'
     assert float(url.params["end"]) - float(url.params["start"]) == 300
     values = [v for _, v in result.details["series"]["waiting"]]
-    assert result.readings == {"waiting_last": values[-1], "waiting_max": max(values)}
+    assert result.readings.numbers == {"waiting_last": values[-1], "waiting_max": max(values)}
 
 
 async def test_prometheus_probe_without_url_says_so() -> None:

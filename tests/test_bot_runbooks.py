@@ -16,6 +16,7 @@ from bot.diagnosis.runbooks.registry import ProbeRegistry
 from bot.diagnosis.runbooks.runner import RunbookRunner
 from bot.kernel.config import Target
 from bot.kernel.errors import ProbeError, UsageError
+from bot.kernel.numbers import Measured
 
 SHIPPED = Path(__file__).parent.parent / "runbooks"
 
@@ -39,7 +40,7 @@ class StubProbe:
             raise ProbeError("the stub cannot read negative levels")
         if params.level == 13:
             raise ZeroDivisionError("bug")
-        return ProbeResult(readings={"level": params.level, "never": None},
+        return ProbeResult(readings=Measured.of({"level": params.level, "never": None}),
                            findings=[Finding(Severity.INFO, "stub ran", "stub")])  # fmt: skip
 
 
@@ -154,7 +155,7 @@ async def _run(tmp_path: Path, text: str) -> object:
 
 async def test_runner_turns_readings_into_findings(tmp_path: Path) -> None:
     result = await _run(tmp_path, GOOD)
-    assert result.readings == {"stub.level": 5.0, "stub.never": None}  # type: ignore[attr-defined]
+    assert result.readings.numbers == {"stub.level": 5.0, "stub.never": None}  # type: ignore[attr-defined]
     assert [(f.severity, f.message) for f in result.findings] == [  # type: ignore[attr-defined]
         (Severity.CRITICAL, "level 5 over 3"),
         (Severity.INFO, "stub ran"),

@@ -23,7 +23,7 @@ from tests.fakes.replica_metrics import ReplicaMetrics
 from tests.fakes.sse_engine import SseEngine
 
 REQUESTS, OUTPUT = 20, 4
-GATES = Gates(min_goodput_ratio=0.9)
+GATES = Gates.of(min_goodput_ratio=0.9)
 
 
 @dataclass

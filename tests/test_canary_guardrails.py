@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from bot.adr import AdrGates
 from bot.canary.client import Outcome, RequestRecord
-from bot.canary.guardrails import standing, watch
+from bot.canary.guardrails import StandingGate, standing, watch
 from bot.canary.runner import CanaryRun
 from bot.canary.stats import min_pairs, min_requests
 from bot.canary.verdict import Gates, how_sure, judged
@@ -29,7 +30,7 @@ def test_a_half_before_gate_keeps_a_fix_that_helps_on_eight_requests_and_says_it
     before = report_of(_values(rng, 8, 40.0), _values(rng, 8, 100.0))
     fixed = report_of(_values(rng, 8, 40.0), _values(rng, 8, 14.0))
     point_limit = 0.5 * (before.tpot_ms.p99_judged() or 0.0)
-    gates = Gates(max_tpot_p99_ms=point_limit, ratios=(("max_tpot_p99_ms", 0.5),),
+    gates = Gates(AdrGates(max_tpot_p99_ms=point_limit), ratios=(("max_tpot_p99_ms", 0.5),),
                   before=before.samples)  # fmt: skip
     kept = judged(fixed, gates)
     assert kept.passed, kept.failures
@@ -53,7 +54,7 @@ def test_a_change_that_does_nothing_is_not_met_under_half_before_whatever_its_ma
         limit = 0.5 * (before.tpot_ms.p99_judged() or 0.0)
         point_passes = (after.tpot_ms.p99_judged() or 0.0) <= limit
         lucky += point_passes
-        gates = Gates(max_tpot_p99_ms=limit, ratios=(("max_tpot_p99_ms", 0.5),),
+        gates = Gates(AdrGates(max_tpot_p99_ms=limit), ratios=(("max_tpot_p99_ms", 0.5),),
                       before=before.samples)  # fmt: skip
         verdict = judged(after, gates).verdict
         assert not verdict.passed, verdict.failures
@@ -64,7 +65,9 @@ def test_a_run_too_short_to_decide_is_inconclusive_and_fails_saying_why() -> Non
     rng = np.random.default_rng(RNG_SEED)
     before = report_of(_values(rng, 4, 40.0), _values(rng, 4, 100.0))
     fixed = report_of(_values(rng, 4, 40.0), _values(rng, 4, 14.0))
-    gates = Gates(max_tpot_p99_ms=50.0, ratios=(("max_tpot_p99_ms", 0.5),), before=before.samples)
+    gates = Gates(
+        AdrGates(max_tpot_p99_ms=50.0), ratios=(("max_tpot_p99_ms", 0.5),), before=before.samples
+    )
     verdict = judged(fixed, gates).verdict
     assert not verdict.passed
     (undecided,) = verdict.inconclusive
@@ -73,19 +76,19 @@ def test_a_run_too_short_to_decide_is_inconclusive_and_fails_saying_why() -> Non
 
 def test_a_canary_is_sized_so_that_its_gates_can_be_decided() -> None:
     workload = Workload(endpoint="http://127.0.0.1:9/v1/completions", num_requests=12)
-    by_limit = CanaryRun(workload, gates=Gates(max_ttft_p99_ms=350.0))
+    by_limit = CanaryRun(workload, gates=Gates.of(max_ttft_p99_ms=350.0))
     assert by_limit.workload.num_requests == min_requests(0.99, 0.99) == 528
     assert by_limit.warnings == ["sized 12 -> 528 requests: the gates cannot be decided at 99% on"
                                  " fewer"]  # fmt: skip
     by_ratio = CanaryRun(
         Workload(endpoint=workload.endpoint, num_requests=4),
-        gates=Gates(max_tpot_p99_ms=10.0, ratios=(("max_tpot_p99_ms", 0.5),)),
+        gates=Gates(AdrGates(max_tpot_p99_ms=10.0), ratios=(("max_tpot_p99_ms", 0.5),)),
     )
     assert by_ratio.workload.num_requests == min_pairs(0.99) == 5
-    untouched = CanaryRun(workload, gates=Gates(min_goodput_ratio=0.9))  # no per-request gate
+    untouched = CanaryRun(workload, gates=Gates.of(min_goodput_ratio=0.9))  # no per-request gate
     assert untouched.workload.num_requests == 12 and untouched.warnings == []
     timed = CanaryRun(Workload(endpoint=workload.endpoint, num_requests=None, duration_s=5.0),
-                      gates=Gates(max_ttft_p99_ms=350.0))  # fmt: skip
+                      gates=Gates.of(max_ttft_p99_ms=350.0))  # fmt: skip
     assert timed.workload.num_requests is None  # bounded by time: its verdict says if too short
 
 
@@ -120,7 +123,7 @@ def test_an_error_rate_that_rose_beyond_noise_is_flagged() -> None:
     assert not barely.worse  # one failure in a hundred: within the band
 
 
-SLO = {"max_ttft_p99_ms": (350.0, "ADR-20260831-01")}  # a team's standing latency gate
+SLO = {"max_ttft_p99_ms": StandingGate(350.0, "ADR-20260831-01")}  # a team's standing latency gate
 
 
 def test_a_canary_clearly_over_a_standing_gate_misses_it_and_says_which_adr_set_it() -> None:
@@ -160,10 +163,10 @@ def test_a_standing_goodput_gate_is_judged_on_the_runs_value() -> None:
         records.append(r)
     report = measured(records)
     assert report.goodput_ratio == 0.75
-    goodput = {"min_goodput_ratio": (0.95, "ADR-20260831-01")}
+    goodput = {"min_goodput_ratio": StandingGate(0.95, "ADR-20260831-01")}
     (slo,) = standing(report, goodput)
     assert slo.regressed, slo.text()
-    (held,) = standing(report, {"min_goodput_ratio": (0.5, "ADR-X")})
+    (held,) = standing(report, {"min_goodput_ratio": StandingGate(0.5, "ADR-X")})
     assert not held.regressed and not held.worse and ": held (" in held.text(), held.text()
     assert standing(report, {}) == []
 
@@ -173,7 +176,7 @@ def test_how_sure_says_the_confidence_the_gates_decided_at() -> None:
     before = report_of(_values(rng, 8, 40.0), _values(rng, 8, 100.0))
     fixed = report_of(_values(rng, 8, 40.0), _values(rng, 8, 14.0))
     for confidence, said in ((0.95, "met at 95%"), (0.99, "met at 99%")):
-        gates = Gates(max_tpot_p99_ms=50.0, ratios=(("max_tpot_p99_ms", 0.5),),
+        gates = Gates(AdrGates(max_tpot_p99_ms=50.0), ratios=(("max_tpot_p99_ms", 0.5),),
                       before=before.samples, confidence=confidence)  # fmt: skip
         (line,) = how_sure(judged(fixed, gates).report)
         assert line.startswith(f"TPOT p99: {said} (p="), line

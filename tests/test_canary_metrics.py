@@ -136,10 +136,10 @@ def test_goodput_without_engine_is_a_labelled_client_upper_bound() -> None:
     ("gates", "passed", "failed_names"),
     [
         # two requests under the limit cannot show that a p99 is: not decided, and it fails
-        (Gates(max_ttft_p99_ms=1000), False, ["max_ttft_p99_ms"]),
-        (Gates(max_ttft_p99_ms=50), False, ["max_ttft_p99_ms"]),
-        (Gates(max_tpot_p99_ms=50, min_goodput_ratio=0.5), False, ["max_tpot_p99_ms"]),
-        (Gates(max_kv_fragmentation=0.3), False, ["max_kv_fragmentation"]),  # not measured
+        (Gates.of(max_ttft_p99_ms=1000), False, ["max_ttft_p99_ms"]),
+        (Gates.of(max_ttft_p99_ms=50), False, ["max_ttft_p99_ms"]),
+        (Gates.of(max_tpot_p99_ms=50, min_goodput_ratio=0.5), False, ["max_tpot_p99_ms"]),
+        (Gates.of(max_kv_fragmentation=0.3), False, ["max_kv_fragmentation"]),  # not measured
         (Gates(), True, []),
     ],
 )
@@ -150,7 +150,7 @@ def test_gates_name_each_failure(gates, passed, failed_names) -> None:
 
 
 def test_gate_on_unmeasurable_value_fails_with_reason() -> None:
-    report = make_report([record(0.1, 1.1, 11)], Gates(max_kv_fragmentation=0.5))
+    report = make_report([record(0.1, 1.1, 11)], Gates.of(max_kv_fragmentation=0.5))
     gate, error_gate = report.verdict().results
     assert not gate.passed and gate.value is None and gate.reason == "KV fragmentation not measured"
     assert error_gate.name == "max_error_rate" and error_gate.passed
@@ -161,7 +161,7 @@ def test_report_json_has_the_contract_keys() -> None:
         at=0.1, observed=0.2, internal=0.1, resident_tokens=10, kv_usage=0.1
     )
     data = (
-        make_report([record(0.1, 1.1, 11)], Gates(max_ttft_p99_ms=500), [sample])
+        make_report([record(0.1, 1.1, 11)], Gates.of(max_ttft_p99_ms=500), [sample])
         .report()
         .json_dict()
     )

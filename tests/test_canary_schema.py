@@ -45,7 +45,7 @@ def _measured() -> CanaryMeasurement:
                                  kv_usage=0.2)  # fmt: skip
     return CanaryMeasurement(
         shape=chat(), workload={"concurrency": 3}, records=records, engine=window,
-        samples=[sample], gates=Gates(max_ttft_p99_ms=350, min_goodput_ratio=0.5), wall_s=2.0,
+        samples=[sample], gates=Gates.of(max_ttft_p99_ms=350, min_goodput_ratio=0.5), wall_s=2.0,
         client_cpu_s=0.1,
     )  # fmt: skip
 
@@ -91,6 +91,6 @@ def test_reports_stored_by_earlier_releases_still_parse() -> None:
         assert report.engine is not None, path
         # numbers the old release did not write are unknown, never zero
         assert report.engine.goodput.value is None or "goodput" in stored["engine"], path
-        (ttft,) = [g for g in judged(stored, Gates(max_ttft_p99_ms=1e9)).report.gates
+        (ttft,) = [g for g in judged(stored, Gates.of(max_ttft_p99_ms=1e9)).report.gates
                    if g.name == "max_ttft_p99_ms"]  # fmt: skip
         assert ttft.passed and ttft.value == stored["ttft_ms"]["p99"], path

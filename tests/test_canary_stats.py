@@ -153,14 +153,14 @@ def test_every_p99_gate_says_how_sure_it_is_beside_its_verdict() -> None:
     rng = np.random.default_rng(RNG_SEED)
     many = lognormal(rng, 1000)  # p99 about 85 ms
     for limit, said in ((200.0, "met"), (50.0, "missed")):
-        report = _run(many, Gates(max_ttft_p99_ms=limit))
+        report = _run(many, Gates.of(max_ttft_p99_ms=limit))
         (ttft, _) = report.gates
         assert ttft.statistics is not None and ttft.statistics.startswith(f"{said}: p99 in ["), (
             ttft.statistics
         )
         assert "at 99% (n=1000)" in ttft.statistics
         assert f"statistics: {ttft.statistics}" in summary_table(report)
-    four = _run(many[:4], Gates(max_ttft_p99_ms=200.0))
+    four = _run(many[:4], Gates.of(max_ttft_p99_ms=200.0))
     # the point p99 is under the limit, but four requests cannot show it: the gate fails
     assert not four.passed and four.gates[0].decided == "inconclusive"
     assert four.gates[0].reason.startswith("TTFT p99 ") and ", but (not decided at 99%" in (
@@ -179,10 +179,12 @@ def test_the_card_says_how_sure_the_kept_or_rolled_back_verdict_is() -> None:
     for a phone: four requests cannot decide a p99 at 99 %, a thousand can."""
     rng = np.random.default_rng(RNG_SEED)
     many = lognormal(rng, 1000)
-    four = how_sure(_run(many[:4], Gates(max_ttft_p99_ms=200.0)))
+    four = how_sure(_run(many[:4], Gates.of(max_ttft_p99_ms=200.0)))
     assert four == ["TTFT p99: not decided at 99% (n=4; a p99 needs 528)"]
-    assert how_sure(_run(many, Gates(max_ttft_p99_ms=200.0))) == ["TTFT p99: met at 99% (n=1000)"]
-    assert how_sure(_run(many, Gates(min_goodput_ratio=0.5))) == []  # no p99 gate
+    assert how_sure(_run(many, Gates.of(max_ttft_p99_ms=200.0))) == [
+        "TTFT p99: met at 99% (n=1000)"
+    ]
+    assert how_sure(_run(many, Gates.of(min_goodput_ratio=0.5))) == []  # no p99 gate
     view = RemediationView(
         id=7, adr_id="ADR-1", adr_title="t", target="prod-a", actuator="local",
         requested_by="U1", state="promoted", diff=[], gates={"max_ttft_p99_ms": 200.0},

@@ -35,7 +35,7 @@ from bot.tune.plan import Config
 
 # The report always says the shape it sent; these reports are of the fixed default workload.
 SHAPE = fixed_shape(Workload(endpoint="http://x/v1/completions"), request_rate=1.0)
-GATES = Gates(max_ttft_p99_ms=350, max_tpot_p99_ms=35, min_goodput_ratio=0.95)
+GATES = Gates.of(max_ttft_p99_ms=350, max_tpot_p99_ms=35, min_goodput_ratio=0.95)
 
 
 def ok(ttft_s: float, tpot_s: float = 0.02, tokens: int = 11) -> RequestRecord:
@@ -221,12 +221,15 @@ def test_values_of_reads_the_canarys_own_goodput_and_internal_fragmentation_besi
 
 
 def test_a_relative_gate_must_be_resolved_before_a_canary_checks_it() -> None:
-    class Unresolved:
-        max_tpot_p99_ms = "2x normal"
-
+    unresolved = AdrGates(max_ttft_p99_ms=350, max_tpot_p99_ms="2x normal")
+    assert not unresolved.resolved and unresolved.limits() == {"max_ttft_p99_ms": 350.0}
     with pytest.raises(UsageError, match="must be resolved against measured numbers"):
-        gates_from(Unresolved())
-    assert gates_from(Unresolved(), numbers_only=True).max_tpot_p99_ms is None
+        gates_from(unresolved)
+    with pytest.raises(UsageError, match="gate max_tpot_p99_ms is Relative"):
+        Gates(unresolved)  # a canary's gates are numbers, however they are built
+    numbers = gates_from(unresolved, numbers_only=True)
+    assert numbers.limit("max_tpot_p99_ms") is None and numbers.limit("max_ttft_p99_ms") == 350
+    assert numbers.limits.resolved and numbers == Gates.of(max_ttft_p99_ms=350)
 
 
 # --- every consumer reads the same verdict -------------------------------------------------

@@ -21,6 +21,7 @@ from bot.diagnosis.runbooks.builtin import default_registry
 from bot.diagnosis.runbooks.loader import inspect_file, load_dir
 from bot.kernel.chat.messages import IncidentView
 from bot.kernel.errors import UsageError
+from bot.kernel.numbers import Measured
 from bot.surfaces.slack.console import ConsoleNotifier, render_root
 from bot.surfaces.slack.views import findings_message, root_message
 from bot.surfaces.web.queries import IncidentRecord
@@ -47,8 +48,8 @@ GPU = CauseVerdict(
 
 def diagnosis(causes: list[CauseVerdict]) -> Diagnosis:
     return Diagnosis(
-        target="prod-a", runbook="vllm-latency", headline={"ttft_p99_ms": 19050.0},
-        baseline=Baseline(), matches=[], readings={}, details={}, sampling_s=8.0,
+        target="prod-a", runbook="vllm-latency", headline=Measured.of({"ttft_p99_ms": 19050.0}),
+        baseline=Baseline(), matches=[], readings=Measured(), details={}, sampling_s=8.0,
         at=dt.datetime(2026, 12, 2, tzinfo=dt.UTC), causes=causes,
         findings=[Finding(Severity.CRITICAL, "TTFT p99 is 19050 ms, over 500 ms", "demo")],
     )  # fmt: skip

@@ -13,7 +13,6 @@ from bot.diagnosis import cause_text
 from bot.diagnosis.causes import (
     NOT_JUDGED,
     CauseVerdict,
-    Readings,
     data_gaps,
     judge,
     judge_one,
@@ -33,7 +32,7 @@ from bot.diagnosis.runbooks.loader import load_file
 from bot.diagnosis.runbooks.models import Hypothesis, Runbook
 from bot.diagnosis.runbooks.runner import RunbookRunner
 from bot.kernel.config import Target
-from bot.kernel.numbers.reading import Bound
+from bot.kernel.numbers.reading import Bound, Measured
 from tests.fakes.nvml import FakeNvml
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-0.32.0"
@@ -59,7 +58,7 @@ def test_and_binds_tighter_than_or() -> None:
     cond = parse("a.x > 1 or a.y > 1 and a.z > 1")
     assert [[c.reading for c in g] for g in cond.alternatives] == [["a.x"], ["a.y", "a.z"]]
     assert cond.readings == ["a.x", "a.y", "a.z"]
-    values = Readings({"a.x": 0.0, "a.y": 2.0, "a.z": 0.0})
+    values = Measured.of({"a.x": 0.0, "a.y": 2.0, "a.z": 0.0})
     assert cond.holds(values.reading) is False  # (x) or (y and z): neither holds
     assert parse("a.x > 1 or a.y > 1").holds(values.reading) is True
 
@@ -75,7 +74,7 @@ def test_parser_refuses_what_is_not_a_clause(text: str) -> None:
 
 
 def test_three_valued_and_or_with_missing_readings() -> None:
-    read = Readings({"a.x": 5.0, "a.y": None}).reading
+    read = Measured.of({"a.x": 5.0, "a.y": None}).reading
     assert parse("a.x > 1 and a.y > 1").holds(read) is None  # true and unknown
     assert parse("a.x > 9 and a.y > 1").holds(read) is False  # false and unknown
     assert parse("a.x > 1 or a.y > 1").holds(read) is True  # true or unknown
@@ -83,13 +82,13 @@ def test_three_valued_and_or_with_missing_readings() -> None:
 
 
 def test_bounds_and_spans_decide_only_where_they_decide() -> None:
-    spanned = Readings({"a.steps": 8192.0}, spans={"a.steps": (4097.0, 8192.0)}).reading
+    spanned = Measured.of({"a.steps": 8192.0}, spans={"a.steps": (4097.0, 8192.0)}).reading
     assert parse("a.steps > 4096").holds(spanned) is True
     assert parse("a.steps <= 2048").holds(spanned) is False
     assert parse("a.steps > 6000").holds(spanned) is None  # inside the bucket: undecided
-    first_bucket = Readings({"a.steps": 1.0}, bounds={"a.steps": Bound.AT_MOST}).reading
+    first_bucket = Measured.of({"a.steps": 1.0}, bounds={"a.steps": Bound.AT_MOST}).reading
     assert parse("a.steps <= 2048").holds(first_bucket) is True
-    beyond = Readings({"a.steps": 16384.0}, bounds={"a.steps": Bound.MORE_THAN}).reading
+    beyond = Measured.of({"a.steps": 16384.0}, bounds={"a.steps": Bound.MORE_THAN}).reading
     assert parse("a.steps > 4096").holds(beyond) is True
     assert parse("a.steps < 20000").holds(beyond) is None
 
@@ -122,7 +121,7 @@ def test_a_hypothesis_is_supported_ruled_out_or_cannot_tell(
     verdict: str,
     missing: tuple[str, ...],
 ) -> None:
-    judged = judge_one(MIXING, "mixing", Readings(values, spans=spans))
+    judged = judge_one(MIXING, "mixing", Measured.of(values, spans=spans))
     assert judged.verdict == verdict
     assert judged.missing == missing
     if verdict == "supported":
@@ -138,13 +137,13 @@ def test_a_hypothesis_is_supported_ruled_out_or_cannot_tell(
 
 def test_without_ruled_out_when_a_false_condition_rules_out_and_overlap_cannot_tell() -> None:
     plain = Hypothesis(cause="queueing", supported_when="e.q > 0.5", number="{e.q}", evidence="")
-    assert judge_one(plain, "q", Readings({"e.q": 0.1})).verdict == "ruled_out"
-    assert judge_one(plain, "q", Readings({"e.q": None})).verdict == "cannot_tell"
+    assert judge_one(plain, "q", Measured.of({"e.q": 0.1})).verdict == "ruled_out"
+    assert judge_one(plain, "q", Measured.of({"e.q": None})).verdict == "cannot_tell"
     overlap = Hypothesis(
         cause="queueing", supported_when="e.q > 0.5", ruled_out_when="e.q > 0.4",
         number="{e.q}", evidence="",
     )  # fmt: skip
-    both = judge_one(overlap, "q", Readings({"e.q": 0.9}))
+    both = judge_one(overlap, "q", Measured.of({"e.q": 0.9}))
     assert both.verdict == "cannot_tell" and "overlap" in both.evidence
 
 
@@ -161,7 +160,7 @@ def test_judge_orders_supported_first_and_says_why_the_rest_is_not_judged() -> N
         ],
     )
     values = {"e.q": 0.1, "e.steps": 8192.0, "e.running": 3.0, "n.xid": None}
-    verdicts = judge(runbook, Readings(values, spans={"e.steps": (4097.0, 8192.0)}))
+    verdicts = judge(runbook, Measured.of(values, spans={"e.steps": (4097.0, 8192.0)}))
     assert [(v.cause, v.verdict) for v in verdicts][:3] == [
         ("prefill_decode_mixing", "supported"),
         ("queueing", "ruled_out"),
@@ -193,12 +192,12 @@ def test_one_replica_comes_from_the_fleet_verdict() -> None:
     assert alike.verdict == "ruled_out" and alike.number == "2 replicas alike"
     runbook = Runbook(name="x", probes=[{"probe": "e"}], hypotheses=[MIXING])  # type: ignore[list-item]
     fleet = judge_fleet({"10.0.0.7:8000": ttft(slow), "10.0.0.8:8000": ttft(fast)})
-    both = judge(runbook, Readings({"e.steps": 8192.0, "e.running": 3.0}), fleet)
+    both = judge(runbook, Measured.of({"e.steps": 8192.0, "e.running": 3.0}), fleet)
     assert [(v.cause, v.verdict) for v in both[:2]] == [
         ("one_replica", "supported"),
         ("prefill_decode_mixing", "supported"),
     ]  # one slow replica leads: a fleet-wide cause is not its fix
-    assert judge(runbook, Readings({}), None)[0].cause == "prefill_decode_mixing"  # one engine
+    assert judge(runbook, Measured.of({}), None)[0].cause == "prefill_decode_mixing"  # one engine
 
 
 # --- the engine's step readings, on pages a real engine served --------------------------------
@@ -211,16 +210,16 @@ def test_step_readings_of_a_real_engine_window() -> None:
     bound = decode_bound(window[0], window[-1])
     assert bound == 17.0  # nothing running at the start, 17 first tokens in the window
     steps = read_steps(window, decode_bound=bound)
-    assert steps.readings["max_step_tokens"] == 2048.0
-    assert steps.spans["max_step_tokens"] == (1025.0, 2048.0)  # a bucket, never a point
-    assert "max_step_tokens" not in steps.bounds
-    assert steps.readings["prefill_step_share"] == pytest.approx(4 / 53)  # steps > 32 tokens
+    assert steps.value("max_step_tokens") == 2048.0
+    assert steps.reading("max_step_tokens").span == (1025.0, 2048.0)  # a bucket, never a point
+    assert steps.reading("max_step_tokens").bound is None
+    assert steps.value("prefill_step_share") == pytest.approx(4 / 53)  # steps > 32 tokens
     queue, prefill = 15.056003310999813 - 12.884680649000074, 76.26828603100017 - 62.618516887
-    assert steps.readings["queue_ttft_share"] == pytest.approx(queue / (queue + prefill))
-    assert steps.readings["prefill_ttft_share"] == pytest.approx(prefill / (queue + prefill))
-    assert steps.readings["waiting_capacity"] == 0.0
-    assert steps.readings["rejections_per_s"] == 0.0
-    assert steps.readings["cached_prompt_share"] == 0.0  # 3,592 prompt tokens, none cached
+    assert steps.value("queue_ttft_share") == pytest.approx(queue / (queue + prefill))
+    assert steps.value("prefill_ttft_share") == pytest.approx(prefill / (queue + prefill))
+    assert steps.value("waiting_capacity") == 0.0
+    assert steps.value("rejections_per_s") == 0.0
+    assert steps.value("cached_prompt_share") == 0.0  # 3,592 prompt tokens, none cached
     engine = SampledWindow(window).engine  # 17 first tokens, 16 finished, none left running
     assert aborted_share(engine.aborted_requests, engine.ttft_ms.count) == pytest.approx(1 / 17)
     assert aborted_share(-2.0, 10) == 0.0  # preempted ones re-queued: nothing aborted
@@ -242,8 +241,8 @@ def test_step_readings_of_a_real_engine_window() -> None:
 def test_a_metric_the_engine_lacks_reads_unknown_not_zero(family: str, reading: str) -> None:
     window = pages(drop=family)
     steps = read_steps(window, decode_bound=decode_bound(window[0], window[-1]))
-    assert steps.readings[reading] is None
-    assert read_steps(pages(), decode_bound=17.0).readings[reading] is not None
+    assert steps.value(reading) is None
+    assert read_steps(pages(), decode_bound=17.0).value(reading) is not None
 
 
 def test_the_top_buckets_read_as_bounds() -> None:
@@ -253,12 +252,12 @@ def test_the_top_buckets_read_as_bounds() -> None:
 
     edges0 = {"1.0": 0.0, "16384.0": 0.0, "+Inf": 0.0}
     beyond = read_steps([page(0, edges0), page(1, {"1.0": 1, "16384.0": 1, "+Inf": 2})], None)
-    assert beyond.readings["max_step_tokens"] == 16384.0
-    assert beyond.bounds["max_step_tokens"] is Bound.MORE_THAN
-    assert beyond.readings["prefill_step_share"] is None  # no decode bound: unknown
+    assert beyond.value("max_step_tokens") == 16384.0
+    assert beyond.reading("max_step_tokens").bound is Bound.MORE_THAN
+    assert beyond.value("prefill_step_share") is None  # no decode bound: unknown
     first = read_steps([page(0, edges0), page(1, {"1.0": 3, "16384.0": 3, "+Inf": 3})], None)
-    assert first.readings["max_step_tokens"] == 1.0
-    assert first.bounds["max_step_tokens"] is Bound.AT_MOST
+    assert first.value("max_step_tokens") == 1.0
+    assert first.reading("max_step_tokens").bound is Bound.AT_MOST
 
 
 def test_fleet_merge_keeps_the_step_readings_exact() -> None:
@@ -273,15 +272,15 @@ def test_fleet_merge_keeps_the_step_readings_exact() -> None:
     alone = read_steps(one, decode_bound=decode_bound(one[0], one[-1]))
     fleet = read_steps(merged, decode_bound=decode_bound(merged[0], merged[-1]))
     assert decode_bound(merged[0], merged[-1]) == 34.0
-    assert fleet.readings["max_step_tokens"] == alone.readings["max_step_tokens"]
-    assert fleet.spans == alone.spans
+    assert fleet.value("max_step_tokens") == alone.value("max_step_tokens")
+    assert fleet.json()["spans"] == alone.json()["spans"]
     for key in (
         "prefill_step_share",
         "queue_ttft_share",
         "cached_prompt_share",
         "rejections_per_s",
     ):
-        assert fleet.readings[key] == pytest.approx(alone.readings[key])
+        assert fleet.value(key) == pytest.approx(alone.value(key))
     assert SampledWindow(merged).engine.requests_finished == 32.0
     assert STEP_METRICS <= SAMPLED_METRICS  # the sampler keeps what the readings need
 
@@ -321,7 +320,7 @@ async def run_shipped(nvml: FakeNvml) -> list[CauseVerdict]:
     ctx, _ = context(serve({"engine/metrics": PAGES}), nvml=nvml, hostname="gpu-host")
     target = TargetRef("prod-a", Target(vllm_url="http://engine:8000"))
     result = await RunbookRunner(registry=default_registry()).run(loaded, target=target, ctx=ctx)
-    return judge(loaded.runbook, Readings(result.readings, result.bounds, result.spans))
+    return judge(loaded.runbook, result.readings)
 
 
 async def test_the_shipped_runbook_on_a_real_window_with_a_power_capped_gpu() -> None:

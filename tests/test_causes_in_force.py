@@ -19,7 +19,6 @@ from bot.diagnosis.causes import (
     ENGINE_TTFT,
     GATEWAY_TTFT,
     CauseVerdict,
-    Readings,
     RulesInForce,
     gateway_latency,
     judge,
@@ -33,6 +32,7 @@ from bot.diagnosis.runbooks.runner import RunbookRunner
 from bot.gateway.budget import TokenBudget
 from bot.gateway.metrics import GatewayMetrics, RelayOutcome
 from bot.kernel.config import Target
+from bot.kernel.numbers import Measured
 from bot.kernel.store import service as store
 from bot.kernel.store.db import Database
 from bot.kernel.store.models import Incident, JobRun, Remediation
@@ -80,8 +80,8 @@ async def on_pages(
     url = "http://gw:9000" if gateway else None
     target = TargetRef("prod-a", Target(vllm_url="http://engine:8000", gateway_url=url))
     result = await RunbookRunner(registry=default_registry()).run(loaded, target=target, ctx=ctx)
-    assert result.readings[CACHED_SHARE] == 0.0
-    readings = Readings(result.readings, result.bounds, result.spans)
+    assert result.readings.value(CACHED_SHARE) == 0.0
+    readings = result.readings
     return {v.cause: v for v in judge(loaded.runbook, readings, rules=rules)}
 
 
@@ -107,7 +107,7 @@ async def test_a_rule_that_did_not_lean_on_the_cache_rules_it_out() -> None:
     [(0.29, "supported"), (0.5, "ruled_out"), (0.6, "ruled_out"), (0.4, "cannot_tell")],
 )
 def test_the_live_share_against_the_proven_one(live: float, verdict: str) -> None:
-    lost = prefix_cache_lost(RulesInForce((adr(hit_rate=0.6),)), Readings({CACHED_SHARE: live}))
+    lost = prefix_cache_lost(RulesInForce((adr(hit_rate=0.6),)), Measured.of({CACHED_SHARE: live}))
     assert lost.verdict == verdict  # under half of 60 %: lost; 80 % of it or more: close
 
 
@@ -119,7 +119,7 @@ async def test_without_a_rule_that_records_its_hit_rate_it_cannot_tell_and_says_
     assert nothing.verdict == "cannot_tell"
     unread = (await on_pages(None))["prefix_cache_lost"]  # no store: not judged, as before
     assert unread.verdict == "cannot_tell" and unread.evidence.startswith("not judged")
-    unmeasured = prefix_cache_lost(RulesInForce((adr(),)), Readings({CACHED_SHARE: None}))
+    unmeasured = prefix_cache_lost(RulesInForce((adr(),)), Measured.of({CACHED_SHARE: None}))
     assert unmeasured.verdict == "cannot_tell" and unmeasured.missing == (CACHED_SHARE,)
 
 
@@ -146,7 +146,7 @@ async def test_a_gateway_close_to_its_engine_rules_it_out() -> None:
      (1000.0, 850.0, "ruled_out"), (1000.0, 600.0, "cannot_tell")],
 )  # fmt: skip
 def test_what_the_gateway_adds(gateway_ms: float, engine_ms: float, verdict: str) -> None:
-    judged = gateway_latency(Readings({GATEWAY_TTFT: gateway_ms, ENGINE_TTFT: engine_ms}))
+    judged = gateway_latency(Measured.of({GATEWAY_TTFT: gateway_ms, ENGINE_TTFT: engine_ms}))
     assert judged.verdict == verdict  # more than half and 100 ms: added; under a fifth or 100 ms
 
 
@@ -158,7 +158,7 @@ async def test_without_a_gateway_reading_it_cannot_tell_and_is_no_data_gap() -> 
     assert beyond["gateway_latency"].verdict == "cannot_tell"  # all past 80 s: only a bound
     assert "only a bound" in beyond["gateway_latency"].evidence
     loaded = load_file(REPO / "runbooks" / "vllm-latency.yaml", default_registry())
-    no_probe = {v.cause: v for v in judge(loaded.runbook, Readings({}))}["gateway_latency"]
+    no_probe = {v.cause: v for v in judge(loaded.runbook, Measured.of({}))}["gateway_latency"]
     assert no_probe.evidence.startswith("not judged: the runbook has no queue_cancel probe")
 
 
@@ -194,7 +194,7 @@ async def test_the_rules_in_force_are_the_promoted_change_else_the_listed_ones(
     promote(db, promoted.id)
     now = await rules.read("prod-a")
     assert [a.id for a in now.adrs] == [promoted.id]  # what the target runs now
-    verdict = prefix_cache_lost(now, Readings({CACHED_SHARE: 0.0}))
+    verdict = prefix_cache_lost(now, Measured.of({CACHED_SHARE: 0.0}))
     assert verdict.verdict == "ruled_out"  # the promoted rule was proven at 10 %
 
 

@@ -118,9 +118,9 @@ def test_the_last_screen_has_the_four_numbers_the_verdict_and_the_paths() -> Non
     text = screen.render(
         screen.DemoResult(
             adr_id=ADR_ID,
-            normal=Measured(NORMAL, {"tpot_p99_ms": Bound.AT_MOST}),
-            incident=Measured({"ttft_p99_ms": 706.0, "tpot_p99_ms": 185.4, "goodput_ratio": 1.0}),
-            after=Measured({"ttft_p99_ms": 497.4, "tpot_p99_ms": 24.3, "goodput_ratio": 0.96}),
+            normal=Measured.of(NORMAL, {"tpot_p99_ms": Bound.AT_MOST}),
+            incident=Measured.of({"ttft_p99_ms": 706.0, "tpot_p99_ms": 185.4, "goodput_ratio": 1.0}),
+            after=Measured.of({"ttft_p99_ms": 497.4, "tpot_p99_ms": 24.3, "goodput_ratio": 0.96}),
             state="promoted",
             matched=["tpot_p99_ms 185.4 > 3x normal (= ≤ 30): holds"],
             gates=lines,

@@ -163,12 +163,13 @@ def test_no_finding_text_makes_the_findings_live_or_too_long(
 
     from bot.diagnosis.models import Baseline, Diagnosis
     from bot.diagnosis.probes.types import Finding, Severity
+    from bot.kernel.numbers import Measured
     from bot.surfaces.slack.views import findings_message
 
     findings = [Finding(Severity.WARNING, text + "<" * pad, "probe") for text, pad in texts]
     diagnosis = Diagnosis(
-        target="prod-a", runbook="r", headline={}, baseline=Baseline(), findings=findings,
-        matches=[], readings={}, details={}, sampling_s=1.0, at=dt.datetime(2026, 9, 1, tzinfo=dt.UTC),
+        target="prod-a", runbook="r", headline=Measured(), baseline=Baseline(), findings=findings,
+        matches=[], readings=Measured(), details={}, sampling_s=1.0, at=dt.datetime(2026, 9, 1, tzinfo=dt.UTC),
     )  # fmt: skip
     text, blocks = findings_message(diagnosis)
     shown = list(rendered({"text": text, "blocks": blocks}))

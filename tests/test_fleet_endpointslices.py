@@ -89,7 +89,7 @@ async def test_ready_endpoints_become_replicas_with_pod_and_node(
     result = await VllmMetricsProbe().run(
         target=TargetRef("prod", target(api)), params=WindowParams(window_s=1), ctx=ctx
     )
-    assert result.readings["requests_finished"] == 9
+    assert result.readings.value("requests_finished") == 9
     rows = result.details["replicas"]
     assert set(rows) == {"10.1.0.7:8000", "10.1.0.8:8000"}
     assert (rows["10.1.0.8:8000"]["pod"], rows["10.1.0.8:8000"]["node"]) == ("vllm-1", "gpu-node-2")
@@ -173,7 +173,7 @@ async def test_a_replica_that_disappears_mid_window_is_said_not_zero(
         params=WindowParams(window_s=2, interval_s=1),
         ctx=ctx,
     )
-    assert result.readings["requests_finished"] == 6  # vllm-0's alone
+    assert result.readings.value("requests_finished") == 6  # vllm-0's alone
     gone = result.details["replicas"]["10.1.0.8:8000"]
     assert gone["pod"] == "vllm-1" and gone["requests_finished"] is None  # not 0
     assert "answered 1 of 3 scrapes and is left out of the fleet's numbers" in gone["note"]

@@ -146,7 +146,7 @@ async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None
     window = result.window
     assert window is not None
     edges = list(window.pages[-1].buckets("vllm:time_to_first_token_seconds"))
-    fleet_p99 = result.readings["ttft_p99_ms"]
+    fleet_p99 = result.readings.value("ttft_p99_ms")
     per_replica = result.details["replicas"]
     sick_at = Replica(engines[1].base_url).address
     healthy = per_replica[Replica(engines[0].base_url).address]
@@ -158,13 +158,13 @@ async def test_fleet_behind_nginx(engines: list[EngineInfo], nginx: str) -> None
         f"ms, sick {sick['ttft_p99_ms']} ms; replicas {per_replica}; "
         f"rule: {replica_text.summary_json(verdict)}; healthy again: load {calm_load_s:.1f} s "
         f"in {calm_s:.1f} s, rule: {replica_text.summary_json(calm_verdict)}; both slow: load "
-        f"{both_load_s:.1f} s in {slow_s:.1f} s, fleet TTFT p99 {both.readings['ttft_p99_ms']} "
-        f"ms, TPOT p99 {both.readings['tpot_p99_ms']} (healthy {calm.readings['tpot_p99_ms']}) "
+        f"{both_load_s:.1f} s in {slow_s:.1f} s, fleet TTFT p99 {both.readings.value('ttft_p99_ms')} "
+        f"ms, TPOT p99 {both.readings.value('tpot_p99_ms')} (healthy {calm.readings.value('tpot_p99_ms')}) "
         f"ms, rule: {replica_text.summary_json(both_verdict)}"
     )
     print(summary)
     # every request through nginx is counted once in the fleet's window, on one replica
-    assert result.readings["requests_finished"] == LOAD, summary
+    assert result.readings.value("requests_finished") == LOAD, summary
     assert healthy["requests_finished"] + sick["requests_finished"] == LOAD, summary
     assert agrees(fleet_p99, clients, edges), summary
     assert sick["ttft_p99_ms"] > healthy["ttft_p99_ms"], summary

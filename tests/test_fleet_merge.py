@@ -191,7 +191,7 @@ async def test_probes_read_the_fleet() -> None:
     ctx = context({"a": [text({}), text({0.01: 9}, finished=9)], "b": [text({}, started=2000)]})
     fleet = TargetRef("f", Target(vllm_url="http://svc:8000", replicas=[A.url, B.url]))
     result = await VllmMetricsProbe().run(target=fleet, params=WindowParams(window_s=1), ctx=ctx)
-    assert result.readings["requests_finished"] == 9
+    assert result.readings.value("requests_finished") == 9
     assert set(result.details["replicas"]) == {"a:8000", "b:8000"}
     queue = await QueueCancelProbe().run(target=fleet, params=WindowParams(window_s=1), ctx=ctx)
     assert "replicas" in queue.details

@@ -209,10 +209,10 @@ def summary(run: dict[str, Any]) -> str:
     old = (engine.finished_generation_tokens or 0) / (engine.generation_tokens or 1)
     return (
         f"window {run['window_s']:.1f} s, {len(run['shorts'])} short requests; goodput "
-        f"{metrics.readings['goodput_ratio']} {metrics.details['goodput_bounds']}; wasted prefill "
-        f"share {queue.readings['wasted_prefill_share']} "
+        f"{metrics.readings.value('goodput_ratio')} {metrics.details['goodput_bounds']}; wasted prefill "
+        f"share {queue.readings.value('wasted_prefill_share')} "
         f"{queue.details['wasted_prefill_share_bounds']}, tokens "
-        f"{queue.readings['wasted_prefill_tokens']}; aborted {engine.aborted_requests}; the old "
+        f"{queue.readings.value('wasted_prefill_tokens')}; aborted {engine.aborted_requests}; the old "
         f"formula's goodput {old:.2f}; basis: {engine.goodput.basis}"
     )
 
@@ -229,11 +229,11 @@ async def test_long_requests_in_flight_without_cancellations_waste_nothing(
     assert all(r.outcome is Outcome.OK for r in run["shorts"])
     # Most of what the engine generated in the window went to the long requests in flight.
     assert (window.finished_generation_tokens or 0) < 0.8 * (window.generation_tokens or 0)
-    assert metrics.readings["goodput_ratio"] is not None
-    assert metrics.readings["goodput_ratio"] >= 0.95
-    share = queue.readings["wasted_prefill_share"]
+    assert metrics.readings.value("goodput_ratio") is not None
+    assert metrics.readings.value("goodput_ratio") >= 0.95
+    share = queue.readings.value("wasted_prefill_share")
     assert share is not None and share <= 0.05
-    assert (queue.readings["wasted_prefill_tokens"] or 0) <= 0.05 * (window.prompt_tokens or 0)
+    assert (queue.readings.value("wasted_prefill_tokens") or 0) <= 0.05 * (window.prompt_tokens or 0)
 
 
 async def test_clients_that_hang_up_show_as_waste_beside_long_requests(
@@ -260,7 +260,7 @@ async def test_clients_that_hang_up_show_as_waste_beside_long_requests(
     assert window.requests_finished is not None
     aborted = len(run["shorts"]) - window.requests_finished
     assert 0 < aborted <= len(cancelled) and window.aborted_requests == aborted
-    goodput = metrics.readings["goodput_ratio"]
+    goodput = metrics.readings.value("goodput_ratio")
     assert goodput is not None and goodput < 0.9, metrics.details["goodput_basis"]
     bounds = metrics.details["goodput_bounds"]
     assert bounds[1] < 0.9  # the bound says so too, not only the estimate
@@ -270,7 +270,7 @@ async def test_clients_that_hang_up_show_as_waste_beside_long_requests(
     assert window.wasted_generation.high is not None
     received = sorted(r.output_tokens for r in cancelled)[: int(aborted)]
     assert window.wasted_generation.high >= sum(received), (received, summary(run))
-    share = queue.readings["wasted_prefill_share"]
+    share = queue.readings.value("wasted_prefill_share")
     assert share is not None and share > 0.05
     # Each aborted request's prompt was prefilled for nothing.
-    assert queue.readings["wasted_prefill_tokens"] == pytest.approx(SHORT_PROMPT * aborted)
+    assert queue.readings.value("wasted_prefill_tokens") == pytest.approx(SHORT_PROMPT * aborted)

@@ -303,22 +303,22 @@ RECORDED = [
 async def test_probes_give_the_bounds_and_how_each_number_was_read() -> None:
     metrics, queue = await probe(RECORDED)
     # `during`: 2 sequences in 4 blocks of 128 slots: [0, 2*127 / (4*128)], midpoint reported.
-    assert metrics.readings["kv_fragmentation"] == pytest.approx(127 / 512)
+    assert metrics.readings.value("kv_fragmentation") == pytest.approx(127 / 512)
     assert metrics.details["kv_fragmentation_bounds"] == [0.0, pytest.approx(254 / 512)]
     assert metrics.details["kv_fragmentation_basis"].startswith("estimate: each running sequence")
     # Idle at both ends: exact. 16 finished (768 tokens), one aborted after 4 tokens.
-    assert metrics.readings["goodput_ratio"] == pytest.approx(768 / 772)
+    assert metrics.readings.value("goodput_ratio") == pytest.approx(768 / 772)
     assert metrics.details["goodput_bounds"] == [pytest.approx(768 / 772)] * 2
     assert metrics.details["aborted_requests"] == 1
-    assert queue.readings["wasted_decode_tokens"] == 4
-    assert queue.readings["wasted_decode_share"] == pytest.approx(4 / 772)
+    assert queue.readings.value("wasted_decode_tokens") == 4
+    assert queue.readings.value("wasted_decode_share") == pytest.approx(4 / 772)
     assert queue.details["wasted_prefill_tokens_bounds"] == [200, 200]
     assert "prompt tokens prefilled in the window" in queue.details["wasted_prefill_basis"]
 
 
 async def test_fragmentation_without_requests_running_is_unknown_and_says_why() -> None:
     metrics, _ = await probe([RECORDED[0], RECORDED[2]])
-    assert metrics.readings["kv_fragmentation"] is None
+    assert metrics.readings.value("kv_fragmentation") is None
     assert metrics.details["kv_fragmentation_bounds"] is None
     assert metrics.details["kv_fragmentation_basis"].startswith("unknown: no scrape")
 

@@ -45,7 +45,7 @@ def report(gaps_s: list[float], gates: Gates) -> dict[str, object]:
 
 def test_an_adr_gate_on_itl_p99_passes_a_smooth_stream_and_fails_a_stuttering_one() -> None:
     gates = gates_from(AdrGates(max_itl_p99_ms=50))
-    assert gates.max_itl_p99_ms == 50
+    assert gates.limit("max_itl_p99_ms") == 50
     smooth = judge(report([0.02] * 10, gates), gates)
     stutter = judge(report([0.02] * 9 + [0.4], gates), gates)
     assert smooth.passed and [r.name for r in smooth.results] == [
@@ -74,7 +74,7 @@ async def test_an_itl_gate_of_2x_normal_resolves_against_the_snapshots_and_judge
                                source="test", numbers={"tpot_p99_ms": 9.0, "itl_p99_ms": itl})  # fmt: skip
     normal = await NormalReader(db=db, last=3).read("t")
     gates = gates_from(AdrGates(max_itl_p99_ms="2x normal").resolve(normal.numbers))
-    assert gates.max_itl_p99_ms == 40.0
+    assert gates.limit("max_itl_p99_ms") == 40.0
     assert judge(report([0.03] * 10, gates), gates).passed
     assert judge(report([0.03] * 9 + [0.4], gates), gates).failures == ["ITL p99 400ms > 40ms"]
 
@@ -84,7 +84,7 @@ def test_an_itl_gate_of_2x_before_resolves_against_the_before_runs_canary_and_ju
     before = values_of(report([0.05] * 10, absolute)).numbers()  # what the change flow keeps
     assert before["itl_p99_ms"] == 50.0
     gates = gates_from(AdrGates(max_itl_p99_ms="2x before").resolve({}, before=before))
-    assert gates.max_itl_p99_ms == 100.0
+    assert gates.limit("max_itl_p99_ms") == 100.0
     assert judge(report([0.06] * 10, gates), gates).passed  # a bit slower, within 2x
     assert judge(report([0.05] * 9 + [0.4], gates), gates).failures == ["ITL p99 400ms > 100ms"]
     with pytest.raises(NoNormal, match="the before-run measured no itl_p99_ms"):

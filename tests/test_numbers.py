@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from bot.adr.match import check
+from bot.adr.match import check, read_report
 from bot.adr.models import Condition
 from bot.diagnosis.normal import median
 from bot.diagnosis.probes.exposition import Exposition
@@ -83,13 +83,14 @@ def test_a_bound_decides_a_comparison_only_where_it_decides_it(
 def test_a_relative_condition_on_a_bounded_normal_says_when_it_is_undecided() -> None:
     condition = Condition(metric="tpot_p99_ms", op=">", value="3x normal")
     normal, bounds = {"tpot_p99_ms": 10.0}, {"tpot_p99_ms": Bound.AT_MOST}
-    held = check(condition, {"metrics": {"tpot_p99_ms": 186.4}}, normal, normal_bounds=bounds)
+    bounded = Measured.of(normal, bounds)
+    held = check(condition, Measured.of({"tpot_p99_ms": 186.4}), bounded)
     assert held.holds and held.explain() == "tpot_p99_ms 186.4 > 3x normal (= ≤ 30): holds"
-    close = check(condition, {"metrics": {"tpot_p99_ms": 25.0}}, normal, normal_bounds=bounds)
+    close = check(condition, Measured.of({"tpot_p99_ms": 25.0}), bounded)
     assert not close.holds and not close.decided
     assert close.explain().endswith("undecided (a histogram bound on one side does not decide it)")
     # the same numbers without the bound: decided (25 < 30), as before
-    assert not check(condition, {"metrics": {"tpot_p99_ms": 25.0}}, normal).holds
+    assert not check(condition, Measured.of({"tpot_p99_ms": 25.0}), Measured.of(normal)).holds
 
 
 def test_normal_is_a_bound_when_its_middle_snapshot_is_one() -> None:
@@ -147,6 +148,32 @@ def test_an_estimate_is_written_with_its_span_on_every_surface() -> None:
     assert show_reading("ttft_p99_ms", measured.reading("ttft_p99_ms")) == "n/a"
 
 
+def test_readings_keep_their_bound_and_span_through_json_renames_and_merges() -> None:
+    measured = Measured(
+        {
+            "tpot_p99_ms": Reading(10.0, Bound.AT_MOST),
+            "kv_fragmentation": Reading(0.12, span=(0.0, 0.24)),
+            "ttft_p99_ms": Reading(float("inf"), Bound.MORE_THAN),
+            "goodput_ratio": None,  # looked for, not measured
+        }
+    )
+    kept = measured.json()
+    assert kept == {
+        "numbers": {"tpot_p99_ms": 10.0, "kv_fragmentation": 0.12, "ttft_p99_ms": None,
+                    "goodput_ratio": None},
+        "bounds": {"tpot_p99_ms": "<=", "ttft_p99_ms": ">"},
+        "spans": {"kv_fragmentation": [0.0, 0.24]},
+    }  # fmt: skip
+    back = Measured.from_json(kept["numbers"], kept["bounds"], kept["spans"])
+    assert back.reading("tpot_p99_ms") == Reading(10.0, Bound.AT_MOST)
+    assert back.reading("kv_fragmentation") == Reading(0.12, span=(0.0, 0.24))
+    assert back.reading("ttft_p99_ms") is None and back.value("goodput_ratio") is None
+    named = measured.under("vllm_metrics").pick({"frag": "vllm_metrics.kv_fragmentation"})
+    assert named.readings == {"frag": Reading(0.12, span=(0.0, 0.24))}
+    merged = measured | Measured({"tpot_p99_ms": Reading(12.0)})
+    assert merged.reading("tpot_p99_ms") == Reading(12.0) and merged.value("kv_fragmentation") == 0.12
+
+
 def test_spans_read_back_from_json_drop_what_is_not_a_span() -> None:
     raw = {"a": [0.1, 0.2], "b": [0.3, 0.1], "c": [None, 1], "d": "x", "e": [0, float("inf")]}
     assert spans_of(raw) == {"a": (0.1, 0.2)}
@@ -156,16 +183,16 @@ def test_spans_read_back_from_json_drop_what_is_not_a_span() -> None:
 def test_a_condition_on_an_estimate_says_when_its_span_leaves_it_undecided() -> None:
     condition = Condition(metric="kv_fragmentation", op=">", value=0.15)
     wide = {"metrics": {"kv_fragmentation": 0.175}, "spans": {"kv_fragmentation": [0.05, 0.3]}}
-    held = check(condition, wide)
+    held = check(condition, read_report(wide))
     assert not held.holds and not held.decided
     assert held.explain() == (
         "kv_fragmentation 0.175 (0.05-0.3) > 0.15: undecided (the estimate's span reaches both "
         "sides of the limit)"
     )
     narrow = {"metrics": {"kv_fragmentation": 0.25}, "spans": {"kv_fragmentation": [0.2, 0.3]}}
-    assert check(condition, narrow).holds
+    assert check(condition, read_report(narrow)).holds
     # the midpoint alone, as before spans were carried, would have matched the wide one
-    assert check(condition, {"metrics": {"kv_fragmentation": 0.175}}).holds
+    assert check(condition, read_report({"metrics": {"kv_fragmentation": 0.175}})).holds
 
 
 def test_slack_the_console_and_the_page_show_an_estimate_with_its_span_and_judge_it_honestly() -> (

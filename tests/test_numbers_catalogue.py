@@ -20,11 +20,12 @@ def test_adr_gates_are_the_catalogues_gates():
     assert tuple(AdrGates.model_fields) == tuple(m.gate for m in METRICS)
 
 
-def test_canary_gates_are_the_catalogues_gates_and_the_error_gate():
+def test_canary_gates_are_the_adrs_gates_and_the_error_gate():
     fields = tuple(f.name for f in dataclasses.fields(Gates))
-    limits = (*(m.gate for m in METRICS), "max_error_rate")
-    assert fields[: len(limits)] == limits
-    assert fields[len(limits) :] == ("ratios", "before", "confidence", "decide")  # how to judge
+    assert fields == ("limits", "max_error_rate", "ratios", "before", "confidence", "decide")
+    gates = Gates.of(**{m.gate: 1.0 for m in METRICS})
+    assert [gates.limit(m.gate) for m in METRICS] == [1.0] * len(METRICS)
+    assert gates.limit("max_error_rate") == gates.max_error_rate  # always on
 
 
 def test_canary_values_hold_each_catalogue_number_first():

@@ -24,6 +24,7 @@ from bot.diagnosis.models import Baseline, Diagnosis
 from bot.diagnosis.probes.fragmentation import FragmentationSample
 from bot.diagnosis.probes.types import Finding, Severity
 from bot.kernel.errors import AdrError, NotAllowed, UsageError
+from bot.kernel.numbers import Measured
 from bot.postmortem import AppliedFix, CanaryFacts, IncidentFacts, build_postmortem
 from bot.postmortem.draft import INCIDENT_ROW
 from bot.postmortem.review import check_reviewer, decided, rejection_note
@@ -62,7 +63,7 @@ def _plain_report(ttft_s: float) -> dict[str, Any]:
     )
     report = CanaryMeasurement(
         shape=chat(), workload={"concurrency": 4}, records=records, engine=None, samples=[sample],
-        gates=Gates(max_ttft_p99_ms=350), wall_s=2.0, client_cpu_s=0.1,
+        gates=Gates.of(max_ttft_p99_ms=350), wall_s=2.0, client_cpu_s=0.1,
     )  # fmt: skip
     return report.report().json_dict()
 
@@ -76,10 +77,10 @@ def _summary(*, ttft: float = 2431.27, goodput: float | None = 0.6187) -> dict[s
         "kv_fragmentation": None,
     }
     diagnosis = Diagnosis(
-        target="prod-a", runbook="vllm-latency", headline=headline,
+        target="prod-a", runbook="vllm-latency", headline=Measured.of(headline),
         baseline=Baseline.from_adrs([seed], {}),
         findings=[Finding(Severity.CRITICAL, "TTFT p99 far above the gate", "vllm_metrics")],
-        matches=[match(seed, {"metrics": headline})], readings={}, details={},
+        matches=[match(seed, Measured.of(headline))], readings=Measured(), details={},
         sampling_s=5.0, at=T0,
     )  # fmt: skip
     return diagnosis.summary().json_dict()

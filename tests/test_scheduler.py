@@ -296,5 +296,6 @@ async def test_normal_of_estimates_keeps_their_span_through_the_store(db: Databa
     normal = await NormalReader(db=db, last=3).read("t")
     assert normal.numbers["kv_fragmentation"] == pytest.approx(0.12)
     # ends (0, 0.2), (0, 0.24), (0.3, 0.3): medians 0.0 and 0.24; the median 0.12 lies within
-    assert normal.spans == {"kv_fragmentation": pytest.approx((0.0, 0.24))}
-    assert normal.bounds == {"tpot_p99_ms": "<="} and "tpot_p99_ms" not in normal.spans
+    kept = normal.json()
+    assert kept["spans"] == {"kv_fragmentation": pytest.approx([0.0, 0.24])}
+    assert kept["bounds"] == {"tpot_p99_ms": "<="} and "tpot_p99_ms" not in kept["spans"]

@@ -138,7 +138,8 @@ def _rows(plan: TunePlan, *values: Values | None) -> list[TrialRow]:
                 )
             )
         else:
-            failures = judge_values(v, gates_from(plan.gates), error_gate=False).failures
+            gates = gates_from(plan.gates or AdrGates())
+            failures = judge_values(v, gates, error_gate=False).failures
             rows.append(TrialRow(config, values=v, failures=failures))
     return rows
 

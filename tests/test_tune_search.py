@@ -122,7 +122,7 @@ def test_objective_reads_its_metric_from_a_canary_report() -> None:
 
 
 def test_violations_say_how_far_past_each_gate_a_trial_is() -> None:
-    gates = Gates(max_ttft_p99_ms=200, min_goodput_ratio=0.9)
+    gates = Gates.of(max_ttft_p99_ms=200, min_goodput_ratio=0.9)
     met = violations(judge_values(Values(100, 5, 0.99, None, error_rate=0.0), gates))
     assert met == {"max_ttft_p99_ms": -0.5, "min_goodput_ratio": pytest.approx(0.9 / 0.99 - 1),
                    "max_error_rate": -1.0}  # fmt: skip
@@ -133,7 +133,7 @@ def test_violations_say_how_far_past_each_gate_a_trial_is() -> None:
     assert unbounded["max_ttft_p99_ms"] == 1e6 and unbounded["max_error_rate"] > 0
     report = CanaryReport.of({"ttft_ms": {"p99": 300.0}, "requests": {"total": 4, "ok": 4},
               "tokens": {"delivered": 8}, "slo_attainment": 1, "throughput": {"requests_per_s": 2}})  # fmt: skip
-    scored = outcome(Objective(maximize="goodput_rps"), report, Gates(max_ttft_p99_ms=200))
+    scored = outcome(Objective(maximize="goodput_rps"), report, Gates.of(max_ttft_p99_ms=200))
     assert scored.value == 2 and not scored.feasible and scored.failed is None
 
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from bot.adr.match import by_cause as by_cause
     from bot.adr.match import matching as matching
     from bot.adr.match import read_metric as read_metric
+    from bot.adr.match import read_report as read_report
     from bot.adr.metrics import METRICS as METRICS
     from bot.adr.models import GATE_METRICS as GATE_METRICS
     from bot.adr.models import Adr as Adr
@@ -86,6 +87,7 @@ __all__ = [
     "matching",
     "parse_flags",
     "read_metric",
+    "read_report",
     "render",
     "slugify",
     "to_argv",

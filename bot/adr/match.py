@@ -1,13 +1,13 @@
 """Evaluates an ADR's `match` conditions ({metric, op, value}) against a report, without eval.
 
-A report is a canary report (the JSON `ruleloop canary --output-json` writes) or a diagnosis
-report. Each metric name (bot/adr/metrics.py) reads one number: first from the report's flat
-``metrics`` mapping (how a diagnosis hands over its readings), else from the canary report's
-fields.
+A report is readings by metric name (bot/adr/metrics.py), each a ``Reading``: a diagnosis hands
+its readings over so (``bot.diagnosis.match_readings``); a JSON report on disk (the canary's
+``--output-json``, or a diagnosis report with a flat ``metrics`` mapping) is read once by
+``read_report``.
 A relative value ('3x normal') is multiplied out with the target's normal numbers first; with
-no normal for its metric the condition does not hold. A number that is only a bound (the
-report's or normal's ``bounds``: '<=' 10 ms, the histogram's first bucket) decides a condition
-only where the bound decides it; otherwise the condition is undecided, and does not hold.
+no normal for its metric the condition does not hold. A number that is only a bound ('<=' 10 ms,
+the histogram's first bucket), the report's or normal's, decides a condition only where the
+bound decides it; otherwise the condition is undecided, and does not hold.
 
 An ADR that names the cause it fixes (``cause:``) is then checked against the diagnosis's
 verdicts on causes (``by_cause``): offered when one of its causes is supported, not offered when
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.adr.metrics import METRICS
-from bot.adr.relative import Normal, Relative, no_normal
-from bot.kernel.numbers import Bound, Bounds, Reading, bounds_of, compare, sign_of, spans_of
+from bot.adr.relative import Relative, no_normal
+from bot.kernel.numbers import Bound, Measured, Reading, bounds_of, compare, sign_of, spans_of
 
 if TYPE_CHECKING:
     from bot.adr.models import Adr, Condition
@@ -76,6 +76,13 @@ class MatchResult:
         return bool(self.conditions) and all(c.holds for c in self.conditions)
 
 
+def read_report(report: Mapping[str, Any]) -> Measured:
+    """Every known metric a report gives (a canary's ``--output-json`` or a diagnosis report),
+    with the bounds and spans it states for them: read once, matched by name after."""
+    numbers = {name: value for name in METRICS if (value := read_metric(report, name)) is not None}
+    return Measured.of(numbers, bounds_of(report.get("bounds")), spans_of(report.get("spans")))
+
+
 def read_metric(report: Mapping[str, Any], name: str) -> float | None:
     """The number a report gives for a known metric name, or None when it has none."""
     if name not in METRICS:
@@ -101,61 +108,41 @@ def _dig(data: object, path: Sequence[str]) -> object:
 
 
 def check(
-    condition: Condition,
-    report: Mapping[str, Any],
-    normal: Normal | None = None,
-    *,
-    normal_bounds: Bounds | None = None,
+    condition: Condition, report: Measured, normal: Measured | None = None
 ) -> ConditionResult:
-    """Check one condition; a metric the report lacks, or a normal never measured, does not hold."""
-    value = read_metric(report, condition.metric)
-    value_bound = bounds_of(report.get("bounds")).get(condition.metric)
-    value_span = spans_of(report.get("spans")).get(condition.metric)
+    """Check one condition against a report's readings (``read_report``) and the target's
+    normal; a metric the report lacks, or a normal never measured, does not hold."""
+    found = report.reading(condition.metric)
     relative, limit_bound = None, None
     if isinstance(condition.value, Relative):
         relative = str(condition.value)
-        limit = condition.value.of(condition.metric, normal or {})
-        limit_bound = (normal_bounds or {}).get(condition.metric)
+        known = normal or Measured()
+        limit = condition.value.of(condition.metric, known.numbers)
+        base = known.reading(condition.metric)
+        limit_bound = None if base is None else base.bound
     else:
         limit = condition.value
     decided: bool | None = False
-    if value is not None and limit is not None:
-        decided = compare(
-            Reading(value, value_bound, value_span), condition.op, Reading(limit, limit_bound)
-        )
+    if found is not None and limit is not None:
+        decided = compare(found, condition.op, Reading(limit, limit_bound))
     return ConditionResult(
-        condition.metric, condition.op, limit, value, decided is True, relative,
-        decided=decided is not None, value_bound=value_bound, limit_bound=limit_bound,
-        value_span=value_span,
+        condition.metric, condition.op, limit, None if found is None else found.value,
+        decided is True, relative, decided=decided is not None,
+        value_bound=None if found is None else found.bound, limit_bound=limit_bound,
+        value_span=None if found is None else found.span,
     )  # fmt: skip
 
 
-def match(
-    adr: Adr,
-    report: Mapping[str, Any],
-    normal: Normal | None = None,
-    *,
-    normal_bounds: Bounds | None = None,
-) -> MatchResult:
+def match(adr: Adr, report: Measured, normal: Measured | None = None) -> MatchResult:
     """Check all of an ADR's conditions against a report (and the target's normal numbers)."""
-    return MatchResult(
-        adr, tuple(check(c, report, normal, normal_bounds=normal_bounds) for c in adr.match)
-    )
+    return MatchResult(adr, tuple(check(c, report, normal) for c in adr.match))
 
 
 def matching(
-    adrs: Iterable[Adr],
-    report: Mapping[str, Any],
-    normal: Normal | None = None,
-    *,
-    normal_bounds: Bounds | None = None,
+    adrs: Iterable[Adr], report: Measured, normal: Measured | None = None
 ) -> list[MatchResult]:
     """The accepted ADRs whose conditions all hold for the report, in the order given."""
-    results = (
-        match(adr, report, normal, normal_bounds=normal_bounds)
-        for adr in adrs
-        if adr.status == "accepted"
-    )
+    results = (match(adr, report, normal) for adr in adrs if adr.status == "accepted")
     return [r for r in results if r.matches]
 
 

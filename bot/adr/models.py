@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -131,9 +132,25 @@ class AdrGates(_Strict):
             raise ValueError(f"{value:g}: a ratio must be between 0 and 1 (95 % is 0.95)")
         return value
 
+    @classmethod
+    def of_numbers(cls, limits: Mapping[str, float]) -> AdrGates:
+        """Gates from limits kept as numbers (gate name -> limit), checked as written ones are."""
+        return cls.model_validate(dict(limits))
+
     def is_empty(self) -> bool:
         """No limit is set."""
         return all(getattr(self, key) is None for key in GATE_METRICS)
+
+    @property
+    def resolved(self) -> bool:
+        """Every limit set is a number (none is relative to a value still to be measured)."""
+        return not self.relative()
+
+    def limits(self) -> dict[str, float]:
+        """The limits that are numbers, by gate name (a relative one has none until resolved)."""
+        return {
+            key: value for key in GATE_METRICS if isinstance(value := getattr(self, key), float)
+        }
 
     def relative(self, base: str | None = None) -> dict[str, Relative]:
         """The limits given as multiples of a measured value (of ``base`` only, if given)."""

@@ -9,6 +9,7 @@ from bot.kernel import face_of
 if TYPE_CHECKING:
     from bot.canary.client import Outcome as Outcome
     from bot.canary.guardrails import Guardrail as Guardrail
+    from bot.canary.guardrails import StandingGate as StandingGate
     from bot.canary.guardrails import standing as standing
     from bot.canary.guardrails import watch as watch
     from bot.canary.limits import judged_limits as judged_limits
@@ -73,6 +74,7 @@ __all__ = [
     "Progress",
     "Samples",
     "Spread",
+    "StandingGate",
     "Values",
     "Verdict",
     "Workload",

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, replace
-from types import SimpleNamespace
+from dataclasses import dataclass
 
+from bot.adr import AdrGates
 from bot.canary.schema import CanaryReport
 from bot.canary.stats import DEFAULT_CONFIDENCE, judge_ratio, u_test_values
-from bot.canary.verdict import GateResult, gates_from, judged
+from bot.canary.verdict import GateResult, Gates, judged
 from bot.kernel.numbers import catalogue, compact
 
 BAND = 0.2  # worse by more than this share of the before-run's value, and significant
@@ -73,6 +73,14 @@ class Watch:
         else:
             word = f"held within {band}"
         return f"{label} {was} → {now}{times}: {word} ({self.evidence})"
+
+
+@dataclass(frozen=True)
+class StandingGate:
+    """A standing gate of the target: its limit and the accepted ADR in force there that set it."""
+
+    limit: float
+    adr_id: str
 
 
 @dataclass(frozen=True)
@@ -116,7 +124,7 @@ class Standing:
 
 def standing(
     report: CanaryReport,
-    limits: Mapping[str, tuple[float, str]],
+    limits: Mapping[str, StandingGate],
     *,
     confidence: float = DEFAULT_CONFIDENCE,
 ) -> list[Standing]:
@@ -124,10 +132,9 @@ def standing(
     name ('max_ttft_p99_ms') to its limit and the ADR that set it."""
     if not limits:
         return []
-    named = SimpleNamespace(**{name: limit for name, (limit, _) in limits.items()})
-    gates = replace(gates_from(named), confidence=confidence)
-    results = judged(report, gates).verdict.results
-    return [Standing(r, limits[r.name][1]) for r in results if r.name in limits]
+    numbers = AdrGates.of_numbers({name: gate.limit for name, gate in limits.items()})
+    results = judged(report, Gates(numbers, confidence=confidence)).verdict.results
+    return [Standing(r, limits[r.name].adr_id) for r in results if r.name in limits]
 
 
 Guardrail = Watch | Standing  # what the card, the record and "block" read alike

@@ -12,13 +12,12 @@ from collections.abc import Mapping
 from bot.adr import AdrGates
 
 
-def judged_limits(
-    gates: AdrGates | None, stored: Mapping[str, float] | None = None
-) -> dict[str, float]:
-    """The limits as numbers: those the canary stored once it ran; before that, the gates that
-    are numbers already (a relative gate has none until its before-run or normal is measured)."""
+def judged_limits(gates: AdrGates | None, stored: Mapping[str, float] | None = None) -> AdrGates:
+    """The limits as numbers (resolved gates): those the canary stored once it ran; before
+    that, the gates that are numbers already (a relative gate has none until its before-run or
+    normal is measured)."""
     if stored is not None:
-        return dict(stored)
+        return AdrGates.of_numbers(stored)
     if gates is None:
-        return {}
-    return gates.resolve({}, strict=False).model_dump(exclude_none=True)
+        return AdrGates()
+    return AdrGates.of_numbers(gates.limits())

@@ -173,6 +173,22 @@ class BackgroundClass(_Part):
     errors: list[ErrorCount] = Field(default_factory=list)
 
 
+class ReplicaNumbers(_Part):
+    """One replica's main numbers over the run's window, beside the fleet's merged ones
+    (None where it gave none; ``note``: why, e.g. it restarted or stopped answering)."""
+
+    url: str = ""
+    pod: str | None = None
+    node: str | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    itl_p99_ms: float | None = None
+    queue_time_p99_ms: float | None = None
+    requests_finished: float | None = None
+    goodput_ratio: float | None = None
+    note: str | None = None
+
+
 class CanaryReport(_Part):
     """Everything a canary run measured, and its verdict (``passed`` and ``gates``: null and
     empty until judged). The four numbers are ``ttft_ms.p99``, ``tpot_ms.p99``,
@@ -199,7 +215,7 @@ class CanaryReport(_Part):
     errors: list[ErrorCount] = Field(default_factory=list)
     engine: EngineWindow | None = None  # the engine's own /metrics over the run's window
     engine_scope: str | None = None  # the fleet (replicas merged) or one page
-    engine_replicas: dict[str, dict[str, Any]] | None = None  # each replica's main numbers
+    engine_replicas: dict[str, ReplicaNumbers] | None = None  # each replica's own numbers
     workload: dict[str, Any] = Field(default_factory=dict)  # the parameters the run sent
     workload_shape: WorkloadShape | None = None  # the shape it sent (replayed or fixed)
     timeline: list[TimelinePoint] = Field(default_factory=list)

@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from bot.adr import AdrGates
 from bot.canary.schema import CanaryReport, GateLine, Samples
 from bot.canary.stats import (
     DEFAULT_CONFIDENCE,
@@ -82,13 +83,10 @@ def source_note(*, mixed: bool) -> str:
 
 @dataclass(frozen=True)
 class Gates:
-    """Canary limits (an ADR's `gates`); None means not gated. The error gate is always on."""
+    """Canary limits (an ADR's `gates`, resolved: numbers only; one unset is not gated) and how
+    they are judged. The error gate is always on."""
 
-    max_ttft_p99_ms: float | None = None
-    max_tpot_p99_ms: float | None = None
-    min_goodput_ratio: float | None = None
-    max_kv_fragmentation: float | None = None
-    max_itl_p99_ms: float | None = None
+    limits: AdrGates = field(default_factory=AdrGates)
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE
     # 'Nx before' gates: gate name -> N, judged two-sample against ``before``'s per-request
     # values (the before-run of the same canary); the limit above is N x its point p99, shown
@@ -99,9 +97,29 @@ class Gates:
     # trials) its point p99, the statistics then said beside it and the run not sized up
     decide: Literal["statistics", "point"] = "statistics"
 
+    def __post_init__(self) -> None:
+        relative = self.limits.relative()
+        if relative:  # the first, as a canary would meet it
+            name, value = next(iter(relative.items()))
+            raise UsageError(
+                f"gate {name} is {value!r}, not a number; a gate relative to the target's normal"
+                " must be resolved against measured numbers before a canary can check it"
+            )
+
+    @classmethod
+    def of(cls, **limits: float) -> Gates:
+        """Gates from limits by name, judged as by default: ``Gates.of(max_ttft_p99_ms=350)``."""
+        return cls(AdrGates.of_numbers(limits))
+
+    def limit(self, name: str) -> float | None:
+        """A gate's limit by name ('max_ttft_p99_ms', 'max_error_rate'); None: not gated."""
+        if name == "max_error_rate":
+            return self.max_error_rate
+        return self.limits.limits().get(name)
+
     def slo(self) -> tuple[float | None, float | None]:
         """The per-request TTFT and TPOT limits (ms) that SLO attainment counts against."""
-        return self.max_ttft_p99_ms, self.max_tpot_p99_ms
+        return self.limit("max_ttft_p99_ms"), self.limit("max_tpot_p99_ms")
 
     def requests_needed(self) -> int:
         """The fewest requests on which every per-request gate can be decided at
@@ -111,7 +129,7 @@ class Gates:
         if self.decide == "point":
             return 0
         ratio = {n for n, _ in self.ratios if n in SAMPLED}
-        limits = [n for n in SAMPLED if getattr(self, n) is not None and n not in ratio]
+        limits = [n for n in SAMPLED if self.limit(n) is not None and n not in ratio]
         need = [min_requests(0.99, self.confidence)] if limits else []
         if ratio:
             need.append(min_pairs(self.confidence))
@@ -242,7 +260,7 @@ def judge_values(values: Values, gates: Gates, *, error_gate: bool = True) -> Ve
     """Check each gate against ``values`` (the error gate only where requests were sent)."""
     results = []
     for name, (label, attr, kind, fmt) in GATES.items():
-        limit = getattr(gates, name)
+        limit = gates.limit(name)
         if limit is None or (name == "max_error_rate" and not error_gate):
             continue
         value = getattr(values, attr)
@@ -422,14 +440,14 @@ def values_of(report: CanaryReport) -> Values:
 
 
 def gates_from(
-    limits: object,
+    limits: AdrGates,
     *,
     numbers_only: bool = False,
     ratios: Mapping[str, float] | None = None,
     before: Samples | None = None,
     decide: Literal["statistics", "point"] = "statistics",
 ) -> Gates:
-    """Canary Gates from any object with the gate attributes (an ADR's resolved gates).
+    """Canary Gates from an ADR's gates, resolved (``AdrGates.resolve``).
 
     A limit that is not a number (a gate relative to normal, not resolved) is an error, or is
     left out with ``numbers_only`` (where no normal is at hand, e.g. re-reading old runs).
@@ -437,24 +455,9 @@ def gates_from(
     before-run's per-request values; without ``before`` they only size the run. ``decide``
     "point": a tuning search's trials, ranked on their point values (see ``Gates.decide``).
     """
-    kwargs = {
-        f.name: getattr(limits, f.name) for f in fields(Gates)
-        if f.name in GATES and hasattr(limits, f.name)
-    }  # fmt: skip
-    if kwargs.get("max_error_rate") is None:
-        kwargs.pop("max_error_rate", None)
-    for name, value in list(kwargs.items()):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            if numbers_only:
-                kwargs[name] = None
-                continue
-            raise UsageError(
-                f"gate {name} is {value!r}, not a number; a gate relative to the target's normal"
-                " must be resolved against measured numbers before a canary can check it"
-            )
-    return Gates(
-        **kwargs, ratios=tuple(sorted((ratios or {}).items())), before=before, decide=decide
-    )
+    if numbers_only:
+        limits = AdrGates.of_numbers(limits.limits())
+    return Gates(limits, ratios=tuple(sorted((ratios or {}).items())), before=before, decide=decide)
 
 
 def percentile(sorted_values: Sequence[float], pct: float) -> float:

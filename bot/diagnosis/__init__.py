@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from bot.diagnosis.normal import KEYS as KEYS
     from bot.diagnosis.normal import NormalReader as NormalReader
     from bot.diagnosis.service import Diagnoser as Diagnoser
-    from bot.diagnosis.service import match_report as match_report
+    from bot.diagnosis.service import match_readings as match_readings
 
 __all__ = [
     "Baseline",
@@ -35,7 +35,7 @@ __all__ = [
     "RulesInForce",
     "cause_text",
     "from_summary",
-    "match_report",
+    "match_readings",
     "render_chart",
     "replica_text",
     "summary_numbers",

@@ -19,7 +19,7 @@ from bot.adr import Adr, Verdict
 from bot.adr import causes as vocabulary
 from bot.diagnosis.replicas import FleetVerdict, ratio
 from bot.diagnosis.runbooks.models import PLACEHOLDER, Hypothesis, Runbook
-from bot.kernel.numbers import Bounds, Reading, Spans, in_unit, show, unit_of
+from bot.kernel.numbers import Measured, in_unit, show, show_reading, unit_of
 from bot.kernel.store import DiagnosisSummary
 
 # What to do when a probe's readings are missing altogether (the data gaps' advice).
@@ -92,38 +92,24 @@ class CauseVerdict:
         }
 
 
-@dataclass(frozen=True)
-class Readings:
-    """A run's readings by dotted name, with the bounds and spans of those that have them."""
+def filled(readings: Measured, template: str) -> str:
+    """``{probe.reading}`` placeholders written as every surface writes numbers."""
 
-    values: Mapping[str, float | None]
-    bounds: Bounds = field(default_factory=dict)
-    spans: Spans = field(default_factory=dict)
+    def one(m: Any) -> str:
+        name = m[1]
+        key = name.rsplit(".", 1)[-1]
+        found = readings.reading(name)
+        if found is not None and found.span is not None and not unit_of(key):
+            low, high = found.span
+            return f"{in_unit(low, '')}–{in_unit(high, '')}"  # a bucket of a count
+        return show_reading(key, found)
 
-    def reading(self, name: str) -> Reading | None:
-        """One reading; None when not measured."""
-        value = self.values.get(name)
-        if value is None:
-            return None
-        return Reading(value, self.bounds.get(name), self.spans.get(name))
-
-    def text(self, template: str) -> str:
-        """``{probe.reading}`` placeholders written as every surface writes numbers."""
-
-        def one(m: Any) -> str:
-            name = m[1]
-            key = name.rsplit(".", 1)[-1]
-            value, span = self.values.get(name), self.spans.get(name)
-            if value is not None and span is not None and not unit_of(key):
-                return f"{in_unit(span[0], '')}–{in_unit(span[1], '')}"  # a bucket of a count
-            return show(key, value, self.bounds.get(name), span)
-
-        return PLACEHOLDER.sub(one, template)
+    return PLACEHOLDER.sub(one, template)
 
 
 def judge(
     runbook: Runbook,
-    readings: Readings,
+    readings: Measured,
     fleet: FleetVerdict | None = None,
     rules: RulesInForce | None = None,
 ) -> list[CauseVerdict]:
@@ -141,7 +127,7 @@ def judge(
     if fleet is not None:  # first: one slow replica is not a fleet-wide cause
         verdicts.insert(0, one_replica(fleet))
     judged = {h.cause for h in runbook.hypotheses}
-    if GATEWAY_TTFT in readings.values and "gateway_latency" not in judged:
+    if GATEWAY_TTFT in readings.readings and "gateway_latency" not in judged:
         verdicts.append(gateway_latency(readings))
         judged.add("gateway_latency")
     if rules is not None and "prefix_cache_lost" not in judged:
@@ -158,16 +144,16 @@ def judge(
     return sorted(verdicts, key=lambda v: _ORDER[v.verdict])
 
 
-def judge_one(hypothesis: Hypothesis, title: str, readings: Readings) -> CauseVerdict:
+def judge_one(hypothesis: Hypothesis, title: str, readings: Measured) -> CauseVerdict:
     """One hypothesis: supported, ruled out, or cannot tell with what was missing."""
     read = readings.reading
     supported = hypothesis.supported.holds(read)
     ruling = hypothesis.ruled_out
     ruled_out = (supported is False) if ruling is None else ruling.holds(read)
-    number = readings.text(hypothesis.number)
+    number = filled(readings, hypothesis.number)
     if supported is True and ruled_out is not True:
         return CauseVerdict(
-            hypothesis.cause, title, "supported", readings.text(hypothesis.evidence), number
+            hypothesis.cause, title, "supported", filled(readings, hypothesis.evidence), number
         )
     if ruled_out is True and supported is not True:
         return CauseVerdict(hypothesis.cause, title, "ruled_out", number, number)
@@ -175,20 +161,20 @@ def judge_one(hypothesis: Hypothesis, title: str, readings: Readings) -> CauseVe
 
 
 def _cannot_tell(
-    hypothesis: Hypothesis, title: str, readings: Readings, *, both: bool
+    hypothesis: Hypothesis, title: str, readings: Measured, *, both: bool
 ) -> CauseVerdict:
     """Why neither condition decided: readings not measured, or numbers in between."""
     names = [*hypothesis.supported.readings]
     if hypothesis.ruled_out is not None:
         names += hypothesis.ruled_out.readings
-    missing = tuple(n for n in dict.fromkeys(names) if readings.values.get(n) is None)
+    missing = tuple(n for n in dict.fromkeys(names) if readings.reading(n) is None)
     if both:
         why = "both its conditions hold: the runbook's supported_when and ruled_out_when overlap"
     elif missing:
         why = f"not measured: {', '.join(missing)}"
     else:
-        why = f"in between: {readings.text(hypothesis.number)}"
-    number = None if missing else readings.text(hypothesis.number)
+        why = f"in between: {filled(readings, hypothesis.number)}"
+    number = None if missing else filled(readings, hypothesis.number)
     return CauseVerdict(hypothesis.cause, title, "cannot_tell", why, number, missing)
 
 
@@ -209,7 +195,7 @@ def one_replica(fleet: FleetVerdict) -> CauseVerdict:
     return CauseVerdict("one_replica", title, "cannot_tell", why)
 
 
-def prefix_cache_lost(rules: RulesInForce, readings: Readings) -> CauseVerdict:
+def prefix_cache_lost(rules: RulesInForce, readings: Measured) -> CauseVerdict:
     """The live share of prompt tokens the prefix cache served against the hit rate the rule in
     force was proven at (its ADR's workload shape): far below it supports the cause."""
     title = vocabulary.BUILTIN["prefix_cache_lost"].title
@@ -233,7 +219,7 @@ def prefix_cache_lost(rules: RulesInForce, readings: Readings) -> CauseVerdict:
     return CauseVerdict("prefix_cache_lost", title, "cannot_tell", f"in between: {number}", number)
 
 
-def gateway_latency(readings: Readings) -> CauseVerdict:
+def gateway_latency(readings: Measured) -> CauseVerdict:
     """The gateway's TTFT p99 against the engine's over the same window (the queue_cancel
     probe brackets the engine's window with two gateway scrapes): what the gateway adds."""
     title = vocabulary.BUILTIN["gateway_latency"].title

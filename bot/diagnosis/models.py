@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +14,7 @@ from bot.diagnosis.probes.sampling import SampledWindow
 from bot.diagnosis.probes.types import Finding
 from bot.diagnosis.replica_text import summary_json
 from bot.diagnosis.replicas import FleetVerdict
-from bot.kernel.numbers import FOUR, Bounds, Measured, Spans, catalogue, spans_json
+from bot.kernel.numbers import FOUR, Measured, catalogue
 from bot.kernel.store import DiagnosisSummary
 
 GATE_OF = catalogue.GATE_OF  # metric -> the gate that limits it
@@ -73,47 +72,42 @@ class Diagnosis:
 
     target: str
     runbook: str
-    headline: Mapping[str, float | None]
+    headline: Measured  # the four numbers, the engine's
     baseline: Baseline
     findings: list[Finding]
     matches: list[MatchResult]
-    readings: Mapping[str, float | None]
+    readings: Measured  # every reading by `probe.reading`
     details: Mapping[str, Any]
     sampling_s: float
     at: dt.datetime
     window: SampledWindow | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
-    normal: Mapping[str, float | None] = field(default_factory=dict)  # median of snapshots
+    normal: Measured = field(default_factory=Measured)  # the median of the snapshots
     chart: ChartData | None = None  # what the chart shows (kept: the incident page draws it)
-    bounds: Bounds = field(default_factory=dict)  # headline numbers that are only bounds
-    spans: Spans = field(default_factory=dict)  # headline numbers that are estimates
-    reading_bounds: Bounds = field(default_factory=dict)  # readings that are (dotted names)
-    reading_spans: Spans = field(default_factory=dict)  # readings that are estimates
-    normal_bounds: Bounds = field(default_factory=dict)  # normal's numbers that are bounds
-    normal_spans: Spans = field(default_factory=dict)  # normal's numbers that are estimates
     replicas: FleetVerdict | None = None  # one replica or all of them (None: one engine)
     withheld: list[MatchResult] = field(default_factory=list)  # matched, not offered (outlier)
     causes: list[CauseVerdict] = field(default_factory=list)  # supported, ruled out, cannot tell
 
     def summary(self) -> DiagnosisSummary:
         """The headline and every reading, as the store and the audit log keep them."""
+        headline, readings, normal = self.headline.json(), self.readings.json(), self.normal.json()
         return DiagnosisSummary.of(
             {
                 "target": self.target,
                 "runbook": self.runbook,
-                "headline": {k: _finite(v) for k, v in self.headline.items()},
+                "headline": headline["numbers"],
                 "baseline": {k: (v.value, v.adr_id) for k, v in self.baseline.limits.items()},
                 "worst": str(max((f.severity for f in self.findings), default="ok")),
                 "matches": [m.adr.id for m in self.matches],
                 "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
-                "readings": {k: _finite(v) for k, v in self.readings.items()},
-                "normal": {k: _finite(v) for k, v in self.normal.items()},
-                "bounds": {k: str(b) for k, b in self.bounds.items()},
-                "spans": spans_json(self.spans),
-                "reading_bounds": {k: str(b) for k, b in self.reading_bounds.items()},
-                "reading_spans": spans_json(self.reading_spans),
-                "normal_bounds": {k: str(b) for k, b in self.normal_bounds.items()},
-                "normal_spans": spans_json(self.normal_spans),
+                "readings": readings["numbers"],
+                "normal": normal["numbers"],
+                "bounds": headline["bounds"],
+                "spans": headline["spans"],
+                "reading_bounds": readings["bounds"],
+                "reading_spans": readings["spans"],
+                "normal_bounds": normal["bounds"],
+                "normal_spans": normal["spans"],
                 "findings": [(str(f.severity), f.message, f.source) for f in self.findings[:50]],
                 "chart": None if self.chart is None else self.chart.to_json(),
                 "replicas": None if self.replicas is None else summary_json(self.replicas),
@@ -124,13 +118,11 @@ class Diagnosis:
 
 
 def summary_numbers(summary: DiagnosisSummary, which: str = "headline") -> Measured:
-    """The four numbers of a stored summary (``Diagnosis.summary()``) with their bounds and
-    spans: ``which`` is "headline" (the incident) or "normal" (the target's normal)."""
+    """The numbers of a stored summary (``Diagnosis.summary()``) with their bounds and spans:
+    ``which`` is "headline" (the incident), "normal" (the target's normal) or "readings"
+    (every reading, by `probe.reading`)."""
     if which == "headline":
         return Measured.from_json(summary.headline, summary.bounds, summary.spans)
+    if which == "readings":
+        return Measured.from_json(summary.readings, summary.reading_bounds, summary.reading_spans)
     return Measured.from_json(summary.normal, summary.normal_bounds, summary.normal_spans)
-
-
-def _finite(value: float | None) -> float | None:
-    """JSON has no NaN or infinity (PostgreSQL's json refuses them): those become None."""
-    return value if value is None or math.isfinite(value) else None

@@ -11,7 +11,7 @@ import asyncio
 import statistics
 from collections.abc import Awaitable, Callable
 
-from bot.kernel.numbers import Bound, Measured, bounds_of, catalogue, spans_of
+from bot.kernel.numbers import Bound, Measured, Reading, bounds_of, catalogue, spans_of
 from bot.kernel.store import Database
 from bot.kernel.store import service as store
 
@@ -35,20 +35,14 @@ class NormalReader:
         def read() -> Measured:
             with self._db.transaction() as s:
                 snapshots = store.recent_snapshots(s, target=target, limit=self._last)
-                normal: dict[str, float | None] = {}
-                bounds: dict[str, Bound] = {}
-                spans: dict[str, tuple[float, float]] = {}
+                normal: dict[str, Reading | None] = {}
                 for key in KEYS if snapshots else ():
                     # a snapshot keeps only what it measured (``store.add_snapshot``)
                     taken = [(x.numbers[key], x.bounds) for x in snapshots if key in x.numbers]
-                    known = [(value, bounds_of(b).get(key)) for value, b in taken]
-                    normal[key], bound = median(known)
-                    if bound is not None:
-                        bounds[key] = bound
-                    estimates = [(value, spans_of(b).get(key)) for value, b in taken]
-                    if span := median_span(estimates):
-                        spans[key] = span
-                return Measured(normal, bounds, spans)
+                    value, bound = median([(v, bounds_of(b).get(key)) for v, b in taken])
+                    span = median_span([(v, spans_of(b).get(key)) for v, b in taken])
+                    normal[key] = None if value is None else Reading(value, bound, span)
+                return Measured(normal)
 
         return await asyncio.to_thread(read)
 

@@ -4,7 +4,6 @@ phone shows for 2 or 40 replicas, what to do by hand, and the summary's JSON."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from bot.diagnosis.probes.types import Finding, Severity
 from bot.diagnosis.replicas import (
@@ -20,6 +19,7 @@ from bot.diagnosis.replicas import (
     ReplicaVerdict,
 )
 from bot.kernel.numbers import show
+from bot.kernel.store import ReplicaRule, StoredFleet, StoredReplica
 
 SOURCE = "replicas: one or all (docs/fleet.md)"
 MAX_NAMED = 3  # replicas named in the one line; the rest are counted
@@ -160,30 +160,32 @@ def by_hand(verdict: FleetVerdict) -> str:
     )
 
 
-def summary_json(verdict: FleetVerdict) -> dict[str, Any]:
+def summary_json(verdict: FleetVerdict) -> StoredFleet:
     """The verdict in the diagnosis summary (the store, the incident page)."""
-    return {
-        "kind": verdict.kind,
-        "line": line(verdict),
-        "rule": {"min_requests": MIN_REQUESTS, "factor": FACTOR, "share_beyond": SHARE_BEYOND},
-        "slow": [r.address for r in verdict.slow],
-        "by_hand": by_hand(verdict) if verdict.slow else None,
-        "rows": [_row_json(r, verdict.nodes.get(r.address)) for r in verdict.rows],
-    }
+    return StoredFleet(
+        kind=verdict.kind,
+        line=line(verdict),
+        rule=ReplicaRule(min_requests=MIN_REQUESTS, factor=FACTOR, share_beyond=SHARE_BEYOND),
+        slow=[r.address for r in verdict.slow],
+        by_hand=by_hand(verdict) if verdict.slow else None,
+        rows=[_row_json(r, verdict.nodes.get(r.address)) for r in verdict.rows],
+    )
 
 
-def _row_json(row: ReplicaRow, node: str | None) -> dict[str, Any]:
-    out: dict[str, Any] = {"replica": row.address, "state": row.state, "node": node}
+def _row_json(row: ReplicaRow, node: str | None) -> StoredReplica:
     first = row.judged.get(METRICS[0].key)
-    out["requests"] = None if first is None else first.p99.count
-    bounds = {}
-    for key, judged in row.judged.items():
-        value = judged.p99.value
-        out[key] = None if value is None else round(value, 3)
-        if judged.p99.bound is not None:
-            bounds[key] = str(judged.p99.bound)
-    out["bounds"] = bounds
+    p99s = {key: None if (v := j.p99.value) is None else round(v, 3)
+            for key, j in row.judged.items()}  # fmt: skip
     shown = row.slow or [j for j in row.judged.values() if j.state == UNKNOWN][:1]
-    out["why"] = "; ".join(f"{LABEL[j.metric]}: {j.why}" for j in shown)
-    out["note"] = row.note
-    return out
+    return StoredReplica.model_validate(
+        {
+            "replica": row.address,
+            "state": row.state,
+            "node": node,
+            "requests": None if first is None else first.p99.count,
+            **p99s,
+            "bounds": {k: str(j.p99.bound) for k, j in row.judged.items() if j.p99.bound},
+            "why": "; ".join(f"{LABEL[j.metric]}: {j.why}" for j in shown),
+            "note": row.note,
+        }
+    )

@@ -1,8 +1,9 @@
 """The diagnoser: picks the runbook for an alert, runs it on a target, and reads the result.
 
-It turns the runbook's readings into the four numbers, a flat metrics report for ADR
-matching (names from ``bot.adr.metrics.METRICS``) and the baseline the accepted ADRs set; the chart
-is drawn separately, after the numbers are posted (it costs about half a second of CPU).
+It turns the runbook's readings into the four numbers, the readings ADR matching reads
+(``match_readings``: names from ``bot.adr.metrics.METRICS``) and the baseline the accepted ADRs
+set; the chart is drawn separately, after the numbers are posted (it costs about half a second
+of CPU).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
 
 from bot.adr import AdrStore, MatchResult, by_cause, matching
 from bot.diagnosis import causes, chart_data, history, replica_text, replicas
@@ -24,7 +24,7 @@ from bot.diagnosis.probes.types import Finding, Severity
 from bot.diagnosis.runbooks.loader import LoadedRunbook, RunbookSet
 from bot.diagnosis.runbooks.runner import RunbookResult, RunbookRunner
 from bot.kernel import UsageError
-from bot.kernel.numbers import Bounds, Measured, Spans, catalogue, spans_json
+from bot.kernel.numbers import Measured, catalogue
 
 log = logging.getLogger("ruleloop.diagnosis")
 # The rules in force on a target (bot/app/scheduler/rules_now.py reads them from the store).
@@ -48,22 +48,9 @@ MATCH_READINGS = {
 }
 
 
-def match_report(
-    readings: Mapping[str, float | None], bounds: Bounds | None = None, spans: Spans | None = None
-) -> dict[str, Any]:
-    """The report ADR matching reads: a flat ``metrics`` mapping of measured values, the
-    ``bounds`` of those that are only bounds and the ``spans`` of those that are estimates (all
-    keyed by match metric names)."""
-    metrics = {name: readings.get(source) for name, source in MATCH_READINGS.items()}
-    found = {name: bound for name, source in MATCH_READINGS.items()
-             if (bound := (bounds or {}).get(source)) is not None}  # fmt: skip
-    spanned = {name: span for name, source in MATCH_READINGS.items()
-               if (span := (spans or {}).get(source)) is not None}  # fmt: skip
-    return {
-        "metrics": {k: v for k, v in metrics.items() if v is not None},
-        "bounds": {k: str(b) for k, b in found.items()},
-        "spans": spans_json(spanned),
-    }
+def match_readings(readings: Measured) -> Measured:
+    """What ADR matching reads: a runbook's readings under the match metrics' names."""
+    return readings.pick(MATCH_READINGS)
 
 
 class Diagnoser:
@@ -109,9 +96,8 @@ class Diagnoser:
         normal = await self._read_normal(target.name)
         rules = await self._read_rules(target.name)
         baseline = Baseline.from_adrs(accepted)
-        headline, bounds, spans = _four_numbers(result)
-        report = match_report(result.readings, result.bounds, result.spans)
-        matches = matching(accepted, report, normal.numbers, normal_bounds=normal.bounds)
+        headline = Measured({m.key: result.readings.reading(m.reading) for m in catalogue.HEADLINE})
+        matches = matching(accepted, match_readings(result.readings), normal)
         window = result.windows.get("vllm_metrics")  # the four numbers' window, charted
         t2 = self._monotonic()
         sampling = max((w.pages[-1].at - w.pages[0].at for w in result.windows.values()), default=0)
@@ -138,14 +124,8 @@ class Diagnoser:
             at=self._clock(),
             window=window,
             timings={"runbook_s": t1 - t0, "adrs_s": t2 - t1},
-            normal=normal.numbers,
+            normal=normal,
             chart=chart,
-            bounds=bounds,
-            spans=spans,
-            reading_bounds=result.bounds,
-            reading_spans=result.spans,
-            normal_bounds=normal.bounds,
-            normal_spans=normal.spans,
             causes=judged,
         )
 
@@ -161,12 +141,12 @@ class Diagnoser:
     async def _read_normal(self, target: str) -> Measured:
         """The target's "normal" numbers; none (not a failed diagnosis) when they cannot be read."""
         if self._normal is None:
-            return Measured({})
+            return Measured()
         try:
             return await self._normal(target)
         except Exception:
             log.warning("could not read the normal numbers of %s", target, exc_info=True)
-            return Measured({})
+            return Measured()
 
     async def _read_rules(self, target: str) -> causes.RulesInForce | None:
         """The rules in force on the target; None (their causes not judged) when unread."""
@@ -208,26 +188,14 @@ def _causes(
 ) -> list[causes.CauseVerdict]:
     """The runbook's hypotheses judged on the run's readings (and the fleet's one replica, and
     the causes judged against the rules in force)."""
-    readings = causes.Readings(result.readings, result.bounds, result.spans)
-    return causes.judge(loaded.runbook, readings, fleet, rules)
-
-
-def _four_numbers(
-    result: RunbookResult,
-) -> tuple[dict[str, float | None], Bounds, Spans]:
-    """The headline four numbers of a run, with the bounds and spans of those that have them."""
-    four = catalogue.HEADLINE
-    headline = {m.key: result.reading(m.reading) for m in four}
-    bounds = {m.key: b for m in four if (b := result.bounds.get(m.reading))}
-    spans = {m.key: s for m in four if (s := result.spans.get(m.reading))}
-    return headline, bounds, spans
+    return causes.judge(loaded.runbook, result.readings, fleet, rules)
 
 
 def _one_or_all(
     loaded: LoadedRunbook,
     result: RunbookResult,
     baseline: Baseline,
-    headline: Mapping[str, float | None],
+    headline: Measured,
 ) -> tuple[replicas.FleetVerdict | None, list[Finding]]:
     """The replica rule's verdict on a fleet and its findings (none for one engine). "Slow"
     for the fleet: a runbook rule warned, or a headline latency is past its gate."""
@@ -239,7 +207,7 @@ def _one_or_all(
         for f in result.findings
     )
     gated = any(
-        baseline.verdict(k, headline.get(k)) is False for k in ("ttft_p99_ms", "tpot_p99_ms")
+        baseline.verdict(k, headline.value(k)) is False for k in ("ttft_p99_ms", "tpot_p99_ms")
     )
     return verdict, replica_text.findings(verdict, fleet_slow=ruled or gated)
 
@@ -270,7 +238,7 @@ def _chart(
         details=result.details,
         alert_start=None if alert_start is None else alert_start.timestamp(),
         gate=_gate(metric, matches, baseline),
-        normal=normal.numbers.get(metric),
+        normal=normal.value(metric),
     )
 
 

@@ -112,7 +112,7 @@ def _limits(judged: Verdict | Gates) -> dict[str, float]:
     """The limits a verdict was judged by, or that gates set ('measured' is not a limit)."""
     if isinstance(judged, Verdict):
         return {r.name: r.limit for r in judged.results if r.name != MEASURED}
-    return {name: getattr(judged, name) for name in GATES if getattr(judged, name) is not None}
+    return {name: limit for name in GATES if (limit := judged.limit(name)) is not None}
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ class AppliedFix:
         """The gates as the numbers its canary was judged by ('0.5x before' as 855 ms)."""
         if self.adr.gates is None or not self.limits:
             return self.adr.gates
-        return AdrGates(**judged_limits(self.adr.gates, self.limits))
+        return judged_limits(self.adr.gates, self.limits)
 
     @property
     def kept(self) -> bool:
@@ -198,7 +198,7 @@ def _baseline_gates(summary: DiagnosisSummary) -> AdrGates | None:
     limits = {
         GATE_OF[key]: float(value) for key, (value, _) in summary.baseline.items() if key in GATE_OF
     }
-    return AdrGates(**limits) if limits else None
+    return AdrGates.of_numbers(limits) if limits else None
 
 
 def _symptoms(headline: Measured, gates: AdrGates | None) -> list[Condition]:
@@ -393,7 +393,7 @@ def _incident_verdict(headline: Measured, gates: AdrGates) -> str:
     limits = gates_from(gates, numbers_only=True)
     checked = 0
     for name, (label, key, _kind, _write) in GATES.items():
-        if name == "max_error_rate" or getattr(limits, name) is None:
+        if name == "max_error_rate" or limits.limit(name) is None:
             continue
         if headline.reading(key) is None:
             unjudged.append(f"{label} not measured")
@@ -416,7 +416,7 @@ def _outside(headline: Measured, gates: AdrGates) -> list[str]:
     limits = gates_from(gates, numbers_only=True)
     out = []
     for name, (label, key, kind, write) in GATES.items():
-        limit, reading = getattr(limits, name), headline.reading(key)
+        limit, reading = limits.limit(name), headline.reading(key)
         if name == "max_error_rate" or limit is None or reading is None:
             continue
         op = ">" if kind == "max" else "<"
@@ -440,12 +440,13 @@ def _row(config: str, values: Values, verdict: str, known: Measured | None = Non
     )
     if known is None:
         return row
-    shown = {key for key, *_ in FOUR if getattr(row, key) is not None}
+    shown = {key: r for key, *_ in FOUR if getattr(row, key) is not None
+             and (r := known.reading(key)) is not None}  # fmt: skip
     return MatrixRow.model_validate(
         {
             **row.model_dump(),
-            "bounds": {k: b for k, b in known.bounds.items() if k in shown},
-            "spans": {k: s for k, s in known.spans.items() if k in shown},
+            "bounds": {k: r.bound for k, r in shown.items() if r.bound is not None},
+            "spans": {k: r.span for k, r in shown.items() if r.span is not None},
         }
     )
 

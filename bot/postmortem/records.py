@@ -270,7 +270,7 @@ def _as_judged(adr: Adr, limits: dict[str, float] | None) -> Adr:
     if adr.gates is None or not adr.gates.relative(NORMAL):
         return adr
     # Resolved when the remediation ran; a run that ended before that keeps only numbers.
-    judged = {**judged_limits(adr.gates, limits), **adr.gates.relative(BEFORE)}
+    judged = {**judged_limits(adr.gates, limits).limits(), **adr.gates.relative(BEFORE)}
     return adr.model_copy(update={"gates": AdrGates.model_validate(judged)})
 
 

@@ -166,4 +166,4 @@ def _shown_gates(
         return {}, {}
     relative = {key: str(value) for key, value in gates.relative().items()}
     # until the before-run, a relative gate has no number: the card says what it waits for
-    return judged_limits(gates, rem.result.get("gates")), relative
+    return judged_limits(gates, rem.result.get("gates")).limits(), relative

@@ -18,8 +18,8 @@ from bot.canary import (
     CanaryReport,
     Guardrail,
     Samples,
+    StandingGate,
     how_sure,
-    judged_limits,
     standing,
     values_of,
     watch,
@@ -56,8 +56,8 @@ class Judging:
     gates: AdrGates
     ratios: dict[str, float] = field(default_factory=dict)  # 'Nx before' gates: name -> N
     before_report: CanaryReport | None = None  # the before-run, per-request values and all
-    # the target's standing gates (the ADRs in force there): gate name -> (limit, ADR id)
-    standing: dict[str, tuple[float, str]] = field(default_factory=dict)
+    # the target's standing gates (the ADRs in force there), by gate name
+    standing: dict[str, StandingGate] = field(default_factory=dict)
 
     @property
     def before(self) -> Numbers | None:
@@ -71,24 +71,25 @@ class Judging:
 
     def gated(self) -> set[str]:
         """The catalogue numbers a gate judges (the guardrails watch the others)."""
-        return {m.key for m in catalogue.METRICS if getattr(self.gates, m.gate) is not None}
+        limits = self.gates.limits()
+        return {m.key for m in catalogue.METRICS if m.gate in limits}
 
     @property
     def limits(self) -> dict[str, float]:
-        """The limits, as numbers (what the card and the record show)."""
-        return judged_limits(self.gates)
+        """The limits, as numbers (what the card and the record show, as JSON)."""
+        return self.gates.limits()
 
 
-def standing_gates(adr: Adr, in_force: InForce | None) -> dict[str, tuple[float, str]]:
+def standing_gates(adr: Adr, in_force: InForce | None) -> dict[str, StandingGate]:
     """The target's standing gates while ``adr`` changes it: the strictest limit per number
     over the ADRs in force there ('Nx before' against the before-run of the change that put
-    them in force), except ``adr`` itself and those it supersedes. Gate name -> (limit, ADR)."""
+    them in force), except ``adr`` itself and those it supersedes, by gate name."""
     if in_force is None:
         return {}
     replaced = {adr.id, *adr.supersedes}
     others = [a for a in in_force.adrs if a.id not in replaced]
     limits = Baseline.from_adrs(others, in_force.before).limits
-    return {GATE_OF[key]: (limit.value, limit.adr_id) for key, limit in limits.items()}
+    return {GATE_OF[key]: StandingGate(limit.value, limit.adr_id) for key, limit in limits.items()}
 
 
 class ChangeRun:

@@ -31,7 +31,7 @@ from bot.adr import (
     default_checker,
     known,
     matching,
-    read_metric,
+    read_report,
     to_argv,
     vllm_args,
 )
@@ -249,12 +249,11 @@ def match_cmd(
     ruleloop adr match canary.json
     ruleloop adr match canary.json --normal canary-normal.json   # for '3x normal' conditions
     """
-    report = _read_report(report_path)
+    report = read_report(_read_report(report_path))
     normal = None
     if normal_path is not None:
-        normal_report = _read_report(normal_path)
-        normal = {m: read_metric(normal_report, m) for m in NORMAL_METRICS}
-        if all(v is None for v in normal.values()):
+        normal = read_report(_read_report(normal_path)).pick({m: m for m in NORMAL_METRICS})
+        if not normal.readings:
             raise UsageError(
                 f"{normal_path}: none of {', '.join(NORMAL_METRICS)} is in this report; "
                 "pass a canary --output-json or a diagnosis report measured on a normal day"

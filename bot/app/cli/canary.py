@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import click
 from click.core import ParameterSource
 
+from bot.adr import AdrGates
 from bot.app.cli import Command
 from bot.canary import (
     DEFAULT_MAX_ERROR_RATE,
@@ -267,19 +268,19 @@ def run_canary(
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
     "--max-ttft-p99-ms",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, min_open=True),  # a latency limit is above 0
     default=None,
     help="Gate: TTFT p99 at most this.",
 )
 @click.option(
     "--max-tpot-p99-ms",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, min_open=True),  # a latency limit is above 0
     default=None,
     help="Gate: TPOT p99 at most this.",
 )
 @click.option(
     "--max-itl-p99-ms",
-    type=click.FloatRange(min=0),
+    type=click.FloatRange(min=0, min_open=True),  # a latency limit is above 0
     default=None,
     help="Gate: inter-token latency p99 at most this.",
 )
@@ -384,9 +385,9 @@ def canary(
         cancel_after_tokens=cancel_after_tokens, cancel_mode=CancelMode(cancel_mode),
         warmup_requests=warmup_requests, seed=seed, shape=shape,
     )  # fmt: skip
-    gates = Gates(max_ttft_p99_ms=max_ttft_p99_ms, max_tpot_p99_ms=max_tpot_p99_ms,
-                  min_goodput_ratio=min_goodput_ratio, max_kv_fragmentation=max_kv_fragmentation,
-                  max_itl_p99_ms=max_itl_p99_ms, max_error_rate=max_error_rate)  # fmt: skip
+    gates = Gates(AdrGates(max_ttft_p99_ms=max_ttft_p99_ms, max_tpot_p99_ms=max_tpot_p99_ms,
+        min_goodput_ratio=min_goodput_ratio, max_kv_fragmentation=max_kv_fragmentation,
+        max_itl_p99_ms=max_itl_p99_ms), max_error_rate=max_error_rate)  # fmt: skip
     report = run_canary(  # a count you give is a bound, kept as given: not sized
         workload, gates=gates, sample_interval_s=sample_interval_s, progress=not quiet,
         metrics_url=_metrics_url(metrics_url, replicas), replicas=replicas,

@@ -57,10 +57,10 @@ from bot.app.scheduler.snapshots import WARM_REQUESTS, MetricsSampler, SnapshotJ
 from bot.app.scheduler.workload_drift import LiveShape
 from bot.app.server import Bot, create_bot
 from bot.canary import CanaryRun, CancelMode, Outcome, Workload
-from bot.diagnosis import NormalReader, match_report, summary_numbers
+from bot.diagnosis import NormalReader, match_readings, summary_numbers
 from bot.engine import EngineManager
 from bot.kernel import RuleloopError, Settings, Target
-from bot.kernel.numbers import FOUR, Measured, bounds_of, show, show_reading, spans_of
+from bot.kernel.numbers import FOUR, Measured, show, show_reading
 from bot.kernel.numbers import change as text_change
 from bot.kernel.store import (
     AdrDraft,
@@ -306,11 +306,8 @@ def check_incident(adr: Adr, summary: DiagnosisSummary) -> MatchResult:
             "the bot's diagnosis produced no numbers (it failed; its error is logged above), "
             "so the demo cannot tell whether the incident happened"
         )
-    report = match_report(
-        readings, bounds_of(summary.reading_bounds), spans_of(summary.reading_spans)
-    )
-    normal_bounds = bounds_of(summary.normal_bounds)
-    result = match(adr, report, summary.normal, normal_bounds=normal_bounds)
+    report = match_readings(summary_numbers(summary, "readings"))
+    result = match(adr, report, summary_numbers(summary, "normal"))
     if adr.id in summary.matches and result.matches:
         return result
     why = "; ".join(c.explain() for c in result.conditions) or "the ADR has no conditions"
@@ -473,7 +470,7 @@ class Demo:
                 summary = await asyncio.to_thread(self._summary, bot, incident_id)
                 matched = check_incident(self._adr, summary)
                 rem = await self._remediate(bot, incident_id)
-                after, kept_under = Measured({}), None
+                after, kept_under = Measured(), None
                 if rem.state == "promoted":
                     after, kept_under = await self._after(http)
                 draft = await asyncio.to_thread(self._draft, bot, incident_id)

@@ -44,7 +44,7 @@ def strictest(adrs: Sequence[Adr], before: Normal | None) -> tuple[AdrGates, dic
     """The strictest gate per number over ``adrs`` ('Nx before' against ``before``), and which
     ADR set each."""
     limits = Baseline.from_adrs(adrs, before).limits
-    gates = AdrGates(**{GATE_OF[key]: limit.value for key, limit in limits.items()})
+    gates = AdrGates.of_numbers({GATE_OF[key]: limit.value for key, limit in limits.items()})
     return gates, {GATE_OF[key]: limit.adr_id for key, limit in limits.items()}
 
 

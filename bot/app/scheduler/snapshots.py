@@ -30,7 +30,7 @@ from bot.diagnosis.probes import (
     WindowParams,
 )
 from bot.kernel import RuleloopError, Target
-from bot.kernel.numbers import Measured, spans_json
+from bot.kernel.numbers import Measured
 from bot.kernel.store import service as store
 
 KEEP = dt.timedelta(days=14)  # older snapshots are forgotten
@@ -76,12 +76,7 @@ class MetricsSampler:
                 f"{name} had finished {served:.0f} requests before the window: still warming "
                 f"up (normal is taken once it has finished {WARM_REQUESTS})"
             )
-        numbers = {key: result.readings.get(key) for key in KEYS}
-        return Measured(
-            numbers,
-            {k: b for k, b in result.bounds.items() if k in KEYS},
-            {k: s for k, s in result.spans.items() if k in KEYS},
-        )
+        return Measured({key: result.readings.reading(key) for key in KEYS})
 
 
 class SnapshotJob:
@@ -100,8 +95,8 @@ class SnapshotJob:
             sample = await self._sample(self.name, self._target)
         except ColdEngine as cold:
             return JobOutcome(detail={"skipped": str(cold)})
-        numbers, bounds = dict(sample.numbers), {k: str(b) for k, b in sample.bounds.items()}
-        spans = dict(sample.spans)
+        kept = sample.json()
+        numbers, bounds, spans = kept["numbers"], kept["bounds"], kept["spans"]
 
         def write(session: Session) -> None:
             store.add_snapshot(
@@ -110,5 +105,5 @@ class SnapshotJob:
             )  # fmt: skip
             store.prune_snapshots(session, target=self.name, before=now - KEEP)
 
-        detail = {"numbers": numbers, "bounds": bounds, "spans": spans_json(spans)}
+        detail = {"numbers": numbers, "bounds": bounds, "spans": spans}
         return JobOutcome(detail=detail, write=write)

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 
 from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.vllm_metrics import counter_delta
-from bot.kernel.numbers import Bound
+from bot.kernel.numbers import Bound, Measured, Reading
 
 STEP_TOKENS = ("vllm:iteration_tokens_total",)
 RUNNING, WAITING = ("vllm:num_requests_running",), ("vllm:num_requests_waiting",)
@@ -48,16 +47,7 @@ STEP_READINGS = {
 }
 
 
-@dataclass(frozen=True)
-class StepReadings:
-    """The readings (None: unknown) and, for the step readings, their bounds and spans."""
-
-    readings: dict[str, float | None]
-    bounds: dict[str, Bound] = field(default_factory=dict)
-    spans: dict[str, tuple[float, float]] = field(default_factory=dict)
-
-
-def read_steps(pages: Sequence[Exposition], decode_bound: float | None) -> StepReadings:
+def read_steps(pages: Sequence[Exposition], decode_bound: float | None) -> Measured:
     """Every step reading of the window whose first and last scrapes are ``pages[0]`` and
     ``pages[-1]`` (the scrapes between give the waiting peak); ``decode_bound`` is the most
     tokens a step of decode alone can carry (``decode_bound()``)."""
@@ -65,10 +55,8 @@ def read_steps(pages: Sequence[Exposition], decode_bound: float | None) -> StepR
     duration = max(after.at - before.at, 1e-9)
     steps = _step_delta(before, after)
     queue_share = _queue_share(before, after)
-    out = StepReadings(
-        readings={
-            "max_step_tokens": None,
-            "prefill_step_share": None,
+    plain = Measured.of(
+        {
             "queue_ttft_share": queue_share,
             "prefill_ttft_share": None if queue_share is None else 1.0 - queue_share,
             "waiting_capacity": _peak_waiting(pages[1:] or pages, "capacity"),
@@ -79,10 +67,12 @@ def read_steps(pages: Sequence[Exposition], decode_bound: float | None) -> StepR
             ),
         }
     )
-    if steps:
-        _largest_step(steps, out)
-        _prefill_share(steps, decode_bound, out)
-    return out
+    return plain | Measured(
+        {
+            "max_step_tokens": _largest_step(steps) if steps else None,
+            "prefill_step_share": _prefill_share(steps, decode_bound) if steps else None,
+        }
+    )
 
 
 def _step_delta(before: Exposition, after: Exposition) -> dict[float, float]:
@@ -93,21 +83,16 @@ def _step_delta(before: Exposition, after: Exposition) -> dict[float, float]:
     return delta if delta and max(delta.values()) > 0 else {}
 
 
-def _largest_step(steps: Mapping[float, float], out: StepReadings) -> None:
+def _largest_step(steps: Mapping[float, float]) -> Reading:
     """The bucket of the largest step: the first edge whose cumulative count is the total."""
     edges = sorted(steps)
     total = steps[edges[-1]]
     top = next(i for i, le in enumerate(edges) if steps[le] >= total)
-    key = "max_step_tokens"
     if top == 0:
-        out.readings[key] = edges[0]
-        out.bounds[key] = Bound.AT_MOST
-    elif math.isinf(edges[top]):
-        out.readings[key] = edges[top - 1]
-        out.bounds[key] = Bound.MORE_THAN
-    else:
-        out.readings[key] = edges[top]
-        out.spans[key] = (math.floor(edges[top - 1]) + 1.0, edges[top])
+        return Reading(edges[0], Bound.AT_MOST)
+    if math.isinf(edges[top]):
+        return Reading(edges[top - 1], Bound.MORE_THAN)
+    return Reading(edges[top], span=(math.floor(edges[top - 1]) + 1.0, edges[top]))
 
 
 def decode_bound(before: Exposition, after: Exposition) -> float | None:
@@ -121,22 +106,18 @@ def decode_bound(before: Exposition, after: Exposition) -> float | None:
     return running + (before.total(WAITING[0]) or 0.0) + started
 
 
-def _prefill_share(
-    steps: Mapping[float, float], running_peak: float | None, out: StepReadings
-) -> None:
+def _prefill_share(steps: Mapping[float, float], running_peak: float | None) -> Reading | None:
     """Steps with more tokens than ``running_peak`` (the decode bound) over all steps: those
     in buckets wholly above it surely, those in the bucket it falls inside perhaps (the span)."""
     if running_peak is None:
-        return
+        return None
     edges = sorted(steps)
     total = steps[edges[-1]]
     # cumulative counts: steps of at most the last edge <= R, of at most the first edge >= R
     surely_small = max((steps[le] for le in edges if le <= running_peak), default=0.0)
     maybe_small = min(steps[le] for le in edges if le >= running_peak)
     low, high = (total - maybe_small) / total, (total - surely_small) / total
-    out.readings["prefill_step_share"] = (low + high) / 2
-    if high > low:
-        out.spans["prefill_step_share"] = (low, high)
+    return Reading((low + high) / 2, span=(low, high) if high > low else None)
 
 
 def _queue_share(before: Exposition, after: Exposition) -> float | None:

@@ -29,6 +29,7 @@ from bot.agent import (
 )
 from bot.diagnosis.probes.context import ProbeContext, TargetRef
 from bot.diagnosis.probes.types import Finding, Params, ProbeResult, Severity
+from bot.kernel.numbers import Measured
 from bot.kernel.runtime.redact import redact
 
 READINGS = {
@@ -121,7 +122,7 @@ def _no_gpu(
 ) -> ProbeResult:  # fmt: skip
     message = f"no GPU visible to NVML {where} ({why})"
     return ProbeResult(
-        readings={"gpu_count": 0.0},
+        readings=Measured.of({"gpu_count": 0.0}),
         findings=[Finding(severity, message, NvmlProbe.name)],
         details={"source": source},
     )
@@ -209,4 +210,4 @@ def summarize(snapshot: dict[str, Any], *, source: dict[str, Any], where: str) -
         "xid_errors": float(sum(xids)) if xids else None,
     }
     details = {"source": source, "host": snapshot.get("host"), "driver": driver, "gpus": gpus}
-    return ProbeResult(readings=readings, findings=findings, details=details)
+    return ProbeResult(readings=Measured.of(readings), findings=findings, details=details)

@@ -16,6 +16,7 @@ from pydantic import Field, field_validator
 from bot.diagnosis.probes.context import ProbeContext, TargetRef
 from bot.diagnosis.probes.types import Finding, Params, ProbeResult, Severity
 from bot.kernel import EndpointError, ProbeError
+from bot.kernel.numbers import Measured
 from bot.kernel.runtime.redact import redact
 
 
@@ -72,7 +73,7 @@ class PrometheusProbe:
             readings[f"{name}_last"] = values[-1] if values else None
             readings[f"{name}_max"] = max(values) if values else None
             series[name] = points
-        return ProbeResult(readings=readings, details={"series": series})
+        return ProbeResult(readings=Measured.of(readings), details={"series": series})
 
 
 async def query_range(

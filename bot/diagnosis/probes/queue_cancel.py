@@ -19,6 +19,7 @@ from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.types import Params, ProbeResult
 from bot.diagnosis.probes.vllm_metrics import MetricsScraper, Quantiles
 from bot.diagnosis.probes.vllm_window import WindowParams
+from bot.kernel.numbers import Measured
 from bot.kernel.runtime.redact import redact
 
 GATEWAY_REQUESTS = "ruleloop_gateway_requests_total"
@@ -98,13 +99,12 @@ class QueueCancelProbe:
             "wasted_decode_tokens": engine.wasted_generation.value,
             "wasted_decode_share": _complement(engine.goodput.value),
             **gateway_readings(g0, g1),
-            "engine_ttft_p99_ms": engine.ttft_ms.p99,
         }
         ttft = gateway_ttft(g0, g1)
-        readings["gateway_ttft_p99_ms"] = ttft.p99 if ttft else None
-        bounds = {name: bound for name, quantiles in (("engine_ttft_p99_ms", engine.ttft_ms),
-                                                      ("gateway_ttft_p99_ms", ttft))
-                  if quantiles and (bound := quantiles.bounds.get("p99"))}  # fmt: skip
+        quantiles = {
+            "engine_ttft_p99_ms": engine.ttft_ms.reading("p99"),
+            "gateway_ttft_p99_ms": ttft.reading("p99") if ttft else None,
+        }
         details = {
             "gateway": target.target.gateway_url and redact(target.target.gateway_url),
             "aborted_requests": engine.aborted_requests,
@@ -120,7 +120,7 @@ class QueueCancelProbe:
             "wasted_decode_basis": engine.goodput.basis,
             **fleet.details(),
         }
-        return ProbeResult(readings=readings, details=details, bounds=bounds)
+        return ProbeResult(readings=Measured.of(readings) | Measured(quantiles), details=details)
 
 
 def gateway_ttft(before: Exposition | None, after: Exposition | None) -> Quantiles | None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from bot.kernel.numbers import Bound
+from bot.kernel.numbers import Measured
 
 if TYPE_CHECKING:
     from bot.diagnosis.probes.context import ProbeContext, TargetRef
@@ -46,11 +46,9 @@ class Finding:
 class ProbeResult:
     """What one probe read: named numbers, its own findings, and details for people."""
 
-    readings: dict[str, float | None] = field(default_factory=dict)
+    readings: Measured = field(default_factory=Measured)  # None: looked for, not measured
     findings: list[Finding] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
-    bounds: dict[str, Bound] = field(default_factory=dict)  # readings that are only bounds
-    spans: dict[str, tuple[float, float]] = field(default_factory=dict)  # estimates' spans
     window: SampledWindow | None = None  # the engine window it read (the chart draws it)
 
 

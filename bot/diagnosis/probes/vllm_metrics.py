@@ -46,7 +46,7 @@ import httpx
 from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.fragmentation import used_blocks
 from bot.kernel import EndpointError, ProbeError
-from bot.kernel.numbers import Bound, Estimate, histogram_quantile, quantile_bound
+from bot.kernel.numbers import Bound, Estimate, Reading, histogram_quantile, quantile_bound
 from bot.kernel.runtime.redact import redact
 
 # Each reading: its names, newest first.
@@ -100,6 +100,11 @@ class Quantiles:
     mean: float | None
     count: int
     bounds: Mapping[str, Bound] = field(default_factory=dict)
+
+    def reading(self, name: str) -> Reading | None:
+        """One quantile ("p99") with its bound; None where there was no observation."""
+        value = getattr(self, name)
+        return None if value is None else Reading(value, self.bounds.get(name))
 
     @classmethod
     def from_histogram(

@@ -11,7 +11,7 @@ from pydantic import Field
 from bot.diagnosis.probes.context import ProbeContext, TargetRef
 from bot.diagnosis.probes.engine_steps import STEP_READINGS, decode_bound, read_steps
 from bot.diagnosis.probes.types import Params, ProbeResult
-from bot.kernel.numbers import Estimate
+from bot.kernel.numbers import Estimate, Measured
 
 
 class WindowParams(Params):
@@ -43,19 +43,6 @@ VLLM_READINGS = {
     "those queued at the end, which may be preempted)",
     **STEP_READINGS,
 }
-
-
-def _spans(**estimates: Estimate | str) -> dict[str, tuple[float, float]]:
-    """The spans of the estimates that have one (their readings are the midpoints)."""
-    return {
-        key: (e.low, e.high)
-        for key, e in estimates.items()
-        if isinstance(e, Estimate)
-        and e.value is not None
-        and e.low is not None
-        and e.high is not None
-        and e.high > e.low
-    }
 
 
 def _bounds(estimate: Estimate) -> list[float] | None:
@@ -105,14 +92,20 @@ class VllmMetricsProbe:
         window = fleet.window
         engine = window.engine
         fragmentation = window.kv_fragmentation()
+        estimated = Measured(
+            {
+                "ttft_p99_ms": engine.ttft_ms.reading("p99"),
+                "ttft_p50_ms": engine.ttft_ms.reading("p50"),
+                "tpot_p99_ms": window.tpot_ms.reading("p99"),
+                "itl_p99_ms": engine.itl_ms.reading("p99"),
+                "e2e_p99_ms": engine.e2e_ms.reading("p99"),
+                "goodput_ratio": engine.goodput.reading(),
+                "kv_fragmentation": None
+                if isinstance(fragmentation, str)
+                else fragmentation.reading(),
+            }
+        )
         readings = {
-            "ttft_p99_ms": engine.ttft_ms.p99,
-            "ttft_p50_ms": engine.ttft_ms.p50,
-            "tpot_p99_ms": window.tpot_ms.p99,
-            "itl_p99_ms": engine.itl_ms.p99,
-            "e2e_p99_ms": engine.e2e_ms.p99,
-            "goodput_ratio": engine.goodput_ratio,
-            "kv_fragmentation": None if isinstance(fragmentation, str) else fragmentation.value,
             "kv_cache_usage": window.peak("kv_cache_usage"),
             "requests_running": window.peak("requests_running"),
             "requests_waiting": window.peak("requests_waiting"),
@@ -126,7 +119,6 @@ class VllmMetricsProbe:
         }
         decoders = decode_bound(window.pages[0], window.pages[-1])
         steps = read_steps(window.pages, decode_bound=decoders)
-        readings.update(steps.readings)
         details: dict[str, object] = {
             "window_s": engine.duration_s,
             "ttft_count": engine.ttft_ms.count,
@@ -136,23 +128,6 @@ class VllmMetricsProbe:
             **fragmentation_details(fragmentation),
             **fleet.details(),  # each replica's own numbers, beside the merged ones
         }
-        quantiles = {
-            "ttft_p99_ms": (engine.ttft_ms, "p99"),
-            "ttft_p50_ms": (engine.ttft_ms, "p50"),
-            "tpot_p99_ms": (window.tpot_ms, "p99"),
-            "itl_p99_ms": (engine.itl_ms, "p99"),
-            "e2e_p99_ms": (engine.e2e_ms, "p99"),
-        }
-        bounds = {
-            key: bound
-            for key, (histogram, q) in quantiles.items()
-            if (bound := histogram.bounds.get(q)) is not None
-        }
-        bounds.update(steps.bounds)
-        spans = {
-            **_spans(goodput_ratio=engine.goodput, kv_fragmentation=fragmentation),
-            **steps.spans,
-        }
         return ProbeResult(
-            readings=readings, details=details, bounds=bounds, spans=spans, window=window
+            readings=estimated | Measured.of(readings) | steps, details=details, window=window
         )

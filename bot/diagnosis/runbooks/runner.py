@@ -17,7 +17,7 @@ from bot.diagnosis.probes.types import Finding, ProbeResult, Severity
 from bot.diagnosis.runbooks.loader import LoadedRunbook
 from bot.diagnosis.runbooks.registry import ProbeRegistry
 from bot.kernel import RuleloopError
-from bot.kernel.numbers import Bound, Bounds, Reading, Spans, compare
+from bot.kernel.numbers import Measured, Reading, compare
 from bot.kernel.runtime import new_error_id
 from bot.kernel.runtime.redact import redact
 
@@ -29,16 +29,14 @@ class RunbookResult:
     """Every reading as `probe.reading`, every finding (worst first), and probe details."""
 
     runbook: str
-    readings: dict[str, float | None] = field(default_factory=dict)
+    readings: Measured = field(default_factory=Measured)  # by `probe.reading`
     findings: list[Finding] = field(default_factory=list)
     details: dict[str, dict[str, Any]] = field(default_factory=dict)
-    bounds: dict[str, Bound] = field(default_factory=dict)  # readings that are only bounds
-    spans: dict[str, tuple[float, float]] = field(default_factory=dict)  # estimates' spans
     windows: dict[str, SampledWindow] = field(default_factory=dict)  # by probe, those read
 
     def reading(self, name: str) -> float | None:
-        """One reading by its dotted name, None when absent or unmeasured."""
-        return self.readings.get(name)
+        """One reading's value by its dotted name, None when absent or unmeasured."""
+        return self.readings.value(name)
 
 
 class RunbookRunner:
@@ -66,44 +64,32 @@ class RunbookRunner:
             probe_result = (
                 outcome if isinstance(outcome, ProbeResult) else _failed(step.probe, outcome)
             )
-            for name, value in probe_result.readings.items():
-                result.readings[f"{step.probe}.{name}"] = value
-            for name, bound in probe_result.bounds.items():
-                result.bounds[f"{step.probe}.{name}"] = bound
-            for name, span in probe_result.spans.items():
-                result.spans[f"{step.probe}.{name}"] = span
+            result.readings |= probe_result.readings.under(step.probe)
             if probe_result.window is not None:
                 result.windows[step.probe] = probe_result.window
             result.findings.extend(probe_result.findings)
             if probe_result.details:
                 result.details[step.probe] = probe_result.details
-        result.findings.extend(evaluate(loaded, result.readings, result.bounds, result.spans))
+        result.findings.extend(evaluate(loaded, result.readings))
         result.findings.sort(key=lambda f: -f.severity)
         return result
 
 
-def evaluate(
-    loaded: LoadedRunbook,
-    readings: dict[str, float | None],
-    bounds: Bounds | None = None,
-    spans: Spans | None = None,
-) -> list[Finding]:
+def evaluate(loaded: LoadedRunbook, readings: Measured) -> list[Finding]:
     """The findings whose rule holds for the readings (an unmeasured reading never holds, nor
     does a bound or an estimate's span that does not decide the rule: '≤ 10 ms' is not over
     5 ms, nor under it)."""
     found = []
     for rule in loaded.runbook.findings:
         probe, reading, op, limit = rule.parts
-        value = readings.get(f"{probe}.{reading}")
-        bound = (bounds or {}).get(f"{probe}.{reading}")
-        span = (spans or {}).get(f"{probe}.{reading}")
-        if value is not None and compare(Reading(value, bound, span), op, Reading(limit)):
+        value = readings.reading(f"{probe}.{reading}")
+        if value is not None and compare(value, op, Reading(limit)):
             found.append(
                 Finding(
                     severity=Severity.parse(rule.severity),
-                    message=rule.message.format(value=value, limit=limit),
+                    message=rule.message.format(value=value.value, limit=limit),
                     source=f"{loaded.name}: {rule.when.strip()}",
-                    value=value,
+                    value=value.value,
                 )
             )
     return found

@@ -15,14 +15,12 @@ if TYPE_CHECKING:
     from bot.kernel.numbers.histogram import quantile_bucket as quantile_bucket
     from bot.kernel.numbers.reading import OPS as OPS
     from bot.kernel.numbers.reading import Bound as Bound
-    from bot.kernel.numbers.reading import Bounds as Bounds
     from bot.kernel.numbers.reading import Estimate as Estimate
     from bot.kernel.numbers.reading import Measured as Measured
+    from bot.kernel.numbers.reading import MeasuredJson as MeasuredJson
     from bot.kernel.numbers.reading import Reading as Reading
-    from bot.kernel.numbers.reading import Spans as Spans
     from bot.kernel.numbers.reading import bounds_of as bounds_of
     from bot.kernel.numbers.reading import compare as compare
-    from bot.kernel.numbers.reading import spans_json as spans_json
     from bot.kernel.numbers.reading import spans_of as spans_of
     from bot.kernel.numbers.text import FOUR as FOUR
     from bot.kernel.numbers.text import NOT_MEASURED as NOT_MEASURED
@@ -37,15 +35,14 @@ if TYPE_CHECKING:
 __all__ = [
     "BY_GATE",
     "Bound",
-    "Bounds",
     "Estimate",
     "FOUR",
     "HEADLINE",
     "Measured",
+    "MeasuredJson",
     "NOT_MEASURED",
     "OPS",
     "Reading",
-    "Spans",
     "bounds_of",
     "catalogue",
     "change",
@@ -58,7 +55,6 @@ __all__ = [
     "show",
     "show_reading",
     "sign_of",
-    "spans_json",
     "spans_of",
     "unit_of",
 ]

@@ -19,6 +19,7 @@ import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypedDict
 
 
 class Bound(StrEnum):
@@ -69,12 +70,27 @@ class Reading:
 
 @dataclass(frozen=True)
 class Measured:
-    """Numbers by metric (None: not measured), which of them are only bounds, and the spans of
-    those that are estimates."""
+    """Readings by name: each one a ``Reading``, or None where it was looked for and not
+    measured. The one way a set of numbers travels (a probe's, a runbook's, a diagnosis's
+    headline, a target's normal); JSON keeps it as three maps (``json``, ``from_json``)."""
 
-    numbers: Mapping[str, float | None]
-    bounds: Bounds = field(default_factory=dict)
-    spans: Spans = field(default_factory=dict)
+    readings: Mapping[str, Reading | None] = field(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        numbers: Mapping[str, float | None],
+        bounds: Bounds | None = None,
+        spans: Spans | None = None,
+    ) -> Measured:
+        """From a map of numbers and, beside it, the bounds and spans of those that have them."""
+        bounds, spans = bounds or {}, spans or {}
+        return cls(
+            {
+                k: None if v is None else Reading(v, bounds.get(k), spans.get(k))
+                for k, v in numbers.items()
+            }
+        )
 
     @classmethod
     def from_json(cls, numbers: object, bounds: object = None, spans: object = None) -> Measured:
@@ -85,14 +101,54 @@ class Measured:
             for k, v in (numbers.items() if isinstance(numbers, Mapping) else ())
             if isinstance(v, int | float) and not isinstance(v, bool)
         }
-        return cls(plain, bounds_of(bounds), spans_of(spans))
+        return cls.of(plain, bounds_of(bounds), spans_of(spans))
+
+    def json(self) -> MeasuredJson:
+        """The three maps JSON keeps: numbers (null: not measured; NaN and infinity, which
+        JSON has not, too), the bounds ("<=", ">") and the spans ([low, high])."""
+        numbers = {k: None if r is None or not math.isfinite(r.value) else r.value
+                   for k, r in self.readings.items()}  # fmt: skip
+        return MeasuredJson(
+            numbers=numbers,
+            bounds={k: str(r.bound) for k, r in self.readings.items() if r and r.bound},
+            spans={k: list(r.span) for k, r in self.readings.items() if r and r.span},
+        )
 
     def reading(self, key: str) -> Reading | None:
         """One number with its bound or span; None when not measured."""
-        value = self.numbers.get(key)
-        if value is None:
-            return None
-        return Reading(value, self.bounds.get(key), self.spans.get(key))
+        return self.readings.get(key)
+
+    def value(self, key: str) -> float | None:
+        """One number's value (a bound's edge); None when not measured."""
+        found = self.readings.get(key)
+        return None if found is None else found.value
+
+    @property
+    def numbers(self) -> dict[str, float | None]:
+        """The values by name (None: not measured), for what reads plain numbers."""
+        return {k: None if r is None else r.value for k, r in self.readings.items()}
+
+    def pick(self, names: Mapping[str, str]) -> Measured:
+        """Readings renamed: ``names`` maps a new name to the name it reads here (those not
+        here are left out)."""
+        return Measured({new: self.readings[old] for new, old in names.items()
+                         if old in self.readings})  # fmt: skip
+
+    def under(self, prefix: str) -> Measured:
+        """Every reading named ``prefix.name`` (a runbook names a probe's readings so)."""
+        return Measured({f"{prefix}.{k}": r for k, r in self.readings.items()})
+
+    def __or__(self, other: Measured) -> Measured:
+        """Both sets of readings; ``other``'s win where both have one."""
+        return Measured({**self.readings, **other.readings})
+
+
+class MeasuredJson(TypedDict):
+    """``Measured`` as JSON keeps it: three maps by name."""
+
+    numbers: dict[str, float | None]
+    bounds: dict[str, str]
+    spans: dict[str, list[float]]
 
 
 @dataclass(frozen=True)
@@ -111,6 +167,14 @@ class Estimate:
         """Nothing can be said, for this reason."""
         return cls(None, None, None, reason)
 
+    def reading(self) -> Reading | None:
+        """The estimate as a reading (its span, where it has one); None when unknown."""
+        if self.value is None:
+            return None
+        if self.low is None or self.high is None or not self.high > self.low:
+            return Reading(self.value)
+        return Reading(self.value, span=(self.low, self.high))
+
 
 def spans_of(raw: object) -> dict[str, tuple[float, float]]:
     """A ``spans`` map read back from JSON ({metric: [low, high]}); malformed entries dropped."""
@@ -125,11 +189,6 @@ def spans_of(raw: object) -> dict[str, tuple[float, float]]:
         if numbers and math.isfinite(low) and math.isfinite(high) and low <= high:
             out[str(key)] = (float(low), float(high))
     return out
-
-
-def spans_json(spans: Spans) -> dict[str, list[float]]:
-    """A ``spans`` map as JSON."""
-    return {k: [low, high] for k, (low, high) in spans.items()}
 
 
 def bounds_of(raw: object) -> dict[str, Bound]:

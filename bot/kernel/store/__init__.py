@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from bot.kernel.store.states import ChangeKind as ChangeKind
     from bot.kernel.store.states import ChangeState as ChangeState
     from bot.kernel.store.summary import DiagnosisSummary as DiagnosisSummary
+    from bot.kernel.store.summary import ReplicaRule as ReplicaRule
+    from bot.kernel.store.summary import StoredFleet as StoredFleet
+    from bot.kernel.store.summary import StoredReplica as StoredReplica
 
 __all__ = [
     "ACTIVE",
@@ -59,6 +62,9 @@ __all__ = [
     "DONE",
     "Database",
     "DiagnosisSummary",
+    "ReplicaRule",
+    "StoredFleet",
+    "StoredReplica",
     "DriftBeforeRun",
     "FAILED",
     "HOLDS",

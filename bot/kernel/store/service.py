@@ -189,7 +189,7 @@ def add_snapshot(
     source: str,
     numbers: Mapping[str, float | None],
     bounds: Mapping[str, str] | None = None,
-    spans: Mapping[str, tuple[float, float]] | None = None,
+    spans: Mapping[str, Sequence[float]] | None = None,
 ) -> MetricSnapshot:
     """Keep a target's numbers (by the catalogue's keys; None or a non-finite number, which
     JSON cannot hold, is kept as not measured) and how those not known exactly are known: in

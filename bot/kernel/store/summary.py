@@ -39,6 +39,46 @@ class CauseEntry(BaseModel):
     missing: list[str] = Field(default_factory=list)
 
 
+class ReplicaRule(BaseModel):
+    """The rule that named a replica slow: at least ``min_requests``, and ``factor`` x the
+    others' p99 below ``share_beyond`` of its requests."""
+
+    min_requests: int = 0
+    factor: float = 0.0
+    share_beyond: float = 0.0
+
+
+class StoredReplica(BaseModel):
+    """One replica's row of a fleet's diagnosis: its p99s (ms; None: not measured), which of
+    them are only bounds, its state and why."""
+
+    model_config = ConfigDict(extra="allow")
+
+    replica: str
+    state: str
+    node: str | None = None
+    requests: int | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    queue_time_p99_ms: float | None = None
+    bounds: dict[str, str] = Field(default_factory=dict)  # key -> "<=" or ">"
+    why: str = ""
+    note: str | None = None
+
+
+class StoredFleet(BaseModel):
+    """One replica or all of them: the fleet's verdict as a diagnosis keeps it."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str = ""
+    line: str = ""
+    rule: ReplicaRule = Field(default_factory=ReplicaRule)
+    slow: list[str] = Field(default_factory=list)
+    by_hand: str | None = None
+    rows: list[StoredReplica] = Field(default_factory=list)
+
+
 class DiagnosisSummary(BaseModel):
     """The headline numbers and what the diagnosis concluded; empty until one finished
     (``failed``: the last one failed)."""
@@ -63,7 +103,7 @@ class DiagnosisSummary(BaseModel):
     normal_spans: dict[str, tuple[float, float]] = Field(default_factory=dict)
     findings: list[tuple[str, str, str]] = Field(default_factory=list)  # severity, text, source
     chart: dict[str, Any] | None = None  # ``ChartData.to_json``
-    replicas: dict[str, Any] | None = None  # one replica or all of them (``summary_json``)
+    replicas: StoredFleet | None = None  # one replica or all of them (``summary_json``)
     causes: list[CauseEntry] = Field(default_factory=list)
     failed: bool = False
 

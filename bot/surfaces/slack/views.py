@@ -150,9 +150,9 @@ def root_message(
                 ]
             )
         )
-    fleet = view.summary.replicas or {}
-    if fleet.get("line"):  # one replica or all of them, on a phone's first screen
-        text = clip(plain(str(fleet["line"])), MAX_LINE)
+    fleet = view.summary.replicas
+    if fleet and fleet.line:  # one replica or all of them, on a phone's first screen
+        text = clip(plain(fleet.line), MAX_LINE)
         blocks.append(ContextBlock(elements=[MarkdownTextObject(text=text)]))
     text = f"{plain(title)} · {status} · target {target}"  # notifications parse this text
     return text, [b.to_dict() for b in blocks]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import html
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +18,8 @@ from bot.canary import CanaryReport, values_of
 from bot.change import diff
 from bot.diagnosis import GATE_OF, cause_text, from_summary, summary_numbers
 from bot.incidents import memory
-from bot.kernel.numbers import FOUR, Bound, Reading, compare, show_reading
-from bot.kernel.store import ChangeState, DiagnosisSummary
+from bot.kernel.numbers import FOUR, Bound, Reading, bounds_of, compare, show_reading
+from bot.kernel.store import ChangeState, DiagnosisSummary, StoredReplica
 from bot.remediation import STATES, gate_lines, number_lines
 from bot.surfaces.web.queries import (
     AlertRow,
@@ -103,22 +103,19 @@ def _fleet(summary: DiagnosisSummary) -> Fleet | None:
     if not fleet:
         return None
     rows = []
-    for row in fleet.get("rows") or []:
-        bounds = row.get("bounds") or {}
+    for row in fleet.rows:
 
-        def cell(key: str, row: Mapping[str, Any] = row, bounds: Mapping[str, Any] = bounds) -> str:
-            bound = Bound(bounds[key]) if key in bounds else None
-            return four_number(key, row.get(key), bound)
+        def cell(key: str, row: StoredReplica = row) -> str:
+            bound = bounds_of(row.bounds).get(key)
+            return four_number(key, getattr(row, key), bound)
 
-        state = str(row.get("state"))
-        tone = BAD if state == "slow" else (GOOD if state == "ok" else NEUTRAL)
-        why = "; ".join(str(w) for w in (row.get("why"), row.get("note")) if w)
-        requests = "n/a" if row.get("requests") is None else str(row["requests"])
-        rows.append(ReplicaLine(str(row.get("replica")), state, tone, requests, cell("ttft_p99_ms"),
+        tone = BAD if row.state == "slow" else (GOOD if row.state == "ok" else NEUTRAL)
+        why = "; ".join(w for w in (row.why, row.note) if w)
+        requests = "n/a" if row.requests is None else str(row.requests)
+        rows.append(ReplicaLine(row.replica, row.state, tone, requests, cell("ttft_p99_ms"),
                                 cell("tpot_p99_ms"), cell("queue_time_p99_ms"), why))  # fmt: skip
-    rule = fleet.get("rule") or {}
-    return Fleet(line=str(fleet.get("line", "")), by_hand=fleet.get("by_hand"), rows=rows,
-                 min_requests=int(rule.get("min_requests", 0)))  # fmt: skip
+    return Fleet(line=fleet.line, by_hand=fleet.by_hand, rows=rows,
+                 min_requests=fleet.rule.min_requests)  # fmt: skip
 
 
 @dataclass(frozen=True)
