@@ -116,34 +116,9 @@ class Cluster:
                 and e.detail.get("remediation") == remediation_id
             ]
 
-    async def post(self, replica: Replica, body: bytes) -> None:
-        import httpx
-
-        self.clicks += 1  # one timestamp per request: the same signed request twice is a replay
-        headers = signed_headers(body, timestamp=int(time.time()) - self.clicks)
-        async with httpx.AsyncClient(timeout=60) as client:
-            answer = await client.post(f"{replica.url}/slack/events", content=body, headers=headers)
-        assert answer.status_code == 200, answer.text
-
     async def request_and_approve(self, replica: Replica) -> int:
         """/apply-adr and the Approve click, both to ``replica`` (which then runs the change)."""
-        cards = len(self.slack.of("chat.postMessage"))
-        form = {"command": "/apply-adr", "text": f"{ADR} tiny", "user_id": "U1",
-                "channel_id": "C0INCIDENTS", "team_id": "T0FAKE", "trigger_id": "1.2.3",
-                "response_url": self.slack.response_url("cmd"), "token": "legacy"}  # fmt: skip
-        await self.post(replica, urllib.parse.urlencode(form).encode())
-        deadline = time.monotonic() + 60
-        while not (new := [c for c in self.slack.of("chat.postMessage")[cards:] if _approve(c)]):
-            assert time.monotonic() < deadline, "no confirmation card was posted"
-            await asyncio.sleep(0.05)  # the card follows the ack (and the thread's root)
-        card = new[-1]
-        payload = {"type": "block_actions", "user": {"id": "U2"}, "team": {"id": "T0FAKE"},
-                   "api_app_id": "A0", "trigger_id": "1.2.3",
-                   "response_url": self.slack.response_url("btn"), "channel": {"id": "C0INCIDENTS"},
-                   "container": {"type": "message"},
-                   "actions": [{"type": "button", "action_id": "remediation_approve",
-                                "block_id": "b", "value": _approve(card), "action_ts": "1"}]}  # fmt: skip
-        await self.post(replica, urllib.parse.urlencode({"payload": json.dumps(payload)}).encode())
+        self.clicks = await apply_and_approve(self.slack, replica.url, f"{ADR} tiny", self.clicks)
         rem = self.remediation()
         assert rem is not None
         return rem.id
@@ -181,6 +156,40 @@ class Cluster:
         while (shown := _card(self.slack, rem.ts)) != card and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         assert shown == card
+
+
+async def apply_and_approve(slack: FakeSlack, bot_url: str, text: str, clicks: int = 0) -> int:
+    """``/apply-adr text`` from U1 and U2's Approve click on its card, as signed Slack requests
+    to the bot at ``bot_url``; how many requests were signed so far (``clicks`` before)."""
+    cards = len(slack.of("chat.postMessage"))
+    form = {"command": "/apply-adr", "text": text, "user_id": "U1",
+            "channel_id": "C0INCIDENTS", "team_id": "T0FAKE", "trigger_id": "1.2.3",
+            "response_url": slack.response_url("cmd"), "token": "legacy"}  # fmt: skip
+    await _post(bot_url, urllib.parse.urlencode(form).encode(), clicks + 1)
+    deadline = time.monotonic() + 60
+    while not (new := [c for c in slack.of("chat.postMessage")[cards:] if _approve(c)]):
+        assert time.monotonic() < deadline, "no confirmation card was posted"
+        await asyncio.sleep(0.05)  # the card follows the ack (and the thread's root)
+    payload = {"type": "block_actions", "user": {"id": "U2"}, "team": {"id": "T0FAKE"},
+               "api_app_id": "A0", "trigger_id": "1.2.3",
+               "response_url": slack.response_url("btn"), "channel": {"id": "C0INCIDENTS"},
+               "container": {"type": "message"},
+               "actions": [{"type": "button", "action_id": "remediation_approve",
+                            "block_id": "b", "value": _approve(new[-1]), "action_ts": "1"}]}  # fmt: skip
+    await _post(
+        bot_url, urllib.parse.urlencode({"payload": json.dumps(payload)}).encode(), clicks + 2
+    )
+    return clicks + 2
+
+
+async def _post(bot_url: str, body: bytes, click: int) -> None:
+    """One signed Slack request; each its own timestamp (the same one twice is a replay)."""
+    import httpx
+
+    headers = signed_headers(body, timestamp=int(time.time()) - click)
+    async with httpx.AsyncClient(timeout=60) as client:
+        answer = await client.post(f"{bot_url}/slack/events", content=body, headers=headers)
+    assert answer.status_code == 200, answer.text
 
 
 def _approve(card: Any) -> str | None:
@@ -239,16 +248,16 @@ def config(
         "scheduler": SCHEDULER,
     }
     path = tmp_path / "ruleloop.toml"
-    path.write_text(_toml(settings))
+    path.write_text(toml_text(settings))
     return path
 
 
-def _toml(table: dict[str, Any], name: str = "") -> str:
+def toml_text(table: dict[str, Any], name: str = "") -> str:
     """``table`` as TOML: its values (strings, paths, numbers, booleans, lists), then its tables."""
     tables = {k: v for k, v in table.items() if isinstance(v, dict)}
     values = [f"{k} = {json.dumps(v, default=str)}" for k, v in table.items() if k not in tables]
     text = "".join(f"{line}\n" for line in ([f"[{name}]"] if name and values else []) + values)
-    return text + "".join(_toml(v, f"{name}.{k}" if name else k) for k, v in tables.items())
+    return text + "".join(toml_text(v, f"{name}.{k}" if name else k) for k, v in tables.items())
 
 
 def assert_one_story(trail: list[AuditEntry], killed_in: str | None, final: str) -> None:

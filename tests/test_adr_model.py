@@ -202,6 +202,11 @@ SEED_TEXT = SEED.read_text(encoding="utf-8")
             "guardrails",
             "'warn' or 'block'",
         ),
+        (
+            _break(SEED_TEXT, "gates:\n", "gates:\n  confidence: 1.5\n"),
+            "gates.confidence",
+            "from 0.8 to 0.999 (99 % is 0.99, the default)",
+        ),
     ],
     ids=lambda v: v if isinstance(v, str) and len(v) < 40 else None,
 )
@@ -233,3 +238,14 @@ def test_record_refuses_body_text_that_would_not_round_trip(
 
 def test_supersedes_accepts_a_single_id() -> None:
     assert _record(supersedes="ADR-20260831-01").supersedes == ["ADR-20260831-01"]
+
+
+def test_the_gates_confidence_round_trips_and_is_left_out_when_unset() -> None:
+    seed = parse(SEED_TEXT, file="adr/seed.md")
+    assert seed.gates is not None and seed.gates.confidence is None
+    assert "confidence" not in render(seed)
+    sure = seed.model_copy(update={"gates": seed.gates.model_copy(update={"confidence": 0.95})})
+    text = render(sure)
+    assert "  confidence: 0.95\n" in text
+    back = parse(text, file="adr/seed.md")
+    assert back.gates is not None and back.gates.confidence == 0.95 and back == sure

@@ -193,3 +193,30 @@ def test_the_card_says_how_sure_the_kept_or_rolled_back_verdict_is() -> None:
     _, blocks = remediation_card(view)
     shown = json.dumps(blocks, ensure_ascii=False)
     assert "*How sure:* TTFT p99: not decided at 99% (n=4; a p99 needs 528)" in shown
+
+
+def test_an_adrs_confidence_decides_its_gates_sizes_its_canary_and_is_said() -> None:
+    """``gates.confidence`` (0.99 unset): 400 requests cannot bound a p99 at 99 % (528 needed),
+    they can at 95 % (368); the verdict, the size and the card say the ADR's confidence."""
+    from bot.adr import AdrGates
+    from bot.canary.verdict import gates_from
+
+    rng = np.random.default_rng(RNG_SEED)
+    runs = lognormal(rng, 400)  # p99 about 85 ms
+    strict = gates_from(AdrGates(max_ttft_p99_ms=200.0))
+    lenient = gates_from(AdrGates(max_ttft_p99_ms=200.0, confidence=0.95))
+    assert (strict.confidence, strict.requests_needed()) == (0.99, 528)
+    assert (lenient.confidence, lenient.requests_needed()) == (0.95, min_requests(0.99, 0.95))
+    assert lenient.requests_needed() == 368
+    undecided, met = _run(runs, strict), _run(runs, lenient)
+    assert not undecided.passed and undecided.gates[0].decided == "inconclusive"
+    assert met.passed and met.gates[0].decided == "met"
+    assert "(met at 95%:" in met.gates[0].reason and met.gates[0].confidence == 0.95
+    assert how_sure(met) == ["TTFT p99: met at 95% (n=400)"]
+    assert how_sure(undecided) == ["TTFT p99: not decided at 99% (n=400; a p99 needs 528)"]
+    # resolved gates and the numbers a re-read keeps still carry it
+    resolved = AdrGates(max_tpot_p99_ms="0.5x before", confidence=0.95).resolve(
+        {}, before={"tpot_p99_ms": 40.0}
+    )
+    assert resolved.confidence == 0.95 and resolved.max_tpot_p99_ms == 20.0
+    assert gates_from(resolved, numbers_only=True).confidence == 0.95

@@ -155,7 +155,7 @@ async def test_the_induced_cause_is_the_one_supported(
         diagnosis, sent = await client.under(plan.streams, lambda: diagnose(info, runbooks))
     judged = verdicts(diagnosis)
     supported = {c for c, v in judged.items() if v == "supported"}
-    shown = {r: diagnosis.readings.get(r) for r in READINGS}
+    shown = {r: diagnosis.readings.value(r) for r in READINGS}
     print(f"\n{name}: {engines.measured}, window {plan.window_s:.1f} s, {sent} requests sent;"
           f"\nverdicts {judged}\nreadings {shown}")  # fmt: skip
     assert supported == ({cause} if cause else set()), (judged, shown)

@@ -17,7 +17,7 @@ from bot.kernel.numbers.text import show, unit_of
 
 
 def test_adr_gates_are_the_catalogues_gates():
-    assert tuple(AdrGates.model_fields) == tuple(m.gate for m in METRICS)
+    assert tuple(AdrGates.model_fields) == (*(m.gate for m in METRICS), "confidence")
 
 
 def test_canary_gates_are_the_adrs_gates_and_the_error_gate():

@@ -41,6 +41,7 @@ from bot.kernel.store import Database
 from bot.postmortem import DraftService
 from bot.remediation import (
     GateRunner,
+    LiveJudge,
     RemediationNotifier,
     RemediationService,
     ThreadButtons,
@@ -116,6 +117,7 @@ def create_bot(
     console: TextIO | None = None,
     actuator_for: ActuatorFactory = actuators.build,
     gate: GateRunner = run_gate,
+    live: LiveJudge | None = None,  # the live stage's judge (None: it reads replicas as probes)
     heartbeat_sleep: Sleep = asyncio.sleep,  # a change's heartbeats wait with it (a test seam)
 ) -> Bot:
     """Load runbooks (refusing bad ones now), open the store, and wire Slack or the console."""
@@ -141,6 +143,7 @@ def create_bot(
     services = _services(
         settings, db=db, adrs=adrs, flows=flows, notifier=notifier, members=members, seams=seams,
         clock=clock, tasks=tasks, actuator_for=actuator_for, gate=gate, sleep=heartbeat_sleep,
+        live=live,
     )  # fmt: skip
     slack_app = (
         build_app(settings=settings.slack, services=services, client=client) if client else None
@@ -253,6 +256,7 @@ def _services(
     gate: GateRunner,
     sleep: Sleep,
     seams: Seams,
+    live: LiveJudge | None,
 ) -> Services:
     """The incident flows, the remediation flow and the post-incident drafts."""
     drafts = DraftService(
@@ -274,7 +278,7 @@ def _services(
         tasks=tasks,
         actuator_for=actuator_for,
         gate=gate,
-        live=live_judge(seams.probe_context),  # the live stage reads replicas as probes do
+        live=live or live_judge(seams.probe_context),  # it reads replicas as probes do
         after_change=drafts.after_change,  # a change that ended leaves its ADR draft
         members=members,
         sleep=sleep,

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from bot.canary.schema import Samples as Samples
     from bot.canary.schema import Spread as Spread
     from bot.canary.shape_replay import default_cap as default_cap
+    from bot.canary.stats import DEFAULT_CONFIDENCE as DEFAULT_CONFIDENCE
     from bot.canary.verdict import DEFAULT_MAX_ERROR_RATE as DEFAULT_MAX_ERROR_RATE
     from bot.canary.verdict import FRAGMENTATION_SOURCES as FRAGMENTATION_SOURCES
     from bot.canary.verdict import GATES as GATES
@@ -55,6 +56,7 @@ __all__ = [
     "CanaryReport",
     "CanaryRun",
     "CancelMode",
+    "DEFAULT_CONFIDENCE",
     "DEFAULT_MAX_ERROR_RATE",
     "FRAGMENTATION_SOURCES",
     "GATES",

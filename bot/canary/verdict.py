@@ -447,7 +447,8 @@ def gates_from(
     before: Samples | None = None,
     decide: Literal["statistics", "point"] = "statistics",
 ) -> Gates:
-    """Canary Gates from an ADR's gates, resolved (``AdrGates.resolve``).
+    """Canary Gates from an ADR's gates, resolved (``AdrGates.resolve``), decided at the
+    confidence the ADR names (0.99 where it names none).
 
     A limit that is not a number (a gate relative to normal, not resolved) is an error, or is
     left out with ``numbers_only`` (where no normal is at hand, e.g. re-reading old runs).
@@ -455,9 +456,13 @@ def gates_from(
     before-run's per-request values; without ``before`` they only size the run. ``decide``
     "point": a tuning search's trials, ranked on their point values (see ``Gates.decide``).
     """
+    confidence = limits.confidence or DEFAULT_CONFIDENCE  # the ADR's, if it says one
     if numbers_only:
         limits = AdrGates.of_numbers(limits.limits())
-    return Gates(limits, ratios=tuple(sorted((ratios or {}).items())), before=before, decide=decide)
+    return Gates(
+        limits, ratios=tuple(sorted((ratios or {}).items())), before=before,
+        confidence=confidence, decide=decide,
+    )  # fmt: skip
 
 
 def percentile(sorted_values: Sequence[float], pct: float) -> float:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -40,6 +40,7 @@ from bot.gateway.metrics import CONTENT_TYPE, GatewayMetrics, RelayOutcome
 from bot.gateway.records import MAX_RECORDS, Recorder
 from bot.gateway.relay import Exchange, Relay, send_problem, upstream_headers
 from bot.gateway.responses import HTTPProblem
+from bot.gateway.split import Split, StageCounts, relay_split
 from bot.gateway.types import Receive, Scope, Send
 
 INFERENCE_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> is chat
@@ -68,12 +69,15 @@ class ClientGone(Exception):
 
 
 class Gateway:
-    """An ASGI reverse proxy for one OpenAI-compatible engine; the upstream client is injected."""
+    """An ASGI reverse proxy for one OpenAI-compatible engine; the upstream client is injected.
+    With ``canary`` (a second engine's client and its share of requests) the inference requests
+    are split between the two (split.py)."""
 
     def __init__(
         self,
         *,
         client: httpx.AsyncClient,
+        canary: tuple[httpx.AsyncClient, float] | None = None,
         limits: Limits | None = None,
         costing: Costing | None = None,
         admin_token: str | None = None,
@@ -85,6 +89,10 @@ class Gateway:
         self.metrics = GatewayMetrics(self.budget, upstream=getattr(client, "upstream", None))
         self.costing = costing or Costing()
         self.relay = Relay(client, clock=clock)
+        self.split: Split | None = None
+        if canary is not None:
+            self.split = Split(self.relay, Relay(canary[0], clock=clock), weight=canary[1])
+            self.stages = StageCounts(self.metrics.registry)
         self.recorder = Recorder(record_requests)
         self.admin = Admin(
             token=admin_token, get_limits=lambda: self.limits, set_limits=self.set_limits,
@@ -155,13 +163,20 @@ class Gateway:
             return
         self.metrics.admitted(cost.prompt_tokens)
         ex: Exchange | None = None
-        try:
-            ex = await self.relay.run(
+
+        def send_to(relay: Relay, fail_over: bool = False) -> Awaitable[Exchange]:
+            return relay.run(
                 method="POST", target=_target(scope), headers=upstream_headers(scope["headers"]),
                 body=raw, receive=receive, send=send, stream=cost.stream,
                 deadline_s=timeout_s - (loop.time() - arrived),
-                role_events=(body.get("n") or 1) if chat else 0,
+                role_events=(body.get("n") or 1) if chat else 0, fail_over=fail_over,
             )  # fmt: skip
+
+        try:
+            if self.split is None:
+                ex = await send_to(self.relay)
+            else:
+                ex = await relay_split(self.split, self.stages, send_to)
         finally:
             self.budget.release(cost.total)
             self._account(ex, cost, arrived_s=arrived_s)

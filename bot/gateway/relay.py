@@ -43,6 +43,11 @@ RESPONSE_DROP = frozenset(
 )  # fmt: skip
 
 
+class Unreachable(Exception):
+    """The upstream refused the connection: nothing was sent, so another may take the request
+    (raised only where the caller asked, ``fail_over``)."""
+
+
 @dataclass(slots=True)
 class Exchange:
     """What happened in one exchange: how it ended, when bytes flowed, how many tokens."""
@@ -162,8 +167,11 @@ class Relay:
         deadline_s: float,
         stream: bool,
         role_events: int = 0,
+        fail_over: bool = False,
     ) -> Exchange:
-        """Proxy one request until it ends; the client always gets a complete response."""
+        """Proxy one request until it ends; the client always gets a complete response, except
+        with ``fail_over``, where an upstream that refuses the connection raises Unreachable
+        (nothing was sent to it, nor to the client)."""
         ex = Exchange(role_events=role_events)
         to_client = send
         send = _ToClient(send, ex)
@@ -174,7 +182,12 @@ class Relay:
                 deadline = _Deadline(timeout, loop, ex)
                 watcher.add_done_callback(deadline.on_disconnect)
                 request = self._request(method, target, headers, body)
-                response = await self.client.send(request, stream=True)
+                try:
+                    response = await self.client.send(request, stream=True)
+                except httpx.ConnectError:
+                    if fail_over:
+                        raise Unreachable from None
+                    raise
                 try:
                     ex.status = response.status_code
                     if stream and response.status_code == 200:

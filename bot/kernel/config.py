@@ -119,6 +119,14 @@ class LocalActuatorSpec(_Section):
 
     kind: Literal["local"]
     flags: list[str] = Field(default_factory=lambda: ["--enforce-eager"])
+    canary_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^/]+:\d+/?$",
+        description="a second local engine for the change's canary stage (e.g. "
+        "http://127.0.0.1:8001): the change starts there first, `ruleloop gateway "
+        "--canary-upstream` sends it a share of the traffic, and promotion restarts the "
+        "target's engine with the change and stops it (docs/fleet.md, the live stage)",
+    )
     state_dir: Path | None = None
     start_timeout_s: float = Field(default=300.0, gt=0)
     cpu_limit: float | None = Field(
@@ -614,17 +622,35 @@ class Target(_Section):
                 "live_stage judges the canary replicas against the baseline ones on production "
                 "traffic: list the canary stage's pods in canary_replicas"
             )
-        if self.actuator is None or isinstance(self.actuator, LocalActuatorSpec):
+        if isinstance(self.actuator, LocalActuatorSpec):
+            return self._local_canary_listed(self.actuator)
+        if self.actuator is None:
             raise ValueError(
                 "live_stage needs a canary stage that serves beside the baseline: a Kubernetes "
-                "canary Deployment (actuator canary_deployment) or a git canary (canary_locator);"
-                " a local engine has none, so remove [targets.NAME.live_stage]"
+                "canary Deployment (actuator canary_deployment), a git canary (canary_locator) "
+                "or a second local engine (a local actuator's canary_url)"
             )
         if not _has_canary_stage(self.actuator):
             raise ValueError(
                 "live_stage puts the change on the canary stage alone first: give "
                 "[targets.NAME.actuator] a canary (canary_deployment and canary_url for "
                 "kubernetes; canary_locator, canary_url and cluster.canary_deployment for git)"
+            )
+        return self
+
+    def _local_canary_listed(self, actuator: LocalActuatorSpec) -> Target:
+        """A local engine's live stage: its canary engine is the one canary replica."""
+        if actuator.canary_url is None:
+            raise ValueError(
+                "live_stage on a local engine needs a second engine for the canary stage: set "
+                "[targets.NAME.actuator] canary_url (e.g. http://127.0.0.1:8001) and run "
+                "`ruleloop gateway --canary-upstream` with it, or remove "
+                "[targets.NAME.live_stage]"
+            )
+        if [u.rstrip("/") for u in self.canary_replicas] != [actuator.canary_url.rstrip("/")]:
+            raise ValueError(
+                f"live_stage judges the canary engine: canary_replicas must be "
+                f'["{actuator.canary_url}"], the actuator\'s canary_url'
             )
         return self
 

@@ -271,7 +271,8 @@ def _as_judged(adr: Adr, limits: dict[str, float] | None) -> Adr:
         return adr
     # Resolved when the remediation ran; a run that ended before that keeps only numbers.
     judged = {**judged_limits(adr.gates, limits).limits(), **adr.gates.relative(BEFORE)}
-    return adr.model_copy(update={"gates": AdrGates.model_validate(judged)})
+    gates = AdrGates.model_validate({**judged, "confidence": adr.gates.confidence})
+    return adr.model_copy(update={"gates": gates})
 
 
 def _shape(data: object, *, remediation_id: int) -> WorkloadShape | None:

@@ -1,13 +1,17 @@
 """/apply-adr's live stage: after the canary met the gates, production traffic judges the change.
 
 A target with ``[targets.X.live_stage]`` keeps the change on its canary stage (the canary
-Deployment, behind the same Service as the baseline) for ``steps`` windows of ``step_s``; each
+Deployment behind the same Service as the baseline, or a second local engine the project's
+gateway sends a share of the traffic) for ``steps`` windows of ``step_s``; each
 window judges the canary replicas against the baseline replicas on the same live traffic with
 the live judge (``bot.canary.live``: a one-sided U test on the engines' histograms and an effect
 floor). Each step is a step of the change (audited, on the card). More "roll back" steps than
 ``failure_limit``, or more "cannot judge" steps than ``inconclusive_limit``, roll the change back
-(it is promoted only on evidence); otherwise it is promoted. A bot killed mid-stage leaves the
-change in ``canary``: the next bot rolls it back, as for any change it finds silent there.
+(it is promoted only on evidence); otherwise it is promoted.
+
+A bot stopped mid-stage (kill -9) leaves the change in ``canary`` with the steps it judged on the
+record: the next bot that finds it silent goes on from the first step not judged (a window cut
+short is judged again, whole), with the canary stage as it was left serving.
 """
 
 from __future__ import annotations
@@ -53,6 +57,12 @@ class StageCount:
     slower: int = 0
     undecided: int = 0
 
+    @classmethod
+    def of(cls, stage: LiveStage, lines: list[str]) -> StageCount:
+        """The count a record's lines say (a stage a stopped bot left, to go on with)."""
+        said = [_decision(line) for line in lines]
+        return cls(stage, list(lines), said.count("roll back"), said.count("cannot judge"))
+
     def add(self, verdict: LiveVerdict) -> None:
         """One step's verdict."""
         n = len(self.lines) + 1
@@ -74,6 +84,11 @@ class StageCount:
                 f"{self.stage.inconclusive_limit}): {self.lines[-1]}"
             )
         return None
+
+
+def _decision(line: str) -> str:
+    """A step line's decision: 'step 2/3: roll back: ...' -> 'roll back'."""
+    return line.split(": ", 2)[1] if line.count(": ") >= 2 else ""
 
 
 def _said(verdict: LiveVerdict) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 
 from bot.adr import BEFORE, NORMAL, Adr, AdrGates, GatewayRules, unlike_gate
 from bot.canary import (
+    DEFAULT_CONFIDENCE,
     CanaryReport,
     Guardrail,
     Samples,
@@ -79,6 +80,11 @@ class Judging:
         """The limits, as numbers (what the card and the record show, as JSON)."""
         return self.gates.limits()
 
+    @property
+    def confidence(self) -> float:
+        """What the gates and the guardrails decide at: the ADR's, else 0.99."""
+        return self.gates.confidence or DEFAULT_CONFIDENCE
+
 
 def standing_gates(adr: Adr, in_force: InForce | None) -> dict[str, StandingGate]:
     """The target's standing gates while ``adr`` changes it: the strictest limit per number
@@ -142,9 +148,23 @@ class ChangeRun:
         if deployed is None:
             return
         result = await self._canary(adr, judging, deployed)
-        if result is None or not await self._live_stage():
+        if result is None:
             return
-        await self._keep(result, judging)
+        kept = self._kept(result, judging)
+        stage = self.spec.live_stage
+        if await self._live_stage(kept, None if stage is None else StageCount(stage)):
+            await self._keep(kept)
+
+    async def resume_live(self, adr: Adr, found: Remediation) -> None:
+        """Go on with a live stage a stopped bot left between steps (``found``: the change as
+        its last step wrote it): from the first step it did not judge, then keep or roll back."""
+        self._adr, self._latest = adr, found
+        stage = self.spec.live_stage
+        assert stage is not None  # only a target with a live stage is resumed so
+        kept = {key: value for key, value in found.result.items() if key != "live"}
+        count = StageCount.of(stage, found.result.get("live") or [])
+        if await self._live_stage(kept, count):
+            await self._keep(kept)
 
     async def _judging(self, adr: Adr, in_force: InForce | None) -> Judging | None:
         """The gates, resolved once ('Nx before' ones against the same canary on the flags
@@ -262,25 +282,24 @@ class ChangeRun:
         if judging.before_report is not None:
             watched += watch(
                 judging.before_report, result.report, gated=judging.gated(),
-                band=self.spec.canary.guardrail_band,
+                band=self.spec.canary.guardrail_band, confidence=judging.confidence,
             )  # fmt: skip
-        return watched + standing(result.report, judging.standing)
+        return watched + standing(result.report, judging.standing, confidence=judging.confidence)
 
-    async def _live_stage(self) -> bool:
+    async def _live_stage(self, kept: dict[str, Any], count: StageCount | None) -> bool:
         """The target's live stage, if it has one (``bot.remediation.live_stage``): each step a
-        window of production traffic on the canary stage against the baseline; False when it
-        rolled the change back."""
-        stage = self.spec.live_stage
-        if stage is None:
+        window of production traffic on the canary stage against the baseline, from the first
+        one ``count`` has not judged; False when it rolled the change back. Each step's record
+        holds what promotion keeps (``kept``), so a bot that stops mid-stage can go on."""
+        if count is None:
             return True
-        count = StageCount(stage)
-        for step in range(1, stage.steps + 1):
-            result = dict(self._latest.result) if self._latest else {}
+        stage = count.stage
+        for step in range(len(count.lines) + 1, stage.steps + 1):
             await self._step(
                 S.CANARY, "remediation.live_step", {"step": step, "of": stage.steps},
                 note=f"live stage {step}/{stage.steps}: the canary replicas against the baseline "
                 f"on production traffic for {stage.step_s:g} s…",
-                result=result | {"live": count.lines}, expect=[S.CANARY],
+                result=kept | {"live": count.lines}, expect=[S.CANARY],
             )  # fmt: skip
             count.add(await self._live(self.name, self.spec, stage))
             why = count.failed()
@@ -290,19 +309,25 @@ class ChangeRun:
         self._live_lines = count.lines
         return True
 
-    async def _keep(self, result: GateRun, judging: Judging) -> None:
-        """The canary met the gates: roll the change out beyond the canary stage."""
+    def _kept(self, result: GateRun, judging: Judging) -> dict[str, Any]:
+        """What the record keeps of a canary that met the gates, and shows once promoted."""
         numbers = result.values.numbers()
         watched = self._guardrails(result, judging)
+        return {"numbers": numbers, "failures": [], "missed": [], "gates": judging.limits,
+                "before_numbers": judging.before or {},
+                "workload_shape": result.report.shape_json(),
+                "how_sure": how_sure(result.report),
+                "watched": [w.text() for w in watched if w.worse],
+                "held": [w.text() for w in watched if not w.worse],
+                "regressed": [w.text() for w in watched if w.regressed]}  # fmt: skip
+
+    async def _keep(self, kept: dict[str, Any]) -> None:
+        """The canary met the gates (and the live stage held): roll the change out beyond the
+        canary stage."""
+        numbers = kept["numbers"]
         await self._step(
             S.PROMOTING, "remediation.canary_passed", {"numbers": numbers},
-            note="canary passed; rolling out…",
-            result={"numbers": numbers, "failures": [], "missed": [], "gates": judging.limits,
-                    "before_numbers": judging.before or {},
-                    "workload_shape": result.report.shape_json(),
-                    "how_sure": how_sure(result.report), "live": self._live_lines,
-                    "watched": [w.text() for w in watched if w.worse],
-                    "held": [w.text() for w in watched if not w.worse]},
+            note="canary passed; rolling out…", result=kept | {"live": self._live_lines},
             expect=[S.CANARY],
         )  # fmt: skip
         try:
@@ -310,7 +335,7 @@ class ChangeRun:
         except ActuatorError as exc:
             await self.roll_back(reason=f"the rollout failed: {exc}", expect=[S.PROMOTING])
             return
-        worse = [w.text() for w in watched if w.regressed]
+        worse = kept.get("regressed") or []
         but = ("; but worse beyond noise, ungated: " + "; ".join(worse)) if worse else ""
         await self._step(
             S.PROMOTED, "remediation.promoted", {"numbers": numbers, "flags": self.flags},

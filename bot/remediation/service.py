@@ -262,12 +262,7 @@ class RemediationService:
 
         if not await self._owned(taken, runner, run):
             return  # taken over: its new owner finishes it (and drafts)
-        rem = ended or await self.records.get(remediation_id)
-        if self._after_change is not None and rem.state in (S.PROMOTED, S.ROLLED_BACK):
-            try:
-                await self._after_change(rem.incident_id, rem.requested_by, adr)
-            except Exception:
-                log.exception("post-incident draft for remediation %s failed", remediation_id)
+        await self._drafted(ended or await self.records.get(remediation_id), adr)
 
     def _in_force(self, target: str, promoted: Remediation | None) -> InForce:
         """The ADRs in force on ``target``, whose newest promoted change is ``promoted`` (their
@@ -332,9 +327,12 @@ class RemediationService:
 
     async def take_over(self, change: Change, *, stale_s: float) -> bool:
         """Roll back a remediation whose run went silent (one nothing was applied for yet is
-        marked interrupted); True when this process took it over."""
+        marked interrupted; one between the steps of its live stage goes on, in the
+        background); True when this process took it over."""
         assert isinstance(change, Remediation), change.kind
         rem, runner = change, replica_id()
+        if self._live_stage_left(rem):
+            return await self._go_on(rem, runner, stale_s=stale_s)
         won = await self.records.step(
             rem.id,
             to_state=S.ROLLING_BACK if rem.state != S.APPROVED else S.INTERRUPTED,
@@ -356,6 +354,61 @@ class RemediationService:
 
         await self._owned(won, runner, roll_back)
         return True
+
+    def _live_stage_left(self, rem: Remediation) -> bool:
+        """A change whose canary met the gates and whose live stage was under way (its steps
+        on the record), on a target that still has one: it can go on where it stopped."""
+        if rem.state != S.CANARY or "live" not in rem.result:
+            return False
+        spec = self.settings.targets.get(rem.target)
+        return spec is not None and spec.live_stage is not None
+
+    async def _go_on(self, rem: Remediation, runner: str, *, stale_s: float) -> bool:
+        """Take over a live stage left between steps and finish it in the background (judge the
+        steps left, then keep or roll back); the post-incident draft follows, as after a run."""
+        judged = len(rem.result.get("live") or [])
+        won = await self.records.step(
+            rem.id, to_state=S.CANARY, action="remediation.resumed",
+            detail={"found_in": rem.state, "was_run_by": rem.runner, "live_steps_judged": judged},
+            from_states=[S.CANARY], stale_s=stale_s, runner=runner,
+        )  # fmt: skip
+        if won is None:
+            return False
+        steps = self.settings.targets[rem.target].live_stage
+        of = f"/{steps.steps}" if steps is not None else ""
+        await self.card.show(
+            won,
+            note=f"the bot restarted during the live stage: going on with step {judged + 1}{of}",
+        )
+        ended: Remediation | None = None
+        adr: Adr | None = None
+
+        async def go_on(change: ChangeRun) -> None:
+            nonlocal ended, adr
+            adr = await asyncio.to_thread(self._adrs.get_or_raise, rem.adr_id)
+            await change.resume_live(adr, won)
+            ended = change.latest
+
+        async def finish() -> None:
+            if not await self._owned(won, runner, go_on):
+                return  # taken over again: its new owner finishes it
+            await self._drafted(ended, adr)
+
+        self._tasks.spawn(finish(), name=f"remediation {rem.id}: the live stage, resumed")
+        return True
+
+    async def _drafted(self, rem: Remediation | None, adr: Adr | None) -> None:
+        """The post-incident draft of a change that ended promoted or rolled back."""
+        if (
+            self._after_change is None
+            or rem is None
+            or rem.state not in (S.PROMOTED, S.ROLLED_BACK)
+        ):
+            return
+        try:
+            await self._after_change(rem.incident_id, rem.requested_by, adr)
+        except Exception:
+            log.exception("post-incident draft for remediation %s failed", rem.id)
 
     async def expire_due(self) -> int:
         """Pending requests whose buttons expired: mark them expired and say so on the card."""

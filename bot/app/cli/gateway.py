@@ -5,6 +5,7 @@ Exit codes: 0 stopped cleanly, 2 bad usage (flags, limits file, tokenizer, addre
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -37,6 +38,9 @@ Examples:
   curl -X PATCH -H "Authorization: Bearer $TOKEN" localhost:9000/admin/limits \\
       -d '{"max_inflight_tokens": 32768}'
   kill -HUP <pid>      # re-read --limits-file
+  # a canary stage: a quarter of the inference requests to a second engine (while it runs)
+  ruleloop gateway --upstream http://127.0.0.1:8000 \
+      --canary-upstream http://127.0.0.1:8001 --canary-weight 0.25
 
 \b
 X-Request-Timeout and durations: 5 or 2.5 = seconds, 500ms = milliseconds, 2s = seconds.
@@ -89,6 +93,20 @@ def build_limits(
     "gateway keeps, and a burst after a quiet moment opens a new one per request.",
 )
 @click.option(
+    "--canary-upstream",
+    default=None,
+    help="A second engine, the canary stage of a change (the local actuator's canary_url): "
+    "--canary-weight of the inference requests go to it. Either engine may be down: a request "
+    "whose engine refuses the connection goes to the other.",
+)
+@click.option(
+    "--canary-weight",
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    default=0.5,
+    show_default=True,
+    help="The canary engine's share of the inference requests (with --canary-upstream).",
+)
+@click.option(
     "--listen", default="127.0.0.1:9000", show_default=True, help="HOST:PORT to serve on."
 )
 @click.option(
@@ -137,9 +155,9 @@ def build_limits(
     help=f"Bearer token for /admin/limits [or ${ADMIN_TOKEN_ENV}]; none: admin disabled.",
 )
 def gateway(
-    upstream: str, listen: str, max_inflight_tokens: int, default_timeout: str, max_timeout: str,
-    max_body_bytes: int, tokenizer_path: str | None, limits_file: Path | None,
-    admin_token_file: Path | None,
+    upstream: str, canary_upstream: str | None, canary_weight: float, listen: str,
+    max_inflight_tokens: int, default_timeout: str, max_timeout: str, max_body_bytes: int,
+    tokenizer_path: str | None, limits_file: Path | None, admin_token_file: Path | None,
 ) -> None:  # fmt: skip
     """Serve an inference gateway: deadlines, cancel drain, token-budget backpressure, metrics.
 
@@ -150,10 +168,11 @@ def gateway(
     X-Request-Timeout, closes the upstream request the moment a client goes away, and exports
     its own /metrics (ruleloop_gateway_*).
     """
-    if not upstream.startswith(("http://", "https://")):
-        raise UsageError(
-            f"--upstream {upstream!r} must be an http(s) URL, e.g. http://127.0.0.1:8000"
-        )
+    for flag, url in (("--upstream", upstream), ("--canary-upstream", canary_upstream)):
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise UsageError(f"{flag} {url!r} must be an http(s) URL, e.g. http://127.0.0.1:8000")
+    if canary_upstream is not None and canary_upstream.rstrip("/") == upstream.rstrip("/"):
+        raise UsageError("--canary-upstream is --upstream: give the canary engine's own URL")
     host, port = _listen(listen)
     limits = build_limits(
         max_inflight_tokens=max_inflight_tokens, default_timeout=default_timeout,
@@ -169,21 +188,28 @@ def gateway(
             costing = Costing(count_tokens=tokenizer_counter(tokenizer_path))
         except Exception as exc:  # tokenizers raises its own exception types
             raise UsageError(f"cannot load --tokenizer {tokenizer_path}: {exc}") from exc
-    loop.run(_serve(upstream, host, port, limits, costing, token, limits_file))
+    canary = None if canary_upstream is None else (canary_upstream, canary_weight)
+    loop.run(_serve(upstream, canary, host, port, limits, costing, token, limits_file))
 
 
 async def _serve(
-    upstream: str, host: str, port: int, limits: Limits, costing: Costing, token: str | None,
-    limits_file: Path | None,
+    upstream: str, canary: tuple[str, float] | None, host: str, port: int, limits: Limits,
+    costing: Costing, token: str | None, limits_file: Path | None,
 ) -> None:  # fmt: skip
-    async with upstream_client(upstream) as client:
-        app = Gateway(client=client, limits=limits, costing=costing, admin_token=token)
+    async with contextlib.AsyncExitStack() as stack:
+        client = await stack.enter_async_context(upstream_client(upstream))
+        split = None
+        if canary is not None:
+            split = (await stack.enter_async_context(upstream_client(canary[0])), canary[1])
+        app = Gateway(client=client, canary=split, limits=limits, costing=costing,
+                      admin_token=token)  # fmt: skip
+        to = upstream if canary is None else f"{upstream} + canary {canary[0]} ({canary[1]:.0%})"
         try:
             server = GatewayServer(
                 app, host=host, port=port, limits_file=limits_file, handle_signals=True
             )
             async with server:
-                click.echo(f"gateway on {server.base_url} -> {upstream} "
+                click.echo(f"gateway on {server.base_url} -> {to} "
                            f"(budget {limits.max_inflight_tokens or 'off'})", err=True)  # fmt: skip
                 await server.wait()
         except OSError as exc:

@@ -1,5 +1,12 @@
 """The local actuator: restarts a `ruleloop engine` process with the merged flags.
 
+With a ``canary_url`` the change has a canary stage: ``apply`` starts a second engine on that
+port with the change (the target's engine keeps serving as it was; the project's gateway sends
+the canary engine its share of the traffic, ``ruleloop gateway --canary-upstream``), ``promote``
+restarts the target's engine with the change and then stops the canary one (the gateway sends
+each engine's requests to the other while it restarts), and ``rollback`` stops the canary
+engine (and restores the target's engine if a promotion had reached it).
+
 The engine is found by the port of the target's vllm_url. Its flags are read back from the
 running process's own command line (/proc/<pid>/cmdline), not from what we asked for, so a
 restart that silently dropped a flag would show.
@@ -48,6 +55,11 @@ class LocalActuator:
             raise ActuatorError(f"the local actuator needs a port in vllm_url ({vllm_url})")
         self._spec = spec
         self._host, self._port = parts.hostname, parts.port
+        self._canary: tuple[str, int] | None = None
+        if spec.canary_url is not None:
+            canary = urlsplit(spec.canary_url)
+            assert canary.hostname is not None and canary.port is not None  # the spec's pattern
+            self._canary = (canary.hostname, canary.port)
         self._manager = manager or EngineManager(state_dir=spec.state_dir, cpu_limit=spec.cpu_limit)
 
     async def aclose(self) -> None:
@@ -58,17 +70,33 @@ class LocalActuator:
         return self._deployed(await self._running())
 
     async def apply(self, flags: FlagValues) -> Deployed:
-        """Stop the engine and start it again with ``flags`` merged into its launch flags."""
+        """Stop the engine and start it again with ``flags`` merged into its launch flags; with
+        a canary stage, start the canary engine so instead (the engine serves on as it was)."""
         info = await self._running()
         await asyncio.to_thread(self._keep, info.flags)
-        return await self._restart(with_flags(info.flags, flags))
+        if self._canary is None:
+            return await self._restart(with_flags(info.flags, flags))
+        host, port = self._canary
+        return await self._restart(with_flags(info.flags, flags), host=host, port=port)
 
     async def promote(self, flags: FlagValues) -> Deployed:
-        """One engine: nothing beyond the canary stage."""
-        return await self.current()
+        """With a canary stage: the engine restarted with the change, then the canary engine
+        stopped. One engine: nothing beyond the canary stage."""
+        if self._canary is None:
+            return await self.current()
+        info = await self._running()
+        promoted = await self._restart(with_flags(info.flags, flags))
+        await asyncio.to_thread(self._manager.stop, self._canary[1])
+        return promoted
 
     async def rollback(self, before: Deployed) -> Deployed:
-        """Start the engine again with exactly the launch flags ``before`` recorded."""
+        """Start the engine again with exactly the launch flags ``before`` recorded; with a
+        canary stage, stop the canary engine, and leave the engine be if it still runs them."""
+        if self._canary is not None:
+            await asyncio.to_thread(self._manager.stop, self._canary[1])
+            serving = await asyncio.to_thread(self._manager.find, self._port)
+            if serving is not None and self._deployed(serving).flags == before.flags:
+                return self._deployed(serving)
         kept: dict[str, Any] = before.detail.get("argv") or {}
         if not kept:  # a record written before argv records: the launch flags themselves
             launch, exact = list(before.detail["launch_flags"]), True
@@ -122,12 +150,16 @@ class LocalActuator:
                 f"from before the change are not in {self._kept_path()}"
             ) from exc
 
-    async def _restart(self, launch_flags: list[str]) -> Deployed:
+    async def _restart(
+        self, launch_flags: list[str], *, host: str | None = None, port: int | None = None
+    ) -> Deployed:
+        """The engine on ``port`` (the target's unless given) stopped and started again."""
+
         def restart() -> EngineInfo:
-            self._manager.stop(self._port)
+            self._manager.stop(port or self._port)
             return self._manager.start(
-                port=self._port,
-                host=self._host,
+                port=port or self._port,
+                host=host or self._host,
                 flags=launch_flags,
                 timeout_s=self._spec.start_timeout_s,
             )
