@@ -54,6 +54,9 @@ SYSTEM_PROMPT = 1536  # tokens every agent request opens with (its instructions 
 AGENT_PROMPT = 1792  # the system prompt and the agent's own turn
 AGENT_OUTPUT = 16
 WINDOW_PACES = 4  # the capture window: this many of the slowest agent request, at least
+# requests a side in the re-validation's two canary runs (the before-run and the fix's): at 8 the
+# U test said "not decided" about as often as "missed" for the same failing rule; at 16 it decides
+REVALIDATION_REQUESTS = 16
 
 
 def agent_load(base_url: str, *, duration_s: float) -> Workload:
@@ -71,6 +74,14 @@ def record_workload(adr_path: Path, shape: WorkloadShape) -> str:
     adr = load(adr_path)
     adr_path.write_text(render(adr.model_copy(update={"workload": shape})))
     return context_line(shape)
+
+
+def _revalidated(settings: Settings, name: str) -> Settings:
+    """The settings the drift job runs with: the target's canary at REVALIDATION_REQUESTS."""
+    target = settings.targets[name]
+    canary = target.canary.model_copy(update={"num_requests": REVALIDATION_REQUESTS})
+    targets = {**settings.targets, name: target.model_copy(update={"canary": canary})}
+    return settings.model_copy(update={"targets": targets})
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,7 @@ async def run_second_act(
     """
     window = max(8.0, float(math.ceil(WINDOW_PACES * pace_s)))
     adrs = SharedAdrStore(root=adr_dir, db=bot.db)
+    settings = _revalidated(settings, name)
     target = settings.targets[name]
     # the target allows a before-run (drift_before_run): the flags the rule replaced serve
     # for one canary run on the live shape, then the fix again, judged against it
