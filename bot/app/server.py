@@ -136,8 +136,7 @@ def create_bot(
     flows = IncidentFlows(
         settings=settings, db=db, notifier=notifier, clock=clock, monotonic=monotonic,
         diagnoser=_diagnoser(settings, db=db, adrs=adrs, seams=seams),
-        metrics=metrics, tasks=tasks, owner=owner,
-        adrs=adrs,  # a diagnosis names the ADR files it had to skip
+        metrics=metrics, tasks=tasks, owner=owner, adrs=adrs,  # names the ADR files it skipped
     )  # fmt: skip
     members = Members(settings.access, SlackUserGroups(client) if client is not None else None)
     services = _services(
@@ -160,9 +159,8 @@ def create_bot(
     pages = IncidentPages(db=db, links=links, adrs=adrs)
     app = http_app(routes, pages, lifespan=_lifespan(services, scheduler, http=seams.http, db=db))
     return Bot(
-        app=app, flows=flows, db=db, slack=slack_app,
-        http=seams.http, remediation=services.remediation, drafts=services.drafts, tasks=tasks,
-        metrics=metrics, scheduler=scheduler,
+        app=app, flows=flows, db=db, slack=slack_app, http=seams.http, tasks=tasks, metrics=metrics,
+        remediation=services.remediation, drafts=services.drafts, scheduler=scheduler,
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from bot.adr import BEFORE, NORMAL, Adr, AdrGates, GatewayRules, unlike_gate
 from bot.canary import (
@@ -47,6 +47,22 @@ S = ChangeState
 PREVIOUS = "the previous flags"  # what a message says of an empty set of flags
 Numbers = dict[str, float | None]
 ENDS_SILENCE = (S.PROMOTED, S.ROLLED_BACK, S.FAILED)  # a change's silence is expired at these
+
+
+class Kept(TypedDict):
+    """What the record keeps of a canary that met the gates (each live step and the promotion
+    write it): its numbers, the gates, how sure, and what the guardrails saw."""
+
+    numbers: Numbers
+    failures: list[str]
+    missed: list[str]
+    gates: dict[str, float]
+    before_numbers: Numbers
+    workload_shape: dict[str, object] | None
+    how_sure: list[str]
+    watched: list[str]  # guardrails worse than the before-run
+    held: list[str]  # guardrails that held
+    regressed: list[str]  # worse beyond noise
 
 
 @dataclass(frozen=True)
@@ -161,7 +177,7 @@ class ChangeRun:
         self._adr, self._latest = adr, found
         stage = self.spec.live_stage
         assert stage is not None  # only a target with a live stage is resumed so
-        kept = {key: value for key, value in found.result.items() if key != "live"}
+        kept = cast(Kept, {key: value for key, value in found.result.items() if key != "live"})
         count = StageCount.of(stage, found.result.get("live") or [])
         if await self._live_stage(kept, count):
             await self._keep(kept)
@@ -286,7 +302,7 @@ class ChangeRun:
             )  # fmt: skip
         return watched + standing(result.report, judging.standing, confidence=judging.confidence)
 
-    async def _live_stage(self, kept: dict[str, Any], count: StageCount | None) -> bool:
+    async def _live_stage(self, kept: Kept, count: StageCount | None) -> bool:
         """The target's live stage, if it has one (``bot.remediation.live_stage``): each step a
         window of production traffic on the canary stage against the baseline, from the first
         one ``count`` has not judged; False when it rolled the change back. Each step's record
@@ -309,19 +325,20 @@ class ChangeRun:
         self._live_lines = count.lines
         return True
 
-    def _kept(self, result: GateRun, judging: Judging) -> dict[str, Any]:
+    def _kept(self, result: GateRun, judging: Judging) -> Kept:
         """What the record keeps of a canary that met the gates, and shows once promoted."""
         numbers = result.values.numbers()
         watched = self._guardrails(result, judging)
-        return {"numbers": numbers, "failures": [], "missed": [], "gates": judging.limits,
-                "before_numbers": judging.before or {},
-                "workload_shape": result.report.shape_json(),
-                "how_sure": how_sure(result.report),
-                "watched": [w.text() for w in watched if w.worse],
-                "held": [w.text() for w in watched if not w.worse],
-                "regressed": [w.text() for w in watched if w.regressed]}  # fmt: skip
+        return Kept(
+            numbers=numbers, failures=[], missed=[], gates=judging.limits,
+            before_numbers=judging.before or {}, workload_shape=result.report.shape_json(),
+            how_sure=how_sure(result.report),
+            watched=[w.text() for w in watched if w.worse],
+            held=[w.text() for w in watched if not w.worse],
+            regressed=[w.text() for w in watched if w.regressed],
+        )  # fmt: skip
 
-    async def _keep(self, kept: dict[str, Any]) -> None:
+    async def _keep(self, kept: Kept) -> None:
         """The canary met the gates (and the live stage held): roll the change out beyond the
         canary stage."""
         numbers = kept["numbers"]
