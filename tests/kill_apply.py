@@ -227,13 +227,14 @@ def replica_env(
 
 
 def config(
-    tmp_path: Path, *, engine: str, actuator: dict[str, Any], silence: dict[str, Any] | None = None
-) -> Path:
+    tmp_path: Path, *, engine: str, actuator: dict[str, Any], silence: dict[str, Any] | None = None,
+    **more: Any,
+) -> Path:  # fmt: skip
     """The replicas' ruleloop.toml: target ``tiny`` served by ``engine`` and changed through
     ``actuator`` (its [targets.tiny.actuator] table), silenced per ``silence`` (its
-    [targets.tiny.silence] table, when given); heartbeats every 0.5 s, stale after STALE_S;
-    U1 applies, U2 approves."""
-    target = {"vllm_url": engine, "actuator": actuator, "canary": CANARY}
+    [targets.tiny.silence] table, when given), with the target's settings ``more``; heartbeats
+    every 0.5 s, stale after STALE_S; U1 applies, U2 approves."""
+    target = {"vllm_url": engine, "actuator": actuator, "canary": CANARY, **more}
     if silence is not None:
         target["silence"] = silence
     runbooks = tmp_path / "runbooks"

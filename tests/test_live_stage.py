@@ -28,7 +28,7 @@ from bot.canary.live import Decision, LiveVerdict
 from bot.canary.verdict import gates_from, judged
 from bot.kernel import CanarySpec, Target
 from bot.kernel.store import Remediation
-from bot.remediation import GateRun
+from bot.remediation import GateRun, LiveJudge
 from tests import store_reads
 from tests.canary_reports import report_of
 from tests.fakes.bot import Harness, harness
@@ -63,19 +63,26 @@ async def engine() -> AsyncIterator[SseEngine]:
         yield served
 
 
-def make(tmp_path: Path, slack: FakeSlack, engine: SseEngine, canary: Traffic) -> Harness:
+def make(
+    tmp_path: Path, slack: FakeSlack, engine: SseEngine, *, canary: Traffic | None = None,
+    judge: LiveJudge | None = None, steps: int = 2, **target: Any,
+) -> Harness:  # fmt: skip
+    """A bot whose target prod-a has a live stage of ``steps`` steps, judged on the replicas'
+    pages with this ``canary`` traffic (or by ``judge``); ``target``: prod-a's settings
+    changed, None to remove one."""
     fleet = Fleet({BASELINE[0]: (FAST_TTFT, FAST_TPOT), BASELINE[1]: (FAST_TTFT, FAST_TPOT),
-                   CANARY: canary})  # fmt: skip
-    target: dict[str, Any] = {
+                   CANARY: canary or (FAST_TTFT, FAST_TPOT)})  # fmt: skip
+    spec: dict[str, Any] = {
         "vllm_url": engine.base_url, "replicas": list(BASELINE), "canary_replicas": [CANARY],
         "actuator": {"kind": "kubernetes", "namespace": "inference", "deployment": "vllm",
                      "canary_deployment": "vllm-canary", "canary_url": CANARY},
-        "live_stage": {"steps": 2, "step_s": 60, "interval_s": 10},
-    }  # fmt: skip
+        "live_stage": {"steps": steps, "step_s": 60, "interval_s": 10},
+    } | target  # fmt: skip
+    options: dict[str, Any] = {"gate": passing_gate, "actuator_for": MemoryActuator}
     h = harness(
         tmp_path, slack=slack, transport=httpx.MockTransport(fleet.handler),
-        bot_options={"gate": passing_gate, "actuator_for": MemoryActuator},
-        targets={"prod-a": target},
+        bot_options=options | ({"live": judge} if judge is not None else {}),
+        targets={"prod-a": {k: v for k, v in spec.items() if v is not None}},
     )  # fmt: skip
     (tmp_path / "adr" / f"{ADR}-fewer-sequences.md").write_text(SLOW_TTFT_ADR)
     return h
@@ -85,7 +92,7 @@ async def changed(
     tmp_path: Path, slack: FakeSlack, engine: SseEngine, canary: Traffic
 ) -> Remediation:
     """Request and approve the ADR on prod-a with this canary traffic; the change as it ended."""
-    h = make(tmp_path, slack, engine, canary)
+    h = make(tmp_path, slack, engine, canary=canary)
     try:
         await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
         return await h.approve_change()
@@ -142,33 +149,13 @@ class Judge:
         return LiveVerdict(self.decisions.pop(0), "scripted")
 
 
-def resumable(
-    tmp_path: Path, slack: FakeSlack, engine: SseEngine, judge: Judge, **target: Any
-) -> Harness:
-    """A bot on the store in ``tmp_path``, judging the 3-step live stage with ``judge``
-    (``target``: settings of prod-a changed, None to remove one)."""
-    spec: dict[str, Any] = {
-        "vllm_url": engine.base_url, "replicas": list(BASELINE), "canary_replicas": [CANARY],
-        "actuator": {"kind": "kubernetes", "namespace": "inference", "deployment": "vllm",
-                     "canary_deployment": "vllm-canary", "canary_url": CANARY},
-        "live_stage": {"steps": 3, "step_s": 60, "interval_s": 10},
-    } | target  # fmt: skip
-    h = harness(
-        tmp_path, slack=slack,
-        bot_options={"gate": passing_gate, "actuator_for": MemoryActuator, "live": judge},
-        targets={"prod-a": {k: v for k, v in spec.items() if v is not None}},
-    )  # fmt: skip
-    (tmp_path / "adr" / f"{ADR}-fewer-sequences.md").write_text(SLOW_TTFT_ADR)
-    return h
-
-
 async def stopped_in_step_2(
     tmp_path: Path, slack: FakeSlack, engine: SseEngine, first: Decision
 ) -> int:
     """A bot that judged step 1 of 3 (``first``) and stopped in step 2, its tasks cancelled
     and its heartbeats over: the change's id, left in ``canary`` with one step on record."""
     judge = Judge(first)
-    h = resumable(tmp_path, slack, engine, judge)
+    h = make(tmp_path, slack, engine, judge=judge, steps=3)
     await h.bot.remediation.request(user_id="U1", adr_id=ADR, target="prod-a")
     with h.bot.db.transaction() as s:
         (requested,) = s.scalars(select(Remediation)).all()
@@ -199,7 +186,7 @@ async def resumed(
     """A bot stopped in step 2 (step 1 said ``first``), then a new bot on the same store that
     finds the change silent, takes it over and ends it, judging with ``judge``."""
     rem_id = await stopped_in_step_2(tmp_path, slack, engine, first)
-    h = resumable(tmp_path, slack, engine, judge, **target)
+    h = make(tmp_path, slack, engine, judge=judge, steps=3, **target)
     try:
         assert await h.bot.remediation.resume(stale_s=0) == 1
         await h.bot.tasks.drain(timeout_s=60)

@@ -41,9 +41,9 @@ from bot.engine.process import EngineManager, free_port
 from bot.kernel.store.db import Database
 from bot.kernel.store.models import AuditEntry, Remediation
 from tests import store_reads
-from tests.fakes.bot import RUNBOOK
 from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack
-from tests.kill_apply import SCHEDULER, STALE_S, TERMINAL, Replica, apply_and_approve, toml_text
+from tests.kill_apply import TERMINAL, Replica, apply_and_approve
+from tests.kill_apply import config as replicas_config
 from tests.test_bot_e2e import Process
 from tests.test_remediation_engine import adr_text, engine_flags
 
@@ -164,34 +164,20 @@ async def stage(engines: tuple[EngineManager, int, int], tmp_path: Path) -> Asyn
 
 
 def config(tmp_path: Path, stage: Stage, live_stage: dict[str, Any]) -> dict[str, str]:
-    """A bot's environment: its config (target ``local``: the engine, its canary engine, the
+    """A bot's environment: its config (target ``tiny``: the engine, its canary engine, the
     live stage), a store of its own in ``tmp_path`` (bots on the same path share it), Slack."""
-    adr = tmp_path / "adr"
-    adr.mkdir(exist_ok=True)
+    path = replicas_config(
+        tmp_path, engine=f"http://127.0.0.1:{stage.port}", canary=CANARY,
+        actuator={"kind": "local", "flags": LAUNCH, "canary_url": stage.canary_url,
+                  "state_dir": str(stage.manager.state_dir), "start_timeout_s": 600},
+        canary_replicas=[stage.canary_url],
+        live_stage={"step_s": stage.step_s, "interval_s": stage.step_s / 3, **live_stage},
+    )  # fmt: skip
     for adr_id, flags in (
         (SLOWER, {"max-num-seqs": 1}),
         (HEALTHY, {"max-num-batched-tokens": 3072}),
     ):
-        (adr / f"{adr_id}-t.md").write_text(adr_text(adr_id, flags, GATES))
-    runbooks = tmp_path / "runbooks"
-    runbooks.mkdir(exist_ok=True)
-    (runbooks / "test.yaml").write_text(RUNBOOK)
-    actuator = {"kind": "local", "flags": LAUNCH, "canary_url": stage.canary_url,
-                "state_dir": str(stage.manager.state_dir), "start_timeout_s": 600}  # fmt: skip
-    target = {"vllm_url": f"http://127.0.0.1:{stage.port}", "canary_replicas": [stage.canary_url],
-              "canary": CANARY, "actuator": actuator,
-              "live_stage": {"step_s": stage.step_s, "interval_s": stage.step_s / 3,
-                             **live_stage}}  # fmt: skip
-    settings = {
-        "slack": {"channel": "#incidents"},
-        "paths": {"runbooks": runbooks, "adr": adr},
-        "access": {"apply": ["U1"], "approve": ["U1", "U2"]},
-        "remediation": {"heartbeat_s": 0.5, "stale_after_s": STALE_S},
-        "targets": {"local": target},
-        "scheduler": SCHEDULER,
-    }
-    path = tmp_path / "ruleloop.toml"
-    path.write_text(toml_text(settings))
+        (tmp_path / "adr" / f"{adr_id}-t.md").write_text(adr_text(adr_id, flags, GATES))
     return {**os.environ, "RULELOOP_CONFIG": str(path),
             "RULELOOP_DATABASE_URL": f"sqlite:///{tmp_path / 'bot.db'}",
             "SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": SIGNING_SECRET}  # fmt: skip
@@ -253,7 +239,7 @@ async def test_a_change_that_slows_the_canary_engine_is_rolled_back_at_its_first
     assert before is not None
     env = config(tmp_path, stage, {"steps": 1})
     with bot(tmp_path, env, slack, "a") as serve:
-        await apply_and_approve(slack, serve.url, f"{SLOWER} local")
+        await apply_and_approve(slack, serve.url, f"{SLOWER} tiny")
         rem = await until(tmp_path, ended, within_s=1800 + 3 * stage.step_s)
     print(f"\nslower: step {stage.step_s:g} s, traffic {stage.traffic.done} ok, "
           f"{stage.traffic.failed} failed; {rem.state}: {rem.result.get('reason')} "
@@ -280,7 +266,7 @@ async def test_a_healthy_change_resumed_after_kill_9_between_steps_is_promoted(
     # canary is the test above.
     env = config(tmp_path, stage, {"steps": 2, "failure_limit": 2})
     with bot(tmp_path, env, slack, "a") as first:
-        await apply_and_approve(slack, first.url, f"{HEALTHY} local")
+        await apply_and_approve(slack, first.url, f"{HEALTHY} tiny")
         await until(tmp_path, in_step_2, within_s=1800 + 3 * stage.step_s)
         first.kill_9()  # no shutdown, no handing over
     served = stage.traffic.done
