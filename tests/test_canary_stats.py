@@ -10,12 +10,14 @@ import json
 import numpy as np
 import pytest
 
+from bot.canary import stats
 from bot.canary.client import Outcome, RequestRecord
 from bot.canary.render import summary_table
 from bot.canary.report import CanaryMeasurement
 from bot.canary.schema import CanaryReport
 from bot.canary.stats import (
     hodges_lehmann,
+    judge_clustered,
     judge_limit,
     judge_ratio,
     min_requests,
@@ -220,3 +222,66 @@ def test_an_adrs_confidence_decides_its_gates_sizes_its_canary_and_is_said() -> 
     )
     assert resolved.confidence == 0.95 and resolved.max_tpot_p99_ms == 20.0
     assert gates_from(resolved, numbers_only=True).confidence == 0.95
+
+
+def correlated_gaps(rng: np.random.Generator, requests: int, gaps: int) -> list[list[float]]:
+    """ITL-like gaps: each request has its own speed (a long prompt beside it, a busy batch),
+    so one request's gaps move together; the gaps around it vary less."""
+    speeds = rng.lognormal(0.0, 0.6, size=requests)
+    return [[float(v) for v in s * rng.lognormal(0.0, 0.3, size=gaps)] for s in speeds]
+
+
+@pytest.mark.parametrize("share_above", [0.013, 0.0075])
+def test_itl_gaps_are_judged_with_their_requests_as_the_units(
+    share_above: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The limit sits at the gaps' true (1 - share_above) quantile: above 1 % the gate is not
+    met, below it is not missed. Counting every gap as independent (design effect 1) calls it
+    wrongly often; with the requests as the units the judge does not (it says "not decided")."""
+    rng = np.random.default_rng(RNG_SEED)
+    population = np.concatenate([np.ravel(correlated_gaps(rng, 1000, 30)) for _ in range(40)])
+    limit = float(np.quantile(population, 1 - share_above))
+    wrong = "met" if share_above > 0.01 else "missed"
+    trials = 120
+    runs = [correlated_gaps(rng, 100, 30) for _ in range(trials)]
+    ours = sum(judge_clustered(g, 0.99, limit).outcome == wrong for g in runs)
+    monkeypatch.setattr(stats, "design_effect", lambda groups, limit: 1.0)
+    naive = sum(judge_clustered(g, 0.99, limit).outcome == wrong for g in runs)
+    assert ours <= 1 and naive >= 4, (ours, naive)
+
+
+def test_every_gap_above_the_limit_in_a_few_requests_is_worth_a_few_observations() -> None:
+    """Requests whose gaps are alike are worth one observation each: 50 such requests cannot
+    show a p99 under the limit (a p99 needs 528), however many gaps they hold."""
+    alike = [[10.0 + i * 0.1] * 40 for i in range(50)]
+    judgement = judge_clustered(alike, 0.99, 100.0)
+    assert (
+        judgement.outcome == "inconclusive" and "over 50 effective of 50 requests" in judgement.why
+    )
+
+
+def _itl_run(gaps_ms: list[list[float]], limit: float) -> CanaryReport:
+    records = []
+    for gaps in gaps_ms:
+        r = RequestRecord(sent_at=0.0, first_token_at=0.02, finished_at=0.02 + sum(gaps) / 1000)
+        r.output_tokens, r.outcome, r.itl_s = len(gaps) + 1, Outcome.OK, [g / 1000 for g in gaps]
+        records.append(r)
+    return CanaryMeasurement(
+        shape=chat(), workload={}, records=records, engine=None, samples=[],
+        gates=Gates.of(max_itl_p99_ms=limit), wall_s=10.0, client_cpu_s=0.1,
+    ).report()  # fmt: skip
+
+
+def test_an_itl_gate_is_decided_by_its_statistics_and_says_so() -> None:
+    rng = np.random.default_rng(RNG_SEED)
+    gaps = correlated_gaps(rng, 600, 30)  # worth about 750 independent gaps: a p99 needs 528
+    p99 = float(np.quantile(np.ravel(gaps), 0.99))
+    for limit, said in ((p99 * 3, "met"), (p99 / 3, "missed")):
+        report = _itl_run(gaps, limit)
+        (gate,) = [g for g in report.gates if g.name == "max_itl_p99_ms"]
+        assert gate.decided == said and gate.passed is (said == "met"), gate.statistics
+        assert gate.sample == 600 and "effective of 600 requests" in (gate.statistics or "")
+    few = _itl_run(gaps[:5], p99 * 1.2)
+    assert few.gates[0].decided == "inconclusive" and not few.passed
+    assert how_sure(few) == ["ITL p99: not decided at 99% (n=5)"]  # not "a p99 needs 528"
+    assert len(few.samples.itl_ms) == 5 and few.samples.itl_ms[0] == [round(g, 2) for g in gaps[0]]

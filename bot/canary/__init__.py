@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from bot.canary.schema import Spread as Spread
     from bot.canary.shape_replay import default_cap as default_cap
     from bot.canary.stats import DEFAULT_CONFIDENCE as DEFAULT_CONFIDENCE
+    from bot.canary.verdict import DEFAULT_LOOKS as DEFAULT_LOOKS
     from bot.canary.verdict import DEFAULT_MAX_ERROR_RATE as DEFAULT_MAX_ERROR_RATE
     from bot.canary.verdict import FRAGMENTATION_SOURCES as FRAGMENTATION_SOURCES
     from bot.canary.verdict import GATES as GATES
@@ -57,6 +58,7 @@ __all__ = [
     "CanaryRun",
     "CancelMode",
     "DEFAULT_CONFIDENCE",
+    "DEFAULT_LOOKS",
     "DEFAULT_MAX_ERROR_RATE",
     "FRAGMENTATION_SOURCES",
     "GATES",

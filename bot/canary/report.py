@@ -158,21 +158,11 @@ class CanaryMeasurement:
 
     def ttft_values(self) -> list[float]:
         """TTFT (ms) of every request that did not cancel itself; no first token counts as inf."""
-        return [
-            math.inf if r.ttft_s is None else r.ttft_s * 1000
-            for r in self.judged_records()
-            if r.ttft_s is not None or r.outcome is not Outcome.OK
-        ]
+        return ttft_values(self.records)
 
     def tpot_values(self) -> list[float]:
         """TPOT (ms) of requests with more than one token; every failed request counts as inf."""
-        values = []
-        for r in self.judged_records():
-            if r.outcome is not Outcome.OK:
-                values.append(math.inf)
-            elif r.tpot_s is not None:
-                values.append(r.tpot_s * 1000)
-        return values
+        return tpot_values(self.records)
 
     def ttft_ms(self) -> Spread:
         """TTFT's spread (``ttft_values``)."""
@@ -316,10 +306,8 @@ class CanaryMeasurement:
             workload_shape=self.shape,
             timeline=self.timeline,
             warnings=[*self.warnings, *([partial] if partial else [])],
-            samples=Samples(
-                ttft_ms=[_finite_ms(v) for v in self.ttft_values()],
-                tpot_ms=[_finite_ms(v) for v in self.tpot_values()],
-            ),
+            samples=samples_of(self.records),
+            looks=self.gates.looks,
         )
 
     def verdict(self) -> Verdict:
@@ -334,6 +322,43 @@ class CanaryMeasurement:
     def report(self) -> CanaryReport:
         """The report, with the verdict."""
         return judged(self.numbers(), self.gates).report
+
+
+def ttft_values(records: Sequence[RequestRecord]) -> list[float]:
+    """TTFT (ms) of every request that did not cancel itself; no first token counts as inf."""
+    return [
+        math.inf if r.ttft_s is None else r.ttft_s * 1000
+        for r in records
+        if r.outcome is not Outcome.CANCELLED
+        and (r.ttft_s is not None or r.outcome is not Outcome.OK)
+    ]
+
+
+def tpot_values(records: Sequence[RequestRecord]) -> list[float]:
+    """TPOT (ms) of requests with more than one token; every failed request counts as inf."""
+    values = []
+    for r in records:
+        if r.outcome is Outcome.CANCELLED:
+            continue
+        if r.outcome is not Outcome.OK:
+            values.append(math.inf)
+        elif r.tpot_s is not None:
+            values.append(r.tpot_s * 1000)
+    return values
+
+
+def samples_of(records: Sequence[RequestRecord]) -> Samples:
+    """The per-request values the statistics read (a failed request: null, infinitely slow;
+    ITL: each request that finished normally, its gaps)."""
+    return Samples(
+        ttft_ms=[_finite_ms(v) for v in ttft_values(records)],
+        tpot_ms=[_finite_ms(v) for v in tpot_values(records)],
+        itl_ms=[
+            [round(g * 1000, 2) for g in r.itl_s]
+            for r in records
+            if r.outcome is Outcome.OK and r.itl_s
+        ],
+    )
 
 
 def _finite_ms(value: float) -> float | None:

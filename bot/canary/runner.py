@@ -23,10 +23,10 @@ from bot.adr.workload import WorkloadShape
 from bot.canary.client import Outcome, RequestRecord, stream_request
 from bot.canary.fleet import FleetScraper, Round
 from bot.canary.plan import Plan
-from bot.canary.report import CanaryMeasurement
+from bot.canary.report import CanaryMeasurement, samples_of
 from bot.canary.schema import TimelinePoint
 from bot.canary.shape_replay import DEFAULT_BLOCK_SIZE, ShapeReplay, fixed_shape
-from bot.canary.verdict import Gates
+from bot.canary.verdict import Gates, undecided
 from bot.canary.workload import Api, CancelMode, PromptFactory, Workload
 from bot.diagnosis.probes import (
     CACHE_CONFIG,
@@ -118,7 +118,11 @@ class CanaryRun:
     ) -> None:
         self.gates = gates or Gates()
         self.warnings: list[str] = []
+        sequential = size and workload.num_requests is not None and self.gates.statistical()
+        if not sequential:  # a count given as a bound, a run bounded by time: one look
+            self.gates = replace(self.gates, looks=1)
         self.workload = self._sized(workload, size)
+        self._target = self.workload.num_requests  # grows at a look that goes on
         self.replicas = list(replicas)  # engines behind the endpoint, read merged (--replica)
         self.metrics_url = metrics_url
         self.discover_metrics = discover_metrics and metrics_url is None
@@ -193,9 +197,7 @@ class CanaryRun:
             sampler = asyncio.create_task(self._sample(scraper)) if scraper else None
             ticker = asyncio.create_task(self._tick()) if self._on_progress else None
             try:
-                await self._load(
-                    session, model, count=w.num_requests, duration_s=w.duration_s, keep=True
-                )
+                await self._looks(session, model)
             finally:
                 for task in (sampler, ticker):
                     if task:
@@ -218,6 +220,24 @@ class CanaryRun:
             replicas=len(self.replicas),
             replica_details=details,
         )
+
+    async def _looks(self, session: aiohttp.ClientSession, model: str) -> None:
+        """The measured load, look by look: the sized count first; while a gate is undecided
+        and looks are left, as many requests again as the run has sent (2x, 4x ...)."""
+        w = self.workload
+        await self._load(session, model, count=w.num_requests, duration_s=w.duration_s, keep=True)
+        for look in range(2, self.gates.looks + 1):
+            sent = len(self.records)
+            left = undecided(samples_of(self.records), self.gates)
+            if not left:
+                return
+            self.warnings.append(
+                f"look {look - 1} of {self.gates.looks}: {', '.join(left)} not decided on"
+                f" {sent} requests; {sent} more"
+            )
+            self._target = 2 * sent
+            self._prepare(model, min(sent, PREPARED_BODIES))
+            await self._load(session, model, count=sent, duration_s=None, keep=True)
 
     def _engine_window(
         self, scraper: Scraper | None, before: Exposition | None, after: Exposition | None,
@@ -594,7 +614,7 @@ class CanaryRun:
             in_flight=in_flight,
             failed=counts[Outcome.FAILED],
             cancelled=counts[Outcome.CANCELLED],
-            target=self.workload.num_requests,
+            target=self._target,
             tokens=tokens,
         )
 

@@ -146,6 +146,8 @@ class Samples(_Part):
 
     ttft_ms: list[float | None] = Field(default_factory=list)
     tpot_ms: list[float | None] = Field(default_factory=list)
+    # each request's gaps between token-carrying chunks (ms, to 0.01), those that finished
+    itl_ms: list[list[float]] = Field(default_factory=list)
 
     def values(self, key: str) -> list[float]:
         """One metric's values, a failed request as inf."""
@@ -223,6 +225,9 @@ class CanaryReport(_Part):
     background: list[BackgroundClass] = Field(default_factory=list)
     gates: list[GateLine] = Field(default_factory=list)
     samples: Samples = Field(default_factory=Samples)
+    # the looks the run planned (``Gates.looks``): 1, a fixed count; more, a sized run that
+    # could go on while a gate was undecided, each look judged at its share of the error
+    looks: int = 1
 
     def json_dict(self) -> dict[str, Any]:
         """The report as JSON-safe data (an unbounded number is null), for a JSON column."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -225,3 +225,109 @@ def judge_ratio(
         return Judgement("missed", why, n, m, p_value=above.p_value, shift=shift)
     why = f"{said}: not decided at {confidence:.0%} (p={below.p_value:.2g})"
     return Judgement("inconclusive", why, n, m, p_value=below.p_value, shift=shift)
+
+
+def _binomial_tail(n: int, x: int, p: float) -> float:
+    """P(B <= x), B ~ Binomial(n, p), summed in log space over k = 0..x (x small: cheap)."""
+    if x < 0:
+        return 0.0
+    if x >= n:
+        return 1.0
+    if p <= 0:
+        return 1.0
+    if p >= 1:
+        return 0.0
+    log_c, total = 0.0, 0.0
+    for k in range(x + 1):
+        if k:
+            log_c += math.log(n - k + 1) - math.log(k)
+        total += math.exp(log_c + k * math.log(p) + (n - k) * math.log1p(-p))
+    return min(total, 1.0)
+
+
+def share_bounds(n: int, x: int, error: float) -> tuple[float, float]:
+    """Clopper-Pearson one-sided bounds (low, high) on a binomial share from ``x`` of ``n``,
+    each wrong with probability at most ``error`` (bisection on the binomial tail)."""
+
+    def solve(f: Callable[[float], float], want: float) -> float:
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if f(mid) > want:
+                lo = mid
+            else:
+                hi = mid
+        return (lo + hi) / 2
+
+    high = 1.0 if x >= n else solve(lambda p: _binomial_tail(n, x, p), error)
+    low = 0.0 if x <= 0 else 1 - solve(lambda q: _binomial_tail(n, n - x, q), error)
+    return low, high
+
+
+def design_effect(groups: Sequence[Sequence[float]], limit: float) -> float:
+    """How many gaps one independent observation is worth: 1 + (mean gaps per request - 1) x
+    the within-request correlation, the larger of the correlation of the gaps' logs (one-way
+    ANOVA) and of their "above the limit" flags; between 1 and the mean gaps per request."""
+    sizes = [len(g) for g in groups if g]
+    if len(sizes) < 2:
+        return float(max(sizes, default=1))
+    m = sum(sizes) / len(sizes)
+    icc = max(
+        _icc([[math.log(max(v, 1e-6)) for v in g] for g in groups if g]),
+        _icc([[1.0 if v > limit else 0.0 for v in g] for g in groups if g]),
+    )
+    return min(max(1 + (m - 1) * icc, 1.0), m)
+
+
+def _icc(groups: list[list[float]]) -> float:
+    """The intraclass correlation of one-way ANOVA (0 where the values do not vary)."""
+    sizes = np.array([len(g) for g in groups], dtype=float)
+    k, total = len(groups), float(sizes.sum())
+    if total <= k:
+        return 1.0  # one value per request: nothing to tell within from between
+    values = np.concatenate([np.asarray(g, dtype=float) for g in groups])
+    owner = np.repeat(np.arange(k), sizes.astype(int))
+    means = np.bincount(owner, weights=values) / sizes
+    grand = values.sum() / total
+    between = float((sizes * (means - grand) ** 2).sum()) / (k - 1)
+    within = float(((values - means[owner]) ** 2).sum()) / (total - k)
+    n0 = (total - float((sizes**2).sum()) / total) / (k - 1)
+    if between + (n0 - 1) * within <= 0:
+        return 0.0
+    return max((between - within) / (between + (n0 - 1) * within), 0.0)
+
+
+def judge_clustered(
+    groups: Sequence[Sequence[float]],
+    q: float,
+    limit: float,
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> Judgement:
+    """A gate "the q-quantile of every gap <= limit" where the gaps come in requests (ITL: one
+    request's gaps move together, so they are not independent observations). The pooled share
+    of gaps above the limit must be significantly at most 1 - q (met) or above it (missed),
+    its Clopper-Pearson bounds taken on the effective count, the gaps divided by the design
+    effect (``design_effect``: requests whose gaps are alike count once each)."""
+    tail = (1 - confidence) / 2  # each side, as the quantile intervals
+    flat = [v for g in groups for v in g]
+    requests = sum(1 for g in groups if g)
+    if not flat:
+        return Judgement("inconclusive", "no gaps between tokens measured", 0)
+    above = sum(1 for v in flat if v > limit)
+    deff = design_effect(groups, limit)
+    n_eff = max(int(len(flat) / deff), 1)
+    x_eff = min(round(above / len(flat) * n_eff), n_eff)
+    low, high = share_bounds(n_eff, x_eff, tail)
+    share = 1 - q
+    shown = (
+        f"{above} of {len(flat)} gaps above {limit:g} ({above / len(flat):.2%};"
+        f" goal ≤ {share:.0%}),"
+        f" share in [{low:.2%}, {high:.2%}] at {confidence:.0%} over {n_eff} effective of"
+        f" {requests} requests"
+    )
+    if high <= share:
+        return Judgement("met", f"{shown}: p{q * 100:g} ≤ {limit:g}", requests)
+    if low > share:
+        return Judgement("missed", f"{shown}: p{q * 100:g} > {limit:g}", requests)
+    return Judgement("inconclusive", f"{shown}: not decided", requests)

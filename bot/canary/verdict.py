@@ -42,6 +42,7 @@ from bot.canary.stats import (
     DEFAULT_CONFIDENCE,
     Decided,
     Judgement,
+    judge_clustered,
     judge_limit,
     judge_ratio,
     min_pairs,
@@ -50,6 +51,7 @@ from bot.canary.stats import (
 from bot.kernel import UsageError
 from bot.kernel.numbers import catalogue, compact
 
+DEFAULT_LOOKS = 2  # a sized run may go on once, to twice its count, when a gate is undecided
 # At most 1 % of requests may fail unless the gate says otherwise (0 allows none).
 DEFAULT_MAX_ERROR_RATE = 0.01
 
@@ -96,6 +98,11 @@ class Gates:
     # what decides a per-request gate: its statistics, or (a tuning search ranking many short
     # trials) its point p99, the statistics then said beside it and the run not sized up
     decide: Literal["statistics", "point"] = "statistics"
+    # sequential looks: a sized run stops at its first look (its sized count) when every gate
+    # is decided there, else goes on to twice, four times ... as many requests, up to this many
+    # looks; each claim is then tested at (1 - confidence) / looks, so the run as a whole is
+    # wrong at most 1 - confidence of the time (Bonferroni). The run says how many it planned.
+    looks: int = 1
 
     def __post_init__(self) -> None:
         relative = self.limits.relative()
@@ -121,18 +128,32 @@ class Gates:
         """The per-request TTFT and TPOT limits (ms) that SLO attainment counts against."""
         return self.limit("max_ttft_p99_ms"), self.limit("max_tpot_p99_ms")
 
+    def interval_confidence(self) -> float:
+        """The two-sided confidence of a quantile's interval at one look: each end wrong at
+        most (1 - confidence) / looks, and never below ``confidence`` (one look: as asked)."""
+        return max(1 - 2 * (1 - self.confidence) / self.looks, self.confidence)
+
+    def test_confidence(self) -> float:
+        """The confidence a one-sided test ('Nx before') is decided at, at one look."""
+        return 1 - (1 - self.confidence) / self.looks
+
+    def statistical(self) -> bool:
+        """Some gate is decided by per-request statistics (TTFT, TPOT, ITL p99)."""
+        named = (*SAMPLED, CLUSTERED)
+        return self.decide == "statistics" and any(self.limit(n) is not None for n in named)
+
     def requests_needed(self) -> int:
-        """The fewest requests on which every per-request gate can be decided at
-        ``confidence``: a p99 against a limit needs its interval bounded on both sides (528 at
-        99 %); 'Nx before' needs the fewest per side whose U test can be significant. None
-        where the point decides."""
+        """The fewest requests on which every per-request gate can be decided at one look: a
+        p99 against a limit needs its interval bounded on both sides (528 at 99 %); 'Nx
+        before' needs the fewest per side whose U test can be significant. None where the
+        point decides. (ITL's need depends on how its gaps move together: not sized for.)"""
         if self.decide == "point":
             return 0
         ratio = {n for n, _ in self.ratios if n in SAMPLED}
         limits = [n for n in SAMPLED if self.limit(n) is not None and n not in ratio]
-        need = [min_requests(0.99, self.confidence)] if limits else []
+        need = [min_requests(0.99, self.interval_confidence())] if limits else []
         if ratio:
-            need.append(min_pairs(self.confidence))
+            need.append(min_pairs(self.test_confidence()))
         return max(need, default=0)
 
 
@@ -331,6 +352,7 @@ def judged(report: CanaryReport | dict[str, Any], gates: Gates) -> Judged:
     """Read ``report``'s numbers (stored JSON is parsed here, once) and judge them by
     ``gates``, once: each gate on its number, then each per-request gate on its statistics."""
     parsed = CanaryReport.of(report)
+    gates = replace(gates, looks=parsed.looks)  # the looks the run planned (1: a fixed count)
     values = values_of(parsed)
     verdict = Verdict(
         tuple(decided(r, parsed.samples, gates) for r in judge_values(values, gates).results)
@@ -344,22 +366,50 @@ def judged(report: CanaryReport | dict[str, Any], gates: Gates) -> Judged:
 SAMPLED = {"max_ttft_p99_ms": "ttft_ms", "max_tpot_p99_ms": "tpot_ms"}  # gate -> its values
 
 
-def decided(result: GateResult, samples: Samples, gates: Gates) -> GateResult:
-    """A per-request gate (TTFT, TPOT p99) decided by its statistics (``bot.canary.stats``),
-    the point verdict kept in its words: against a limit, met only when the p99's interval lies
-    under it; 'Nx before', met only when the run is significantly below N times the before-run
-    (one-sided U test on per-request values). Inconclusive fails: a change is kept on evidence.
-    A gate without per-request values (a report kept before they were) keeps its point."""
-    key = SAMPLED.get(result.name)
+CLUSTERED = "max_itl_p99_ms"  # a gate on gaps that come in requests (``judge_clustered``)
+
+
+def statistic(name: str, limit: float, samples: Samples, gates: Gates) -> Judgement | None:
+    """A per-request gate decided by its statistics at one look of ``gates`` (None: the gate
+    has none, or the report kept no per-request values): TTFT, TPOT p99 against a limit (the
+    p99's interval) or 'Nx before' (one-sided U test on per-request values); ITL p99 on the
+    share of gaps above the limit, requests as the independent units."""
+    if name == CLUSTERED:
+        if not samples.itl_ms:
+            return None
+        return judge_clustered(samples.itl_ms, 0.99, limit, confidence=gates.interval_confidence())
+    key = SAMPLED.get(name)
     after = samples.values(key) if key else []
     if key is None or not after:
-        return result
-    ratio = dict(gates.ratios).get(result.name)
+        return None
+    ratio = dict(gates.ratios).get(name)
     before = gates.before.values(key) if gates.before is not None else []
     if ratio is not None and before:
-        judgement = judge_ratio(before, after, ratio, confidence=gates.confidence)
-    else:
-        judgement = judge_limit(after, 0.99, result.limit, confidence=gates.confidence)
+        return judge_ratio(before, after, ratio, confidence=gates.test_confidence())
+    return judge_limit(after, 0.99, limit, confidence=gates.interval_confidence())
+
+
+def undecided(samples: Samples, gates: Gates) -> list[str]:
+    """The per-request gates ``samples`` do not decide yet, by label ('TTFT p99'): what a
+    sized run's look waits on. A gate already missed is decided (the run fails anyway)."""
+    out = []
+    for name in (*SAMPLED, CLUSTERED):
+        limit = gates.limit(name)
+        if limit is None:
+            continue
+        judgement = statistic(name, limit, samples, gates)
+        if judgement is None or judgement.outcome == "inconclusive":
+            out.append(RULES[name][0])
+    return out
+
+
+def decided(result: GateResult, samples: Samples, gates: Gates) -> GateResult:
+    """A per-request gate (TTFT, TPOT, ITL p99) decided by its statistics (``statistic``), the
+    point verdict kept in its words. Inconclusive fails: a change is kept on evidence. A gate
+    without per-request values (a report kept before they were) keeps its point."""
+    judgement = statistic(result.name, result.limit, samples, gates)
+    if judgement is None:
+        return result
     if gates.decide == "point":  # said beside the point verdict, which stands
         return replace(result, decided=judgement.outcome, judgement=judgement)
     word = {"met": "met", "missed": "missed", "inconclusive": "not decided"}[judgement.outcome]
@@ -396,12 +446,14 @@ def how_sure(report: CanaryReport) -> list[str]:
         if gate.decided is None:
             continue
         confidence = gate.confidence or DEFAULT_CONFIDENCE  # a report kept before it was said
-        need = min_requests(0.99, confidence)
+        at_a_look = Gates(confidence=confidence, looks=report.looks).interval_confidence()
+        need = min_requests(0.99, at_a_look)
         word = "not decided" if gate.decided == "inconclusive" else gate.decided
         said = [f"p={gate.p_value:.2g}"] if gate.p_value is not None else []
         before = gate.sample_before
         said.append(f"n={gate.sample}" + ("" if before is None else f", {before} before"))
-        if gate.decided == "inconclusive" and before is None and (gate.sample or 0) < need:
+        short = gate.name != CLUSTERED and (gate.sample or 0) < need
+        if gate.decided == "inconclusive" and before is None and short:
             said.append(f"a p99 needs {need}")
         sure = f"{word} at {confidence:.0%}"
         out.append(f"{RULES[gate.name][0]}: {sure} ({'; '.join(said)})")
@@ -446,6 +498,7 @@ def gates_from(
     ratios: Mapping[str, float] | None = None,
     before: Samples | None = None,
     decide: Literal["statistics", "point"] = "statistics",
+    looks: int = 1,
 ) -> Gates:
     """Canary Gates from an ADR's gates, resolved (``AdrGates.resolve``), decided at the
     confidence the ADR names (0.99 where it names none).
@@ -455,13 +508,14 @@ def gates_from(
     ``ratios`` ('Nx before' gates: name -> N) are judged two-sample against ``before``, the
     before-run's per-request values; without ``before`` they only size the run. ``decide``
     "point": a tuning search's trials, ranked on their point values (see ``Gates.decide``).
+    ``looks``: how many times a sized run may look before it is out of requests (``Gates``).
     """
     confidence = limits.confidence or DEFAULT_CONFIDENCE  # the ADR's, if it says one
     if numbers_only:
         limits = AdrGates.of_numbers(limits.limits())
     return Gates(
         limits, ratios=tuple(sorted((ratios or {}).items())), before=before,
-        confidence=confidence, decide=decide,
+        confidence=confidence, decide=decide, looks=looks,
     )  # fmt: skip
 
 

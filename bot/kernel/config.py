@@ -365,6 +365,10 @@ class CanarySpec(_Section):
     background_prompt_length: int = Field(default=2048, ge=1)
     background_output_length: int = Field(default=16, ge=1)
     timeout_s: float = Field(default=300.0, gt=0)
+    # looks the canary may take (bot.canary's DEFAULT_LOOKS): sized to what its gates need, it
+    # stops at the first look where every p99 gate is decided, else sends as many requests
+    # again; each look is judged at its share of the error, so the verdict stays at 99 %
+    looks: int = Field(default=2, ge=1, le=4)
     # also measure the flags serving now, before the change: the matrix then compares both
     baseline: bool = False
     # when the workload drifts, put the flags an in-force ADR's change replaced back on the

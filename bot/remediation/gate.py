@@ -83,7 +83,7 @@ async def run_gate(
     canary, background = workloads(base_url, spec, shape)
     return await measure_async(
         canary,
-        gates=gates_from(gates, ratios=ratios, before=before),
+        gates=gates_from(gates, ratios=ratios, before=before, looks=spec.looks),
         metrics_url=f"{base_url}/metrics",
         background=background,
         sample_interval_s=0.5,

@@ -10,7 +10,8 @@ stream waits after its first token until `/metrics` is scraped (since the stream
 canary's run cannot end before the engine has been looked at while it held the stream. With
 ``count_generation`` each page's `vllm:generation_tokens_total` grows by the tokens streamed
 since the server started, as a real engine's does, so a canary reads its own tokens on the
-engine's page. With ``hold_body_end`` a stream's HTTP body ends (the last chunk, after `[DONE]`) only once
+engine's page. With ``first_token_s`` each stream waits that long (by its number) before its
+first token, so a test sets the TTFT each request sees. With ``hold_body_end`` a stream's HTTP body ends (the last chunk, after `[DONE]`) only once
 ``body_end`` is set. ``connections`` counts the TCP connections clients opened to it.
 """
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 MODEL = "fake-model"
@@ -50,11 +51,13 @@ class SseEngine:
         hold_body_end: bool = False,
         idle_timeout_s: float | None = None,
         count_generation: bool = False,
+        first_token_s: Callable[[int], float] | None = None,
     ) -> None:
         self.hold_after = hold_after
         self.count_generation = count_generation
         self.generated = 0  # tokens streamed, all streams
         self.token_delay_s = token_delay_s  # a slow engine: this long between tokens
+        self.first_token_s = first_token_s  # stream number (from 0) -> its wait before token 0
         self.metrics_pages = list(metrics_pages)
         self.hold_until_scraped = hold_until_scraped
         self.hold_body_end = hold_body_end
@@ -142,6 +145,7 @@ class SseEngine:
         self, body: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> bool:
         self.streams += 1
+        number = self.streams - 1
         scrapes_at_start = self.scrapes
         prompt = body.get("prompt")
         prompt_tokens = len(prompt) if isinstance(prompt, list) else 1
@@ -150,6 +154,8 @@ class SseEngine:
             b"Transfer-Encoding: chunked\r\n\r\n"
         )
         tokens = int(body["max_tokens"])
+        if self.first_token_s is not None:
+            await asyncio.sleep(self.first_token_s(number))
         for i in range(tokens):
             if i == self.hold_after:
                 await writer.drain()

@@ -16,6 +16,7 @@ from click.core import ParameterSource
 from bot.adr import AdrGates
 from bot.app.cli import Command
 from bot.canary import (
+    DEFAULT_LOOKS,
     DEFAULT_MAX_ERROR_RATE,
     METRICS_PATHS,
     CanaryReport,
@@ -54,6 +55,10 @@ Examples:
 \b
 Failed requests fail the gate: --max-error-rate is always on (default 1 %), and a failed
 request counts as infinitely slow in TTFT/TPOT p99, so failures never make a run look faster.
+\b
+A p99 gate is decided at 99 %, with its interval: met or missed only when the interval lies on
+one side of the limit, else "not decided", which fails. The run sizes itself (a p99 needs 528
+requests) and, while a gate is undecided, goes on once more (--looks).
 \b
 Exit codes: 0 all gates passed, 1 a gate failed, 2 bad usage or endpoint unusable.
 """
@@ -305,6 +310,15 @@ def run_canary(
     help="Gate, always on: share of requests that may fail (HTTP error, timeout, transport).",
 )
 @click.option(
+    "--looks",
+    type=click.IntRange(1, 4),
+    default=DEFAULT_LOOKS,
+    show_default=True,
+    help="Looks a sized run may take: it stops at the first where every p99 gate is decided,"
+    " else sends as many requests again; each look is judged at its share of the error, so the"
+    " run stays at 99 %. A --num-requests you give is one look.",
+)
+@click.option(
     "--metrics-url",
     default=None,
     help="The engine's /metrics (behind a Service: one pod's; see --replica) [default: found"
@@ -361,6 +375,7 @@ def canary(
     max_kv_fragmentation: float | None,
     max_itl_p99_ms: float | None,
     max_error_rate: float,
+    looks: int,
     metrics_url: str | None,
     replicas: tuple[str, ...],
     sample_interval_s: float,
@@ -387,7 +402,7 @@ def canary(
     )  # fmt: skip
     gates = Gates(AdrGates(max_ttft_p99_ms=max_ttft_p99_ms, max_tpot_p99_ms=max_tpot_p99_ms,
         min_goodput_ratio=min_goodput_ratio, max_kv_fragmentation=max_kv_fragmentation,
-        max_itl_p99_ms=max_itl_p99_ms), max_error_rate=max_error_rate)  # fmt: skip
+        max_itl_p99_ms=max_itl_p99_ms), max_error_rate=max_error_rate, looks=looks)  # fmt: skip
     report = run_canary(  # a count you give is a bound, kept as given: not sized
         workload, gates=gates, sample_interval_s=sample_interval_s, progress=not quiet,
         metrics_url=_metrics_url(metrics_url, replicas), replicas=replicas,
