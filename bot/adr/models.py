@@ -122,6 +122,10 @@ class AdrGates(_Strict):
     # None: 0.99. Lower decides on fewer requests (a p99 against a limit needs 528 at 0.99,
     # 368 at 0.95) and keeps a change that did nothing more often; the canary says which it used.
     confidence: float | None = None
+    # what a canary that could not decide a gate does (None: "rollback", failing safe); "hold"
+    # leaves the change on the canary stage for a person to keep or roll back, with buttons,
+    # until [remediation] hold_ttl_s passes: then it is rolled back
+    inconclusive: Literal["rollback", "hold"] | None = None
 
     @field_validator(*(m.gate for m in catalogue.METRICS if m.unit == "ms"))
     @classmethod
@@ -213,7 +217,7 @@ class AdrGates(_Strict):
                 else ""
             )
             raise NoNormal("; ".join(missing) + hint)
-        return AdrGates(**limits, confidence=self.confidence)
+        return AdrGates(**limits, confidence=self.confidence, inconclusive=self.inconclusive)
 
     def describe(self, resolved: AdrGates | None = None) -> dict[str, str]:
         """Each gate in words, relative ones with their resolved number: '2x normal (= 180)'."""

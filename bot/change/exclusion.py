@@ -18,6 +18,12 @@ from sqlalchemy.orm import Session
 from bot.kernel import UsageError
 from bot.kernel.store import HOLDS, Change, ChangeKind, ChangeState, Remediation
 
+# what a change holding a target is doing there, in a refusal's words (else "running")
+DOING: dict[str, str] = {
+    ChangeState.PENDING: "waiting for approval",
+    ChangeState.HELD: "held for a person to keep or roll back (its canary could not decide)",
+}
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -71,7 +77,7 @@ def refusal(adr_id: str, target: str, busy: Holder, link: str | None) -> str:
             "target: wait until it ends (if its process died, `ruleloop tune --target "
             f"{target} --restore` finishes it). Nothing was changed."
         )
-    doing = "waiting for approval" if busy.state == ChangeState.PENDING else "running"
+    doing = DOING.get(busy.state, "running")
     if link:
         card = f"; its card: <{link}|change #{busy.id}>"
     elif busy.channel:
@@ -95,7 +101,7 @@ def tuning_refusal(target: str, busy: Holder) -> str:
             f"{target} --restore` puts the flags it found back"
         )
     else:
-        doing = "waiting for approval" if busy.state == ChangeState.PENDING else "running"
+        doing = DOING.get(busy.state, "running")
         what = (
             f"change #{busy.id} ({busy.adr_id}, {busy.state}, requested by {busy.requested_by}) "
             f"is {doing} there"

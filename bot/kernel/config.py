@@ -696,6 +696,9 @@ class RemediationSettings(_Section):
     """How /apply-adr is approved: by someone other than the requester, unless opted out."""
 
     approval_ttl_s: float = Field(default=900.0, gt=0)  # approval buttons expire after this
+    # a change held for a person (its canary could not decide, its ADR says inconclusive: hold)
+    # is rolled back when nobody keeps or rolls it back within this
+    hold_ttl_s: float = Field(default=1800.0, gt=0)
     allow_self_approval: bool = Field(
         default=False,
         description="opt-out of the two-person rule: true lets the requester approve their own "

@@ -105,11 +105,12 @@ class Card:
         note: str = "",
         adr: Adr | None = None,
     ) -> RemediationView:
-        """What the card says now: the diff, the gates, the buttons while it is pending.
+        """What the card says now: the diff, the gates, the buttons while it is pending or held.
         ``tokens`` and ``expires_at``: the buttons as the request issued them (else read);
         ``adr``: the change's ADR where the caller has read it already (read once per change)."""
         rem = await self._row(remediation)
-        if rem.state != ChangeState.PENDING:  # only a pending card has buttons, and an expiry
+        # only a pending request's card and a held change's have buttons, and an expiry
+        if rem.state not in (ChangeState.PENDING, ChangeState.HELD):
             tokens, expires_at = {}, None
         elif tokens is None or expires_at is None:  # not given by the request that made them
             subject = buttons.subject(SUBJECT, rem.id)

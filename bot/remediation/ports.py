@@ -21,6 +21,7 @@ STATES: dict[str, str] = {
     ChangeState.PROMOTED: "applied: the canary met every gate",
     ChangeState.ROLLING_BACK: "rolling back to the previous flags…",
     ChangeState.ROLLED_BACK: "rolled back: the previous flags serve again",
+    ChangeState.HELD: "HELD: the canary could not decide; keep it or roll it back",
     ChangeState.FAILED: "FAILED: manual action needed",
     ChangeState.CANCELLED: "cancelled, nothing was changed",
     ChangeState.EXPIRED: "expired, nothing was changed",

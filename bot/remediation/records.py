@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -310,30 +310,38 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
         to_state: str,
         action: str,
         detail: Mapping[str, Any],
+        from_state: str = ChangeState.PENDING,
+        runner: str | None = None,
     ) -> Remediation | None:
-        """Use a button: the pending remediation moves to ``to_state`` and all its buttons are
-        spent, with the audit entry, in one transaction; False when someone else was first,
-        UsageError when the button expired (even after the caller's own check)."""
+        """Use a button: the remediation moves from ``from_state`` (a pending request, or a
+        held change) to ``to_state`` and all its buttons are spent, with the audit entry, in
+        one transaction; False when someone else was first, UsageError when the button expired
+        (even after the caller's own check). ``runner``: the run that goes on with it."""
 
         def run() -> Remediation | None:
             now = self._clock()
             # The expiry is part of the conditional UPDATE: the caller checked it before a Slack
             # call (user groups), and the button may have expired in between.
             usable = buttons.usable(token, now)
+            approvers = {}  # a request's approver; a held change keeps its own
+            if from_state == ChangeState.PENDING:
+                approved = to_state == ChangeState.APPROVED
+                approvers = {"approved_by": [user_id] if approved else []}
             with self._db.transaction() as s:
                 rem = _written(
                     s,
                     update(Remediation)
                     .where(
                         Remediation.id == remediation_id,
-                        Remediation.state == ChangeState.PENDING,
+                        Remediation.state == from_state,
                         usable,
                     )
                     .values(
                         state=to_state,
                         updated_at=now,
-                        approved_by=[user_id] if to_state == ChangeState.APPROVED else [],
                         heartbeat_at=db_now(),  # not started for long: its replica is gone
+                        runner=runner,
+                        **approvers,
                     ),
                 )
                 if rem is None:
@@ -357,12 +365,15 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
         stale_s: float | None = None,
         actor: str = "ruleloop",
         canary: CanaryRecord | None = None,
+        issue: Sequence[str] = (),
+        issue_ttl_s: float | None = None,
         **fields: Any,
     ) -> Remediation | None:
         """Audit a step, then move the remediation to ``to_state`` (one transaction); False,
         changing nothing, unless it is in one of ``from_states``, run by ``owner`` and (with
         ``stale_s``) silent that long on the database's clock. ``canary``: a canary run the
-        step follows, kept in the same transaction. The remediation as the step wrote it."""
+        step follows, kept in the same transaction; ``issue``: buttons of these kinds for the
+        card, usable for ``issue_ttl_s``. The remediation as the step wrote it."""
 
         def run() -> Remediation | None:
             now = self._clock()
@@ -381,6 +392,12 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
                 if canary is not None:  # the canary the step follows, kept with it
                     s.add(canary.row(incident_id=rem.incident_id, remediation_id=rem.id,
                                      at=now))  # fmt: skip
+                if issue:
+                    ttl = None if issue_ttl_s is None else dt.timedelta(seconds=issue_ttl_s)
+                    buttons.issue(
+                        s, buttons.subject(SUBJECT, rem.id), issue, incident_id=rem.incident_id,
+                        now=now, expires_at=None if ttl is None else now + ttl,
+                    )  # fmt: skip
                 return _audit(s, rem, now=now, actor=actor, action=action,
                               detail={"state": to_state, **detail})  # fmt: skip
 
@@ -432,8 +449,9 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
 
         return await asyncio.to_thread(run)
 
-    async def expired_pending(self) -> list[Remediation]:
-        """Pending remediations whose buttons have expired."""
+    async def expired_pending(self, state: ChangeState = ChangeState.PENDING) -> list[Remediation]:
+        """Remediations in ``state`` (pending requests, or held changes) whose buttons have
+        expired."""
 
         def run() -> list[Remediation]:
             now = self._clock()
@@ -442,7 +460,7 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
                 if not ids:
                     return []
                 query = select(Remediation).where(
-                    Remediation.id.in_(ids), Remediation.state == ChangeState.PENDING
+                    Remediation.id.in_(ids), Remediation.state == state
                 )
                 return list(s.scalars(query).all())
 

@@ -11,7 +11,7 @@ import contextlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 from bot.adr import BEFORE, NORMAL, Adr, AdrGates, GatewayRules, unlike_gate
 from bot.canary import (
@@ -46,12 +46,14 @@ log = logging.getLogger("ruleloop.remediation")
 S = ChangeState
 PREVIOUS = "the previous flags"  # what a message says of an empty set of flags
 Numbers = dict[str, float | None]
+HOLD_BUTTONS = ("keep", "roll_back")  # a held change's card: a person decides
 ENDS_SILENCE = (S.PROMOTED, S.ROLLED_BACK, S.FAILED)  # a change's silence is expired at these
 
 
 class Kept(TypedDict):
-    """What the record keeps of a canary that met the gates (each live step and the promotion
-    write it): its numbers, the gates, how sure, and what the guardrails saw."""
+    """What the record keeps of a canary that met the gates, or that a person kept when it
+    could not decide them (each live step and the promotion write it): its numbers, the gates,
+    how sure, and what the guardrails saw."""
 
     numbers: Numbers
     failures: list[str]
@@ -63,6 +65,8 @@ class Kept(TypedDict):
     watched: list[str]  # guardrails worse than the before-run
     held: list[str]  # guardrails that held
     regressed: list[str]  # worse beyond noise
+    undecided: NotRequired[list[str]]  # the gates the canary could not decide (a held change)
+    kept_by: NotRequired[str]  # the person who kept it, undecided
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,7 @@ class ChangeRun:
         self.runner = runner
         self.actuator = actuator
         self.name, self.spec = settings.target(rem.target)
+        self._hold_ttl_s = settings.remediation.hold_ttl_s
         self.before = Deployed.from_json(rem.before)
         self.flags = dict(rem.after["flags"])
         self._records = records
@@ -171,14 +176,16 @@ class ChangeRun:
         if await self._live_stage(kept, None if stage is None else StageCount(stage)):
             await self._keep(kept)
 
-    async def resume_live(self, adr: Adr, found: Remediation) -> None:
-        """Go on with a live stage a stopped bot left between steps (``found``: the change as
-        its last step wrote it): from the first step it did not judge, then keep or roll back."""
+    async def go_on(self, adr: Adr, found: Remediation, *, kept_by: str | None = None) -> None:
+        """Go on with a change whose canary was kept (``found``: the change as its last step
+        wrote it): a live stage a stopped bot left between steps, from the first step it did
+        not judge, or a held change a person kept (``kept_by``); then keep or roll back."""
         self._adr, self._latest = adr, found
-        stage = self.spec.live_stage
-        assert stage is not None  # only a target with a live stage is resumed so
         kept = cast(Kept, {key: value for key, value in found.result.items() if key != "live"})
-        count = StageCount.of(stage, found.result.get("live") or [])
+        if kept_by is not None:
+            kept["kept_by"] = kept_by
+        stage = self.spec.live_stage
+        count = None if stage is None else StageCount.of(stage, found.result.get("live") or [])
         if await self._live_stage(kept, count):
             await self._keep(kept)
 
@@ -275,6 +282,9 @@ class ChangeRun:
             return None
         label = f"{adr.id} on {self.name}: {flags_text(self.rem.change, none='', ordered=False)}"
         self._add_canary(label, result)
+        if not result.passed and self._holds(adr, result):
+            await self._hold(result, judging)
+            return None
         if not result.passed:
             await self.roll_back(
                 reason="canary failed the gates: " + "; ".join(result.failures),
@@ -290,6 +300,37 @@ class ChangeRun:
             )  # fmt: skip
             return None
         return result
+
+    @staticmethod
+    def _holds(adr: Adr, result: GateRun) -> bool:
+        """The canary decided no gate against the change, only left some undecided, and the
+        ADR asks for a person then (``gates.inconclusive: hold``)."""
+        failed = result.verdict.failed
+        undecided = all(r.decided == "inconclusive" for r in failed)
+        return (
+            bool(failed)
+            and undecided
+            and adr.gates is not None
+            and (adr.gates.inconclusive == "hold")
+        )
+
+    async def _hold(self, result: GateRun, judging: Judging) -> None:
+        """Leave the change on the canary stage for a person: Keep (on to the live stage, if
+        any, and the rollout) or Roll back, on the card until the hold expires (then the sweep
+        rolls it back). The run ends here; nothing beats for a held change, and resume leaves
+        it be."""
+        ttl_s = self._hold_ttl_s
+        kept = self._kept(result, judging) | {"undecided": list(result.failures)}
+        watched = self._guardrails(result, judging)
+        regressed = [w.text() for w in watched if w.regressed]
+        worse = f" Worse beyond noise, ungated: {'; '.join(regressed)}." if regressed else ""
+        await self._step(
+            S.HELD, "remediation.held", {"undecided": result.failures, "hold_ttl_s": ttl_s},
+            note=f"held for a person: the canary could not decide "
+            f"{'; '.join(result.failures)}.{worse} Keep it or roll it back within "
+            f"{ttl_s / 60:.0f} minutes; if nobody does, it is rolled back.",
+            result=kept, expect=[S.CANARY], issue=HOLD_BUTTONS, issue_ttl_s=ttl_s, runner=None,
+        )  # fmt: skip
 
     def _guardrails(self, result: GateRun, judging: Judging) -> list[Guardrail]:
         """What the change did to the numbers no gate names (none without a before-run), and
@@ -344,7 +385,9 @@ class ChangeRun:
         numbers = kept["numbers"]
         await self._step(
             S.PROMOTING, "remediation.canary_passed", {"numbers": numbers},
-            note="canary passed; rolling out…", result=kept | {"live": self._live_lines},
+            note=f"kept by {kept['kept_by']}; rolling out…" if "kept_by" in kept
+            else "canary passed; rolling out…",
+            result=kept | {"live": self._live_lines},
             expect=[S.CANARY],
         )  # fmt: skip
         try:
@@ -354,9 +397,14 @@ class ChangeRun:
             return
         worse = kept.get("regressed") or []
         but = ("; but worse beyond noise, ungated: " + "; ".join(worse)) if worse else ""
+        why = "the canary met every gate"
+        if "kept_by" in kept:
+            undecided = "; ".join(kept.get("undecided") or [])
+            why = f"{kept['kept_by']} kept it, the canary undecided ({undecided})"
         await self._step(
-            S.PROMOTED, "remediation.promoted", {"numbers": numbers, "flags": self.flags},
-            note=f"kept: the canary met every gate{but}", expect=[S.PROMOTING],
+            S.PROMOTED, "remediation.promoted",
+            {"numbers": numbers, "flags": self.flags, "kept_by": kept.get("kept_by")},
+            note=f"kept: {why}{but}", expect=[S.PROMOTING],
         )  # fmt: skip
 
     async def roll_back(

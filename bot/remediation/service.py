@@ -51,7 +51,7 @@ from bot.remediation.gate import GateRunner, run_gate
 from bot.remediation.live_stage import LiveJudge, judge_live
 from bot.remediation.ports import RemediationNotifier
 from bot.remediation.records import ChangeRequest, RemediationRecords
-from bot.remediation.run import ChangeRun, crashed, gateway_admin, like_for_like
+from bot.remediation.run import HOLD_BUTTONS, ChangeRun, crashed, gateway_admin, like_for_like
 from bot.tune import SessionRestorer, TuneRecords
 
 log = logging.getLogger("ruleloop.remediation")
@@ -195,6 +195,9 @@ class RemediationService:
                 "This button is not one this bot issued (or its request was removed). "
                 "Nothing was changed."
             )
+        if row.kind in HOLD_BUTTONS:
+            await self._decide_hold(user_id=user_id, token=token, row=row, rem=rem)
+            return
         self._check_usable(row, rem)
         if row.kind == "approve":
             self.policy.check_approval(
@@ -225,11 +228,77 @@ class RemediationService:
         else:
             await self.card.show(won, note=f"cancelled by {mention(user_id)}; nothing was changed")
 
-    def _check_usable(self, row: ActionToken, rem: Remediation) -> None:
+    async def _decide_hold(
+        self, *, user_id: str, token: str, row: ActionToken, rem: Remediation
+    ) -> None:
+        """Keep or Roll back on a held change (its canary could not decide): keeping takes an
+        approver (and the two-person rule, as approving did); rolling back, the requester or
+        any approver. Acted on once; the run goes on in the background."""
+        self._check_usable(row, rem, state=S.HELD)
+        keep = row.kind == "keep"
+        members = await self.members()
+        if keep:
+            self.policy.check_approval(
+                user_id=user_id, requested_by=rem.requested_by,
+                two_person=rem.approvals_needed > 1, adr_id=rem.adr_id, members=members,
+            )  # fmt: skip
+        else:
+            self.policy.check_cancel(
+                user_id=user_id, requested_by=rem.requested_by, members=members
+            )
+        runner = replica_id()
+        won = await self.records.claim(
+            token=token, user_id=user_id, remediation_id=rem.id,
+            to_state=S.CANARY if keep else S.ROLLING_BACK,
+            action="remediation.hold_kept" if keep else "remediation.hold_rolled_back",
+            detail={"adr": rem.adr_id, "target": rem.target}, from_state=S.HELD, runner=runner,
+        )  # fmt: skip
+        if won is None:
+            raise UsageError("Someone else answered this hold first. Nothing was changed.")
+        who = mention(user_id)
+        if keep:
+            await self.card.show(won, note=f"kept by {who} with the canary undecided; going on")
+        reason = f"rolled back by {who}: the canary could not decide"
+        self._finish(won, runner, keep_by=who if keep else None, reason=reason)
+
+    def _finish(self, rem: Remediation, runner: str, *, keep_by: str | None, reason: str) -> None:
+        """Go on with a held change in the background, as ``runner``: kept by ``keep_by``
+        (the live stage, if any, then the rollout), or rolled back for ``reason``; the
+        post-incident draft follows, as after a run."""
+        ended: Remediation | None = None
+        adr: Adr | None = None
+
+        async def work(change: ChangeRun) -> None:
+            nonlocal ended, adr
+            adr = await asyncio.to_thread(self._adrs.get_or_raise, rem.adr_id)
+            if keep_by is not None:
+                await change.go_on(adr, rem, kept_by=keep_by)
+            else:
+                await change.roll_back(reason=reason, expect=[S.ROLLING_BACK])
+            ended = change.latest
+
+        async def finish() -> None:
+            if await self._owned(rem, runner, work):
+                await self._drafted(ended, adr)
+
+        self._tasks.spawn(finish(), name=f"remediation {rem.id}: the hold decided")
+
+    def _check_usable(
+        self, row: ActionToken, rem: Remediation, *, state: ChangeState = S.PENDING
+    ) -> None:
         """UsageError, saying why, for a button already used, expired, or of a decided change."""
         used = buttons.used_text(row, what=f"{rem.adr_id} is now {rem.state}")
         if used is not None:
             raise UsageError(used)
+        if state == S.HELD and row.expires_at is not None and row.expires_at <= self._clock():
+            raise UsageError(
+                f"This hold ended at {row.expires_at:%H:%M} UTC: nobody decided in time, so the "
+                "change is rolled back (or already was). Nothing else was changed."
+            )
+        if state == S.HELD and rem.state != S.HELD:
+            raise UsageError(f"{rem.adr_id} on {rem.target} is already {rem.state}.")
+        if state == S.HELD:
+            return
         if row.expires_at is not None and row.expires_at <= self._clock():
             raise UsageError(
                 f"This button expired at {row.expires_at:%H:%M} UTC (approval buttons last "
@@ -386,7 +455,7 @@ class RemediationService:
         async def go_on(change: ChangeRun) -> None:
             nonlocal ended, adr
             adr = await asyncio.to_thread(self._adrs.get_or_raise, rem.adr_id)
-            await change.resume_live(adr, won)
+            await change.go_on(adr, won)
             ended = change.latest
 
         async def finish() -> None:
@@ -411,8 +480,20 @@ class RemediationService:
             log.exception("post-incident draft for remediation %s failed", rem.id)
 
     async def expire_due(self) -> int:
-        """Pending requests whose buttons expired: mark them expired and say so on the card."""
+        """Pending requests whose buttons expired: mark them expired and say so on the card.
+        Held changes nobody decided in time: roll them back (failing safe)."""
         count = 0
+        for rem in await self.records.expired_pending(S.HELD):
+            runner = replica_id()
+            won = await self.records.step(
+                rem.id, to_state=S.ROLLING_BACK, action="remediation.hold_expired", detail={},
+                from_states=[S.HELD], runner=runner,
+            )  # fmt: skip
+            if won is not None:
+                count += 1
+                ttl = self.settings.remediation.hold_ttl_s / 60
+                reason = f"held {ttl:.0f} minutes with the canary undecided and nobody kept it"
+                self._finish(won, runner, keep_by=None, reason=reason)
         for rem in await self.records.expired_pending():
             if await self.records.step(
                 rem.id,

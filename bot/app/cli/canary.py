@@ -403,12 +403,11 @@ def canary(
     gates = Gates(AdrGates(max_ttft_p99_ms=max_ttft_p99_ms, max_tpot_p99_ms=max_tpot_p99_ms,
         min_goodput_ratio=min_goodput_ratio, max_kv_fragmentation=max_kv_fragmentation,
         max_itl_p99_ms=max_itl_p99_ms), max_error_rate=max_error_rate, looks=looks)  # fmt: skip
-    report = run_canary(  # a count you give is a bound, kept as given: not sized
+    _report(run_canary(  # a count you give is a bound, kept as given: not sized
         workload, gates=gates, sample_interval_s=sample_interval_s, progress=not quiet,
         metrics_url=_metrics_url(metrics_url, replicas), replicas=replicas,
         discover_metrics=metrics_url is None and not replicas, size=not _given("num_requests"),
-    )  # fmt: skip
-    _report(report, output_json)
+    ), output_json)  # fmt: skip
 
 
 def _sized(

@@ -93,8 +93,11 @@ def live(session: Session, subject: str) -> dict[str, str]:
 
 
 def expires_at(session: Session, subject: str) -> dt.datetime | None:
-    """When a subject's buttons expire (None: they do not, or there are none)."""
-    query = select(ActionToken.expires_at).where(ActionToken.subject == subject)
+    """When a subject's unused buttons expire (None: they do not, or there are none): a held
+    change's, not those its request spent."""
+    query = select(ActionToken.expires_at).where(
+        ActionToken.subject == subject, ActionToken.used_at.is_(None)
+    )
     return session.scalars(query).first()
 
 
@@ -108,10 +111,11 @@ def expired(session: Session, value: str, now: dt.datetime) -> dt.datetime | Non
 
 
 def expired_keys(session: Session, kind: str, now: dt.datetime) -> set[str]:
-    """The keys of the subjects of ``kind`` whose buttons have expired by ``now``."""
+    """The keys of the subjects of ``kind`` whose unused buttons have expired by ``now``."""
     query = select(ActionToken.subject).where(
-        ActionToken.subject.like(f"{kind}:%"), ActionToken.expires_at <= now
-    )
+        ActionToken.subject.like(f"{kind}:%"), ActionToken.expires_at <= now,
+        ActionToken.used_at.is_(None),
+    )  # fmt: skip
     keys = (subject_key(value, kind) for value in session.scalars(query))
     return {key for key in keys if key is not None}
 

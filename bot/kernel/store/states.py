@@ -27,6 +27,9 @@ class ChangeState(StrEnum):
 
     A remediation: pending -> approved -> applying -> canary -> promoting -> promoted, or
     rolling_back -> rolled_back, or it ends cancelled / expired / interrupted / failed / dry_run.
+    A canary that could not decide, where the ADR asks for a human, leaves it held (canary ->
+    held): a person keeps it (held -> canary -> promoting ...) or rolls it back (held ->
+    rolling_back), and a hold nobody answers in time is rolled back.
     A tuning session (or a before-run): running -> restoring -> restored, or failed (the restore
     did not work: manual action)."""
 
@@ -37,6 +40,7 @@ class ChangeState(StrEnum):
     PROMOTING = "promoting"
     PROMOTED = "promoted"
     ROLLING_BACK = "rolling_back"
+    HELD = "held"
     ROLLED_BACK = "rolled_back"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -63,5 +67,6 @@ ACTIVE = frozenset(IN_FLIGHT) - {ChangeState.PENDING}
 TUNING = (ChangeState.RUNNING, ChangeState.RESTORING)
 # A change in one of these states holds its target: no second change of any kind may be pending
 # or running there (the partial unique index on changes, bot.kernel.store.models, is what two racing
-# requests run into; migration 0015 wrote the same list).
-HOLDS = (*IN_FLIGHT, *TUNING)
+# requests run into; migration 0016 wrote the same list). A held change runs nowhere (no
+# heartbeat, so resume leaves it be) but its flags are on the canary stage: it holds the target.
+HOLDS = (*IN_FLIGHT, ChangeState.HELD, *TUNING)

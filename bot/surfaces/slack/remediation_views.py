@@ -35,7 +35,10 @@ from bot.remediation import (
 
 SECTION = 3000  # the most a section's text may hold
 
-DECIDE_ACTIONS = ("remediation_approve", "remediation_deny")
+# approve / cancel a request; keep / roll back a held change (its canary could not decide)
+DECIDE_ACTIONS = (
+    "remediation_approve", "remediation_deny", "remediation_keep", "remediation_roll_back",
+)  # fmt: skip
 REVIEW_ACTIONS = ("adr_draft_accept", "adr_draft_reject")
 STATE_MARK: dict[str, str] = {  # keyed by the enum; a state read back as text finds it
     S.PROMOTED: ":white_check_mark:",
@@ -44,6 +47,7 @@ STATE_MARK: dict[str, str] = {  # keyed by the enum; a state read back as text f
     S.CANCELLED: ":no_entry_sign:",
     S.EXPIRED: ":hourglass:",
     S.DRY_RUN: ":memo:",
+    S.HELD: ":double_vertical_bar:",
 }
 
 
@@ -102,6 +106,8 @@ def card_text(view: RemediationView) -> str:
         lines.append(view.note)
     if view.state == S.PENDING and view.expires_at is not None:
         lines.append(f"buttons expire at {view.expires_at:%H:%M} UTC")
+    if view.state == S.HELD and view.expires_at is not None:
+        lines.append(f"rolled back at {view.expires_at:%H:%M} UTC unless someone keeps it")
     return "\n".join(lines)
 
 
@@ -173,12 +179,21 @@ def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
         who += " · approved by " + ", ".join(f"{mention(u)}" for u in view.approved_by)
     if view.state == S.PENDING and view.expires_at is not None:
         who += f" · buttons expire {view.expires_at:%H:%M} UTC"
+    if view.state == S.HELD and view.expires_at is not None:
+        who += f" · rolled back at {view.expires_at:%H:%M} UTC unless someone keeps it"
     blocks.append(ContextBlock(elements=[MarkdownTextObject(text=clip(who, SECTION))]))
     if view.state == S.PENDING and view.tokens:
         blocks.append(
             _yes_no(
                 ("Approve and apply", DECIDE_ACTIONS[0], view.tokens["approve"]),
                 ("Cancel", DECIDE_ACTIONS[1], view.tokens["deny"]),
+            )
+        )
+    if view.state == S.HELD and view.tokens:
+        blocks.append(
+            _yes_no(
+                ("Keep the change", DECIDE_ACTIONS[2], view.tokens["keep"]),
+                ("Roll back", DECIDE_ACTIONS[3], view.tokens["roll_back"]),
             )
         )
     return summary, [b.to_dict() for b in blocks]
