@@ -19,6 +19,11 @@ judges each under the demo's gate ``max_tpot_p99_ms: 0.5x before`` two ways:
 Then the absolute gate ``max_tpot_p99_ms <= limit`` with the limit 25 % above or below the
 pool's p99: the point p99 against ``judge_limit`` (the p99's order-statistic interval).
 
+Then looks (``Gates.looks``): the same ``0.5x before`` gate judged at one look of n after-run
+requests (at 99 %), against two looks (n, then 2n when the first is undecided, each at
+p < 0.005), the before-run fixed at n as in /apply-adr: how often each keeps, wrongly keeps, and
+how many after-run requests it sent on average.
+
 Reported per cell: how often the change is kept, and the wrong verdicts: a false keep (kept
 though the truth misses the gate) and a false rollback (a "missed" though the truth meets it);
 inconclusive counts apart. Results: bench/results/judge_bench.json and a markdown table.
@@ -133,6 +138,44 @@ def limit_cell(pool: np.ndarray, n: int, slack: float, trials: int, rng: np.rand
     }  # fmt: skip
 
 
+def looks_cell(pool: np.ndarray, n: int, effect: float, trials: int, rng: np.random.Generator
+               ) -> dict[str, Any]:  # fmt: skip
+    """One cell of ``0.5x before`` at one look of n against two looks (n, then 2n)."""
+    truth_meets = effect < RATIO
+    one = two = sent = 0
+    two_conf = 1 - (1 - CONFIDENCE) / 2
+    for _ in range(trials):
+        before = list(rng.choice(pool, n))
+        after = list(effect * rng.choice(pool, 2 * n))
+        one += judge_ratio(before, after[:n], RATIO, confidence=CONFIDENCE).outcome == "met"
+        first = judge_ratio(before, after[:n], RATIO, confidence=two_conf).outcome
+        if first == "inconclusive":
+            sent += 2 * n
+            two += judge_ratio(before, after, RATIO, confidence=two_conf).outcome == "met"
+        else:
+            sent += n
+            two += first == "met"
+    return {
+        "n": n, "effect": effect, "truth": "meets" if truth_meets else "misses",
+        "one_look_kept": one / trials, "two_looks_kept": two / trials,
+        "two_looks_mean_requests": sent / trials,
+        "one_look_false": ((trials - one) if truth_meets else one) / trials,
+        "two_looks_false": ((trials - two) if truth_meets else two) / trials,
+    }  # fmt: skip
+
+
+def looks_table(rows: list[dict[str, Any]]) -> str:
+    head = ("| n | effect | truth | 1 look: kept | 1 look: wrong | 2 looks: kept | 2 looks: wrong"
+            " | 2 looks: requests sent |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+    lines = [
+        f"| {r['n']} | {r['effect']:g} | {r['truth']} | {r['one_look_kept']:.0%}"
+        f" | {r['one_look_false']:.1%} | {r['two_looks_kept']:.0%} | {r['two_looks_false']:.1%}"
+        f" | {r['two_looks_mean_requests']:.1f} |"
+        for r in rows
+    ]
+    return "\n".join([head, *lines])
+
+
 def table(rows: list[dict[str, Any]], effect_key: str, old_key: str) -> str:
     head = (f"| n | {effect_key} | truth | old: kept | old: wrong | new: met | new: missed | "
             "new: inconclusive | new: wrong |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
@@ -163,10 +206,13 @@ def main() -> None:
     ratio = [ratio_cell(tpot, n, e, args.trials, rng) for n in SIZES for e in EFFECTS]
     limit = [limit_cell(tpot, n, s, args.trials, rng) for n in (16, 64, 256, 1024)
              for s in (0.75, 1.25)]  # fmt: skip
+    looks = [looks_cell(tpot, n, e, args.trials, rng) for n in (8, 16, 32)
+             for e in (0.3, 0.4, 0.5, 1.0)]  # fmt: skip
     machine = cpu()
     out = {
         "date": dt.date.today().isoformat(), "cpu": machine, "trials": args.trials,
         "confidence": CONFIDENCE, "pool": pool, "ratio_gate": ratio, "limit_gate": limit,
+        "looks": looks,
     }  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "judge_bench.json").write_text(json.dumps(out, indent=1))
@@ -175,6 +221,8 @@ def main() -> None:
     print(table(ratio, "effect", "old_keep"))
     print("\n`max_tpot_p99_ms <= limit` (limit = x the true p99):\n")
     print(table(limit, "limit_over_true_p99", "old_pass"))
+    print(f"\n`max_tpot_p99_ms: {RATIO}x before`, one look against two (n, then 2n):\n")
+    print(looks_table(looks))
 
 
 if __name__ == "__main__":

@@ -181,7 +181,10 @@ def test_report_json_has_the_contract_keys() -> None:
     assert set(data["ttft_ms"]) == {
         "p50", "p90", "p99", "mean", "count", "infinite", "p99_interval"
     }  # fmt: skip
-    assert data["samples"] == {"ttft_ms": [pytest.approx(100.0)], "tpot_ms": [pytest.approx(100.0)]}
+    assert data["samples"] == {
+        "ttft_ms": [pytest.approx(100.0)], "tpot_ms": [pytest.approx(100.0)], "itl_ms": [],
+    }  # fmt: skip
+    assert data["looks"] == 1  # a report judged as it was planned: one look
     assert data["kv_fragmentation"]["observed"] == pytest.approx(0.2)
     assert data["kv_fragmentation"]["internal"] == pytest.approx(0.1)
     assert data["requests"] == {

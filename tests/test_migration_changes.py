@@ -139,3 +139,26 @@ def test_both_tables_move_into_changes_and_back(empty: Database) -> None:  # noq
     empty.migrate("head")  # and up again
     with empty.transaction() as s:
         assert len(s.scalars(select(Change)).all()) == 5
+
+
+def test_a_held_change_holds_its_target_and_goes_back_as_rolling_back(  # migration 0016
+    empty: Database,  # noqa: F811
+) -> None:
+    if empty.url.get_backend_name() == "sqlite":
+        Path(str(empty.url.database)).parent.mkdir(parents=True)
+    empty.migrate("head")
+    rem = {"incident_id": None, "adr_id": "ADR-20260831-01", "approvals_needed": 1,
+           "change": {}, "after": {"flags": {}}, "channel": None, "ts": None}  # fmt: skip
+    with empty.transaction() as s:
+        s.add(Remediation(**shared("prod-a", "held", **rem)))
+    with empty.transaction() as s:
+        held = exclusion.holder(s, "prod-a")
+        assert held is not None and held.state == "held"
+    with pytest.raises(IntegrityError), empty.transaction() as s:
+        s.add(TuneSession(**shared("prod-a", "running", plan={}, trial={})))
+    with empty.engine.begin() as connection:
+        command.downgrade(empty.alembic_config(connection), "0015")
+        states = connection.execute(sa.text("SELECT state FROM changes"))
+        assert [r[0] for r in states] == ["rolling_back"]  # the older bot's resume rolls it back
+    with pytest.raises(IntegrityError), empty.transaction() as s:  # and it still holds
+        s.add(TuneSession(**shared("prod-a", "running", plan={}, trial={})))

@@ -17,12 +17,16 @@ from bot.kernel.numbers.text import show, unit_of
 
 
 def test_adr_gates_are_the_catalogues_gates():
-    assert tuple(AdrGates.model_fields) == (*(m.gate for m in METRICS), "confidence")
+    assert tuple(AdrGates.model_fields) == (
+        *(m.gate for m in METRICS), "confidence", "inconclusive"
+    )
 
 
 def test_canary_gates_are_the_adrs_gates_and_the_error_gate():
     fields = tuple(f.name for f in dataclasses.fields(Gates))
-    assert fields == ("limits", "max_error_rate", "ratios", "before", "confidence", "decide")
+    assert fields == (
+        "limits", "max_error_rate", "ratios", "before", "confidence", "decide", "looks"
+    )  # fmt: skip
     gates = Gates.of(**{m.gate: 1.0 for m in METRICS})
     assert [gates.limit(m.gate) for m in METRICS] == [1.0] * len(METRICS)
     assert gates.limit("max_error_rate") == gates.max_error_rate  # always on

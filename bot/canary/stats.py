@@ -292,6 +292,8 @@ def _icc(groups: list[list[float]]) -> float:
     between = float((sizes * (means - grand) ** 2).sum()) / (k - 1)
     within = float(((values - means[owner]) ** 2).sum()) / (total - k)
     n0 = (total - float((sizes**2).sum()) / total) / (k - 1)
+    if within == 0:
+        return 1.0  # each request's values alike: its values move as one
     if between + (n0 - 1) * within <= 0:
         return 0.0
     return max((between - within) / (between + (n0 - 1) * within), 0.0)

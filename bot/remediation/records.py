@@ -449,9 +449,8 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
 
         return await asyncio.to_thread(run)
 
-    async def expired_pending(self, state: ChangeState = ChangeState.PENDING) -> list[Remediation]:
-        """Remediations in ``state`` (pending requests, or held changes) whose buttons have
-        expired."""
+    async def expired_pending(self) -> list[Remediation]:
+        """Pending requests and held changes whose buttons have expired."""
 
         def run() -> list[Remediation]:
             now = self._clock()
@@ -460,7 +459,8 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
                 if not ids:
                     return []
                 query = select(Remediation).where(
-                    Remediation.id.in_(ids), Remediation.state == state
+                    Remediation.id.in_(ids),
+                    Remediation.state.in_([ChangeState.PENDING, ChangeState.HELD]),
                 )
                 return list(s.scalars(query).all())
 

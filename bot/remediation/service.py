@@ -483,19 +483,10 @@ class RemediationService:
         """Pending requests whose buttons expired: mark them expired and say so on the card.
         Held changes nobody decided in time: roll them back (failing safe)."""
         count = 0
-        for rem in await self.records.expired_pending(S.HELD):
-            runner = replica_id()
-            won = await self.records.step(
-                rem.id, to_state=S.ROLLING_BACK, action="remediation.hold_expired", detail={},
-                from_states=[S.HELD], runner=runner,
-            )  # fmt: skip
-            if won is not None:
-                count += 1
-                ttl = self.settings.remediation.hold_ttl_s / 60
-                reason = f"held {ttl:.0f} minutes with the canary undecided and nobody kept it"
-                self._finish(won, runner, keep_by=None, reason=reason)
         for rem in await self.records.expired_pending():
-            if await self.records.step(
+            if rem.state == S.HELD:
+                count += await self._hold_expired(rem)
+            elif await self.records.step(
                 rem.id,
                 to_state=S.EXPIRED,
                 action="remediation.expired",
@@ -505,3 +496,18 @@ class RemediationService:
                 count += 1
                 await self.card.show(rem.id, note="nobody approved in time; nothing was changed")
         return count
+
+    async def _hold_expired(self, rem: Remediation) -> bool:
+        """Roll back a held change nobody kept in time (in the background); False when a
+        click or another replica moved it first."""
+        runner = replica_id()
+        won = await self.records.step(
+            rem.id, to_state=S.ROLLING_BACK, action="remediation.hold_expired", detail={},
+            from_states=[S.HELD], runner=runner,
+        )  # fmt: skip
+        if won is None:
+            return False
+        ttl = self.settings.remediation.hold_ttl_s / 60
+        reason = f"held {ttl:.0f} minutes with the canary undecided and nobody kept it"
+        self._finish(won, runner, keep_by=None, reason=reason)
+        return True

@@ -182,21 +182,25 @@ def remediation_card(view: RemediationView) -> tuple[str, list[dict[str, Any]]]:
     if view.state == S.HELD and view.expires_at is not None:
         who += f" · rolled back at {view.expires_at:%H:%M} UTC unless someone keeps it"
     blocks.append(ContextBlock(elements=[MarkdownTextObject(text=clip(who, SECTION))]))
-    if view.state == S.PENDING and view.tokens:
-        blocks.append(
-            _yes_no(
-                ("Approve and apply", DECIDE_ACTIONS[0], view.tokens["approve"]),
-                ("Cancel", DECIDE_ACTIONS[1], view.tokens["deny"]),
-            )
-        )
-    if view.state == S.HELD and view.tokens:
-        blocks.append(
-            _yes_no(
-                ("Keep the change", DECIDE_ACTIONS[2], view.tokens["keep"]),
-                ("Roll back", DECIDE_ACTIONS[3], view.tokens["roll_back"]),
-            )
-        )
+    blocks.extend(_card_buttons(view))
     return summary, [b.to_dict() for b in blocks]
+
+
+def _card_buttons(view: RemediationView) -> list[ActionsBlock]:
+    """Approve / Cancel on a pending request, Keep / Roll back on a held change."""
+    if not view.tokens:
+        return []
+    if view.state == S.PENDING:
+        yes, no = ("Approve and apply", "approve"), ("Cancel", "deny")
+        actions = DECIDE_ACTIONS[:2]
+    elif view.state == S.HELD:
+        yes, no = ("Keep the change", "keep"), ("Roll back", "roll_back")
+        actions = DECIDE_ACTIONS[2:]
+    else:
+        return []
+    return [
+        _yes_no((yes[0], actions[0], view.tokens[yes[1]]), (no[0], actions[1], view.tokens[no[1]]))
+    ]
 
 
 def matrix_lines(view: DraftView) -> list[str]:
