@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from bot.adr.flags import to_argv as to_argv
     from bot.adr.match import MatchResult as MatchResult
     from bot.adr.match import by_cause as by_cause
+    from bot.adr.match import by_workload as by_workload
     from bot.adr.match import matching as matching
     from bot.adr.match import read_metric as read_metric
     from bot.adr.match import read_report as read_report
@@ -72,6 +73,7 @@ __all__ = [
     "TUNABLE",
     "Verdict",
     "by_cause",
+    "by_workload",
     "canonical",
     "causes",
     "check_engine_args",

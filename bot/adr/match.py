@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.adr.metrics import METRICS
 from bot.adr.relative import Relative, no_normal
+from bot.adr.workload import WorkloadShape
+from bot.adr.workload.diff import diff
 from bot.kernel.numbers import Bound, Measured, Reading, bounds_of, compare, sign_of, spans_of
 
 if TYPE_CHECKING:
@@ -223,3 +225,39 @@ def _untold(causes: Sequence[str], states: Sequence[CauseState | None]) -> str:
         else:
             parts.append(f"{name}, ruled out" + (f": {s.number}" if s.number else ""))
     return "; ".join(parts) + "; offered on its numbers alone"
+
+
+def by_workload(
+    results: Iterable[MatchResult], live: WorkloadShape | None, unknown: str = ""
+) -> tuple[list[MatchResult], list[str]]:
+    """The matches to offer and a line per ADR left out, or offered unchecked, for its workload.
+
+    A rule that records the workload it was proven on (``workload:``) answers that traffic: it
+    is offered when production's, captured in the diagnosis window (``live``), is alike in what
+    the requests are (prompt and output lengths, prefix-cache hits; not the rate, as an incident
+    is often a surge of the very traffic), and not when a dimension drifted, the line saying
+    which ("ADR-X was proven on another workload: prefix-cache hit rate 2% -> 88%: DRIFTED").
+    With no live shape (``unknown`` says why) it is offered on its numbers, the line saying so.
+    A rule without a workload is offered as its numbers say."""
+    offered: list[MatchResult] = []
+    lines: list[str] = []
+    for result in results:
+        proven = result.adr.workload
+        if proven is None:
+            offered.append(result)
+        elif live is None:
+            offered.append(result)
+            why = f": {unknown}" if unknown else ""
+            lines.append(
+                f"{result.adr.id}: production's workload not compared with the one it was"
+                f" proven on{why}; offered on its numbers alone"
+            )
+        else:
+            moved = [d.line for d in diff(proven, live, rate=False).dimensions if d.drifted]
+            if moved:
+                lines.append(
+                    f"{result.adr.id} not offered: proven on another workload ({'; '.join(moved)})"
+                )
+            else:
+                offered.append(result)
+    return offered, lines

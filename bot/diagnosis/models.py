@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.adr import Adr, MatchResult, Normal
+from bot.adr.workload import WorkloadShape
 from bot.diagnosis.causes import CauseVerdict
 from bot.diagnosis.chart_data import ChartData
 from bot.diagnosis.probes.sampling import SampledWindow
@@ -87,6 +88,7 @@ class Diagnosis:
     replicas: FleetVerdict | None = None  # one replica or all of them (None: one engine)
     withheld: list[MatchResult] = field(default_factory=list)  # matched, not offered (outlier)
     causes: list[CauseVerdict] = field(default_factory=list)  # supported, ruled out, cannot tell
+    workload: WorkloadShape | None = None  # production's in the window (rules are matched by it)
 
     def summary(self) -> DiagnosisSummary:
         """The headline and every reading, as the store and the audit log keep them."""

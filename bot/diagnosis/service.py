@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from bot.adr import AdrStore, MatchResult, by_cause, matching
+from bot.adr import AdrStore, MatchResult, by_cause, by_workload, matching
 from bot.diagnosis import causes, chart_data, history, replica_text, replicas
 from bot.diagnosis.chart import render_chart
 from bot.diagnosis.models import GATE_OF, Baseline, Diagnosis
@@ -107,6 +107,8 @@ class Diagnoser:
         fleet, fleet_findings = _one_or_all(loaded, result, baseline, headline)
         judged = _causes(loaded, result, fleet, rules)
         matches, cause_notes = by_cause(matches, judged)  # an ADR's cause ruled out: not offered
+        # a rule proven on other traffic: not offered (the line says which dimension moved)
+        matches, workload_notes = by_workload(matches, result.workload, result.workload_unknown)
         # one slow replica: a fleet-wide flag change is not its fix (the thread says what is)
         offered, withheld = ([], matches) if fleet and fleet.slow else (matches, [])
         return Diagnosis(
@@ -114,7 +116,7 @@ class Diagnoser:
             runbook=loaded.name,
             headline=headline,
             baseline=baseline,
-            findings=_findings(fleet_findings, result, chart, cause_notes),
+            findings=_findings(fleet_findings, result, chart, cause_notes, workload_notes),
             matches=offered,
             withheld=withheld,
             replicas=fleet,
@@ -127,6 +129,7 @@ class Diagnoser:
             normal=normal,
             chart=chart,
             causes=judged,
+            workload=result.workload,
         )
 
     def _select(self, labels: Mapping[str, str]) -> LoadedRunbook:
@@ -170,13 +173,16 @@ def _findings(
     result: RunbookResult,
     chart: chart_data.ChartData | None,
     cause_notes: list[str],
+    workload_notes: list[str],
 ) -> list[Finding]:
-    """The fleet's findings, the runbook's, the history's, then why an ADR was not offered."""
+    """The fleet's findings, the runbook's, the history's, then why an ADR was not offered
+    (its cause ruled out, its workload not production's)."""
     return [
         *fleet,
         *result.findings,
         *(history.describe(chart) if chart else []),
         *(Finding(Severity.INFO, line, source="adr cause") for line in cause_notes),
+        *(Finding(Severity.INFO, line, source="adr workload") for line in workload_notes),
     ]
 
 

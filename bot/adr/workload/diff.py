@@ -105,8 +105,9 @@ class ShapeDiff:
         }
 
 
-def diff(old: WorkloadShape, new: WorkloadShape) -> ShapeDiff:
-    """Every dimension of ``new`` against ``old``."""
+def diff(old: WorkloadShape, new: WorkloadShape, *, rate: bool = True) -> ShapeDiff:
+    """Every dimension of ``new`` against ``old`` (``rate`` False: what the requests are, not
+    how many come: an incident is often a surge of the very traffic a rule was proven on)."""
     dims: list[Dimension] = []
     for key, label, a, b in (
         ("prompt_tokens", "prompt tokens", old.prompt_tokens, new.prompt_tokens),
@@ -115,7 +116,8 @@ def diff(old: WorkloadShape, new: WorkloadShape) -> ShapeDiff:
         dims.append(distribution(key, label, a, b))
         dims.extend(quantile_ratio(key, label, q, a, b) for q in ("p50", "p99"))
     dims.append(hit_rate(old.prefix.hit_rate, new.prefix.hit_rate))
-    dims.append(arrivals_rate(old.arrivals, new.arrivals))
+    if rate:
+        dims.append(arrivals_rate(old.arrivals, new.arrivals))
     return ShapeDiff(tuple(dims))
 
 

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 from bot.kernel.numbers import Measured
 
 if TYPE_CHECKING:
+    from bot.adr.workload import WorkloadShape
     from bot.diagnosis.probes.context import ProbeContext, TargetRef
     from bot.diagnosis.probes.sampling import SampledWindow
 
@@ -50,6 +51,10 @@ class ProbeResult:
     findings: list[Finding] = field(default_factory=list)
     details: dict[str, Any] = field(default_factory=dict)
     window: SampledWindow | None = None  # the engine window it read (the chart draws it)
+    # production's workload in that window (what ADRs proven on a workload are matched by);
+    # None, with why in ``workload_unknown``, where it could not be read
+    workload: WorkloadShape | None = None
+    workload_unknown: str = ""
 
 
 class Params(BaseModel):

@@ -3,14 +3,19 @@ numbers (TTFT, TPOT, goodput ratio, KV-cache fragmentation) and their context.""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping
 from typing import ClassVar
 
 from pydantic import Field
 
+from bot.adr.workload import WorkloadShape, context_line
 from bot.diagnosis.probes.context import ProbeContext, TargetRef
 from bot.diagnosis.probes.engine_steps import STEP_READINGS, decode_bound, read_steps
+from bot.diagnosis.probes.fleet_window import FleetWindow
 from bot.diagnosis.probes.types import Params, ProbeResult
+from bot.diagnosis.probes.workload_capture import shape_from_fleet
+from bot.kernel import RuleloopError
 from bot.kernel.numbers import Estimate, Measured
 
 
@@ -128,6 +133,18 @@ class VllmMetricsProbe:
             **fragmentation_details(fragmentation),
             **fleet.details(),  # each replica's own numbers, beside the merged ones
         }
+        workload, unknown = _workload(fleet, at=dt.datetime.now(dt.UTC))
+        details["workload"] = context_line(workload) if workload else f"not read: {unknown}"
         return ProbeResult(
-            readings=estimated | Measured.of(readings) | steps, details=details, window=window
-        )
+            readings=estimated | Measured.of(readings) | steps, details=details, window=window,
+            workload=workload, workload_unknown=unknown,
+        )  # fmt: skip
+
+
+def _workload(fleet: FleetWindow, *, at: dt.datetime) -> tuple[WorkloadShape | None, str]:
+    """Production's workload in the window (what the requests that finished in it were), or
+    why it could not be read (none finished, a restart)."""
+    try:
+        return shape_from_fleet(fleet, captured_at=at), ""
+    except RuleloopError as exc:
+        return None, str(exc)

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.adr.workload import WorkloadShape
 from bot.diagnosis.probes.context import ProbeContext, TargetRef
 from bot.diagnosis.probes.sampling import SampledWindow
 from bot.diagnosis.probes.types import Finding, ProbeResult, Severity
@@ -33,6 +34,8 @@ class RunbookResult:
     findings: list[Finding] = field(default_factory=list)
     details: dict[str, dict[str, Any]] = field(default_factory=dict)
     windows: dict[str, SampledWindow] = field(default_factory=dict)  # by probe, those read
+    workload: WorkloadShape | None = None  # production's, from the first probe that read it
+    workload_unknown: str = ""  # why none was, where one was looked for
 
     def reading(self, name: str) -> float | None:
         """One reading's value by its dotted name, None when absent or unmeasured."""
@@ -67,6 +70,9 @@ class RunbookRunner:
             result.readings |= probe_result.readings.under(step.probe)
             if probe_result.window is not None:
                 result.windows[step.probe] = probe_result.window
+            if result.workload is None:
+                result.workload = probe_result.workload
+                result.workload_unknown = result.workload_unknown or probe_result.workload_unknown
             result.findings.extend(probe_result.findings)
             if probe_result.details:
                 result.details[step.probe] = probe_result.details
