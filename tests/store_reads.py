@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from bot.kernel.store.models import AuditEntry, Incident, OutboxItem
+from bot.kernel.store.models import ActionToken, AuditEntry, Incident, OutboxItem
 
 
 def audit_trail(session: Session, *, incident_id: int | None = None) -> Sequence[AuditEntry]:
@@ -27,3 +27,8 @@ def incidents(session: Session) -> Sequence[Incident]:
 def outbox(session: Session) -> Sequence[OutboxItem]:
     """Every Slack item owed, oldest first."""
     return session.scalars(select(OutboxItem).order_by(OutboxItem.id)).all()
+
+
+def tokens(session: Session) -> Sequence[ActionToken]:
+    """Every button the bot issued, in the order issued."""
+    return session.scalars(select(ActionToken).order_by(ActionToken.id)).all()

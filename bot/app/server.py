@@ -57,6 +57,7 @@ from bot.surfaces.slack import (
     web_client,
 )
 from bot.surfaces.web import IncidentPages, PageLinks, page_links
+from bot.tune import Retune
 
 log = logging.getLogger("ruleloop.server")
 
@@ -79,6 +80,7 @@ class Bot:
     drafts: DraftService
     tasks: TaskSupervisor  # every background task of the bot, drained when it stops
     metrics: BotMetrics
+    retune: Retune  # a drift thread's re-tune of a rule that failed on the live workload
     scheduler: Scheduler | None = None
 
 
@@ -142,7 +144,7 @@ def create_bot(
     services = _services(
         settings, db=db, adrs=adrs, flows=flows, notifier=notifier, members=members, seams=seams,
         clock=clock, tasks=tasks, actuator_for=actuator_for, gate=gate, sleep=heartbeat_sleep,
-        live=live,
+        live=live, runs_dir=(settings.paths.state or state_dir) / "retune",
     )  # fmt: skip
     slack_app = (
         build_app(settings=settings.slack, services=services, client=client) if client else None
@@ -161,6 +163,7 @@ def create_bot(
     return Bot(
         app=app, flows=flows, db=db, slack=slack_app, http=seams.http, tasks=tasks, metrics=metrics,
         remediation=services.remediation, drafts=services.drafts, scheduler=scheduler,
+        retune=services.retune,
     )  # fmt: skip
 
 
@@ -182,6 +185,7 @@ def _scheduler(
         settings, db=db, adrs=adrs, flows=flows, notifier=notifier, http=seams.http, gate=gate,
         remediation=services.remediation, actuator_for=actuator_for, clock=seams.clock,
         probe_clock=seams.probe_clock, sleep=seams.sleep, monotonic=seams.monotonic,
+        retune=services.retune,
     )  # fmt: skip
     return create_scheduler(settings, db=db, jobs=jobs, clock=seams.clock, owner=flows.owner)
 
@@ -255,6 +259,7 @@ def _services(
     sleep: Sleep,
     seams: Seams,
     live: LiveJudge | None,
+    runs_dir: Path,
 ) -> Services:
     """The incident flows, the remediation flow and the post-incident drafts."""
     drafts = DraftService(
@@ -281,11 +286,17 @@ def _services(
         members=members,
         sleep=sleep,
     )
+    retune = Retune(
+        settings=settings, db=db, adrs=adrs, clock=clock, members=members, tasks=tasks,
+        deliver=flows.outbox.deliver, render=notifier.render_thread_buttons,
+        propose=drafts.propose, actuator_for=actuator_for, runs_dir=runs_dir,
+    )  # fmt: skip
     thread = ThreadButtons(
         settings=settings, db=db, clock=clock, members=members, deliver=flows.outbox.deliver,
-        render=notifier.render_thread_buttons,
+        render=notifier.render_thread_buttons, retune=retune,
     )  # fmt: skip
-    return Services(flows=flows, remediation=remediation, drafts=drafts, thread=thread, tasks=tasks)
+    return Services(flows=flows, remediation=remediation, drafts=drafts, thread=thread,
+                    tasks=tasks, retune=retune)  # fmt: skip
 
 
 def _lifespan(

@@ -385,6 +385,16 @@ class CanarySpec(_Section):
     guardrail_band: float = Field(default=0.2, gt=0)
 
 
+class DriftSpec(_Section):
+    """What the workload-drift job does when a rule in force fails its gates on the live
+    workload (docs/workload.md): "button" offers a re-tune in the drift thread (a tuning search
+    on the canary stage replaying the live shape, started by an approver), "auto" starts it at
+    once, "off" only says the rule failed."""
+
+    retune: Literal["off", "button", "auto"] = "button"
+    retune_trials: int = Field(default=6, ge=1, le=50)  # the search's grid points, at most
+
+
 class LiveStage(_Section):
     """/apply-adr's live stage: after the canary met the gates, the change serves production
     traffic on the canary stage only, and the canary replicas are judged against the baseline
@@ -523,6 +533,8 @@ class Target(_Section):
     canary: CanarySpec = Field(default_factory=CanarySpec)
     # after the canary, production traffic on the canary stage judged against the baseline
     live_stage: LiveStage | None = None
+    # when a rule in force fails on the live workload: offer a re-tune, start one, or neither
+    drift: DriftSpec = Field(default_factory=DriftSpec)
     silence: SilenceSpec | None = None
     # a second approver, not the requester, even with [remediation] allow_self_approval
     two_person: bool = False

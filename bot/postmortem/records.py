@@ -134,19 +134,28 @@ class DraftRecords(buttons.ButtonReads):
         (unique id) and the draft is built again with the next free id.
         """
 
+        def build(adr_id: str, day: dt.date) -> Adr:
+            return build_postmortem(
+                adr_id=adr_id, day=day, incident=incident, canaries=canaries, applied=applied,
+                deciders=[author],
+            )  # fmt: skip
+
+        return await self.record_built(incident.id, author=author, build=build)
+
+    async def record_built(
+        self, incident_id: int, *, author: str, build: Callable[[str, dt.date], Adr]
+    ) -> tuple[Adr, dict[str, str], AdrDraft]:
+        """``record`` of a draft ``build`` makes once its id and day are known (a re-tune's)."""
+
         def run() -> tuple[Adr, dict[str, str], AdrDraft]:
             self._adrs.sync()  # ids of files added to adr/ count too
             for attempt in range(ID_TRIES):
                 now = self._clock()
                 try:
                     with self._db.transaction() as s:
-                        adr = build_postmortem(
-                            adr_id=self._adrs.free_id(s, now.date()), day=now.date(),
-                            incident=incident, canaries=canaries, applied=applied,
-                            deciders=[author],
-                        )  # fmt: skip
+                        adr = build(self._adrs.free_id(s, now.date()), now.date())
                         tokens, row = self._insert(
-                            s, adr, incident_id=incident.id, author=author, now=now
+                            s, adr, incident_id=incident_id, author=author, now=now
                         )
                     return adr, tokens, row
                 except IntegrityError:

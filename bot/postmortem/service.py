@@ -80,6 +80,22 @@ class DraftService:
                 applied=fix,
                 author=author,
             )
+        return await self._post(incident_id, adr, tokens, stored)
+
+    async def propose(
+        self, incident_id: int, author: str, build: Callable[[str, dt.date], Adr]
+    ) -> str:
+        """Store a draft ``build`` makes (a re-tune's) with its review buttons, post it in
+        the incident's thread; its ADR id."""
+        async with self._lock:
+            adr, tokens, stored = await self._records.record_built(
+                incident_id, author=author, build=build
+            )
+        return await self._post(incident_id, adr, tokens, stored)
+
+    async def _post(
+        self, incident_id: int, adr: Adr, tokens: dict[str, str], stored: AdrDraft
+    ) -> str:
         thread = await self._threads(incident_id, None)
         # the draft just built, where record() stored it: nothing to read back
         view = await self._view(adr.id, tokens=tokens, adr=adr, draft=stored)

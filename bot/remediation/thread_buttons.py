@@ -28,6 +28,7 @@ from bot.kernel.chat import (
     CAUSE,
     CAUSE_CONFIRMED,
     CAUSE_WRONG,
+    RETUNE,
     SILENCE,
     escape,
     mention,
@@ -38,6 +39,7 @@ from bot.kernel.store import ActionToken, CauseFeedback, Database, Incident, but
 from bot.kernel.store import outbox as items
 from bot.kernel.store import service as store
 from bot.remediation import silences
+from bot.tune import Retune
 
 log = logging.getLogger("ruleloop.thread")
 RenderButtons = Callable[..., dict[str, Any]]  # Notifier.render_thread_buttons
@@ -65,6 +67,7 @@ class ThreadButtons(buttons.ButtonReads):
         deliver: Callable[[int], Awaitable[object]],
         render: RenderButtons,
         wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        retune: Retune | None = None,
     ) -> None:
         self._settings = settings
         self._db = db
@@ -73,6 +76,7 @@ class ThreadButtons(buttons.ButtonReads):
         self._deliver = deliver  # the incident's outbox delivery
         self._render = render
         self._wall_clock = wall_clock  # Alertmanager judges a silence's times on its clock
+        self._retune = retune  # a drift thread's Re-tune button (None: the bot offers none)
 
     async def press(self, *, user_id: str, token: str) -> str | None:
         """Check the press, act on it once; UsageError/NotAllowed says why not (only to the
@@ -83,6 +87,9 @@ class ThreadButtons(buttons.ButtonReads):
         used = buttons.used_text(row, what=f"incident #{incident_id}")
         if used is not None:
             raise UsageError(used)
+        if kind == RETUNE and self._retune is not None:  # its own rule: an approver starts it
+            await self._retune.press(user_id=user_id, token=token, incident_id=incident_id)
+            return None
         if not (await self._members()).allows("apply", user_id):
             what = "judge the cause of" if kind == CAUSE else "silence or acknowledge"
             raise NotAllowed(
@@ -207,7 +214,7 @@ class ThreadButtons(buttons.ButtonReads):
 
 def _button_of(row: ActionToken | None) -> tuple[str, int]:
     """The kind of a thread button and its incident; UsageError when it is not one."""
-    for kind in (SILENCE, ACKNOWLEDGE, CAUSE):
+    for kind in (SILENCE, ACKNOWLEDGE, CAUSE, RETUNE):
         key = buttons.subject_key(row.subject, kind) if row is not None else None
         if kind == CAUSE and row is not None and row.kind not in (CAUSE_CONFIRMED, CAUSE_WRONG):
             continue

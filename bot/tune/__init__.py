@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from bot.tune.plan import WorkloadSpec as WorkloadSpec
     from bot.tune.plan import load_plan as load_plan
     from bot.tune.records import TuneRecords as TuneRecords
+    from bot.tune.retune import Offer as Offer
+    from bot.tune.retune import Retune as Retune
     from bot.tune.runner import Echo as Echo
     from bot.tune.service import DraftPlace as DraftPlace
     from bot.tune.service import TuneResult as TuneResult
@@ -47,7 +49,9 @@ __all__ = [
     "Echo",
     "Experiment",
     "METRICS",
+    "Offer",
     "RestoreFailed",
+    "Retune",
     "SessionRestorer",
     "TunePlan",
     "TuneRecords",

@@ -30,7 +30,7 @@ from bot.kernel.chat import Notifier
 from bot.kernel.runtime import replica_id
 from bot.kernel.store import Database, Leases
 from bot.remediation import GateRunner
-from bot.tune import TuneRecords
+from bot.tune import Retune, TuneRecords
 
 
 class ExpiresApprovals(Protocol):
@@ -84,6 +84,7 @@ def build_jobs(
     probe_clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     monotonic: Callable[[], float] = time.monotonic,
+    retune: Retune | None = None,
 ) -> list[Job]:
     """Snapshot, baseline and workload-drift jobs per target, the draft reminder, approval
     expiry, the outbox."""
@@ -114,7 +115,7 @@ def build_jobs(
                                   clock=clock)  # fmt: skip
             drift = WorkloadDrift(name=name, target=target, listed=own.adrs, db=db, adrs=adrs,
                                   gate=gate, flows=flows, read_shape=live_shape,
-                                  before_runs=before)  # fmt: skip
+                                  before_runs=before, retune=retune)  # fmt: skip
             jobs.append(Job(f"workload:{name}", every, drift))
     if config.draft_reminder_every_s:
         reminders = DraftReminders(db=db, notifier=notifier, after_s=config.draft_reminder_after_s,

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 from sqlalchemy.exc import IntegrityError
 
-from bot.adr import BEFORE, Adr, AdrGates, AdrStore
+from bot.adr import BEFORE, GATE_METRICS, Adr, AdrGates, AdrStore
 from bot.adr.workload import ShapeDiff, WorkloadShape, context_line, per_replica
 from bot.adr.workload.diff import diff
 from bot.app.scheduler import messages
@@ -59,6 +59,7 @@ from bot.kernel.numbers import BY_GATE
 from bot.kernel.store import Database
 from bot.kernel.store import service as store
 from bot.remediation import GateRunner
+from bot.tune import Offer, Retune
 
 ALERTNAME = "RuleloopWorkloadDrift"
 ShapeReader = Callable[[str, Target], Awaitable[WorkloadShape]]
@@ -113,6 +114,7 @@ class WorkloadDrift:
         flows: IncidentFlows,
         read_shape: ShapeReader,
         before_runs: BeforeRuns | None = None,
+        retune: Retune | None = None,
     ) -> None:
         self.name = name
         self._target = target
@@ -123,6 +125,7 @@ class WorkloadDrift:
         self._flows = flows
         self._read_shape = read_shape
         self._before_runs = before_runs  # None: the target does not allow a before-run
+        self._retune = retune  # offers the next step for a rule that fails (None: none)
 
     async def __call__(self, now: dt.datetime) -> JobOutcome:
         """Capture the live shape; open, keep or close the target's drift thread."""
@@ -167,7 +170,26 @@ class WorkloadDrift:
             parts = [messages.workload_drift(self.name, adr, live, diffs[adr.id], check)
                      for adr, check in zip(drifted, checks, strict=True)]  # fmt: skip
             await self._flows.reply(incident_id, "\n\n".join(parts))
+            await self._offer_retune(incident_id, drifted, checks, live, found.replaced)
         return JobOutcome(detail | {"incident": incident_id, "opened": opened})
+
+    async def _offer_retune(
+        self, incident_id: int, drifted: Sequence[Adr], checks: Sequence[Revalidation],
+        live: WorkloadShape, replaced: Deployed | None,
+    ) -> None:  # fmt: skip
+        """The next step for the first rule whose gates failed on the live shape: a re-tune
+        under it (``bot.tune.retune``), offered in the thread or started."""
+        failed = [(adr, c) for adr, c in zip(drifted, checks, strict=True) if c.failed]
+        if self._retune is None or not failed:
+            return
+        adr, check = failed[0]
+        assert check.result is not None
+        gates = {g.name: g.limit for g in check.result.report.gates if g.name in GATE_METRICS}
+        offer = Offer(
+            target=self.name, adr_id=adr.id, fix=dict(adr.fix.engine_args), gates=gates,
+            replaced=dict(replaced.flags) if replaced is not None else {}, live=per_replica(live),
+        )  # fmt: skip
+        await self._retune.offer(incident_id, offer)
 
     async def _revalidate(
         self, adr: Adr, live: WorkloadShape, replaced: Deployed | None

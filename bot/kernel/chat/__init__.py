@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from bot.kernel.chat.messages import CAUSE as CAUSE
     from bot.kernel.chat.messages import CAUSE_CONFIRMED as CAUSE_CONFIRMED
     from bot.kernel.chat.messages import CAUSE_WRONG as CAUSE_WRONG
+    from bot.kernel.chat.messages import RETUNE as RETUNE
     from bot.kernel.chat.messages import SILENCE as SILENCE
     from bot.kernel.chat.messages import IncidentView as IncidentView
     from bot.kernel.chat.messages import MessageRef as MessageRef
@@ -40,6 +41,7 @@ __all__ = [
     "IncidentView",
     "MessageRef",
     "Notifier",
+    "RETUNE",
     "SILENCE",
     "classify",
     "clip",

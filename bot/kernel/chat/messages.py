@@ -18,6 +18,8 @@ SILENCE, ACKNOWLEDGE = "silence", "acknowledge"
 # On-call's word on the diagnosis's cause: one subject ("cause:<incident>"); one press spends
 # both.
 CAUSE, CAUSE_CONFIRMED, CAUSE_WRONG = "cause", "cause_confirmed", "cause_wrong"
+# A drift thread's offer of a tuning search on the live traffic (bot.tune.retune).
+RETUNE = "retune"
 
 
 @dataclass(frozen=True)

@@ -170,6 +170,16 @@ def audit(
     return entry
 
 
+def last_audit(session: Session, incident_id: int, *, action: str) -> AuditEntry | None:
+    """The newest audit entry of ``action`` on the incident, if any."""
+    query = (
+        select(AuditEntry)
+        .where(AuditEntry.incident_id == incident_id, AuditEntry.action == action)
+        .order_by(AuditEntry.id.desc())
+    )
+    return session.scalars(query).first()
+
+
 def canary_results(session: Session, incident_id: int) -> Sequence[CanaryResult]:
     """An incident's canary runs, in the order they ran."""
     query = (

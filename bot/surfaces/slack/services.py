@@ -11,6 +11,7 @@ from bot.incidents import IncidentFlows
 from bot.kernel.runtime import TaskSupervisor
 from bot.postmortem import DraftService
 from bot.remediation import RemediationService, ThreadButtons
+from bot.tune import Retune
 
 KEY = "ruleloop_services"  # the request context key the app's middleware sets
 
@@ -24,6 +25,7 @@ class Services:
     drafts: DraftService
     thread: ThreadButtons  # an incident thread's Silence / Acknowledge
     tasks: TaskSupervisor  # where deferred work runs: supervised, drained when the bot stops
+    retune: Retune  # a drift thread's re-tune (its button is one of the thread's)
 
 
 def services_of(context: AsyncBoltContext) -> Services:

@@ -36,6 +36,7 @@ from bot.kernel.chat import (
     ACKNOWLEDGE,
     CAUSE_CONFIRMED,
     CAUSE_WRONG,
+    RETUNE,
     SILENCE,
     IncidentView,
     clip,
@@ -53,6 +54,7 @@ THREAD_BUTTONS = {
     ACKNOWLEDGE: ("Acknowledge", "incident_acknowledge"),
     CAUSE_CONFIRMED: ("Cause confirmed", "incident_cause_confirmed"),
     CAUSE_WRONG: ("Wrong cause", "incident_cause_wrong"),
+    RETUNE: ("Re-tune on the live traffic", "incident_retune"),
 }
 THREAD_ACTIONS = tuple(action_id for _, action_id in THREAD_BUTTONS.values())
 MAX_FINDINGS = 15

@@ -1,0 +1,186 @@
+"""The next step after a rule fails on the live workload (issue 42 item 2): the drift thread
+offers a re-tune, an approver starts it with the thread's button, and its result is a proposed
+ADR proven on the live workload, posted for review in the thread.
+
+A real bot (real store, real slack-bolt app, Slack faked at the wire), the real tuning session on
+the target (``bot.tune.on_target``: its hold, audit, restore after every trial), each trial's
+canary a real canary replaying the live shape against a real HTTP server that streams tokens
+(and serves a recorded vLLM /metrics page whose token counter grows with what it streamed);
+only the actuator is the seam (flags held in memory: no engine restarts here; the engine test is
+tests/test_retune_engine.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+
+from bot.adr.workload import WorkloadShape
+from bot.adr.workload import shape as shapes
+from bot.kernel.store import AdrDraft, TuneSession
+from bot.kernel.store import service as store
+from bot.tune import Offer
+from bot.tune.retune import retune_plan, space_of
+from tests import store_reads
+from tests.fakes.bot import PAGES, Harness, harness
+from tests.fakes.slack_api import FakeSlack
+from tests.fakes.sse_engine import SseEngine
+from tests.test_adr_relative_flow import MemoryActuator
+from tests.workload_pages import shape
+
+ADR_ID = "ADR-20260831-01"
+
+
+def live() -> WorkloadShape:
+    """Agents' traffic, fast enough to replay in a test (the canary paces the shape's rate)."""
+    rng = random.Random(7)
+    return shape([rng.randint(1100, 1900) for _ in range(100)], [8] * 100, rate=500.0,
+                 hit_rate=0.85)  # fmt: skip
+
+
+def offer(gates: dict[str, float] | None = None) -> Offer:
+    return Offer(
+        target="prod-a", adr_id=ADR_ID, fix={"max-num-batched-tokens": 2048},
+        gates={"max_tpot_p99_ms": 50.0} if gates is None else gates,
+        replaced={"max-num-batched-tokens": 8192}, live=live(),
+    )  # fmt: skip
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[SseEngine]:
+    async with SseEngine(metrics_pages=PAGES[:1], count_generation=True) as served:
+        yield served
+
+
+def make(tmp_path: Path, slack: FakeSlack, engine: SseEngine, retune: str = "button") -> Harness:
+    target: dict[str, Any] = {
+        "vllm_url": engine.base_url,
+        "actuator": {"kind": "kubernetes", "namespace": "inference", "deployment": "vllm"},
+        "canary": {"concurrency": 4, "num_requests": 12}, "drift": {"retune": retune},
+    }  # fmt: skip
+    return harness(tmp_path, slack=slack, bot_options={"actuator_for": MemoryActuator},
+                   targets={"prod-a": target})  # fmt: skip
+
+
+async def drift_thread(h: Harness) -> int:
+    """The drift thread's incident (as the workload-drift job opens it)."""
+    with h.bot.db.transaction() as s:
+        incident = store.create(
+            s, key="workload-drift:prod-a", source="scheduler", title="prod-a: workload drift",
+            target="prod-a", labels={"alertname": "RuleloopWorkloadDrift"}, at=h.wall.now(),
+        )  # fmt: skip
+        return incident.id
+
+
+def texts(slack: FakeSlack) -> list[str]:
+    return [json.dumps(c.args, ensure_ascii=False) for c in slack.of("chat.postMessage")]
+
+
+async def press(h: Harness, user: str) -> str:
+    """Press the thread's Re-tune button as ``user`` (the real Slack action path); what the
+    presser was told (the ephemeral answer), if anything."""
+    with h.bot.db.transaction() as s:
+        (token,) = [t for t in store_reads.tokens(s) if t.kind == "retune"]
+        value = token.token
+    response = await h.click(value, user=user, action_id="incident_retune")
+    assert response.status_code == 200
+    await h.bot.tasks.drain()
+    told = [c.args.get("text", "") for c in h.slack.of("response_url")] if h.slack else []
+    return told[-1] if told else ""
+
+
+def test_the_search_tries_the_fix_around_its_value_and_the_value_it_replaced(
+    tmp_path: Path,
+) -> None:
+    assert [d.values for d in space_of({"max-num-batched-tokens": 2048, "enable-chunked-prefill":
+                                        True}, {"max-num-batched-tokens": 8192}).values()] == [
+        [512, 1024, 2048, 4096, 8192], [False, True],
+    ]  # fmt: skip
+    path = tmp_path / "live.yaml"
+    shapes.save(live(), path)
+    plan = retune_plan(offer(), serving={"max-num-batched-tokens": 2048, "max-num-seqs": 32},
+                       shape_path=path, concurrency=4, num_requests=12, trials=6)  # fmt: skip
+    assert plan.baseline == {"max-num-seqs": 32} and plan.gates is not None
+    assert plan.gates.limits() == {"max_tpot_p99_ms": 50.0}
+    assert plan.search.budget(plan.search_space()) == 5  # the grid, every point once
+    with pytest.raises(Exception, match="nothing to tune for"):
+        retune_plan(offer(gates={}), serving={}, shape_path=path, concurrency=4,
+                    num_requests=12, trials=6)  # fmt: skip
+
+
+async def test_an_approver_starts_the_re_tune_and_its_draft_is_proven_on_the_live_workload(
+    tmp_path: Path, slack: FakeSlack, engine: SseEngine
+) -> None:
+    h = make(tmp_path, slack, engine)
+    try:
+        incident_id = await drift_thread(h)
+        await h.bot.retune.offer(incident_id, offer())
+        assert any("Re-tune on the live traffic" in t and "max-num-batched-tokens 512, 1024, "
+                   "2048, 4096, 8192" in t for t in texts(slack))  # fmt: skip
+        told = await press(h, "U3")  # not an approver: nothing starts
+        assert "an approver starts it" in told
+        with h.bot.db.transaction() as s:
+            assert s.scalars(select(TuneSession)).all() == []
+        await press(h, "U2")
+        with h.bot.db.transaction() as s:
+            (session,) = s.scalars(select(TuneSession)).all()
+            (draft,) = s.scalars(select(AdrDraft)).all()
+            actions = [e.action for e in store_reads.audit_trail(s, incident_id=incident_id)]
+        assert session.state == "restored" and session.approved_by == ["U2"]
+        assert [a for a in actions if a.startswith("retune.")] == [
+            "retune.offered", "retune.approved", "retune.started", "retune.ended",
+        ]  # fmt: skip
+        assert "adr_draft.written" in actions
+        posted = texts(slack)
+        assert any(
+            f"Re-tune of {ADR_ID} started (approved by <@U2>): 5 trials" in t for t in posted
+        )
+        (done,) = [t for t in posted if "Re-tune of" in t and "trials; the best" in t]
+        assert f"Drafted *{draft.adr_id}*, proven on the live workload" in done
+        adr = h.bot.retune._adrs.get_or_raise(draft.adr_id)  # noqa: SLF001
+        assert adr.status == "proposed" and adr.workload is not None
+        assert adr.workload.prefix.hit_rate == pytest.approx(0.85)
+        assert len(adr.matrix) == 5 and adr.fix.engine_args["max-num-batched-tokens"] in (
+            512, 1024, 2048, 4096, 8192,
+        )  # fmt: skip
+        assert draft.author == "ruleloop (drift job)"
+        again = await press(h, "U1")  # one search per offer: the button is spent
+        assert again.startswith("This button was already used by <@U2>"), again
+        with h.bot.db.transaction() as s:
+            assert len(s.scalars(select(TuneSession)).all()) == 1
+    finally:
+        await h.close()
+
+
+async def test_a_search_where_no_trial_meets_the_gates_drafts_nothing_and_says_so(
+    tmp_path: Path, slack: FakeSlack, engine: SseEngine
+) -> None:
+    h = make(tmp_path, slack, engine, retune="auto")  # auto: no press
+    try:
+        incident_id = await drift_thread(h)
+        await h.bot.retune.offer(incident_id, offer(gates={"max_ttft_p99_ms": 0.001}))
+        await h.bot.tasks.drain()
+        posted = texts(slack)
+        assert any("(starting: retune = auto)" in t for t in posted)
+        assert any(f"Re-tune of {ADR_ID}: none of 5 trials met the gates" in t for t in posted)
+        with h.bot.db.transaction() as s:
+            assert s.scalars(select(AdrDraft)).all() == []
+            (session,) = s.scalars(select(TuneSession)).all()
+        assert session.state == "restored"
+    finally:
+        await h.close()
+
+
+async def test_off_offers_nothing(tmp_path: Path, slack: FakeSlack, engine: SseEngine) -> None:
+    h = make(tmp_path, slack, engine, retune="off")
+    try:
+        incident_id = await drift_thread(h)
+        await h.bot.retune.offer(incident_id, offer())
+        assert not any("Re-tune" in t for t in texts(slack))
+    finally:
+        await h.close()
