@@ -114,7 +114,14 @@ class Stage:
             return [e.action for e in trail if e.action.startswith("tune.") or e.action == FAILED]
 
     def thread(self) -> str:
-        return str(self.slack.of("chat.postMessage")[-1].args["text"])
+        """The drift thread's report (what moved, and the gates under the live shape)."""
+        posted = [str(c.args["text"]) for c in self.slack.of("chat.postMessage")]
+        return next(text for text in reversed(posted) if "What moved:" in text)
+
+    def offered(self) -> str:
+        """The thread's last message: the next step offered, with its button (or "")."""
+        last = self.slack.of("chat.postMessage")[-1].args
+        return str(last.get("blocks", "")) if "Next step" in str(last.get("text")) else ""
 
 
 def kube_target(canary_url: str, **canary: Any) -> dict[str, Any]:
@@ -210,6 +217,9 @@ async def test_the_fix_that_stopped_helping_fails_its_gate(stage: Stage) -> None
     assert incident.labels["severity"] == "warning"
     text = stage.thread()
     assert ":x: Under it the gates fail" in text and "hold" not in text.split("What moved:")[1]
+    # the next step: a re-tune under the live shape, for an approver to start (bot.tune.retune)
+    offered = stage.offered()
+    assert "Re-tune on the live traffic" in offered and "incident_retune" in offered
     assert f":x: TPOT p99 27.7ms (gate ≤ 15ms, {ADR})" in text
     assert stage.kube.args("vllm-canary") == FIX
 

@@ -236,8 +236,12 @@ async def drift_period(h: Harness, gate: Gate, **kind: int) -> dict[str, Any]:
 
 
 def thread_text(slack: FakeSlack) -> str:
-    root, thread = slack.of("chat.postMessage")
+    root, thread, *offer = slack.of("chat.postMessage")
     assert "Workload drift on local" in root.args["text"], root.args["text"]
+    # a rule whose gates failed: the next step, a re-tune, is offered after the report
+    assert [":wrench: *Next step:*" in o.args["text"] for o in offer] == (
+        [True] if ":x: Under it the gates fail" in thread.args["text"] else []
+    ), offer
     return str(thread.args["text"])
 
 

@@ -132,8 +132,8 @@ def create_bot(
     )  # fmt: skip
     adrs = _adrs(settings, db=db, clock=clock)
     links = page_links(settings.web, clock=wall_clock)  # None: the incident page is off
-    charts = (settings.paths.state or state_dir) / "charts"  # next to the store, as documented
-    client, notifier = _notifier(settings, slack_client, console, charts, links)
+    state = settings.paths.state or state_dir  # charts and re-tunes' runs beside the store
+    client, notifier = _notifier(settings, slack_client, console, state / "charts", links)
     tasks, metrics, owner = TaskSupervisor(), BotMetrics(), replica_id()
     flows = IncidentFlows(
         settings=settings, db=db, notifier=notifier, clock=clock, monotonic=monotonic,
@@ -144,7 +144,7 @@ def create_bot(
     services = _services(
         settings, db=db, adrs=adrs, flows=flows, notifier=notifier, members=members, seams=seams,
         clock=clock, tasks=tasks, actuator_for=actuator_for, gate=gate, sleep=heartbeat_sleep,
-        live=live, runs_dir=(settings.paths.state or state_dir) / "retune",
+        live=live, runs_dir=state / "retune",
     )  # fmt: skip
     slack_app = (
         build_app(settings=settings.slack, services=services, client=client) if client else None
@@ -153,11 +153,9 @@ def create_bot(
         settings, db, flows, services, seams, adrs=adrs, notifier=notifier, gate=gate,
         actuator_for=actuator_for,
     )  # fmt: skip
-    routes = Routes(
-        settings=settings, intake=Intake(db=db, targets=settings.targets, clock=clock),
-        flows=flows, metrics=metrics, tasks=tasks, db=db, slack=slack_app,
-        monotonic=monotonic, wall_clock=wall_clock,
-    )  # fmt: skip
+    routes = Routes(settings=settings, intake=Intake(db=db, targets=settings.targets, clock=clock),
+                    flows=flows, metrics=metrics, tasks=tasks, db=db, slack=slack_app,
+                    monotonic=monotonic, wall_clock=wall_clock)  # fmt: skip
     pages = IncidentPages(db=db, links=links, adrs=adrs)
     app = http_app(routes, pages, lifespan=_lifespan(services, scheduler, http=seams.http, db=db))
     return Bot(

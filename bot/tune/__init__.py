@@ -8,6 +8,7 @@ session.py     one search: propose, measure, score, tell, until it is done
 runner.py      each configuration on a fresh local engine, the same canary each time
 on_target.py   tuning on a real target: each trial's flags through its actuator, restored
 records.py     a tuning session's store work on a target, each one transaction with its audit
+retune.py      a rule that failed on the live workload: a search on the target offered, run
 matrix.py      measured canary reports as Metrics Matrix rows, and the recommended one
 draft.py       the proposed ADR a run ends with: context, measured matrix, rules
 service.py     `tune` as one call: measure, pick the best passing row, write the draft

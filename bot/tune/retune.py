@@ -168,9 +168,11 @@ class Retune:
 
     async def offer(self, incident_id: int, offer: Offer) -> None:
         """Say in the drift thread what a re-tune would do, with its button (``button``), or
-        start it (``auto``); nothing where the target's ``retune`` is ``off``."""
-        mode = self._settings.targets[offer.target].drift.retune
-        if mode == "off":
+        start it (``auto``); nothing where the target's ``retune`` is ``off``, or where its
+        actuator cannot change its flags (none, or dry-run)."""
+        target = self._settings.targets[offer.target]
+        mode = target.drift.retune
+        if mode == "off" or target.actuator is None or not target.actuator.changes_flags:
             return
         space = space_of(offer.fix, offer.replaced)
         tried = "; ".join(
