@@ -276,7 +276,7 @@ class Retune:
         best = result.pick
         return (
             f":white_check_mark: Re-tune of {offer.adr_id}: {len(result.rows)} trials; the best "
-            f"that met the gates: `{flags_text(dict(best.config.engine_args))}`"
+            f"that met the gates: `{flags_text(dict(best.config.changes))}`"
             f"{_numbers(best.values)}. "
             f"Drafted *{adr_id}*, proven on the live workload ({context_line(offer.live)}); "
             f"{offer.adr_id} keeps its own. Both stand: at an incident the one whose workload "
