@@ -36,8 +36,10 @@ if TYPE_CHECKING:
     from bot.tune.plan import WorkloadSpec as WorkloadSpec
     from bot.tune.plan import load_plan as load_plan
     from bot.tune.records import TuneRecords as TuneRecords
+    from bot.tune.retune import OFFERED as OFFERED
     from bot.tune.retune import Offer as Offer
     from bot.tune.retune import Retune as Retune
+    from bot.tune.retune import space_of as space_of
     from bot.tune.runner import Echo as Echo
     from bot.tune.service import DraftPlace as DraftPlace
     from bot.tune.service import TuneResult as TuneResult
@@ -50,6 +52,7 @@ __all__ = [
     "Echo",
     "Experiment",
     "METRICS",
+    "OFFERED",
     "Offer",
     "RestoreFailed",
     "Retune",
@@ -65,6 +68,7 @@ __all__ = [
     "load_plan",
     "parse_dimension",
     "restore_target_session",
+    "space_of",
     "run_tune",
     "tune_target",
     "utc_now",

@@ -47,7 +47,9 @@ from bot.app.server import Bot
 from bot.canary import Workload
 from bot.change.actuators import build
 from bot.kernel import Settings, Target
+from bot.kernel.store import service as store
 from bot.remediation import run_gate
+from bot.tune import OFFERED, Offer, space_of
 
 AGENT_STREAMS = 4
 SYSTEM_PROMPT = 1536  # tokens every agent request opens with (its instructions and tools)
@@ -94,6 +96,7 @@ class DriftShown:
     verdict: list[str]  # the rule's gates under the live traffic
     posted: bool  # the drift thread was posted
     before: str = ""  # the before-run on the live traffic: the rule's replaced flags, numbers
+    next_step: str = ""  # what the thread offered next (a re-tune), "" when nothing
 
 
 async def run_second_act(
@@ -133,7 +136,7 @@ async def run_second_act(
 
         job = WorkloadDrift(
             name=name, target=target, listed=[], db=bot.db, adrs=adrs, gate=run_gate,
-            flows=bot.flows, read_shape=captured, before_runs=before_runs,
+            flows=bot.flows, read_shape=captured, before_runs=before_runs, retune=bot.retune,
         )  # fmt: skip
         outcome = await job(dt.datetime.now(dt.UTC))
     await bot.tasks.drain(timeout_s=600)
@@ -151,4 +154,24 @@ async def run_second_act(
         verdict=verdict,
         before=str((detail.get("before_runs") or {}).get(adr_id, "")),
         posted=bool(detail.get("opened")),
+        next_step=_offered(bot, detail.get("incident")),
+    )
+
+
+def _offered(bot: Bot, incident_id: object) -> str:
+    """The re-tune the drift thread offers, in words ("" when none was offered)."""
+    if not isinstance(incident_id, int):
+        return ""
+    with bot.db.transaction() as s:
+        entry = store.last_audit(s, incident_id, action=OFFERED)
+        if entry is None:
+            return ""
+        offer = Offer.from_json(entry.detail)
+    tried = "; ".join(
+        f"{flag} {', '.join(map(str, dim.values or []))}"
+        for flag, dim in space_of(offer.fix, offer.replaced).items()
+    )
+    return (
+        f"a re-tune of {offer.adr_id} on the live traffic ({tried}), with a "
+        "[Re-tune on the live traffic] button for an approver"
     )

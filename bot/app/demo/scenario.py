@@ -678,6 +678,8 @@ class Demo:
         if shown.before:
             self._say(f"    before on the live traffic: {shown.before}")
         self._say(f"    {'; '.join(shown.verdict)}")
+        if shown.next_step:
+            self._say(f"    next step offered in the drift thread: {shown.next_step}")
         return shown
 
     # --- 8/9: the draft ----------------------------------------------------------------------

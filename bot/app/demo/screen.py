@@ -90,4 +90,5 @@ def _drift_lines(adr_id: str, drift: DriftShown | None) -> list[str]:
         *([f"  before on the live traffic: {drift.before}"] if drift.before else []),
         *(f"  re-validated: {line}" for line in drift.verdict),
         "  drift thread posted" if drift.posted else "  no thread posted",
+        *([f"  next step offered: {drift.next_step}"] if drift.next_step else []),
     ]
