@@ -164,28 +164,30 @@ def looks_cell(pool: np.ndarray, n: int, effect: float, trials: int, rng: np.ran
     }  # fmt: skip
 
 
-def looks_table(rows: list[dict[str, Any]]) -> str:
-    head = ("| n | effect | truth | 1 look: kept | 1 look: wrong | 2 looks: kept | 2 looks: wrong"
-            " | 2 looks: requests sent |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
-    lines = [
-        f"| {r['n']} | {r['effect']:g} | {r['truth']} | {r['one_look_kept']:.0%}"
-        f" | {r['one_look_false']:.1%} | {r['two_looks_kept']:.0%} | {r['two_looks_false']:.1%}"
-        f" | {r['two_looks_mean_requests']:.1f} |"
-        for r in rows
-    ]
-    return "\n".join([head, *lines])
+def markdown(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> str:
+    """A markdown table of ``rows``: one column per (header, key, format spec)."""
+    head = "| " + " | ".join(h for h, _, _ in columns) + " |"
+    rule = "|" + "---|" * len(columns)
+    lines = ["| " + " | ".join(format(r[k], f) for _, k, f in columns) + " |" for r in rows]
+    return "\n".join([head, rule, *lines])
 
 
 def table(rows: list[dict[str, Any]], effect_key: str, old_key: str) -> str:
-    head = (f"| n | {effect_key} | truth | old: kept | old: wrong | new: met | new: missed | "
-            "new: inconclusive | new: wrong |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
-    lines = [
-        f"| {r['n']} | {r[effect_key]:g} | {r['truth']} | {r[old_key]:.0%} | {r['old_false']:.0%}"
-        f" | {r['new_met']:.0%} | {r['new_missed']:.0%} | {r['new_inconclusive']:.0%}"
-        f" | {r['new_false']:.0%} |"
-        for r in rows
-    ]
-    return "\n".join([head, *lines])
+    return markdown(rows, [
+        ("n", "n", ""), (effect_key, effect_key, "g"), ("truth", "truth", ""),
+        ("old: kept", old_key, ".0%"), ("old: wrong", "old_false", ".0%"),
+        ("new: met", "new_met", ".0%"), ("new: missed", "new_missed", ".0%"),
+        ("new: inconclusive", "new_inconclusive", ".0%"), ("new: wrong", "new_false", ".0%"),
+    ])  # fmt: skip
+
+
+def looks_table(rows: list[dict[str, Any]]) -> str:
+    return markdown(rows, [
+        ("n", "n", ""), ("effect", "effect", "g"), ("truth", "truth", ""),
+        ("1 look: kept", "one_look_kept", ".0%"), ("1 look: wrong", "one_look_false", ".1%"),
+        ("2 looks: kept", "two_looks_kept", ".0%"), ("2 looks: wrong", "two_looks_false", ".1%"),
+        ("2 looks: requests sent", "two_looks_mean_requests", ".1f"),
+    ])  # fmt: skip
 
 
 def main() -> None:
