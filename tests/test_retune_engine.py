@@ -3,10 +3,12 @@ traffic, and the search that finds flags that do, through the local actuator (ea
 restart of the engine with its flags, the flags found at the start restored after each).
 
 The physics, on a machine of any speed: the rule's fix allows two sequences at once
-(``--max-num-seqs 2``); production now sends eight streams at once of chats with long answers.
-With two slots six requests wait for a whole answer or more before their first token; with
-sixteen none waits. The gate is TTFT p99 at most one whole request's time alone (measured here
-first): queued requests miss it by several answers, unqueued ones meet it by several. The
+(``--max-num-seqs 2``); production now sends eight streams at once of chats with long answers
+(128 tokens). With two slots six requests wait for a whole answer or more before their first
+token; with sixteen none waits, and a first token takes a prefill (a 128-token prompt: a small
+fraction of a 128-token answer). The gate is TTFT p99 at most one whole request's time alone
+(measured here first): queued requests miss it by about three answers, unqueued ones meet it by
+several prefills, so two CPU hogs or a CPU quota move both sides alike. The
 search tries the fix's value at a quarter, half, as set and twice, and the value it replaced (16).
 """
 
@@ -34,7 +36,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("box_alone")]
 
 ADR_ID = "ADR-20260831-01"
 LAUNCH = ["--enforce-eager", "--max-num-seqs", "2"]  # what serves now: the rule's fix
-STREAMS, OUTPUT = 8, 32
+STREAMS, OUTPUT = 8, 128  # long answers: a queued request waits many times a prefill
 
 
 @pytest.fixture(scope="module")
