@@ -30,9 +30,9 @@ import asyncio
 import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from bot.adr import Adr, AdrGates, AdrStore, EngineValue
 from bot.adr.workload import WorkloadShape, context_line
@@ -61,14 +61,16 @@ DRIFT_JOB = "ruleloop (drift job)"  # who requests a re-tune: the bot, on its dr
 # builds the draft's ADR once its id and day are known (DraftService.propose stores and posts it)
 Build = Callable[[str, dt.date], Adr]
 Propose = Callable[[int, str, Build], Awaitable[str]]  # incident, author, build -> its ADR id
-RenderButtons = Callable[..., dict[str, Any]]
+RenderButtons = Callable[..., Mapping[str, object]]
 MAX_SHOWN = 5  # trials a failed search names in the thread
 
 
-@dataclass(frozen=True)
-class Offer:
+class Offer(BaseModel):
     """What a re-tune would search: the rule that failed on ``target``, the gates as judged
-    there (numbers), the flags serving before the rule and the live shape."""
+    there (numbers), the flags serving before the rule and the live shape. The offer's audit
+    entry keeps it as JSON (``model_dump``); a press reads it back (``model_validate``)."""
+
+    model_config = ConfigDict(frozen=True)
 
     target: str
     adr_id: str
@@ -76,20 +78,6 @@ class Offer:
     gates: dict[str, float]
     replaced: dict[str, EngineValue]
     live: WorkloadShape
-
-    def json(self) -> dict[str, Any]:
-        return {
-            "target": self.target, "adr": self.adr_id, "fix": self.fix, "gates": self.gates,
-            "replaced": self.replaced, "live": self.live.model_dump(mode="json"),
-        }  # fmt: skip
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Offer:
-        return cls(
-            target=str(data["target"]), adr_id=str(data["adr"]), fix=dict(data["fix"]),
-            gates=dict(data["gates"]), replaced=dict(data["replaced"]),
-            live=WorkloadShape.model_validate(data["live"]),
-        )  # fmt: skip
 
 
 def space_of(
@@ -185,7 +173,7 @@ class Retune:
         )
         if mode == "auto":
             await asyncio.to_thread(self._say, incident_id, what + " (starting: retune = auto)",
-                                    OFFERED, offer.json())  # fmt: skip
+                                    OFFERED, offer.model_dump(mode="json"))  # fmt: skip
             approval = Approval(DRIFT_JOB, [f"[targets.{offer.target}.drift] retune = auto"])
             self._start(incident_id, offer, approval)
         else:
@@ -290,12 +278,12 @@ class Retune:
                                    incident_id=incident_id, now=now)  # fmt: skip
             incident = store.get(s, incident_id)
             store.audit(s, at=now, actor="ruleloop", action=OFFERED, incident=incident,
-                        detail=offer.json())  # fmt: skip
+                        detail=offer.model_dump(mode="json"))  # fmt: skip
             items.owe_root(s, incident_id, at=now, channel=None)  # the thread's, owed once
             items.owe(s, incident_id, kind=items.REPLY, at=now,
                       payload=self._render(tokens, note=note))  # fmt: skip
 
-    def _say(self, incident_id: int, text: str, action: str, detail: dict[str, Any]) -> None:
+    def _say(self, incident_id: int, text: str, action: str, detail: Mapping[str, object]) -> None:
         now = self._clock()
         with self._db.transaction() as s:
             store.audit(s, at=now, actor="ruleloop", action=action,
@@ -314,9 +302,10 @@ class Retune:
             offered = store.last_audit(s, incident_id, action=OFFERED)
             if incident is None or offered is None:
                 raise UsageError("This re-tune's offer is gone. Nothing was changed.")
+            offer = Offer.model_validate(offered.detail)
             store.audit(s, at=now, actor=user_id, action="retune.approved", incident=incident,
-                        detail={"token": token[:6], "adr": offered.detail.get("adr")})  # fmt: skip
-            return Offer.from_json(offered.detail)
+                        detail={"token": token[:6], "adr": offer.adr_id})  # fmt: skip
+            return offer
 
 
 def _numbers(values: Values | None) -> str:

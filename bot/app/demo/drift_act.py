@@ -166,7 +166,7 @@ def _offered(bot: Bot, incident_id: object) -> str:
         entry = store.last_audit(s, incident_id, action=OFFERED)
         if entry is None:
             return ""
-        offer = Offer.from_json(entry.detail)
+        offer = Offer.model_validate(entry.detail)
     tried = "; ".join(
         f"{flag} {', '.join(map(str, dim.values or []))}"
         for flag, dim in space_of(offer.fix, offer.replaced).items()
