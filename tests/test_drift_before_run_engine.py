@@ -226,6 +226,7 @@ async def drift_period(h: Harness, gate: Gate, **kind: int) -> dict[str, Any]:
             before_runs=BeforeRuns(name="local", target=target, actuator_for=build,
                                    records=TuneRecords(db=h.bot.db, clock=h.wall.now),
                                    gate=gate, heartbeat_s=settings.remediation.heartbeat_s),
+            retune=h.bot.retune,  # a rule that fails: the next step offered in the thread
         )  # fmt: skip
         await asyncio.sleep(1.0)  # the window starts with the load already running
         outcome = await job(h.wall.now())

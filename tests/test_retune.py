@@ -176,6 +176,25 @@ async def test_a_search_where_no_trial_meets_the_gates_drafts_nothing_and_says_s
         await h.close()
 
 
+async def test_once_the_drift_is_over_the_button_starts_nothing(
+    tmp_path: Path, slack: FakeSlack, engine: SseEngine
+) -> None:
+    h = make(tmp_path, slack, engine)
+    try:
+        incident_id = await drift_thread(h)
+        await h.bot.retune.offer(incident_id, offer())
+        with h.bot.db.transaction() as s:  # the live shape is alike again: the job closed it
+            incident = store.get(s, incident_id)
+            assert incident is not None
+            store.close(s, incident, at=h.wall.now())
+        told = await press(h, "U2")
+        assert told.startswith("The drift is over"), told
+        with h.bot.db.transaction() as s:
+            assert s.scalars(select(TuneSession)).all() == []
+    finally:
+        await h.close()
+
+
 async def test_off_offers_nothing(tmp_path: Path, slack: FakeSlack, engine: SseEngine) -> None:
     h = make(tmp_path, slack, engine, retune="off")
     try:

@@ -293,12 +293,17 @@ class Retune:
 
     def _claim(self, incident_id: int, token: str, user_id: str) -> Offer:
         """Use the button with its audit entry; the offer it starts (UsageError when someone
-        else pressed it first, or the offer is gone)."""
+        else pressed it first, the drift is over, or the offer is gone)."""
         now = self._clock()
         with self._db.transaction() as s:
+            incident = store.get(s, incident_id)
+            if incident is not None and incident.status == store.RESOLVED:
+                raise UsageError(
+                    "The drift is over: production sends the rule's traffic again (this thread "
+                    "is resolved), so there is nothing to re-tune for. Nothing was changed."
+                )
             if not buttons.use(s, token, user_id=user_id, now=now):
                 raise UsageError("Someone else pressed this button first. Nothing was changed.")
-            incident = store.get(s, incident_id)
             offered = store.last_audit(s, incident_id, action=OFFERED)
             if incident is None or offered is None:
                 raise UsageError("This re-tune's offer is gone. Nothing was changed.")
