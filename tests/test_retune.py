@@ -11,6 +11,7 @@ tests/test_retune_engine.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import AsyncIterator
@@ -67,6 +68,21 @@ def make(tmp_path: Path, slack: FakeSlack, engine: SseEngine, retune: str = "but
                    targets={"prod-a": target})  # fmt: skip
 
 
+@contextlib.asynccontextmanager
+async def offered(
+    tmp_path: Path, slack: FakeSlack, engine: SseEngine, the_offer: Offer, retune: str = "button"
+) -> AsyncIterator[tuple[Harness, int]]:
+    """A bot whose drift thread was just offered ``the_offer`` (``retune``: the target's mode);
+    the bot and the thread's incident, the bot closed at the end."""
+    h = make(tmp_path, slack, engine, retune)
+    try:
+        incident_id = await drift_thread(h)
+        await h.bot.retune.offer(incident_id, the_offer)
+        yield h, incident_id
+    finally:
+        await h.close()
+
+
 async def drift_thread(h: Harness) -> int:
     """The drift thread's incident (as the workload-drift job opens it)."""
     with h.bot.db.transaction() as s:
@@ -116,10 +132,7 @@ def test_the_search_tries_the_fix_around_its_value_and_the_value_it_replaced(
 async def test_an_approver_starts_the_re_tune_and_its_draft_is_proven_on_the_live_workload(
     tmp_path: Path, slack: FakeSlack, engine: SseEngine
 ) -> None:
-    h = make(tmp_path, slack, engine)
-    try:
-        incident_id = await drift_thread(h)
-        await h.bot.retune.offer(incident_id, offer())
+    async with offered(tmp_path, slack, engine, offer()) as (h, incident_id):
         assert any("Re-tune on the live traffic" in t and "max-num-batched-tokens 512, 1024, "
                    "2048, 4096, 8192" in t for t in texts(slack))  # fmt: skip
         told = await press(h, "U3")  # not an approver: nothing starts
@@ -153,17 +166,14 @@ async def test_an_approver_starts_the_re_tune_and_its_draft_is_proven_on_the_liv
         assert again.startswith("This button was already used by <@U2>"), again
         with h.bot.db.transaction() as s:
             assert len(s.scalars(select(TuneSession)).all()) == 1
-    finally:
-        await h.close()
 
 
 async def test_a_search_where_no_trial_meets_the_gates_drafts_nothing_and_says_so(
     tmp_path: Path, slack: FakeSlack, engine: SseEngine
 ) -> None:
-    h = make(tmp_path, slack, engine, retune="auto")  # auto: no press
-    try:
-        incident_id = await drift_thread(h)
-        await h.bot.retune.offer(incident_id, offer(gates={"max_ttft_p99_ms": 0.001}))
+    async with offered(
+        tmp_path, slack, engine, offer(gates={"max_ttft_p99_ms": 0.001}), retune="auto"
+    ) as (h, incident_id):
         await h.bot.tasks.drain()
         posted = texts(slack)
         assert any("(starting: retune = auto)" in t for t in posted)
@@ -172,17 +182,12 @@ async def test_a_search_where_no_trial_meets_the_gates_drafts_nothing_and_says_s
             assert s.scalars(select(AdrDraft)).all() == []
             (session,) = s.scalars(select(TuneSession)).all()
         assert session.state == "restored"
-    finally:
-        await h.close()
 
 
 async def test_once_the_drift_is_over_the_button_starts_nothing(
     tmp_path: Path, slack: FakeSlack, engine: SseEngine
 ) -> None:
-    h = make(tmp_path, slack, engine)
-    try:
-        incident_id = await drift_thread(h)
-        await h.bot.retune.offer(incident_id, offer())
+    async with offered(tmp_path, slack, engine, offer()) as (h, incident_id):
         with h.bot.db.transaction() as s:  # the live shape is alike again: the job closed it
             incident = store.get(s, incident_id)
             assert incident is not None
@@ -191,15 +196,8 @@ async def test_once_the_drift_is_over_the_button_starts_nothing(
         assert told.startswith("The drift is over"), told
         with h.bot.db.transaction() as s:
             assert s.scalars(select(TuneSession)).all() == []
-    finally:
-        await h.close()
 
 
 async def test_off_offers_nothing(tmp_path: Path, slack: FakeSlack, engine: SseEngine) -> None:
-    h = make(tmp_path, slack, engine, retune="off")
-    try:
-        incident_id = await drift_thread(h)
-        await h.bot.retune.offer(incident_id, offer())
+    async with offered(tmp_path, slack, engine, offer(), retune="off") as (h, incident_id):
         assert not any("Re-tune" in t for t in texts(slack))
-    finally:
-        await h.close()
