@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN = $(VENV)/bin
 STAMP = $(VENV)/.ruleloop-installed
 
-.PHONY: demo test test-slow-machine durations lint venv clean system-deps pictures fuzz
+.PHONY: demo test test-slow-machine durations lint venv clean system-deps pictures fuzz eval
 
 venv: $(STAMP)
 
@@ -50,7 +50,7 @@ test: $(STAMP) system-deps
 SLOW_MACHINE_CORES ?= 0.1
 SLOW_MACHINE_TESTS ?= tests/test_bot_e2e.py tests/test_remediation_engine.py \
 	tests/test_engine_cli.py tests/test_goodput_engine.py tests/test_workload_drift_engine.py \
-	tests/test_causes_engine.py
+	tests/test_eval_engine.py
 test-slow-machine: $(STAMP) system-deps
 	RULELOOP_ENGINE_CPU_LIMIT=$(SLOW_MACHINE_CORES) $(BIN)/pytest -n $(TEST_WORKERS) \
 	  --dist loadscope --no-loadscope-reorder $(SLOW_MACHINE_TESTS)
@@ -61,6 +61,12 @@ FUZZ_EXAMPLES ?= 10000
 fuzz: $(STAMP)
 	RULELOOP_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/pytest tests/test_fuzz_slack.py \
 	  tests/test_fuzz_alertmanager.py tests/test_fuzz_conditions.py tests/test_fuzz_incident_page.py
+
+# The whole catalogue of induced incidents (bench/incidents/), each on a real local engine, graded;
+# the dated table goes to bench/results/eval/ (docs/evaluation.md). `make test` runs the fast
+# subset (tests/test_eval_engine.py) on every landing.
+eval: $(STAMP)
+	flock /tmp/ruleloop-engine.lock $(BIN)/ruleloop eval
 
 # The order above comes from tests/module_seconds.json: this rewrites it from a whole passing run.
 durations:

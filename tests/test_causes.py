@@ -351,3 +351,53 @@ async def test_without_a_gpu_reading_the_gpu_cause_is_a_data_gap() -> None:
     assert gpu.verdict == "cannot_tell" and "nvml.xid_errors" in gpu.missing
     assert data_gaps(verdicts) == ["no GPU snapshot: configure `ruleloop agent` on the GPU nodes"]
     assert [v.cause for v in verdicts if v.verdict == "supported"] == ["abandoned_work"]
+
+
+def test_a_step_reading_is_bounded_by_the_step_budget() -> None:
+    """vLLM credits a chunked prompt's whole length to the step that completes it: a bucket
+    above the engine's --max-num-batched-tokens is no step (issue 43 item 5)."""
+
+    def page(at: float, counts: dict[str, float]) -> Exposition:
+        rows: list[tuple[Mapping[str, str], float]] = [({"le": le}, c) for le, c in counts.items()]
+        return Exposition(at=at, samples={"vllm:iteration_tokens_total_bucket": rows})
+
+    zero = {"256.0": 0.0, "4096.0": 0.0, "8192.0": 0.0, "+Inf": 0.0}
+    # 30 steps of at most 256 tokens, and one 6,000-token prompt credited to its last chunk
+    window = [page(0, zero), page(1, {"256.0": 30, "4096.0": 30, "8192.0": 31, "+Inf": 31})]
+    unbounded = read_steps(window, None)
+    assert unbounded.value("max_step_tokens") == 8192.0  # the histogram's word, no more
+    assert unbounded.value("step_budget") is None
+    chunked = read_steps(window, None, step_budget=256)
+    assert chunked.value("max_step_tokens") == 256.0
+    assert chunked.reading("max_step_tokens").bound is Bound.AT_MOST
+    assert chunked.value("step_budget") == 256.0
+    within = read_steps(window, None, step_budget=6000)  # the bucket's top is above the budget
+    assert within.value("max_step_tokens") == 6000.0
+    assert within.reading("max_step_tokens").span == (4097.0, 6000.0)
+    whole = read_steps(window, None, step_budget=8192)  # a whole-prompt step: the bucket stands
+    assert whole.reading("max_step_tokens").span == (4097.0, 8192.0)
+
+
+@pytest.mark.parametrize(
+    ("budget", "verdict"),
+    [(None, "cannot_tell"), (8192.0, "supported"), (2048.0, "ruled_out")],
+)
+def test_the_shipped_mixing_hypothesis_needs_the_step_budget(
+    budget: float | None, verdict: str
+) -> None:
+    """A 4,097-8,192-token bucket supports step mixing only where the engine's step budget lets a
+    step be that big; unknown, it cannot tell; a 2,048 budget bounds the step, which rules it out."""
+    shipped = Path(__file__).parent.parent / "runbooks" / "vllm-latency.yaml"
+    runbook = load_file(shipped, default_registry()).runbook
+    mixing = next(h for h in runbook.hypotheses if h.cause == "prefill_decode_mixing")
+    step = (
+        (4097.0, 8192.0) if budget is None or budget >= 8192 else (float(budget), float(budget))
+    )
+    values = {
+        "vllm_metrics.max_step_tokens": step[1], "vllm_metrics.step_budget": budget,
+        "vllm_metrics.requests_running": 3.0, "vllm_metrics.tpot_p99_ms": 80.0,
+    }  # fmt: skip
+    spans = {"vllm_metrics.max_step_tokens": step} if step[0] < step[1] else {}
+    judged = judge(Runbook(name="x", probes=runbook.probes, hypotheses=[mixing]),
+                   Measured.of(values, spans=spans))  # fmt: skip
+    assert judged[0].verdict == verdict, judged[0]

@@ -29,16 +29,17 @@ from bot.canary import CanaryRun, Workload
 from bot.diagnosis.models import Diagnosis
 from bot.diagnosis.probes.context import ProbeContext, TargetRef
 from bot.diagnosis.runbooks.builtin import default_registry
-from bot.diagnosis.runbooks.loader import load_dir
+from bot.diagnosis.runbooks.loader import RunbookSet, load_dir
 from bot.diagnosis.runbooks.runner import RunbookRunner
 from bot.diagnosis.service import Diagnoser
 from bot.engine.process import EngineInfo
+from bot.eval.run import sized
 from bot.kernel.config import Target
-from tests.test_causes_engine import ALERT, runbooks_with_window
 
 pytestmark = [pytest.mark.engine, pytest.mark.usefixtures("box_alone")]
 
 ROOT = Path(__file__).parent.parent
+ALERT = {"alertname": "VLLMTimeToFirstTokenP99High"}  # the shipped TTFT alert's runbook
 SEED = ROOT / "adr" / "ADR-20260831-01-kv-cache-paging-throughput.md"
 CHAT_RULE, AGENT_RULE = "ADR-20261205-11", "ADR-20261205-12"
 STREAMS = 3
@@ -61,7 +62,7 @@ def load(info: EngineInfo, name: str) -> CanaryRun:
     )  # fmt: skip
 
 
-async def under(info: EngineInfo, name: str, runbooks: Path, adrs: Path) -> Diagnosis:
+async def under(info: EngineInfo, name: str, runbooks: RunbookSet, adrs: Path) -> Diagnosis:
     """The TTFT alert's production diagnosis while ``name``'s traffic runs (warmed up)."""
     run = load(info, name)
     task = asyncio.create_task(run.run())
@@ -76,11 +77,11 @@ async def under(info: EngineInfo, name: str, runbooks: Path, adrs: Path) -> Diag
         await asyncio.gather(task, return_exceptions=True)
 
 
-async def diagnose(info: EngineInfo, runbooks: Path, adrs: Path) -> Diagnosis:
+async def diagnose(info: EngineInfo, runbooks: RunbookSet, adrs: Path) -> Diagnosis:
     registry = default_registry()
     async with httpx.AsyncClient(timeout=60) as http:
         diagnoser = Diagnoser(
-            runbooks=load_dir(runbooks, registry), runner=RunbookRunner(registry=registry),
+            runbooks=runbooks, runner=RunbookRunner(registry=registry),
             adrs=AdrStore(root=adrs), context=lambda: ProbeContext(http=http),
             clock=lambda: dt.datetime.now(dt.UTC),
         )  # fmt: skip
@@ -119,7 +120,7 @@ async def test_each_traffic_is_answered_by_the_rule_proven_on_it(
     engine: EngineInfo, tmp_path: Path
 ) -> None:
     window_s = max(10.0, math.ceil(8 * await agent_request_s(engine)))
-    runbooks = runbooks_with_window(tmp_path / "runbooks", window_s)
+    runbooks = sized(load_dir(ROOT / "runbooks", default_registry()), window_s)
     adrs = tmp_path / "adr"
     adrs.mkdir()
     # prove each rule on its traffic: the shape the diagnosis read of it (no rule has one yet)

@@ -8,6 +8,8 @@ from bot.kernel import face_of
 
 if TYPE_CHECKING:
     from bot.canary.client import Outcome as Outcome
+    from bot.canary.client import RequestRecord as RequestRecord
+    from bot.canary.client import stream_request as stream_request
     from bot.canary.guardrails import Guardrail as Guardrail
     from bot.canary.guardrails import StandingGate as StandingGate
     from bot.canary.guardrails import standing as standing
@@ -48,6 +50,7 @@ if TYPE_CHECKING:
     from bot.canary.verdict import judge_values as judge_values
     from bot.canary.verdict import source_note as source_note
     from bot.canary.verdict import values_of as values_of
+    from bot.canary.workload import PROMPT_ID_RANGE as PROMPT_ID_RANGE
     from bot.canary.workload import CancelMode as CancelMode
     from bot.canary.workload import Workload as Workload
     from bot.canary.workload import check as check
@@ -75,7 +78,9 @@ __all__ = [
     "MIN_WORSE",
     "Outcome",
     "PASSED",
+    "PROMPT_ID_RANGE",
     "Progress",
+    "RequestRecord",
     "Samples",
     "Spread",
     "StandingGate",
@@ -94,6 +99,7 @@ __all__ = [
     "progress_line",
     "source_note",
     "standing",
+    "stream_request",
     "summary_table",
     "values_of",
     "watch",

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from bot.diagnosis.causes import DriftCheck as DriftCheck
     from bot.diagnosis.causes import RulesInForce as RulesInForce
     from bot.diagnosis.causes import from_summary as from_summary
+    from bot.diagnosis.causes import judge as judge_causes
     from bot.diagnosis.chart import render_chart as render_chart
     from bot.diagnosis.chart_data import ChartData as ChartData
     from bot.diagnosis.models import GATE_OF as GATE_OF
@@ -35,6 +36,7 @@ __all__ = [
     "RulesInForce",
     "cause_text",
     "from_summary",
+    "judge_causes",
     "match_readings",
     "render_chart",
     "replica_text",

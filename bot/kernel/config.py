@@ -511,6 +511,12 @@ class Target(_Section):
         description="more ready endpoints than this and discovery is refused, nothing scraped",
     )  # fmt: skip
     kubernetes_api: KubernetesApiSpec = Field(default_factory=KubernetesApiSpec)
+    step_budget: int | None = Field(
+        default=None, ge=1, le=10_000_000,
+        description="the engine's --max-num-batched-tokens, the most tokens one scheduler step "
+        "carries: step readings are bounded by it (vLLM credits a chunked prompt's whole length "
+        "to the step that completes it); unset: the step-mixing cause reads 'cannot tell'",
+    )  # fmt: skip
     gateway_url: str | None = Field(
         default=None, description="the inference gateway: its counters join queue_cancel"
     )

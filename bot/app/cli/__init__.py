@@ -112,6 +112,7 @@ class Command(ErrorBoundary, click.Command):
 # Subcommand name -> the module that registers it.
 COMMANDS = {
     "engine": "bot.app.cli.engine",
+    "eval": "bot.app.cli.eval",
     "canary": "bot.app.cli.canary",
     "canary-live": "bot.app.cli.canary_live",
     "canary-schema": "bot.app.cli.canary",
@@ -138,6 +139,7 @@ SUMMARIES = {
     "db": "The incident store: schema, undelivered messages, resend.",
     "demo": "The whole loop on a local CPU engine, incident to draft.",
     "engine": "Run a real vLLM engine locally (CPU, tiny dummy model).",
+    "eval": "Grade the diagnosis on induced incidents (real local engines).",
     "gateway": "Serve an inference gateway: deadlines, token budgets.",
     "page-link": "Print a signed link to an incident's page (or the index).",
     "runbooks": "Check runbook files: readings, conditions, hypotheses' causes.",

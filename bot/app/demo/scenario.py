@@ -207,6 +207,9 @@ def settings(
             "targets": {
                 TARGET: {
                     "vllm_url": base_url,
+                    # the step budget the incident runs with: the diagnosis bounds its step
+                    # readings by it (a chunked prompt's credit is not a step)
+                    "step_budget": BAD_STEP,
                     "actuator": {"kind": "local", "flags": BAD_FLAGS,
                                  "state_dir": str(state_dir),
                                  "start_timeout_s": pace.restart_s, "cpu_limit": cpu_limit},

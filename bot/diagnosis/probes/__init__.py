@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from bot.diagnosis.probes.vllm_metrics import gauge as gauge
     from bot.diagnosis.probes.vllm_metrics import kv_blocks_used as kv_blocks_used
     from bot.diagnosis.probes.vllm_metrics import kv_usage as kv_usage
+    from bot.diagnosis.probes.vllm_metrics import parse_page as parse_page
     from bot.diagnosis.probes.vllm_metrics import read_window as read_window
     from bot.diagnosis.probes.vllm_window import VllmMetricsProbe as VllmMetricsProbe
     from bot.diagnosis.probes.vllm_window import WindowParams as WindowParams
@@ -99,6 +100,7 @@ __all__ = [
     "kv_usage",
     "merge_rounds",
     "observed_fragmentation",
+    "parse_page",
     "parse_since",
     "prometheus_capture",
     "read_window",

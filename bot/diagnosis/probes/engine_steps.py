@@ -9,6 +9,15 @@ are sums, so the readings are the fleet's). A metric the engine lacks reads as N
 
 Step sizes are known only to their histogram bucket: the largest step is a span of whole tokens
 (lower edge + 1 .. upper edge), a bound in the first or the +Inf bucket. Never clamped.
+
+A bucket is not always a step. vLLM (``vllm/v1/metrics/stats.py``) observes, per iteration, the
+tokens generated plus the prompt tokens computed, and credits a request's whole uncached prompt
+to the iteration its prefill completes in: with chunked prefill (vLLM V1's default) a
+6,000-token prompt prefilled 256 tokens a step reads as one "4,097-8,192-token step". So the
+largest step is bounded by the engine's step budget (``--max-num-batched-tokens``, the target's
+``step_budget``), and a bucket wholly above the budget reads "at most the budget". Without the
+budget the reading is the histogram's, and ``step_budget`` reads unknown: a hypothesis that
+needs a real step size tests ``step_budget`` too, and says "cannot tell" without it.
 """
 
 from __future__ import annotations
@@ -35,7 +44,10 @@ STEP_METRICS = frozenset(
 )  # fmt: skip
 
 STEP_READINGS = {
-    "max_step_tokens": "largest scheduler step of the window, tokens (to its histogram bucket)",
+    "max_step_tokens": "largest scheduler step of the window, tokens (to its histogram bucket, "
+    "at most the step budget: above it, a chunked prompt's credit)",
+    "step_budget": "the engine's --max-num-batched-tokens as configured (the target's "
+    "step_budget): the most tokens one step carries; unknown when not configured",
     "prefill_step_share": "share of scheduler steps that surely carried prefill: more tokens "
     "than every request that could have been decoding in the window (a lower bound)",
     "queue_ttft_share": "of the requests that finished: queue time's share of queue + prefill",
@@ -47,10 +59,13 @@ STEP_READINGS = {
 }
 
 
-def read_steps(pages: Sequence[Exposition], decode_bound: float | None) -> Measured:
+def read_steps(
+    pages: Sequence[Exposition], decode_bound: float | None, step_budget: int | None = None
+) -> Measured:
     """Every step reading of the window whose first and last scrapes are ``pages[0]`` and
     ``pages[-1]`` (the scrapes between give the waiting peak); ``decode_bound`` is the most
-    tokens a step of decode alone can carry (``decode_bound()``)."""
+    tokens a step of decode alone can carry (``decode_bound()``); ``step_budget`` the engine's
+    --max-num-batched-tokens, None when unknown."""
     before, after = pages[0], pages[-1]
     duration = max(after.at - before.at, 1e-9)
     steps = _step_delta(before, after)
@@ -69,7 +84,8 @@ def read_steps(pages: Sequence[Exposition], decode_bound: float | None) -> Measu
     )
     return plain | Measured(
         {
-            "max_step_tokens": _largest_step(steps) if steps else None,
+            "max_step_tokens": _largest_step(steps, step_budget) if steps else None,
+            "step_budget": None if step_budget is None else Reading(float(step_budget)),
             "prefill_step_share": _prefill_share(steps, decode_bound) if steps else None,
         }
     )
@@ -83,16 +99,21 @@ def _step_delta(before: Exposition, after: Exposition) -> dict[float, float]:
     return delta if delta and max(delta.values()) > 0 else {}
 
 
-def _largest_step(steps: Mapping[float, float]) -> Reading:
-    """The bucket of the largest step: the first edge whose cumulative count is the total."""
+def _largest_step(steps: Mapping[float, float], budget: int | None = None) -> Reading:
+    """The bucket of the largest step: the first edge whose cumulative count is the total;
+    bounded by ``budget`` (a bucket above it holds chunked prompts' credit, not steps)."""
     edges = sorted(steps)
     total = steps[edges[-1]]
     top = next(i for i, le in enumerate(edges) if steps[le] >= total)
+    low = 0.0 if top == 0 else math.floor(edges[top - 1]) + 1.0
+    if budget is not None and low > budget:
+        return Reading(float(budget), Bound.AT_MOST)
     if top == 0:
         return Reading(edges[0], Bound.AT_MOST)
     if math.isinf(edges[top]):
         return Reading(edges[top - 1], Bound.MORE_THAN)
-    return Reading(edges[top], span=(math.floor(edges[top - 1]) + 1.0, edges[top]))
+    high = edges[top] if budget is None else min(edges[top], float(budget))
+    return Reading(high, span=(low, high) if high > low else None)
 
 
 def decode_bound(before: Exposition, after: Exposition) -> float | None:

@@ -123,7 +123,9 @@ class VllmMetricsProbe:
             ),
         }
         decoders = decode_bound(window.pages[0], window.pages[-1])
-        steps = read_steps(window.pages, decode_bound=decoders)
+        steps = read_steps(
+            window.pages, decode_bound=decoders, step_budget=target.target.step_budget
+        )
         details: dict[str, object] = {
             "window_s": engine.duration_s,
             "ttft_count": engine.ttft_ms.count,

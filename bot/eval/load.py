@@ -1,0 +1,170 @@
+"""Closed-loop client streams on a real vLLM engine, sized from what the engine was measured to do.
+
+A scenario's load (bot/eval/scenario.py) is a set of streams: each one client that sends its next
+request when the last one ends, with its own random prompt (no prefix-cache sharing) and a fixed
+answer length (``ignore_eos``), optionally hanging up after its first tokens. The load runs while
+the diagnosis runs; the diagnosis starts once every stream holds its first token. Sizes come from
+the engine's configuration (its step budget, slots and KV blocks) and from what it was measured
+to do here (a chat alone, the longest whole-step prompt alone), never from a clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import aiohttp
+import httpx
+
+from bot.canary import PROMPT_ID_RANGE, RequestRecord, stream_request
+from bot.diagnosis.probes import RUNNING, WAITING, gauge, parse_page
+from bot.engine import EngineInfo
+from bot.kernel import RuleloopError
+
+T = TypeVar("T")
+CHAT_PROMPT, CHAT_OUTPUT = 64, 64  # a chat: a short question, a short answer
+GUARD_S = 900.0  # a wait that never ends fails, however slow the machine
+
+
+class LoadFailed(RuleloopError):
+    """The engine did not serve the load (an error answer, or busy past the guard)."""
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One closed-loop client: it sends the next request when the last one ends."""
+
+    prompt: int
+    output: int
+    cancel_after: int | None = None  # hang up once it holds this many tokens
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one engine was measured to do here, and what its configuration allows."""
+
+    chat_s: float  # one chat alone, first byte to last token
+    max_model_len: int
+    kv_tokens: int  # tokens its KV cache holds (vLLM keeps one block aside)
+    step_prompt: int  # the longest prompt one scheduler step prefills whole, beside two chats
+    step_prompt_s: float | None  # that prompt alone (one output token); None: not measured
+
+    @property
+    def step_s(self) -> float:
+        """At least one decode step (a chat alone, prefill included, over its tokens)."""
+        return self.chat_s / CHAT_OUTPUT
+
+
+class Client:
+    """Streaming requests to one engine, and its /metrics."""
+
+    def __init__(self, info: EngineInfo, session: aiohttp.ClientSession, http: httpx.AsyncClient):
+        self.info, self.session, self.http = info, session, http
+        self.rng = random.Random(20261202)
+        self.sent = 0  # requests the streams sent
+
+    async def _metrics(self) -> str:
+        return (await self.http.get(f"{self.info.base_url}/metrics")).text
+
+    async def config(self, name: str) -> float:
+        """A number from vLLM's cache_config_info labels (``num_gpu_blocks``, ``block_size``)."""
+        for line in (await self._metrics()).splitlines():
+            if line.startswith("vllm:cache_config_info{") and f'{name}="' in line:
+                return float(line.split(f'{name}="', 1)[1].split('"', 1)[0])
+        raise LoadFailed(f"the engine at {self.info.base_url} exports no {name} in "
+                         "vllm:cache_config_info: is it a vLLM engine?")  # fmt: skip
+
+    async def max_model_len(self) -> int:
+        models = (await self.http.get(f"{self.info.base_url}/v1/models")).json()
+        return int(models["data"][0]["max_model_len"])
+
+    async def idle(self) -> None:
+        """Wait until no request of an earlier load is running or waiting."""
+        deadline = time.monotonic() + GUARD_S
+        while time.monotonic() < deadline:
+            page = parse_page(await self._metrics(), url="metrics", at=time.monotonic())
+            if (gauge(page, RUNNING) or 0) + (gauge(page, WAITING) or 0) == 0:
+                return
+            await asyncio.sleep(0.1)
+        raise LoadFailed(f"the engine was still busy after {GUARD_S:g} s")
+
+    async def request(
+        self, stream: Stream, on_first_token: Callable[[], None] | None = None
+    ) -> RequestRecord:
+        """One streaming completion of ``stream``'s shape, with a distinct random prompt."""
+        body = {
+            "model": self.info.model,
+            "prompt": self.rng.choices(range(*PROMPT_ID_RANGE), k=stream.prompt),
+            "max_tokens": stream.output,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+        record = RequestRecord(sent_at=time.perf_counter())
+        url = f"{self.info.base_url}/v1/completions"
+        await stream_request(
+            self.session, url, body, record, cancel_after_tokens=stream.cancel_after,
+            timeout_s=GUARD_S, on_first_token=on_first_token,
+        )  # fmt: skip
+        if record.error is not None:
+            raise LoadFailed(f"a {stream.prompt}-token request failed: {record.error}")
+        return record
+
+    async def alone_s(self, stream: Stream, times: int = 2) -> float:
+        """Seconds one request of this shape takes with nothing else running (the least of)."""
+        await self.idle()
+        seconds = []
+        for _ in range(times):
+            record = await self.request(stream)
+            if record.e2e_s is None:
+                raise LoadFailed(f"a {stream.prompt}-token request ended without its answer")
+            seconds.append(record.e2e_s)
+        return min(seconds)
+
+    async def loop(self, stream: Stream, stop: asyncio.Event, warm: asyncio.Event) -> None:
+        """Requests of ``stream``'s shape one after another until ``stop``; ``warm`` is set
+        at the first one's first token (its prompt was prefilled: the load is on)."""
+        while not stop.is_set():
+            self.sent += 1
+            await self.request(stream, on_first_token=warm.set)
+
+    async def under(
+        self, streams: list[Stream], during: Callable[[], Awaitable[T]]
+    ) -> tuple[T, int]:
+        """Run ``during`` while ``streams`` load the engine (each past its first token);
+        its result and the requests the streams sent."""
+        await self.idle()
+        sent, stop = self.sent, asyncio.Event()
+        warm = [asyncio.Event() for _ in streams]
+        tasks = [
+            asyncio.create_task(self.loop(s, stop, w)) for s, w in zip(streams, warm, strict=True)
+        ]
+        try:
+            await asyncio.wait_for(asyncio.gather(*(w.wait() for w in warm)), GUARD_S)
+            result = await during()
+        finally:
+            stop.set()
+            for task in tasks:
+                task.cancel()  # an unfinished request hangs up: the engine aborts it
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return result, self.sent - sent
+
+
+async def measure(client: Client, *, step_budget: int, step_prompt: bool) -> Measured:
+    """Time a chat alone (and, with ``step_prompt``, the longest prompt one step takes whole
+    beside two chats: the step budget less room for the chats' steps)."""
+    blocks = await client.config("num_gpu_blocks")
+    block = await client.config("block_size")
+    longest = step_budget - 2 * (CHAT_PROMPT + 1) - 64
+    return Measured(
+        chat_s=await client.alone_s(Stream(CHAT_PROMPT, CHAT_OUTPUT)),
+        max_model_len=await client.max_model_len(),
+        kv_tokens=int((blocks - 1) * block),
+        step_prompt=longest,
+        step_prompt_s=await client.alone_s(Stream(longest, 1)) if step_prompt else None,
+    )

@@ -1,0 +1,222 @@
+"""Runs a catalogue of scenarios on real local engines and grades each diagnosis.
+
+Per scenario: the engine its flags name (started once per group of scenarios that share flags,
+measured once: a chat alone, the longest whole-step prompt alone where a scenario needs it), the
+fault (busy processes beside it), the load (its streams, sized from what was measured), and
+while every stream holds its first token, the production diagnosis of the scenario's alert: the
+runbooks given (their sampling window sized from this engine's speed), the real probes on the
+engine's /metrics, the ADRs given. The verdicts are graded against the scenario's truth
+(bot/eval/grades.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import httpx
+
+from bot.adr import AdrStore
+from bot.diagnosis import Diagnoser, Diagnosis, judge_causes
+from bot.diagnosis.probes import ProbeContext, TargetRef
+from bot.diagnosis.runbooks import LoadedRunbook, RunbookRunner, RunbookSet, default_registry
+from bot.engine import EngineInfo, EngineManager, free_port
+from bot.eval.grades import Graded, grade
+from bot.eval.load import Client, Measured, Stream, measure
+from bot.eval.scenario import Scenario, StreamSpec
+from bot.kernel import Target, UsageError
+
+ENGINE_FLAGS = ("--enforce-eager",)  # the tiny model's throughput alike, ready in a third the time
+DEFAULT_STEP_BUDGET = 2048  # vLLM V1's --max-num-batched-tokens on CPU when none is given
+DEFAULT_SEQS = 256  # vLLM's --max-num-seqs when none is given
+Echo = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Ran:
+    """One scenario's run: its grades, and the diagnosis's readings (re-judged by ``regrade``)."""
+
+    graded: Graded
+    diagnosis: Diagnosis
+    runbook: LoadedRunbook
+
+
+def streams_of(scenario: Scenario, m: Measured) -> list[Stream]:
+    """The scenario's clients, their sizes resolved against what the engine was measured to do."""
+    seqs = scenario.flag("max-num-seqs", DEFAULT_SEQS)
+    counted = [(spec, spec.count or (spec.per_seq or 1) * seqs) for spec in scenario.streams]
+    clients = sum(n for _, n in counted)
+    out = []
+    for spec, n in counted:
+        prompt = m.step_prompt if spec.prompt == "step" else int(spec.prompt)
+        out += [Stream(prompt, _output(spec, m, prompt, clients), spec.cancel_after)] * n
+    return out
+
+
+def _output(spec: StreamSpec, m: Measured, prompt: int, clients: int) -> int:
+    if spec.output != "kv_share":
+        return int(spec.output)
+    answer = 2 * m.kv_tokens // clients - prompt  # together: twice what the KV cache holds
+    if not 0 < answer <= m.max_model_len - prompt:
+        raise UsageError(
+            f"kv_share: no answer fits ({clients} clients, {prompt}-token prompts, a KV cache of "
+            f"{m.kv_tokens} tokens, max_model_len {m.max_model_len}): use fewer clients or a "
+            "smaller --num-gpu-blocks-override"
+        )
+    return answer
+
+
+def window_of(scenario: Scenario, m: Measured, streams: list[Stream]) -> float:
+    """The sampling window: the longest of the scenario's multiples of measured times."""
+    w = scenario.window
+    seconds = [w.chats * m.chat_s]
+    if w.step_prompts and m.step_prompt_s is not None:
+        seconds.append(w.step_prompts * m.step_prompt_s)
+    if w.kv_rounds:
+        longest = max(s.output for s in streams)
+        seconds.append(w.kv_rounds * len(streams) * longest * m.step_s)
+    return max(seconds)
+
+
+def sized(runbooks: RunbookSet, window_s: float) -> RunbookSet:
+    """The runbooks with every sampling probe's window ``window_s`` (a tenth between scrapes)."""
+
+    def one(loaded: LoadedRunbook) -> LoadedRunbook:
+        params = tuple(
+            p.model_copy(update={"window_s": window_s, "interval_s": window_s / 10})
+            if {"window_s", "interval_s"} <= set(type(p).model_fields) else p
+            for p in loaded.params
+        )  # fmt: skip
+        return dataclasses.replace(loaded, params=params)
+
+    return RunbookSet(runbooks=tuple(one(rb) for rb in runbooks.runbooks))
+
+
+@contextlib.contextmanager
+def fault(scenario: Scenario) -> Iterator[None]:
+    """The scenario's fault for as long as the block runs: ``cpu_hogs`` busy processes."""
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(scenario.fault.cpu_hogs)
+    ]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def regrade(ran: Ran, scenario: Scenario, runbooks: RunbookSet) -> Graded:
+    """The same readings judged by other runbooks (a changed threshold), graded again."""
+    other = next((rb for rb in runbooks.runbooks if rb.name == ran.runbook.name), None)
+    if other is None:
+        raise UsageError(f"no runbook named {ran.runbook.name!r} to re-judge with")
+    judged = judge_causes(other.runbook, ran.diagnosis.readings)
+    g = ran.graded
+    return grade(scenario, {v.cause: v.verdict for v in judged}, offered=g.adr_offered,
+                 extra_s=g.extra_s, window_s=g.window_s, sent=g.sent)  # fmt: skip
+
+
+class Catalogue:
+    """Runs scenarios one after another, one engine at a time (the box is shared)."""
+
+    def __init__(self, *, runbooks: RunbookSet, adrs: AdrStore, state_dir: Path, echo: Echo):
+        self.runbooks, self.adrs, self.echo = runbooks, adrs, echo
+        self.manager = EngineManager(state_dir=state_dir)
+        self.info: EngineInfo | None = None
+        self.flags: tuple[str, ...] | None = None
+        self.measured: Measured | None = None
+
+    def _engine(self, flags: tuple[str, ...]) -> EngineInfo:
+        if self.info is None or self.flags != flags:
+            self.stop()
+            self.echo(f"  starting an engine: {' '.join(flags) or '(vLLM defaults)'} …")
+            started = time.monotonic()
+            self.info = self.manager.start(port=free_port(), flags=[*ENGINE_FLAGS, *flags],
+                                           timeout_s=900)  # fmt: skip
+            self.flags = flags
+            self.echo(f"  engine ready in {time.monotonic() - started:.0f} s")
+        return self.info
+
+    def stop(self) -> None:
+        """Stop the running engine, if any."""
+        if self.info is not None:
+            self.manager.stop(self.info.port)
+        self.info = self.flags = self.measured = None
+
+    async def run(self, scenarios: list[Scenario]) -> list[Ran]:
+        """Every scenario in order; the engine stopped at the end."""
+        try:
+            return [await self.one(s, i, len(scenarios)) for i, s in enumerate(scenarios, 1)]
+        finally:
+            self.stop()
+
+    async def one(self, scenario: Scenario, i: int, of: int) -> Ran:
+        """Induce, diagnose and grade one scenario."""
+        self.echo(f"[{i}/{of}] {scenario.name}: {scenario.title}")
+        info = self._engine(tuple(scenario.engine))
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session,
+            httpx.AsyncClient(timeout=60) as http,
+        ):
+            client = Client(info, session, http)
+            needs_step = any(s.prompt == "step" for s in scenario.streams)
+            if self.measured is None or (needs_step and self.measured.step_prompt_s is None):
+                budget = scenario.flag("max-num-batched-tokens", DEFAULT_STEP_BUDGET)
+                self.measured = await measure(client, step_budget=budget, step_prompt=needs_step)
+                self.echo(f"  measured: a chat alone {self.measured.chat_s:.2f} s" + (
+                    f", a {self.measured.step_prompt}-token prompt alone "
+                    f"{self.measured.step_prompt_s:.2f} s" if self.measured.step_prompt_s else ""
+                ))  # fmt: skip
+            streams = streams_of(scenario, self.measured)
+            window_s = window_of(scenario, self.measured, streams)
+            runbooks = sized(self.runbooks, window_s)
+            self.echo(f"  {len(streams)} clients, a {window_s:.1f} s window"
+                      + (f", {scenario.fault.cpu_hogs} CPU hogs beside" if scenario.fault.cpu_hogs
+                         else ""))  # fmt: skip
+            with fault(scenario):
+                started = time.monotonic()
+                diagnosis, sent = await client.under(
+                    streams, lambda: self._diagnose(info, runbooks, scenario, http)
+                )
+                elapsed = time.monotonic() - started
+        loaded = runbooks.select(scenario.alert)
+        assert loaded is not None  # _diagnose refused an alert no runbook takes
+        graded = grade(
+            scenario, {c.cause: c.verdict for c in diagnosis.causes},
+            offered=[m.adr.id for m in diagnosis.matches], extra_s=max(0.0, elapsed - window_s),
+            window_s=window_s, sent=sent,
+        )  # fmt: skip
+        self.echo(f"  grade {graded.grade}: {graded.why}")
+        return Ran(graded=graded, diagnosis=diagnosis, runbook=loaded)
+
+    async def _diagnose(self, info: EngineInfo, runbooks: RunbookSet, scenario: Scenario,
+                        http: httpx.AsyncClient) -> Diagnosis:  # fmt: skip
+        if runbooks.select(scenario.alert) is None:
+            raise UsageError(f"{scenario.name}: no runbook takes the alert {scenario.alert}")
+        registry = default_registry()
+        diagnoser = Diagnoser(
+            runbooks=runbooks, runner=RunbookRunner(registry=registry), adrs=self.adrs,
+            context=lambda: ProbeContext(http=http), clock=lambda: dt.datetime.now(dt.UTC),
+        )  # fmt: skip
+        # the step budget as the team would configure it: the flag the engine runs with
+        budget = scenario.flag("max-num-batched-tokens", 0) or None
+        target = TargetRef(scenario.name, Target(vllm_url=info.base_url, step_budget=budget))
+        return await diagnoser.diagnose(target, labels=scenario.alert)
+
+
+def run_catalogue(scenarios: list[Scenario], *, runbooks: RunbookSet, adrs: AdrStore,
+                  state_dir: Path, echo: Echo) -> list[Ran]:  # fmt: skip
+    """Run ``scenarios`` (bot.eval.scenario.load_catalogue) and grade each."""
+    catalogue = Catalogue(runbooks=runbooks, adrs=adrs, state_dir=state_dir, echo=echo)
+    return asyncio.run(catalogue.run(scenarios))
