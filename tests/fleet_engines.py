@@ -10,14 +10,10 @@ import asyncio
 import contextlib
 import math
 import os
-import shutil
-import socket
 import statistics
-import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import aiohttp
 import psutil
@@ -26,6 +22,7 @@ import pytest
 from bot.canary.client import RequestRecord, stream_request
 from bot.engine.cpu_limit import MIN_CORES, CpuLimit
 from bot.engine.process import EngineInfo, EngineManager, free_port
+from bot.eval.fleet import router
 
 PROMPT, OUTPUT = 48, 24  # tokens per request (one byte is one token)
 # requests through nginx, clients at once: small, the box has 2 cores; round-robin gives each
@@ -60,62 +57,11 @@ def sick_limit(port: int, cores: float = 1.0) -> CpuLimit:
     return CpuLimit(cores=max(cores, MIN_CORES), name=f"ruleloop-fleet-sick-{port}")
 
 
-def nginx_conf(tmp: Path, port: int, engines: list[EngineInfo]) -> str:
-    servers = "\n".join(f"    server 127.0.0.1:{e.port};" for e in engines)
-    temp = "\n".join(
-        f"  {kind}_temp_path {tmp}/{kind};"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    return f"""daemon off;
-worker_processes 1;
-pid {tmp}/nginx.pid;
-error_log {tmp}/error.log;
-events {{ worker_connections 256; }}
-http {{
-  access_log off;
-{temp}
-  upstream engines {{
-{servers}
-    keepalive 8;
-  }}
-  server {{
-    listen 127.0.0.1:{port};
-    location / {{
-      proxy_pass http://engines;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-      proxy_buffering off;
-      proxy_read_timeout 600s;
-    }}
-  }}
-}}
-"""
-
-
 @pytest.fixture(scope="module")
 def nginx(engines: list[EngineInfo], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Debian's nginx, round-robin over the two engines, on loopback; its base URL."""
-    binary = shutil.which("nginx") or shutil.which("/usr/sbin/nginx")
-    assert binary, "nginx is missing: `make system-deps` installs Debian's nginx-light"
-    tmp = tmp_path_factory.mktemp("nginx")
-    port = free_port()
-    conf = tmp / "nginx.conf"
-    conf.write_text(nginx_conf(tmp, port, engines))
-    proc = subprocess.Popen([binary, "-p", str(tmp), "-c", str(conf), "-e", str(tmp / "error.log")])
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None, (tmp / "error.log").read_text()
-                assert time.monotonic() < deadline, "nginx did not listen in 30 s"
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with router([e.port for e in engines], tmp=tmp_path_factory.mktemp("nginx")) as url:
+        yield url
 
 
 async def request(session: aiohttp.ClientSession, base_url: str, n: int) -> RequestRecord:

@@ -39,12 +39,12 @@ truth:
 def test_the_shipped_catalogue_loads_and_its_fast_subset_fits_ci() -> None:
     everything = load_catalogue(CATALOGUE)
     fast = load_catalogue(CATALOGUE, subset="fast")
-    assert len(everything) >= 9
+    assert len(everything) >= 12
     assert {s.name for s in fast} == {
         "healthy", "step-mixing", "queueing", "abandoned-work", "kv-pressure"
     }  # fmt: skip
     # grouped by engine: each engine starts once
-    engines = [tuple(s.engine) for s in everything]
+    engines = [s.serving() for s in everything]
     assert engines == sorted(engines, key=engines.index)
     assert len({e for e in engines}) == len([e for i, e in enumerate(engines)
                                              if i == 0 or engines[i - 1] != e])  # fmt: skip

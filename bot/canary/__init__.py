@@ -9,7 +9,7 @@ from bot.kernel import face_of
 if TYPE_CHECKING:
     from bot.canary.client import Outcome as Outcome
     from bot.canary.client import RequestRecord as RequestRecord
-    from bot.canary.client import stream_request as stream_request
+    from bot.canary.client import stream_tokens as stream_tokens
     from bot.canary.guardrails import Guardrail as Guardrail
     from bot.canary.guardrails import StandingGate as StandingGate
     from bot.canary.guardrails import standing as standing
@@ -99,7 +99,7 @@ __all__ = [
     "progress_line",
     "source_note",
     "standing",
-    "stream_request",
+    "stream_tokens",
     "summary_table",
     "values_of",
     "watch",

@@ -81,6 +81,30 @@ class StreamError(Exception):
     """The server ended the stream with an error event."""
 
 
+async def stream_tokens(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    cancel_after_tokens: int | None = None,
+    timeout_s: float | None = None,
+    on_first_token: Callable[[], None] | None = None,
+) -> RequestRecord:
+    """One streaming completion of ``prompt`` (token ids) for exactly ``max_tokens`` tokens
+    (greedy, ``ignore_eos``), timed; its record (``error`` set when it failed)."""
+    body = {
+        "model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+        "temperature": 0.0, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }  # fmt: skip
+    record = RequestRecord(sent_at=time.perf_counter())
+    await stream_request(session, url, body, record, cancel_after_tokens=cancel_after_tokens,
+                         timeout_s=timeout_s, on_first_token=on_first_token)  # fmt: skip
+    return record
+
+
 async def stream_request(
     session: aiohttp.ClientSession,
     url: str,

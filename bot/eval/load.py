@@ -20,7 +20,7 @@ from typing import TypeVar
 import aiohttp
 import httpx
 
-from bot.canary import PROMPT_ID_RANGE, RequestRecord, stream_request
+from bot.canary import PROMPT_ID_RANGE, RequestRecord, stream_tokens
 from bot.diagnosis.probes import RUNNING, WAITING, gauge, parse_page
 from bot.engine import EngineInfo
 from bot.kernel import RuleloopError
@@ -60,34 +60,41 @@ class Measured:
 
 
 class Client:
-    """Streaming requests to one engine, and its /metrics."""
+    """Streaming requests to one engine or a fleet's router, and the engines' /metrics."""
 
-    def __init__(self, info: EngineInfo, session: aiohttp.ClientSession, http: httpx.AsyncClient):
-        self.info, self.session, self.http = info, session, http
+    def __init__(self, url: str, engines: list[EngineInfo], session: aiohttp.ClientSession,
+                 http: httpx.AsyncClient):  # fmt: skip
+        self.url, self.engines, self.session, self.http = url, engines, session, http
+        self.model = engines[0].model
         self.rng = random.Random(20261202)
         self.sent = 0  # requests the streams sent
+        self.refused = 0  # of them, refused at admission (HTTP 503: the engine's queue is full)
 
-    async def _metrics(self) -> str:
-        return (await self.http.get(f"{self.info.base_url}/metrics")).text
+    async def _metrics(self, url: str | None = None) -> str:
+        return (await self.http.get(f"{url or self.engines[0].base_url}/metrics")).text
 
     async def config(self, name: str) -> float:
         """A number from vLLM's cache_config_info labels (``num_gpu_blocks``, ``block_size``)."""
         for line in (await self._metrics()).splitlines():
             if line.startswith("vllm:cache_config_info{") and f'{name}="' in line:
                 return float(line.split(f'{name}="', 1)[1].split('"', 1)[0])
-        raise LoadFailed(f"the engine at {self.info.base_url} exports no {name} in "
+        raise LoadFailed(f"the engine at {self.engines[0].base_url} exports no {name} in "
                          "vllm:cache_config_info: is it a vLLM engine?")  # fmt: skip
 
     async def max_model_len(self) -> int:
-        models = (await self.http.get(f"{self.info.base_url}/v1/models")).json()
+        models = (await self.http.get(f"{self.engines[0].base_url}/v1/models")).json()
         return int(models["data"][0]["max_model_len"])
 
     async def idle(self) -> None:
-        """Wait until no request of an earlier load is running or waiting."""
+        """Wait until no request of an earlier load is running or waiting on any engine."""
         deadline = time.monotonic() + GUARD_S
         while time.monotonic() < deadline:
-            page = parse_page(await self._metrics(), url="metrics", at=time.monotonic())
-            if (gauge(page, RUNNING) or 0) + (gauge(page, WAITING) or 0) == 0:
+            busy = 0.0
+            for engine in self.engines:
+                page = parse_page(await self._metrics(engine.base_url), url="metrics",
+                                  at=time.monotonic())  # fmt: skip
+                busy += (gauge(page, RUNNING) or 0) + (gauge(page, WAITING) or 0)
+            if busy == 0:
                 return
             await asyncio.sleep(0.1)
         raise LoadFailed(f"the engine was still busy after {GUARD_S:g} s")
@@ -96,20 +103,11 @@ class Client:
         self, stream: Stream, on_first_token: Callable[[], None] | None = None
     ) -> RequestRecord:
         """One streaming completion of ``stream``'s shape, with a distinct random prompt."""
-        body = {
-            "model": self.info.model,
-            "prompt": self.rng.choices(range(*PROMPT_ID_RANGE), k=stream.prompt),
-            "max_tokens": stream.output,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "stream": True,
-            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-        }
-        record = RequestRecord(sent_at=time.perf_counter())
-        url = f"{self.info.base_url}/v1/completions"
-        await stream_request(
-            self.session, url, body, record, cancel_after_tokens=stream.cancel_after,
-            timeout_s=GUARD_S, on_first_token=on_first_token,
+        record = await stream_tokens(
+            self.session, f"{self.url}/v1/completions", model=self.model,
+            prompt=self.rng.choices(range(*PROMPT_ID_RANGE), k=stream.prompt),
+            max_tokens=stream.output, cancel_after_tokens=stream.cancel_after, timeout_s=GUARD_S,
+            on_first_token=on_first_token,
         )  # fmt: skip
         if record.error is not None:
             raise LoadFailed(f"a {stream.prompt}-token request failed: {record.error}")
@@ -128,10 +126,19 @@ class Client:
 
     async def loop(self, stream: Stream, stop: asyncio.Event, warm: asyncio.Event) -> None:
         """Requests of ``stream``'s shape one after another until ``stop``; ``warm`` is set
-        at the first one's first token (its prompt was prefilled: the load is on)."""
+        at the first one's first token (its prompt was prefilled: the load is on), or at its
+        first refusal (the engine's queue is full: the load is on too). A refused client
+        tries again after a pause of one chat's decode step."""
         while not stop.is_set():
             self.sent += 1
-            await self.request(stream, on_first_token=warm.set)
+            try:
+                await self.request(stream, on_first_token=warm.set)
+            except LoadFailed as exc:
+                if "HTTP 503" not in str(exc):
+                    raise
+                self.refused += 1
+                warm.set()
+                await asyncio.sleep(0.02)
 
     async def under(
         self, streams: list[Stream], during: Callable[[], Awaitable[T]]

@@ -30,6 +30,7 @@ from bot.diagnosis import Diagnoser, Diagnosis, judge_causes
 from bot.diagnosis.probes import ProbeContext, TargetRef
 from bot.diagnosis.runbooks import LoadedRunbook, RunbookRunner, RunbookSet, default_registry
 from bot.engine import EngineInfo, EngineManager, free_port
+from bot.eval.fleet import router
 from bot.eval.grades import Graded, grade
 from bot.eval.load import Client, Measured, Stream, measure
 from bot.eval.scenario import Scenario, StreamSpec
@@ -127,32 +128,53 @@ def regrade(ran: Ran, scenario: Scenario, runbooks: RunbookSet) -> Graded:
                  extra_s=g.extra_s, window_s=g.window_s, sent=g.sent)  # fmt: skip
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What serves a scenario: its engines, and where its load goes (the one engine, or the
+    fleet's router)."""
+
+    url: str
+    engines: list[EngineInfo]
+
+
 class Catalogue:
-    """Runs scenarios one after another, one engine at a time (the box is shared)."""
+    """Runs scenarios one after another, one engine or fleet at a time (the box is shared)."""
 
     def __init__(self, *, runbooks: RunbookSet, adrs: AdrStore, state_dir: Path, echo: Echo):
-        self.runbooks, self.adrs, self.echo = runbooks, adrs, echo
-        self.manager = EngineManager(state_dir=state_dir)
-        self.info: EngineInfo | None = None
-        self.flags: tuple[str, ...] | None = None
+        self.runbooks, self.adrs, self.echo, self.state_dir = runbooks, adrs, echo, state_dir
+        self.serving: Serving | None = None
+        self.key: tuple[tuple[str, ...], int, tuple[str, ...]] | None = None
         self.measured: Measured | None = None
+        self._up = contextlib.ExitStack()
 
-    def _engine(self, flags: tuple[str, ...]) -> EngineInfo:
-        if self.info is None or self.flags != flags:
-            self.stop()
-            self.echo(f"  starting an engine: {' '.join(flags) or '(vLLM defaults)'} …")
-            started = time.monotonic()
-            self.info = self.manager.start(port=free_port(), flags=[*ENGINE_FLAGS, *flags],
-                                           timeout_s=900)  # fmt: skip
-            self.flags = flags
-            self.echo(f"  engine ready in {time.monotonic() - started:.0f} s")
-        return self.info
+    def _serve(self, scenario: Scenario) -> Serving:
+        if self.serving is not None and self.key == scenario.serving():
+            return self.serving
+        self.stop()
+        flags, replicas, sick = scenario.serving()
+        every = [[*ENGINE_FLAGS, *flags, *(sick if i == 0 else ())] for i in range(replicas)]
+        what = " ".join(flags) or "(vLLM defaults)"
+        self.echo(f"  starting {replicas} engines behind nginx: {what}" + (
+            f"; the first also {' '.join(sick)}" if sick else "") + " …"
+            if replicas > 1 else f"  starting an engine: {what} …")  # fmt: skip
+        started = time.monotonic()
+        engines = [self._start(i, f) for i, f in enumerate(every)]
+        url = self._up.enter_context(router([e.port for e in engines])) if replicas > 1 else (
+            engines[0].base_url)  # fmt: skip
+        self.echo(f"  ready in {time.monotonic() - started:.0f} s")
+        self.serving, self.key = Serving(url=url, engines=engines), scenario.serving()
+        return self.serving
+
+    def _start(self, i: int, flags: list[str]) -> EngineInfo:
+        manager = EngineManager(state_dir=self.state_dir / f"replica-{i}")
+        info = manager.start(port=free_port(), flags=flags, timeout_s=900)
+        self._up.callback(manager.stop, info.port)
+        return info
 
     def stop(self) -> None:
-        """Stop the running engine, if any."""
-        if self.info is not None:
-            self.manager.stop(self.info.port)
-        self.info = self.flags = self.measured = None
+        """Stop the running engines and router, if any."""
+        self._up.close()
+        self.serving = self.key = self.measured = None
 
     async def run(self, scenarios: list[Scenario]) -> list[Ran]:
         """Every scenario in order; the engine stopped at the end."""
@@ -164,12 +186,12 @@ class Catalogue:
     async def one(self, scenario: Scenario, i: int, of: int) -> Ran:
         """Induce, diagnose and grade one scenario."""
         self.echo(f"[{i}/{of}] {scenario.name}: {scenario.title}")
-        info = self._engine(tuple(scenario.engine))
+        serving = self._serve(scenario)
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session,
             httpx.AsyncClient(timeout=60) as http,
         ):
-            client = Client(info, session, http)
+            client = Client(serving.url, serving.engines, session, http)
             needs_step = any(s.prompt == "step" for s in scenario.streams)
             if self.measured is None or (needs_step and self.measured.step_prompt_s is None):
                 budget = scenario.flag("max-num-batched-tokens", DEFAULT_STEP_BUDGET)
@@ -187,9 +209,11 @@ class Catalogue:
             with fault(scenario):
                 started = time.monotonic()
                 diagnosis, sent = await client.under(
-                    streams, lambda: self._diagnose(info, runbooks, scenario, http)
+                    streams, lambda: self._diagnose(serving, runbooks, scenario, http)
                 )
                 elapsed = time.monotonic() - started
+        if client.refused:
+            self.echo(f"  {client.refused} of {client.sent} requests refused at admission")
         loaded = runbooks.select(scenario.alert)
         assert loaded is not None  # _diagnose refused an alert no runbook takes
         graded = grade(
@@ -200,7 +224,7 @@ class Catalogue:
         self.echo(f"  grade {graded.grade}: {graded.why}")
         return Ran(graded=graded, diagnosis=diagnosis, runbook=loaded)
 
-    async def _diagnose(self, info: EngineInfo, runbooks: RunbookSet, scenario: Scenario,
+    async def _diagnose(self, serving: Serving, runbooks: RunbookSet, scenario: Scenario,
                         http: httpx.AsyncClient) -> Diagnosis:  # fmt: skip
         if runbooks.select(scenario.alert) is None:
             raise UsageError(f"{scenario.name}: no runbook takes the alert {scenario.alert}")
@@ -211,7 +235,9 @@ class Catalogue:
         )  # fmt: skip
         # the step budget as the team would configure it: the flag the engine runs with
         budget = scenario.flag("max-num-batched-tokens", 0) or None
-        target = TargetRef(scenario.name, Target(vllm_url=info.base_url, step_budget=budget))
+        fleet = [e.base_url for e in serving.engines] if len(serving.engines) > 1 else []
+        spec = Target(vllm_url=serving.url, replicas=fleet, step_budget=budget)
+        target = TargetRef(scenario.name, spec)
         return await diagnoser.diagnose(target, labels=scenario.alert)
 
 

@@ -68,6 +68,21 @@ class Window(BaseModel):
     kv_rounds: float = Field(default=0, ge=0, le=100)
 
 
+class Fleet(BaseModel):
+    """Replicas behind nginx (round-robin); ``sick``: flags added to the first replica only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replicas: int = Field(default=1, ge=1, le=4)
+    sick: list[str] = Field(default_factory=list, max_length=20)
+
+    @model_validator(mode="after")
+    def _sick_needs_others(self) -> Fleet:
+        if self.sick and self.replicas < 2:
+            raise ValueError("sick: flags for one replica of several: give replicas: 2 or more")
+        return self
+
+
 class Fault(BaseModel):
     """What is done to the machine besides the load: busy processes beside the engine."""
 
@@ -112,12 +127,17 @@ class Scenario(BaseModel):
     streams: list[StreamSpec] = Field(min_length=1, max_length=8)
     window: Window = Window()
     fault: Fault = Fault()
+    fleet: Fleet = Fleet()
     alert: dict[str, str] = Field(
         default_factory=lambda: {"alertname": "VLLMTimeToFirstTokenP99High"}
     )
     truth: Truth
     subset: Literal["fast", "full"] = "full"
     path: Path | None = Field(default=None, exclude=True)
+
+    def serving(self) -> tuple[tuple[str, ...], int, tuple[str, ...]]:
+        """What serves it (flags, replicas, the sick one's flags): one start per distinct key."""
+        return tuple(self.engine), self.fleet.replicas, tuple(self.fleet.sick)
 
     def flag(self, name: str, default: int) -> int:
         """An integer engine flag's value (``--max-num-seqs 4``), else vLLM's default."""
@@ -166,8 +186,8 @@ def load_catalogue(directory: Path, *, subset: str = "full", only: list[str] | N
         scenarios = [s for s in scenarios if s.name in only]
     elif subset == "fast":
         scenarios = [s for s in scenarios if s.subset == "fast"]
-    engines: list[tuple[str, ...]] = []
+    engines: list[tuple[tuple[str, ...], int, tuple[str, ...]]] = []
     for s in scenarios:
-        if tuple(s.engine) not in engines:
-            engines.append(tuple(s.engine))
-    return sorted(scenarios, key=lambda s: engines.index(tuple(s.engine)))
+        if s.serving() not in engines:
+            engines.append(s.serving())
+    return sorted(scenarios, key=lambda s: engines.index(s.serving()))

@@ -17,6 +17,8 @@
     │   └── SilenceError              Alertmanager did not create or expire a silence
     │                                 (remediation/silences.py)
     ├── EngineError (exit 2)          the local vLLM engine failed to start or stop
+    ├── LoadFailed                    an eval scenario's engine did not serve its load
+    │                                 (eval/load.py)
     ├── ActuatorError                 a change could not be made or did not become healthy
     │   │                             (change/actuators/base.py)
     │   └── LocatorError              a git locator does not find the flags in its YAML file
@@ -28,6 +30,8 @@
     │                                 manual action (tune/on_target.py)
     ├── ColdEngine                    the engine still warms up: no normal (scheduler/snapshots.py)
     ├── DemoFailed (exit 1)           `ruleloop demo` did not close the loop here (demo/scenario.py)
+    ├── BelowGrade (exit 1)           `ruleloop eval`'s mean grade is under --min-grade
+    │                                 (cli/eval.py)
     └── GateFailed (exit 1)           the canary measured numbers outside an ADR's gates
 
 Errors defined beside their users are named with their module; a test keeps this tree whole.
