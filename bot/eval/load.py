@@ -34,6 +34,18 @@ class LoadFailed(RuleloopError):
     """The engine did not serve the load (an error answer, or busy past the guard)."""
 
 
+class Refused(LoadFailed):
+    """The engine refused a request at admission: its queue is full (vLLM's queued-request
+    limits). A streaming request is refused with an error event in an HTTP 200 stream."""
+
+
+def refused(record: RequestRecord) -> bool:
+    """Whether the engine refused the request at admission (HTTP 503, or an error event that
+    says the engine is busy and accepts no new requests)."""
+    error = record.error or ""
+    return error.startswith("HTTP 503") or "currently busy and cannot accept new" in error
+
+
 @dataclass(frozen=True)
 class Stream:
     """One closed-loop client: it sends the next request when the last one ends."""
@@ -109,6 +121,8 @@ class Client:
             max_tokens=stream.output, cancel_after_tokens=stream.cancel_after, timeout_s=GUARD_S,
             on_first_token=on_first_token,
         )  # fmt: skip
+        if refused(record):
+            raise Refused(record.error or "refused")
         if record.error is not None:
             raise LoadFailed(f"a {stream.prompt}-token request failed: {record.error}")
         return record
@@ -133,9 +147,7 @@ class Client:
             self.sent += 1
             try:
                 await self.request(stream, on_first_token=warm.set)
-            except LoadFailed as exc:
-                if "HTTP 503" not in str(exc):
-                    raise
+            except Refused:
                 self.refused += 1
                 warm.set()
                 await asyncio.sleep(0.02)
@@ -152,7 +164,7 @@ class Client:
             asyncio.create_task(self.loop(s, stop, w)) for s, w in zip(streams, warm, strict=True)
         ]
         try:
-            await asyncio.wait_for(asyncio.gather(*(w.wait() for w in warm)), GUARD_S)
+            await _warm(warm, tasks)
             result = await during()
         finally:
             stop.set()
@@ -175,3 +187,22 @@ async def measure(client: Client, *, step_budget: int, step_prompt: bool) -> Mea
         step_prompt=longest,
         step_prompt_s=await client.alone_s(Stream(longest, 1)) if step_prompt else None,
     )
+
+
+async def _warm(warm: list[asyncio.Event], tasks: list[asyncio.Task[None]]) -> None:
+    """Wait until every stream is warm; a stream that failed first raises its failure."""
+
+    async def all_warm() -> None:
+        await asyncio.gather(*(w.wait() for w in warm))
+
+    everyone = asyncio.create_task(all_warm())
+    try:
+        done, _ = await asyncio.wait([everyone, *tasks], timeout=GUARD_S,
+                                     return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        for task in tasks:
+            if task in done:
+                task.result()  # a stream ended before the load was on: its error
+        if everyone not in done:
+            raise LoadFailed(f"the load's clients had no first token after {GUARD_S:g} s")
+    finally:
+        everyone.cancel()

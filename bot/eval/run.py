@@ -18,7 +18,7 @@ import datetime as dt
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,7 @@ from bot.diagnosis import Diagnoser, Diagnosis, judge_causes
 from bot.diagnosis.probes import ProbeContext, TargetRef
 from bot.diagnosis.runbooks import LoadedRunbook, RunbookRunner, RunbookSet, default_registry
 from bot.engine import EngineInfo, EngineManager, free_port
-from bot.eval.fleet import router
+from bot.eval.fleet import delayed, gateway, router
 from bot.eval.grades import Graded, grade
 from bot.eval.load import Client, Measured, Stream, measure
 from bot.eval.scenario import Scenario, StreamSpec
@@ -39,6 +39,9 @@ from bot.kernel import Target, UsageError
 ENGINE_FLAGS = ("--enforce-eager",)  # the tiny model's throughput alike, ready in a third the time
 DEFAULT_STEP_BUDGET = 2048  # vLLM V1's --max-num-batched-tokens on CPU when none is given
 DEFAULT_SEQS = 256  # vLLM's --max-num-seqs when none is given
+# a delay in front of the engine: at least this, so the gateway's share stands out of the noise
+# (the hypothesis asks it to add more than 100 ms and more than half of the gateway's TTFT p99)
+MIN_DELAY_S = 0.25
 Echo = Callable[[str], None]
 
 
@@ -192,26 +195,20 @@ class Catalogue:
             httpx.AsyncClient(timeout=60) as http,
         ):
             client = Client(serving.url, serving.engines, session, http)
-            needs_step = any(s.prompt == "step" for s in scenario.streams)
-            if self.measured is None or (needs_step and self.measured.step_prompt_s is None):
-                budget = scenario.flag("max-num-batched-tokens", DEFAULT_STEP_BUDGET)
-                self.measured = await measure(client, step_budget=budget, step_prompt=needs_step)
-                self.echo(f"  measured: a chat alone {self.measured.chat_s:.2f} s" + (
-                    f", a {self.measured.step_prompt}-token prompt alone "
-                    f"{self.measured.step_prompt_s:.2f} s" if self.measured.step_prompt_s else ""
-                ))  # fmt: skip
-            streams = streams_of(scenario, self.measured)
-            window_s = window_of(scenario, self.measured, streams)
+            measured = await self._measure(client, scenario)
+            streams = streams_of(scenario, measured)
+            window_s = window_of(scenario, measured, streams)
             runbooks = sized(self.runbooks, window_s)
             self.echo(f"  {len(streams)} clients, a {window_s:.1f} s window"
                       + (f", {scenario.fault.cpu_hogs} CPU hogs beside" if scenario.fault.cpu_hogs
                          else ""))  # fmt: skip
-            with fault(scenario):
-                started = time.monotonic()
-                diagnosis, sent = await client.under(
-                    streams, lambda: self._diagnose(serving, runbooks, scenario, http)
-                )
-                elapsed = time.monotonic() - started
+            async with self._front(scenario, serving, measured) as gateway_url:
+                client.url = gateway_url or serving.url  # the load enters where users' does
+                with fault(scenario):
+                    started = time.monotonic()
+                    diagnosis, sent = await client.under(streams, lambda: self._diagnose(
+                        serving, runbooks, scenario, http, gateway_url))  # fmt: skip
+                    elapsed = time.monotonic() - started
         if client.refused:
             self.echo(f"  {client.refused} of {client.sent} requests refused at admission")
         loaded = runbooks.select(scenario.alert)
@@ -224,8 +221,36 @@ class Catalogue:
         self.echo(f"  grade {graded.grade}: {graded.why}")
         return Ran(graded=graded, diagnosis=diagnosis, runbook=loaded)
 
+    async def _measure(self, client: Client, scenario: Scenario) -> Measured:
+        """What this engine does alone (once per engine; the step prompt when first needed)."""
+        needs_step = any(s.prompt == "step" for s in scenario.streams)
+        if self.measured is None or (needs_step and self.measured.step_prompt_s is None):
+            budget = scenario.flag("max-num-batched-tokens", DEFAULT_STEP_BUDGET)
+            self.measured = await measure(client, step_budget=budget, step_prompt=needs_step)
+            self.echo(f"  measured: a chat alone {self.measured.chat_s:.2f} s" + (
+                f", a {self.measured.step_prompt}-token prompt alone "
+                f"{self.measured.step_prompt_s:.2f} s" if self.measured.step_prompt_s else ""
+            ))  # fmt: skip
+        return self.measured
+
+    @contextlib.asynccontextmanager
+    async def _front(self, scenario: Scenario, serving: Serving, m: Measured
+                     ) -> AsyncIterator[str | None]:  # fmt: skip
+        """`ruleloop gateway` in front of the engines where the scenario has one (and the
+        delay between them); its URL, None without one."""
+        if scenario.gateway is None:
+            yield None
+            return
+        delay = max(MIN_DELAY_S, scenario.gateway.delay_chats * m.chat_s)
+        async with contextlib.AsyncExitStack() as stack:
+            upstream = serving.url
+            if scenario.gateway.delay_chats:
+                upstream = await stack.enter_async_context(delayed(upstream, delay))
+                self.echo(f"  a {1000 * delay:.0f} ms delay between the gateway and the engine")
+            yield stack.enter_context(gateway(upstream))
+
     async def _diagnose(self, serving: Serving, runbooks: RunbookSet, scenario: Scenario,
-                        http: httpx.AsyncClient) -> Diagnosis:  # fmt: skip
+                        http: httpx.AsyncClient, gateway_url: str | None) -> Diagnosis:  # fmt: skip
         if runbooks.select(scenario.alert) is None:
             raise UsageError(f"{scenario.name}: no runbook takes the alert {scenario.alert}")
         registry = default_registry()
@@ -236,7 +261,8 @@ class Catalogue:
         # the step budget as the team would configure it: the flag the engine runs with
         budget = scenario.flag("max-num-batched-tokens", 0) or None
         fleet = [e.base_url for e in serving.engines] if len(serving.engines) > 1 else []
-        spec = Target(vllm_url=serving.url, replicas=fleet, step_budget=budget)
+        spec = Target(vllm_url=serving.url, replicas=fleet, step_budget=budget,
+                      gateway_url=gateway_url)  # fmt: skip
         target = TargetRef(scenario.name, spec)
         return await diagnoser.diagnose(target, labels=scenario.alert)
 

@@ -83,6 +83,15 @@ class Fleet(BaseModel):
         return self
 
 
+class GatewaySpec(BaseModel):
+    """`ruleloop gateway` in front of the engine; ``delay_chats``: a delay between the gateway
+    and the engine, as long as this many chats alone (at least 250 ms); 0: none."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    delay_chats: float = Field(default=0, ge=0, le=1000)
+
+
 class Fault(BaseModel):
     """What is done to the machine besides the load: busy processes beside the engine."""
 
@@ -128,6 +137,7 @@ class Scenario(BaseModel):
     window: Window = Window()
     fault: Fault = Fault()
     fleet: Fleet = Fleet()
+    gateway: GatewaySpec | None = None
     alert: dict[str, str] = Field(
         default_factory=lambda: {"alertname": "VLLMTimeToFirstTokenP99High"}
     )
