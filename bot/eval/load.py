@@ -28,6 +28,7 @@ from bot.kernel import RuleloopError
 T = TypeVar("T")
 CHAT_PROMPT, CHAT_OUTPUT = 64, 64  # a chat: a short question, a short answer
 GUARD_S = 900.0  # a wait that never ends fails, however slow the machine
+SHARED_MAX = 32768  # the longest shared prefix a stream may open with
 
 
 class LoadFailed(RuleloopError):
@@ -53,6 +54,7 @@ class Stream:
     prompt: int
     output: int
     cancel_after: int | None = None  # hang up once it holds this many tokens
+    prefix: int = 0  # tokens every prompt of the run opens with (the prefix cache can serve them)
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class Client:
         self.url, self.engines, self.session, self.http = url, engines, session, http
         self.model = engines[0].model
         self.rng = random.Random(20261202)
+        self.shared = self.rng.choices(range(*PROMPT_ID_RANGE), k=SHARED_MAX)  # one "system prompt"
         self.sent = 0  # requests the streams sent
         self.refused = 0  # of them, refused at admission (HTTP 503: the engine's queue is full)
 
@@ -117,7 +120,8 @@ class Client:
         """One streaming completion of ``stream``'s shape, with a distinct random prompt."""
         record = await stream_tokens(
             self.session, f"{self.url}/v1/completions", model=self.model,
-            prompt=self.rng.choices(range(*PROMPT_ID_RANGE), k=stream.prompt),
+            prompt=self.shared[: stream.prefix]
+            + self.rng.choices(range(*PROMPT_ID_RANGE), k=stream.prompt - stream.prefix),
             max_tokens=stream.output, cancel_after_tokens=stream.cancel_after, timeout_s=GUARD_S,
             on_first_token=on_first_token,
         )  # fmt: skip

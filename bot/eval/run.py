@@ -18,7 +18,7 @@ import datetime as dt
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,13 +26,15 @@ import aiohttp
 import httpx
 
 from bot.adr import AdrStore
-from bot.diagnosis import Diagnoser, Diagnosis, judge_causes
+from bot.adr.workload import WorkloadShape, context_line
+from bot.adr.workload.diff import diff
+from bot.diagnosis import Diagnoser, Diagnosis, DriftCheck, RulesInForce, judge_causes
 from bot.diagnosis.probes import ProbeContext, TargetRef
 from bot.diagnosis.runbooks import LoadedRunbook, RunbookRunner, RunbookSet, default_registry
 from bot.engine import EngineInfo, EngineManager, free_port
 from bot.eval.fleet import delayed, gateway, router
 from bot.eval.grades import Graded, grade
-from bot.eval.load import Client, Measured, Stream, measure
+from bot.eval.load import Client, LoadFailed, Measured, Stream, measure
 from bot.eval.scenario import Scenario, StreamSpec
 from bot.kernel import Target, UsageError
 
@@ -54,15 +56,19 @@ class Ran:
     runbook: LoadedRunbook
 
 
-def streams_of(scenario: Scenario, m: Measured) -> list[Stream]:
-    """The scenario's clients, their sizes resolved against what the engine was measured to do."""
+def streams_of(scenario: Scenario, m: Measured, specs: list[StreamSpec] | None = None
+               ) -> list[Stream]:  # fmt: skip
+    """The scenario's clients (or ``specs``), their sizes resolved against what the engine was
+    measured to do."""
     seqs = scenario.flag("max-num-seqs", DEFAULT_SEQS)
-    counted = [(spec, spec.count or (spec.per_seq or 1) * seqs) for spec in scenario.streams]
+    counted = [(spec, spec.count or (spec.per_seq or 1) * seqs)
+               for spec in (specs or scenario.streams)]  # fmt: skip
     clients = sum(n for _, n in counted)
     out = []
     for spec, n in counted:
         prompt = m.step_prompt if spec.prompt == "step" else int(spec.prompt)
-        out += [Stream(prompt, _output(spec, m, prompt, clients), spec.cancel_after)] * n
+        output = _output(spec, m, prompt, clients)
+        out += [Stream(prompt, output, spec.cancel_after, spec.prefix)] * n
     return out
 
 
@@ -202,12 +208,13 @@ class Catalogue:
             self.echo(f"  {len(streams)} clients, a {window_s:.1f} s window"
                       + (f", {scenario.fault.cpu_hogs} CPU hogs beside" if scenario.fault.cpu_hogs
                          else ""))  # fmt: skip
+            rules = await self._in_force(scenario, client, measured, runbooks, serving, http)
             async with self._front(scenario, serving, measured) as gateway_url:
                 client.url = gateway_url or serving.url  # the load enters where users' does
                 with fault(scenario):
                     started = time.monotonic()
                     diagnosis, sent = await client.under(streams, lambda: self._diagnose(
-                        serving, runbooks, scenario, http, gateway_url))  # fmt: skip
+                        serving, runbooks, scenario, http, gateway_url, rules))  # fmt: skip
                     elapsed = time.monotonic() - started
         if client.refused:
             self.echo(f"  {client.refused} of {client.sent} requests refused at admission")
@@ -249,14 +256,49 @@ class Catalogue:
                 self.echo(f"  a {1000 * delay:.0f} ms delay between the gateway and the engine")
             yield stack.enter_context(gateway(upstream))
 
+    async def _in_force(self, scenario: Scenario, client: Client, m: Measured,
+                        runbooks: RunbookSet, serving: Serving, http: httpx.AsyncClient
+                        ) -> RulesInForce | None:  # fmt: skip
+        """The rule in force where the scenario has one: the first accepted ADR, its workload
+        captured under the proven traffic; with ``drift_check``, the drift job's comparison of
+        the incident's traffic with it (before the alert, as production's job runs)."""
+        if scenario.proven is None:
+            return None
+        accepted = self.adrs.accepted()
+        if not accepted:
+            raise UsageError(f"{scenario.name}: proven: needs an accepted ADR to be the rule in "
+                             "force (--adrs names a directory without one)")  # fmt: skip
+
+        async def shape_under(streams: list[Stream]) -> WorkloadShape:
+            look, _ = await client.under(streams, lambda: self._diagnose(
+                serving, runbooks, scenario, http, None, None))  # fmt: skip
+            if look.workload is None:
+                raise LoadFailed(f"{scenario.name}: no workload shape in the window (no request "
+                                 "finished): give a longer window")  # fmt: skip
+            return look.workload
+
+        shape = await shape_under(streams_of(scenario, m, scenario.proven.streams))
+        rule = accepted[0].model_copy(update={"workload": shape})
+        self.echo(f"  the rule in force, {rule.id}, proven on: {context_line(shape)}")
+        if not scenario.proven.drift_check:
+            return RulesInForce(adrs=(rule,))
+        found = diff(shape, await shape_under(streams_of(scenario, m)), rate=False)
+        moved = [d.line for d in found.dimensions if d.drifted]
+        self.echo(f"  the drift job: {'; '.join(moved) if moved else 'alike'}")
+        check = DriftCheck(at=dt.datetime.now(dt.UTC), checked=(rule.id,),
+                           drifted={rule.id: moved} if moved else {})  # fmt: skip
+        return RulesInForce(adrs=(rule,), drift=check)
+
     async def _diagnose(self, serving: Serving, runbooks: RunbookSet, scenario: Scenario,
-                        http: httpx.AsyncClient, gateway_url: str | None) -> Diagnosis:  # fmt: skip
+                        http: httpx.AsyncClient, gateway_url: str | None,
+                        rules: RulesInForce | None) -> Diagnosis:  # fmt: skip
         if runbooks.select(scenario.alert) is None:
             raise UsageError(f"{scenario.name}: no runbook takes the alert {scenario.alert}")
         registry = default_registry()
         diagnoser = Diagnoser(
             runbooks=runbooks, runner=RunbookRunner(registry=registry), adrs=self.adrs,
             context=lambda: ProbeContext(http=http), clock=lambda: dt.datetime.now(dt.UTC),
+            rules=None if rules is None else _reader(rules),
         )  # fmt: skip
         # the step budget as the team would configure it: the flag the engine runs with
         budget = scenario.flag("max-num-batched-tokens", 0) or None
@@ -265,6 +307,13 @@ class Catalogue:
                       gateway_url=gateway_url)  # fmt: skip
         target = TargetRef(scenario.name, spec)
         return await diagnoser.diagnose(target, labels=scenario.alert)
+
+
+def _reader(rules: RulesInForce) -> Callable[[str], Awaitable[RulesInForce]]:
+    async def read(target: str) -> RulesInForce:
+        return rules
+
+    return read
 
 
 def run_catalogue(scenarios: list[Scenario], *, runbooks: RunbookSet, adrs: AdrStore,

@@ -45,6 +45,7 @@ class StreamSpec(BaseModel):
     prompt: Size = 64  # tokens; step: the longest prompt one scheduler step prefills whole
     output: Size = 64  # tokens; kv_share: together the streams need twice the KV cache
     cancel_after: int | None = Field(default=None, ge=1)  # hang up holding this many tokens
+    prefix: int = Field(default=0, ge=0, le=32767)  # tokens every prompt opens with (one prefix)
 
     @model_validator(mode="after")
     def _one_count(self) -> StreamSpec:
@@ -54,6 +55,8 @@ class StreamSpec(BaseModel):
             raise ValueError(f"prompt {self.prompt} is outside 1..32768 tokens")
         if isinstance(self.output, int) and not 1 <= self.output <= 32768:
             raise ValueError(f"output {self.output} is outside 1..32768 tokens")
+        if self.prefix and isinstance(self.prompt, int) and self.prefix >= self.prompt:
+            raise ValueError(f"prefix {self.prefix} leaves nothing of a {self.prompt}-token prompt")
         return self
 
 
@@ -90,6 +93,18 @@ class GatewaySpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     delay_chats: float = Field(default=0, ge=0, le=1000)
+
+
+class Proven(BaseModel):
+    """The traffic the rule in force was proven on: run first, and its shape (captured from the
+    engine's /metrics, as production's is) becomes the workload of the rule in force (the first
+    accepted ADR given). ``drift_check``: the drift job compares the incident's traffic with it
+    before the alert, as ``[scheduler] workload_every_s`` does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    streams: list[StreamSpec] = Field(min_length=1, max_length=8)
+    drift_check: bool = False
 
 
 class Fault(BaseModel):
@@ -138,6 +153,7 @@ class Scenario(BaseModel):
     fault: Fault = Fault()
     fleet: Fleet = Fleet()
     gateway: GatewaySpec | None = None
+    proven: Proven | None = None  # a rule in force, proven on this traffic first
     alert: dict[str, str] = Field(
         default_factory=lambda: {"alertname": "VLLMTimeToFirstTokenP99High"}
     )
