@@ -201,3 +201,44 @@ def test_a_refusal_at_admission_is_told_from_a_failure() -> None:
     assert refused(record(busy))
     assert refused(record("HTTP 503: queue full"))
     assert not refused(record("HTTP 500: boom")) and not refused(record(None))
+
+
+def test_runbooks_validate_lists_the_hypotheses_no_scenario_exercises(tmp_path: Path) -> None:
+    write(tmp_path, "only-queueing", BASE.format(name="only-queueing"))
+    runbooks = str(ROOT / "runbooks" / "vllm-latency.yaml")
+    few = CliRunner().invoke(cli, ["runbooks", "validate", runbooks, "--scenarios", str(tmp_path)])
+    assert few.exit_code == 0, few.output
+    # the scenario names queueing (its cause) and kv_cache_pressure (to rule out): the rest idle
+    assert ("not exercised by any of the 1 scenarios in " in few.output
+            and "prefill_decode_mixing (vllm-latency.yaml), abandoned_work (vllm-latency.yaml), "
+            "gpu_fault (vllm-latency.yaml)" in few.output), few.output  # fmt: skip
+    shipped = CliRunner().invoke(cli, ["runbooks", "validate", runbooks, "--scenarios",
+                                       str(CATALOGUE)])  # fmt: skip
+    assert "not exercised" in shipped.output and "queueing" not in shipped.output.split(
+        "not exercised")[1]  # fmt: skip
+
+
+def test_a_fix_the_gate_decided_wrongly_is_named_and_counted() -> None:
+    from bot.eval.fix import FixOutcome
+
+    wrongly = FixOutcome(adr="ADR-20261205-01", flags={"max-num-batched-tokens": "512"},
+                         kept=True, right=False, said="every gate met", requests=8)  # fmt: skip
+    rightly = wrongly.model_copy(update={"kept": False, "right": True, "said": "TPOT p99 ..."})
+    scenario = load_scenario(CATALOGUE / "queueing-wrong-fix.yaml")
+    verdicts = {**ALL_OUT, "queueing": "supported"}
+    kw = {"offered": [], "extra_s": 0.0, "window_s": 1.0, "sent": 1}
+    bad, good = grade(scenario, verdicts, fix=wrongly, **kw), grade(scenario, verdicts, fix=rightly, **kw)
+    assert bad.misses == ["the gate kept ADR-20261205-01 (every gate met)"] and good.misses == []
+    r = report([bad, good], subset="full")
+    assert r.summary.fixes_right == "1/2"
+    text = markdown(r)
+    assert "ADR-20261205-01 kept ✗ (n=8 a side)" in text
+    assert "ADR-20261205-01 rolled back ✓ (n=8 a side)" in text
+
+
+def test_a_fix_is_tried_on_one_engine_only(tmp_path: Path) -> None:
+    text = BASE.format(name="fleet-fix") + (
+        "fleet: {replicas: 2}\nfix: {adr: ADR-20261205-01, right: kept}\n"
+    )
+    with pytest.raises(UsageError, match="fix: is tried on one engine"):
+        load_scenario(write(tmp_path, "fleet-fix", text))

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from bot.change.argv import diff as diff
     from bot.change.argv import flags_text as flags_text
     from bot.change.argv import merge as merge
+    from bot.change.argv import with_flags as with_flags
     from bot.change.exclusion import Holder as Holder
     from bot.change.exclusion import TargetBusy as TargetBusy
     from bot.change.exclusion import refusal as refusal
@@ -65,6 +66,7 @@ __all__ = [
     "rows",
     "tuning_refusal",
     "verify_serving",
+    "with_flags",
 ]
 
 if not TYPE_CHECKING:

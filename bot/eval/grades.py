@@ -12,6 +12,8 @@
 - **Extra time**: seconds from the alert to the findings beyond the sampling window.
 - **ADR**: the ADR offered against the one the truth names (``none``: none should be); not
   graded where the truth names none.
+- **Fix**: where the scenario tries a fix (bot/eval/fix.py), whether its gate kept it or rolled
+  it back, and whether that was right.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from bot.eval.fix import FixOutcome
 from bot.eval.scenario import Scenario
 
 RIGHT, FAMILY, RELATED, ABSTAINED, WRONG = 100, 65, 35, 20, 0
@@ -62,6 +65,7 @@ class Graded(BaseModel):
     adr_offered: list[str]
     adr_right: bool | None  # None: not graded
     sent: int  # requests the load sent during the diagnosis
+    fix: FixOutcome | None = None  # the fix tried behind its gates, where the scenario has one
 
 
 def cause_grade(truth: Sequence[str], related: Sequence[str], top: str | None) -> tuple[int, str]:
@@ -94,6 +98,7 @@ def grade(
     extra_s: float,
     window_s: float,
     sent: int,
+    fix: FixOutcome | None = None,
 ) -> Graded:
     """Grade a diagnosis's cause verdicts (cause -> supported, ruled_out or cannot_tell, in the
     diagnosis's order: supported first, the runbook's rank within)."""
@@ -116,6 +121,8 @@ def grade(
                for c in truth.ruled_out if c not in ruled]  # fmt: skip
     misses += [f"{c}: {verdicts.get(c, 'not judged at all')}, where the data cannot tell"
                for c in truth.cannot_tell if c not in undecided]  # fmt: skip
+    if fix is not None and not fix.right:
+        misses.append(f"the gate {'kept' if fix.kept else 'rolled back'} {fix.adr} ({fix.said})")
     adr_right = None
     if truth.adr is not None:
         adr_right = (list(offered) == []) if truth.adr == "none" else truth.adr in offered[:1]
@@ -125,5 +132,5 @@ def grade(
         grade=points, why=why, misses=misses,
         ruled_out_precision=precision, ruled_out_recall=recall, cannot_tell_right=told,
         abstained=top is None, extra_s=extra_s, window_s=window_s, adr_offered=list(offered),
-        adr_right=adr_right, sent=sent,
+        adr_right=adr_right, sent=sent, fix=fix,
     )  # fmt: skip

@@ -28,10 +28,13 @@ import httpx
 from bot.adr import AdrStore
 from bot.adr.workload import WorkloadShape, context_line
 from bot.adr.workload.diff import diff
+from bot.canary import Judged
+from bot.change import flags_text, with_flags
 from bot.diagnosis import Diagnoser, Diagnosis, DriftCheck, RulesInForce, judge_causes
 from bot.diagnosis.probes import ProbeContext, TargetRef
 from bot.diagnosis.runbooks import LoadedRunbook, RunbookRunner, RunbookSet, default_registry
 from bot.engine import EngineInfo, EngineManager, free_port
+from bot.eval.fix import FixOutcome, judge_fix
 from bot.eval.fleet import delayed, gateway, router
 from bot.eval.grades import Graded, grade
 from bot.eval.load import Client, LoadFailed, Measured, Stream, measure
@@ -149,18 +152,23 @@ class Serving:
 class Catalogue:
     """Runs scenarios one after another, one engine or fleet at a time (the box is shared)."""
 
-    def __init__(self, *, runbooks: RunbookSet, adrs: AdrStore, state_dir: Path, echo: Echo):
+    def __init__(self, *, runbooks: RunbookSet, adrs: AdrStore, state_dir: Path, echo: Echo,
+                 fix_adrs: AdrStore | None = None):  # fmt: skip
         self.runbooks, self.adrs, self.echo, self.state_dir = runbooks, adrs, echo, state_dir
+        self.fix_adrs = fix_adrs
         self.serving: Serving | None = None
         self.key: tuple[tuple[str, ...], int, tuple[str, ...]] | None = None
         self.measured: Measured | None = None
         self._up = contextlib.ExitStack()
 
     def _serve(self, scenario: Scenario) -> Serving:
-        if self.serving is not None and self.key == scenario.serving():
+        return self._serve_key(scenario.serving())
+
+    def _serve_key(self, key: tuple[tuple[str, ...], int, tuple[str, ...]]) -> Serving:
+        if self.serving is not None and self.key == key:
             return self.serving
         self.stop()
-        flags, replicas, sick = scenario.serving()
+        flags, replicas, sick = key
         every = [[*ENGINE_FLAGS, *flags, *(sick if i == 0 else ())] for i in range(replicas)]
         what = " ".join(flags) or "(vLLM defaults)"
         self.echo(f"  starting {replicas} engines behind nginx: {what}" + (
@@ -171,7 +179,7 @@ class Catalogue:
         url = self._up.enter_context(router([e.port for e in engines])) if replicas > 1 else (
             engines[0].base_url)  # fmt: skip
         self.echo(f"  ready in {time.monotonic() - started:.0f} s")
-        self.serving, self.key = Serving(url=url, engines=engines), scenario.serving()
+        self.serving, self.key = Serving(url=url, engines=engines), key
         return self.serving
 
     def _start(self, i: int, flags: list[str]) -> EngineInfo:
@@ -216,6 +224,7 @@ class Catalogue:
                     diagnosis, sent = await client.under(streams, lambda: self._diagnose(
                         serving, runbooks, scenario, http, gateway_url, rules))  # fmt: skip
                     elapsed = time.monotonic() - started
+            fixed = await self._fix(scenario, client, streams) if scenario.fix else None
         if client.refused:
             self.echo(f"  {client.refused} of {client.sent} requests refused at admission")
         loaded = runbooks.select(scenario.alert)
@@ -223,10 +232,40 @@ class Catalogue:
         graded = grade(
             scenario, {c.cause: c.verdict for c in diagnosis.causes},
             offered=[m.adr.id for m in diagnosis.matches], extra_s=max(0.0, elapsed - window_s),
-            window_s=window_s, sent=sent,
+            window_s=window_s, sent=sent, fix=fixed,
         )  # fmt: skip
         self.echo(f"  grade {graded.grade}: {graded.why}")
         return Ran(graded=graded, diagnosis=diagnosis, runbook=loaded)
+
+    async def _fix(self, scenario: Scenario, client: Client, streams: list[Stream]) -> FixOutcome:
+        """Try the scenario's fix behind its ADR's gates, beside the scenario's load; the
+        engine is left serving the fix (the next scenario starts its own)."""
+        spec = scenario.fix
+        assert spec is not None
+        found = (self.fix_adrs.find(spec.adr) if self.fix_adrs else None) or self.adrs.find(
+            spec.adr)  # fmt: skip
+        if found is None:
+            raise UsageError(f"{scenario.name}: fix: no ADR {spec.adr} in the scenarios' adr/ "
+                             "directory or --adrs")  # fmt: skip
+        adr = found[1]
+
+        async def fixed() -> str:
+            flags = tuple(with_flags(list(scenario.engine), adr.fix.engine_args))
+            self.echo(f"  the fix: {adr.id}'s {flags_text(adr.fix.engine_args)}, behind its "
+                      "gates; restarting the engine …")  # fmt: skip
+            serving = self._serve_key((flags, 1, ()))
+            client.url, client.engines = serving.url, serving.engines
+            return serving.url
+
+        async def under_load(during: Callable[[], Awaitable[Judged]]) -> Judged:
+            return (await client.under(streams, during))[0]
+
+        self.echo(f"  the before-run: {spec.num_requests} canary requests beside the load …")
+        outcome = await judge_fix(adr, spec, before_url=client.url, fixed=fixed,
+                                  under_load=under_load)  # fmt: skip
+        self.echo(f"  the gate {'kept' if outcome.kept else 'rolled back'} {adr.id} "
+                  f"({outcome.said}): {'right' if outcome.right else 'WRONG'}")  # fmt: skip
+        return outcome
 
     async def _measure(self, client: Client, scenario: Scenario) -> Measured:
         """What this engine does alone (once per engine; the step prompt when first needed)."""
@@ -317,7 +356,10 @@ def _reader(rules: RulesInForce) -> Callable[[str], Awaitable[RulesInForce]]:
 
 
 def run_catalogue(scenarios: list[Scenario], *, runbooks: RunbookSet, adrs: AdrStore,
-                  state_dir: Path, echo: Echo) -> list[Ran]:  # fmt: skip
-    """Run ``scenarios`` (bot.eval.scenario.load_catalogue) and grade each."""
-    catalogue = Catalogue(runbooks=runbooks, adrs=adrs, state_dir=state_dir, echo=echo)
+                  state_dir: Path, echo: Echo, fix_adrs: AdrStore | None = None
+                  ) -> list[Ran]:  # fmt: skip
+    """Run ``scenarios`` (bot.eval.scenario.load_catalogue) and grade each; a fix's ADR is
+    looked up in ``fix_adrs`` (the scenarios' own adr/ directory), then ``adrs``."""
+    catalogue = Catalogue(runbooks=runbooks, adrs=adrs, state_dir=state_dir, echo=echo,
+                          fix_adrs=fix_adrs)  # fmt: skip
     return asyncio.run(catalogue.run(scenarios))

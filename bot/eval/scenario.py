@@ -107,6 +107,21 @@ class Proven(BaseModel):
     drift_check: bool = False
 
 
+class FixSpec(BaseModel):
+    """The fix to try once the diagnosis is in: ``adr``'s engine flags on the engine, behind the
+    ADR's gates, judged on this canary beside the scenario's load; ``right``: what a right gate
+    does with it here (kept: the fix helps this incident; rolled_back: it does not)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    adr: str = Field(pattern=r"^ADR-\d{8}-\d{2}$")
+    right: Literal["kept", "rolled_back"]
+    concurrency: int = Field(default=4, ge=1, le=32)
+    num_requests: int = Field(default=8, ge=4, le=1000)
+    prompt_length: int = Field(default=128, ge=1, le=32768)
+    output_length: int = Field(default=8, ge=2, le=4096)
+
+
 class Fault(BaseModel):
     """What is done to the machine besides the load: busy processes beside the engine."""
 
@@ -154,12 +169,19 @@ class Scenario(BaseModel):
     fleet: Fleet = Fleet()
     gateway: GatewaySpec | None = None
     proven: Proven | None = None  # a rule in force, proven on this traffic first
+    fix: FixSpec | None = None  # a fix to try behind its gates once the diagnosis is in
     alert: dict[str, str] = Field(
         default_factory=lambda: {"alertname": "VLLMTimeToFirstTokenP99High"}
     )
     truth: Truth
     subset: Literal["fast", "full"] = "full"
     path: Path | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="after")
+    def _fix_on_one_engine(self) -> Scenario:
+        if self.fix is not None and (self.fleet.replicas > 1 or self.gateway is not None):
+            raise ValueError("fix: is tried on one engine (no fleet:, no gateway:)")
+        return self
 
     def serving(self) -> tuple[tuple[str, ...], int, tuple[str, ...]]:
         """What serves it (flags, replicas, the sick one's flags): one start per distinct key."""

@@ -41,6 +41,7 @@ class Summary(BaseModel):
     ruled_out_recall: float | None  # pooled over every cause that had to be
     cannot_tell_right: float | None
     adr_right: str  # "2/3", or "not graded"
+    fixes_right: str  # "2/2": the gate kept a fix that helps and rolled back one that does not
     mean_extra_s: float
 
 
@@ -90,6 +91,7 @@ def _pooled(graded: Sequence[Graded], kind: str) -> float | None:
 def summarise(graded: Sequence[Graded]) -> Summary:
     """The run's sum."""
     adr = [g.adr_right for g in graded if g.adr_right is not None]
+    fixes = [g.fix for g in graded if g.fix is not None]
     told = [g.cannot_tell_right for g in graded if g.cannot_tell_right is not None]
     return Summary(
         scenarios=len(graded),
@@ -101,6 +103,7 @@ def summarise(graded: Sequence[Graded]) -> Summary:
         ruled_out_recall=_pooled(graded, "recall"),
         cannot_tell_right=mean(told) if told else None,
         adr_right=f"{sum(adr)}/{len(adr)}" if adr else "not graded",
+        fixes_right=f"{sum(f.right for f in fixes)}/{len(fixes)}" if fixes else "none tried",
         mean_extra_s=mean(g.extra_s for g in graded) if graded else 0.0,
     )
 
@@ -113,6 +116,13 @@ def report(graded: Sequence[Graded], *, subset: str, at: dt.datetime | None = No
 
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.0f} %"
+
+
+def _fix(g: Graded) -> str:
+    if g.fix is None:
+        return "–"
+    done = "kept" if g.fix.kept else "rolled back"
+    return f"{g.fix.adr} {done} {'✓' if g.fix.right else '✗'} (n={g.fix.requests} a side)"
 
 
 def markdown(r: EvalReport) -> str:
@@ -128,12 +138,12 @@ def markdown(r: EvalReport) -> str:
         f"({s.right} right, {s.wrong} wrong, {s.abstained} abstained)",
         f"- ruled out: precision {_pct(s.ruled_out_precision)}, recall "
         f"{_pct(s.ruled_out_recall)}; cannot tell where it cannot: {_pct(s.cannot_tell_right)}",
-        f"- ADR offered right: {s.adr_right}; time beyond the sampling window: "
-        f"{s.mean_extra_s:.1f} s on average",
+        f"- ADR offered right: {s.adr_right}; fixes the gate decided right: {s.fixes_right}; "
+        f"time beyond the sampling window: {s.mean_extra_s:.1f} s on average",
         "",
-        "| scenario | truth | named | grade | ruled out (P / R) | cannot tell | ADR | window | "
-        "beyond |",
-        "| :--- | :--- | :--- | ---: | :--- | :--- | :--- | ---: | ---: |",
+        "| scenario | truth | named | grade | ruled out (P / R) | cannot tell | ADR | fix | "
+        "window | beyond |",
+        "| :--- | :--- | :--- | ---: | :--- | :--- | :--- | :--- | ---: | ---: |",
     ]
     for g in r.scenarios:
         adr = ", ".join(g.adr_offered) or "none"
@@ -142,7 +152,8 @@ def markdown(r: EvalReport) -> str:
         lines.append(
             f"| {g.scenario} | {', '.join(g.truth) or 'no engine cause'} | {g.top or '(none)'} | "
             f"{g.grade} | {_pct(g.ruled_out_precision)} / {_pct(g.ruled_out_recall)} | "
-            f"{_pct(g.cannot_tell_right)} | {adr} | {g.window_s:.1f} s | {g.extra_s:.1f} s |"
+            f"{_pct(g.cannot_tell_right)} | {adr} | {_fix(g)} | {g.window_s:.1f} s | "
+            f"{g.extra_s:.1f} s |"
         )
     wrong = [g for g in r.scenarios if g.grade < 100 or g.misses or g.adr_right is False]
     if wrong:

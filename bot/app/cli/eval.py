@@ -97,8 +97,10 @@ def eval_cmd(scenarios_dir: Path, subset: str, only: tuple[str, ...], runbooks_d
     which = "only " + ", ".join(only) if only else subset
     click.echo(f"ruleloop eval: {len(scenarios)} scenarios ({which}), runbooks {runbooks_dir}/, "
                f"ADRs {adrs_dir}/")  # fmt: skip
+    own = scenarios_dir / "adr"  # the ADRs the scenarios' fixes name
     ran = run_catalogue(scenarios, runbooks=runbooks, adrs=AdrStore(root=adrs_dir),
-                        state_dir=default_state_dir() / "eval", echo=click.echo)  # fmt: skip
+                        state_dir=default_state_dir() / "eval", echo=click.echo,
+                        fix_adrs=AdrStore(root=own) if own.is_dir() else None)  # fmt: skip
     result = report([r.graded for r in ran], subset="only" if only else subset)
     table = markdown(result)
     out_dir.mkdir(parents=True, exist_ok=True)

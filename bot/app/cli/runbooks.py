@@ -22,19 +22,45 @@ def runbooks() -> None:
 
 @runbooks.command("validate")
 @click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
-def validate_cmd(paths: tuple[Path, ...]) -> None:
+@click.option("--scenarios", "scenarios_dir", type=click.Path(path_type=Path),
+              default=Path("bench/incidents"), show_default=True,
+              help="The eval's scenarios (`ruleloop eval`): hypotheses none of them exercises "
+              "are listed (skipped when the directory is not there).")  # fmt: skip
+def validate_cmd(paths: tuple[Path, ...], scenarios_dir: Path) -> None:
     """Check runbook files (a directory: its *.yaml; default: runbooks/): schema, probes and
     their params, readings, conditions, and the causes the hypotheses name."""
     from bot.diagnosis.runbooks import default_registry, inspect_file
 
     files = _collect(paths or (Path("runbooks"),))
     registry = default_registry()
-    problems = [p for path in files for p in inspect_file(path, registry)[1]]
+    inspected = [(path, inspect_file(path, registry)) for path in files]
+    problems = [p for _, (_, found) in inspected for p in found]
     for problem in problems:
         click.echo(problem, err=True)
     if problems:
         raise UsageError(f"{len(problems)} problem(s) found; fix them and run again")
     click.echo(f"ok: {len(files)} runbook file(s) are valid")
+    if scenarios_dir.is_dir():
+        hypotheses = [(path.name, h.cause) for path, (loaded, _) in inspected if loaded
+                      for h in loaded.runbook.hypotheses]  # fmt: skip
+        _unexercised(hypotheses, scenarios_dir)
+
+
+def _unexercised(hypotheses: list[tuple[str, str]], scenarios_dir: Path) -> None:
+    """Say which hypotheses no eval scenario exercises: none names their cause as its cause,
+    a related one, or one to rule out, so no run checks that the hypothesis can be right."""
+    from bot.eval import load_catalogue
+
+    scenarios = load_catalogue(scenarios_dir)
+    exercised = {c for s in scenarios
+                 for c in (*s.truth.causes, *s.truth.related, *s.truth.ruled_out)}  # fmt: skip
+    idle = [f"{cause} ({name})" for name, cause in hypotheses if cause not in exercised]
+    if idle:
+        click.echo(f"not exercised by any of the {len(scenarios)} scenarios in {scenarios_dir}: "
+                   + ", ".join(idle))  # fmt: skip
+    else:
+        click.echo(f"every hypothesis is exercised by the {len(scenarios)} scenarios in "
+                   f"{scenarios_dir}")  # fmt: skip
 
 
 def _collect(paths: tuple[Path, ...]) -> list[Path]:
