@@ -148,7 +148,11 @@ def test_grades_right_family_related_abstained_wrong() -> None:
 
 
 def test_the_adr_is_graded_only_where_the_truth_names_one(tmp_path: Path) -> None:
-    assert graded("queueing", ALL_OUT, ["ADR-1"]).adr_right is None
+    unsaid = load_scenario(write(tmp_path, "no-adr", BASE.format(name="no-adr")))
+    kw0 = {"extra_s": 0.0, "window_s": 1.0, "sent": 1}
+    assert grade(unsaid, ALL_OUT, offered=["ADR-1"], **kw0).adr_right is None
+    assert graded("queueing", ALL_OUT, ["ADR-1"]).adr_right is False  # the truth: none
+    assert graded("step-mixing", ALL_OUT, ["ADR-20261205-01"]).adr_right is True
     text = BASE.format(name="with-adr").replace("ruled_out: [kv_cache_pressure]",
                                                  "ruled_out: [kv_cache_pressure]\n  adr: none")
     scenario = load_scenario(write(tmp_path, "with-adr", text))

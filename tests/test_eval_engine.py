@@ -35,7 +35,8 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Ran]:
     scenarios = load_catalogue(CATALOGUE, subset="fast")
     runs = run_catalogue(
         scenarios, runbooks=load_dir(ROOT / "runbooks", default_registry()),
-        adrs=AdrStore(root=ROOT / "adr"), state_dir=tmp_path_factory.mktemp("eval"), echo=print,
+        adrs=AdrStore(root=CATALOGUE / "adr"), state_dir=tmp_path_factory.mktemp("eval"),
+        echo=print,
     )  # fmt: skip
     return {r.graded.scenario: r for r in runs}
 
@@ -56,6 +57,7 @@ def test_each_induced_cause_is_the_one_named_and_the_others_ruled_out(
     assert g.supported == g.truth, (g, shown)
     assert g.ruled_out_precision in (1.0, None) and g.ruled_out_recall == 1.0, (g, shown)
     assert g.sent > 0
+    assert g.adr_right is True, g.adr_offered  # the step cap for step mixing, else none
 
 
 def test_a_runbook_that_misses_a_cause_scores_lower(ran: dict[str, Ran], tmp_path: Path) -> None:
@@ -72,9 +74,10 @@ def test_a_runbook_that_misses_a_cause_scores_lower(ran: dict[str, Ran], tmp_pat
     after = [regrade(r, scenarios[name], runbooks) for name, r in ran.items()]
     mixing = next(g for g in after if g.scenario == "step-mixing")
     assert mixing.grade < 100 and "prefill_decode_mixing" not in mixing.supported, mixing
-    assert report(after, subset="fast").summary.mean_grade < report(
-        before, subset="fast"
-    ).summary.mean_grade
+    assert (
+        report(after, subset="fast").summary.mean_grade
+        < report(before, subset="fast").summary.mean_grade
+    )
     # the shipped runbooks re-judge the same readings to the same grades (regrade is faithful)
     shipped = load_dir(ROOT / "runbooks", default_registry())
     assert [regrade(r, scenarios[n], shipped).grade for n, r in ran.items()] == [
@@ -93,8 +96,8 @@ def test_the_table_and_its_json(ran: dict[str, Ran]) -> None:
 def test_the_cli_runs_one_scenario_and_fails_under_a_floor(tmp_path: Path) -> None:
     """`ruleloop eval --only healthy` writes its table; an unreachable --min-grade exits 1."""
     result = CliRunner().invoke(cli, ["eval", "--only", "healthy", "--scenarios", str(CATALOGUE),
-                                      "--runbooks", str(ROOT / "runbooks"), "--adrs",
-                                      str(ROOT / "adr"), "--out", str(tmp_path),
+                                      "--runbooks", str(ROOT / "runbooks"),
+                                      "--out", str(tmp_path),
                                       "--min-grade", "100"])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "| healthy | no engine cause | (none) | 100 |" in result.output

@@ -152,10 +152,8 @@ class Serving:
 class Catalogue:
     """Runs scenarios one after another, one engine or fleet at a time (the box is shared)."""
 
-    def __init__(self, *, runbooks: RunbookSet, adrs: AdrStore, state_dir: Path, echo: Echo,
-                 fix_adrs: AdrStore | None = None):  # fmt: skip
+    def __init__(self, *, runbooks: RunbookSet, adrs: AdrStore, state_dir: Path, echo: Echo):
         self.runbooks, self.adrs, self.echo, self.state_dir = runbooks, adrs, echo, state_dir
-        self.fix_adrs = fix_adrs
         self.serving: Serving | None = None
         self.key: tuple[tuple[str, ...], int, tuple[str, ...]] | None = None
         self.measured: Measured | None = None
@@ -242,11 +240,10 @@ class Catalogue:
         engine is left serving the fix (the next scenario starts its own)."""
         spec = scenario.fix
         assert spec is not None
-        found = (self.fix_adrs.find(spec.adr) if self.fix_adrs else None) or self.adrs.find(
-            spec.adr)  # fmt: skip
+        found = self.adrs.find(spec.adr)
         if found is None:
-            raise UsageError(f"{scenario.name}: fix: no ADR {spec.adr} in the scenarios' adr/ "
-                             "directory or --adrs")  # fmt: skip
+            raise UsageError(f"{scenario.name}: fix: no ADR {spec.adr} among the ADRs given "
+                             "(the scenarios' adr/ directory, or --adrs)")  # fmt: skip
         adr = found[1]
 
         async def fixed() -> str:
@@ -356,10 +353,8 @@ def _reader(rules: RulesInForce) -> Callable[[str], Awaitable[RulesInForce]]:
 
 
 def run_catalogue(scenarios: list[Scenario], *, runbooks: RunbookSet, adrs: AdrStore,
-                  state_dir: Path, echo: Echo, fix_adrs: AdrStore | None = None
-                  ) -> list[Ran]:  # fmt: skip
-    """Run ``scenarios`` (bot.eval.scenario.load_catalogue) and grade each; a fix's ADR is
-    looked up in ``fix_adrs`` (the scenarios' own adr/ directory), then ``adrs``."""
-    catalogue = Catalogue(runbooks=runbooks, adrs=adrs, state_dir=state_dir, echo=echo,
-                          fix_adrs=fix_adrs)  # fmt: skip
+                  state_dir: Path, echo: Echo) -> list[Ran]:  # fmt: skip
+    """Run ``scenarios`` (bot.eval.scenario.load_catalogue) and grade each: ``adrs`` are the
+    rules a diagnosis may offer and the fixes scenarios try."""
+    catalogue = Catalogue(runbooks=runbooks, adrs=adrs, state_dir=state_dir, echo=echo)
     return asyncio.run(catalogue.run(scenarios))

@@ -66,9 +66,9 @@ class BelowGrade(RuleloopError):
     "--adrs",
     "adrs_dir",
     type=click.Path(path_type=Path),
-    default=Path("adr"),
-    show_default=True,
-    help="The ADRs a diagnosis may offer.",
+    default=None,
+    help="The ADRs a diagnosis may offer, and the fixes scenarios try (default: the "
+    "scenarios' own adr/ directory).",
 )
 @click.option(
     "--out",
@@ -85,7 +85,7 @@ class BelowGrade(RuleloopError):
     help="Exit 1 when the mean cause grade is under this.",
 )
 def eval_cmd(scenarios_dir: Path, subset: str, only: tuple[str, ...], runbooks_dir: Path,
-             adrs_dir: Path, out_dir: Path, min_grade: float | None) -> None:  # fmt: skip
+             adrs_dir: Path | None, out_dir: Path, min_grade: float | None) -> None:  # fmt: skip
     """Grade the diagnosis on a catalogue of incidents induced on real local vLLM engines."""
     from bot.adr import AdrStore
     from bot.diagnosis.runbooks import default_registry, load_dir
@@ -93,14 +93,13 @@ def eval_cmd(scenarios_dir: Path, subset: str, only: tuple[str, ...], runbooks_d
     from bot.eval import load_catalogue, markdown, report, run_catalogue
 
     scenarios = load_catalogue(scenarios_dir, subset=subset, only=list(only))
+    adrs_dir = adrs_dir or scenarios_dir / "adr"
     runbooks = load_dir(runbooks_dir, default_registry())
     which = "only " + ", ".join(only) if only else subset
     click.echo(f"ruleloop eval: {len(scenarios)} scenarios ({which}), runbooks {runbooks_dir}/, "
                f"ADRs {adrs_dir}/")  # fmt: skip
-    own = scenarios_dir / "adr"  # the ADRs the scenarios' fixes name
     ran = run_catalogue(scenarios, runbooks=runbooks, adrs=AdrStore(root=adrs_dir),
-                        state_dir=default_state_dir() / "eval", echo=click.echo,
-                        fix_adrs=AdrStore(root=own) if own.is_dir() else None)  # fmt: skip
+                        state_dir=default_state_dir() / "eval", echo=click.echo)  # fmt: skip
     result = report([r.graded for r in ran], subset="only" if only else subset)
     table = markdown(result)
     out_dir.mkdir(parents=True, exist_ok=True)
