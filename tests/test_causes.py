@@ -401,3 +401,33 @@ def test_the_shipped_mixing_hypothesis_needs_the_step_budget(
     judged = judge(Runbook(name="x", probes=runbook.probes, hypotheses=[mixing]),
                    Measured.of(values, spans=spans))  # fmt: skip
     assert judged[0].verdict == verdict, judged[0]
+
+
+def test_one_token_requests_do_not_hide_a_decode_stall_in_the_tpot_p99() -> None:
+    """vLLM observes TPOT 0 for a request of one output token; 995 such requests beside 5 chats
+    whose tokens took 80 ms each read "TPOT p99 <= 10 ms" unless they are left out (issue 43)."""
+    from bot.diagnosis.probes.sampling import SampledWindow
+
+    def page(at: float, tpot: dict[str, float], lengths: dict[str, float], n: float) -> Exposition:
+        samples: dict[str, list[tuple[Mapping[str, str], float]]] = {
+            "vllm:request_time_per_output_token_seconds_bucket":
+                [({"le": le}, c) for le, c in tpot.items()],
+            "vllm:request_time_per_output_token_seconds_count": [({}, n)],
+            "vllm:request_time_per_output_token_seconds_sum": [({}, 5 * 0.08 if n else 0.0)],
+            "vllm:request_generation_tokens_bucket": [({"le": le}, c) for le, c in lengths.items()],
+        }  # fmt: skip
+        return Exposition(at=at, samples=samples)
+
+    edges = ("0.01", "0.05", "0.1", "+Inf")
+    zero = page(0, dict.fromkeys(edges, 0.0), {"1.0": 0.0, "2.0": 0.0, "+Inf": 0.0}, 0)
+    after = page(10, {"0.01": 995, "0.05": 995, "0.1": 1000, "+Inf": 1000},
+                 {"1.0": 995, "2.0": 995, "+Inf": 1000}, 1000)  # fmt: skip
+    tpot = SampledWindow([zero, after]).tpot_ms
+    assert tpot.count == 5
+    assert tpot.p99 is not None and 50.0 < tpot.p99 <= 100.0, tpot
+    assert tpot.bounds.get("p99") is None
+    # without the output-length histogram nothing is left out: the bound it was
+    bare = Exposition(at=10, samples={k: v for k, v in after.samples.items()
+                                      if not k.startswith("vllm:request_generation")})  # fmt: skip
+    diluted = SampledWindow([zero, bare]).tpot_ms
+    assert diluted.count == 1000 and diluted.bounds.get("p99") is Bound.AT_MOST  # "<= 10 ms"

@@ -68,8 +68,15 @@ class SampledWindow:
 
     @cached_property
     def tpot_ms(self) -> Quantiles:
-        """Per-request time per output token (vLLM's own TPOT histogram), ITL when absent."""
-        tpot = Quantiles.from_histogram(self.pages[0], self.pages[-1], TPOT)
+        """Per-request time per output token (vLLM's own TPOT histogram), ITL when absent.
+
+        vLLM observes a TPOT of 0 for a request of one output token (``vllm/v1/metrics/
+        stats.py``: no gap to time), so a flood of one-token requests would pull the p99 into
+        the first bucket while the requests that decode stall. Those requests are counted by the
+        output-length histogram's first bucket (le=1) and left out."""
+        first, last = self.pages[0], self.pages[-1]
+        one_token = _bucket_delta(first, last, OUTPUT_LENGTHS[0], 1.0)
+        tpot = Quantiles.from_histogram(first, last, TPOT, zeros=one_token)
         return tpot if tpot.count else self.engine.itl_ms
 
     @cached_property
@@ -125,3 +132,9 @@ class SampledWindow:
             basis=f"{ESTIMATE_ASSUMPTION}; median over {len(estimates)} scrape(s) "
             f"with requests running, block size {cache.block_size}",
         )
+
+
+def _bucket_delta(before: Exposition, after: Exposition, histogram: str, le: float) -> float:
+    """What a histogram's ``le`` bucket gained in the window (0 without the bucket)."""
+    gained = after.buckets(histogram).get(le)
+    return 0.0 if gained is None else max(gained - before.buckets(histogram).get(le, 0.0), 0.0)

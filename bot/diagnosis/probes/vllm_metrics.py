@@ -108,16 +108,19 @@ class Quantiles:
 
     @classmethod
     def from_histogram(
-        cls, before: Exposition, after: Exposition, names: Sequence[str]
+        cls, before: Exposition, after: Exposition, names: Sequence[str], *, zeros: float = 0.0
     ) -> Quantiles:
-        """Quantiles of the observations a histogram gained between two scrapes."""
+        """Quantiles of the observations a histogram gained between two scrapes; ``zeros``
+        of them, observed as exactly 0 and meaning "no value", are left out (they sit in every
+        cumulative bucket)."""
         name = after.first_present(f"{n}_bucket" for n in names)
         if name is None:
             return cls(None, None, None, None, 0)
         base = name.removesuffix("_bucket")
         b1, b0 = after.buckets(base), before.buckets(base)
-        delta = {le: c - b0.get(le, 0.0) for le, c in b1.items()}
+        delta = {le: max(c - b0.get(le, 0.0) - zeros, 0.0) for le, c in b1.items()}
         count = (after.total(f"{base}_count") or 0.0) - (before.total(f"{base}_count") or 0.0)
+        count = max(count - zeros, 0.0)
         total = (after.total(f"{base}_sum") or 0.0) - (before.total(f"{base}_sum") or 0.0)
 
         bounds = {
