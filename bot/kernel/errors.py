@@ -18,7 +18,8 @@
     │                                 (remediation/silences.py)
     ├── EngineError (exit 2)          the local vLLM engine failed to start or stop
     ├── LoadFailed                    an eval scenario's engine did not serve its load
-    │                                 (eval/load.py)
+    │   │                             (eval/load.py)
+    │   └── Refused                   the engine refused a request at admission (its queue)
     ├── ActuatorError                 a change could not be made or did not become healthy
     │   │                             (change/actuators/base.py)
     │   └── LocatorError              a git locator does not find the flags in its YAML file
