@@ -152,7 +152,7 @@ def test_the_adr_is_graded_only_where_the_truth_names_one(tmp_path: Path) -> Non
     kw0 = {"extra_s": 0.0, "window_s": 1.0, "sent": 1}
     assert grade(unsaid, ALL_OUT, offered=["ADR-1"], **kw0).adr_right is None
     assert graded("queueing", ALL_OUT, ["ADR-1"]).adr_right is False  # the truth: none
-    assert graded("step-mixing", ALL_OUT, ["ADR-20261205-01"]).adr_right is True
+    assert graded("step-mixing", ALL_OUT, ["ADR-20261130-01"]).adr_right is True
     text = BASE.format(name="with-adr").replace("ruled_out: [kv_cache_pressure]",
                                                  "ruled_out: [kv_cache_pressure]\n  adr: none")
     scenario = load_scenario(write(tmp_path, "with-adr", text))
@@ -225,24 +225,24 @@ def test_runbooks_validate_lists_the_hypotheses_no_scenario_exercises(tmp_path: 
 def test_a_fix_the_gate_decided_wrongly_is_named_and_counted() -> None:
     from bot.eval.fix import FixOutcome
 
-    wrongly = FixOutcome(adr="ADR-20261205-01", flags={"max-num-batched-tokens": "512"},
+    wrongly = FixOutcome(adr="ADR-20261130-01", flags={"max-num-batched-tokens": "512"},
                          kept=True, right=False, said="every gate met", requests=8)  # fmt: skip
     rightly = wrongly.model_copy(update={"kept": False, "right": True, "said": "TPOT p99 ..."})
     scenario = load_scenario(CATALOGUE / "queueing-wrong-fix.yaml")
     verdicts = {**ALL_OUT, "queueing": "supported"}
     kw = {"offered": [], "extra_s": 0.0, "window_s": 1.0, "sent": 1}
     bad, good = grade(scenario, verdicts, fix=wrongly, **kw), grade(scenario, verdicts, fix=rightly, **kw)
-    assert bad.misses == ["the gate kept ADR-20261205-01 (every gate met)"] and good.misses == []
+    assert bad.misses == ["the gate kept ADR-20261130-01 (every gate met)"] and good.misses == []
     r = report([bad, good], subset="full")
     assert r.summary.fixes_right == "1/2"
     text = markdown(r)
-    assert "ADR-20261205-01 kept ✗ (n=8 a side)" in text
-    assert "ADR-20261205-01 rolled back ✓ (n=8 a side)" in text
+    assert "ADR-20261130-01 kept ✗ (n=8 a side)" in text
+    assert "ADR-20261130-01 rolled back ✓ (n=8 a side)" in text
 
 
 def test_a_fix_is_tried_on_one_engine_only(tmp_path: Path) -> None:
     text = BASE.format(name="fleet-fix") + (
-        "fleet: {replicas: 2}\nfix: {adr: ADR-20261205-01, right: kept}\n"
+        "fleet: {replicas: 2}\nfix: {adr: ADR-20261130-01, right: kept}\n"
     )
     with pytest.raises(UsageError, match="fix: is tried on one engine"):
         load_scenario(write(tmp_path, "fleet-fix", text))

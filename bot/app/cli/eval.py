@@ -20,7 +20,7 @@ longest whole-step prompt alone are timed on it, and every window is a multiple 
 
 \b
 Examples:
-  ruleloop eval --subset fast              the CI subset (about 6 min on 2 cores)
+  ruleloop eval --subset fast              the CI subset (about a minute on 2 AVX-512 cores)
   ruleloop eval                            the whole catalogue (make eval)
   ruleloop eval --only queueing --only kv-pressure
   ruleloop eval --scenarios my-incidents/ --runbooks my-runbooks/   your own, after a change
