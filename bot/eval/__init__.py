@@ -1,10 +1,12 @@
-"""Graded on incidents it has not seen: a catalogue of induced vLLM incidents, each a real fault
-on a real local engine with its ground truth, diagnosed as production diagnoses and graded.
+"""`ruleloop eval`: incidents induced on real local engines, diagnosed as production does, graded.
 
-scenario (the scenario file: engine flags, load, fault, truth) · load (closed-loop client
-streams sized from what the engine was measured to do) · run (the catalogue on real engines) ·
-grades (cause grade, ruled-out precision and recall, abstention, the ADR offered) · table (the
-dated table, markdown and JSON, with the machine and engine version).
+scenario.py    one incident as a file: engine flags, load, fault, fleet, gateway, fix, truth
+load.py        closed-loop client streams, sized from what the engine was measured to do
+fleet.py       what stands in front: nginx over a fleet, the real gateway, a delay
+run.py         the catalogue on real engines: induce, diagnose, grade; re-judge with a runbook
+fix.py         a fix tried behind its ADR's gates beside the incident's load
+grades.py      the grades: cause, ruled out, cannot tell, the ADR offered, the fix's gate
+table.py       the dated table, markdown and JSON, with the machine and the engine version
 """
 
 from __future__ import annotations
