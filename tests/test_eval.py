@@ -246,3 +246,18 @@ def test_a_fix_is_tried_on_one_engine_only(tmp_path: Path) -> None:
     )
     with pytest.raises(UsageError, match="fix: is tried on one engine"):
         load_scenario(write(tmp_path, "fleet-fix", text))
+
+
+def test_a_gateway_that_cannot_start_is_a_clear_error_and_one_that_can_serves() -> None:
+    """The eval's gateway is the real `ruleloop gateway`: refused arguments end the scenario
+    with its own words; good ones give a URL that answers (its /metrics, no engine needed)."""
+    import httpx
+
+    from bot.eval.fleet import gateway
+
+    with pytest.raises(UsageError, match="the gateway exited at start: .*upstream"), gateway(
+        "not a url"
+    ):
+        pass
+    with gateway("http://127.0.0.1:9") as url:
+        assert httpx.get(f"{url}/metrics", timeout=10).status_code == 200

@@ -78,14 +78,16 @@ def router(upstreams: Sequence[int], *, tmp: Path | None = None) -> Iterator[str
         log = where / "error.log"
         proc = subprocess.Popen([binary, "-p", str(where), "-c", str(conf), "-e", str(log)])
         try:
-            _listening(port, proc, log)
+            _listening(port, proc, log, "nginx")
             yield f"http://127.0.0.1:{port}"
         finally:
             proc.terminate()
             proc.wait(timeout=30)
 
 
-def _listening(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
+def _listening(port: int, proc: subprocess.Popen[bytes], log: Path, what: str) -> None:
+    """Wait until ``proc`` (``what``) listens on ``port``; UsageError with its log's end when
+    it exits first or does not listen in time."""
     deadline = time.monotonic() + LISTEN_TIMEOUT_S
     while True:
         try:
@@ -93,10 +95,10 @@ def _listening(port: int, proc: subprocess.Popen[bytes], log: Path) -> None:
             return
         except OSError:
             if proc.poll() is not None:
-                said = log.read_text() if log.exists() else "no log"
-                raise UsageError(f"nginx exited at start: {said[-500:]}") from None
+                said = log.read_text(errors="replace") if log.exists() else "no log"
+                raise UsageError(f"{what} exited at start: {said[-500:]}") from None
             if time.monotonic() > deadline:
-                raise UsageError(f"nginx did not listen in {LISTEN_TIMEOUT_S:g} s") from None
+                raise UsageError(f"{what} did not listen in {LISTEN_TIMEOUT_S:g} s") from None
             time.sleep(0.1)
 
 
@@ -140,20 +142,12 @@ def gateway(upstream: str) -> Iterator[str]:
     binary = Path(sys.executable).with_name("ruleloop")
     command = [str(binary) if binary.exists() else "ruleloop", "gateway", "--upstream", upstream,
                "--listen", f"127.0.0.1:{port}"]  # fmt: skip
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    with tempfile.TemporaryDirectory(prefix="gateway-") as where:
+        log = Path(where) / "gateway.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
         try:
-            deadline = time.monotonic() + LISTEN_TIMEOUT_S
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.monotonic() > deadline:
-                        log.seek(0)
-                        said = log.read().decode(errors="replace")[-500:]
-                        raise UsageError(f"the gateway did not start: {said}") from None
-                    time.sleep(0.1)
+            _listening(port, proc, log, "the gateway")
             yield f"http://127.0.0.1:{port}"
         finally:
             proc.terminate()
