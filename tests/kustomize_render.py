@@ -21,6 +21,17 @@ ROOT = Path(__file__).parent.parent
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 EXAMPLE = KUBERNETES / "overlays" / "example"
 OPERATOR_GROUP = "monitoring.coreos.com"
+GATEWAY_GROUP = "gateway.networking.k8s.io"
+# HTTPRoute (gateway.networking.k8s.io/v1) fields the shipped route may use, with their types and
+# enums from the Gateway API's v1 CRD: no Python models of the Gateway API install here, so the
+# route is checked against this subset (a field outside it is reported, not passed)
+HTTP_ROUTE_FIELDS = {"parentRefs", "hostnames", "rules"}
+PARENT_REF_FIELDS = {"group", "kind", "namespace", "name", "sectionName", "port"}
+RULE_FIELDS = {"matches", "backendRefs"}
+MATCH_FIELDS = {"path", "method", "headers", "queryParams"}
+PATH_TYPES = {"Exact", "PathPrefix", "RegularExpression"}
+METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
+BACKEND_FIELDS = {"group", "kind", "namespace", "name", "port", "weight"}
 
 
 def kustomize(directory: Path) -> list[dict]:
@@ -51,9 +62,10 @@ def with_component(component: Path, workdir: Path, *, overlay: Path = EXAMPLE) -
 
 
 def renderable() -> list[tuple[str, Path]]:
-    """Every directory to render: the base, each overlay, each component (on the example)."""
+    """Every directory to render: the base, each overlay, each component (on the example), and
+    each set of rights granted in another namespace (rbac/)."""
     found = [("base", KUBERNETES / "base")]
-    for kind in ("overlays", "components"):
+    for kind in ("overlays", "components", "rbac"):
         for directory in sorted((KUBERNETES / kind).iterdir()):
             if (directory / "kustomization.yaml").exists():
                 found.append((f"{kind}/{directory.name}", directory))
@@ -118,6 +130,9 @@ def schema_problems(objects: list[dict]) -> list[str]:
     for obj in objects:
         name = f"{obj.get('kind')}/{obj.get('metadata', {}).get('name')}"
         operator = str(obj.get("apiVersion", "")).startswith(OPERATOR_GROUP + "/")
+        if str(obj.get("apiVersion", "")).startswith(GATEWAY_GROUP + "/"):
+            problems += [f"{name}: {p}" for p in http_route_problems(obj)]
+            continue
         model = operator_model(obj) if operator else kubernetes_model(obj)
         try:
             parsed = model.model_validate(obj)
@@ -129,6 +144,47 @@ def schema_problems(objects: list[dict]) -> list[str]:
         if operator:
             kept = parsed.model_dump(by_alias=True, exclude_unset=True, mode="json")
             problems += [f"{name}: {path}: unknown field" for path in dropped_fields(obj, kept)]
+    return problems
+
+
+def http_route_problems(obj: dict) -> list[str]:
+    """An HTTPRoute checked against HTTP_ROUTE_FIELDS and the rest of the subset above."""
+    spec = obj.get("spec", {})
+    problems = [f"spec.{k}: unknown field" for k in set(spec) - HTTP_ROUTE_FIELDS]
+    if obj.get("kind") != "HTTPRoute" or obj.get("apiVersion") != f"{GATEWAY_GROUP}/v1":
+        problems.append("only HTTPRoute of gateway.networking.k8s.io/v1 is checked here")
+    for i, ref in enumerate(spec.get("parentRefs") or [None]):
+        if not isinstance(ref, dict) or not isinstance(ref.get("name"), str):
+            problems.append(f"spec.parentRefs.{i}: a parent needs a name")
+            continue
+        problems += [
+            f"spec.parentRefs.{i}.{k}: unknown field" for k in set(ref) - PARENT_REF_FIELDS
+        ]
+    for i, rule in enumerate(spec.get("rules", [])):
+        where = f"spec.rules.{i}"
+        problems += [f"{where}.{k}: unknown field" for k in set(rule) - RULE_FIELDS]
+        for j, match in enumerate(rule.get("matches", [])):
+            problems += [
+                f"{where}.matches.{j}.{k}: unknown field" for k in set(match) - MATCH_FIELDS
+            ]
+            path = match.get("path", {})
+            if path.get("type", "PathPrefix") not in PATH_TYPES or not str(
+                path.get("value", "/")
+            ).startswith("/"):
+                problems.append(f"{where}.matches.{j}.path: {path}")
+            if "method" in match and match["method"] not in METHODS:
+                problems.append(f"{where}.matches.{j}.method: {match['method']!r}")
+        for j, backend in enumerate(rule.get("backendRefs", [])):
+            problems += [
+                f"{where}.backendRefs.{j}.{k}: unknown field" for k in set(backend) - BACKEND_FIELDS
+            ]
+            port = backend.get("port")
+            if not isinstance(backend.get("name"), str) or not (
+                isinstance(port, int) and 1 <= port <= 65535
+            ):
+                problems.append(
+                    f"{where}.backendRefs.{j}: a Service backend needs a name and a port"
+                )
     return problems
 
 

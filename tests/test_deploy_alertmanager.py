@@ -87,3 +87,37 @@ def test_continue_without_a_route_for_the_pager_is_found(tmp_path: Path) -> None
     assert "VLLMEngineDown reaches ['ruleloop'], not ['ruleloop', 'default']" in routing_problems(
         broken
     )
+
+
+def bot_grouping(config: Path) -> list[str]:
+    """The labels Alertmanager groups the bot's notifications by: its route's own ``group_by``,
+    else what it inherits from the root route."""
+    tree = yaml.safe_load(config.read_text())["route"]
+    (route,) = [r for r in tree.get("routes", []) if r.get("receiver") == "ruleloop"]
+    return list(route.get("group_by", tree.get("group_by", [])))
+
+
+def grouping_problems(config: Path) -> list[str]:
+    grouping = bot_grouping(config)
+    if grouping != ["instance"]:
+        return [f"the bot's notifications are grouped by {grouping}, not per engine (instance)"]
+    return []
+
+
+def test_the_bots_route_groups_per_engine_whatever_the_tree_groups_by() -> None:
+    tree = yaml.safe_load(CONFIG.read_text())["route"]
+    assert tree["group_by"] != ["instance"], "the root stands for a team's own grouping"
+    assert grouping_problems(CONFIG) == []
+
+
+def test_a_bot_route_that_inherits_the_roots_grouping_is_found(tmp_path: Path) -> None:
+    """The example as shipped before: group_by only on the root, where a team's own tree (by
+    alertname, say) then decides how the bot's notifications are grouped."""
+    config = yaml.safe_load(CONFIG.read_text())
+    (route,) = [r for r in config["route"]["routes"] if r["receiver"] == "ruleloop"]
+    del route["group_by"]
+    broken = tmp_path / "alertmanager.yml"
+    broken.write_text(yaml.safe_dump(config))
+    assert grouping_problems(broken) == [
+        "the bot's notifications are grouped by ['alertname'], not per engine (instance)"
+    ]

@@ -35,19 +35,24 @@ OPTIONAL_SECRET_ENV = ("RULELOOP_WEB_SECRET",)
 def test_every_render_fits_the_schema(name: str, directory: Path, tmp_path: Path) -> None:
     objects = render(name, directory, tmp_path)
     assert objects and schema_problems(objects) == []
-    if name != "base":  # overlays and components: everything in the example's namespace
+    if name.startswith(("overlays/", "components/")):  # everything in the example's namespace
         for obj in objects:
             if obj["kind"] != "Namespace":
                 assert obj["metadata"].get("namespace") == "inference", (name, obj["metadata"])
+    if name.startswith("rbac/"):  # rights in another namespace, for the bot's service account
+        (binding,) = by_kind(objects, "RoleBinding")
+        assert binding["metadata"]["namespace"] != "inference"
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ruleloop", "namespace": "inference"}]  # fmt: skip
 
 
 def test_every_overlay_and_component_directory_is_rendered() -> None:
     names = [name for name, _ in renderable()]
-    for kind in ("overlays", "components"):
+    for kind in ("overlays", "components", "rbac"):
         for directory in (KUBERNETES / kind).iterdir():
             assert f"{kind}/{directory.name}" in names, f"{directory}: no kustomization.yaml"
     assert {"base", "overlays/example", "overlays/socket-mode", "overlays/kube-prometheus-stack",
-            "components/operator"} <= set(names)  # fmt: skip
+            "components/operator", "components/ingress", "components/gateway-api",
+            "rbac/engines-namespace", "rbac/argocd"} <= set(names)  # fmt: skip
 
 
 @pytest.fixture(scope="module")

@@ -166,7 +166,7 @@ def test_alertmanager_config_routes_as_the_plain_file_to_the_bot(rendered: list[
     plain_route = plain["route"]["routes"][0]  # the bot's; the pager's routes follow it
     (plain_hook,) = next(r for r in plain["receivers"] if r["name"] == plain_route["receiver"])["webhook_configs"]  # fmt: skip
     route = config["spec"]["route"]
-    assert route["groupBy"] == plain["route"]["group_by"]
+    assert route["groupBy"] == plain_route["group_by"]  # the bot's route's own grouping
     # the alerts go on to the rest of the tree (the pager) after the bot, as in the plain file
     assert route["continue"] is plain_route["continue"] is True
     for mine, theirs in (("groupWait", "group_wait"), ("groupInterval", "group_interval"), ("repeatInterval", "repeat_interval")):  # fmt: skip

@@ -856,6 +856,12 @@ class WebSettings(_Section):
     @field_validator("link_secret")
     @classmethod
     def _long_secret(cls, secret: SecretStr | None) -> SecretStr | None:
+        value = "" if secret is None else secret.get_secret_value().strip().lower()
+        if value in PLACEHOLDER_TOKENS or "replace-me" in value:  # anyone could sign a link
+            raise ValueError(
+                "is a placeholder from an example: set a random secret (`openssl rand -hex 32`) "
+                "in RULELOOP_WEB_SECRET, the same on every replica"
+            )
         if secret is not None and len(secret.get_secret_value()) < 32:
             raise ValueError("must be at least 32 characters (e.g. `openssl rand -hex 32`)")
         return secret

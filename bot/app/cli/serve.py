@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -42,6 +43,23 @@ def reviewer_warning(settings: Settings) -> str | None:
             "put your reviewers' Slack user group or user IDs there"
         )
     return None
+
+
+# what every placeholder of the shipped Secret example (deploy/kubernetes/base) holds
+PLACEHOLDER_SECRET = "replace-me"
+
+
+def placeholder_warnings(env: Mapping[str, str]) -> list[str]:
+    """One warning per setting that still holds the example Secret's placeholder (it starts,
+    so that a first install can be tried, but anyone who read the example knows the value)."""
+    from bot.kernel import ENV_KEYS
+
+    return [
+        f"{key} still holds the example Secret's placeholder: anyone who read the example "
+        "knows it; put your own value in the Secret ruleloop"
+        for key in sorted(ENV_KEYS)
+        if PLACEHOLDER_SECRET in env.get(key, "")
+    ]
 
 
 EPILOG = """\b
@@ -125,9 +143,9 @@ def serve(
 
     settings = Settings.load(os.environ, path=config_path)
     # an empty list fails closed: drafts pile up unreviewed unless someone is told at start
-    warning = reviewer_warning(settings)
-    if warning is not None:
-        log.warning(warning)
+    for warning in [reviewer_warning(settings), *placeholder_warnings(os.environ)]:
+        if warning is not None:
+            log.warning(warning)
     sock = bind(host or settings.server.host, settings.server.port if port is None else port)
     try:
         asyncio.run(run(settings, state_dir=state_dir or default_state_dir(), sock=sock))
