@@ -50,9 +50,21 @@ def test_the_dcgm_runbook_reads_no_nvml() -> None:
 
 
 def _gpu(pod: str, gpu: int, labels_as: str = "pod") -> tuple[tuple[str, str], ...]:
-    ns_label = "namespace" if labels_as == "pod" else "exported_namespace"
-    return (("Hostname", "gpu-node-7"), ("UUID", f"GPU-{pod}-{gpu}"), ("gpu", str(gpu)),
-            ("modelName", "NVIDIA H200"), (ns_label, "inference"), (labels_as, pod))  # fmt: skip
+    """One GPU's labels as dcgm-exporter's Kubernetes mapping gives them: scraped with
+    honorLabels (``pod``), or as the GPU Operator's ServiceMonitor scrapes it (``exported_pod``:
+    the workload's labels renamed, ``namespace``/``pod`` the exporter's own pod), or without the
+    mapping (``none``: no workload labels at all)."""
+    device = (("Hostname", "gpu-node-7"), ("UUID", f"GPU-{pod}-{gpu}"), ("gpu", str(gpu)),
+              ("device", f"nvidia{gpu}"), ("modelName", "NVIDIA H200"),
+              ("DCGM_FI_DRIVER_VERSION", "570.124.06"))  # fmt: skip
+    if labels_as == "pod":
+        return (*device, ("namespace", "inference"), ("pod", pod), ("container", "vllm"))
+    exporter = (("namespace", "gpu-operator"), ("pod", "nvidia-dcgm-exporter-x7k2p"),
+                ("container", "nvidia-dcgm-exporter"), ("instance", "10.0.3.7:9400"))  # fmt: skip
+    if labels_as == "none":
+        return (*device, *exporter)
+    return (*device, *exporter, ("exported_namespace", "inference"), ("exported_pod", pod),
+            ("exported_container", "vllm"))  # fmt: skip
 
 
 def history(*, labels_as: str = "pod") -> str:
@@ -101,9 +113,12 @@ def _needs_prometheus() -> None:
             pytest.skip(f"{tool} is not installed (`make test` installs it)")
 
 
-async def test_dcgm_queries_read_the_engines_gpus_only(tmp_path: Path) -> None:
+@pytest.mark.parametrize("labels_as", ["pod", "exported_pod"])
+async def test_dcgm_queries_read_the_engines_gpus_only(tmp_path: Path, labels_as: str) -> None:
+    """With honorLabels, and as the GPU Operator's ServiceMonitor scrapes dcgm-exporter (the
+    workload's labels as exported_namespace/exported_pod): the same GPUs, the same numbers."""
     _needs_prometheus()
-    with prometheus_with(history(), tmp_path) as url:
+    with prometheus_with(history(labels_as=labels_as), tmp_path) as url:
         r = await read(url)
     # GPUs 0 and 1 are the engine's; GPU 2 (util 100 %, 91 °C, XID 43) is another pod's
     assert r["gpu_util_pct_last"] == 97
@@ -113,17 +128,19 @@ async def test_dcgm_queries_read_the_engines_gpus_only(tmp_path: Path) -> None:
     assert r["gpu_last_xid_last"] == 79 and r["gpu_row_remap_failure_max"] == 0
     # the runbook's own finding rules on those readings
     found = {
-        f.message for f in evaluate(dcgm_runbook(), Measured.of({f"prometheus.{k}": v for k, v in r.items()}))
+        f.message
+        for f in evaluate(dcgm_runbook(), Measured.of({f"prometheus.{k}": v for k, v in r.items()}))
     }
     assert found == {
         "a GPU of this engine reports XID 79 as its last XID error (DCGM): check the node's kernel log"
     }
 
 
-async def test_without_pod_labels_the_join_reads_nothing(tmp_path: Path) -> None:
-    """dcgm-exporter scraped without honorLabels: its labels are exported_pod/exported_namespace,
-    the join matches no GPU, and the readings are absent (no finding), never another pod's."""
+async def test_without_the_workload_mapping_the_join_reads_nothing(tmp_path: Path) -> None:
+    """dcgm-exporter without its Kubernetes mapping: no series names a workload pod, the join
+    matches no GPU, and the readings are absent (no finding), never another pod's (the
+    exporter's own namespace/pod match no engine)."""
     _needs_prometheus()
-    with prometheus_with(history(labels_as="exported_pod"), tmp_path) as url:
+    with prometheus_with(history(labels_as="none"), tmp_path) as url:
         r = await read(url)
     assert r["gpu_util_pct_last"] is None and r["gpu_last_xid_last"] is None
