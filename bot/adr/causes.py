@@ -36,6 +36,13 @@ BUILTIN: Mapping[str, Cause] = {
         Cause("prefix_cache_lost", "the prefix cache stopped hitting"),
         Cause("gateway_latency", "the gateway or router adds the latency, not the engine"),
         Cause("workload_drift", "the workload moved away from the one the rules were proven on"),
+        Cause(
+            "spec_decode_collapse",
+            "speculative decoding stopped paying: most drafted tokens are rejected",
+        ),
+        Cause("kv_transfer_stall", "requests wait for their KV cache to load (connector, offload)"),
+        Cause("lora_adapter_churn", "LoRA adapters swap: requests wait for an adapter slot"),
+        Cause("deferred_waiting", "requests deferred by a transient constraint, not capacity"),
     )
 }
 

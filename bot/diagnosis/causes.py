@@ -34,6 +34,19 @@ NOT_JUDGED = {
     "gateway_latency": "the runbook has no queue_cancel probe (it reads the gateway)",
     "workload_drift": "the rules in force here were not read (no store)",
 }
+# Readings of engine features vLLM exposes only when they are on (engine_signals.py): missing,
+# they say the engine does not run the feature, not that the window was lost, so they name why
+# and are no data gap.
+FEATURE_READINGS = {
+    "vllm_metrics.spec_acceptance_rate": "no tokens drafted: speculative decoding is off "
+    "(--speculative-config) or drafted nothing in the window",
+    "vllm_metrics.kv_fetch_share": "no KV-load stages: the engine has no KV connector that "
+    "loads KV (--kv-transfer-config)",
+    "vllm_metrics.lora_waiting_adapters": "no LoRA states: LoRA is off (--enable-lora)",
+    "vllm_metrics.lora_adapter_swaps": "no LoRA states: LoRA is off (--enable-lora)",
+    "vllm_metrics.deferred_share": "no deferred-request gauge: an engine older than vLLM's "
+    "waiting-by-reason split",
+}
 _ORDER: dict[Verdict, int] = {"supported": 0, "ruled_out": 1, "cannot_tell": 2}
 CACHED_SHARE = "vllm_metrics.cached_prompt_share"
 GATEWAY_TTFT = "queue_cancel.gateway_ttft_p99_ms"
@@ -172,6 +185,8 @@ def _cannot_tell(
         why = "both its conditions hold: the runbook's supported_when and ruled_out_when overlap"
     elif missing:
         why = f"not measured: {', '.join(missing)}"
+        features = dict.fromkeys(FEATURE_READINGS[n] for n in missing if n in FEATURE_READINGS)
+        why += "".join(f" ({f})" for f in features)
     else:
         why = f"in between: {filled(readings, hypothesis.number)}"
     number = None if missing else filled(readings, hypothesis.number)
@@ -275,9 +290,14 @@ def _share(value: float) -> str:
 
 
 def data_gaps(verdicts: Iterable[CauseVerdict]) -> list[str]:
-    """One line per probe whose missing readings left a cause undecided, with what to do."""
+    """One line per probe whose missing readings left a cause undecided, with what to do (a
+    feature the engine does not run, ``FEATURE_READINGS``, is no gap)."""
     probes = dict.fromkeys(
-        name.split(".", 1)[0] for v in verdicts if v.verdict == "cannot_tell" for name in v.missing
+        name.split(".", 1)[0]
+        for v in verdicts
+        if v.verdict == "cannot_tell"
+        for name in v.missing
+        if name not in FEATURE_READINGS
     )
     return [GAP_ADVICE.get(p, f"no {p} readings") for p in probes]
 

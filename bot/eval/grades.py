@@ -38,6 +38,10 @@ FAMILIES: Mapping[str, str] = {
     "one_replica": "fleet",
     "gpu_fault": "hardware",
     "workload_drift": "workload",
+    "spec_decode_collapse": "scheduler",
+    "deferred_waiting": "scheduler",
+    "lora_adapter_churn": "memory",
+    "kv_transfer_stall": "memory",
 }
 
 

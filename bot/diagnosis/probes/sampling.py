@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from bot.diagnosis.probes.engine_identity import IDENTITY_METRICS
+from bot.diagnosis.probes.engine_signals import SIGNAL_METRICS
 from bot.diagnosis.probes.engine_steps import STEP_METRICS
 from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.fragmentation import (
@@ -40,7 +41,11 @@ from bot.kernel.numbers import Estimate
 TPOT = ("vllm:request_time_per_output_token_seconds",)
 # the identity metrics name the process that answered (deltas only within one)
 SAMPLED_METRICS = (
-    WINDOW_METRICS | IDENTITY_METRICS | STEP_METRICS | {*TPOT, *PROMPT_LENGTHS, *OUTPUT_LENGTHS}
+    WINDOW_METRICS
+    | IDENTITY_METRICS
+    | STEP_METRICS
+    | SIGNAL_METRICS
+    | {*TPOT, *PROMPT_LENGTHS, *OUTPUT_LENGTHS}
 )
 
 

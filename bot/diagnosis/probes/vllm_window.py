@@ -11,6 +11,7 @@ from pydantic import Field
 
 from bot.adr.workload import WorkloadShape, context_line
 from bot.diagnosis.probes.context import ProbeContext, TargetRef
+from bot.diagnosis.probes.engine_signals import SIGNAL_READINGS, read_signals
 from bot.diagnosis.probes.engine_steps import STEP_READINGS, decode_bound, read_steps
 from bot.diagnosis.probes.fleet_window import FleetWindow
 from bot.diagnosis.probes.types import Params, ProbeResult
@@ -47,6 +48,7 @@ VLLM_READINGS = {
     "surely aborted after it (from counts: running at both ends, first tokens, finished, less "
     "those queued at the end, which may be preempted)",
     **STEP_READINGS,
+    **SIGNAL_READINGS,
 }
 
 
@@ -138,7 +140,8 @@ class VllmMetricsProbe:
         workload, unknown = _workload(fleet, at=dt.datetime.now(dt.UTC))
         details["workload"] = context_line(workload) if workload else f"not read: {unknown}"
         return ProbeResult(
-            readings=estimated | Measured.of(readings) | steps, details=details, window=window,
+            readings=estimated | Measured.of(readings) | steps | read_signals(window.pages),
+            details=details, window=window,
             workload=workload, workload_unknown=unknown,
         )  # fmt: skip
 
