@@ -2,7 +2,8 @@
 
 Several probes of one runbook read the same window of the target's engines; the context
 samples it once and hands every probe the same result. A target whose replicas come from a
-Kubernetes Service has them read once, when its window starts (docs/fleet.md "Discovery").
+Kubernetes Service or a vllm-router has them read once, when its window starts (docs/fleet.md
+"Discovery", "Behind vllm-router").
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.fleet_window import FleetWindow, sample_fleet
 from bot.diagnosis.probes.kube_endpoints import discover
 from bot.diagnosis.probes.replicas import Replica, replicas_of, source_of
+from bot.diagnosis.probes.router_workers import discover_workers
 from bot.diagnosis.probes.sampling import SAMPLED_METRICS
 from bot.diagnosis.probes.vllm_metrics import MetricsScraper
 from bot.kernel import Target
@@ -82,9 +84,18 @@ class ProbeContext:
 
 
 async def resolve_replicas(target: Target) -> list[Replica]:
-    """The target's replicas now: configured ones at once, a Service's from the Kubernetes API
-    (ProbeError when it cannot say: never an empty fleet)."""
-    if source_of(target) != "kubernetes_service":
+    """The target's replicas now: configured ones at once, a Service's from the Kubernetes API,
+    a vllm-router's from its GET /workers (ProbeError when it cannot say: never an empty
+    fleet)."""
+    source = source_of(target)
+    if source == "router_url":
+        assert target.router_url is not None
+        return await discover_workers(
+            target.router_url,
+            networks=target.kubernetes_networks,
+            max_replicas=target.kubernetes_max_replicas,
+        )
+    if source != "kubernetes_service":
         return replicas_of(target)
     assert target.kubernetes_service is not None
     return await discover(
@@ -102,4 +113,6 @@ def _source_key(target: Target) -> tuple[str, ...]:
         api = target.kubernetes_api
         return ("kubernetes_service", api.api_url, str(target.kubernetes_service),
                 target.kubernetes_port or "")  # fmt: skip
+    if source_of(target) == "router_url":
+        return ("router_url", str(target.router_url))
     return tuple(r.url for r in replicas_of(target))

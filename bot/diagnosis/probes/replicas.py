@@ -2,7 +2,8 @@
 
 Exactly one source names them, in this order (``source_of``): the URLs a target lists
 (``replicas``), else the ready endpoints of its ``kubernetes_service`` (discovered when a window
-starts: bot/diagnosis/probes/kube_endpoints.py), else the one engine at ``vllm_url``.
+starts: bot/diagnosis/probes/kube_endpoints.py), else the workers of the vllm-router at its
+``router_url`` (bot/diagnosis/probes/router_workers.py), else the one engine at ``vllm_url``.
 """
 
 from __future__ import annotations
@@ -34,14 +35,18 @@ class Replica:
         return parts.netloc.rpartition("@")[2] + parts.path
 
 
-def source_of(target: Target) -> Literal["replicas", "kubernetes_service", "vllm_url"]:
+def source_of(
+    target: Target,
+) -> Literal["replicas", "kubernetes_service", "router_url", "vllm_url"]:
     """Which of the target's settings names its replicas: the first one set wins."""
     if target.replicas:
         return "replicas"
-    return "kubernetes_service" if target.kubernetes_service else "vllm_url"
+    if target.kubernetes_service:
+        return "kubernetes_service"
+    return "router_url" if target.router_url else "vllm_url"
 
 
 def replicas_of(target: Target) -> list[Replica]:
     """The target's configured replicas: those it lists, else the one engine at its vllm_url
-    (a kubernetes_service's are discovered instead: ``context.resolve_replicas``)."""
+    (a kubernetes_service's or a router's are discovered instead: ``context.resolve_replicas``)."""
     return [Replica(url) for url in target.replicas] or [Replica(target.vllm_url)]
