@@ -27,7 +27,7 @@ RULES = PROMETHEUS / "ruleloop-alerts.rules.yml"
 TESTS = PROMETHEUS / "ruleloop-alerts.test.yml"
 PROMETHEUSRULE = KUBERNETES / "components" / "operator" / "prometheusrule-ruleloop.yaml"
 SELF_ALERTS = ["RuleloopDown", "RuleloopStoreDown", "RuleloopSlackDeliveriesFailing",
-               "RuleloopOutboxBacklog", "RuleloopRollbackFailed"]  # fmt: skip
+               "RuleloopOutboxBacklog", "RuleloopRollbackFailed", "RuleloopShedding"]  # fmt: skip
 
 
 def promtool() -> str:

@@ -134,7 +134,8 @@ def create_bot(
     links = page_links(settings.web, clock=wall_clock)  # None: the incident page is off
     state = settings.paths.state or state_dir  # charts and re-tunes' runs beside the store
     client, notifier = _notifier(settings, slack_client, console, state / "charts", links)
-    tasks, metrics, owner = TaskSupervisor(), BotMetrics(), replica_id()
+    metrics, owner = BotMetrics(), replica_id()
+    tasks = TaskSupervisor(on_shed=metrics.shed)
     flows = IncidentFlows(
         settings=settings, db=db, notifier=notifier, clock=clock, monotonic=monotonic,
         diagnoser=_diagnoser(settings, db=db, adrs=adrs, seams=seams),
@@ -144,14 +145,14 @@ def create_bot(
     services = _services(
         settings, db=db, adrs=adrs, flows=flows, notifier=notifier, members=members, seams=seams,
         clock=clock, tasks=tasks, actuator_for=actuator_for, gate=gate, sleep=heartbeat_sleep,
-        live=live, runs_dir=state / "retune",
+        live=live, runs_dir=state / "retune", metrics=metrics,
     )  # fmt: skip
     slack_app = (
         build_app(settings=settings.slack, services=services, client=client) if client else None
     )
     scheduler = _scheduler(
         settings, db, flows, services, seams, adrs=adrs, notifier=notifier, gate=gate,
-        actuator_for=actuator_for,
+        actuator_for=actuator_for, metrics=metrics,
     )  # fmt: skip
     routes = Routes(settings=settings, intake=Intake(db=db, targets=settings.targets, clock=clock),
                     flows=flows, metrics=metrics, tasks=tasks, db=db, slack=slack_app,
@@ -176,6 +177,7 @@ def _scheduler(
     notifier: BotNotifier,
     gate: GateRunner,
     actuator_for: ActuatorFactory,
+    metrics: BotMetrics,
 ) -> Scheduler | None:
     """The scheduled jobs (snapshots, baseline canary, workload drift, outbox...), leased per
     period under this replica's id (the flows')."""
@@ -185,7 +187,9 @@ def _scheduler(
         probe_clock=seams.probe_clock, sleep=seams.sleep, monotonic=seams.monotonic,
         retune=services.retune,
     )  # fmt: skip
-    return create_scheduler(settings, db=db, jobs=jobs, clock=seams.clock, owner=flows.owner)
+    return create_scheduler(
+        settings, db=db, jobs=jobs, clock=seams.clock, owner=flows.owner, metrics=metrics
+    )
 
 
 def _database(settings: Settings, state_dir: Path) -> Database:
@@ -258,6 +262,7 @@ def _services(
     seams: Seams,
     live: LiveJudge | None,
     runs_dir: Path,
+    metrics: BotMetrics,
 ) -> Services:
     """The incident flows, the remediation flow and the post-incident drafts."""
     drafts = DraftService(
@@ -283,6 +288,7 @@ def _services(
         after_change=drafts.after_change,  # a change that ended leaves its ADR draft
         members=members,
         sleep=sleep,
+        metrics=metrics,  # the bot's: outcomes and canary verdicts on its /metrics
     )
     retune = Retune(
         settings=settings, db=db, adrs=adrs, clock=clock, members=members, tasks=tasks,

@@ -32,7 +32,14 @@ from bot.kernel.chat import (
     Notifier,
     escape,
 )
-from bot.kernel.runtime import BotMetrics, TaskSupervisor, new_error_id, replica_id, who_may
+from bot.kernel.runtime import (
+    BotMetrics,
+    TaskSupervisor,
+    about_incident,
+    new_error_id,
+    replica_id,
+    who_may,
+)
 from bot.kernel.store import Database, DiagnosisSummary, Incident
 from bot.kernel.store import outbox as items
 
@@ -40,6 +47,8 @@ log = logging.getLogger("ruleloop.flows")
 
 
 DIAGNOSIS_CLAIM_S = 900.0  # a diagnosis whose replica stopped is run again after this
+DIAGNOSIS, DELIVERY = "diagnosis", "delivery"  # the bounded groups of background work
+SWEEP_BUDGET_S = 10.0  # how long one outbox run goes on starting owed diagnoses as others end
 REDIAGNOSE_AFTER = dt.timedelta(minutes=1)  # the task that owed a diagnosis runs it before
 
 
@@ -82,15 +91,20 @@ class IncidentFlows:
         """Start what an intake outcome calls for, in the background."""
         self._metrics.webhooks.labels(result.outcome.value).inc()
         incident_id = result.incident_id
+        server = self.settings.server
+        # bounded: past the limit the work stays owed in the store and the outbox job (sweep)
+        # does it later, at its own pace, so a flood of notifications cannot multiply tasks
         if result.outcome is IntakeOutcome.OPENED:
-            self._tasks.spawn(
-                self.drive(incident_id, received=received), name=f"diagnose-{incident_id}"
-            )
+            self._tasks.try_spawn(self.drive(incident_id, received=received),
+                                  name=f"diagnose-{incident_id}", group=DIAGNOSIS,
+                                  limit=server.max_diagnoses)  # fmt: skip
         elif result.outcome in (IntakeOutcome.RESOLVED, IntakeOutcome.UPDATED) or result.owed:
             # an alert that joined or resolved has its thread line (bot.incidents.intake.service); a
             # repeat of an incident Slack never got is the moment to try it again
-            self._tasks.spawn(self.drive(incident_id), name=f"deliver-{incident_id}")
+            self._tasks.try_spawn(self.drive(incident_id), name=f"deliver-{incident_id}",
+                                  group=DELIVERY, limit=server.max_deliveries)  # fmt: skip
 
+    @about_incident  # its log lines name the incident
     async def drive(self, incident_id: int, *, received: float | None = None) -> None:
         """Deliver what the incident is owed; with ``received`` (it was just opened or asked
         for), run its diagnosis too, when one is owed and no one runs it. The root message goes
@@ -110,23 +124,31 @@ class IncidentFlows:
         await self._records.owe_diagnosis(incident_id, channel=channel)
         await self.drive(incident_id, received=received)
 
-    async def sweep(self) -> dict[str, object]:
-        """The outbox job: deliver what is due, and run the diagnoses nobody is running."""
+    async def sweep(self, *, budget_s: float = SWEEP_BUDGET_S) -> dict[str, object]:
+        """The outbox job: deliver what is due, and run the diagnoses nobody is running, at
+        most ``max_diagnoses`` at once: for ``budget_s`` it starts the next as one ends."""
         done = await self.outbox.deliver_due()
         rediagnosed = []
         due = await self._records.due_diagnoses(older_than=REDIAGNOSE_AFTER)
+        ends = self._monotonic() + budget_s
+        limit = self.settings.server.max_diagnoses
         for incident_id in due:
+            wait_s = max(0.0, ends - self._monotonic())
+            if not await self._tasks.room(DIAGNOSIS, limit, timeout_s=wait_s):
+                break  # the rest stay owed for the next run
             if await self._records.claim_diagnosis(
                 incident_id, owner=self.owner, ttl_s=DIAGNOSIS_CLAIM_S
             ):
                 rediagnosed.append(incident_id)
-                self._tasks.spawn(self._diagnose(incident_id, received=None),
-                                 name=f"rediagnose-{incident_id}")  # fmt: skip
+                self._tasks.try_spawn(self._diagnose(incident_id, received=None),
+                                      name=f"rediagnose-{incident_id}", group=DIAGNOSIS,
+                                      limit=limit)  # fmt: skip
         await asyncio.to_thread(self.outbox.prune)
         left = await asyncio.to_thread(self.outbox.counts)
         return {"sent": done.sent, "retried": done.retried, "failed": done.failed,
                 "slack_failing": done.unreachable, "rediagnosed": rediagnosed, **left}  # fmt: skip
 
+    @about_incident
     async def _diagnose(self, incident_id: int, *, received: float | None) -> None:
         """Run the owed diagnosis; keep it and owe its messages in one step; deliver them."""
         if received is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from bot.incidents.records import IncidentRecords
 from bot.kernel import EndpointError, Settings
 from bot.kernel.chat import Failure, MessageRef, Notifier, classify, escape
-from bot.kernel.runtime import BotMetrics
+from bot.kernel.runtime import BotMetrics, log_ids
 from bot.kernel.store import Database
 from bot.kernel.store import outbox as items
 from bot.kernel.store import service as store
@@ -81,6 +81,10 @@ class Outbox:
 
         ``force``: someone waits for the thread (/apply-adr): its root is tried despite backoff.
         """
+        with log_ids(incident_id=incident_id):  # its lines name the incident
+            return await self._deliver(incident_id, force=force)
+
+    async def _deliver(self, incident_id: int, *, force: bool) -> Round:
         done = Round()
         async with self._locks[incident_id]:  # one sender per incident in this process
             while True:
@@ -220,6 +224,8 @@ class Outbox:
                 )
                 self._metrics.latency.observe(max(latency, 0.0))
                 self._metrics.diagnoses.labels("posted").inc()
+                log.info("incident %s: diagnosis posted %.2f s after the webhook (sampling "
+                         "excluded)", item.incident_id, max(latency, 0.0))  # fmt: skip
                 detail = {"latency_s": round(latency, 4), "sampling_s": round(sampling, 3), **late}
                 store.audit(
                     s,
@@ -230,6 +236,7 @@ class Outbox:
                     detail=detail,
                 )
         self._metrics.deliveries.labels(item.kind, "sent").inc()
+        log.info("incident %s: %s delivered", item.incident_id, item.kind)
 
     def _retry(self, item: items.Claimed, failure: Failure) -> None:
         now = self._clock()

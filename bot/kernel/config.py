@@ -52,6 +52,8 @@ ENV_KEYS: dict[str, tuple[str, str]] = {
     "RULELOOP_ADR_DIR": ("paths", "adr"),
     "RULELOOP_PUBLIC_URL": ("web", "public_url"),
     "RULELOOP_WEB_SECRET": ("web", "link_secret"),
+    "RULELOOP_LOG_FORMAT": ("server", "log_format"),
+    "RULELOOP_LOG_LEVEL": ("server", "log_level"),
 }
 
 
@@ -511,6 +513,13 @@ class Target(_Section):
         description="more ready endpoints than this and discovery is refused, nothing scraped",
     )  # fmt: skip
     kubernetes_api: KubernetesApiSpec = Field(default_factory=KubernetesApiSpec)
+    router_url: str | None = Field(
+        default=None, pattern=r"^https?://[^/\s]+/?$",
+        description="a vllm-router in front of the replicas: its workers (GET /workers) are "
+        "the replicas, read when a window starts (docs/fleet.md \"Behind vllm-router\"); "
+        "`replicas` and `kubernetes_service` win when set; addresses checked against "
+        "kubernetes_networks",
+    )  # fmt: skip
     step_budget: int | None = Field(
         default=None, ge=1, le=10_000_000,
         description="the engine's --max-num-batched-tokens, the most tokens one scheduler step "
@@ -810,16 +819,36 @@ class AlertmanagerSettings(_Section):
 
 
 class ServerSettings(_Section):
-    """Where `ruleloop serve` listens."""
+    """Where `ruleloop serve` listens, and how it logs."""
 
     host: str = Field(default="127.0.0.1", description="0.0.0.0 in a container")
     port: int = Field(default=3000, ge=0, lt=65536, description="0: any free port")
+    log_format: Literal["text", "json"] = Field(
+        default="text",
+        description="the log on stderr: text (a line for a person) or json (one JSON object "
+        "per line, with incident_id and change_id where known: for a log collector)",
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info",
+        description="the bot's own log lines (loggers ruleloop.* and bot.*); libraries log "
+        "warnings and errors only (RULELOOP_DEBUG=1: everything at debug)",
+    )
     max_body_bytes: int = Field(
         default=1 << 20,
         ge=1024,
         description="the largest request body /slack/events and /alertmanager read; "
         "a larger one is answered 413 before more is read",
     )
+    max_diagnoses: int = Field(
+        default=32, ge=1, le=1024,
+        description="diagnoses a replica runs at once; past it a new incident's diagnosis is "
+        "left owed and the outbox job runs it later (ruleloop_background_shed_total counts them)",
+    )  # fmt: skip
+    max_deliveries: int = Field(
+        default=64, ge=1, le=4096,
+        description="incidents a replica delivers Slack messages for at once; past it the "
+        "messages stay owed and the outbox job sends them (ruleloop_background_shed_total)",
+    )  # fmt: skip
 
 
 class WebSettings(_Section):

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,11 +21,13 @@ from sqlalchemy.orm import Session
 from bot.canary import CanaryReport
 from bot.change import exclusion, rows
 from bot.kernel import UsageError
+from bot.kernel.runtime import log_ids
 from bot.kernel.store import (
     ACTIVE,
     ActionToken,
     CanaryResult,
     ChangeState,
+    Database,
     Incident,
     Remediation,
     buttons,
@@ -32,7 +35,13 @@ from bot.kernel.store import (
 )
 from bot.kernel.store import service as store
 
+log = logging.getLogger("ruleloop.remediation")
+
 SUBJECT = "remediation"  # its buttons' subject: buttons.subject(SUBJECT, remediation_id)
+S = ChangeState
+# the states a remediation ends in: each is counted once, by the step that wrote it
+ENDED = frozenset({S.PROMOTED, S.ROLLED_BACK, S.FAILED, S.CANCELLED, S.EXPIRED, S.INTERRUPTED,
+                   S.DRY_RUN})  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -109,7 +118,29 @@ class Taken:
 
 
 class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
-    """Remediations, their single-use buttons and canary results, on one database."""
+    """Remediations, their single-use buttons and canary results, on one database. Each step
+    written is logged (at info, with the incident and change ids); ``ended`` hears the state of
+    each remediation that ended (the bot's metrics count them)."""
+
+    def __init__(
+        self,
+        *,
+        db: Database,
+        clock: Callable[[], dt.datetime],
+        ended: Callable[[str], None] | None = None,
+    ) -> None:
+        super().__init__(db=db, clock=clock)
+        self._ended = ended
+
+    def _moved(self, rem: Remediation | None, action: str) -> Remediation | None:
+        """A step written (None: none was): logged, and counted when it ended the change."""
+        if rem is None:
+            return None
+        with log_ids(incident_id=rem.incident_id, change_id=rem.id):
+            log.info("remediation %s: %s (%s)", rem.id, action, rem.state)
+        if rem.state in ENDED and self._ended is not None:
+            self._ended(str(rem.state))
+        return rem
 
     @staticmethod
     def _open_incident(s: Session, request: ChangeRequest, *, now: dt.datetime) -> Incident:
@@ -351,7 +382,7 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
                 return _audit(s, rem, now=now, actor=user_id, action=action,
                               detail={"token": token[:6], **detail})  # fmt: skip
 
-        return await asyncio.to_thread(run)
+        return self._moved(await asyncio.to_thread(run), action)
 
     async def step(
         self,
@@ -401,7 +432,7 @@ class RemediationRecords(rows.ChangeRecords, buttons.ButtonReads):
                 return _audit(s, rem, now=now, actor=actor, action=action,
                               detail={"state": to_state, **detail})  # fmt: skip
 
-        return await asyncio.to_thread(run)
+        return self._moved(await asyncio.to_thread(run), action)
 
     async def take(self, remediation_id: int, *, runner: str) -> Taken | None:
         """Become the run of an approved remediation nobody runs yet: the remediation and the

@@ -30,7 +30,7 @@ from bot.change.actuators import Actuator, ActuatorError, Deployed, TakesContext
 from bot.diagnosis import GATE_OF, Baseline
 from bot.kernel import RuleloopError, Settings, Target, UsageError
 from bot.kernel.numbers import catalogue
-from bot.kernel.runtime import new_error_id
+from bot.kernel.runtime import BotMetrics, new_error_id
 from bot.kernel.runtime.redact import redact
 from bot.kernel.store import ACTIVE, ROLLBACK_FAILED, ChangeState, Remediation
 from bot.remediation.card import Card
@@ -133,8 +133,10 @@ class ChangeRun:
         gate: GateRunner,
         silencer: ChangeSilencer,
         live: LiveJudge = judge_live,
+        metrics: BotMetrics | None = None,
     ) -> None:
         self.rem = rem
+        self._metrics = metrics or BotMetrics()  # the bot's: each canary's verdict
         self.runner = runner
         self.actuator = actuator
         self.name, self.spec = settings.target(rem.target)
@@ -277,9 +279,11 @@ class ChangeRun:
                 ratios=judging.ratios, before=judging.before_samples,
             )  # fmt: skip
         except RuleloopError as exc:
+            self._metrics.canary_judged("error")
             reason = f"the canary could not run: {exc}"
             await self.roll_back(reason=reason, expect=[S.CANARY])
             return None
+        self._metrics.canary_judged(*verdict_words(result))
         label = f"{adr.id} on {self.name}: {flags_text(self.rem.change, none='', ordered=False)}"
         self._add_canary(label, result)
         if not result.passed and self._holds(adr, result):
@@ -520,6 +524,18 @@ def gateway_admin(name: str, spec: Target) -> GatewayAdmin:
             "gateway_admin_token_file to apply them with"
         )
     return GatewayAdmin(url=spec.gateway_url, token_file=spec.gateway_admin_token_file)
+
+
+def verdict_words(result: GateRun) -> tuple[str, list[tuple[str, str]]]:
+    """A canary run's verdict in a word, and each gate's (name, word): met, missed, or
+    inconclusive (the statistics could not decide it). The run is missed when a gate is,
+    inconclusive when none is but one is undecided, else met."""
+    gates: list[tuple[str, str]] = [
+        (r.name, r.decided or ("met" if r.passed else "missed")) for r in result.verdict.results
+    ]
+    words = {word for _, word in gates}
+    run = "missed" if "missed" in words else "inconclusive" if "inconclusive" in words else "met"
+    return run, gates
 
 
 def like_for_like(adr_id: str, gates: AdrGates) -> None:

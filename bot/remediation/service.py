@@ -35,7 +35,7 @@ from bot.change.actuators import ActuatorFactory, opened
 from bot.change.resume import resume as resume_changes
 from bot.kernel import Settings, Target, UsageError
 from bot.kernel.chat import MessageRef, mention
-from bot.kernel.runtime import Members, TaskSupervisor, replica_id
+from bot.kernel.runtime import BotMetrics, Members, TaskSupervisor, log_ids, replica_id
 from bot.kernel.store import (
     ActionToken,
     Change,
@@ -81,10 +81,12 @@ class RemediationService:
         after_change: AfterChange | None = None,
         members: Members | None = None,
         sleep: Sleep = asyncio.sleep,
+        metrics: BotMetrics | None = None,
     ) -> None:
         self.settings = settings
         self._db = db
-        self.records = RemediationRecords(db=db, clock=clock)
+        self.metrics = metrics or BotMetrics()  # the bot's (outcomes, canary verdicts)
+        self.records = RemediationRecords(db=db, clock=clock, ended=self.metrics.remediation_ended)
         self.tuning = TuneRecords(db=db, clock=clock)
         self.policy = Policy(settings)
         self.card = Card(settings=settings, records=self.records, adrs=adrs, notifier=notifier)
@@ -315,10 +317,11 @@ class RemediationService:
         ``adr``: the change's ADR as the approval read it (None: read it here; one gone since
         the request stops the run, saying so); the run and the draft use that one."""
         runner = replica_id()
-        took = await self.records.take(remediation_id, runner=runner)
-        if took is None:
-            log.warning("remediation %s is run elsewhere already: not here", remediation_id)
-            return
+        with log_ids(change_id=remediation_id):
+            took = await self.records.take(remediation_id, runner=runner)
+            if took is None:
+                log.warning("remediation %s is run elsewhere already: not here", remediation_id)
+                return
         taken, adr_id, ended = took.rem, took.rem.adr_id, None
 
         async def run(change: ChangeRun) -> None:
@@ -329,9 +332,10 @@ class RemediationService:
             await change.run(adr, in_force)
             ended = change.latest
 
-        if not await self._owned(taken, runner, run):
-            return  # taken over: its new owner finishes it (and drafts)
-        await self._drafted(ended or await self.records.get(remediation_id), adr)
+        with log_ids(incident_id=taken.incident_id, change_id=taken.id):
+            if not await self._owned(taken, runner, run):
+                return  # taken over: its new owner finishes it (and drafts)
+            await self._drafted(ended or await self.records.get(remediation_id), adr)
 
     def _in_force(self, target: str, promoted: Remediation | None) -> InForce:
         """The ADRs in force on ``target``, whose newest promoted change is ``promoted`` (their
@@ -358,7 +362,7 @@ class RemediationService:
                         ChangeRun(
                             rem=rem, runner=runner, actuator=actuator, settings=self.settings,
                             records=self.records, card=self.card, gate=self._gate,
-                            silencer=self.silencer, live=self._live,
+                            silencer=self.silencer, live=self._live, metrics=self.metrics,
                         )
                     )  # fmt: skip
             except LostRun:
@@ -367,10 +371,12 @@ class RemediationService:
                 await crashed(self.card, rem.id, exc, owner=runner)
                 await self.silencer.end(rem.id)
 
-        return await owned(
-            guarded(), beat, every_s=self.settings.remediation.heartbeat_s,
-            name=f"remediation {rem.id}", sleep=self._sleep,
-        )  # fmt: skip
+        # every run of a change (approved, kept, resumed) logs with its incident and change ids
+        with log_ids(incident_id=rem.incident_id, change_id=rem.id):
+            return await owned(
+                guarded(), beat, every_s=self.settings.remediation.heartbeat_s,
+                name=f"remediation {rem.id}", sleep=self._sleep,
+            )  # fmt: skip
 
     # --- housekeeping (at startup and on a schedule) ----------------------------------------
     async def resume(self, *, stale_s: float | None = None) -> int:

@@ -170,8 +170,10 @@ def cli() -> None:
     """
     import os
 
-    level = logging.DEBUG if os.environ.get("RULELOOP_DEBUG") else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from bot.kernel.runtime import basic_logs
+
+    # `ruleloop serve` puts its own in its place ([server] log_format, log_level)
+    basic_logs(logging.DEBUG if os.environ.get("RULELOOP_DEBUG") else logging.WARNING)
 
 
 def main() -> None:

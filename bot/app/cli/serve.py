@@ -70,6 +70,7 @@ Configuration: a TOML file (--config or $RULELOOP_CONFIG) plus the environment:
   RULELOOP_DATABASE_URL                   incident store (default: SQLite in the state dir)
   RULELOOP_WEB_SECRET                     signs incident page links (docs/incident-page.md)
   RULELOOP_PUBLIC_URL                     the bot's address: Slack messages link its pages
+  RULELOOP_LOG_FORMAT                     text (default) or json: one JSON object per line
 With no Slack tokens, messages are printed on stdout (console transport).
 
 \b
@@ -90,9 +91,11 @@ async def run(settings: Settings, *, state_dir: Path, sock: socket.socket) -> No
     bot = create_bot(settings, state_dir=state_dir)
     # Heads over 64 KiB or 100 lines are a 431, unfinished after 10 s a 408
     # (bot/kernel/runtime/heads.py).
+    # log_config=None: uvicorn's own lines go through the bot's handler ([server] log_format)
     config = uvicorn.Config(
-        bot.app, log_level="warning", lifespan="on", http=GuardedHttpToolsProtocol
-    )
+        bot.app, log_level="warning", log_config=None, lifespan="on",
+        http=GuardedHttpToolsProtocol,
+    )  # fmt: skip
     server = QuietServer(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop cleanly: drain diagnoses, exit 0
@@ -140,17 +143,21 @@ def serve(
     """Run the bot: Slack app, Alertmanager intake, runbooks, diagnosis, incident pages."""
     from bot.engine import default_state_dir
     from bot.kernel import Settings, bind
+    from bot.kernel.runtime import configured_logs
 
     settings = Settings.load(os.environ, path=config_path)
-    # an empty list fails closed: drafts pile up unreviewed unless someone is told at start
-    for warning in [reviewer_warning(settings), *placeholder_warnings(os.environ)]:
-        if warning is not None:
-            log.warning(warning)
-    sock = bind(host or settings.server.host, settings.server.port if port is None else port)
-    try:
-        asyncio.run(run(settings, state_dir=state_dir or default_state_dir(), sock=sock))
-    finally:
-        sock.close()
+    server = settings.server
+    debug = bool(os.environ.get("RULELOOP_DEBUG"))
+    with configured_logs(server.log_format, server.log_level, debug=debug):
+        # an empty list fails closed: drafts pile up unreviewed unless someone is told at start
+        for warning in [reviewer_warning(settings), *placeholder_warnings(os.environ)]:
+            if warning is not None:
+                log.warning(warning)
+        sock = bind(host or server.host, server.port if port is None else port)
+        try:
+            asyncio.run(run(settings, state_dir=state_dir or default_state_dir(), sock=sock))
+        finally:
+            sock.close()
 
 
 @click.command("page-link", cls=Command, context_settings={"help_option_names": ["-h", "--help"]})

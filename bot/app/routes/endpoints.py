@@ -30,7 +30,7 @@ from bot.app.routes.request_body import read_body, replay
 from bot.incidents import IncidentFlows
 from bot.incidents.intake import Intake, IntakeOutcome, parse_webhook
 from bot.kernel import RequestRejected, Settings
-from bot.kernel.runtime import BotMetrics, TaskSupervisor, new_error_id
+from bot.kernel.runtime import BotMetrics, TaskSupervisor, log_ids, new_error_id
 from bot.kernel.store import Database, StoreReading, read_store
 from bot.surfaces.slack import ReplayGuard, Seen, shapes
 from bot.surfaces.web import IncidentPages
@@ -200,7 +200,10 @@ class Routes:
             log.error("incident store unavailable (id %s)", error_id, exc_info=True)
             return _reason(503, f"the incident store is unavailable (id {error_id}); retry later")
         for result in results:  # one per target the group's alerts are about
-            self._flows.after_intake(result, received=received)
+            with log_ids(incident_id=result.incident_id):  # the work it starts logs with it
+                log.info("alertmanager: %s", result.reason,
+                         extra={"outcome": result.outcome.value})  # fmt: skip
+                self._flows.after_intake(result, received=received)
         result = results[0]
         answer: dict[str, object] = {
             "outcome": result.outcome.value, "incident": result.incident_id,

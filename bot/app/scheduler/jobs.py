@@ -27,7 +27,7 @@ from bot.change.actuators import ActuatorFactory
 from bot.incidents import IncidentFlows
 from bot.kernel import ScheduledTarget, Settings, UsageError
 from bot.kernel.chat import Notifier
-from bot.kernel.runtime import replica_id
+from bot.kernel.runtime import BotMetrics, replica_id
 from bot.kernel.store import Database, Leases
 from bot.remediation import GateRunner
 from bot.tune import Retune, TuneRecords
@@ -135,12 +135,15 @@ def create_scheduler(
     jobs: Iterable[Job],
     clock: Callable[[], dt.datetime],
     owner: str | None = None,
+    metrics: BotMetrics | None = None,
 ) -> Scheduler | None:
-    """The scheduler of this replica (None when ``[scheduler] enabled = false``)."""
+    """The scheduler of this replica (None when ``[scheduler] enabled = false``); ``metrics``:
+    the bot's, where each period's lag and result are counted."""
     if not settings.scheduler.enabled:
         return None
     leases = Leases(db=db, owner=owner or replica_id(), ttl_s=settings.scheduler.lease_ttl_s)
-    return Scheduler(runner=JobRunner(leases=leases, clock=clock), jobs=jobs, clock=clock)
+    runner = JobRunner(leases=leases, clock=clock, metrics=metrics)
+    return Scheduler(runner=runner, jobs=jobs, clock=clock)
 
 
 def _known_targets(settings: Settings) -> None:

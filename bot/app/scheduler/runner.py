@@ -3,7 +3,8 @@
 A job is a name, an interval and an async function of the time (``now``), so tests drive it
 with a controlled clock. While it runs a heartbeat renews its lease; a job that loses its lease
 is cancelled and its store writes (``JobOutcome.write``) are dropped, so a period's work is kept
-once. A job that raises ends its period as failed: the next period runs it again.
+once. A job that raises ends its period as failed: the next period runs it again. Each period
+run here is counted on the bot's metrics: how late it started, and its result.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from bot.kernel import RuleloopError
-from bot.kernel.runtime import new_error_id
+from bot.kernel.runtime import BotMetrics, new_error_id
 from bot.kernel.store import DONE, FAILED, Claim, LeaseLost, Leases, period_start
 
 log = logging.getLogger("ruleloop.scheduler")
@@ -65,10 +66,16 @@ class JobRunner:
         leases: Leases,
         clock: Callable[[], dt.datetime],
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        metrics: BotMetrics | None = None,
     ) -> None:
         self.leases = leases
         self._clock = clock
         self._sleep = sleep
+        self.metrics = metrics or BotMetrics()
+
+    def expect(self, job: Job) -> None:
+        """A job this runner will tick: its series on the metrics start at 0."""
+        self.metrics.job_known(job.name)
 
     async def tick(self, job: Job, *, now: dt.datetime | None = None) -> list[RunResult]:
         """Finish periods dead replicas left, then run the current one if nobody has."""
@@ -87,6 +94,15 @@ class JobRunner:
         return results
 
     async def _run(self, job: Job, claim: Claim, now: dt.datetime) -> RunResult:
+        started = max(now, self._clock())  # after the periods taken over in the same tick
+        self.metrics.job_started(job.name, lag_s=(started - claim.period).total_seconds())
+        result = await self._period(job, claim, now)
+        self.metrics.job_finished(job.name, result.state)
+        log.debug("%s: the period %s %s (attempt %d)", job.name,
+                  f"{claim.period:%Y-%m-%d %H:%M:%S}", result.state, claim.attempt)  # fmt: skip
+        return result
+
+    async def _period(self, job: Job, claim: Claim, now: dt.datetime) -> RunResult:
         work = asyncio.ensure_future(job.run(now))
         heart = asyncio.create_task(self._heartbeat(claim, work))
         try:

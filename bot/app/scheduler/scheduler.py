@@ -45,6 +45,7 @@ class Scheduler:
         if job.every_s <= 0:
             raise ValueError(f"{job.name}: the interval must be positive, not {job.every_s}")
         self.jobs.append(job)
+        self.runner.expect(job)
 
     def start(self) -> AsyncIOScheduler:
         """Start ticking (in the running event loop); returns the APScheduler instance."""

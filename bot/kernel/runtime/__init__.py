@@ -10,6 +10,7 @@ heads.py     request heads with a ceiling and a deadline, for every uvicorn serv
 redact.py    the user info removed from a URL before it is printed
 kube_client.py  a client of the Kubernetes API, for every part that reads it
 defaults.py  the runbooks and seed ADR shipped inside the package
+logs.py      the log: text or JSON lines, each with the incident and change it is about
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ if TYPE_CHECKING:
     from bot.kernel.runtime.ids import process_alive as process_alive
     from bot.kernel.runtime.ids import replica_id as replica_id
     from bot.kernel.runtime.kube_client import status_message as status_message
+    from bot.kernel.runtime.logs import about_incident as about_incident
+    from bot.kernel.runtime.logs import basic_logs as basic_logs
+    from bot.kernel.runtime.logs import configured_logs as configured_logs
+    from bot.kernel.runtime.logs import log_ids as log_ids
     from bot.kernel.runtime.loop import run as run
     from bot.kernel.runtime.metrics import BotMetrics as BotMetrics
     from bot.kernel.runtime.sse import DONE as DONE
@@ -43,8 +48,12 @@ __all__ = [
     "Members",
     "SSEParser",
     "TaskSupervisor",
+    "about_incident",
+    "basic_logs",
+    "configured_logs",
     "is_group",
     "kube_client",
+    "log_ids",
     "loop",
     "new_error_id",
     "process_alive",
