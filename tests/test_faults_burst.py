@@ -105,3 +105,44 @@ async def test_under_the_limits_nothing_is_shed(tmp_path: Path, slack: FakeSlack
         assert diagnosed(h) == 20
     finally:
         await h.close()
+
+
+async def test_a_diagnosis_claimed_by_the_outbox_job_is_never_shed(
+    tmp_path: Path, slack: FakeSlack
+) -> None:
+    """The race the 10,000-body bench found: the outbox job claims an owed diagnosis (a claim
+    that holds for 15 minutes), and while it awaits the store, new incidents fill the group.
+    Shed then, the incident stayed claimed and undiagnosed until the claim ran out (129 of
+    10,000 did). A claimed one runs whatever the count."""
+    h = harness(tmp_path, slack=slack, server={"max_diagnoses": 1, "max_deliveries": 4})
+    try:
+        tasks, flows = h.bot.tasks, h.bot.flows
+        assert tasks.try_spawn(asyncio.sleep(0), name="owed", group="diagnosis", limit=1)
+        await tasks.drain()
+        answer = await h.webhook(body(0))
+        assert answer.status_code in (200, 202)
+        await tasks.drain()
+        assert diagnosed(h) == 1
+        # an incident whose diagnosis was shed at intake: owed, no claim
+        tasks.try_spawn(asyncio.sleep(3600), name="busy", group="diagnosis", limit=1)
+        assert (await h.webhook(body(1))).status_code in (200, 202)
+        assert tasks.shed["diagnosis"] == 1
+        claim = flows._records.claim_diagnosis
+        gate = asyncio.Event()
+
+        async def claim_while_the_group_fills(*args: Any, **kwargs: Any) -> bool:
+            got = await claim(*args, **kwargs)
+            gate.set()  # by now the busy task has finished and another filled the group
+            tasks.try_spawn(asyncio.sleep(0.2), name="filler", group="diagnosis", limit=1)
+            return got
+
+        for task in [t for t in tasks._tasks if t.get_name() == "busy"]:
+            task.cancel()
+        await asyncio.sleep(0)
+        flows._records.claim_diagnosis = claim_while_the_group_fills  # type: ignore[method-assign]
+        h.wall.advance(61)
+        await flows.sweep(budget_s=1.0)
+        await tasks.drain()
+        assert gate.is_set() and diagnosed(h) == 2  # the claimed one ran
+    finally:
+        await h.close()

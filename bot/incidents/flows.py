@@ -140,9 +140,10 @@ class IncidentFlows:
                 incident_id, owner=self.owner, ttl_s=DIAGNOSIS_CLAIM_S
             ):
                 rediagnosed.append(incident_id)
+                # claimed: a shed now would leave the claim blocking it for DIAGNOSIS_CLAIM_S
                 self._tasks.try_spawn(self._diagnose(incident_id, received=None),
                                       name=f"rediagnose-{incident_id}", group=DIAGNOSIS,
-                                      limit=limit)  # fmt: skip
+                                      limit=limit, claimed=True)  # fmt: skip
         await asyncio.to_thread(self.outbox.prune)
         left = await asyncio.to_thread(self.outbox.counts)
         return {"sent": done.sent, "retried": done.retried, "failed": done.failed,

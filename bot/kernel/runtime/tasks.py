@@ -37,11 +37,19 @@ class TaskSupervisor:
         return task
 
     def try_spawn(
-        self, coro: Coroutine[Any, Any, Any], *, name: str, group: str, limit: int
+        self,
+        coro: Coroutine[Any, Any, Any],
+        *,
+        name: str,
+        group: str,
+        limit: int,
+        claimed: bool = False,
     ) -> bool:
         """Run ``coro`` unless ``limit`` tasks of ``group`` run already; then close it unrun,
-        count it shed and return False (the caller's work stays owed)."""
-        if not self.has_room(group, limit):
+        count it shed and return False (the caller's work stays owed). ``claimed``: the caller
+        already holds the work (a claim in the store that would outlive a shed), so it runs
+        whatever the count, and counts in the group."""
+        if not claimed and not self.has_room(group, limit):
             coro.close()
             self.shed[group] += 1
             if self._on_shed is not None:
