@@ -14,25 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
+from _served_bot import TOKEN, rss_kib, served
 
-TOKEN = "bench-token-0123456789abcdef0123"
 AT_ONCE = 32
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 def body(i: int) -> bytes:
@@ -95,46 +86,25 @@ def shed(url: str) -> str:
 
 def main() -> None:
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
-    with tempfile.TemporaryDirectory() as tmp:
-        port = 19000 + os.getpid() % 1000
+    with tempfile.TemporaryDirectory() as tmp, served(tmp, base_port=19000) as (proc, url):
         db = Path(tmp) / "ruleloop.db"
-        env = {**os.environ, "RULELOOP_ALERTMANAGER_TOKEN": TOKEN,
-               "RULELOOP_DATABASE_URL": f"sqlite:///{db}"}  # fmt: skip
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "from bot.app.cli import main; main()", "serve", "--port",
-             str(port), "--state-dir", tmp],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/livez", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
-            time.sleep(1.0)
-            before = rss_kib(proc.pid)
-            statuses, peak, took = asyncio.run(send(url, count, proc.pid))
-            print(f"{count} notifications in {took:.0f} s: statuses {statuses}")
-            print(f"RSS {before / 1024:.0f} MiB -> peak {peak / 1024:.0f} MiB")
-            print(f"at the end of the burst: {shed(url)}; owed (undiagnosed, messages): {owed(db)}")
-            started = time.monotonic()
-            while owed(db) != (0, 0) and time.monotonic() - started < 1800:
-                time.sleep(5)
-                print(
-                    f"  +{time.monotonic() - started:4.0f} s: owed {owed(db)}, "
-                    f"RSS {rss_kib(proc.pid) / 1024:.0f} MiB",
-                    flush=True,
-                )
+        before = rss_kib(proc.pid)
+        statuses, peak, took = asyncio.run(send(url, count, proc.pid))
+        print(f"{count} notifications in {took:.0f} s: statuses {statuses}")
+        print(f"RSS {before / 1024:.0f} MiB -> peak {peak / 1024:.0f} MiB")
+        print(f"at the end of the burst: {shed(url)}; owed (undiagnosed, messages): {owed(db)}")
+        started = time.monotonic()
+        while owed(db) != (0, 0) and time.monotonic() - started < 1800:
+            time.sleep(5)
             print(
-                f"drained in {time.monotonic() - started:.0f} s after the burst; "
-                f"RSS {rss_kib(proc.pid) / 1024:.0f} MiB"
+                f"  +{time.monotonic() - started:4.0f} s: owed {owed(db)}, "
+                f"RSS {rss_kib(proc.pid) / 1024:.0f} MiB",
+                flush=True,
             )
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+        print(
+            f"drained in {time.monotonic() - started:.0f} s after the burst; "
+            f"RSS {rss_kib(proc.pid) / 1024:.0f} MiB"
+        )
 
 
 if __name__ == "__main__":

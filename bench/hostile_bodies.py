@@ -15,15 +15,11 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
-from pathlib import Path
 
 import httpx
+from _served_bot import TOKEN, rss_kib, served
 
-TOKEN = "bench-token-0123456789abcdef0123"
 MIB = 1 << 20
 AT_ONCE = 16
 
@@ -44,13 +40,6 @@ def bodies() -> dict[str, bytes]:
     junk = os.urandom(SIZE)
     return {"flat array": flat, "deep nesting": deep, "many labels": many,
             "one long label": long_label, "not JSON": junk}  # fmt: skip
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
 
 
 async def flood(url: str, body: bytes, pid: int) -> tuple[list[int], int]:
@@ -78,38 +67,17 @@ async def flood(url: str, body: bytes, pid: int) -> tuple[list[int], int]:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        port = 18000 + os.getpid() % 1000
-        env = {**os.environ, "RULELOOP_ALERTMANAGER_TOKEN": TOKEN,
-               "RULELOOP_DATABASE_URL": f"sqlite:///{tmp}/ruleloop.db"}  # fmt: skip
-        proc = subprocess.Popen(
-            [sys.executable, "-c", "from bot.app.cli import main; main()", "serve", "--port",
-             str(port), "--state-dir", tmp],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                try:
-                    if httpx.get(f"{url}/livez", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    time.sleep(0.2)
-            time.sleep(1.0)
-            rows = []
-            for name, body in bodies().items():
-                before = statistics.median(rss_kib(proc.pid) for _ in range(5))
-                statuses, peak = asyncio.run(flood(url, body, proc.pid))
-                rows.append((name, len(body), statuses, before, peak))
-                print(f"{name:<16} {len(body) / MIB:5.2f} MiB x{AT_ONCE}: statuses "
-                      f"{sorted(set(statuses))}, RSS {before / 1024:.0f} -> peak "
-                      f"{peak / 1024:.0f} MiB (+{(peak - before) / 1024:.1f} MiB)")  # fmt: skip
-            worst = max(rows, key=lambda r: r[4] - r[3])
-            print(f"worst: {worst[0]}, +{(worst[4] - worst[3]) / 1024:.1f} MiB (goal: <= +50 MB)")
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
+    with tempfile.TemporaryDirectory() as tmp, served(tmp, base_port=18000) as (proc, url):
+        rows = []
+        for name, body in bodies().items():
+            before = statistics.median(rss_kib(proc.pid) for _ in range(5))
+            statuses, peak = asyncio.run(flood(url, body, proc.pid))
+            rows.append((name, len(body), statuses, before, peak))
+            print(f"{name:<16} {len(body) / MIB:5.2f} MiB x{AT_ONCE}: statuses "
+                  f"{sorted(set(statuses))}, RSS {before / 1024:.0f} -> peak "
+                  f"{peak / 1024:.0f} MiB (+{(peak - before) / 1024:.1f} MiB)")  # fmt: skip
+        worst = max(rows, key=lambda r: r[4] - r[3])
+        print(f"worst: {worst[0]}, +{(worst[4] - worst[3]) / 1024:.1f} MiB (goal: <= +50 MB)")
 
 
 if __name__ == "__main__":
