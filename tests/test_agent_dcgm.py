@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import datetime as dt
 import shutil
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import httpx
 import pytest
 
+from bot.diagnosis.causes import CauseVerdict, judge_one
 from bot.diagnosis.probes.context import ProbeContext, TargetRef
-from bot.diagnosis.probes.prometheus import PrometheusParams, PrometheusProbe
+from bot.diagnosis.probes.prometheus import PrometheusParams, PrometheusProbe, instances_regex
 from bot.diagnosis.runbooks.builtin import default_registry
 from bot.diagnosis.runbooks.loader import LoadedRunbook, load_dir
 from bot.diagnosis.runbooks.runner import evaluate
@@ -23,10 +25,8 @@ from tests.fakes.prometheus_history import openmetrics, prometheus_with
 
 ROOT = Path(__file__).parent.parent
 END = dt.datetime(2026, 11, 29, 19, 15, tzinfo=dt.UTC).timestamp()
-ENGINE = (("instance", "10.0.0.5:8000"), ("namespace", "inference"), ("pod", "vllm-0"))
 ALERTS = ["VLLMTimeToFirstTokenP99High", "VLLMQueueTimeP99High", "VLLMKVCacheUsageHigh",
           "VLLMPreemptions", "VLLMWastedPrefillHigh"]  # fmt: skip
-MIB = 1.0  # DCGM reports framebuffer memory in MiB
 
 
 def dcgm_runbook() -> LoadedRunbook:
@@ -67,39 +67,80 @@ def _gpu(pod: str, gpu: int, labels_as: str = "pod") -> tuple[tuple[str, str], .
             ("exported_container", "vllm"))  # fmt: skip
 
 
-def history(*, labels_as: str = "pod") -> str:
-    """30 minutes of DCGM series: vllm-0 holds GPUs 0-1, other-0 holds GPU 2 (hotter, XID 43)."""
-    gpus = {
-        # (pod, gpu): util %, FB used MiB, FB free MiB, temp °C, power W, SM clock MHz, last XID
-        ("vllm-0", 0): (97, 139_000, 4_507, 71, 612.3, 1980, 0),
-        ("vllm-0", 1): (88, 120_000, 23_507, 79, 699.8, 1455, 79),
-        ("other-0", 2): (100, 143_000, 507, 91, 700.0, 900, 43),
-    }
-    names = ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
-             "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK",
-             "DCGM_FI_DEV_XID_ERRORS"]  # fmt: skip
+FIELDS = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE",
+          "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK",
+          "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+          "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+          "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "DCGM_FI_DEV_THERMAL_VIOLATION",
+          "DCGM_FI_DEV_POWER_VIOLATION")  # fmt: skip
+# Not among dcgm-exporter's default counters (etc/default-counters.csv has them commented out)
+OPTIONAL = frozenset(FIELDS[8:])
+# Per GPU, each field's value for the first 20 minutes (the counters' counts so far): vllm-0
+# holds GPUs 0-1; other-0 (10.0.0.9:8000) GPU 2, hotter, ECC errors, HW slowdown + HW thermal;
+# vllm-9 (10.0.0.50:8000, whose address 10.0.0.5:8000 is a prefix of) GPU 3, the worst of all
+STEADY: dict[tuple[str, int], tuple[float, ...]] = {
+    # util %, FB used MiB, FB free MiB, temp °C, power W, SM MHz, last XID, row-remap failure,
+    # DBE count, SBE count, clock-event reasons, thermal violation, power violation (µs)
+    ("vllm-0", 0): (97, 139_000, 4_507, 71, 612.3, 1980, 0, 0, 0, 12, 0x4, 0, 5e6),
+    ("vllm-0", 1): (88, 120_000, 23_507, 79, 699.8, 1455, 0, 0, 0, 3, 0x0, 0, 0),
+    ("other-0", 2): (100, 143_000, 507, 91, 700.0, 900, 0, 0, 1, 0, 0x48, 1e6, 0),
+    ("vllm-9", 3): (100, 143_000, 507, 95, 700.0, 600, 0, 1, 0, 0, 0x40, 0, 0),
+}
+# What changed 10 minutes before the end: (pod, GPU, field) -> the value from then on
+CHANGES = {
+    ("vllm-0", 1, "DCGM_FI_DEV_XID_ERRORS"): 79,
+    ("vllm-0", 1, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"): 5,
+    ("vllm-0", 0, "DCGM_FI_DEV_POWER_VIOLATION"): 9e6,
+    ("other-0", 2, "DCGM_FI_DEV_XID_ERRORS"): 43,
+    ("other-0", 2, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"): 4,
+    ("other-0", 2, "DCGM_FI_DEV_THERMAL_VIOLATION"): 3e6,
+    ("vllm-9", 3, "DCGM_FI_DEV_XID_ERRORS"): 48,
+    ("vllm-9", 3, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"): 7,
+}
+ENGINES = {"vllm-0": "10.0.0.5:8000", "other-0": "10.0.0.9:8000", "vllm-9": "10.0.0.50:8000"}
+
+
+def history(
+    *,
+    labels_as: str = "pod",
+    changes: Mapping[tuple[str, int, str], float] = CHANGES,
+    without: Collection[str] = (),
+    reasons_as: str = "DCGM_FI_DEV_CLOCKS_EVENT_REASONS",
+) -> str:
+    """30 minutes of DCGM series for the GPUs of STEADY, changed 10 minutes before the end as
+    ``changes`` says; the fields in ``without`` not exported; the clock-event reasons under
+    ``reasons_as`` (DCGM_FI_DEV_CLOCK_THROTTLE_REASONS: its deprecated name, the same field; ``both``: a counters CSV listing both)."""
     times = [END - 30 * 60 + 30 * i for i in range(61)]
     series: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[float, float]]] = {}
-    for (pod, gpu), values in gpus.items():
-        for name, value in zip(names, values, strict=True):
-            # the XID appears 10 minutes before the end; everything else holds steady
-            samples = [(t, value if name != "DCGM_FI_DEV_XID_ERRORS" or t >= END - 600 else 0)
-                       for t in times]  # fmt: skip
-            series[(name, _gpu(pod, gpu, labels_as))] = samples
-        series[("DCGM_FI_DEV_ROW_REMAP_FAILURE", _gpu(pod, gpu, labels_as))] = [
-            (t, 0) for t in times
-        ]
-    series[("vllm:num_requests_running", ENGINE)] = [(t, 4) for t in times]
-    series[("vllm:num_requests_running", (("instance", "10.0.0.9:8000"), ("namespace", "inference"),
-                                           ("pod", "other-0")))] = [(t, 1) for t in times]  # fmt: skip
+    for (pod, gpu), values in STEADY.items():
+        for name, value in zip(FIELDS, values, strict=True):
+            if name in without:
+                continue
+            after = changes.get((pod, gpu, name), value)
+            exported = [name]
+            if name == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS" and reasons_as != "both":
+                exported = [reasons_as]
+            elif name == "DCGM_FI_DEV_CLOCKS_EVENT_REASONS":
+                exported = [name, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"]
+            for as_name in exported:
+                series[(as_name, _gpu(pod, gpu, labels_as))] = [
+                    (t, after if t >= END - 600 else value) for t in times
+                ]
+    for pod, instance in ENGINES.items():
+        labels = (("instance", instance), ("namespace", "inference"), ("pod", pod))
+        series[("vllm:num_requests_running", labels)] = [(t, 4) for t in times]
     return openmetrics(series)
 
 
-async def read(prometheus_url: str) -> dict[str, float | None]:
+async def read(prometheus_url: str, *, replicas: Sequence[str] = ()) -> dict[str, float | None]:
+    """The DCGM runbook's prometheus step on vllm-0's engine (or a fleet of ``replicas``)."""
     loaded = dcgm_runbook()
     (params,) = [p for p in loaded.params if isinstance(p, PrometheusParams)]
     target = TargetRef(
-        "prod-a", Target(vllm_url="http://10.0.0.5:8000", prometheus_url=prometheus_url)
+        "prod-a",
+        Target(
+            vllm_url="http://10.0.0.5:8000", replicas=list(replicas), prometheus_url=prometheus_url
+        ),
     )
     async with httpx.AsyncClient(timeout=30) as http:
         ctx = ProbeContext(http=http, wall_clock=lambda: END)
@@ -126,6 +167,14 @@ async def test_dcgm_queries_read_the_engines_gpus_only(tmp_path: Path, labels_as
     assert r["gpu_temperature_c_max"] == 79 and r["gpu_power_w_last"] == pytest.approx(699.8)
     assert r["gpu_sm_clock_mhz_last"] == 1455
     assert r["gpu_last_xid_last"] == 79 and r["gpu_row_remap_failure_max"] == 0
+    # the fields off by default, read when exported: GPU 1's 2 new corrected ECC errors, GPU 0
+    # at its software power cap (no fault), 4 s of power violation; other-0's DBE errors,
+    # hardware slowdown and thermal violation are another pod's
+    assert r["gpu_ecc_dbe_errors_last"] == 0
+    assert r["gpu_ecc_sbe_errors_last"] == pytest.approx(2, rel=0.05)
+    assert r["gpu_slowdown_gpus_max"] == 0 and r["gpu_power_capped_gpus_last"] == 1
+    assert r["gpu_thermal_violation_last"] == 0
+    assert r["gpu_power_violation_last"] == pytest.approx(4e6, rel=0.05)
     # the runbook's own finding rules on those readings
     found = {
         f.message
@@ -144,3 +193,103 @@ async def test_without_the_workload_mapping_the_join_reads_nothing(tmp_path: Pat
     with prometheus_with(history(labels_as="none"), tmp_path) as url:
         r = await read(url)
     assert r["gpu_util_pct_last"] is None and r["gpu_last_xid_last"] is None
+
+
+def gpu_fault(r: Mapping[str, float | None]) -> CauseVerdict:
+    """The DCGM runbook's gpu_fault hypothesis judged on the prometheus step's readings."""
+    (hypothesis,) = [h for h in dcgm_runbook().runbook.hypotheses if h.cause == "gpu_fault"]
+    readings = Measured.of({f"prometheus.{k}": v for k, v in r.items()})
+    return judge_one(hypothesis, "GPU fault", readings)
+
+
+NO_XID = {k: v for k, v in CHANGES.items() if k[2] != "DCGM_FI_DEV_XID_ERRORS"}
+HW_THERMAL = {**NO_XID, ("vllm-0", 0, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"): 0x44}
+DBE = {**NO_XID, ("vllm-0", 1, "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"): 2}
+
+
+@pytest.mark.parametrize("labels_as", ["pod", "exported_pod"])
+@pytest.mark.parametrize(
+    ("changes", "reasons_as", "verdict"),
+    [
+        (NO_XID, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "ruled_out"),
+        (DBE, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "supported"),
+        (HW_THERMAL, "DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "supported"),
+        (HW_THERMAL, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "supported"),
+        (HW_THERMAL, "both", "supported"),
+    ],
+    ids=["clear", "dbe-ecc", "hw-thermal", "hw-thermal-old-name", "hw-thermal-both-names"],
+)
+async def test_gpu_fault_reads_ecc_and_clock_events(
+    tmp_path: Path,
+    labels_as: str,
+    changes: Mapping[tuple[str, int, str], float],
+    reasons_as: str,
+    verdict: str,
+) -> None:
+    """No XID on the engine's GPUs: an uncorrectable ECC error in the window, or hardware
+    thermal slowdown on (beside the software power cap: 0x44), supports gpu_fault under either
+    name of the clock-event field; all clear (the power cap alone is no fault) rules it out.
+    Another pod's DBE errors and slowdown (other-0, vllm-9) never count."""
+    _needs_prometheus()
+    history_ = history(labels_as=labels_as, changes=changes, reasons_as=reasons_as)
+    with prometheus_with(history_, tmp_path) as url:
+        r = await read(url)
+    assert r["gpu_last_xid_last"] == 0 and r["gpu_power_capped_gpus_max"] == 1
+    judged = gpu_fault(r)
+    assert judged.verdict == verdict, judged
+    if changes is DBE:
+        assert r["gpu_ecc_dbe_errors_last"] == pytest.approx(2, rel=0.05)
+        assert r["gpu_slowdown_gpus_max"] == 0
+    if changes is HW_THERMAL:
+        assert r["gpu_slowdown_gpus_max"] == 1 and r["gpu_ecc_dbe_errors_last"] == 0
+    found = {
+        f.message
+        for f in evaluate(dcgm_runbook(), Measured.of({f"prometheus.{k}": v for k, v in r.items()}))
+    }
+    assert bool(found) is (verdict == "supported"), found
+
+
+async def test_gpu_fault_cannot_tell_without_the_fields_off_by_default(tmp_path: Path) -> None:
+    """dcgm-exporter's default counters: no ECC counts, clock-event reasons or violation times.
+    With XID and row remaps clear, gpu_fault is 'cannot tell', naming what was not measured
+    (never ruled out on the fields DCGM does not export)."""
+    _needs_prometheus()
+    with prometheus_with(history(changes=NO_XID, without=OPTIONAL), tmp_path) as url:
+        r = await read(url)
+    assert r["gpu_last_xid_last"] == 0 and r["gpu_row_remap_failure_max"] == 0
+    assert r["gpu_ecc_dbe_errors_last"] is None and r["gpu_slowdown_gpus_max"] is None
+    judged = gpu_fault(r)
+    assert judged.verdict == "cannot_tell"
+    assert set(judged.missing) == {
+        "prometheus.gpu_ecc_dbe_errors_last",
+        "prometheus.gpu_slowdown_gpus_max",
+        "prometheus.gpu_thermal_violation_last",
+    }
+    # an XID still supports it: what is exported decides what it can
+    with_xid = {**r, "gpu_last_xid_last": 79.0}
+    assert gpu_fault(with_xid).verdict == "supported"
+
+
+@pytest.mark.parametrize("labels_as", ["pod", "exported_pod"])
+async def test_a_fleet_reads_every_replicas_gpus_and_no_others(
+    tmp_path: Path, labels_as: str
+) -> None:
+    """A fleet of vllm-0 and other-0: $instances joins both replicas' pods, so other-0's GPU 2
+    (91 °C, 3 new DBE errors, HW slowdown + HW thermal) is read; vllm-9 (10.0.0.50:8000, whose
+    address begins like 10.0.0.5:8000) is no replica and is never read (95 °C, 7 DBE)."""
+    _needs_prometheus()
+    fleet = ["http://10.0.0.5:8000", "http://10.0.0.9:8000"]
+    with prometheus_with(history(labels_as=labels_as, changes=NO_XID), tmp_path) as url:
+        r = await read(url, replicas=fleet)
+    assert r["gpu_temperature_c_max"] == 91 and r["gpu_sm_clock_mhz_last"] == 900
+    assert r["gpu_ecc_dbe_errors_last"] == pytest.approx(3, rel=0.05)
+    assert r["gpu_slowdown_gpus_max"] == 1 and r["gpu_row_remap_failure_max"] == 0
+    assert r["gpu_thermal_violation_last"] == pytest.approx(2e6, rel=0.05)
+    assert gpu_fault(r).verdict == "supported"
+
+
+def test_instances_is_an_anchored_alternation_of_the_replicas() -> None:
+    """Dots escaped (10.0.0.5 never matches 10.0.0.59...), backslashes doubled for PromQL's
+    double-quoted string, each replica once."""
+    regex = instances_regex(["10.0.0.5:8000", "10.0.0.9:8000", "10.0.0.5:8000", "[fe80::1]:8000"])
+    assert regex == r"10\\.0\\.0\\.5:8000|10\\.0\\.0\\.9:8000|\\[fe80::1\\]:8000"

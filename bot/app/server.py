@@ -36,7 +36,15 @@ from bot.incidents import IncidentFlows
 from bot.incidents.intake import Intake
 from bot.kernel import Settings
 from bot.kernel.chat import Notifier
-from bot.kernel.runtime import BotMetrics, Members, TaskSupervisor, replica_id, with_defaults
+from bot.kernel.runtime import (
+    BotMetrics,
+    Members,
+    TaskSupervisor,
+    Tracing,
+    replica_id,
+    start_tracing,
+    with_defaults,
+)
 from bot.kernel.store import Database
 from bot.postmortem import DraftService
 from bot.remediation import (
@@ -82,6 +90,7 @@ class Bot:
     metrics: BotMetrics
     retune: Retune  # a drift thread's re-tune of a rule that failed on the live workload
     scheduler: Scheduler | None = None
+    tracing: Tracing | None = None  # [tracing] otlp_endpoint set: the traces' provider
 
 
 @dataclass(frozen=True)
@@ -135,6 +144,7 @@ def create_bot(
     state = settings.paths.state or state_dir  # charts and re-tunes' runs beside the store
     client, notifier = _notifier(settings, slack_client, console, state / "charts", links)
     metrics, owner = BotMetrics(), replica_id()
+    tracing = start_tracing(settings.tracing, instance=owner)  # None: off ([tracing])
     tasks = TaskSupervisor(on_shed=metrics.shed)
     flows = IncidentFlows(
         settings=settings, db=db, notifier=notifier, clock=clock, monotonic=monotonic,
@@ -152,17 +162,16 @@ def create_bot(
     )
     scheduler = _scheduler(
         settings, db, flows, services, seams, adrs=adrs, notifier=notifier, gate=gate,
-        actuator_for=actuator_for, metrics=metrics,
-    )  # fmt: skip
+        actuator_for=actuator_for, metrics=metrics)  # fmt: skip
     routes = Routes(settings=settings, intake=Intake(db=db, targets=settings.targets, clock=clock),
                     flows=flows, metrics=metrics, tasks=tasks, db=db, slack=slack_app,
                     monotonic=monotonic, wall_clock=wall_clock)  # fmt: skip
-    pages = IncidentPages(db=db, links=links, adrs=adrs)
-    app = http_app(routes, pages, lifespan=_lifespan(services, scheduler, http=seams.http, db=db))
+    lifespan = _lifespan(services, scheduler, http=seams.http, db=db, tracing=tracing)
+    app = http_app(routes, IncidentPages(db=db, links=links, adrs=adrs), lifespan=lifespan)
     return Bot(
         app=app, flows=flows, db=db, slack=slack_app, http=seams.http, tasks=tasks, metrics=metrics,
         remediation=services.remediation, drafts=services.drafts, scheduler=scheduler,
-        retune=services.retune,
+        retune=services.retune, tracing=tracing,
     )  # fmt: skip
 
 
@@ -304,9 +313,11 @@ def _services(
 
 
 def _lifespan(
-    services: Services, scheduler: Scheduler | None, *, http: httpx.AsyncClient, db: Database
-) -> Lifespan:
-    """Start: resume half-done changes, start the scheduler. Stop: hand back, drain, close."""
+    services: Services, scheduler: Scheduler | None, *, http: httpx.AsyncClient, db: Database,
+    tracing: Tracing | None,
+) -> Lifespan:  # fmt: skip
+    """Start: resume half-done changes, start the scheduler. Stop: hand back, drain, close
+    (the spans still buffered are sent)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: Starlette) -> AsyncIterator[None]:
@@ -323,6 +334,8 @@ def _lifespan(
             await tasks.drain()
             await http.aclose()
             db.dispose()
+            if tracing is not None:
+                await asyncio.to_thread(tracing.shutdown)
 
     return lifespan
 

@@ -36,8 +36,10 @@ from bot.kernel.runtime import (
     BotMetrics,
     TaskSupervisor,
     about_incident,
+    annotate,
     new_error_id,
     replica_id,
+    traced,
     who_may,
 )
 from bot.kernel.store import Database, DiagnosisSummary, Incident
@@ -150,6 +152,7 @@ class IncidentFlows:
                 "slack_failing": done.unreachable, "rediagnosed": rediagnosed, **left}  # fmt: skip
 
     @about_incident
+    @traced("diagnosis")  # in the trace of the webhook that opened the incident, if one did
     async def _diagnose(self, incident_id: int, *, received: float | None) -> None:
         """Run the owed diagnosis; keep it and owe its messages in one step; deliver them."""
         if received is not None:
@@ -165,8 +168,12 @@ class IncidentFlows:
             )  # fmt: skip
             diagnosis = await self._with_skipped_adrs(diagnosis)
         except Exception as exc:
+            annotate(target=incident.target, error=type(exc).__name__)
             await self._failed(incident_id, exc)
             return
+        supported = [c.cause for c in diagnosis.causes if c.verdict == "supported"]
+        annotate(target=diagnosis.target, runbook=diagnosis.runbook,
+                 cause=supported[0] if supported else None)  # fmt: skip
         summary = diagnosis.summary()
         messages = self._notifier.render_diagnosis(diagnosis, incident_id=incident_id)
         remembered = await self._remember(incident_id, summary)

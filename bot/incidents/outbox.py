@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from bot.incidents.records import IncidentRecords
 from bot.kernel import EndpointError, Settings
 from bot.kernel.chat import Failure, MessageRef, Notifier, classify, escape
-from bot.kernel.runtime import BotMetrics, log_ids
+from bot.kernel.runtime import BotMetrics, log_ids, span
 from bot.kernel.store import Database
 from bot.kernel.store import outbox as items
 from bot.kernel.store import service as store
@@ -81,8 +81,10 @@ class Outbox:
 
         ``force``: someone waits for the thread (/apply-adr): its root is tried despite backoff.
         """
-        with log_ids(incident_id=incident_id):  # its lines name the incident
-            return await self._deliver(incident_id, force=force)
+        with log_ids(incident_id=incident_id), span("slack.deliver") as current:
+            done = await self._deliver(incident_id, force=force)  # its lines name the incident
+            current.set(sent=done.sent, retried=done.retried, failed=done.failed)
+            return done
 
     async def _deliver(self, incident_id: int, *, force: bool) -> Round:
         done = Round()

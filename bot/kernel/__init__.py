@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from bot.kernel.config import SilenceSpec as SilenceSpec
     from bot.kernel.config import SlackSettings as SlackSettings
     from bot.kernel.config import Target as Target
+    from bot.kernel.config import TracingSettings as TracingSettings
     from bot.kernel.config import WebSettings as WebSettings
     from bot.kernel.errors import AdrError as AdrError
     from bot.kernel.errors import EndpointError as EndpointError
@@ -83,6 +84,7 @@ __all__ = [
     "SilenceSpec",
     "SlackSettings",
     "Target",
+    "TracingSettings",
     "UnknownAdr",
     "UsageError",
     "WebSettings",

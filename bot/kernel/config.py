@@ -32,6 +32,7 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -54,6 +55,7 @@ ENV_KEYS: dict[str, tuple[str, str]] = {
     "RULELOOP_WEB_SECRET": ("web", "link_secret"),
     "RULELOOP_LOG_FORMAT": ("server", "log_format"),
     "RULELOOP_LOG_LEVEL": ("server", "log_level"),
+    "OTEL_EXPORTER_OTLP_ENDPOINT": ("tracing", "otlp_endpoint"),
 }
 
 
@@ -513,6 +515,13 @@ class Target(_Section):
         description="more ready endpoints than this and discovery is refused, nothing scraped",
     )  # fmt: skip
     kubernetes_api: KubernetesApiSpec = Field(default_factory=KubernetesApiSpec)
+    inference_pool: str | None = Field(
+        default=None,
+        description="`namespace/name` of a Gateway API Inference Extension InferencePool (llm-d): "
+        "its Ready pods are the replicas, on its target port, read when a window starts "
+        '(docs/fleet.md "Behind an InferencePool"); `replicas` and `kubernetes_service` win '
+        "when set; uses kubernetes_api, kubernetes_networks and kubernetes_max_replicas",
+    )
     router_url: str | None = Field(
         default=None, pattern=r"^https?://[^/\s]+/?$",
         description="a vllm-router in front of the replicas: its workers (GET /workers) are "
@@ -582,15 +591,16 @@ class Target(_Section):
             raise ValueError("a canary replica is listed twice")
         return [url for url in checked if url is not None]
 
-    @field_validator("kubernetes_service")
+    @field_validator("kubernetes_service", "inference_pool")
     @classmethod
-    def _service_ref(cls, ref: str | None) -> str | None:
+    def _service_ref(cls, ref: str | None, info: ValidationInfo) -> str | None:
         if ref is None:
             return None
         namespace, slash, name = ref.partition("/")
         if not slash or not all(_KUBE_NAME.fullmatch(part) for part in (namespace, name)):
+            kind = "a Service" if info.field_name == "kubernetes_service" else "an InferencePool"
             raise ValueError(
-                f'{ref!r} is not `namespace/name` of a Service, like "inference/vllm" '
+                f'{ref!r} is not `namespace/name` of {kind}, like "inference/vllm" '
                 "(lowercase letters, digits and '-', at most 63 each)"
             )
         return ref
@@ -851,6 +861,39 @@ class ServerSettings(_Section):
     )  # fmt: skip
 
 
+class TracingSettings(_Section):
+    """OpenTelemetry traces of an alert's path and a change's (docs/operations.md, "Traces"),
+    sent by OTLP over HTTP/protobuf; off unless ``otlp_endpoint`` is set."""
+
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="the collector's OTLP/HTTP base URL (http://otel-collector:4318): spans go "
+        "to its /v1/traces; unset: no traces (no exporter, nothing sent)",
+    )
+    service_name: str = Field(
+        default="ruleloop", min_length=1, description="the traces' service.name"
+    )
+    sample_ratio: float = Field(
+        default=1.0, ge=0.0, le=1.0,
+        description="the share of alerts and changes traced (a trace is kept or dropped whole)",
+    )  # fmt: skip
+    timeout_s: float = Field(
+        default=10.0, gt=0, le=60,
+        description="one export's deadline, retries included; a collector that does not answer "
+        "costs spans (logged), never an alert",
+    )  # fmt: skip
+
+    @field_validator("otlp_endpoint")
+    @classmethod
+    def _http_url(cls, url: str | None) -> str | None:
+        if not url:
+            return None
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ValueError(f"{url!r} is not an http(s) URL (e.g. http://otel-collector:4318)")
+        return url.rstrip("/")
+
+
 class WebSettings(_Section):
     """The incident page (`/incidents/<id>`): read-only, reached only through signed links."""
 
@@ -983,6 +1026,7 @@ class Settings(_Section):
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     delivery: DeliverySettings = Field(default_factory=DeliverySettings)
     web: WebSettings = Field(default_factory=WebSettings)
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
     adr_publish: AdrPublishSettings | None = None
 
     @field_validator("default_target")

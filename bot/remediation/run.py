@@ -30,7 +30,7 @@ from bot.change.actuators import Actuator, ActuatorError, Deployed, TakesContext
 from bot.diagnosis import GATE_OF, Baseline
 from bot.kernel import RuleloopError, Settings, Target, UsageError
 from bot.kernel.numbers import catalogue
-from bot.kernel.runtime import BotMetrics, new_error_id
+from bot.kernel.runtime import BotMetrics, annotate, new_error_id, traced
 from bot.kernel.runtime.redact import redact
 from bot.kernel.store import ACTIVE, ROLLBACK_FAILED, ChangeState, Remediation
 from bot.remediation.card import Card
@@ -214,6 +214,7 @@ class ChangeRun:
         standing = standing_gates(adr, in_force)
         return Judging(gates=gates, ratios=ratios, before_report=report, standing=standing)
 
+    @traced("before_run")
     async def _baseline(
         self, adr: Adr, absolute: AdrGates, ratios: dict[str, float]
     ) -> GateRun | None:
@@ -235,6 +236,7 @@ class ChangeRun:
         self._add_canary("before: " + flags_text(self.before.flags, none=PREVIOUS), result)
         return result
 
+    @traced("apply")
     async def _apply(self, adr: Adr, judging: Judging) -> Deployed | None:
         """The flags (and gateway rules) on the canary stage; None when that failed (and the
         change was rolled back)."""
@@ -258,6 +260,7 @@ class ChangeRun:
             return None
         return deployed
 
+    @traced("canary")
     async def _canary(self, adr: Adr, judging: Judging, deployed: Deployed) -> GateRun | None:
         """The canary on what the change deployed, judged once; None when it could not run or
         failed the gates (and the change was rolled back)."""
@@ -280,10 +283,12 @@ class ChangeRun:
             )  # fmt: skip
         except RuleloopError as exc:
             self._metrics.canary_judged("error")
+            annotate(verdict="error")
             reason = f"the canary could not run: {exc}"
             await self.roll_back(reason=reason, expect=[S.CANARY])
             return None
         self._metrics.canary_judged(*verdict_words(result))
+        annotate(verdict=verdict_words(result)[0], passed=result.passed)
         label = f"{adr.id} on {self.name}: {flags_text(self.rem.change, none='', ordered=False)}"
         self._add_canary(label, result)
         if not result.passed and self._holds(adr, result):
@@ -354,6 +359,11 @@ class ChangeRun:
         holds what promotion keeps (``kept``), so a bot that stops mid-stage can go on."""
         if count is None:
             return True
+        return await self._live_steps(kept, count)
+
+    @traced("live_stage")
+    async def _live_steps(self, kept: Kept, count: StageCount) -> bool:
+        """The live stage's steps ``count`` has not judged (``_live_stage``)."""
         stage = count.stage
         for step in range(len(count.lines) + 1, stage.steps + 1):
             await self._step(
@@ -383,6 +393,7 @@ class ChangeRun:
             regressed=[w.text() for w in watched if w.regressed],
         )  # fmt: skip
 
+    @traced("promote")
     async def _keep(self, kept: Kept) -> None:
         """The canary met the gates (and the live stage held): roll the change out beyond the
         canary stage."""
@@ -411,6 +422,7 @@ class ChangeRun:
             note=f"kept: {why}{but}", expect=[S.PROMOTING],
         )  # fmt: skip
 
+    @traced("rollback")
     async def roll_back(
         self,
         *,

@@ -35,7 +35,15 @@ from bot.change.actuators import ActuatorFactory, opened
 from bot.change.resume import resume as resume_changes
 from bot.kernel import Settings, Target, UsageError
 from bot.kernel.chat import MessageRef, mention
-from bot.kernel.runtime import BotMetrics, Members, TaskSupervisor, log_ids, replica_id
+from bot.kernel.runtime import (
+    BotMetrics,
+    Members,
+    TaskSupervisor,
+    annotate,
+    log_ids,
+    replica_id,
+    span,
+)
 from bot.kernel.store import (
     ActionToken,
     Change,
@@ -358,21 +366,25 @@ class RemediationService:
             try:
                 name, spec = self.settings.target(rem.target)
                 async with opened(self._actuator_for, name, spec) as actuator:
-                    await work(
-                        ChangeRun(
-                            rem=rem, runner=runner, actuator=actuator, settings=self.settings,
-                            records=self.records, card=self.card, gate=self._gate,
-                            silencer=self.silencer, live=self._live, metrics=self.metrics,
-                        )
+                    change = ChangeRun(
+                        rem=rem, runner=runner, actuator=actuator, settings=self.settings,
+                        records=self.records, card=self.card, gate=self._gate,
+                        silencer=self.silencer, live=self._live, metrics=self.metrics,
                     )  # fmt: skip
+                    await work(change)
+                    annotate(verdict=str(change.latest.state) if change.latest else None)
             except LostRun:
                 raise
             except Exception as exc:
                 await crashed(self.card, rem.id, exc, owner=runner)
                 await self.silencer.end(rem.id)
 
-        # every run of a change (approved, kept, resumed) logs with its incident and change ids
-        with log_ids(incident_id=rem.incident_id, change_id=rem.id):
+        # every run of a change (approved, kept, resumed) logs with its incident and change
+        # ids, and is a trace of its own (linked to the one it was started in, if any)
+        with (
+            log_ids(incident_id=rem.incident_id, change_id=rem.id),
+            span("remediation", root=True, adr_id=rem.adr_id, target=rem.target, runner=runner),
+        ):
             return await owned(
                 guarded(), beat, every_s=self.settings.remediation.heartbeat_s,
                 name=f"remediation {rem.id}", sleep=self._sleep,

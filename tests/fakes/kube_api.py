@@ -147,6 +147,8 @@ class FakeKube:
         self.custom: dict[str, dict[str, Any]] = {}
         # EndpointSlice objects by namespace, in creation order (add_endpoint_slice)
         self.endpoint_slices: dict[str, list[dict[str, Any]]] = {}
+        # Pod objects by namespace, in creation order (add_pod)
+        self.pods: dict[str, list[dict[str, Any]]] = {}
         self._rollouts: dict[tuple[str, str], _Rollout] = {}
         self._stall: dict[tuple[str, str], int | None] = {}
         self._versions = itertools.count(1000)
@@ -261,6 +263,36 @@ class FakeKube:
         self.endpoint_slices.setdefault(namespace, []).append(obj)
         return obj
 
+    def add_pod(
+        self,
+        name: str,
+        ip: str | None,
+        *,
+        labels: dict[str, str],
+        namespace: str = "inference",
+        node: str | None = None,
+        ready: bool = True,
+        deleting: bool = False,
+    ) -> dict[str, Any]:
+        """A Pod as the API returns it: its labels, node, podIP and Ready condition."""
+        meta: dict[str, Any] = {
+            "name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": labels,
+            "resourceVersion": str(next(self._versions)), "creationTimestamp": _TIMESTAMP,
+        }  # fmt: skip
+        if deleting:
+            meta["deletionTimestamp"] = _TIMESTAMP
+        status: dict[str, Any] = {
+            "phase": "Running",
+            "conditions": [{"type": t, "status": "True" if ready or t == "PodScheduled" else "False"}
+                           for t in ("Initialized", "Ready", "ContainersReady", "PodScheduled")],
+        }  # fmt: skip
+        if ip is not None:
+            status |= {"podIP": ip, "podIPs": [{"ip": ip}]}
+        obj = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+               "spec": {"nodeName": node} if node else {}, "status": status}  # fmt: skip
+        self.pods.setdefault(namespace, []).append(obj)
+        return obj
+
     def stall(
         self, name: str, *, namespace: str = "inference", deadline_after: int | None = 2
     ) -> None:
@@ -322,6 +354,8 @@ class FakeKube:
         path = request.url.path
         if path.startswith(_SLICES_PREFIX):
             return self._endpoint_slices(request)
+        if path.startswith("/api/v1/namespaces/") and path.endswith("/pods"):
+            return self._list_pods(request)
         if path.startswith("/apis/") and not path.startswith(_PREFIX):
             return self._custom_object(request.method, path)
         parts = path[len(_PREFIX) :].split("/") if path.startswith(_PREFIX) else []
@@ -387,6 +421,20 @@ class FakeKube:
                 "items": items,
             },
         )
+
+    def _list_pods(self, request: httpx.Request) -> httpx.Response:
+        """LIST of a namespace's Pods, filtered by an equality label selector."""
+        namespace = request.url.path.split("/")[4]
+        if "list" in self.forbidden:
+            return _error(403, "Forbidden", 'pods is forbidden: User '
+                          f'"system:serviceaccount:{namespace}:ruleloop" cannot list resource '
+                          f'"pods" in API group "" in the namespace "{namespace}"')  # fmt: skip
+        wanted = dict(term.partition("=")[::2] for term in
+                      filter(None, request.url.params.get("labelSelector", "").split(",")))  # fmt: skip
+        items = [copy.deepcopy(p) for p in self.pods.get(namespace, [])
+                 if wanted.items() <= p["metadata"]["labels"].items()]  # fmt: skip
+        return httpx.Response(200, json={"kind": "PodList", "apiVersion": "v1", "items": items,
+                                         "metadata": {"resourceVersion": str(next(self._versions))}})  # fmt: skip
 
     def _custom_object(self, method: str, path: str) -> httpx.Response:
         """GET of a custom object (the only verb the actuators use on them)."""

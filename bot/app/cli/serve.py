@@ -71,6 +71,7 @@ Configuration: a TOML file (--config or $RULELOOP_CONFIG) plus the environment:
   RULELOOP_WEB_SECRET                     signs incident page links (docs/incident-page.md)
   RULELOOP_PUBLIC_URL                     the bot's address: Slack messages link its pages
   RULELOOP_LOG_FORMAT                     text (default) or json: one JSON object per line
+  OTEL_EXPORTER_OTLP_ENDPOINT             traces to this OTLP/HTTP collector (default: none)
 With no Slack tokens, messages are printed on stdout (console transport).
 
 \b

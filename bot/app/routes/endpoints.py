@@ -30,7 +30,7 @@ from bot.app.routes.request_body import read_body, replay
 from bot.incidents import IncidentFlows
 from bot.incidents.intake import Intake, IntakeOutcome, parse_webhook
 from bot.kernel import RequestRejected, Settings
-from bot.kernel.runtime import BotMetrics, TaskSupervisor, log_ids, new_error_id
+from bot.kernel.runtime import BotMetrics, TaskSupervisor, log_ids, new_error_id, span
 from bot.kernel.store import Database, StoreReading, read_store
 from bot.surfaces.slack import ReplayGuard, Seen, shapes
 from bot.surfaces.web import IncidentPages
@@ -167,7 +167,14 @@ class Routes:
         return await self._slack.handle(replay(request, body))
 
     async def alertmanager(self, request: Request) -> Response:
-        """Alertmanager webhook v4: bearer token, then parse, dedupe, store, then act."""
+        """Alertmanager webhook v4: bearer token, then parse, dedupe, store, then act; in a
+        span of its own, the root of the trace of what the alert starts ([tracing])."""
+        with span("alertmanager.webhook") as current:
+            response = await self._alertmanager(request)
+            current.set(**{"http.response.status_code": response.status_code})
+            return response
+
+    async def _alertmanager(self, request: Request) -> Response:
         received = self._monotonic()
         token = self._settings.alertmanager.token
         if token is None:
@@ -181,9 +188,12 @@ class Routes:
             )
         try:
             body = await read_body(request, limit=self._settings.server.max_body_bytes)
-            async with self._parsing:  # a 1 MiB body: off the loop, and few at a time
-                webhook = await asyncio.to_thread(parse_webhook, body)
-            results = await asyncio.to_thread(self._intake.receive_all, webhook)
+            with span("intake", bytes=len(body)) as intake:
+                async with self._parsing:  # a 1 MiB body: off the loop, and few at a time
+                    webhook = await asyncio.to_thread(parse_webhook, body)
+                results = await asyncio.to_thread(self._intake.receive_all, webhook)
+                intake.set(incidents=len(results), outcome=results[0].outcome.value,
+                           incident_id=results[0].incident_id)  # fmt: skip
         except RequestRejected as exc:
             self._metrics.webhooks.labels("rejected").inc()
             return _reason(exc.status, str(exc))

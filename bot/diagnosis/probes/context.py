@@ -20,6 +20,7 @@ import httpx
 
 from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.fleet_window import FleetWindow, sample_fleet
+from bot.diagnosis.probes.inference_pool import discover_pool
 from bot.diagnosis.probes.kube_endpoints import discover
 from bot.diagnosis.probes.replicas import Replica, replicas_of, source_of
 from bot.diagnosis.probes.router_workers import discover_workers
@@ -49,6 +50,17 @@ class ProbeContext:
     _windows: dict[tuple[tuple[str, ...], float, float], asyncio.Task[FleetWindow]] = field(
         default_factory=dict, repr=False
     )
+    _replicas: dict[tuple[str, ...], asyncio.Task[list[Replica]]] = field(
+        default_factory=dict, repr=False
+    )
+
+    async def replicas(self, target: Target) -> list[Replica]:
+        """The target's replicas, resolved once per context: its windows and the probes that
+        name its replicas (the prometheus probe's ``$instances``) see the same list."""
+        key = _source_key(target)
+        if key not in self._replicas:
+            self._replicas[key] = asyncio.ensure_future(resolve_replicas(target))
+        return list(await asyncio.shield(self._replicas[key]))
 
     async def window(self, target: Target, *, seconds: float, interval_s: float) -> FleetWindow:
         """The sampled window of the target's replicas, merged; probes asking for the same one
@@ -64,7 +76,7 @@ class ProbeContext:
         # The list is read once, before the first round: every round must scrape the same
         # replicas for their deltas to line up, and a pod that leaves mid-window is said by
         # the window (it stops answering), while one that joins has no start to count from.
-        replicas = await resolve_replicas(target)
+        replicas = await self.replicas(target)
         scrapers = {
             r: MetricsScraper(r.metrics_url, client=self.http, clock=self.monotonic)
             for r in replicas
@@ -84,10 +96,18 @@ class ProbeContext:
 
 
 async def resolve_replicas(target: Target) -> list[Replica]:
-    """The target's replicas now: configured ones at once, a Service's from the Kubernetes API,
-    a vllm-router's from its GET /workers (ProbeError when it cannot say: never an empty
-    fleet)."""
+    """The target's replicas now: configured ones at once, a Service's or an InferencePool's
+    from the Kubernetes API, a vllm-router's from its GET /workers (ProbeError when it cannot
+    say: never an empty fleet)."""
     source = source_of(target)
+    if source == "inference_pool":
+        assert target.inference_pool is not None
+        return await discover_pool(
+            target.inference_pool,
+            api=target.kubernetes_api,
+            networks=target.kubernetes_networks,
+            max_replicas=target.kubernetes_max_replicas,
+        )
     if source == "router_url":
         assert target.router_url is not None
         return await discover_workers(
@@ -113,6 +133,8 @@ def _source_key(target: Target) -> tuple[str, ...]:
         api = target.kubernetes_api
         return ("kubernetes_service", api.api_url, str(target.kubernetes_service),
                 target.kubernetes_port or "")  # fmt: skip
+    if source_of(target) == "inference_pool":
+        return ("inference_pool", target.kubernetes_api.api_url, str(target.inference_pool))
     if source_of(target) == "router_url":
         return ("router_url", str(target.router_url))
     return tuple(r.url for r in replicas_of(target))

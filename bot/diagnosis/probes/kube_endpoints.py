@@ -117,7 +117,7 @@ def replicas_in(
 ) -> list[Replica]:
     """The replicas the slices list: each ready address on the port named ``port`` (unset:
     the Service's only port), in the API's order, each once. Every address is checked before
-    it becomes a URL the bot will fetch (``_checked_host``): an IP of the slice's own family,
+    it becomes a URL the bot will fetch (``checked_host``): an IP of the slice's own family,
     in one of ``networks``; anything else refuses the whole discovery (ProbeError), so no
     address of the API's choosing is ever scraped and the thread says nothing of it."""
     if not slices:
@@ -195,7 +195,7 @@ def _replica(
     if not addresses:
         return "an endpoint without an address"
     # the API holds exactly one address per endpoint
-    host, why = _checked_host(addresses[0], family=str(item.get("addressType")), allowed=allowed)
+    host, why = checked_host(addresses[0], family=str(item.get("addressType")), allowed=allowed)
     if host is None:
         return why
     node = endpoint.get("nodeName")
@@ -221,7 +221,7 @@ def _said(value: object) -> str:
 _SPECIAL = ("is_loopback", "is_link_local", "is_multicast", "is_unspecified", "is_reserved")
 
 
-def _checked_host(
+def checked_host(
     address: object, *, family: str, allowed: Sequence[_Network]
 ) -> tuple[str | None, str]:
     """The address as a URL's host (IPv6 in brackets) when it may be scraped, else None and

@@ -1,14 +1,19 @@
 """The Prometheus probe: PromQL range queries over the last N minutes, when a target has one.
 
 Queries are written in the runbook; ``$instance`` in a query becomes the target's host:port
-(how Prometheus labels the engine). Each query yields two readings: `<name>_last`, `<name>_max`.
+(how Prometheus labels the engine), and ``$instances`` a regular expression that matches the
+host:port of each of the target's replicas (a fleet's, discovered as its window discovers them;
+one engine's alone otherwise): ``{instance=~"$instances"}``. Each query yields two readings:
+`<name>_last`, `<name>_max`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import Field, field_validator
@@ -64,7 +69,13 @@ class PrometheusProbe:
         start = end - params.minutes * 60
         readings: dict[str, float | None] = {}
         series: dict[str, list[tuple[float, float]]] = {}
+        instances = None
+        if any("$instances" in expr for expr in params.queries.values()):
+            replicas = await ctx.replicas(target.target)
+            instances = instances_regex(urlsplit(r.url).netloc.rpartition("@")[2] for r in replicas)
         for name, expr in params.queries.items():
+            if instances is not None:
+                expr = expr.replace("$instances", instances)
             query = expr.replace("$instance", target.target.hostport)
             points = await query_range(
                 ctx.http, url, query=query, start=start, end=end, step_s=params.step_s
@@ -74,6 +85,13 @@ class PrometheusProbe:
             readings[f"{name}_max"] = max(values) if values else None
             series[name] = points
         return ProbeResult(readings=Measured.of(readings), details={"series": series})
+
+
+def instances_regex(addresses: Iterable[str]) -> str:
+    """The replicas' host:ports as one RE2 alternation, written for a double-quoted PromQL
+    string (Prometheus anchors it: no other instance matches)."""
+    alternation = "|".join(re.escape(a) for a in dict.fromkeys(addresses))
+    return alternation.replace("\\", "\\\\").replace('"', '\\"')
 
 
 async def query_range(

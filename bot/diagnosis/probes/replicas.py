@@ -35,18 +35,22 @@ class Replica:
         return parts.netloc.rpartition("@")[2] + parts.path
 
 
-def source_of(
-    target: Target,
-) -> Literal["replicas", "kubernetes_service", "router_url", "vllm_url"]:
+Source = Literal["replicas", "kubernetes_service", "inference_pool", "router_url", "vllm_url"]
+
+
+def source_of(target: Target) -> Source:
     """Which of the target's settings names its replicas: the first one set wins."""
     if target.replicas:
         return "replicas"
     if target.kubernetes_service:
         return "kubernetes_service"
+    if target.inference_pool:
+        return "inference_pool"
     return "router_url" if target.router_url else "vllm_url"
 
 
 def replicas_of(target: Target) -> list[Replica]:
     """The target's configured replicas: those it lists, else the one engine at its vllm_url
-    (a kubernetes_service's or a router's are discovered instead: ``context.resolve_replicas``)."""
+    (a kubernetes_service's, an InferencePool's or a router's are discovered instead:
+    ``context.resolve_replicas``)."""
     return [Replica(url) for url in target.replicas] or [Replica(target.vllm_url)]

@@ -6,7 +6,7 @@
 
 (vllm-router 0.1.17; its /list_workers gives the URLs alone.) Each healthy regular worker is one
 replica; an unhealthy one is left out, as the router sends it nothing. Every worker's address
-is checked as a Service's endpoints are (kube_endpoints._checked_host: an IP in
+is checked as a Service's endpoints are (kube_endpoints.checked_host: an IP in
 ``kubernetes_networks``) before the bot fetches it, since the router's list is not the bot's
 configuration. Prefill and decode workers (``--vllm-pd-disaggregation``) are refused: their
 pools are not one fleet of like engines, and the bot does not read them yet.
@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from bot.diagnosis.probes.kube_endpoints import _checked_host
+from bot.diagnosis.probes.kube_endpoints import checked_host
 from bot.diagnosis.probes.replicas import Replica
 from bot.kernel import POD_NETWORKS, ProbeError
 
@@ -150,7 +150,7 @@ def _checked_url(text: str, allowed: Sequence[Any]) -> tuple[str | None, str]:
         family = f"IPv{ipaddress.ip_address(parts.hostname).version}"
     except ValueError:
         return None, f"{parts.hostname[:60]!r} is a host name, not an IP"
-    host, why = _checked_host(parts.hostname, family=family, allowed=allowed)
+    host, why = checked_host(parts.hostname, family=family, allowed=allowed)
     if host is None:
         return None, why
     return f"{parts.scheme}://{host}:{port}", ""

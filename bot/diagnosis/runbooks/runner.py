@@ -19,7 +19,7 @@ from bot.diagnosis.runbooks.loader import LoadedRunbook
 from bot.diagnosis.runbooks.registry import ProbeRegistry
 from bot.kernel import RuleloopError
 from bot.kernel.numbers import Measured, Reading, compare
-from bot.kernel.runtime import new_error_id
+from bot.kernel.runtime import new_error_id, span
 from bot.kernel.runtime.redact import redact
 
 log = logging.getLogger("ruleloop.runbooks")
@@ -54,10 +54,7 @@ class RunbookRunner:
         """Run every probe, then apply the finding rules."""
         steps = list(zip(loaded.runbook.probes, loaded.params, strict=True))
         outcomes = await asyncio.gather(
-            *(
-                self._registry.get(step.probe).run(target=target, params=params, ctx=ctx)
-                for step, params in steps
-            ),
+            *(self._probe(step.probe, target, params, ctx) for step, params in steps),
             return_exceptions=True,
         )
         result = RunbookResult(runbook=loaded.name)
@@ -79,6 +76,13 @@ class RunbookRunner:
         result.findings.extend(evaluate(loaded, result.readings))
         result.findings.sort(key=lambda f: -f.severity)
         return result
+
+    async def _probe(
+        self, name: str, target: TargetRef, params: Any, ctx: ProbeContext
+    ) -> ProbeResult:
+        """One probe's run, in a span of its own (a child of the diagnosis's)."""
+        with span(f"probe.{name}", probe=name):
+            return await self._registry.get(name).run(target=target, params=params, ctx=ctx)
 
 
 def evaluate(loaded: LoadedRunbook, readings: Measured) -> list[Finding]:

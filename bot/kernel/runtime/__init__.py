@@ -11,6 +11,7 @@ redact.py    the user info removed from a URL before it is printed
 kube_client.py  a client of the Kubernetes API, for every part that reads it
 defaults.py  the runbooks and seed ADR shipped inside the package
 logs.py      the log: text or JSON lines, each with the incident and change it is about
+tracing.py   OpenTelemetry traces of an alert's and a change's path (off without a collector)
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ if TYPE_CHECKING:
     from bot.kernel.runtime.sse import DONE as DONE
     from bot.kernel.runtime.sse import SSEParser as SSEParser
     from bot.kernel.runtime.tasks import TaskSupervisor as TaskSupervisor
+    from bot.kernel.runtime.tracing import Spanned as Spanned
+    from bot.kernel.runtime.tracing import Tracing as Tracing
+    from bot.kernel.runtime.tracing import annotate as annotate
+    from bot.kernel.runtime.tracing import span as span
+    from bot.kernel.runtime.tracing import start_tracing as start_tracing
+    from bot.kernel.runtime.tracing import traced as traced
 
 __all__ = [
     "BotMetrics",
@@ -47,8 +54,11 @@ __all__ = [
     "HeadLimits",
     "Members",
     "SSEParser",
+    "Spanned",
     "TaskSupervisor",
+    "Tracing",
     "about_incident",
+    "annotate",
     "basic_logs",
     "configured_logs",
     "is_group",
@@ -60,7 +70,10 @@ __all__ = [
     "redact",
     "replica_id",
     "run",
+    "span",
+    "start_tracing",
     "status_message",
+    "traced",
     "who_may",
     "with_defaults",
 ]
