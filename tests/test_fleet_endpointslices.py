@@ -20,8 +20,8 @@ from bot.diagnosis.runbooks.runner import RunbookResult
 from bot.kernel.config import KubernetesApiSpec, Target
 from bot.kernel.errors import ProbeError
 from tests.fakes.clock import FakeTime
-from tests.fakes.kube_api import TOKEN, FakeKube
-from tests.fakes.kube_server import KubeServer
+from tests.fakes.kube_api import FakeKube
+from tests.fakes.kube_server import served_api
 from tests.test_fleet_merge import text
 
 SLICES = "/apis/discovery.k8s.io/v1/namespaces/inference/endpointslices"
@@ -37,10 +37,7 @@ def kube() -> FakeKube:
 
 @pytest.fixture
 def api(kube: FakeKube, tmp_path: Path) -> Iterator[KubernetesApiSpec]:
-    token = tmp_path / "token"
-    token.write_text(TOKEN + "\n")
-    with KubeServer(kube) as server:
-        yield KubernetesApiSpec(api_url=server.url, token_file=token, ca_file=None)
+    yield from served_api(kube, tmp_path)
 
 
 def target(api: KubernetesApiSpec, **kwargs: Any) -> Target:

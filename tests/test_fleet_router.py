@@ -8,17 +8,16 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
 from aiohttp import web
 from pydantic import ValidationError
 
-from bot.diagnosis.probes.context import ProbeContext, TargetRef, resolve_replicas
+from bot.diagnosis.probes.context import TargetRef, resolve_replicas
 from bot.diagnosis.probes.replicas import Replica, source_of
 from bot.diagnosis.probes.vllm_window import VllmMetricsProbe, WindowParams
 from bot.kernel.config import Target
 from bot.kernel.errors import ProbeError
-from tests.fakes.clock import FakeTime
+from tests.test_fleet_endpointslices import metrics
 from tests.test_fleet_merge import text
 
 
@@ -64,21 +63,6 @@ async def router() -> AsyncIterator[tuple[FakeRouter, str]]:
 
 def target(router_url: str, **kwargs: Any) -> Target:
     return Target(vllm_url=router_url, router_url=router_url, **kwargs)
-
-
-def metrics(served: dict[str, list[str | None]]) -> ProbeContext:
-    """Each host answers its pages in order, repeating the last; None: connection refused."""
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        pages = served[request.url.host]
-        answer = pages.pop(0) if len(pages) > 1 else pages[0]
-        if answer is None:
-            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
-        return httpx.Response(200, text=answer)
-
-    time = FakeTime()
-    http = httpx.AsyncClient(transport=httpx.MockTransport(handler))
-    return ProbeContext(http=http, monotonic=time.clock, sleep=time.sleep)
 
 
 async def test_healthy_workers_become_replicas_read_once_per_window(

@@ -9,11 +9,14 @@ runs (a GitOps controller) holds ``api.lock`` meanwhile.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import httpx
 
-from tests.fakes.kube_api import FakeKube
+from bot.kernel.config import KubernetesApiSpec
+from tests.fakes.kube_api import TOKEN, FakeKube
 
 
 class KubeServer:
@@ -62,3 +65,11 @@ class KubeServer:
     def __exit__(self, *exc: object) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def served_api(fake: FakeKube, tmp_path: Path) -> Iterator[KubernetesApiSpec]:
+    """``fake`` over HTTP as a target's kubernetes_api: its URL and a token file it accepts."""
+    token = tmp_path / "token"
+    token.write_text(TOKEN + "\n")
+    with KubeServer(fake) as server:
+        yield KubernetesApiSpec(api_url=server.url, token_file=token, ca_file=None)
