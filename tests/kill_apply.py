@@ -1,8 +1,9 @@
 """What the `kill -9` tests of an apply share (tests/test_faults_kill_apply.py for the Kubernetes
-actuator, tests/test_faults_kill_apply_git.py for the git one): real `ruleloop serve` replicas
-on one store, replica B started first and alive throughout, replica A running the change until
-it is killed with SIGKILL; the config they read, and what every change must end with (one
-terminal state, one consistent audit trail, a card that says so).
+actuator, every kind of change; tests/test_faults_kill_apply_git.py for the git one): real
+`ruleloop serve` replicas on one store, replica B started first and alive throughout, replica A
+(or a `ruleloop tune --target` process) running the change until it is killed with SIGKILL; the
+config they read, and what every change must end with (one terminal state, one consistent audit
+trail, a card that says so, the target's args exactly as before or as promoted).
 """
 
 from __future__ import annotations
@@ -11,22 +12,24 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
 import sys
 import time
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
+from bot.change.argv import read_flags
 from bot.engine.process import free_port
 from bot.kernel.store.db import Database
-from bot.kernel.store.models import AuditEntry, Remediation
+from bot.kernel.store.models import AuditEntry, Remediation, TuneSession
 from bot.remediation.ports import STATES
 from tests import store_reads
-from tests.fakes.bot import RUNBOOK, adr_dir
+from tests.fakes.bot import ROOT, RUNBOOK, adr_dir
 from tests.fakes.kube_api import FakeKube
 from tests.fakes.slack_api import BOT_TOKEN, SIGNING_SECRET, FakeSlack, signed_headers
 from tests.fakes.sse_engine import SseEngine
@@ -58,6 +61,23 @@ class Replica:
 
 
 @dataclass
+class TuneProcess:
+    """A `ruleloop tune --target` process (the session's runner) and its log."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def kill_9(self) -> None:
+        """SIGKILL: no restore of its own."""
+        self.proc.kill()
+        self.proc.wait()
+
+    def alive(self) -> None:
+        """Fails, with the log's end, when the process ended already (before its kill)."""
+        assert self.proc.poll() is None, self.log.read_text()[-3000:]
+
+
+@dataclass
 class Cluster:
     """What the replicas share: the store, the fake Kubernetes API, the engine, Slack."""
 
@@ -67,25 +87,28 @@ class Cluster:
     engine: SseEngine
     slack: FakeSlack
     env: dict[str, str]
+    am: str | None = None  # the Alertmanager changes silence the target at (None: no silences)
     survivor: Replica | None = None
     clicks: int = 0
 
-    def replica(self, name: str) -> Replica:
-        """A `ruleloop serve` process, started and ready."""
+    def replica(self, name: str, env: dict[str, str] | None = None) -> Replica:
+        """A `ruleloop serve` process (on ``env``, default the replicas'), started and ready."""
         port = free_port()
         argv = [sys.executable, "-c", "from bot.app.cli import main; main()", "serve", "--port",
                 str(port), "--state-dir", str(self.tmp_path / f"state-{name}")]  # fmt: skip
-        proc = Process(argv, log=self.tmp_path / f"serve-{name}.log", env=self.env)
+        proc = Process(argv, log=self.tmp_path / f"serve-{name}.log", env=env or self.env)
         url = f"http://127.0.0.1:{port}"
         proc.wait_ready(f"{url}/healthz", timeout=120)
         return Replica(proc, url)
 
     @contextlib.asynccontextmanager
-    async def replica_a(self, *, canary_fails: bool) -> AsyncIterator[Replica]:
-        """Replica A, whose canary passes or fails by the engine's token pace; stopped at the
-        end (if it still runs)."""
+    async def replica_a(
+        self, *, canary_fails: bool, env: dict[str, str] | None = None
+    ) -> AsyncIterator[Replica]:
+        """Replica A (on ``env``, default the replicas'), whose canary passes or fails by the
+        engine's token pace; stopped at the end (if it still runs)."""
         self.engine.token_delay_s = FAILING_PACE_S if canary_fails else PASSING_PACE_S
-        replica = await asyncio.to_thread(self.replica, "a")
+        replica = await asyncio.to_thread(self.replica, "a", env)
         try:
             yield replica
         finally:
@@ -99,6 +122,59 @@ class Cluster:
             yield
         finally:
             self.survivor.proc.stop()
+
+    @contextlib.contextmanager
+    def tuning(self, *argv: str) -> Iterator[TuneProcess]:
+        """`ruleloop tune --target tiny` (U1 asks, U2 approved) with ``argv`` (its space and
+        workload) as a process of its own on the replicas' config and store; killed at the end
+        if it still runs."""
+        log = self.tmp_path / "tune.log"
+        (self.tmp_path / "tune-adr").mkdir(exist_ok=True)  # where its draft would go
+        command = [sys.executable, "-c", "from bot.app.cli import main; main()", "tune",
+                   "--target", "tiny", "--requested-by", "U1", "--approved-by", "U2",
+                   "--adr-dir", str(self.tmp_path / "tune-adr"), "--title", "Killed",
+                   "--date", "2026-12-06", *argv]  # fmt: skip
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env=self.env
+            )
+        tune = TuneProcess(proc, log)
+        try:
+            yield tune
+        finally:
+            if proc.poll() is None:
+                tune.kill_9()
+
+    def session(self) -> TuneSession | None:
+        """The newest tuning session (or drift before-run) in the store."""
+        with self.db.transaction() as s:
+            return s.scalars(select(TuneSession).order_by(TuneSession.id.desc())).first()
+
+    def session_trail(self, session_id: int) -> list[AuditEntry]:
+        with self.db.transaction() as s:
+            return [
+                e
+                for e in store_reads.audit_trail(s)
+                if e.action.startswith("tune.") and e.detail.get("tune_session") == session_id
+            ]
+
+    def applied(self, deployment: str, flags: dict[str, Any]) -> int:
+        """How many PATCHes left ``deployment`` with ``flags`` (all of them) in its args: a
+        change applied twice shows as 2 (a rollback's PATCH sets other values)."""
+        count = 0
+        for patch in self.kube.patches(deployment):
+            containers = patch.body["spec"]["template"]["spec"]["containers"]
+            now = read_flags(containers[0]["args"])
+            count += all(now.get(k) == v for k, v in flags.items())
+        return count
+
+    def silences(self) -> list[dict[str, Any]]:
+        """Every silence at the Alertmanager (none without one)."""
+        import httpx
+
+        if self.am is None:
+            return []
+        return list(httpx.get(f"{self.am}/api/v2/silences", timeout=10).json())
 
     def remediation(self, remediation_id: int | None = None) -> Remediation | None:
         with self.db.transaction() as s:
@@ -140,13 +216,16 @@ class Cluster:
         return await self.until_state(remediation_id, TERMINAL, timeout=STALE_S + within_s)
 
     def ended(
-        self, remediation_id: int, state: str, *, killed_in: str | None, final: str
-    ) -> Remediation:
-        """The change that ended in ``state``: it must be ``final``, told as one story."""
+        self, remediation_id: int, state: str, *, killed_in: str | None, final: str,
+        live_left: int = 0,
+    ) -> Remediation:  # fmt: skip
+        """The change that ended in ``state``: it must be ``final``, told as one story (killed
+        in its live stage: ``live_left`` steps not judged)."""
         assert state == final, (self.remediation(remediation_id) or Remediation()).result
         rem = self.remediation(remediation_id)
         assert rem is not None
-        assert_one_story(self.trail(remediation_id), killed_in, final)
+        trail = [e for e in self.trail(remediation_id) if "silence" not in e.action]
+        assert_one_story(trail, killed_in, final, live_left=live_left)  # its silence aside
         return rem
 
     async def card_says(self, rem: Remediation, final: str) -> None:
@@ -214,11 +293,11 @@ def secret_file(tmp_path: Path, name: str, secret: str) -> Path:
 
 def replica_env(
     tmp_path: Path, *, engine: str, actuator: dict[str, Any], pg_url: str, slack: FakeSlack,
-    silence: dict[str, Any] | None = None,
+    silence: dict[str, Any] | None = None, **more: Any,
 ) -> dict[str, str]:  # fmt: skip
-    """The replicas' environment: their config (``config``), the shared store, Slack at the
-    fake (no Socket Mode)."""
-    path = config(tmp_path, engine=engine, actuator=actuator, silence=silence)
+    """The replicas' environment: their config (``config``, with the target's settings
+    ``more``), the shared store, Slack at the fake (no Socket Mode)."""
+    path = config(tmp_path, engine=engine, actuator=actuator, silence=silence, **more)
     env = {**os.environ, "RULELOOP_CONFIG": str(path), "RULELOOP_DATABASE_URL": pg_url,
            "SLACK_BOT_TOKEN": BOT_TOKEN, "SLACK_SIGNING_SECRET": SIGNING_SECRET,
            "SLACK_API_URL": slack.api_url}  # fmt: skip
@@ -261,10 +340,13 @@ def toml_text(table: dict[str, Any], name: str = "") -> str:
     return text + "".join(toml_text(v, f"{name}.{k}" if name else k) for k, v in tables.items())
 
 
-def assert_one_story(trail: list[AuditEntry], killed_in: str | None, final: str) -> None:
+def assert_one_story(
+    trail: list[AuditEntry], killed_in: str | None, final: str, *, live_left: int = 0
+) -> None:
     """The audit trail of one change: requested, approved, the dead run's steps up to the
-    step it died in, one takeover, the survivor's rollback, one end; each entry's state is
-    the one its action names."""
+    step it died in, one takeover, the survivor's rollback (or, killed in its live stage with
+    ``live_left`` steps not judged, the survivor's steps left and the promotion), one end; each
+    entry's state is the one its action names."""
     actions = [e.action.removeprefix("remediation.") for e in trail]
     assert actions[:2] == ["requested", "approved"], actions
     ends = {"promoted", "rolled_back", "rollback_failed", "failed", "dry_run", "cancelled"}
@@ -279,6 +361,8 @@ def assert_one_story(trail: list[AuditEntry], killed_in: str | None, final: str)
     assert not ends & set(before), actions  # the dead run ended nothing
     if final == "interrupted":
         assert resumed.detail["state"] == "interrupted" and after == [], actions
+    elif final == "promoted":  # a live stage goes on where it stopped
+        assert after == ["live_step"] * live_left + ["canary_passed", "promoted"], actions
     else:
         assert after == ["rolling_back", "rolled_back"], actions
     states = [e.detail.get("state") for e in trail[1:]]

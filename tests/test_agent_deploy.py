@@ -175,6 +175,26 @@ def test_the_bot_gets_the_same_token(rendered: dict[str, list[dict]]) -> None:
     assert f'gpu_agent_token_file = "{TOKEN_DIR}/token"' in docs  # what the docs tell to set
 
 
+def test_the_bot_may_find_each_nodes_agent_and_nothing_more(
+    rendered: dict[str, list[dict]],
+) -> None:
+    """gpu_agent_daemonset: the bot's Role gets the DaemonSet (by name: the one the overlay
+    renders) and lists pods, read-only, beside the actuator's rules, in the bot's namespace; a
+    target's gpu_agent_daemonset of the docs names the DaemonSet as rendered."""
+    (role,) = [o for o in rendered["bot"] if o["kind"] == "Role"]
+    daemonset = one(rendered["bot"], "DaemonSet", "ruleloop-nvml-agent")
+    assert role["metadata"]["namespace"] == daemonset["metadata"]["namespace"]
+    rules = [r for r in role["rules"] if r["resources"] in (["daemonsets"], ["pods"])]
+    assert rules == [
+        {"apiGroups": ["apps"], "resources": ["daemonsets"],
+         "resourceNames": [daemonset["metadata"]["name"]], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    ]  # fmt: skip
+    assert role["rules"][0]["resources"] == ["deployments"]  # the actuator's rules stay
+    name = f"{daemonset['metadata']['namespace']}/{daemonset['metadata']['name']}"
+    assert f'gpu_agent_daemonset = "{name}"' in (ROOT / "docs" / "agent.md").read_text()
+
+
 def test_the_sidecar_is_appended_to_the_labelled_deployment_only(
     rendered: dict[str, list[dict]],
 ) -> None:

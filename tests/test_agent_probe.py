@@ -80,7 +80,7 @@ async def test_the_probe_reads_the_agent_and_says_so(agent: AgentProcess) -> Non
     host = socket.gethostname()
     assert result.details["source"] == {"kind": "agent", "where": agent.url}
     assert result.details["host"] == host
-    (info,) = [m for s, m in findings(result) if s is Severity.INFO]
+    info, _ = [m for s, m in findings(result) if s is Severity.INFO]  # the source, the cap
     assert (
         info
         == f"GPU reading from the agent at {agent.url} (host {host}): 2 GPU(s), driver 570.124.06"
@@ -88,7 +88,9 @@ async def test_the_probe_reads_the_agent_and_says_so(agent: AgentProcess) -> Non
     (critical,) = [m for s, m in findings(result) if s is Severity.CRITICAL]
     assert critical.startswith("GPU 0 raised 1 XID error(s) since ")
     assert critical.endswith(": XID 79 (GPU fell off the bus); drain the node")
-    assert (Severity.WARNING, "GPU 1 is throttled: software power cap") in findings(result)
+    # the power cap alone is no fault: said, not warned about
+    assert (Severity.INFO, "GPU 1 is throttled: software power cap") in findings(result)
+    assert r["slowdown_gpus"] == 0 and r["power_capped_gpus"] == 1
     assert result.details["gpus"][0]["processes"] == [
         {"pid": 4242, "used_memory_bytes": 145961779200}
     ]
@@ -262,7 +264,7 @@ async def test_an_xid_from_the_agent_supports_the_gpu_cause(agent: AgentProcess)
     readings = {f"nvml.{name}": value for name, value in result.readings.numbers.items()}
     verdicts = {v.cause: v for v in judge(loaded.runbook, Measured.of(readings, {}, {}))}
     gpu = verdicts["gpu_fault"]
-    assert gpu.verdict == "supported" and gpu.number == "throttled GPUs: 1, XID errors: 1", gpu
+    assert gpu.verdict == "supported" and gpu.number == "GPUs slowed down: 0, XID errors: 1", gpu
 
     def gpu_verdict(**changed: float | None) -> str:
         seen = readings | {f"nvml.{k}": v for k, v in changed.items()}
@@ -270,6 +272,8 @@ async def test_an_xid_from_the_agent_supports_the_gpu_cause(agent: AgentProcess)
             "gpu_fault"
         ].verdict
 
-    assert gpu_verdict(throttled_gpus=0) == "supported"  # the XID alone
-    assert gpu_verdict(throttled_gpus=0, xid_errors=0, ecc_uncorrected=0) == "ruled_out"
-    assert gpu_verdict(throttled_gpus=0, xid_errors=None, ecc_uncorrected=0) == "cannot_tell"
+    assert gpu_verdict(slowdown_gpus=0) == "supported"  # the XID alone
+    # GPU 1 at its software power cap is no fault (as in the DCGM runbook); a slowdown is
+    assert gpu_verdict(xid_errors=0, ecc_uncorrected=0) == "ruled_out"
+    assert gpu_verdict(xid_errors=0, ecc_uncorrected=0, slowdown_gpus=1) == "supported"
+    assert gpu_verdict(xid_errors=None, ecc_uncorrected=0) == "cannot_tell"

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
+from bot.adr import Condition, Relative
 from bot.adr.workload import WorkloadShape
 from bot.adr.workload import shape as shapes
 from bot.kernel.store import AdrDraft, TuneSession
@@ -35,6 +36,9 @@ from tests.test_adr_relative_flow import MemoryActuator
 from tests.workload_pages import shape
 
 ADR_ID = "ADR-20260831-01"
+# the failed rule's symptom and cause: its draft answers the same symptom on the live workload
+SYMPTOM = Condition(metric="tpot_p99_ms", op=">", value=Relative(factor=3.0, base="normal"))
+CAUSE = ["prefill_decode_mixing"]
 
 
 def live() -> WorkloadShape:
@@ -48,7 +52,7 @@ def offer(gates: dict[str, float] | None = None) -> Offer:
     return Offer(
         target="prod-a", adr_id=ADR_ID, fix={"max-num-batched-tokens": 2048},
         gates={"max_tpot_p99_ms": 50.0} if gates is None else gates,
-        replaced={"max-num-batched-tokens": 8192}, live=live(),
+        replaced={"max-num-batched-tokens": 8192}, live=live(), match=[SYMPTOM], cause=CAUSE,
     )  # fmt: skip
 
 
@@ -124,6 +128,13 @@ def test_the_search_tries_the_fix_around_its_value_and_the_value_it_replaced(
     assert plan.baseline == {"max-num-seqs": 32} and plan.gates is not None
     assert plan.gates.limits() == {"max_tpot_p99_ms": 50.0}
     assert plan.search.budget(plan.search_space()) == 5  # the grid, every point once
+    # replayed as long as the re-validation replayed it (at the live rate), not as a count
+    timed = offer().model_copy(update={"replay_s": 8.0})
+    plan = retune_plan(timed, serving={}, shape_path=path, concurrency=4, num_requests=12,
+                       trials=6, replay_s=timed.replay_s)  # fmt: skip
+    sent = plan.workload.workload("http://engine:8000")
+    assert (sent.duration_s, sent.num_requests) == (8.0, None)
+    assert "8 s at its rate" in plan.workload.describe()
     with pytest.raises(Exception, match="nothing to tune for"):
         retune_plan(offer(gates={}), serving={}, shape_path=path, concurrency=4,
                     num_requests=12, trials=6)  # fmt: skip
@@ -158,6 +169,9 @@ async def test_an_approver_starts_the_re_tune_and_its_draft_is_proven_on_the_liv
         adr = h.bot.retune._adrs.get_or_raise(draft.adr_id)  # noqa: SLF001
         assert adr.status == "proposed" and adr.workload is not None
         assert adr.workload.prefix.hit_rate == pytest.approx(0.85)
+        # the same symptom and cause as the rule it stands beside: it can be offered at an
+        # incident (an ADR without conditions never matches), on its own workload
+        assert adr.match == [SYMPTOM] and adr.cause == CAUSE
         assert len(adr.matrix) == 5 and adr.fix.engine_args["max-num-batched-tokens"] in (
             512, 1024, 2048, 4096, 8192,
         )  # fmt: skip
@@ -201,3 +215,18 @@ async def test_once_the_drift_is_over_the_button_starts_nothing(
 async def test_off_offers_nothing(tmp_path: Path, slack: FakeSlack, engine: SseEngine) -> None:
     async with offered(tmp_path, slack, engine, offer(), retune="off") as (h, incident_id):
         assert not any("Re-tune" in t for t in texts(slack))
+
+
+def test_a_replay_of_the_live_shape_runs_for_replay_s_at_its_rate_else_num_requests() -> None:
+    """The drift job's re-validation and before-run replay the live shape through the gate: for
+    ``[targets.X.canary] replay_s`` where set (its rate over that long: the load production
+    puts on the engine), else the canary's count; a fixed canary is never timed."""
+    from bot.kernel.config import CanarySpec
+    from bot.remediation.gate import workloads
+
+    timed, _ = workloads("http://engine:8000", CanarySpec(replay_s=8.0), live())
+    counted, _ = workloads("http://engine:8000", CanarySpec(num_requests=16), live())
+    fixed, _ = workloads("http://engine:8000", CanarySpec(replay_s=8.0, num_requests=16))
+    assert (timed.duration_s, timed.num_requests) == (8.0, None)
+    assert (counted.duration_s, counted.num_requests) == (None, 16)
+    assert (fixed.duration_s, fixed.num_requests) == (None, 16)

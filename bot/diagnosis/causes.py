@@ -154,6 +154,11 @@ def judge(
         for name, why in NOT_JUDGED.items()
         if name not in judged
     ]
+    return ranked(verdicts)
+
+
+def ranked(verdicts: Iterable[CauseVerdict]) -> list[CauseVerdict]:
+    """Supported first, then ruled out, then cannot tell; each group in the given order."""
     return sorted(verdicts, key=lambda v: _ORDER[v.verdict])
 
 

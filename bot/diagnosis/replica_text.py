@@ -12,7 +12,9 @@ from bot.diagnosis.replicas import (
     LABEL,
     METRICS,
     MIN_REQUESTS,
+    POOL_METRICS,
     SHARE_BEYOND,
+    SLOW,
     UNKNOWN,
     FleetVerdict,
     ReplicaRow,
@@ -44,15 +46,28 @@ def _named(rows: Sequence[ReplicaRow], limit: int) -> str:
 
 def line(verdict: FleetVerdict) -> str:
     """'replicas: 10.0.0.7:8000 TTFT p99 490 ms (slow) · 1 other ≤ 50.0 ms': the worst few
-    named, the rest counted (as short with 40 replicas as with 2)."""
-    slow = verdict.slow
-    judged = [r for r in verdict.rows if r.state == ALIKE]
-    unknown = [r for r in verdict.rows if r.state == UNKNOWN]
+    named, the rest counted (as short with 40 replicas as with 2); a prefill/decode target's
+    pools each said on its own ('replicas: prefill pool: ...; decode pool: ...')."""
+    if not verdict.pools:
+        return "replicas: " + _line(verdict.rows, METRICS[0].key)
+    return "replicas: " + "; ".join(
+        f"{pool} pool: " + _line([r for r in verdict.rows if verdict.pools.get(r.address) == pool],
+                                 metrics[0].key)
+        for pool, metrics in POOL_METRICS.items()
+    )  # fmt: skip
+
+
+def _line(rows: Sequence[ReplicaRow], first: str) -> str:
+    """The line of some replicas judged together; ``first``: the metric named when none is
+    slow."""
+    slow = [r for r in rows if r.state == SLOW]
+    judged = [r for r in rows if r.state == ALIKE]
+    unknown = [r for r in rows if r.state == UNKNOWN]
     named = slow[:MAX_NAMED] or judged[:1]
     if not named:
-        return (f"replicas: {len(verdict.rows)}, cannot tell (fewer than {MIN_REQUESTS} "
+        return (f"{len(rows)}, cannot tell (fewer than {MIN_REQUESTS} "
                 "requests each in the window)")  # fmt: skip
-    key = named[0].slow[0].metric if slow else METRICS[0].key
+    key = named[0].slow[0].metric if slow else first
     parts = [_worst(r, key) for r in named]
     if len(slow) > MAX_NAMED:
         parts.append(f"{len(slow) - MAX_NAMED} more slow")
@@ -64,7 +79,7 @@ def line(verdict: FleetVerdict) -> str:
         parts.append(f"{len(unknown)} cannot tell")
     if not slow:
         parts.append("none stands out")
-    return "replicas: " + " · ".join(parts)
+    return " · ".join(parts)
 
 
 def _worst(row: ReplicaRow, key: str) -> str:
@@ -92,12 +107,20 @@ def findings(verdict: FleetVerdict, *, fleet_slow: bool) -> list[Finding]:
 def _slow_message(verdict: FleetVerdict) -> str:
     """'one replica of 2 is slow: 10.0.0.7:8000 TTFT p99 490 ms vs 38.0 ms on the other 1'."""
     slow, total = verdict.slow, len(verdict.rows)
-    head = (f"one replica of {total} is slow" if len(slow) == 1
-            else f"{len(slow)} replicas of {total} are slow")  # fmt: skip
+    pools = {verdict.pools.get(r.address) for r in slow}
+    pool = pools.pop() if len(pools) == 1 else None
+    if pool:  # one pool's outliers, judged within it: 'one replica of 2 in the prefill pool'
+        total = sum(p == pool for p in verdict.pools.values())
+    within = f" in the {pool} pool" if pool else ""
+    head = (f"one replica of {total}{within} is slow" if len(slow) == 1
+            else f"{len(slow)} replicas of {total}{within} are slow")  # fmt: skip
     named = []
     for row in slow[:MAX_IN_FINDING]:
         node = verdict.nodes.get(row.address)
-        where = row.address + (f" (node {node})" if node else "")
+        own = verdict.pools.get(row.address) if not pool else None
+        where = (
+            row.address + (f" ({own} pool)" if own else "") + (f" (node {node})" if node else "")
+        )
         named.append(where + " " + ", ".join(_against(j) for j in row.slow))
     more = len(slow) - len(named)
     return f"{head}: " + "; ".join(named) + (f"; and {more} more (incident page)" if more else "")
@@ -168,11 +191,12 @@ def summary_json(verdict: FleetVerdict) -> StoredFleet:
         rule=ReplicaRule(min_requests=MIN_REQUESTS, factor=FACTOR, share_beyond=SHARE_BEYOND),
         slow=[r.address for r in verdict.slow],
         by_hand=by_hand(verdict) if verdict.slow else None,
-        rows=[_row_json(r, verdict.nodes.get(r.address)) for r in verdict.rows],
-    )
+        rows=[_row_json(r, verdict.nodes.get(r.address), verdict.pools.get(r.address))
+              for r in verdict.rows],
+    )  # fmt: skip
 
 
-def _row_json(row: ReplicaRow, node: str | None) -> StoredReplica:
+def _row_json(row: ReplicaRow, node: str | None, pool: str | None = None) -> StoredReplica:
     first = row.judged.get(METRICS[0].key)
     p99s = {key: None if (v := j.p99.value) is None else round(v, 3)
             for key, j in row.judged.items()}  # fmt: skip
@@ -187,5 +211,6 @@ def _row_json(row: ReplicaRow, node: str | None) -> StoredReplica:
             "bounds": {k: str(j.p99.bound) for k, j in row.judged.items() if j.p99.bound},
             "why": "; ".join(f"{LABEL[j.metric]}: {j.why}" for j in shown),
             "note": row.note,
+            **({"pool": pool} if pool else {}),  # prefill/decode: the pool it was judged in
         }
     )

@@ -17,6 +17,10 @@ For TTFT, TPOT and queue time, each replica's p99 comes from its own histogram o
 
 Every replica slow alike is no outlier: the cause is fleet-wide. docs/fleet.md says why these
 numbers.
+
+A prefill/decode target's replicas are judged within their own pool (POOL_METRICS): a prefill
+replica against the other prefill replicas on TTFT and queue time, a decode replica against the
+other decode replicas on TPOT and queue time (a decode replica's TTFT is not the user's).
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ METRICS = (
     ReplicaMetric("queue_time_p99_ms", "queue time p99", (QUEUE_TIME,)),
 )
 LABEL = {m.key: m.label for m in METRICS}
+POOL_METRICS = {"prefill": (METRICS[0], METRICS[2]), "decode": (METRICS[1], METRICS[2])}
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,8 @@ class FleetVerdict:
     # where discovery found them (a Service's EndpointSlices): each replica's pod and node
     nodes: Mapping[str, str] = field(default_factory=dict)
     pods: Mapping[str, str] = field(default_factory=dict)
+    # prefill/decode disaggregation: each replica's pool, in which alone it was judged
+    pools: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def slow(self) -> list[ReplicaRow]:
@@ -151,19 +158,34 @@ def ratio(judged: ReplicaVerdict) -> float:
 
 
 def judge(
-    histograms: Mapping[str, Mapping[str, Buckets]], notes: Mapping[str, str | None] | None = None
+    histograms: Mapping[str, Mapping[str, Buckets]],
+    notes: Mapping[str, str | None] | None = None,
+    metrics: Sequence[ReplicaMetric] = METRICS,
 ) -> FleetVerdict:
     """Each replica against the others, metric by metric (``histograms[address][metric]``)."""
-    p99s = {a: {m.key: P99.of(h.get(m.key, {})) for m in METRICS} for a, h in histograms.items()}
+    p99s = {a: {m.key: P99.of(h.get(m.key, {})) for m in metrics} for a, h in histograms.items()}
     rows = []
     for address, own in p99s.items():
         judged = {
             m.key: _judge(m.key, own[m.key], [p[m.key] for a, p in p99s.items() if a != address])
-            for m in METRICS
+            for m in metrics
             if own[m.key].count or any(p[m.key].count for p in p99s.values())
         }
         rows.append(ReplicaRow(address, judged, (notes or {}).get(address)))
     return FleetVerdict(tuple(sorted(rows, key=_worst_first)))
+
+
+def judge_pools(
+    histograms: Mapping[str, Mapping[str, Buckets]],
+    pools: Mapping[str, str],
+    notes: Mapping[str, str | None] | None = None,
+) -> FleetVerdict:
+    """Each pool's replicas against the others of their pool, on that pool's metrics."""
+    rows: list[ReplicaRow] = []
+    for pool, metrics in POOL_METRICS.items():
+        own = {a: h for a, h in histograms.items() if pools.get(a) == pool}
+        rows.extend(judge(own, notes, metrics).rows)
+    return FleetVerdict(tuple(sorted(rows, key=_worst_first)), pools=dict(pools))
 
 
 def _worst_first(row: ReplicaRow) -> tuple[int, float, str]:
@@ -235,7 +257,9 @@ def of_run(result: RunbookResult) -> FleetVerdict | None:
     if window is None or len(listed) < 2 or not _labelled(window.pages[-1]):
         return None  # one engine; or one replica answered alone (its pages carry no label)
     notes = {address: numbers.get("note") for address, numbers in listed.items()}
-    verdict = judge(histograms(window, list(listed)), notes)
+    pools = {a: str(n["pool"]) for a, n in listed.items() if n.get("pool")}
+    split = histograms(window, list(listed))
+    verdict = judge_pools(split, pools, notes) if pools else judge(split, notes)
     return replace(
         verdict,
         nodes={a: str(n["node"]) for a, n in listed.items() if n.get("node")},

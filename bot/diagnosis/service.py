@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from bot.adr import AdrStore, MatchResult, by_cause, by_workload, matching
-from bot.diagnosis import causes, chart_data, history, replica_text, replicas
+from bot.diagnosis import causes, chart_data, history, replica_gpus, replica_text, replicas
 from bot.diagnosis.chart import render_chart
 from bot.diagnosis.models import GATE_OF, Baseline, Diagnosis
 from bot.diagnosis.normal import ReadNormal
@@ -106,6 +106,9 @@ class Diagnoser:
         )
         fleet, fleet_findings = _one_or_all(loaded, result, baseline, headline)
         judged = _causes(loaded, result, fleet, rules)
+        judged = await replica_gpus.judged_for_slow(
+            loaded, result, fleet, judged, target=target, ctx=ctx
+        )
         matches, cause_notes = by_cause(matches, judged)  # an ADR's cause ruled out: not offered
         # a rule proven on other traffic: not offered (the line says which dimension moved)
         matches, workload_notes = by_workload(matches, result.workload, result.workload_unknown)

@@ -369,6 +369,11 @@ class CanarySpec(_Section):
     background_prompt_length: int = Field(default=2048, ge=1)
     background_output_length: int = Field(default=16, ge=1)
     timeout_s: float = Field(default=300.0, gt=0)
+    # a replay of the live workload (the drift job's re-validation and before-run, a re-tune's
+    # trials) runs this long at the live rate instead of num_requests requests (0: the count).
+    # At a live 100 req/s, 48 requests span half a second: the engine never carries the load
+    # production puts on it, and a stall that builds over seconds is never measured
+    replay_s: float = Field(default=0.0, ge=0, le=3600)
     # looks the canary may take (bot.canary's DEFAULT_LOOKS): sized to what its gates need, it
     # stops at the first look where every p99 gate is decided, else sends as many requests
     # again; each look is judged at its share of the error, so the verdict stays at 99 %
@@ -488,6 +493,17 @@ class Target(_Section):
         description="the base URLs of every engine serving the target (each one's /metrics is "
         "scraped and merged, docs/fleet.md); empty: the one engine at vllm_url",
     )
+    prefill_replicas: list[str] = Field(
+        default_factory=list,
+        description="prefill/decode disaggregation: the base URLs of the prefill pool's engines "
+        '(TTFT is judged on them, docs/fleet.md "Prefill and decode pools"); set with '
+        "decode_replicas, never with replicas",
+    )
+    decode_replicas: list[str] = Field(
+        default_factory=list,
+        description="prefill/decode disaggregation: the base URLs of the decode pool's engines "
+        "(TPOT is judged on them); set with prefill_replicas, never with replicas",
+    )
     canary_replicas: list[str] = Field(
         default_factory=list,
         description="the base URLs of the canary Deployment's pods, beside the baseline "
@@ -553,6 +569,17 @@ class Target(_Section):
     gpu_agent_token_file: Path | None = Field(
         default=None, description="file holding the agent's bearer token (a mounted Secret)"
     )
+    gpu_agent_daemonset: str | None = Field(
+        default=None,
+        description="`namespace/name` of a DaemonSet of `ruleloop agent` pods: the nvml probe "
+        "reads the agent on each replica's node (its Ready pod there, at its pod IP, checked "
+        "against kubernetes_networks; docs/agent.md); replicas' nodes come from "
+        "kubernetes_service or inference_pool, else `node`; gpu_agent_url wins when both are set",
+    )
+    gpu_agent_port: int = Field(
+        default=9401, ge=1, le=65535,
+        description="the port the gpu_agent_daemonset's agents listen on (`agent --listen`)",
+    )  # fmt: skip
     actuator: ActuatorSpec | None = None
     canary: CanarySpec = Field(default_factory=CanarySpec)
     # after the canary, production traffic on the canary stage judged against the baseline
@@ -583,13 +610,41 @@ class Target(_Section):
             raise ValueError("a replica is listed twice")
         return [url for url in checked if url is not None]
 
-    @field_validator("canary_replicas")
+    @field_validator("canary_replicas", "prefill_replicas", "decode_replicas")
     @classmethod
-    def _canary_urls(cls, urls: list[str]) -> list[str]:
+    def _canary_urls(cls, urls: list[str], info: ValidationInfo) -> list[str]:
         checked = [cls._http_url(url) for url in urls]
         if len(set(checked)) != len(checked):
-            raise ValueError("a canary replica is listed twice")
+            which = str(info.field_name).removesuffix("_replicas")
+            raise ValueError(f"a {which} replica is listed twice: list each engine once")
         return [url for url in checked if url is not None]
+
+    @model_validator(mode="after")
+    def _two_pools(self) -> Target:
+        # prefill/decode disaggregation: two pools, each judged on its own (docs/fleet.md)
+        pools = {"prefill_replicas": self.prefill_replicas, "decode_replicas": self.decode_replicas}
+        if not any(pools.values()):
+            return self
+        if self.replicas:
+            raise ValueError(
+                "replicas and prefill_replicas/decode_replicas both name the target's engines: "
+                "list a prefill/decode target's engines only in its two pools"
+            )
+        for name, other in zip(pools, reversed(pools), strict=True):
+            if not pools[name]:
+                raise ValueError(
+                    f"{other} is set but {name} is empty: a prefill/decode target has both "
+                    f"pools; list that pool's engines in {name}, or every engine in replicas "
+                    "for a fleet of like engines"
+                )
+        both = sorted(set(self.prefill_replicas) & set(self.decode_replicas))
+        if both:
+            named = ", ".join(urlsplit(u).netloc.rpartition("@")[2] for u in both)  # no secrets
+            raise ValueError(
+                f"{named} is in both prefill_replicas and decode_replicas: an engine serves one "
+                "pool (its --kv-transfer-config kv_role); list it in its own pool only"
+            )
+        return self
 
     @field_validator("kubernetes_service", "inference_pool")
     @classmethod
@@ -602,6 +657,18 @@ class Target(_Section):
             raise ValueError(
                 f'{ref!r} is not `namespace/name` of {kind}, like "inference/vllm" '
                 "(lowercase letters, digits and '-', at most 63 each)"
+            )
+        return ref
+
+    @field_validator("gpu_agent_daemonset")
+    @classmethod
+    def _daemonset_ref(cls, ref: str | None) -> str | None:
+        namespace, slash, name = (ref or "").partition("/")
+        if ref is not None and not (slash and _KUBE_NAME.fullmatch(namespace)
+                                    and _KUBE_NAME.fullmatch(name)):  # fmt: skip
+            raise ValueError(
+                f'{ref!r} is not `namespace/name` of a DaemonSet, like "inference/ruleloop-nvml-'
+                "agent\" (lowercase letters, digits and '-', at most 63 each)"
             )
         return ref
 
@@ -698,7 +765,8 @@ class Target(_Section):
     @model_validator(mode="after")
     def _canary_apart_from_baseline(self) -> Target:
         # a URL in both groups would be judged against itself
-        both = sorted(set(self.canary_replicas) & {*self.replicas, self.vllm_url})
+        baseline = {*self.replicas, *self.prefill_replicas, *self.decode_replicas, self.vllm_url}
+        both = sorted(set(self.canary_replicas) & baseline)
         if both:
             named = ", ".join(urlsplit(u).netloc.rpartition("@")[2] for u in both)  # no secrets
             raise ValueError(

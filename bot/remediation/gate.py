@@ -25,13 +25,15 @@ def workloads(
 ) -> tuple[Workload, list[tuple[str, Workload]]]:
     """The measured canary and its background load for one target. With ``shape`` the canary
     replays it (lengths, prefixes, arrivals) instead of the target's fixed canary load, and
-    sends no background: the shape already holds the long requests production sends."""
+    sends no background: the shape already holds the long requests production sends; for
+    ``spec.replay_s`` seconds at its rate where that is set, else ``spec.num_requests``."""
     endpoint = f"{base_url}/v1/completions"
     if shape is not None:
         replay = Workload(
             endpoint=endpoint,
             concurrency=spec.concurrency,
-            num_requests=spec.num_requests,
+            num_requests=None if spec.replay_s else spec.num_requests,
+            duration_s=spec.replay_s or None,
             shape=shape,
             warmup_requests=min(spec.concurrency, 4),
             timeout_s=spec.timeout_s,

@@ -40,6 +40,7 @@ def build_draft(
         date=day,
         deciders=plan.deciders,
         match=plan.match,
+        cause=plan.cause,
         fix=Fix(engine_args=pick.config.engine_args if pick else {}, gateway=plan.gateway),
         gates=plan.gates,
         workload=measured_under(rows),

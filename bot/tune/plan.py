@@ -61,6 +61,8 @@ class WorkloadSpec(BaseModel):
     # a workload shape file (bot/adr/workload/shape.py) to replay instead of the fixed lengths:
     # every configuration is measured under production's traffic (docs/workload.md)
     shape: Path | None = None
+    # a replayed shape for this long at its rate instead of num_requests (None: the count)
+    duration_s: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _shape_or_lengths(self) -> WorkloadSpec:
@@ -80,17 +82,16 @@ class WorkloadSpec(BaseModel):
     def workload(self, base_url: str, *, background: bool = False) -> Workload:
         """The canary Workload against an engine at ``base_url``."""
         path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
-        fields = self.model_dump(exclude={"name", "api", "shape"})
+        fields = self.model_dump(exclude={"name", "api", "shape", "duration_s"})
+        duration = BACKGROUND_DURATION_S if background else None
         if background:
             fields |= {"num_requests": None, "warmup_requests": 0}
         if self.shape is not None:
             fields = {k: v for k, v in fields.items() if k not in SHAPE_DECIDES}
             fields["shape"] = shapes.load(self.shape)  # ShapeError: file, field and why
-        workload = Workload(
-            endpoint=base_url + path,
-            duration_s=BACKGROUND_DURATION_S if background else None,
-            **fields,
-        )
+            if self.duration_s and not background:
+                fields["num_requests"], duration = None, self.duration_s
+        workload = Workload(endpoint=base_url + path, duration_s=duration, **fields)
         problems = check(workload)
         if problems:
             raise UsageError(f"workload {self.name!r}: " + "; ".join(problems))
@@ -99,6 +100,8 @@ class WorkloadSpec(BaseModel):
     def describe(self, *, background: bool = False) -> str:
         """The workload in one line: name, requests, streams, prompt and output tokens."""
         count = "alongside until the canary ends" if background else f"{self.num_requests} requests"
+        if self.shape is not None and self.duration_s and not background:
+            count = f"{self.duration_s:g} s at its rate"
         if self.shape is not None:
             return (
                 f"{self.name}: {count}, at most {self.concurrency} streams, replaying {self.shape}"
@@ -185,6 +188,7 @@ class TunePlan(BaseModel):
     background: list[WorkloadSpec] = Field(default_factory=list)
     gates: AdrGates | None = None
     match: list[Condition] = Field(default_factory=list)
+    cause: list[str] = Field(default_factory=list)  # what the draft says it fixes (its ``cause``)
     gateway: GatewayRules | None = None
 
     @model_validator(mode="after")

@@ -10,10 +10,13 @@ after a kill -9. Its plan (``retune_plan``):
 
 - space: each number the rule's fix sets, at a quarter, half, as set and twice, and the value
   it replaced; each on/off flag both ways (the grid, at most ``retune_trials`` points);
-- workload: the live shape, replayed by every trial's canary (one replica's share);
+- workload: the live shape, replayed by every trial's canary (one replica's share), for
+  as long as the re-validation replayed it (``[targets.X.canary] replay_s``), at its rate;
 - gates: the rule's gates as the re-validation judged them, numbers (a 'Nx before' gate resolved
   against the before-run of the replaced flags on the same live shape);
-- objective: goodput (requests/s that finished within the TTFT and TPOT limits).
+- objective: goodput (requests/s that finished within the TTFT and TPOT limits);
+- match and cause: the failed rule's, so that the draft answers the same symptom, on the workload
+  it was proven on (its ``workload:``); without them a drafted rule would never be offered.
 
 Who may start it: the drift job proposes, a person in ``[access] approve`` approves by pressing
 (the button is the approval of a change the bot requested, as an Apply is a request that an
@@ -34,7 +37,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from bot.adr import Adr, AdrGates, AdrStore, EngineValue
+from bot.adr import Adr, AdrGates, AdrStore, Condition, EngineValue
 from bot.adr.workload import WorkloadShape, context_line
 from bot.adr.workload import shape as shapes
 from bot.canary import Values
@@ -67,8 +70,10 @@ MAX_SHOWN = 5  # trials a failed search names in the thread
 
 class Offer(BaseModel):
     """What a re-tune would search: the rule that failed on ``target``, the gates as judged
-    there (numbers), the flags serving before the rule and the live shape. The offer's audit
-    entry keeps it as JSON (``model_dump``); a press reads it back (``model_validate``)."""
+    there (numbers), the flags serving before the rule and the live shape; the rule's match
+    conditions and cause, which the draft keeps (the same symptom, another workload). The
+    offer's audit entry keeps it as JSON (``model_dump``); a press reads it back
+    (``model_validate``)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -78,6 +83,9 @@ class Offer(BaseModel):
     gates: dict[str, float]
     replaced: dict[str, EngineValue]
     live: WorkloadShape
+    match: list[Condition] = []  # the failed rule's conditions (an offer kept before: none)
+    cause: list[str] = []
+    replay_s: float = 0.0  # how long the re-validation replayed the live shape (0: a count)
 
 
 def space_of(
@@ -99,7 +107,8 @@ def space_of(
 
 
 def retune_plan(offer: Offer, *, serving: Mapping[str, EngineValue], shape_path: Path,
-                concurrency: int, num_requests: int, trials: int) -> TunePlan:  # fmt: skip
+                concurrency: int, num_requests: int, trials: int,
+                replay_s: float = 0.0) -> TunePlan:  # fmt: skip
     """The search's plan (see the module docstring); UsageError when there is nothing to
     search or nothing to judge it by."""
     space = space_of(offer.fix, offer.replaced)
@@ -125,9 +134,12 @@ def retune_plan(offer: Offer, *, serving: Mapping[str, EngineValue], shape_path:
             concurrency=concurrency,
             num_requests=num_requests,
             shape=shape_path,
+            duration_s=replay_s or None,
             warmup_requests=min(concurrency, 4),
         ),  # fmt: skip
         gates=AdrGates.of_numbers(offer.gates),
+        match=list(offer.match),
+        cause=list(offer.cause),
     )
 
 
@@ -225,6 +237,7 @@ class Retune:
         plan = retune_plan(
             offer, serving=serving, shape_path=shape_path, concurrency=spec.canary.concurrency,
             num_requests=spec.canary.num_requests, trials=spec.drift.retune_trials,
+            replay_s=offer.replay_s,  # as the re-validation replayed it: like for like
         )  # fmt: skip
         await asyncio.to_thread(
             self._say, incident_id, f":hourglass_flowing_sand: Re-tune of {offer.adr_id} started "

@@ -22,6 +22,9 @@ Faithful where the actuator depends on it:
   ``stall(name)`` makes the next rollout hang after one new pod and, after some polls, report
   ``Progressing=False, reason=ProgressDeadlineExceeded`` as the real controller does.
 
+DaemonSets (``add_daemonset``) are answered to GET at
+``/apis/apps/v1/namespaces/{ns}/daemonsets/{name}``, as custom objects are.
+
 Custom objects (an Argo CD Application, a Flux Kustomization) are answered to GET at
 ``/apis/{group}/{version}/namespaces/{ns}/{plural}/{name}`` from ``custom``, which a test-side
 GitOps controller (``tests.fakes.gitops_controller``) keeps up to date; a missing one is a 404
@@ -273,12 +276,20 @@ class FakeKube:
         node: str | None = None,
         ready: bool = True,
         deleting: bool = False,
+        owner: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """A Pod as the API returns it: its labels, node, podIP and Ready condition."""
+        """A Pod as the API returns it: its labels, node, podIP and Ready condition (and, with
+        ``owner``, the controller reference its DaemonSet's controller writes)."""
         meta: dict[str, Any] = {
             "name": name, "namespace": namespace, "uid": f"uid-{name}", "labels": labels,
             "resourceVersion": str(next(self._versions)), "creationTimestamp": _TIMESTAMP,
         }  # fmt: skip
+        if owner is not None:
+            meta["ownerReferences"] = [
+                {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "controller": True,
+                 "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"],
+                 "blockOwnerDeletion": True}
+            ]  # fmt: skip
         if deleting:
             meta["deletionTimestamp"] = _TIMESTAMP
         status: dict[str, Any] = {
@@ -291,6 +302,21 @@ class FakeKube:
         obj = {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
                "spec": {"nodeName": node} if node else {}, "status": status}  # fmt: skip
         self.pods.setdefault(namespace, []).append(obj)
+        return obj
+
+    def add_daemonset(
+        self, name: str, *, labels: dict[str, str], namespace: str = "inference"
+    ) -> dict[str, Any]:
+        """An apps/v1 DaemonSet selecting pods by ``labels`` (GET answers it; its pods are
+        ``add_pod(..., owner=<it>)``)."""
+        obj = {
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-ds-{name}",
+                         "labels": labels, "resourceVersion": str(next(self._versions))},
+            "spec": {"selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": {"containers": []}}},
+        }  # fmt: skip
+        self.custom[f"{_PREFIX}{namespace}/daemonsets/{name}"] = obj
         return obj
 
     def stall(
@@ -358,6 +384,8 @@ class FakeKube:
             return self._list_pods(request)
         if path.startswith("/apis/") and not path.startswith(_PREFIX):
             return self._custom_object(request.method, path)
+        if path.startswith(_PREFIX) and path.split("/")[-2:-1] == ["daemonsets"]:
+            return self._daemonset(request.method, path)
         parts = path[len(_PREFIX) :].split("/") if path.startswith(_PREFIX) else []
         if len(parts) != 3 or parts[1] != "deployments":
             return _error(404, "NotFound", "the server could not find the requested resource")
@@ -435,6 +463,15 @@ class FakeKube:
                  if wanted.items() <= p["metadata"]["labels"].items()]  # fmt: skip
         return httpx.Response(200, json={"kind": "PodList", "apiVersion": "v1", "items": items,
                                          "metadata": {"resourceVersion": str(next(self._versions))}})  # fmt: skip
+
+    def _daemonset(self, method: str, path: str) -> httpx.Response:
+        """GET of a DaemonSet (``add_daemonset``); ``forbidden`` holding "get" answers 403."""
+        namespace, name = path.split("/")[5], path.split("/")[-1]
+        if "get" in self.forbidden:
+            return _error(403, "Forbidden", f'daemonsets.apps "{name}" is forbidden: User '
+                          f'"system:serviceaccount:{namespace}:ruleloop" cannot get resource '
+                          f'"daemonsets" in API group "apps" in the namespace "{namespace}"')  # fmt: skip
+        return self._custom_object(method, path)
 
     def _custom_object(self, method: str, path: str) -> httpx.Response:
         """GET of a custom object (the only verb the actuators use on them)."""

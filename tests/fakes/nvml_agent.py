@@ -29,18 +29,21 @@ class AgentProcess:
 
 @contextlib.contextmanager
 def running_agent(
-    tmp_path: Path, *fake: str, agent_args: tuple[str, ...] = (), token: str = TOKEN
-) -> Iterator[AgentProcess]:
-    """Start ``python -m tests.fakes.nvml <fake> -- agent ...``; wait for /healthz; stop it."""
+    tmp_path: Path, *fake: str, agent_args: tuple[str, ...] = (), token: str = TOKEN,
+    host: str = "127.0.0.1", port: int | None = None,
+) -> Iterator[AgentProcess]:  # fmt: skip
+    """Start ``python -m tests.fakes.nvml <fake> -- agent ...`` on ``host`` (a loopback
+    address: one per node of a DaemonSet) and ``port`` (unset: a free one); wait for /healthz;
+    stop it."""
     token_file = tmp_path / "agent-token"
     token_file.write_text(token + "\n")
-    port = free_port()
+    port = port or free_port()
     argv = [sys.executable, "-m", "tests.fakes.nvml", *fake, "--", "agent",
-            "--listen", f"127.0.0.1:{port}", "--token-file", str(token_file), *agent_args]  # fmt: skip
+            "--listen", f"{host}:{port}", "--token-file", str(token_file), *agent_args]  # fmt: skip
     process = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://{host}:{port}"
     try:
         _wait_ready(url, process)
         yield AgentProcess(url=url, token_file=token_file, process=process)

@@ -188,6 +188,7 @@ class WorkloadDrift:
         offer = Offer(
             target=self.name, adr_id=adr.id, fix=dict(adr.fix.engine_args), gates=gates,
             replaced=dict(replaced.flags) if replaced is not None else {}, live=per_replica(live),
+            match=list(adr.match), cause=list(adr.cause), replay_s=self._target.canary.replay_s,
         )  # fmt: skip
         await self._retune.offer(incident_id, offer)
 

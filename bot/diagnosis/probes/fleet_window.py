@@ -7,13 +7,14 @@ deltas are only taken between pages of one process, then summed
 (bot/diagnosis/probes/fleet_merge.py).
 A URL that answers from several engines is refused: no number of it is the target's.
 A replica that restarted or stopped answering is said in the details, never read as zero work.
+A prefill/decode target's two pools are also merged each on its own (``FleetWindow.pools``).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from bot.diagnosis.probes.engine_identity import (
     EngineIdentity,
@@ -23,7 +24,7 @@ from bot.diagnosis.probes.engine_identity import (
 )
 from bot.diagnosis.probes.exposition import Exposition
 from bot.diagnosis.probes.fleet_merge import Member, merge_rounds
-from bot.diagnosis.probes.replicas import Replica
+from bot.diagnosis.probes.replicas import POOLS, Pool, Replica
 from bot.diagnosis.probes.sampling import SampledWindow
 from bot.kernel import ProbeError, RuleloopError
 from bot.kernel.runtime.redact import redact
@@ -66,6 +67,8 @@ class ReplicaWindow:
         out: dict[str, object] = {"url": redact(self.replica.url)}
         if self.replica.pod:  # discovered: who to look at (kubectl logs, describe pod)
             out.update(pod=self.replica.pod, node=self.replica.node)
+        if self.replica.pool:  # prefill/decode: judged within its pool only
+            out["pool"] = self.replica.pool
         window = self.window if self.answered >= 2 else None
         engine = None if window is None else window.engine
         out.update(
@@ -87,13 +90,33 @@ class FleetWindow:
 
     window: SampledWindow
     replicas: tuple[ReplicaWindow, ...]
+    # prefill/decode disaggregation: each pool's replicas merged on their own (empty otherwise)
+    pools: Mapping[Pool, SampledWindow] = field(default_factory=dict)
 
     def details(self) -> dict[str, object]:
         """Each replica's numbers under ``replicas`` (nothing for one engine with nothing to
-        say: its numbers are the target's)."""
+        say: its numbers are the target's), and each pool's merged ones under ``pools``."""
         if len(self.replicas) == 1 and not self.replicas[0].notes:
             return {}
-        return {"replicas": {r.replica.address: r.summary() for r in self.replicas}}
+        out: dict[str, object] = {
+            "replicas": {r.replica.address: r.summary() for r in self.replicas}
+        }
+        if self.pools:
+            out["pools"] = {pool: self._pool_summary(pool) for pool in self.pools}
+        return out
+
+    def _pool_summary(self, pool: Pool) -> dict[str, object]:
+        """A pool's merged numbers and its replicas, JSON-able."""
+        window = self.pools[pool]
+        engine = window.engine
+        return {
+            "replicas": [r.replica.address for r in self.replicas if r.replica.pool == pool],
+            "ttft_p99_ms": engine.ttft_ms.p99,
+            "tpot_p99_ms": window.tpot_ms.p99,
+            "itl_p99_ms": engine.itl_ms.p99,
+            "queue_time_p99_ms": engine.queue_time_ms.p99,
+            "requests_finished": engine.requests_finished,
+        }
 
 
 async def sample_fleet(
@@ -146,7 +169,22 @@ def fleet_of(
     _refuse_shared(views)
     members = [m for v in views for m in v[1]]
     window = SampledWindow(pages=tuple(merge_rounds(members, times)))
-    return FleetWindow(window=window, replicas=tuple(v[0] for v in views))
+    return FleetWindow(
+        window=window, replicas=tuple(v[0] for v in views), pools=_pools(views, times)
+    )
+
+
+def _pools(
+    views: Sequence[tuple[ReplicaWindow, list[Member]]], times: Sequence[float]
+) -> dict[Pool, SampledWindow]:
+    """Each pool's replicas merged on their own (none for a fleet of like engines); a pool none
+    of whose replicas answered reads as nothing, never as the other pool."""
+    pools: dict[Pool, SampledWindow] = {}
+    for pool in POOLS:
+        if any(view.replica.pool == pool for view, _ in views):
+            own = [m for view, members in views if view.replica.pool == pool for m in members]
+            pools[pool] = SampledWindow(pages=tuple(merge_rounds(own, times)))
+    return pools
 
 
 def replica_window(

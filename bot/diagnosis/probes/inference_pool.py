@@ -53,7 +53,7 @@ async def discover_pool(
     async with api_client(api, transport=transport) as http:
         labels, port = selector_of(await _read_pool(http, namespace, name), pool=pool)
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        pods = await _get(http, f"/api/v1/namespaces/{namespace}/pods",
+        pods = await get_object(http, f"/api/v1/namespaces/{namespace}/pods",
                           what=f"the pods of InferencePool {pool}", namespace=namespace,
                           params={"labelSelector": selector})  # fmt: skip
     return replicas_of_pods(pods.get("items"), pool=pool, port=port, networks=networks,
@@ -64,7 +64,7 @@ async def _read_pool(http: httpx.AsyncClient, namespace: str, name: str) -> Mapp
     """The pool object from the first API that has it."""
     for prefix, version in POOL_APIS:
         path = f"{prefix}/namespaces/{namespace}/inferencepools/{name}"
-        found = await _get(http, path, what=f"InferencePool {namespace}/{name} ({version})",
+        found = await get_object(http, path, what=f"InferencePool {namespace}/{name} ({version})",
                            namespace=namespace, missing_ok=True)  # fmt: skip
         if found:
             return found
@@ -74,7 +74,7 @@ async def _read_pool(http: httpx.AsyncClient, namespace: str, name: str) -> Mapp
     )
 
 
-async def _get(
+async def get_object(
     http: httpx.AsyncClient,
     path: str,
     *,
@@ -82,8 +82,10 @@ async def _get(
     namespace: str,
     params: Mapping[str, str] | None = None,
     missing_ok: bool = False,
+    rbac_hint: str = RBAC_HINT,
 ) -> Mapping[str, Any]:
-    """One JSON object from the API ({} for a 404 when ``missing_ok``); failures said."""
+    """One JSON object from the API ({} for a 404 when ``missing_ok``); failures said (a 403
+    with ``rbac_hint``, its ``{ns}`` the namespace)."""
     try:
         response = await http.get(path, params=params, headers={"Accept": "application/json"})
     except httpx.HTTPError as exc:
@@ -96,7 +98,7 @@ async def _get(
     if response.is_error:
         code, message = response.status_code, kube_client.status_message(response)
         hint = {401: "the token in kubernetes_api.token_file was refused",
-                403: RBAC_HINT.format(ns=namespace)}.get(code)  # fmt: skip
+                403: rbac_hint.format(ns=namespace)}.get(code)  # fmt: skip
         raise ProbeError(f"cannot read {what} ({code}: {message})" + (f"; {hint}" if hint else ""))
     try:
         body = response.json()
@@ -146,9 +148,9 @@ def replicas_of_pods(
     found: list[Replica] = []
     refused, not_ready = [], []
     for pod in items:
-        meta, status = _part(pod, "metadata"), _part(pod, "status")
+        meta, status = part(pod, "metadata"), part(pod, "status")
         name = str(meta.get("name") or "?")
-        if meta.get("deletionTimestamp") or not _ready(status):
+        if meta.get("deletionTimestamp") or not pod_ready(status):
             not_ready.append(name)
             continue
         address = status.get("podIP")
@@ -157,7 +159,7 @@ def replicas_of_pods(
         if host is None:
             refused.append(f"{name}: {why}")
             continue
-        node = _part(pod, "spec").get("nodeName")
+        node = part(pod, "spec").get("nodeName")
         found.append(Replica(f"http://{host}:{port}", pod=name,
                              node=node if isinstance(node, str) else None))  # fmt: skip
     if refused:
@@ -179,12 +181,14 @@ def replicas_of_pods(
     return found
 
 
-def _part(obj: object, field: str) -> Mapping[str, Any]:
+def part(obj: object, field: str) -> Mapping[str, Any]:
+    """An object's field that is itself an object ({} when absent or not one)."""
     value = obj.get(field) if isinstance(obj, Mapping) else None
     return value if isinstance(value, Mapping) else {}
 
 
-def _ready(status: Mapping[str, Any]) -> bool:
+def pod_ready(status: Mapping[str, Any]) -> bool:
+    """A pod's status says Ready: its condition ``Ready`` is "True"."""
     conditions = status.get("conditions")
     return isinstance(conditions, list) and any(
         isinstance(c, Mapping) and c.get("type") == "Ready" and c.get("status") == "True"

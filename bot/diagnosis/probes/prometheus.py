@@ -65,26 +65,44 @@ class PrometheusProbe:
         if url is None:
             message = f"no prometheus_url configured for {target.name}; history not read"
             return ProbeResult(findings=[Finding(Severity.INFO, message, self.name)])
-        end = ctx.wall_clock()
-        start = end - params.minutes * 60
-        readings: dict[str, float | None] = {}
-        series: dict[str, list[tuple[float, float]]] = {}
         instances = None
         if any("$instances" in expr for expr in params.queries.values()):
             replicas = await ctx.replicas(target.target)
             instances = instances_regex(urlsplit(r.url).netloc.rpartition("@")[2] for r in replicas)
-        for name, expr in params.queries.items():
-            if instances is not None:
-                expr = expr.replace("$instances", instances)
-            query = expr.replace("$instance", target.target.hostport)
-            points = await query_range(
-                ctx.http, url, query=query, start=start, end=end, step_s=params.step_s
-            )
-            values = [v for _, v in points if not math.isnan(v)]
-            readings[f"{name}_last"] = values[-1] if values else None
-            readings[f"{name}_max"] = max(values) if values else None
-            series[name] = points
+        readings, series = await read_queries(
+            ctx, url, params, instances=instances, instance=target.target.hostport
+        )
         return ProbeResult(readings=Measured.of(readings), details={"series": series})
+
+
+async def read_queries(
+    ctx: ProbeContext,
+    url: str,
+    params: PrometheusParams,
+    *,
+    instances: str | None,
+    instance: str,
+) -> tuple[dict[str, float | None], dict[str, list[tuple[float, float]]]]:
+    """Each query of ``params`` over its last minutes, ``$instances`` as ``instances`` (an
+    ``instances_regex``) and ``$instance`` as ``instance``: its readings and its series. The
+    diagnosis reads the fleet's queries again for one slow replica with this
+    (bot/diagnosis/replica_gpus.py)."""
+    end = ctx.wall_clock()
+    start = end - params.minutes * 60
+    readings: dict[str, float | None] = {}
+    series: dict[str, list[tuple[float, float]]] = {}
+    for name, expr in params.queries.items():
+        if instances is not None:
+            expr = expr.replace("$instances", instances)
+        query = expr.replace("$instance", instance)
+        points = await query_range(
+            ctx.http, url, query=query, start=start, end=end, step_s=params.step_s
+        )
+        values = [v for _, v in points if not math.isnan(v)]
+        readings[f"{name}_last"] = values[-1] if values else None
+        readings[f"{name}_max"] = max(values) if values else None
+        series[name] = points
+    return readings, series
 
 
 def instances_regex(addresses: Iterable[str]) -> str:

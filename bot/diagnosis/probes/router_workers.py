@@ -8,8 +8,10 @@
 replica; an unhealthy one is left out, as the router sends it nothing. Every worker's address
 is checked as a Service's endpoints are (kube_endpoints.checked_host: an IP in
 ``kubernetes_networks``) before the bot fetches it, since the router's list is not the bot's
-configuration. Prefill and decode workers (``--vllm-pd-disaggregation``) are refused: their
-pools are not one fleet of like engines, and the bot does not read them yet.
+configuration. Prefill and decode workers (``--vllm-pd-disaggregation``: ``worker_type``
+"prefill" or "decode", a prefill one with its ``bootstrap_port``) are the target's two pools,
+each replica tagged with its own (docs/fleet.md "Prefill and decode pools"): a router with
+both pools, each with a healthy worker, and no regular worker beside them.
 
 Every failure (router down, an answer that is not vllm-router's, no healthy worker) is a
 ProbeError that says what to do: an empty fleet would read as a target that served nothing.
@@ -19,14 +21,14 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
 from bot.diagnosis.probes.kube_endpoints import checked_host
-from bot.diagnosis.probes.replicas import Replica
+from bot.diagnosis.probes.replicas import POOLS, Pool, Replica
 from bot.kernel import POD_NETWORKS, ProbeError
 
 TIMEOUT_S = 10.0
@@ -80,8 +82,9 @@ def replicas_of_workers(
     networks: Sequence[str] = POD_NETWORKS,
     max_replicas: int = 64,
 ) -> list[Replica]:
-    """The replicas the router's workers name: each healthy regular worker once, in the
-    router's order; any refused worker refuses the whole list (ProbeError)."""
+    """The replicas the router's workers name: each healthy worker once, in the router's
+    order (a prefill or decode worker tagged with its pool); any refused worker refuses the
+    whole list (ProbeError)."""
     allowed = [ipaddress.ip_network(n) for n in networks]
     found: dict[str, Replica] = {}
     unhealthy: list[str] = []
@@ -89,22 +92,58 @@ def replicas_of_workers(
     for worker in workers:
         if not isinstance(worker, Mapping) or not isinstance(worker.get("url"), str):
             raise ProbeError(f"the router at {router}: a worker is not an object with a url")
-        kind = worker.get("worker_type", "regular")
-        if kind != "regular":
-            raise ProbeError(
-                f"the router at {router} routes to {kind} workers (prefill/decode "
-                "disaggregation): the bot does not read such pools yet; list the replicas "
-                "of one pool in replicas"
-            )
+        pool = _pool_of(router, worker.get("worker_type", "regular"))
         url, why = _checked_url(worker["url"], allowed)
         if url is None:
             refused.append(why)
         elif worker.get("is_healthy") is False:
             unhealthy.append(url)
-        else:
-            found.setdefault(url, Replica(url))
+        elif found.setdefault(url, Replica(url, pool=pool)).pool != pool:
+            raise ProbeError(
+                f"the router at {router} lists {url} as a {found[url].pool or 'regular'} "
+                f"worker and as a {pool or 'regular'} one: an engine serves one pool; fix the "
+                "router's --prefill/--decode lists"
+            )
     _refuse(router, found, unhealthy, refused, networks, max_replicas)
+    _refuse_pools(router, found.values(), unhealthy)
     return list(found.values())
+
+
+def _pool_of(router: str, kind: object) -> Pool | None:
+    """The pool of a worker_type: None for a regular worker (ProbeError for an unknown one)."""
+    if kind == "regular":
+        return None
+    for pool in POOLS:
+        if kind == pool:
+            return pool
+    raise ProbeError(
+        f"the router at {router} routes to a worker of type {str(kind)[:40]!r}: the bot reads "
+        "regular, prefill and decode workers only; list the replicas instead"
+    )
+
+
+def _refuse_pools(router: str, found: Iterable[Replica], unhealthy: Sequence[str]) -> None:
+    """A ProbeError when prefill/decode workers do not make two pools: both are needed (the
+    prefill pool's TTFT, the decode pool's TPOT), and regular workers beside them would be
+    neither."""
+    pools = [r.pool for r in found]
+    if not any(pools):
+        return
+    if None in pools:
+        raise ProbeError(
+            f"the router at {router} routes to regular workers beside prefill/decode ones: the "
+            "bot reads either one fleet of like engines or two pools; list the pools in "
+            "prefill_replicas and decode_replicas instead"
+        )
+    for pool in POOLS:
+        if pool not in pools:
+            have = "decode" if pool == "prefill" else "prefill"
+            waiting = f" ({len(unhealthy)} unhealthy: {', '.join(unhealthy)})" if unhealthy else ""
+            raise ProbeError(
+                f"the router at {router} routes to {have} workers (prefill/decode "
+                f"disaggregation) but to no healthy {pool} worker{waiting}: its {pool} pool "
+                "serves nothing now; its log and GET /workers say why"
+            )
 
 
 def _refuse(

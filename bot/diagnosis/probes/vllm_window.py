@@ -14,10 +14,12 @@ from bot.diagnosis.probes.context import ProbeContext, TargetRef
 from bot.diagnosis.probes.engine_signals import SIGNAL_READINGS, read_signals
 from bot.diagnosis.probes.engine_steps import STEP_READINGS, decode_bound, read_steps
 from bot.diagnosis.probes.fleet_window import FleetWindow
-from bot.diagnosis.probes.types import Params, ProbeResult
+from bot.diagnosis.probes.replicas import Pool
+from bot.diagnosis.probes.sampling import SampledWindow
+from bot.diagnosis.probes.types import Finding, Params, ProbeResult, Severity
 from bot.diagnosis.probes.workload_capture import shape_from_fleet
 from bot.kernel import RuleloopError
-from bot.kernel.numbers import Estimate, Measured
+from bot.kernel.numbers import Estimate, Measured, show_reading
 
 
 class WindowParams(Params):
@@ -139,11 +141,82 @@ class VllmMetricsProbe:
         }
         workload, unknown = _workload(fleet, at=dt.datetime.now(dt.UTC))
         details["workload"] = context_line(workload) if workload else f"not read: {unknown}"
+        merged = estimated | Measured.of(readings)
         return ProbeResult(
-            readings=estimated | Measured.of(readings) | steps | read_signals(window.pages),
+            readings=from_pools(merged, fleet) | steps | read_signals(window.pages),
             details=details, window=window,
-            workload=workload, workload_unknown=unknown,
+            workload=workload, workload_unknown=unknown, findings=pool_findings(fleet),
         )  # fmt: skip
+
+
+# Prefill/decode disaggregation: the readings each pool gives (docs/fleet.md "Prefill and
+# decode pools"). A decode replica's TTFT is its own leg's, after the prefill pool's; a prefill
+# replica generates one token per request, so its TPOT and finished requests are not the user's.
+FROM_POOL: dict[str, Pool] = {
+    "ttft_p99_ms": "prefill",
+    "ttft_p50_ms": "prefill",
+    "tpot_p99_ms": "decode",
+    "itl_p99_ms": "decode",
+    "goodput_ratio": "decode",
+    "requests_finished": "decode",
+    "generation_tokens_per_s": "decode",
+}
+
+
+def from_pools(merged: Measured, fleet: FleetWindow) -> Measured:
+    """The readings with each of FROM_POOL taken from its pool's merged window (as they were
+    for a fleet of like engines)."""
+    if not fleet.pools:
+        return merged
+    own = {pool: _pool_readings(window) for pool, window in fleet.pools.items()}
+    nothing = Measured()
+    return Measured(
+        {
+            k: own.get(FROM_POOL[k], nothing).reading(k) if k in FROM_POOL else r
+            for k, r in merged.readings.items()
+        }
+    )
+
+
+def _pool_readings(window: SampledWindow) -> Measured:
+    engine = window.engine
+    return Measured(
+        {
+            "ttft_p99_ms": engine.ttft_ms.reading("p99"),
+            "ttft_p50_ms": engine.ttft_ms.reading("p50"),
+            "tpot_p99_ms": window.tpot_ms.reading("p99"),
+            "itl_p99_ms": engine.itl_ms.reading("p99"),
+            "goodput_ratio": engine.goodput.reading(),
+        }
+    ) | Measured.of(
+        {
+            "requests_finished": engine.requests_finished,
+            "generation_tokens_per_s": engine.generation_tokens_per_s,
+        }
+    )
+
+
+def pool_findings(fleet: FleetWindow) -> list[Finding]:
+    """Which pool each headline number comes from (none for a fleet of like engines)."""
+    if not fleet.pools:
+        return []
+    said = []
+    for key, label in (("ttft_p99_ms", "TTFT p99"), ("tpot_p99_ms", "TPOT p99")):
+        pool = FROM_POOL[key]
+        window = fleet.pools.get(pool)
+        reading = None if window is None else _pool_readings(window).reading(key)
+        shown = show_reading(key, reading)
+        n = sum(r.replica.pool == pool for r in fleet.replicas)
+        said.append(f"{label} {shown} from the {pool} pool ({n} replica{'s' * (n != 1)})")
+    return [
+        Finding(
+            Severity.INFO,
+            "prefill/decode pools: " + "; ".join(said) + ": a decode replica's TTFT (after "
+            "the prefill pool's) is not the user's, so TTFT is judged on the prefill pool and "
+            "TPOT and finished requests on the decode pool",
+            "vllm_metrics: pools (docs/fleet.md)",
+        )
+    ]
 
 
 def _workload(fleet: FleetWindow, *, at: dt.datetime) -> tuple[WorkloadShape | None, str]:

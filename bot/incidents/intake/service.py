@@ -304,8 +304,9 @@ def _owed_note(owed: int) -> str:
 
 def _instances(target: Target) -> set[str]:
     """The `instance` labels Prometheus gives the target's engines: host:port of its URL and of
-    each listed replica (never user info)."""
-    return {target.hostport} | {urlsplit(url).netloc.rpartition("@")[2] for url in target.replicas}
+    each listed replica, of either pool too (never user info)."""
+    listed = [*target.replicas, *target.prefill_replicas, *target.decode_replicas]
+    return {target.hostport} | {urlsplit(url).netloc.rpartition("@")[2] for url in listed}
 
 
 def _key(alert: WebhookAlert) -> dict[str, str]:

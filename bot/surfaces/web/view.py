@@ -110,7 +110,8 @@ def _fleet(summary: DiagnosisSummary) -> Fleet | None:
             return four_number(key, getattr(row, key), bound)
 
         tone = BAD if row.state == "slow" else (GOOD if row.state == "ok" else NEUTRAL)
-        why = "; ".join(w for w in (row.why, row.note) if w)
+        pool = (row.model_extra or {}).get("pool")  # prefill/decode: the pool it was judged in
+        why = "; ".join(w for w in (pool and f"{pool} pool", row.why, row.note) if w)
         requests = "n/a" if row.requests is None else str(row.requests)
         rows.append(ReplicaLine(row.replica, row.state, tone, requests, cell("ttft_p99_ms"),
                                 cell("tpot_p99_ms"), cell("queue_time_p99_ms"), why))  # fmt: skip
