@@ -26,7 +26,7 @@ WORKDIR /src
 COPY requirements.lock ./
 RUN python -m venv /opt/ruleloop \
  && /opt/ruleloop/bin/pip install --require-hashes --no-deps -r requirements.lock
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY bot ./bot
 COPY latency_checker ./latency_checker
 # The wheel is built with the locked setuptools (no build isolation: nothing unpinned is

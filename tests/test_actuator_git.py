@@ -126,6 +126,29 @@ async def test_promote_then_rollback_reverts_both_commits_once_and_serves_the_ol
     assert rig.fleet.branches() == ["main"] and not rig.forge.open_pulls()
 
 
+async def test_stage_commits_the_recorded_flags_to_the_canary_only(rig: Rig) -> None:
+    act, replaced = await prepared(rig)
+    flags = merge(replaced.flags, CHANGE)
+    await act.apply(flags)
+    await act.promote(flags)
+    staged = await rig.actuator().stage(replaced)  # a drift before-run: no change's context
+    assert staged.flags == {"max-num-batched-tokens": 8192} and staged.base_url == CANARY_URL
+    assert read_flags(rig.args("vllm-canary")) == {"max-num-batched-tokens": 8192}
+    assert read_flags(rig.args("vllm")) == {"max-num-batched-tokens": 2048}
+
+
+async def test_stage_refuses_what_a_file_edit_cannot_remove(rig: Rig) -> None:
+    act, replaced = await prepared(rig)
+    flags = merge(replaced.flags, {**CHANGE, "block-size": 32})
+    await act.apply(flags)
+    await act.promote(flags)
+    head = rig.fleet.head()
+    with pytest.raises(ActuatorError, match=r"it runs --block-size, which the record has not"):
+        await rig.actuator().stage(replaced)
+    assert rig.fleet.head() == head  # nothing committed: it would serve a mix of both
+    assert read_flags(rig.args("vllm-canary")) == {"max-num-batched-tokens": 2048, "block-size": 32}
+
+
 async def test_someone_changing_the_file_since_current_is_refused_before_anything_is_pushed(
     rig: Rig,
 ) -> None:

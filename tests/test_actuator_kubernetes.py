@@ -267,6 +267,47 @@ async def test_canary_apply_patches_only_the_canary_and_promote_the_main(
     assert kube.rolled_out("vllm") and kube.rolled_out("vllm-canary")
 
 
+async def test_stage_serves_a_record_exactly_on_the_canary_and_a_rollback_undoes_it(
+    make: Make, kube: FakeKube
+) -> None:
+    """A drift before-run's stage: the change it undoes set one flag and added two; the canary
+    serves exactly the recorded args (the added flags gone), the main Deployment is left alone,
+    and a fresh actuator (a replica resuming a killed before-run) restores what served."""
+    kube.add_deployment("vllm-canary", args=ARGS, replicas=1)
+    actuator = make(canary_deployment="vllm-canary", canary_url=CANARY_URL)
+    replaced = await actuator.current()
+    change = {**CHANGE, "block-size": 32, "enable-prefix-caching": True}
+    await actuator.apply(merge(replaced.flags, change))
+    await actuator.promote(merge(replaced.flags, change))
+    fixed = kube.args("vllm")
+    assert read_flags(fixed) == read_flags(ARGS) | change and kube.args("vllm-canary") == fixed
+    serving = await actuator.current()
+    patched = len(kube.patches())
+
+    staged = await actuator.stage(replaced)
+    assert kube.args("vllm-canary") == ARGS  # no --block-size, no --enable-prefix-caching
+    assert staged.flags == replaced.flags and staged.base_url == CANARY_URL
+    assert kube.args("vllm") == fixed and kube.rolled_out("vllm-canary")
+    assert [p.path.rsplit("/", 1)[1] for p in kube.patches()[patched:]] == ["vllm-canary"]
+
+    await make(canary_deployment="vllm-canary", canary_url=CANARY_URL).rollback(serving)
+    assert kube.args("vllm-canary") == kube.args("vllm") == fixed
+    assert [p.path.rsplit("/", 1)[1] for p in kube.patches()[patched:]] == ["vllm-canary"] * 2
+
+
+async def test_stage_without_canary_is_the_main_deployment(make: Make, kube: FakeKube) -> None:
+    actuator = make()
+    replaced = await actuator.current()
+    await actuator.apply(merge(replaced.flags, {**CHANGE, "block-size": 32}))
+    await actuator.stage(replaced)
+    assert kube.args("vllm") == ARGS
+
+
+async def test_stage_refuses_a_record_of_another_deployment(make: Make) -> None:
+    with pytest.raises(ActuatorError, match="cannot serve the recorded flags"):
+        await make().stage(Deployed(flags={}, base_url=VLLM_URL, detail={"deployment": "x"}))
+
+
 async def test_canary_rollback_leaves_an_unchanged_main_alone(make: Make, kube: FakeKube) -> None:
     kube.add_deployment("vllm-canary", args=ARGS, replicas=1)
     actuator = make(canary_deployment="vllm-canary", canary_url=CANARY_URL)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import time
 from collections.abc import AsyncIterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -22,7 +24,7 @@ from bot.agent.session import NvmlSession
 from bot.app.cli import cli
 from tests.conftest import FIXTURES
 from tests.fakes.nvml import FakeNvml
-from tests.fakes.nvml_agent import TOKEN, running_agent
+from tests.fakes.nvml_agent import TOKEN, AgentProcess, running_agent
 
 H200 = FIXTURES / "nvml" / "h200-x2.json"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -269,6 +271,55 @@ def test_the_process_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
         _, err = agent.process.communicate(timeout=30)
         assert agent.process.returncode == 0, err
         assert f"agent on {agent.url} (bearer token)" in err
+        # text by default: the line a person reads, as `ruleloop serve` writes it
+        assert f"INFO ruleloop.agent: agent on {agent.url}" in err and not err.startswith("{")
+
+
+def _stopped_log(agent: AgentProcess, xid_seen: bool) -> list[str]:
+    """Stop the agent (once /snapshot counts the XID the fake raised, if ``xid_seen``); its
+    stderr, line by line."""
+    deadline = time.monotonic() + 30
+    while xid_seen and time.monotonic() < deadline:
+        gpus = httpx.get(f"{agent.url}/snapshot", headers=AUTH, timeout=10).json()["gpus"]
+        if gpus[1]["xid"]["count"] == 1:
+            break
+        time.sleep(0.05)
+    agent.process.send_signal(signal.SIGTERM)
+    _, err = agent.process.communicate(timeout=30)
+    assert agent.process.returncode == 0, err
+    return err.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("agent_args", "env"),
+    [(("--log-format", "json"), {}), ((), {"RULELOOP_LOG_FORMAT": "json"})],
+    ids=["flag", "env"],
+)
+def test_the_process_logs_json_lines(
+    tmp_path: Path, agent_args: tuple[str, ...], env: dict[str, str]
+) -> None:
+    """--log-format json (or the bot's $RULELOOP_LOG_FORMAT): every line on stderr is one JSON
+    object with the bot's fields (bot/kernel/runtime/logs.py), the XID warning included."""
+    fake = ("--fixture", str(H200), "--xid", "1:79")
+    with running_agent(tmp_path, *fake, agent_args=agent_args, env=env) as agent:
+        lines = _stopped_log(agent, xid_seen=True)
+    records = [json.loads(line) for line in lines]  # fails on any line that is not JSON
+    assert all({"time", "level", "logger", "message"} <= set(r) for r in records), records
+    started = {"level": "INFO", "logger": "ruleloop.agent",
+               "message": f"agent on {agent.url} (bearer token); GET /snapshot, /healthz"}  # fmt: skip
+    assert started.items() <= records[0].items()
+    assert datetime.fromisoformat(records[0]["time"]).utcoffset() == timedelta(0)
+    xid = {"level": "WARNING", "logger": "ruleloop.agent", "message": "XID 79 on GPU 1"}
+    assert [r for r in records if xid.items() <= r.items()], records
+
+
+def test_the_process_log_level(tmp_path: Path) -> None:
+    """--log-level warning drops the agent's info line and keeps its warnings."""
+    fake = ("--fixture", str(H200), "--xid", "1:79")
+    with running_agent(tmp_path, *fake, agent_args=("--log-level", "warning")) as agent:
+        lines = _stopped_log(agent, xid_seen=True)
+    assert not [line for line in lines if "agent on" in line], lines
+    assert [line for line in lines if "WARNING ruleloop.agent: XID 79 on GPU 1" in line], lines
 
 
 def test_the_process_reports_a_busy_port(tmp_path: Path) -> None:

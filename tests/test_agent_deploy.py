@@ -127,6 +127,7 @@ def assert_read_only_non_root_no_gpu(container: dict) -> None:
     args = container["args"]
     assert args[0] == "agent" and args[args.index("--listen") + 1] == "0.0.0.0:9401"
     assert args[args.index("--token-file") + 1] == f"{TOKEN_DIR}/token"
+    assert args[args.index("--log-format") + 1] == "json"  # as the bot's, for a log collector
     known = {opt for param in agent_command.params for opt in param.opts}
     assert {a for a in args[1:] if a.startswith("--")} <= known, "a flag `ruleloop agent` lacks"
 

@@ -81,7 +81,8 @@ def test_agent_help_names_the_token_path_the_shipped_component_mounts() -> None:
 
 def test_license_is_the_apache_license_pyproject_names() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert project["license"] == {"text": "Apache-2.0"}
+    # an SPDX expression (the `{text = ...}` table is deprecated) and the file it is in
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
     text = (ROOT / "LICENSE").read_text()
     assert "Apache License\n                           Version 2.0, January 2004" in text
     assert "END OF TERMS AND CONDITIONS" in text and len(text.splitlines()) == 202

@@ -321,3 +321,5 @@ def test_build_stage_makes_a_wheel_with_every_package_file(tmp_path: Path) -> No
     missing = [p for p in shipped if p not in names]
     assert not missing, f"not in the wheel (add them to package-data in pyproject.toml): {missing}"
     assert "bot/templates/adr.md.j2" in names
+    # pyproject's license-files: the build stage copies LICENSE (setuptools will refuse without)
+    assert [n for n in names if n.endswith(".dist-info/licenses/LICENSE")], sorted(names)[-8:]

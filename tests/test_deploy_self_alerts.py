@@ -27,7 +27,8 @@ RULES = PROMETHEUS / "ruleloop-alerts.rules.yml"
 TESTS = PROMETHEUS / "ruleloop-alerts.test.yml"
 PROMETHEUSRULE = KUBERNETES / "components" / "operator" / "prometheusrule-ruleloop.yaml"
 SELF_ALERTS = ["RuleloopDown", "RuleloopStoreDown", "RuleloopSlackDeliveriesFailing",
-               "RuleloopOutboxBacklog", "RuleloopRollbackFailed", "RuleloopShedding"]  # fmt: skip
+               "RuleloopOutboxBacklog", "RuleloopRollbackFailed", "RuleloopShedding",
+               "RuleloopScheduledJobFailing", "RuleloopScheduledJobLagging"]  # fmt: skip
 
 
 def promtool() -> str:
@@ -68,6 +69,12 @@ def test_promtool_unit_tests_pass() -> None:
         # a replica that just started is no new rollback failure
         ("increase(ruleloop_remediation_rollbacks_failed_total{job=\"ruleloop\"}[1h])",
          "ruleloop_remediation_rollbacks_failed_total{job=\"ruleloop\"}"),
+        # a job's failures, not its periods done
+        ("result=\"failed\"}[15m]", "result=~\"failed|done\"}[15m]"),
+        # one failed period of an hourly job is no alert
+        ("result=\"failed\"}[15m])) > 0\n        for: 15m", "result=\"failed\"}[15m])) > 0\n        for: 5m"),
+        # a lease's worth of lag (a period taken over) is no alert
+        ("[15m]))\n          > 300", "[15m]))\n          > 60"),
     ],
 )  # fmt: skip
 def test_the_promtool_cases_catch_a_changed_rule(tmp_path: Path, old: str, new: str) -> None:

@@ -46,6 +46,8 @@ from tests.workload_pages import chat
 VLLM_URL = "http://10.0.0.5:8000"  # production: the after-run replays there without a before-run
 REPLACED = ["--model", "/models/llama-3-8b", "--max-num-batched-tokens", "8192"]
 FIX = ["--model", "/models/llama-3-8b", "--max-num-batched-tokens", "2048"]  # the ADR's change
+# a change that also added flags (the args as the actuator's apply writes them)
+FIX_ADDING = [*FIX, "--block-size", "32", "--enable-chunked-prefill"]
 OLD_BEFORE = {"ttft_p99_ms": 4500.0, "tpot_p99_ms": 1923.4}  # the change's own before-run
 RELATIVE = "  max_tpot_p99_ms: 0.5x before\n"
 NOT_RUN = "max_tpot_p99_ms 0.5x before: the before-run on the live shape did not run: "
@@ -63,7 +65,12 @@ class StageCanary:
         self._kube = kube
 
     async def __call__(
-        self, base_url: str, spec: CanarySpec, gates: AdrGates, *, shape: Any = None,
+        self,
+        base_url: str,
+        spec: CanarySpec,
+        gates: AdrGates,
+        *,
+        shape: Any = None,
         **judging: Any,
     ) -> GateRun:
         deployment = "vllm" if base_url == VLLM_URL else "vllm-canary"
@@ -131,19 +138,24 @@ def kube_target(canary_url: str, **canary: Any) -> dict[str, Any]:
     return {"vllm_url": VLLM_URL, "actuator": actuator, "canary": canary}
 
 
-async def changed_by_the_adr(kube: FakeKube, actuators: KubeActuators, h: Harness) -> Deployed:
+async def changed_by_the_adr(
+    kube: FakeKube, actuators: KubeActuators, h: Harness, fix: list[str]
+) -> Deployed:
     """The ADR's change made for real (apply on the canary stage, then promote); what served
     before it, as the actuator recorded it."""
     actuator: Actuator = actuators("prod-a", h.bot.flows.settings.targets["prod-a"])
     replaced = await actuator.current()
-    await actuator.apply(read_flags(FIX))
-    await actuator.promote(read_flags(FIX))
-    assert kube.args("vllm") == kube.args("vllm-canary") == FIX
+    await actuator.apply(read_flags(fix))
+    await actuator.promote(read_flags(fix))
+    assert kube.args("vllm") == kube.args("vllm-canary") == fix
     return replaced
 
 
 @pytest.fixture
-async def stage(tmp_path: Path, slack: FakeSlack) -> AsyncIterator[Stage]:
+async def stage(
+    tmp_path: Path, slack: FakeSlack, request: pytest.FixtureRequest
+) -> AsyncIterator[Stage]:
+    fix = getattr(request, "param", FIX)  # the args the ADR's change left serving
     kube = FakeKube()
     kube.add_deployment("vllm", args=REPLACED, replicas=2)
     kube.add_deployment("vllm-canary", args=REPLACED, replicas=1)
@@ -159,7 +171,7 @@ async def stage(tmp_path: Path, slack: FakeSlack) -> AsyncIterator[Stage]:
         try:
             record_workload(Path(h.bot.flows.settings.paths.adr), chat())
             set_gates(h, RELATIVE)
-            replaced = await changed_by_the_adr(kube, actuators, h)
+            replaced = await changed_by_the_adr(kube, actuators, h, fix)
             yield Stage(h, kube, canary, traffic, slack, replaced, engine.base_url,
                         patches_before=len(kube.patches()))  # fmt: skip
         finally:
@@ -203,6 +215,34 @@ async def test_the_fix_still_helps_against_a_before_on_the_live_shape(stage: Sta
     assert (session.target, session.state) == ("prod-a", "restored")
     assert session.approved_by == ["[targets.prod-a.canary] drift_before_run"]
     assert stage.actions() == ["tune.started", "tune.restoring", "tune.restored"]
+
+
+@pytest.mark.parametrize("stage", [FIX_ADDING], indirect=True)
+async def test_the_before_serves_without_the_flags_the_change_added(stage: Stage) -> None:
+    """The change set --max-num-batched-tokens 2048 and added --block-size 32 and
+    --enable-chunked-prefill: the before is the args it replaced, not 8192 with its additions."""
+    stage.promote()
+    stage.traffic.kind = "agents"
+    drift = await tick(stage.h)
+    assert drift.detail["revalidated"] == [f"{ADR}: gates hold"], drift.detail
+
+    (_, _, _, during), (_, _, _, after) = stage.canary.calls
+    assert during == REPLACED  # measured on exactly the replaced args: no flag of the change
+    assert after == FIX_ADDING  # the after-run: the same engine, the change's args back
+    # the PATCHes of the canary Deployment: the replaced args, then exactly the change's again
+    patched = [p.body["spec"]["template"]["spec"]["containers"][0]["args"]
+               for p in stage.new_patches()]  # fmt: skip
+    assert patched == [REPLACED, FIX_ADDING]
+    assert [p.path.rsplit("/", 1)[1] for p in stage.new_patches()] == ["vllm-canary"] * 2
+    assert stage.kube.args("vllm-canary") == stage.kube.args("vllm") == FIX_ADDING
+    assert stage.kube.rolled_out("vllm-canary")
+    text = stage.thread()
+    assert (
+        "--max-num-batched-tokens=8192 without --block-size --enable-chunked-prefill "
+        "(the flags its change replaced) on the canary stage"
+    ) in text
+    (session,) = stage.sessions()
+    assert session.state == "restored" and session.plan["flags"] == read_flags(REPLACED)
 
 
 async def test_the_fix_that_stopped_helping_fails_its_gate(stage: Stage) -> None:

@@ -360,8 +360,8 @@ async def _before_run_killed(cluster: Cluster, case: Case) -> None:
         streams = cluster.engine.streams
         while True:
             row = cluster.session()
-            now = read_flags(cluster.kube.args("vllm-canary"))
-            replaced = all(now.get(k) == v for k, v in read_flags(ARGS).items())
+            # exactly the replaced flags: the ones the ADR's change added are gone too
+            replaced = read_flags(cluster.kube.args("vllm-canary")) == read_flags(ARGS)
             if row is None or not replaced:
                 streams = cluster.engine.streams
             elif case.step == "replaced" or cluster.engine.streams > streams:
@@ -385,6 +385,10 @@ async def _before_run_killed(cluster: Cluster, case: Case) -> None:
     assert len(cluster.kube.patches()) > patched
     before = read_flags(ARGS)
     assert cluster.applied("vllm-canary", before) == 1 and cluster.applied("vllm", before) == 0
+    # as they served before the change: its added flags removed, the other args (a secret) kept
+    staged = [p.body["spec"]["template"]["spec"]["containers"][0]["args"]
+              for p in cluster.kube.patches("vllm-canary")[1:]]  # fmt: skip
+    assert staged == [ARGS, fixed], staged
     assert cluster.silences() == []  # a before-run silences nothing
 
 

@@ -122,6 +122,12 @@ def wheel_problems(
                 f"METADATA says {installed.metadata['Name']} {installed.version}, "
                 f"pyproject.toml ruleloop {version}"
             )
+        # pyproject's SPDX license (PEP 639, setuptools>=77) and the LICENSE file it names
+        if installed.metadata["License-Expression"] != "Apache-2.0":
+            problems.append(f"METADATA's License-Expression is "
+                            f"{installed.metadata['License-Expression']!r}, not 'Apache-2.0'")  # fmt: skip
+        if f"{dist_info}/licenses/LICENSE" not in names:
+            problems.append(f"no {dist_info}/licenses/LICENSE (pyproject's license-files)")
         console = {e.name: e.value for e in installed.entry_points if e.group == "console_scripts"}
         for name, target in scripts.items():
             if console.get(name) != target:
@@ -272,6 +278,10 @@ def rewrite(wheel: Path, into: Path, change: Callable[[str, bytes], bytes | None
          "not in the wheel (add them to package-data in pyproject.toml): ['bot/templates/adr.md.j2']"),
         (None, lambda n, b: None if n.startswith("bot/shipped/runbooks/") else b,
          "'bot/shipped/runbooks/default.yaml'"),
+        (None, lambda n, b: b.replace(b"License-Expression: Apache-2.0", b"License: Apache-2.0") if n.endswith("METADATA") else b,
+         "METADATA's License-Expression is None, not 'Apache-2.0'"),
+        (None, lambda n, b: None if n.endswith(".dist-info/licenses/LICENSE") else b,
+         "licenses/LICENSE (pyproject's license-files)"),
         ("ruleloop-0.0.1-py3-none-any.whl", lambda n, b: b, "not ruleloop-"),
     ],
 )  # fmt: skip

@@ -27,9 +27,10 @@ async def serve(
     protocol = GuardedHttpToolsProtocol
     if head_limits is not None:
         protocol = protocol.with_limits(head_limits)
+    # log_config=None: uvicorn's own lines go through the command's handler (--log-format)
     config = uvicorn.Config(
         app, loop="none", http=protocol, ws="none", lifespan="off", access_log=False,
-        server_header=False, log_level="warning", timeout_graceful_shutdown=5,
+        server_header=False, log_level="warning", log_config=None, timeout_graceful_shutdown=5,
     )  # fmt: skip
     server = QuietServer(config)
     loop = asyncio.get_running_loop()

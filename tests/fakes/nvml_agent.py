@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -30,19 +31,20 @@ class AgentProcess:
 @contextlib.contextmanager
 def running_agent(
     tmp_path: Path, *fake: str, agent_args: tuple[str, ...] = (), token: str = TOKEN,
-    host: str = "127.0.0.1", port: int | None = None,
+    host: str = "127.0.0.1", port: int | None = None, env: dict[str, str] | None = None,
 ) -> Iterator[AgentProcess]:  # fmt: skip
     """Start ``python -m tests.fakes.nvml <fake> -- agent ...`` on ``host`` (a loopback
-    address: one per node of a DaemonSet) and ``port`` (unset: a free one); wait for /healthz;
-    stop it."""
+    address: one per node of a DaemonSet) and ``port`` (unset: a free one), with ``env`` over
+    this process's environment; wait for /healthz; stop it."""
     token_file = tmp_path / "agent-token"
     token_file.write_text(token + "\n")
     port = port or free_port()
     argv = [sys.executable, "-m", "tests.fakes.nvml", *fake, "--", "agent",
             "--listen", f"{host}:{port}", "--token-file", str(token_file), *agent_args]  # fmt: skip
     process = subprocess.Popen(
-        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, **(env or {})},
+    )  # fmt: skip
     url = f"http://{host}:{port}"
     try:
         _wait_ready(url, process)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 from pathlib import Path
+from typing import Literal
 
 import click
 
@@ -20,6 +22,9 @@ from bot.kernel.runtime import loop
 
 TOKEN_ENV = "RULELOOP_AGENT_TOKEN"
 MIN_TOKEN = 16
+LOG_FORMAT_ENV = "RULELOOP_LOG_FORMAT"  # the bot's names ([server] log_format, log_level)
+LOG_LEVEL_ENV = "RULELOOP_LOG_LEVEL"
+log = logging.getLogger("ruleloop.agent")
 
 EPILOG = """\b
 Examples:
@@ -28,6 +33,7 @@ Examples:
   curl -H "Authorization: Bearer $(cat /etc/ruleloop/agent-token)" localhost:9401/snapshot
   curl localhost:9401/healthz                           # no token needed
   ruleloop agent --once                                 # print one snapshot and exit
+  ruleloop agent --token-file ... --log-format json     # JSON lines on stderr (a collector)
 
 \b
 The bot reads it when a target names it (ruleloop.toml):
@@ -121,9 +127,22 @@ def read_token(token_file: Path | None, *, insecure: bool) -> str | None:
     help="Listen for XID error events (NVML reports XIDs only to a process that listens).",
 )
 @click.option("--once", is_flag=True, help="Print one snapshot as JSON and exit (no server).")
+@click.option(
+    "--log-format", type=click.Choice(["text", "json"]), default="text", show_default=True,
+    envvar=LOG_FORMAT_ENV, show_envvar=True,
+    help="The log on stderr: text (a line for a person) or json (one JSON object per line, "
+    "the bot's fields: time, level, logger, message).",
+)  # fmt: skip
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+    show_default=True, envvar=LOG_LEVEL_ENV, show_envvar=True,
+    help="The agent's own log lines (ruleloop.*); libraries log warnings and errors only "
+    "(RULELOOP_DEBUG=1: everything at debug).",
+)  # fmt: skip
 def agent(
-    listen: str, token_file: Path | None, insecure_no_auth: bool, watch_xid: bool, once: bool
-) -> None:
+    listen: str, token_file: Path | None, insecure_no_auth: bool, watch_xid: bool, once: bool,
+    log_format: Literal["text", "json"], log_level: Literal["debug", "info", "warning", "error"],
+) -> None:  # fmt: skip
     """Serve an NVML snapshot of this host's GPUs over HTTP, for the bot's nvml probe.
 
     GET /snapshot (bearer token) answers per GPU: memory used/total, utilisation, SM clock and
@@ -132,14 +151,18 @@ def agent(
     an NVIDIA driver it answers 503 with a JSON error saying so; it never writes to the GPU.
     GET /healthz needs no token.
     """
-    if once:
-        _print_once(NvmlSession(watch_xid=False))
-        return
-    host, port = _listen(listen)
-    token = read_token(token_file, insecure=insecure_no_auth)
-    if insecure_no_auth:
-        refuse_insecure_off_loopback(host)
-    loop.run(_serve(NvmlSession(watch_xid=watch_xid), host, port, token))
+    from bot.kernel.runtime import configured_logs
+
+    debug = bool(os.environ.get("RULELOOP_DEBUG"))
+    with configured_logs(log_format, log_level, debug=debug):
+        if once:
+            _print_once(NvmlSession(watch_xid=False))
+            return
+        host, port = _listen(listen)
+        token = read_token(token_file, insecure=insecure_no_auth)
+        if insecure_no_auth:
+            refuse_insecure_off_loopback(host)
+        loop.run(_serve(NvmlSession(watch_xid=watch_xid), host, port, token))
 
 
 def _print_once(session: NvmlSession) -> None:
@@ -162,7 +185,7 @@ async def _serve(session: NvmlSession, host: str, port: int, token: str | None) 
     auth = "bearer token" if token else "NO AUTH (--insecure-no-auth)"
 
     def started(url: str) -> None:
-        click.echo(f"agent on {url} ({auth}); GET /snapshot, /healthz", err=True)
+        log.info("agent on %s (%s); GET /snapshot, /healthz", url, auth)
 
     try:
         await serve(create_app(session, token=token), sock, on_started=started)

@@ -1,6 +1,8 @@
 """A drifted rule's before, measured on the live shape: the flags its change replaced, back on
 the target's canary stage for one canary run that replays production's live traffic, then what
-serves now is put back.
+serves now is put back. They go back exactly as they served (``Actuator.stage``, which restores
+the change's record as a rollback does): a flag the change added is removed, not left on
+beside the old values, or the before would be a mix of before and after.
 
 '0.5x before' only compares like with like: the before-run of the change that put an ADR in
 force was measured under the incident's workload. When production's workload drifts, the
@@ -43,7 +45,7 @@ class BeforeRun:
     """The numbers of the replaced flags under the live shape, or why there are none."""
 
     numbers: Normal | None
-    flags: str  # the replaced flags, in words ('--max-num-batched-tokens=8192')
+    flags: str  # the replaced flags, in words ('--max-num-batched-tokens=8192 without --x')
     why: str = ""  # when ``numbers`` is None
     base_url: str = ""  # where it measured: the after-run measures the same engine
     stage: str = "the target"  # 'the canary stage' where the actuator has one
@@ -109,8 +111,7 @@ class BeforeRuns:
         ratios: Mapping[str, float],
     ) -> BeforeRun:
         """The before-run, held like a tuning session; ``serving`` is restored at its end."""
-        # what the change replaced, in words: the flags that differ from what serves now
-        flags = flags_text({k: v for k, v in replaced.flags.items() if serving.flags.get(k) != v})
+        flags = _replaced_text(replaced.flags, serving.flags)
         if serving.flags == replaced.flags:
             why = f"{self._name} already serves the flags {adr_id} replaced"
             return BeforeRun(None, flags_text(replaced.flags), why)
@@ -151,7 +152,9 @@ class BeforeRuns:
     ) -> tuple[Normal, Samples, str]:
         """The before's numbers and per-request values, and the URL they were measured at (the
         canary stage's)."""
-        deployed = await actuator.apply(replaced.flags)
+        # exactly what served before the change, not its flags set over the change's: a flag
+        # the change added is removed (the actuator restores the record as its rollback does)
+        deployed = await actuator.stage(replaced)
         # judged by nothing: a before-run only measures what the relative gates compare with,
         # on as many requests as their two-sample test needs (``ratios`` size the run)
         result = await self._gate(
@@ -165,6 +168,14 @@ class BeforeRuns:
             return await self._records.heartbeat(session_id, runner=runner)
 
         return beat
+
+
+def _replaced_text(replaced: Mapping[str, object], serving: Mapping[str, object]) -> str:
+    """What the change replaced, in words: the flags that differ from what serves now, and
+    those it added ('--max-num-batched-tokens=8192 without --block-size')."""
+    words = flags_text({k: v for k, v in replaced.items() if serving.get(k) != v}, none="")
+    added = " ".join(f"--{k}" for k in sorted(set(serving) - set(replaced)))
+    return " ".join(part for part in (words, added and f"without {added}") if part)
 
 
 def _in_flight(busy: Holder, target: str) -> str:

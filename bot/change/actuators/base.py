@@ -7,6 +7,9 @@ An actuator changes the tunable vLLM flags of one target and can put them back:
                        (the whole target when there is no separate canary), wait until healthy
     promote(flags)     roll the same flags out to the rest of the target (no-op without a stage)
     rollback(before)   restore exactly what ``before`` recorded, wait until healthy again
+    stage(recorded)    serve exactly the command line ``recorded`` kept of the target, on the
+                       canary stage only (the whole target when there is none), as ``rollback``
+                       restores it: the tunable flags it did not run are removed; wait
 
 All methods are async and raise ``ActuatorError`` with a message fit for Slack when the change
 cannot be made or the engine does not come back healthy.
@@ -74,6 +77,10 @@ class Actuator(Protocol):
 
     async def rollback(self, before: Deployed) -> Deployed:
         """Restore ``before`` exactly; wait until healthy."""
+        ...
+
+    async def stage(self, recorded: Deployed) -> Deployed:
+        """Serve exactly ``recorded``'s tunable flags (none added) on the canary stage; wait."""
         ...
 
     async def aclose(self) -> None:

@@ -36,3 +36,8 @@ class DryRunActuator:
         """Forget the flags."""
         self._flags = dict(before.flags)
         return await self.current()
+
+    async def stage(self, recorded: Deployed) -> Deployed:
+        """Remember the recorded flags only."""
+        self._flags = dict(recorded.flags)
+        return await self.current()

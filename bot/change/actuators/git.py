@@ -15,6 +15,9 @@ change that is to last must be a commit the GitOps tool deploys.
     rollback()  close what is open (pull requests, branches of this target), then one revert
                 commit of every commit of this target since the recorded head that is not
                 reverted yet, landed the same way; wait until the old flags serve again
+    stage()     apply() of the flags the main Deployment ran when a record was made, on the
+                canary's file; refused when the stage runs a flag the record has not (a file's
+                edit removes no flag)
 
 rollback is idempotent from any point, so a replica that takes over after a `kill -9` simply
 calls it: the history since the recorded head says what landed (commit trailers, see
@@ -153,6 +156,24 @@ class GitActuator:
             await self._wait_served(wanted, tip, what=f"the rollback of {self.target}")
             self._refuse_later_edits(before, files, touched)
             return await self._deployed(tip, files)
+
+    async def stage(self, recorded: Deployed) -> Deployed:
+        """Commit the flags the main Deployment ran when ``recorded`` was made to the canary's
+        file (the main one without a canary); wait until served. A file's edit sets flags and
+        removes none: when the stage runs a tunable flag the record has not, ActuatorError says
+        so before anything is committed (it would serve a mix of both, not the record)."""
+        wanted = _stage_flags(recorded, self.stages[-1])
+        stage = self.stages[0]
+        async with self._session():
+            running = read_flags((await self._container(stage.deployment)).args)
+        added = sorted(set(running) - set(wanted))
+        if added:
+            raise ActuatorError(
+                f"cannot serve the recorded flags on Deployment {stage.deployment}: it runs "
+                f"{', '.join('--' + name for name in added)}, which the record has not, and the "
+                "git actuator sets flags in a file but removes none"
+            )
+        return await self._change(stage, wanted)
 
     # --- apply and promote ----------------------------------------------------------------------
 

@@ -6,6 +6,9 @@
     rollback()  PATCH back exactly the recorded args (and pod-template annotation), wait, verify;
                 the record keeps no values of arguments off the allowlist (``argv.record``):
                 they are read back from the Deployment and checked against the record's hash
+    stage()     PATCH the canary Deployment (the main one without canary) with the main one's
+                recorded args, restored as rollback() restores them (tunable flags not recorded
+                are removed), wait, verify; the main Deployment is left alone
 
 Only ``args`` is rewritten: vLLM images run the server as their entrypoint and take flags in
 ``args``. A container whose ``command`` carries tunable flags is refused (rewriting ``args``
@@ -144,31 +147,11 @@ class KubernetesActuator:
         other arguments are the ones running now, checked against the recorded fingerprint.
         When they changed meanwhile, the tunable flags are still put back, then ActuatorError
         says so (with fingerprints and tunable flags only: other values may be secrets)."""
-        recorded = before.detail.get("deployment")
-        if recorded != self.spec.deployment:
-            raise ActuatorError(
-                f"cannot roll back: the record is for Deployment {recorded!r}, "
-                f"this target's actuator changes {self.spec.deployment!r}"
-            )
-        stages = [""]
+        self._refuse_other_record(before, "roll back")
+        stages = [(self.spec.deployment, "")]
         if self.spec.canary_deployment and _kept(before.detail, "canary_") is not None:
-            stages.insert(0, "canary_")
-        wanted: list[tuple[str, str, list[str], bool]] = []
-        rollouts: list[tuple[str, int]] = []
-        for prefix in stages:  # patch all first: they roll out side by side
-            name = self.spec.canary_deployment if prefix else self.spec.deployment
-            assert name is not None
-            read = await self._read(name)
-            args, exact = _restored(before.detail, prefix, read.args)
-            annotation = _annotation(before.detail, prefix, args)
-            wanted.append((name, prefix, args, exact))
-            generation = read.generation  # already as recorded: its rollout may still run
-            if read.args != args or read.annotation != annotation:
-                generation = await self._patch(read, args, annotation, precondition=False)
-            rollouts.append((name, generation))
-        for name, generation in rollouts:
-            await self._wait(name, generation)
-        for name, prefix, args, exact in wanted:
+            stages.insert(0, (self.spec.canary_deployment, "canary_"))
+        for name, prefix, args, exact in await self._restore(before.detail, stages):
             now = (await self._read(name)).args
             where = f"Deployment {self._where(name)}"
             if not exact:
@@ -180,14 +163,52 @@ class KubernetesActuator:
                     "someone else changed them meanwhile; ruleloop keeps no copy of their values "
                     "(they may hold secrets), so check them by hand: `kubectl rollout history`"
                 )
-            if now != args:
-                raise ActuatorError(
-                    f"rolled back {where}, but its container args are now argv "
-                    f"{_short(fingerprint(now))} ({flags_text(read_flags(now))}) instead of "
-                    f"the recorded {_short(fingerprint(args))} ({flags_text(read_flags(args))}):"
-                    " someone else changed it; check `kubectl rollout history`"
-                )
+            _refuse_unlike(now, args, where, "rolled back")
         return await self.current()
+
+    async def stage(self, recorded: Deployed) -> Deployed:
+        """Give the canary Deployment (the main one without a canary) the args ``recorded``
+        kept of the main one, restored as a rollback restores them (their tunable flags exactly:
+        those not recorded are removed; the other arguments the stage's own); wait; verify.
+        The main Deployment is not touched when there is a canary."""
+        self._refuse_other_record(recorded, "serve the recorded flags")
+        name = self.spec.canary_deployment or self.spec.deployment
+        ((_, _, args, _),) = await self._restore(recorded.detail, [(name, "")])
+        staged = await self._read(name)
+        _refuse_unlike(staged.args, args, f"Deployment {self._where(name)}", "staged")
+        if not self.spec.canary_deployment:
+            return self._deployed(staged, None, flags=read_flags(staged.args))
+        main = await self._read(self.spec.deployment)
+        return self._deployed(main, staged, flags=read_flags(staged.args))
+
+    def _refuse_other_record(self, record_: Deployed, what: str) -> None:
+        recorded = record_.detail.get("deployment")
+        if recorded != self.spec.deployment:
+            raise ActuatorError(
+                f"cannot {what}: the record is for Deployment {recorded!r}, "
+                f"this target's actuator changes {self.spec.deployment!r}"
+            )
+
+    async def _restore(
+        self, detail: Mapping[str, Any], stages: list[tuple[str, str]]
+    ) -> list[tuple[str, str, list[str], bool]]:
+        """Each Deployment ``name`` given the args (and annotation) ``detail`` recorded under
+        ``prefix`` ('' the main one's, 'canary_'), all patched first (they roll out side by
+        side), then waited for: (name, prefix, the args, whether exactly the recorded ones)."""
+        wanted: list[tuple[str, str, list[str], bool]] = []
+        rollouts: list[tuple[str, int]] = []
+        for name, prefix in stages:
+            read = await self._read(name)
+            args, exact = _restored(detail, prefix, read.args)
+            annotation = _annotation(detail, prefix, args)
+            wanted.append((name, prefix, args, exact))
+            generation = read.generation  # already as recorded: its rollout may still run
+            if read.args != args or read.annotation != annotation:
+                generation = await self._patch(read, args, annotation, precondition=False)
+            rollouts.append((name, generation))
+        for name, generation in rollouts:
+            await self._wait(name, generation)
+        return wanted
 
     # --- steps --------------------------------------------------------------------------------
 
@@ -347,6 +368,17 @@ def _restored(detail: Mapping[str, Any], prefix: str, running: list[str]) -> tup
     if kept is None:  # a record written before argv records: the args themselves
         return [str(a) for a in detail[f"{prefix}args"]], True
     return restore(kept, running)
+
+
+def _refuse_unlike(now: list[str], args: list[str], where: str, done: str) -> None:
+    """ActuatorError unless ``where`` runs ``args`` (someone else changed it meanwhile)."""
+    if now != args:
+        raise ActuatorError(
+            f"{done} {where}, but its container args are now argv "
+            f"{_short(fingerprint(now))} ({flags_text(read_flags(now))}) instead of "
+            f"the recorded {_short(fingerprint(args))} ({flags_text(read_flags(args))}):"
+            " someone else changed it; check `kubectl rollout history`"
+        )
 
 
 def _annotation(detail: Mapping[str, Any], prefix: str, args: list[str]) -> str | None:

@@ -5,7 +5,9 @@ port with the change (the target's engine keeps serving as it was; the project's
 the canary engine its share of the traffic, ``ruleloop gateway --canary-upstream``), ``promote``
 restarts the target's engine with the change and then stops the canary one (the gateway sends
 each engine's requests to the other while it restarts), and ``rollback`` stops the canary
-engine (and restores the target's engine if a promotion had reached it).
+engine (and restores the target's engine if a promotion had reached it). ``stage`` starts the
+canary engine (the target's without a canary stage) with launch flags a record kept, restored
+as ``rollback`` restores them.
 
 The engine is found by the port of the target's vllm_url. Its flags are read back from the
 running process's own command line (/proc/<pid>/cmdline), not from what we asked for, so a
@@ -97,11 +99,7 @@ class LocalActuator:
             serving = await asyncio.to_thread(self._manager.find, self._port)
             if serving is not None and self._deployed(serving).flags == before.flags:
                 return self._deployed(serving)
-        kept: dict[str, Any] = before.detail.get("argv") or {}
-        if not kept:  # a record written before argv records: the launch flags themselves
-            launch, exact = list(before.detail["launch_flags"]), True
-        else:
-            launch, exact = restore(kept, await asyncio.to_thread(self._launch_flags))
+        launch, exact = await self._recorded(before)
         restored = await self._restart(launch)
         if restored.flags != before.flags:
             raise ActuatorError(
@@ -109,6 +107,7 @@ class LocalActuator:
                 f"not the recorded {before.flags}"
             )
         if not exact:
+            kept = before.detail.get("argv") or {}
             raise ActuatorError(
                 f"the engine on port {self._port} runs the recorded tunable flags again, but its "
                 "other launch arguments are not the ones recorded before the change (argv "
@@ -116,6 +115,29 @@ class LocalActuator:
                 "check them by hand"
             )
         return restored
+
+    async def stage(self, recorded: Deployed) -> Deployed:
+        """Start the canary engine (the engine itself without a canary stage) with the launch
+        flags ``recorded`` kept, restored as a rollback restores them (tunable flags not
+        recorded are removed); the engine serves on as it was when there is a canary stage."""
+        info = await self._running()
+        await asyncio.to_thread(self._keep, info.flags)
+        launch, _ = await self._recorded(recorded)
+        host, port = self._canary if self._canary is not None else (None, None)
+        staged = await self._restart(launch, host=host, port=port)
+        if staged.flags != recorded.flags:
+            raise ActuatorError(
+                f"the engine started with {staged.flags}, not the recorded {recorded.flags}"
+            )
+        return staged
+
+    async def _recorded(self, before: Deployed) -> tuple[list[str], bool]:
+        """The launch flags ``before`` recorded, the blanks filled from those now, and whether
+        they are exactly the recorded ones (``argv.restore``)."""
+        kept: dict[str, Any] = before.detail.get("argv") or {}
+        if not kept:  # a record written before argv records: the launch flags themselves
+            return list(before.detail["launch_flags"]), True
+        return restore(kept, await asyncio.to_thread(self._launch_flags))
 
     async def _running(self) -> EngineInfo:
         info = await asyncio.to_thread(self._manager.find, self._port)
