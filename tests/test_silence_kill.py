@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,6 @@ import pytest
 
 from bot.kernel.store.db import Database
 from bot.kernel.store.models import Remediation
-from tests.alertmanager_process import alertmanager as running_alertmanager
 from tests.fakes.bot import PAGES
 from tests.fakes.kube_api import FakeKube
 from tests.fakes.kube_server import KubeServer
@@ -32,7 +31,12 @@ from tests.fakes.slack_api import FakeSlack
 from tests.fakes.sse_engine import SseEngine
 from tests.kill_apply import Cluster, assert_one_story, replica_env
 from tests.test_bot_store import postgres  # noqa: F401  (the real PostgreSQL server fixture)
-from tests.test_faults_kill_apply import ARGS, DEPLOYMENTS, actuator
+from tests.test_faults_kill_apply import (
+    ARGS,
+    DEPLOYMENTS,
+    actuator,
+    am,  # noqa: F401  (a real Alertmanager)
+)
 from tests.test_replicas import pg_url  # noqa: F401  (a fresh database on it)
 
 pytestmark = [pytest.mark.slow, pytest.mark.faults]
@@ -42,19 +46,11 @@ MATCHERS = [{"name": "ruleloop_target", "value": "tiny", "isRegex": False, "isEq
 
 
 @pytest.fixture
-def am(tmp_path: Path) -> Iterator[str]:
-    """A real Alertmanager (its receiver is never reached: only silences are read)."""
-    config = {"route": {"receiver": "none"}, "receivers": [{"name": "none"}]}
-    with running_alertmanager(tmp_path, config) as url:
-        yield url
-
-
-@pytest.fixture
 async def cluster(
     tmp_path: Path,
     pg_url: str,  # noqa: F811
     slack: FakeSlack,
-    am: str,
+    am: str,  # noqa: F811
 ) -> AsyncIterator[Cluster]:
     kube = FakeKube()
     for name in DEPLOYMENTS:
@@ -72,7 +68,7 @@ async def cluster(
     db.dispose()
 
 
-def silences(am: str) -> list[dict[str, Any]]:
+def silences(am: str) -> list[dict[str, Any]]:  # noqa: F811
     return list(httpx.get(f"{am}/api/v2/silences", timeout=10).json())
 
 
@@ -95,7 +91,10 @@ SCENARIOS = [("applying", False), ("canary", False), ("rolling_back", True)]
 
 @pytest.mark.parametrize(("killed_in", "canary_fails"), SCENARIOS, ids=[s[0] for s in SCENARIOS])
 async def test_kill_9_mid_change_leaves_no_silence_behind(
-    cluster: Cluster, am: str, killed_in: str, canary_fails: bool
+    cluster: Cluster,
+    am: str,  # noqa: F811
+    killed_in: str,
+    canary_fails: bool,
 ) -> None:
     async with cluster.replica_a(canary_fails=canary_fails) as replica:
         rem_id = await cluster.request_and_approve(replica)
