@@ -36,9 +36,16 @@ def histogram(name: str, observations: Mapping[float, int], times: int) -> list[
     return lines
 
 
-def page(ttft: Mapping[float, int], *, started: float, scrape: int) -> str:
-    """A replica's page after ``scrape`` intervals of the same traffic (40 requests each)."""
-    done = 40 * scrape
+def page(
+    ttft: Mapping[float, int],
+    *,
+    started: float,
+    scrape: int,
+    tpot: Mapping[float, int] = TPOT,
+) -> str:
+    """A replica's page after ``scrape`` intervals of the same traffic (its TTFT observations'
+    count of requests finished each interval: 40 for FAST and SLOW)."""
+    done = sum(ttft.values()) * scrape
     lines = [
         "# TYPE process_start_time_seconds gauge", f"process_start_time_seconds {started}",
         "# TYPE vllm:generation_tokens counter",
@@ -50,7 +57,7 @@ def page(ttft: Mapping[float, int], *, started: float, scrape: int) -> str:
         "# TYPE vllm:num_requests_waiting gauge", 'vllm:num_requests_waiting{engine="0"} 0',
         "# TYPE vllm:kv_cache_usage_perc gauge", 'vllm:kv_cache_usage_perc{engine="0"} 0.1',
         *histogram("vllm:time_to_first_token_seconds", ttft, scrape),
-        *histogram("vllm:request_time_per_output_token_seconds", TPOT, scrape),
+        *histogram("vllm:request_time_per_output_token_seconds", tpot, scrape),
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
 

@@ -35,7 +35,7 @@ from bot.kernel.errors import ProbeError
 from tests import store_reads
 from tests.fakes.bot import harness
 from tests.fakes.slack_api import FakeSlack
-from tests.test_fleet_diagnosis import FAST, SLOW, WEB, histogram
+from tests.test_fleet_diagnosis import FAST, SLOW, WEB, page
 from tests.test_fleet_endpointslices import metrics
 from tests.test_fleet_router import FakeRouter, router, worker  # noqa: F401 (fixture)
 
@@ -50,30 +50,15 @@ SMOOTH = {0.025: 40}
 LATE = {1.0: 40}  # a decode replica's own TTFT: after the prefill pool's, and the KV transfer
 
 
-def page(ttft: Mapping[float, int], tpot: Mapping[float, int], *, host: str, scrape: int) -> str:
-    """A replica's /metrics after ``scrape`` intervals of the same traffic (its TTFT
-    observations' count of requests finished each interval)."""
-    done = sum(ttft.values()) * scrape
-    started = 1000.0 + int(host.rsplit(".", 1)[1]) + 10 * int(host.split(".")[2])  # one each
-    lines = [
-        "# TYPE process_start_time_seconds gauge", f"process_start_time_seconds {started}",
-        "# TYPE vllm:generation_tokens counter",
-        f'vllm:generation_tokens_total{{engine="0"}} {16 * done}',
-        "# TYPE vllm:generation_tokens_created gauge",
-        f'vllm:generation_tokens_created{{engine="0"}} {started + 5}',
-        "# TYPE vllm:request_success counter", f'vllm:request_success_total{{engine="0"}} {done}',
-        "# TYPE vllm:num_requests_running gauge", 'vllm:num_requests_running{engine="0"} 2',
-        "# TYPE vllm:num_requests_waiting gauge", 'vllm:num_requests_waiting{engine="0"} 0',
-        *histogram("vllm:time_to_first_token_seconds", ttft, scrape),
-        *histogram("vllm:request_time_per_output_token_seconds", tpot, scrape),
-    ]  # fmt: skip
-    return "\n".join(lines) + "\n"
+def started_at(host: str) -> float:
+    """Each engine's own start time (a restart would read as a new engine)."""
+    return 1000.0 + int(host.rsplit(".", 1)[1]) + 10 * int(host.split(".")[2])
 
 
 def served(engines: Mapping[str, tuple[Mapping[float, int], Mapping[float, int]]]) -> Any:
     """A probe context whose engines answer three scrapes each (a 2-s window, 1-s interval)."""
     return metrics({
-        host: [page(ttft, tpot, host=host, scrape=k) for k in range(3)]
+        host: [page(ttft, tpot=tpot, started=started_at(host), scrape=k) for k in range(3)]
         for host, (ttft, tpot) in engines.items()
     })  # fmt: skip
 
@@ -189,7 +174,7 @@ async def test_a_decode_pools_ttft_does_not_drive_ttft_and_its_tpot_is_judged_on
 
 async def test_a_silent_decode_pool_is_not_measured_never_read_as_the_prefill_pool() -> None:
     ctx = metrics({  # the decode engines refuse every connection
-        **{h: [page(FAST, ONE_TOKEN, host=h, scrape=k) for k in range(3)] for h in (P1, P2)},
+        **{h: [page(FAST, tpot=ONE_TOKEN, started=started_at(h), scrape=k) for k in range(3)] for h in (P1, P2)},
         D1: [None], D2: [None],
     })  # fmt: skip
     result = await VllmMetricsProbe().run(
@@ -311,7 +296,9 @@ def pd_transport(
             return httpx.Response(404)
         scrapes[host] = scrapes.get(host, -1) + 1
         ttft, tpot = engines[host]
-        return httpx.Response(200, text=page(ttft, tpot, host=host, scrape=scrapes[host]))
+        return httpx.Response(
+            200, text=page(ttft, tpot=tpot, started=started_at(host), scrape=scrapes[host])
+        )
 
     return httpx.MockTransport(handler)
 
