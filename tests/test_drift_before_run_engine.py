@@ -54,7 +54,9 @@ from bot.kernel.config import Target
 from bot.kernel.store import service as store
 from bot.kernel.store.models import Remediation, TuneSession
 from bot.remediation.gate import GateRun, run_gate
+from bot.tune import OFFERED, Offer
 from bot.tune.records import TuneRecords
+from tests import store_reads
 from tests.fakes.bot import Harness, harness
 from tests.fakes.slack_api import FakeSlack
 from tests.test_remediation_engine import adr_text, engine_flags, own_engine
@@ -297,3 +299,12 @@ async def test_the_fix_stops_helping_chats_of_their_own_and_the_gate_fails(
     assert "hold" not in text, text
     assert_before_line(text)
     assert_restored(bot, local_engine)
+    # the re-tune it offers judges its trials as the rule was judged: two-sample, against the
+    # very requests of this before-run
+    with bot.bot.db.transaction() as s:
+        (entry,) = [e for e in store_reads.audit_trail(s, incident_id=detail["incident"])
+                    if e.action == OFFERED]  # fmt: skip
+        offer = Offer.model_validate(entry.detail)
+    (_, before_run), _ = gate.runs
+    assert offer.ratios == {"max_ttft_p99_ms": 0.5} and offer.before is not None
+    assert offer.before.ttft_ms == before_run.report.samples.ttft_ms and offer.before.ttft_ms

@@ -24,6 +24,7 @@ from sqlalchemy import select
 from bot.adr import Condition, Relative
 from bot.adr.workload import WorkloadShape
 from bot.adr.workload import shape as shapes
+from bot.canary import Samples
 from bot.kernel.store import AdrDraft, TuneSession
 from bot.kernel.store import service as store
 from bot.tune import Offer
@@ -230,3 +231,55 @@ def test_a_replay_of_the_live_shape_runs_for_replay_s_at_its_rate_else_num_reque
     assert (timed.duration_s, timed.num_requests) == (8.0, None)
     assert (counted.duration_s, counted.num_requests) == (None, 16)
     assert (fixed.duration_s, fixed.num_requests) == (None, 16)
+
+
+# the rule's 'Nx before' gate and the before-run it was judged against (TPOT per request, ms):
+# a tail of slow requests puts 0.5x the p99 far above every trial, while the median is low
+TAILED = [1.0] * 90 + [1000.0] * 10
+SLOWER = [1000.0] * 100  # every request of the before-run slow: any trial halves it
+
+
+def judged_offer(before_tpot: list[float]) -> Offer:
+    """The offer the drift job makes after a before-run: the gate's number (0.5 x the
+    before-run's p99, as the re-validation showed it) and the values it was judged on."""
+    return offer(gates={"max_tpot_p99_ms": 500.0}).model_copy(
+        update={"ratios": {"max_tpot_p99_ms": 0.5}, "before": Samples(tpot_ms=before_tpot)}
+    )
+
+
+@pytest.fixture
+async def paced() -> AsyncIterator[SseEngine]:
+    """An engine 2 ms a token: every trial's TPOT about 2 ms, whatever its flags."""
+    async with SseEngine(metrics_pages=PAGES[:1], count_generation=True,
+                         token_delay_s=0.002) as served:  # fmt: skip
+        yield served
+
+
+async def test_a_trial_is_judged_as_the_rule_was_two_sample_not_on_a_p99_point(
+    tmp_path: Path, slack: FakeSlack, paced: SseEngine
+) -> None:
+    """Every trial's TPOT p99 (about 2 ms) is under 0.5x the before-run's p99 (500 ms), yet its
+    median is above 0.5x the before-run's (0.5 ms): the U test the re-validation judged the rule
+    with says missed, so no trial meets the gate and nothing is drafted. On a p99 point every
+    trial passed, and the draft would have failed its own gate at /apply-adr."""
+    async with offered(tmp_path, slack, paced, judged_offer(TAILED), retune="auto") as (h, _):
+        await h.bot.tasks.drain()
+        (ended,) = [t for t in texts(slack) if f"Re-tune of {ADR_ID}:" in t]
+        assert "none of 5 trials met the gates" in ended, ended
+        assert "missed at 99%" in ended and "after/before medians" in ended
+        with h.bot.db.transaction() as s:
+            assert s.scalars(select(AdrDraft)).all() == []
+
+
+async def test_a_trial_that_halves_the_before_run_drafts_a_rule_with_the_gate_as_written(
+    tmp_path: Path, slack: FakeSlack, paced: SseEngine
+) -> None:
+    async with offered(tmp_path, slack, paced, judged_offer(SLOWER), retune="auto") as (h, _):
+        await h.bot.tasks.drain()
+        with h.bot.db.transaction() as s:
+            (draft,) = s.scalars(select(AdrDraft)).all()
+        adr = h.bot.retune._adrs.get_or_raise(draft.adr_id)  # noqa: SLF001
+        # kept as the rule wrote it: /apply-adr judges it two-sample, as the trials were
+        assert adr.gates is not None and adr.gates.max_tpot_p99_ms == Relative(0.5, "before")
+        assert "judged two-sample against the before-run of" in adr.context
+        assert len(adr.matrix) == 5 and not [r for r in adr.matrix if "不达标" in r.verdict]

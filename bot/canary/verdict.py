@@ -96,7 +96,9 @@ class Gates:
     before: Samples | None = field(default=None, compare=False)
     confidence: float = DEFAULT_CONFIDENCE
     # what decides a per-request gate: its statistics, or (a tuning search ranking many short
-    # trials) its point p99, the statistics then said beside it and the run not sized up
+    # trials) its point p99, the statistics then said beside it and the run not sized up. An
+    # 'Nx before' gate with ``before`` is two-sample either way: the judge of the re-validation
+    # and of /apply-adr, so that a trial never passes on a p99 a rule would then fail on
     decide: Literal["statistics", "point"] = "statistics"
     # sequential looks: a sized run stops at its first look (its sized count) when every gate
     # is decided there, else goes on to twice, four times ... as many requests, up to this many
@@ -406,11 +408,14 @@ def undecided(samples: Samples, gates: Gates) -> list[str]:
 def decided(result: GateResult, samples: Samples, gates: Gates) -> GateResult:
     """A per-request gate (TTFT, TPOT, ITL p99) decided by its statistics (``statistic``), the
     point verdict kept in its words. Inconclusive fails: a change is kept on evidence. A gate
-    without per-request values (a report kept before they were) keeps its point."""
+    without per-request values (a report kept before they were) keeps its point; so does one
+    of a tuning trial (``Gates.decide`` "point"), unless it is an 'Nx before' gate judged
+    two-sample."""
     judgement = statistic(result.name, result.limit, samples, gates)
     if judgement is None:
         return result
-    if gates.decide == "point":  # said beside the point verdict, which stands
+    two_sample = judgement.n_before is not None  # 'Nx before' against the before-run's values
+    if gates.decide == "point" and not two_sample:  # said beside the point verdict, which stands
         return replace(result, decided=judgement.outcome, judgement=judgement)
     word = {"met": "met", "missed": "missed", "inconclusive": "not decided"}[judgement.outcome]
     point = result.reason

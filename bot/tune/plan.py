@@ -27,7 +27,7 @@ from bot.adr import (
     to_argv,
 )
 from bot.adr.workload import shape as shapes
-from bot.canary import Workload, check
+from bot.canary import Gates, Samples, Workload, check, gates_from
 from bot.kernel import UsageError
 from bot.tune.objective import Objective
 from bot.tune.search import Sampler
@@ -187,6 +187,11 @@ class TunePlan(BaseModel):
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     background: list[WorkloadSpec] = Field(default_factory=list)
     gates: AdrGates | None = None
+    # 'Nx before' gates (name -> N) and the before-run's per-request values they are judged
+    # against, two-sample, as the drift job's re-validation judged them (a re-tune sets them;
+    # the limits in ``gates`` are then N x the before-run's p99, shown beside the test)
+    ratios: dict[str, float] = Field(default_factory=dict)
+    before: Samples | None = None
     match: list[Condition] = Field(default_factory=list)
     cause: list[str] = Field(default_factory=list)  # what the draft says it fixes (its ``cause``)
     gateway: GatewayRules | None = None
@@ -196,6 +201,15 @@ class TunePlan(BaseModel):
         if self.experiments and self.space:
             raise ValueError("give experiments: (measured in turn) or space: (searched), not both")
         return self
+
+    def trial_gates(self) -> Gates:
+        """What judges each trial: the gates on their point values (many short runs, ranked;
+        the change a search drafts is judged on its statistics at /apply-adr), but 'Nx before'
+        gates two-sample against ``before``, as the rule that failed was judged."""
+        if self.gates is None:
+            return Gates(decide="point")
+        before = self.before if self.ratios else None
+        return gates_from(self.gates, decide="point", ratios=self.ratios, before=before)
 
     def check_kind(self, *, source: str = "plan") -> None:
         """UsageError unless the plan measures experiments, or searches a space for an

@@ -12,8 +12,10 @@ after a kill -9. Its plan (``retune_plan``):
   it replaced; each on/off flag both ways (the grid, at most ``retune_trials`` points);
 - workload: the live shape, replayed by every trial's canary (one replica's share), for
   as long as the re-validation replayed it (``[targets.X.canary] replay_s``), at its rate;
-- gates: the rule's gates as the re-validation judged them, numbers (a 'Nx before' gate resolved
-  against the before-run of the replaced flags on the same live shape);
+- gates: the rule's gates as the re-validation judged them: numbers, and a 'Nx before' gate
+  two-sample against the before-run's per-request values (the replaced flags on the same live
+  shape), the re-validation's judge, not a p99 point a rule could then fail on; the draft keeps
+  'Nx before' as written;
 - objective: goodput (requests/s that finished within the TTFT and TPOT limits);
 - match and cause: the failed rule's, so that the draft answers the same symptom, on the workload
   it was proven on (its ``workload:``); without them a drafted rule would never be offered.
@@ -37,10 +39,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from bot.adr import Adr, AdrGates, AdrStore, Condition, EngineValue
+from bot.adr import BEFORE, Adr, AdrGates, AdrStore, Condition, EngineValue, Relative
 from bot.adr.workload import WorkloadShape, context_line
 from bot.adr.workload import shape as shapes
-from bot.canary import Values
+from bot.canary import Samples, Values
 from bot.change import flags_text
 from bot.change.actuators import ActuatorFactory, opened
 from bot.kernel import NotAllowed, RuleloopError, Settings, UsageError
@@ -86,6 +88,15 @@ class Offer(BaseModel):
     match: list[Condition] = []  # the failed rule's conditions (an offer kept before: none)
     cause: list[str] = []
     replay_s: float = 0.0  # how long the re-validation replayed the live shape (0: a count)
+    # the rule's 'Nx before' gates (name -> N) and the before-run's per-request values (the
+    # replaced flags on the live shape): trials are judged two-sample against them, as the rule was
+    ratios: dict[str, float] = {}
+    before: Samples | None = None
+
+    def written_gates(self) -> AdrGates:
+        """The gates a draft keeps: the numbers as judged, an 'Nx before' gate as written."""
+        relative = {name: Relative(n, BEFORE) for name, n in self.ratios.items()}
+        return AdrGates.of_numbers(self.gates).model_copy(update=relative)
 
 
 def space_of(
@@ -138,6 +149,8 @@ def retune_plan(offer: Offer, *, serving: Mapping[str, EngineValue], shape_path:
             warmup_requests=min(concurrency, 4),
         ),  # fmt: skip
         gates=AdrGates.of_numbers(offer.gates),
+        ratios=dict(offer.ratios) if offer.before is not None else {},
+        before=offer.before,
         match=list(offer.match),
         cause=list(offer.cause),
     )
@@ -251,17 +264,14 @@ class Retune:
             actuator_for=self._actuator_for,
         )  # fmt: skip
         result = session.result
-        where = (
-            f"on target {name} through its {session.actuator} actuator (the canary stage where "
-            f"it has one), each trial rolled back before the next and "
-            f"{flags_text(session.before.flags)} restored at the end"
-        )
+        where = _where(offer, plan, session.actuator, name, session.before.flags)
 
         def build(adr_id: str, day: dt.date) -> Adr:
-            return build_draft(
+            draft = build_draft(
                 plan, result.rows, adr_id=adr_id, day=day, runs_dir=runs,
                 base=self._adrs.drafts_dir, how=search_context(plan, result, where=where),
             )  # fmt: skip
+            return draft.model_copy(update={"gates": offer.written_gates()})
 
         if result.pick is None:
             return (
@@ -324,6 +334,24 @@ class Retune:
             store.audit(s, at=now, actor=user_id, action="retune.approved", incident=incident,
                         detail={"token": token[:6], "adr": offer.adr_id})  # fmt: skip
             return offer
+
+
+def _where(
+    offer: Offer, plan: TunePlan, actuator: str, name: str, before: Mapping[str, EngineValue]
+) -> str:
+    """Where and how the trials ran, for the draft's context."""
+    where = (
+        f"on target {name} through its {actuator} actuator (the canary stage where it has one), "
+        f"each trial rolled back before the next and {flags_text(before)} restored at the end"
+    )
+    if not plan.ratios:
+        return where
+    ratios = ", ".join(f"{Relative(n, BEFORE)} ({name})" for name, n in plan.ratios.items())
+    return where + (
+        f"; each trial's {ratios} judged two-sample against the before-run of "
+        f"{flags_text(offer.replaced)} on the same live shape, as the re-validation judged the "
+        "rule (the draft keeps that gate as written)"
+    )
 
 
 def _numbers(values: Values | None) -> str:

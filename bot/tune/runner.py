@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bot.adr import format_ms, format_pct
-from bot.canary import Gates, gates_from, measure_async, progress_line
+from bot.canary import measure_async, progress_line
 from bot.engine import START_TIMEOUT_S, EngineManager, free_port
 from bot.kernel import EngineError, RuleloopError
 from bot.tune.matrix import TrialRow
@@ -112,9 +112,7 @@ async def measure_canary(
     """The plan's canary (and background load) against an engine already serving ``config``,
     judged by the plan's gates; a canary that cannot run becomes a row that says why."""
     spec = plan.workload
-    # trials are ranked on their point values (many short runs); the change a search drafts is
-    # judged on its statistics when it is applied (/apply-adr)
-    gates = gates_from(plan.gates, decide="point") if plan.gates else Gates(decide="point")
+    gates = plan.trial_gates()
     echo(f"{tag}: canary {spec.describe()}")
     try:
         background = [(b.name, b.workload(base_url, background=True)) for b in plan.background]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from bot.adr import format_ms
-from bot.canary import Gates, gates_from
+from bot.canary import Gates
 from bot.tune.matrix import TrialRow
 from bot.tune.objective import Objective, TrialOutcome, outcome
 from bot.tune.plan import Config, TunePlan
@@ -88,9 +88,7 @@ async def run_search(
     """Measure what the search proposes until it stops; pick the best feasible trial."""
     assert plan.objective is not None
     objective = plan.objective
-    # trials are ranked on their point values (many short runs); the change a search drafts is
-    # judged on its statistics when it is applied (/apply-adr)
-    gates = gates_from(plan.gates, decide="point") if plan.gates else Gates(decide="point")
+    gates = plan.trial_gates()
     rows: list[TrialRow] = []
     started = time.perf_counter()
     echo(f"search: {search.space.describe()}; {objective.describe()}; budget {search.budget}")

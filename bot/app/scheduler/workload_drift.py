@@ -43,6 +43,7 @@ from bot.app.scheduler.baseline import SOURCE, strictest
 from bot.app.scheduler.before_run import BeforeRun, BeforeRuns
 from bot.app.scheduler.revalidation import Revalidation
 from bot.app.scheduler.runner import JobOutcome, json_safe
+from bot.canary import Samples
 from bot.change import adrs_in_force
 from bot.change.actuators import Deployed
 from bot.diagnosis.probes import (
@@ -184,11 +185,13 @@ class WorkloadDrift:
             return
         adr, check = failed[0]
         assert check.result is not None
+        before = _judged_against(check.before)
         gates = {g.name: g.limit for g in check.result.report.gates if g.name in GATE_METRICS}
         offer = Offer(
             target=self.name, adr_id=adr.id, fix=dict(adr.fix.engine_args), gates=gates,
             replaced=dict(replaced.flags) if replaced is not None else {}, live=per_replica(live),
             match=list(adr.match), cause=list(adr.cause), replay_s=self._target.canary.replay_s,
+            ratios=_ratios(adr) if before is not None else {}, before=before,
         )  # fmt: skip
         await self._retune.offer(incident_id, offer)
 
@@ -290,6 +293,14 @@ class WorkloadDrift:
 def _shape(adr: Adr) -> WorkloadShape:
     assert adr.workload is not None
     return adr.workload
+
+
+def _judged_against(before: BeforeRun | None) -> Samples | None:
+    """The before-run's per-request TTFT and TPOT that an offer's 'Nx before' gates were judged
+    against (a re-tune's trials are judged the same way); None without a run."""
+    if before is None or not before.ran or before.samples is None:
+        return None
+    return before.samples.model_copy(update={"itl_ms": []})  # the gates read TTFT and TPOT
 
 
 def _ratios(adr: Adr) -> dict[str, float]:
