@@ -174,10 +174,11 @@ def test_the_demo_stamps_each_step_with_the_time_since_its_start(
     from bot.app.cli.demo import _elapsed, _stepper
 
     say = _stepper(time.monotonic() - 125)  # started 2 min 5 s ago
-    say("5/9 Alertmanager fires")
+    say("5/10 Alertmanager fires")
     say("    incident #1 opened")
+    say("10/10 the re-tune")
     err = capsys.readouterr().err.splitlines()
-    assert err == ["[2:05] 5/9 Alertmanager fires", "    incident #1 opened"]
+    assert err == ["[2:05] 5/10 Alertmanager fires", "    incident #1 opened", "[2:05] 10/10 the re-tune"]
     assert _elapsed(3599.9) == "59:59"
 
 

@@ -57,8 +57,8 @@ def test_demo_replays_the_incident_and_drafts_the_adr(tmp_path: Path) -> None:
     root = Path(__file__).parent.parent
     result = invoke(["demo", "--adr-dir", str(root / "adr")], tmp_path)
     assert result.exit_code == 0, result.output
-    for step in range(1, 10):
-        assert f"{step}/9 " in result.stderr, result.stderr
+    for step in range(1, 11):
+        assert f"{step}/10 " in result.stderr, result.stderr
     out = result.stdout
     # the transcript: the alert's incident, its findings against normal, the card, the outcome
     assert "VLLMTimeToFirstTokenP99High" in out and "findings on local" in out
@@ -114,6 +114,15 @@ def test_demo_replays_the_incident_and_drafts_the_adr(tmp_path: Path) -> None:
     # 16 a side; a first look that cannot decide goes on once, to 32 after (Gates.looks)
     assert re.search(r"n=(16|32) after, 16 before", act) and "not judged" not in act, act
     assert "'before' above is ADR-20261129-02's before on the same live traffic" in out
+    # the next step, pressed by the approver: the search's trial on the live shape, judged as
+    # the rule was (two-sample against the same before-run's requests), the fix restored; a
+    # draft only where the trial met the gate, and then proven on the live workload
+    (retune,) = [line for line in act.splitlines() if line.startswith("  re-tune: ")]
+    assert "Re-tune of ADR-20261129-02" in retune and "(approved by <@U0LEAD>): 1 trial" in out
+    assert re.search(r"after/before medians [\d.]+ \(goal ≤ 0\.5\).*, 16 before", retune), retune
+    drafted = "drafted for the live workload: ADR-" in act
+    assert ("its one trial did not meet the gates" in retune) != drafted, retune
+    assert drafted or "the flags serving now were restored" in retune
     assert "Workload drift on local" in out and "(the canary replayed the live traffic)" in out
     assert not list((root / "adr").glob("ADR-20261129-02*")), "the demo wrote into the repo"
     assert not list(tmp_path.glob("engine-*.json")), "demo left its engine running"

@@ -11,7 +11,8 @@ after a kill -9. Its plan (``retune_plan``):
 - space: each number the rule's fix sets, at a quarter, half, as set and twice, and the value
   it replaced; each on/off flag both ways (the grid, at most ``retune_trials`` points);
 - workload: the live shape, replayed by every trial's canary (one replica's share), for
-  as long as the re-validation replayed it (``[targets.X.canary] replay_s``), at its rate;
+  as long as the re-validation replayed it (``[targets.X.canary] replay_s``), at its rate, or
+  as many requests as it replayed;
 - gates: the rule's gates as the re-validation judged them: numbers, and a 'Nx before' gate
   two-sample against the before-run's per-request values (the replaced flags on the same live
   shape), the re-validation's judge, not a p99 point a rule could then fail on; the draft keeps
@@ -88,6 +89,7 @@ class Offer(BaseModel):
     match: list[Condition] = []  # the failed rule's conditions (an offer kept before: none)
     cause: list[str] = []
     replay_s: float = 0.0  # how long the re-validation replayed the live shape (0: a count)
+    replay_requests: int = 0  # its count, where it replayed one (0: the target's canary's)
     # the rule's 'Nx before' gates (name -> N) and the before-run's per-request values (the
     # replaced flags on the live shape): trials are judged two-sample against them, as the rule was
     ratios: dict[str, float] = {}
@@ -249,12 +251,13 @@ class Retune:
             serving = (await actuator.current()).flags
         plan = retune_plan(
             offer, serving=serving, shape_path=shape_path, concurrency=spec.canary.concurrency,
-            num_requests=spec.canary.num_requests, trials=spec.drift.retune_trials,
+            num_requests=offer.replay_requests or spec.canary.num_requests,
+            trials=spec.drift.retune_trials,
             replay_s=offer.replay_s,  # as the re-validation replayed it: like for like
         )  # fmt: skip
         await asyncio.to_thread(
             self._say, incident_id, f":hourglass_flowing_sand: Re-tune of {offer.adr_id} started "
-            f"(approved by {who}): {plan.search.budget(plan.search_space())} trials on {name}…",
+            f"(approved by {who}): {_trials(plan.search.budget(plan.search_space()))} on {name}…",
             "retune.started", {"approved_by": approval.approved_by},
         )  # fmt: skip
         await self._deliver(incident_id)
@@ -275,7 +278,7 @@ class Retune:
 
         if result.pick is None:
             return (
-                f":x: Re-tune of {offer.adr_id}: none of {len(result.rows)} trials met the gates "
+                f":x: Re-tune of {offer.adr_id}: {_none_met(len(result.rows))} the gates "
                 "on the live traffic; the flags serving now were restored. No draft: nothing "
                 "proven. "
                 + "; ".join(
@@ -334,6 +337,15 @@ class Retune:
             store.audit(s, at=now, actor=user_id, action="retune.approved", incident=incident,
                         detail={"token": token[:6], "adr": offer.adr_id})  # fmt: skip
             return offer
+
+
+def _trials(n: int) -> str:
+    return "1 trial" if n == 1 else f"{n} trials"
+
+
+def _none_met(trials: int) -> str:
+    """'none of 5 trials met', 'its one trial did not meet'."""
+    return "its one trial did not meet" if trials == 1 else f"none of {trials} trials met"
 
 
 def _where(

@@ -12,6 +12,7 @@ failed remediation, no draft) it exits 1 and says why.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -63,11 +64,12 @@ def demo(keep: bool, adr_dir: Path, cpu_limit: float | None, state_dir: Path | N
     say = _stepper(started)
     root = state_dir or default_state_dir()
     ws = workspace(root, adr_dir)
-    say(f"1/9 workspace {ws}")
+    say(f"1/10 workspace {ws}")
     manager = EngineManager(state_dir=root, cpu_limit=cpu_limit)
     port = free_port()
     limit = "" if cpu_limit is None else f", limited to {cpu_limit:g} cores"
-    say(f"2/9 starting vLLM (CPU, tiny model{limit}) on port {port} with {' '.join(BAD_FLAGS)} ...")
+    flags = " ".join(BAD_FLAGS)
+    say(f"2/10 starting vLLM (CPU, tiny model{limit}) on port {port} with {flags} ...")
     begun = time.monotonic()
     info = manager.start(
         port=port, flags=BAD_FLAGS, timeout_s=FIRST_START_S, on_progress=lambda s: say(f"    {s}")
@@ -98,11 +100,11 @@ def register(cli: click.Group) -> None:
 
 
 def _stepper(started: float) -> Callable[[str], None]:
-    """Progress on stderr; each step's line ("5/9 ...") shows the time since the start, so a
+    """Progress on stderr; each step's line ("5/10 ...") shows the time since the start, so a
     slow machine shows where its minutes went."""
 
     def say(text: str) -> None:
-        step = text[:1].isdigit() and text[1:3] == "/9"
+        step = re.match(r"\d+/\d+ ", text) is not None
         stamp = f"[{_elapsed(time.monotonic() - started)}] " if step else ""
         click.echo(stamp + text, err=True)
 

@@ -21,6 +21,13 @@ or, as often, "not decided" (the runs' spread is wide at that count), which fail
 a rule is held to have helped on evidence only.
 Both runs replay the same shape after a warm-up that fills the prefix cache.
 
+The thread then offers the next step, and the demo's approver presses it (``run_retune``): the
+re-tune's one trial (the fix's step at a quarter: the most chunking, the likeliest to help)
+restarts the engine, replays the same number of requests of the live shape, is judged by the
+same U test against the same before-run, and the fix is restored. By the same mechanism no step
+budget halves the agents' TPOT here, so the answer is "did not meet: no draft": a rule is
+drafted on evidence only, and the demo shows whichever answer the engine gave.
+
 The drift is there by construction, on a machine of any speed: the incident's long prompts are
 random tokens (the prefix cache finds nothing in them), while every agent request shares a
 ``SYSTEM_PROMPT``-token prefix, which the engine's prefix cache serves from the second request
@@ -32,8 +39,9 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -47,6 +55,8 @@ from bot.app.server import Bot
 from bot.canary import Workload
 from bot.change.actuators import build
 from bot.kernel import Settings, Target
+from bot.kernel.chat import RETUNE
+from bot.kernel.store import AdrDraft, buttons
 from bot.kernel.store import service as store
 from bot.remediation import run_gate
 from bot.tune import OFFERED, Offer, space_of
@@ -97,6 +107,9 @@ class DriftShown:
     posted: bool  # the drift thread was posted
     before: str = ""  # the before-run on the live traffic: the rule's replaced flags, numbers
     next_step: str = ""  # what the thread offered next (a re-tune), "" when nothing
+    incident: int | None = None  # the drift thread's incident
+    retune: str = ""  # how the re-tune ended, as the thread says it ("" when none ran)
+    retune_draft: str = ""  # the ADR it drafted for the live workload ("" when none)
 
 
 async def run_second_act(
@@ -155,7 +168,32 @@ async def run_second_act(
         before=str((detail.get("before_runs") or {}).get(adr_id, "")),
         posted=bool(detail.get("opened")),
         next_step=_offered(bot, detail.get("incident")),
+        incident=detail.get("incident") if isinstance(detail.get("incident"), int) else None,
     )
+
+
+async def run_retune(bot: Bot, shown: DriftShown, *, approver: str) -> DriftShown:
+    """``approver`` presses the drift thread's Re-tune button (as in Slack); the search runs on
+    the target, trial by trial, and ends with a draft for the live workload or with none. What
+    the thread said at its end, and the draft's id."""
+    incident_id = shown.incident
+    assert incident_id is not None
+    with bot.db.transaction() as s:
+        token = buttons.live(s, buttons.subject(RETUNE, incident_id)).get(RETUNE)
+    if token is None:
+        return replace(shown, retune="not started: the thread's Re-tune button is gone")
+    await bot.retune.press(user_id=approver, token=token, incident_id=incident_id)
+    await bot.tasks.drain(timeout_s=1800)
+    with bot.db.transaction() as s:
+        ended = store.last_audit(s, incident_id, action="retune.ended")
+        draft = s.query(AdrDraft).filter_by(incident_id=incident_id).one_or_none()
+        said = "did not end" if ended is None else str(ended.detail.get("text", ""))
+        return replace(shown, retune=said, retune_draft="" if draft is None else draft.adr_id)
+
+
+def plain(text: str) -> str:
+    """A thread message as a console line: no emoji codes, bold or code marks."""
+    return re.sub(r":[a-z_]+: ", "", text).replace("*", "").replace("`", "")
 
 
 def _offered(bot: Bot, incident_id: object) -> str:

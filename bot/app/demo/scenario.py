@@ -49,7 +49,9 @@ from bot.app.demo.drift_act import (
     SYSTEM_PROMPT,
     DriftShown,
     agent_load,
+    plain,
     record_workload,
+    run_retune,
     run_second_act,
 )
 from bot.app.demo.screen import DemoResult, Numbers
@@ -114,6 +116,7 @@ CANARY_STREAMS = 4
 # of the before-run waits about a bad step (2-3 s at 0.1 core; the before-run took 89 s there
 # with 16 tokens and one round).
 CANARY_REQUESTS, CANARY_OUTPUT = 8, 8
+RETUNE_TRIALS = 1  # the re-tune's grid, smallest step first: the fix's at a quarter
 SNAPSHOTS = 3  # "normal" is their median, as the scheduler's `normal_of_last`
 NORMAL_CHATS = 12  # chats finished per normal window (engine TPOT p99 over 12: about their max)
 MIN_WINDOW_S = 3.0  # the probe scrapes each second: a window holds at least three scrapes
@@ -223,6 +226,9 @@ def settings(
                                # live traffic, so '0.5x before' is judged like for like
                                "baseline": True, "drift_before_run": True},
                     "two_person": True,
+                    # the re-tune's budget: each trial restarts the engine twice (its flags,
+                    # then the fix back), so the demo tries the most promising point only
+                    "drift": {"retune_trials": RETUNE_TRIALS},
                 }
             },
             "scheduler": {"snapshot_window_s": WINDOW_S, "normal_of_last": SNAPSHOTS},
@@ -525,10 +531,10 @@ class Demo:
             )
         return draft
 
-    # --- 3/9: normal -------------------------------------------------------------------------
+    # --- 3/10: normal -------------------------------------------------------------------------
     async def _normal(self, http: httpx.AsyncClient) -> Measured:
         self._say(
-            f"3/9 normal: the engine's prefill speed, then {CHAT_STREAMS} chat streams alone; "
+            f"3/10 normal: the engine's prefill speed, then {CHAT_STREAMS} chat streams alone; "
             f"the scheduler's snapshot job takes {SNAPSHOTS} snapshots of the four numbers "
             "into the store ..."
         )
@@ -576,12 +582,12 @@ class Demo:
                 return
         raise DemoFailed(f"the engine never warmed up: {taken} of {SNAPSHOTS} snapshots")
 
-    # --- 4/9: the incident, the alert, the diagnosis ---------------------------------------------
+    # --- 4/10: the incident, the alert, the diagnosis ---------------------------------------------
     async def _steady(self, load: _Load) -> float:
         """Wait for the incident's steady state; the window (s) the diagnosis needs for chats
         to finish inside it: twice the slowest chat sent in the steady state."""
         self._say(
-            f"4/9 incident: {LONG_STREAMS} streams of {self._pace.long_prompt:,}-token prompts "
+            f"4/10 incident: {LONG_STREAMS} streams of {self._pace.long_prompt:,}-token prompts "
             "join the chats; "
             "with --max-num-batched-tokens 8192 whole prompts share a scheduler step with the "
             "chats' next tokens ..."
@@ -593,7 +599,7 @@ class Demo:
         return window
 
     async def _alert(self, bot: Bot, window: float) -> int:
-        self._say("5/9 Alertmanager fires VLLMTimeToFirstTokenP99High at the bot's webhook")
+        self._say("5/10 Alertmanager fires VLLMTimeToFirstTokenP99High at the bot's webhook")
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=bot.app), base_url="http://ruleloop"
         ) as client:
@@ -615,9 +621,9 @@ class Demo:
             assert incident is not None
             return incident.summary
 
-    # --- 6/9 and 7/9: request, approval, apply, canary ---------------------------------------
+    # --- 6/10 and 7/10: request, approval, apply, canary ---------------------------------------
     async def _remediate(self, bot: Bot, incident_id: int) -> Remediation:
-        self._say(f"6/9 {ONCALL} asks for {ADR_ID} (as /apply-adr would); {APPROVER} approves")
+        self._say(f"6/10 {ONCALL} asks for {ADR_ID} (as /apply-adr would); {APPROVER} approves")
         ack = await bot.remediation.request(user_id=ONCALL, adr_id=ADR_ID, incident_id=incident_id)
         self._say(f"    bot: {ack}")
         with bot.db.transaction() as s:
@@ -625,7 +631,7 @@ class Demo:
         tokens = await bot.remediation.records.tokens(buttons.subject(SUBJECT, rem.id))
         await bot.remediation.click(user_id=APPROVER, token=tokens["approve"])
         self._say(
-            "7/9 the same canary on the current flags first, then the engine restarts with "
+            "7/10 the same canary on the current flags first, then the engine restarts with "
             "--max-num-batched-tokens 512 and the canary (4 chat streams beside 4 long-prompt "
             "streams) checks the ADR's gates ..."
         )
@@ -659,12 +665,12 @@ class Demo:
         finally:
             await load.stop()
 
-    # --- 9/9: the next workload ----------------------------------------------------------------
+    # --- 9/10: the next workload ----------------------------------------------------------------
     async def _second_act(self, bot: Bot, kept_under: WorkloadShape) -> DriftShown:
         line = record_workload(self.ws / "adr" / ADR_FILE, kept_under)
         self._say(f"    {ADR_ID} records the traffic it was kept under: {line}")
         self._say(
-            f"9/9 a new agent workflow starts beside the chats: {AGENT_STREAMS} streams whose "
+            f"9/10 a new agent workflow starts beside the chats: {AGENT_STREAMS} streams whose "
             f"prompts all open with the same {SYSTEM_PROMPT:,}-token system prompt. The "
             "scheduler's workload job compares the live traffic with the rule's ..."
         )
@@ -683,9 +689,20 @@ class Demo:
         self._say(f"    {'; '.join(shown.verdict)}")
         if shown.next_step:
             self._say(f"    next step offered in the drift thread: {shown.next_step}")
+        if shown.incident is None or not shown.next_step:
+            return shown
+        self._say(
+            f"10/10 {APPROVER} presses [Re-tune on the live traffic]: the search restarts the "
+            f"engine with each trial's flags ({RETUNE_TRIALS} trial here: the fix's step at a "
+            "quarter), replays the live shape, judges it as the rule was judged, and restores "
+            "the fix ..."
+        )
+        started = time.perf_counter()
+        shown = await run_retune(bot, shown, approver=APPROVER)
+        self._say(f"    {plain(shown.retune)} ({time.perf_counter() - started:.0f} s)")
         return shown
 
-    # --- 8/9: the draft ----------------------------------------------------------------------
+    # --- 8/10: the draft ----------------------------------------------------------------------
     def _draft(self, bot: Bot, incident_id: int) -> Path | None:
         with bot.db.transaction() as s:
             draft = s.query(AdrDraft).filter_by(incident_id=incident_id).one_or_none()
@@ -696,11 +713,11 @@ class Demo:
         adrs = self.ws / "adr"
         exported = SharedAdrStore(root=adrs, db=bot.db, sync=False).export(adrs)
         path = next(p for p in [*exported.written, *exported.unchanged] if file_id(p) == adr_id)
-        self._say(f"8/9 post-incident ADR drafted for review (exported from the store): {path}")
+        self._say(f"8/10 post-incident ADR drafted for review (exported from the store): {path}")
         return path
 
 
-# 7/9's phases, each from the audit entry that starts it to the one that starts the next
+# 7/10's phases, each from the audit entry that starts it to the one that starts the next
 PHASES = (
     ("before-run", "remediation.baseline_started", "remediation.applying"),
     ("restart", "remediation.applying", "remediation.canary_started"),

@@ -191,6 +191,7 @@ class WorkloadDrift:
             target=self.name, adr_id=adr.id, fix=dict(adr.fix.engine_args), gates=gates,
             replaced=dict(replaced.flags) if replaced is not None else {}, live=per_replica(live),
             match=list(adr.match), cause=list(adr.cause), replay_s=self._target.canary.replay_s,
+            replay_requests=len(before.tpot_ms) if before else self._target.canary.num_requests,
             ratios=_ratios(adr) if before is not None else {}, before=before,
         )  # fmt: skip
         await self._retune.offer(incident_id, offer)
