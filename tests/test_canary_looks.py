@@ -84,6 +84,8 @@ async def test_undecided_at_the_last_look_is_inconclusive_and_fails() -> None:
     gate = ttft_gate(report)
     assert gate.decided == "inconclusive" and not report.passed
     assert "not decided" in gate.reason
+    # each of two looks at 99.5 %, said as such (rounded, it read "not decided at 100%")
+    assert "not decided at 99.5% (p=" in gate.reason and "100%" not in gate.reason, gate.reason
 
 
 def test_each_look_is_judged_at_its_share_of_the_error() -> None:

@@ -182,7 +182,7 @@ def judge_limit(
         (high <= limit, low > limit) if kind == "max" else (low >= limit, high < limit)
     )
     side = "≤" if kind == "max" else "≥"
-    shown = f"p{q * 100:g} in {interval.text()} at {confidence:.0%} (n={interval.n})"
+    shown = f"p{q * 100:g} in {interval.text()} at {percent(confidence)} (n={interval.n})"
     if inside:
         return Judgement("met", f"{shown}: {side} {limit:g}", interval.n, interval=interval)
     if outside:
@@ -223,8 +223,13 @@ def judge_ratio(
     if above.p_value < alpha:
         why = f"{said}: above {ratio:g}x before, p={above.p_value:.2g} < {alpha:g}"
         return Judgement("missed", why, n, m, p_value=above.p_value, shift=shift)
-    why = f"{said}: not decided at {confidence:.0%} (p={below.p_value:.2g})"
+    why = f"{said}: not decided at {percent(confidence)} (p={below.p_value:.2g})"
     return Judgement("inconclusive", why, n, m, p_value=below.p_value, shift=shift)
+
+
+def percent(confidence: float) -> str:
+    """'99%', '99.5%' (a look's share of the error): never rounded up to '100%'."""
+    return f"{confidence * 100:.3g}%"
 
 
 def _binomial_tail(n: int, x: int, p: float) -> float:
@@ -325,7 +330,7 @@ def judge_clustered(
     shown = (
         f"{above} of {len(flat)} gaps above {limit:g} ({above / len(flat):.2%};"
         f" goal ≤ {share:.0%}),"
-        f" share in [{low:.2%}, {high:.2%}] at {confidence:.0%} over {n_eff} effective of"
+        f" share in [{low:.2%}, {high:.2%}] at {percent(confidence)} over {n_eff} effective of"
         f" {requests} requests"
     )
     if high <= share:
