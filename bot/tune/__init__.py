@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from bot.tune.plan import WorkloadSpec as WorkloadSpec
     from bot.tune.plan import load_plan as load_plan
     from bot.tune.records import TuneRecords as TuneRecords
+    from bot.tune.retune import ENDED as ENDED
     from bot.tune.retune import OFFERED as OFFERED
     from bot.tune.retune import Offer as Offer
     from bot.tune.retune import Retune as Retune
@@ -52,6 +53,7 @@ __all__ = [
     "Echo",
     "Experiment",
     "METRICS",
+    "ENDED",
     "OFFERED",
     "Offer",
     "RestoreFailed",

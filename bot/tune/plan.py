@@ -208,8 +208,7 @@ class TunePlan(BaseModel):
         gates two-sample against ``before``, as the rule that failed was judged."""
         if self.gates is None:
             return Gates(decide="point")
-        before = self.before if self.ratios else None
-        return gates_from(self.gates, decide="point", ratios=self.ratios, before=before)
+        return gates_from(self.gates, decide="point", ratios=self.ratios, before=self.before)
 
     def check_kind(self, *, source: str = "plan") -> None:
         """UsageError unless the plan measures experiments, or searches a space for an

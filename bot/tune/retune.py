@@ -63,6 +63,7 @@ from bot.tune.space import SearchDimension
 
 log = logging.getLogger("ruleloop.tune")
 OFFERED = "retune.offered"  # the audit entry that keeps an offer (what a press starts)
+ENDED = "retune.ended"  # the audit entry that keeps how a re-tune ended (its last words)
 DRIFT_JOB = "ruleloop (drift job)"  # who requests a re-tune: the bot, on its drift thread
 # builds the draft's ADR once its id and day are known (DraftService.propose stores and posts it)
 Build = Callable[[str, dt.date], Adr]
@@ -151,7 +152,7 @@ def retune_plan(offer: Offer, *, serving: Mapping[str, EngineValue], shape_path:
             warmup_requests=min(concurrency, 4),
         ),  # fmt: skip
         gates=AdrGates.of_numbers(offer.gates),
-        ratios=dict(offer.ratios) if offer.before is not None else {},
+        ratios=dict(offer.ratios),
         before=offer.before,
         match=list(offer.match),
         cause=list(offer.cause),
@@ -238,7 +239,7 @@ class Retune:
                 f":warning: The re-tune of {offer.adr_id} failed: unexpected error (id "
                 f"{error_id}; see the bot's log). The target's flags were restored."
             )
-        await asyncio.to_thread(self._say, incident_id, text, "retune.ended", {"text": text})
+        await asyncio.to_thread(self._say, incident_id, text, ENDED, {"text": text})
         await self._deliver(incident_id)
 
     async def _search(self, incident_id: int, offer: Offer, approval: Approval, who: str) -> str:

@@ -59,7 +59,7 @@ from bot.kernel.chat import RETUNE
 from bot.kernel.store import AdrDraft, buttons
 from bot.kernel.store import service as store
 from bot.remediation import run_gate
-from bot.tune import OFFERED, Offer, space_of
+from bot.tune import ENDED, OFFERED, Offer, space_of
 
 AGENT_STREAMS = 4
 SYSTEM_PROMPT = 1536  # tokens every agent request opens with (its instructions and tools)
@@ -185,13 +185,13 @@ async def run_retune(bot: Bot, shown: DriftShown, *, approver: str) -> DriftShow
     await bot.retune.press(user_id=approver, token=token, incident_id=incident_id)
     await bot.tasks.drain(timeout_s=1800)
     with bot.db.transaction() as s:
-        ended = store.last_audit(s, incident_id, action="retune.ended")
+        ended = store.last_audit(s, incident_id, action=ENDED)
         draft = s.query(AdrDraft).filter_by(incident_id=incident_id).one_or_none()
         said = "did not end" if ended is None else str(ended.detail.get("text", ""))
         return replace(shown, retune=said, retune_draft="" if draft is None else draft.adr_id)
 
 
-def plain(text: str) -> str:
+def console_line(text: str) -> str:
     """A thread message as a console line: no emoji codes, bold or code marks."""
     return re.sub(r":[a-z_]+: ", "", text).replace("*", "").replace("`", "")
 

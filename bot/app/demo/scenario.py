@@ -49,7 +49,7 @@ from bot.app.demo.drift_act import (
     SYSTEM_PROMPT,
     DriftShown,
     agent_load,
-    plain,
+    console_line,
     record_workload,
     run_retune,
     run_second_act,
@@ -699,7 +699,7 @@ class Demo:
         )
         started = time.perf_counter()
         shown = await run_retune(bot, shown, approver=APPROVER)
-        self._say(f"    {plain(shown.retune)} ({time.perf_counter() - started:.0f} s)")
+        self._say(f"    {console_line(shown.retune)} ({time.perf_counter() - started:.0f} s)")
         return shown
 
     # --- 8/10: the draft ----------------------------------------------------------------------
