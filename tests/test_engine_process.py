@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import sys
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from bot.engine.process import EngineInfo, EngineManager, failure_reason, free_port
+from bot.engine.process import (
+    EngineInfo,
+    EngineManager,
+    _alive,
+    _spawn_detached,
+    failure_reason,
+    free_port,
+    session_pids,
+)
 from bot.kernel.errors import EngineError
 
 
@@ -114,3 +126,37 @@ def test_failure_reason_keeps_the_detail_of_a_pydantic_validation_error() -> Non
         "pydantic_core._pydantic_core.ValidationError: 1 validation error for SchedulerConfig: "
         "max_num_batched_tokens (512) is smaller than max_model_len (16384)."
     )
+
+
+# A session like an engine's: the leader (the API server) ends on TERM at once, its child (the
+# engine core) ignores TERM, as a CPU-limited engine core that is slow to exit looks from outside.
+_LEADER_AND_SLOW_CHILD = """
+import os, signal, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c",
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "open(%r, 'w').write('ready'); time.sleep(600)"])
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+time.sleep(600)
+"""
+
+
+def test_stop_returns_only_once_every_process_of_the_engines_session_is_gone(tmp_path) -> None:
+    """A stop that returned when the API server died left the engine core running, and a
+    CPU-limited engine's cgroup behind (rmdir refuses a group with a process in it)."""
+    ready = tmp_path / "child-ready"
+    pid = _spawn_detached(
+        [sys.executable, "-c", _LEADER_AND_SLOW_CHILD % str(ready)],
+        log_path=tmp_path / "log", env=dict(os.environ),
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert time.monotonic() < deadline, (tmp_path / "log").read_text()
+        time.sleep(0.05)
+    (child,) = [p for p in session_pids(pid) if p != pid]
+    try:
+        EngineManager._kill(pid, timeout_s=0.5)  # TERM ends the leader, not the child; then KILL
+        assert not _alive(pid) and not _alive(child)
+        assert [p for p in session_pids(pid) if _alive(p)] == []
+    finally:
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)

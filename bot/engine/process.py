@@ -8,6 +8,7 @@ another shell.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -291,21 +292,24 @@ class EngineManager:
 
     @staticmethod
     def _kill(pid: int, *, timeout_s: float = 20.0) -> None:
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if not _alive(pid):
+        """TERM the engine's process group, KILL it after ``timeout_s``; return once every
+        process of its session is gone (the engine core can outlive the API server, and a
+        CPU-limited one exits slowly: its cgroup is removable only once it is empty)."""
+        for sig, wait_s in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 60.0)):
+            with contextlib.suppress(ProcessLookupError):  # nothing left in the group
+                os.killpg(pid, sig)
+            if _session_gone(pid, wait_s=wait_s):
                 return
-            time.sleep(0.2)
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return
-        while _alive(pid):
-            time.sleep(0.1)
+
+
+def _session_gone(sid: int, *, wait_s: float) -> bool:
+    """Wait up to ``wait_s`` for every process of session ``sid`` to end; whether they did."""
+    deadline = time.monotonic() + wait_s
+    while _alive(sid) or any(_alive(pid) for pid in session_pids(sid)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
 
 
 def _limit_of(info: EngineInfo) -> CpuLimit:
