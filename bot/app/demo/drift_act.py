@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -188,6 +189,11 @@ async def run_retune(bot: Bot, shown: DriftShown, *, approver: str) -> DriftShow
         draft = s.query(AdrDraft).filter_by(incident_id=incident_id).one_or_none()
         said = "did not end" if ended is None else str(ended.detail.get("text", ""))
         return replace(shown, retune=said, retune_draft="" if draft is None else draft.adr_id)
+
+
+def console_line(text: str) -> str:
+    """A thread message as a console line: no emoji codes, bold or code marks."""
+    return re.sub(r":[a-z_]+: ", "", text).replace("*", "").replace("`", "")
 
 
 def _offered(bot: Bot, incident_id: object) -> str:

@@ -49,6 +49,7 @@ from bot.app.demo.drift_act import (
     SYSTEM_PROMPT,
     DriftShown,
     agent_load,
+    console_line,
     record_workload,
     run_retune,
     run_second_act,
@@ -61,7 +62,6 @@ from bot.canary import CanaryRun, CancelMode, Outcome, Workload
 from bot.diagnosis import NormalReader, match_readings, summary_numbers
 from bot.engine import EngineManager
 from bot.kernel import RuleloopError, Settings, Target
-from bot.kernel.chat import readable
 from bot.kernel.numbers import FOUR, Measured, show, show_reading
 from bot.kernel.numbers import change as text_change
 from bot.kernel.store import (
@@ -699,7 +699,7 @@ class Demo:
         )
         started = time.perf_counter()
         shown = await run_retune(bot, shown, approver=APPROVER)
-        self._say(f"    {readable(shown.retune)} ({time.perf_counter() - started:.0f} s)")
+        self._say(f"    {console_line(shown.retune)} ({time.perf_counter() - started:.0f} s)")
         return shown
 
     # --- 8/10: the draft ----------------------------------------------------------------------

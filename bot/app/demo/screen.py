@@ -7,8 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bot.app.demo.drift_act import DriftShown
-from bot.kernel.chat import readable
+from bot.app.demo.drift_act import DriftShown, console_line
 from bot.kernel.numbers import FOUR, Measured, show_reading
 
 Numbers = Mapping[str, float | None]
@@ -92,6 +91,6 @@ def _drift_lines(adr_id: str, drift: DriftShown | None) -> list[str]:
         *(f"  re-validated: {line}" for line in drift.verdict),
         "  drift thread posted" if drift.posted else "  no thread posted",
         *([f"  next step offered: {drift.next_step}"] if drift.next_step else []),
-        *([f"  re-tune: {readable(drift.retune)}"] if drift.retune else []),
+        *([f"  re-tune: {console_line(drift.retune)}"] if drift.retune else []),
         *([f"  drafted for the live workload: {drift.retune_draft}"] if drift.retune_draft else []),
     ]

@@ -1,7 +1,7 @@
 """Slack's wire format, shared by every layer that writes to a thread (the Slack app sits above).
 
 messages.py  ``MessageRef``, ``IncidentView`` and the ``Notifier`` role Slack and the console play
-mrkdwn.py    escaping and clipping text for mrkdwn (no alert text becomes a live mention), and back
+mrkdwn.py    escaping and clipping text for mrkdwn (no alert text becomes a live mention)
 failures.py  a failed delivery and its verdict on retrying (the Slack notifier decides it)
 """
 
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from bot.kernel.chat.mrkdwn import escape_keeping as escape_keeping
     from bot.kernel.chat.mrkdwn import mention as mention
     from bot.kernel.chat.mrkdwn import plain as plain
-    from bot.kernel.chat.mrkdwn import readable as readable
     from bot.kernel.chat.mrkdwn import unescape as unescape
 
 __all__ = [
@@ -50,7 +49,6 @@ __all__ = [
     "escape_keeping",
     "mention",
     "plain",
-    "readable",
     "unescape",
 ]
 

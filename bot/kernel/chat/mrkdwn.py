@@ -26,15 +26,6 @@ def unescape(text: str) -> str:
     return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
 
 
-_EMOJI = re.compile(r"(?<!\S):[a-z0-9_+-]+: ?")  # a word of its own: not 12:30:45
-
-
-def readable(text: str) -> str:
-    """The words a mrkdwn message says, for a terminal line: emoji codes and the bold and code
-    marks dropped, entities shown as the characters they stand for."""
-    return unescape(_EMOJI.sub("", text).replace("*", "").replace("`", ""))
-
-
 def escape_keeping(text: object, users: Iterable[str | None]) -> str:
     """``escape``, then the mentions of ``users`` (IDs Slack gave the bot) live again.
 
